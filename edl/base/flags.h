@@ -1,0 +1,32 @@
+// Command-line flags plus an INI config file for every subcommand (Boost.Program_options).
+// Flags use underscores (`--checkpoint_dir`) as PaddlePaddle EDL's did; the INI file uses the same
+// keys (`checkpoint_dir = /mnt/ckpt`); flags win over the file. An unknown flag or key, or a value
+// of the wrong type, is an InvalidArgument that names it and points at `--help`.
+//
+// Thread-safety: ParseFlags is reentrant; it touches no globals.
+#pragma once
+
+#include <string>
+
+#include <boost/program_options.hpp>
+
+#include "edl/base/status.h"
+
+namespace edl {
+
+namespace po = boost::program_options;
+
+struct ParsedFlags {
+  po::variables_map vm;
+  bool help = false;        // --help was given; usage has been printed to stdout
+  std::string config_file;  // value of --config, or empty
+};
+
+// Parses argv[1..argc) (argv[0] is the subcommand name, e.g. "server") against `desc`, to which
+// `--help` and `--config FILE` are added. `usage` is printed above the option list on --help.
+// `positional`, if not null, maps positional arguments to options.
+Status ParseFlags(const std::string& command, const std::string& usage,
+                  const po::options_description& desc, int argc, char** argv, ParsedFlags* out,
+                  const po::positional_options_description* positional = nullptr);
+
+}  // namespace edl

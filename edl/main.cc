@@ -1,0 +1,85 @@
+// The `edl` binary: one executable for every role. It only dispatches: each subcommand's logic
+// lives in its component's library, behind a Run...Main(argc, argv) whose argv[0] is the
+// subcommand name and whose return value is the process exit code.
+#include <csignal>
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include <glog/logging.h>
+
+#include "edl/config.h"
+#if EDL_WITH_JOBSERVER
+#include "jobserver/server_main.h"
+#endif
+#if EDL_WITH_JOBCLIENT
+#include "jobclient/client_main.h"
+#endif
+#if EDL_WITH_LAUNCHER
+#include "launcher/launch_main.h"
+#endif
+#if EDL_WITH_RESNET50
+#include "resnet50/train_main.h"
+#endif
+#if __has_include("edl/ckpt/ckpt_main.h")
+#include "edl/ckpt/ckpt_main.h"
+#define EDL_WITH_CKPT 1
+#endif
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  int (*run)(int argc, char** argv);
+  const char* help;
+};
+
+const Subcommand kSubcommands[] = {
+#if EDL_WITH_JOBSERVER
+    {"server", edl::jobserver::RunServerMain, "job server: membership, generations, rendezvous KV"},
+    {"ctl", edl::jobserver::RunCtlMain, "talk to a server: status | scale N | watch | stop | plot"},
+#endif
+#if EDL_WITH_JOBCLIENT
+    {"client", edl::jobclient::RunClientMain, "per-node agent: starts and stops trainers"},
+#endif
+#if EDL_WITH_LAUNCHER
+    {"launch", edl::launcher::RunLaunchMain, "run N local trainers with no server: launch -n N -- CMD"},
+#endif
+#if EDL_WITH_RESNET50
+    {"train", edl::resnet50::RunTrainMain, "the reference ResNet trainer (CPU oneDNN / CUDA)"},
+#endif
+#if EDL_WITH_CKPT
+    {"ckpt", edl::ckpt::RunCkptMain, "checkpoint store tools: ls | verify | export"},
+#endif
+};
+
+void PrintUsage(std::ostream& os) {
+  os << "edl " << EDL_VERSION << " — Elastic Deep Learning (CUDA backend: "
+     << (EDL_HAVE_CUDA ? "built" : "not built") << ")\n\nusage: edl SUBCOMMAND [flags]\n\n";
+  for (const Subcommand& s : kSubcommands) {
+    os << "  " << s.name << std::string(10 - std::strlen(s.name), ' ') << s.help << "\n";
+  }
+  os << "\n`edl SUBCOMMAND --help` lists that subcommand's flags.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a dead peer shows up as EPIPE, not a killed process
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "help") == 0) {
+    PrintUsage(argc < 2 ? std::cerr : std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "--version") == 0) {
+    std::cout << "edl " << EDL_VERSION << "\n";
+    return 0;
+  }
+  for (const Subcommand& s : kSubcommands) {
+    if (std::strcmp(argv[1], s.name) == 0) return s.run(argc - 1, argv + 1);
+  }
+  std::cerr << "edl: unknown subcommand '" << argv[1] << "'\n\n";
+  PrintUsage(std::cerr);
+  return 2;
+}
