@@ -1,0 +1,85 @@
+// Trainable: what the elastic runtime needs from a model trainer (implemented by resnet50's
+// Trainer for the CPU and CUDA backends; tests use small ones). The runtime owns the loop, the
+// data plan (which sample indices each rank takes), the communicator and checkpoints; the
+// Trainable owns the device, the model, the optimizer state and the data loader.
+//
+// One training step, as the runtime drives it:
+//   Prefetch(next step's indices)            hint: start loading the following batch
+//   ForwardBackward(indices, &stats)         gradient of the mean loss over `indices`
+//   <gradient hook>                          runtime scales (ScaleGradients) and all-reduces the
+//                                            flat GradientBuffer, plus its in-band words
+//   ApplyUpdate(lr)                          SGD step from the (reduced) gradients
+//
+// Thread-safety: all methods are called from the runtime's one training thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "edl/base/status.h"
+#include "edl/runtime/comm/communicator.h"
+
+namespace edl::runtime {
+
+// A view of one tensor of the training state. `data` points into memory the Trainable owns
+// (device memory when on_device()), valid for the Trainable's lifetime.
+struct StateTensor {
+  std::string name;  // stable across runs and world sizes, e.g. "layer1.0.conv1.weight",
+                     // "layer1.0.bn1.running_mean", "momentum/layer1.0.conv1.weight"
+  std::vector<int64_t> shape;
+  DataType dtype = DataType::kFloat32;
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+struct StepStats {
+  double loss_sum = 0;  // sum over samples of the per-sample loss
+  int64_t correct = 0;  // top-1 correct predictions
+  int64_t samples = 0;  // samples processed
+};
+
+class Trainable {
+ public:
+  // Number of float slots after the gradients in GradientBuffer() that the runtime may use for
+  // in-band words (e.g. "a newer generation was seen"), reduced with the gradients (SUM).
+  static constexpr size_t kInbandSlots = 4;
+
+  virtual ~Trainable() = default;
+
+  // True when state, gradients and GradientBuffer() live in CUDA device memory.
+  virtual bool on_device() const = 0;
+  // cudaStream_t (as void*) that compute runs on; nullptr on CPU.
+  virtual void* stream() const { return nullptr; }
+
+  // Every tensor of the training state (parameters, optimizer state, BN running statistics) in a
+  // stable order. Broadcasting all of them from one rank makes two trainers identical.
+  virtual std::vector<StateTensor> StateTensors() = 0;
+  // Flat fp32 buffer of all parameter gradients followed by kInbandSlots spare floats.
+  // *count receives the number of gradient floats (the buffer holds *count + kInbandSlots).
+  virtual float* GradientBuffer(size_t* count) = 0;
+  // Multiplies the gradient floats (not the in-band slots) by `factor`.
+  virtual Status ScaleGradients(float factor) = 0;
+
+  // Training / test split sizes (number of samples).
+  virtual int64_t train_size() const = 0;
+  virtual int64_t test_size() const = 0;
+
+  virtual void Prefetch(const std::vector<int64_t>& indices) {}
+  // Forward and backward over the training samples `indices`; leaves d(mean loss)/dθ in
+  // GradientBuffer(). REQUIRES: !indices.empty().
+  virtual Status ForwardBackward(const std::vector<int64_t>& indices, StepStats* stats) = 0;
+  // One optimizer step with learning rate `lr` using the gradients in GradientBuffer().
+  virtual Status ApplyUpdate(double lr) = 0;
+  // Eval-mode forward over the test samples `indices` (no state changes).
+  virtual Status Evaluate(const std::vector<int64_t>& indices, StepStats* stats) = 0;
+
+  // Identifies the model and state shapes; checkpoints from another fingerprint are refused.
+  virtual std::string Fingerprint() const = 0;
+  // Copies a state tensor to/from host memory of t.bytes bytes (a memcpy on CPU).
+  virtual Status CopyToHost(const StateTensor& t, void* dst) = 0;
+  virtual Status CopyFromHost(const StateTensor& t, const void* src) = 0;
+};
+
+}  // namespace edl::runtime
