@@ -1,0 +1,5 @@
+# edl/runtime: elastic runtime sources (included by edl/CMakeLists.txt).
+list(APPEND EDL_SOURCES
+  runtime/data_plan.cc
+  runtime/lr_schedule.cc
+)
