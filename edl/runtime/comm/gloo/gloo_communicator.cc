@@ -1,0 +1,248 @@
+// Gloo implementation of Communicator (CPU, TCP transport).
+//
+// One gloo context per communicator, built by connectFullMesh over a gloo Store adapter that maps
+// onto our KvStore under options.key_prefix. Every collective uses gloo's option-struct API
+// (gloo::allreduce / broadcast / barrier) and nothing else: mixing it with the older algorithm
+// classes on one context hung with 4 ranks.
+//
+// Abort: gloo has no public cancel. A pair that hits an error (tcp::Pair::signalException) wakes
+// every unbound buffer pending on it and closes its socket; we reach that same path from another
+// thread through tcp::Pair::signalExceptionExternal (protected; see PairAccess). The blocked
+// collective then throws gloo::IoException, which we turn into Aborted. Closing the socket also
+// makes the peers' collectives fail at once, so an abort on one rank spreads to the others. Every
+// collective also carries options.timeout, so even a path the abort misses is bounded.
+//
+// Failure is sticky (gloo docs/errors.md: after an IoException the transport is unusable): the
+// first error is kept in failed_ and returned by every later call.
+#include <atomic>
+#include <mutex>
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/tcp/pair.h>
+#include <glog/logging.h>
+
+#include "edl/runtime/comm/communicator.h"
+
+namespace edl::runtime {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// gloo::rendezvous::Store over our KvStore. gloo expects exceptions; the factory catches them.
+
+class KvStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  KvStoreAdapter(KvStore* store, std::string prefix, std::chrono::milliseconds timeout)
+      : store_(store), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    Check(store_->Set(Key(key), std::string(data.begin(), data.end())));
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::string value;
+    Check(store_->Wait(Key(key), timeout_, &value));  // gloo may get before the key is set
+    return std::vector<char>(value.begin(), value.end());
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (const std::string& key : keys) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      std::string value;
+      Check(store_->Wait(Key(key), std::max(left, std::chrono::milliseconds(0)), &value));
+    }
+  }
+
+ private:
+  std::string Key(const std::string& key) const { return prefix_ + "/" + key; }
+  static void Check(const Status& s) {
+    if (!s.ok()) throw gloo::IoException(s.ToString());
+  }
+
+  KvStore* const store_;  // not owned; outlives the rendezvous (CommOptions contract)
+  const std::string prefix_;
+  const std::chrono::milliseconds timeout_;
+};
+
+// Reaches tcp::Pair::signalExceptionExternal (protected) through a pointer to member formed in a
+// derived class, which the language allows; no object of this type is ever created.
+struct PairAccess : gloo::transport::tcp::Pair {
+  static void Signal(gloo::transport::tcp::Pair* pair, const std::string& msg) {
+    auto fn = &PairAccess::signalExceptionExternal;
+    (pair->*fn)(msg);
+  }
+};
+
+template <typename T>
+gloo::AllreduceOptions::Func ReduceFunc(ReduceOp op) {
+  using Fn = void (*)(void*, const void*, const void*, size_t);
+  return op == ReduceOp::kSum ? static_cast<Fn>(&gloo::sum<T>) : static_cast<Fn>(&gloo::max<T>);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+class GlooCommunicator : public Communicator {
+ public:
+  GlooCommunicator(const CommOptions& options, std::shared_ptr<gloo::rendezvous::Context> context)
+      : options_(options), context_(std::move(context)) {}
+
+  ~GlooCommunicator() override {
+    std::lock_guard<std::mutex> lock(abort_mu_);  // no Abort() may touch the pairs past here
+    context_.reset();
+  }
+
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+  const char* backend() const override { return "gloo"; }
+
+  Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) override;
+  Status Broadcast(void* data, size_t bytes, int root) override;
+  Status Barrier() override;
+  void Abort() override;
+  bool aborted() const override { return aborted_.load(); }
+
+ private:
+  // Runs `fn` (a gloo collective) and turns gloo's exceptions into a sticky Status.
+  template <typename Fn>
+  Status Run(const char* what, Fn&& fn);
+  std::string Name() const {
+    return "gloo communicator of generation " + std::to_string(options_.generation) + " (rank " +
+           std::to_string(options_.rank) + "/" + std::to_string(options_.world_size) + ")";
+  }
+
+  const CommOptions options_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mu_;  // serialises Abort() against destruction
+  Status failed_;        // first error; touched only by the collective thread
+};
+
+template <typename Fn>
+Status GlooCommunicator::Run(const char* what, Fn&& fn) {
+  if (!failed_.ok()) return failed_;
+  if (aborted_) return failed_ = Status::Aborted(Name() + " was aborted; build a new one");
+  try {
+    fn();
+    return Status::OK();
+  } catch (const std::exception& e) {
+    if (aborted_) {
+      failed_ = Status::Aborted(Name() + ": " + what + " aborted");
+    } else {
+      failed_ = Status::IOError(Name() + ": " + what + " failed (a peer died, hung or closed): " +
+                                e.what());
+    }
+    return failed_;
+  }
+}
+
+Status GlooCommunicator::AllReduce(void* data, size_t count, DataType type, ReduceOp op) {
+  if (count == 0) return Status::OK();
+  gloo::AllreduceOptions opts(context_);
+  opts.setTimeout(options_.timeout);
+  switch (type) {
+    case DataType::kFloat32:
+      opts.setOutput(static_cast<float*>(data), count);
+      opts.setReduceFunction(ReduceFunc<float>(op));
+      break;
+    case DataType::kFloat64:
+      opts.setOutput(static_cast<double*>(data), count);
+      opts.setReduceFunction(ReduceFunc<double>(op));
+      break;
+    case DataType::kInt64:
+      opts.setOutput(static_cast<int64_t*>(data), count);
+      opts.setReduceFunction(ReduceFunc<int64_t>(op));
+      break;
+    case DataType::kInt32:
+      opts.setOutput(static_cast<int32_t*>(data), count);
+      opts.setReduceFunction(ReduceFunc<int32_t>(op));
+      break;
+    default:
+      return Status::InvalidArgument(Name() + ": AllReduce supports float32, float64, int64 and "
+                                     "int32; convert the buffer first");
+  }
+  return Run("allreduce", [&] { gloo::allreduce(opts); });
+}
+
+Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
+  if (root < 0 || root >= options_.world_size) {
+    return Status::InvalidArgument(Name() + ": broadcast root " + std::to_string(root) +
+                                   " out of range");
+  }
+  if (bytes == 0) return Status::OK();
+  gloo::BroadcastOptions opts(context_);
+  opts.setTimeout(options_.timeout);
+  opts.setRoot(root);
+  opts.setOutput(static_cast<uint8_t*>(data), bytes);
+  return Run("broadcast", [&] { gloo::broadcast(opts); });
+}
+
+Status GlooCommunicator::Barrier() {
+  gloo::BarrierOptions opts(context_);
+  opts.setTimeout(options_.timeout);
+  return Run("barrier", [&] { gloo::barrier(opts); });
+}
+
+void GlooCommunicator::Abort() {
+  std::lock_guard<std::mutex> lock(abort_mu_);
+  if (aborted_.exchange(true) || !context_) return;
+  for (int i = 0; i < context_->size; ++i) {
+    if (i == context_->rank) continue;
+    auto* pair = dynamic_cast<gloo::transport::tcp::Pair*>(context_->getPair(i).get());
+    if (pair == nullptr) continue;
+    try {
+      PairAccess::Signal(pair, "communicator aborted by the elastic runtime");
+    } catch (const std::exception& e) {
+      LOG(WARNING) << Name() << ": abort of pair " << i << ": " << e.what();
+    }
+  }
+}
+
+Status ValidateOptions(const CommOptions& o) {
+  if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size) {
+    return Status::InvalidArgument("communicator options: rank " + std::to_string(o.rank) +
+                                   " is not in [0, world_size=" + std::to_string(o.world_size) +
+                                   ")");
+  }
+  if (o.store == nullptr) return Status::InvalidArgument("communicator options: store is null");
+  if (o.key_prefix.empty()) {
+    return Status::InvalidArgument("communicator options: key_prefix is empty; use e.g. gen/7/gloo");
+  }
+  if (o.timeout.count() <= 0) return Status::InvalidArgument("communicator timeout must be > 0");
+  return Status::OK();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& options) {
+  EDL_RETURN_IF_ERROR(ValidateOptions(options));
+  const std::string host = options.host.empty() ? "127.0.0.1" : options.host;
+  try {
+    gloo::transport::tcp::attr attr(host.c_str());
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+    context->setTimeout(options.timeout);
+    KvStoreAdapter store(options.store, options.key_prefix, options.timeout);
+    context->connectFullMesh(store, device);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(options, std::move(context)));
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    const std::string msg = "gloo rendezvous of generation " + std::to_string(options.generation) +
+                            " (rank " + std::to_string(options.rank) + "/" +
+                            std::to_string(options.world_size) + ", keys " + options.key_prefix +
+                            ", host " + host + ") failed: " + what;
+    if (what.find("Timeout") != std::string::npos || what.find("timeout") != std::string::npos) {
+      return Status::Timeout(msg + "; did every member of the generation start?");
+    }
+    return Status::Unavailable(msg);
+  }
+}
+
+}  // namespace edl::runtime

@@ -1,0 +1,15 @@
+# edl/runtime/comm: communicators and rendezvous stores (included by edl/CMakeLists.txt).
+list(APPEND EDL_SOURCES
+  runtime/comm/communicator.cc
+  runtime/comm/memory_kv_store.cc
+  runtime/comm/file_kv_store.cc
+  runtime/comm/gloo/gloo_communicator.cc
+)
+if(NOT EDL_HAVE_NCCL)
+  list(APPEND EDL_SOURCES runtime/comm/nccl_unavailable.cc)
+endif()
+list(APPEND EDL_LINK_LIBS ${GLOO_LIBRARY})
+# GLOO_INCLUDE_DIR is /usr/include: already searched.
+# Debian's libgloo-dev lacks gloo/common/memory.h, which tcp/pair.h includes; see compat/.
+set_source_files_properties(runtime/comm/gloo/gloo_communicator.cc PROPERTIES
+  INCLUDE_DIRECTORIES ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/gloo/compat)
