@@ -3,3 +3,7 @@ list(APPEND EDL_SOURCES
   runtime/data_plan.cc
   runtime/lr_schedule.cc
 )
+list(APPEND EDL_SOURCES
+  runtime/membership.cc
+  runtime/elastic_trainer.cc
+)

@@ -1,0 +1,550 @@
+// The elastic loop. Invariants:
+//   - comm_ is null or was formed for gen_ (both change together under comm_mu_);
+//   - state_ and the Trainable's tensors are identical on every rank of gen_ after SyncState();
+//   - a step is committed (state_.step advanced, samples logged) only after its all-reduce
+//     completed on this rank; a rank whose all-reduce failed logs that step's samples at the next
+//     sync if the broadcast state shows the step was committed elsewhere (pending_).
+#include "edl/runtime/elastic_trainer.h"
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include <glog/logging.h>
+
+namespace edl::runtime {
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr uint64_t kSyncMagic = 0x45444C5359434E31ULL;  // "EDLSYNC1"
+
+// State sync header, broadcast from the root (plain 8-byte fields: same layout on every rank).
+struct SyncHeader {
+  uint64_t magic;
+  int64_t step, epoch, cursor, last_global_batch, steps_since_reform;
+  double last_lr, ramp_from_lr;
+};
+
+// In-band slots after the gradients (Trainable::kInbandSlots == 4), SUM-reduced with them.
+enum InbandSlot { kNewerSeen = 0, kLossSum = 1, kCorrect = 2, kSamples = 3 };
+static_assert(Trainable::kInbandSlots >= 4, "the runtime uses four in-band slots");
+
+}  // namespace
+
+StatusOr<uint64_t> StateHash(Trainable* trainable) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+  };
+  std::vector<char> host;
+  for (const StateTensor& t : trainable->StateTensors()) {
+    host.resize(t.bytes);
+    EDL_RETURN_IF_ERROR(trainable->CopyToHost(t, host.data()));
+    mix(t.name.data(), t.name.size());
+    mix(host.data(), host.size());
+  }
+  return h;
+}
+
+class ElasticTrainer::Impl {
+ public:
+  Impl(ElasticOptions o, Trainable* t, MembershipSource* m)
+      : o_(std::move(o)), trainable_(t), membership_(m), me_(m->trainer_id()),
+        clock_(o_.clock ? o_.clock : Clock::Real()), plan_(t->train_size(), o_.seed),
+        schedule_(o_.lr) {}
+  ~Impl() { StopWatcher(); }
+
+  Status Run(ElasticResult* result);
+
+ private:
+  // ---- membership and communicator
+  Status FirstGeneration(Generation* gen);
+  Status WaitNewer(int64_t after, Generation* out);
+  Status Reform(Generation target);
+  void InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen, int rank);
+  void StartWatcher();
+  void StopWatcher();
+  void WatchLoop();
+  Status Comm(Status s) {  // records that a communicator call failed
+    if (!s.ok()) comm_failed_ = true;
+    return s;
+  }
+
+  // ---- steps and state
+  Status SyncState(int64_t* newest_seen);
+  Status BroadcastTensors(int root);
+  Status TrainStep(bool* switch_seen);
+  Status SwitchGeneration();
+  Status Recover(const Status& cause);
+  Status Evaluate(double* accuracy);
+  bool Done() const;
+  std::vector<int64_t> Batches() const {
+    return BatchSizes(o_.batch_policy, o_.batch, gen_.world_size());
+  }
+  double StepLr(int64_t global_batch);
+  void LogSamples(int64_t step, int64_t epoch, const std::vector<int64_t>& indices);
+  void Event(nlohmann::json e);
+
+  const ElasticOptions o_;
+  Trainable* const trainable_;          // not owned
+  MembershipSource* const membership_;  // not owned
+  const std::string me_;
+  Clock* const clock_;
+  DataPlan plan_;
+  const LrSchedule schedule_;
+
+  std::mutex comm_mu_;  // guards comm_ and gen_number_ against the watcher
+  std::unique_ptr<Communicator> comm_;  // GUARDED_BY(comm_mu_) for swaps; used by this thread
+  std::atomic<int64_t> gen_number_{0};
+  Generation gen_;  // the generation comm_ belongs to (training thread only)
+  int rank_ = -1;
+  bool comm_failed_ = false;
+
+  TrainingState state_;
+  bool has_state_ = false;
+  bool left_ = false;
+  struct Pending {
+    int64_t step = -1, epoch = 0;
+    std::vector<int64_t> indices;
+  } pending_;
+
+  // Events: stall of a survivor / time to first step of a joiner.
+  int64_t start_us_ = 0;
+  int64_t last_step_end_us_ = 0;
+  bool after_reform_ = false;
+  int64_t reform_from_gen_ = 0;
+  int reform_from_world_ = 0;
+  int64_t switch_step_ = 0;
+  bool reform_was_failure_ = false;
+
+  double last_loss_ = 0, accuracy_ = -1;
+  int64_t progress_t0_us_ = 0, progress_samples_ = 0;
+  std::ofstream sample_log_;
+
+  std::thread watcher_;
+  std::atomic<bool> stop_watcher_{false};
+};
+
+// ---------------------------------------------------------------------------------------------
+// Run: join or start, then steps until done or left.
+
+Status ElasticTrainer::Impl::Run(ElasticResult* result) {
+  EDL_RETURN_IF_ERROR(schedule_.Validate());
+  if (o_.batch <= 0) return Status::InvalidArgument("--batch must be > 0");
+  if (!o_.sample_log_path.empty()) {
+    sample_log_.open(o_.sample_log_path, std::ios::app);
+    if (!sample_log_) return Status::IOError("cannot open sample log " + o_.sample_log_path);
+  }
+  start_us_ = clock_->NowMicros();
+  Generation gen;
+  EDL_RETURN_IF_ERROR(FirstGeneration(&gen));
+  EDL_RETURN_IF_ERROR(Reform(gen));
+  StartWatcher();
+  progress_t0_us_ = clock_->NowMicros();
+  while (!left_ && !Done()) {
+    bool switch_seen = false;
+    const int64_t epoch_before = state_.position.epoch;
+    Status s = TrainStep(&switch_seen);
+    if (!s.ok()) {
+      if (!comm_failed_) return s;  // the Trainable failed
+      EDL_RETURN_IF_ERROR(Recover(s));
+      continue;
+    }
+    if (switch_seen) {
+      EDL_RETURN_IF_ERROR(SwitchGeneration());
+    } else if (o_.evaluate_each_epoch && state_.position.epoch != epoch_before) {
+      Status e = Evaluate(&accuracy_);
+      if (!e.ok()) {
+        if (!comm_failed_) return e;
+        EDL_RETURN_IF_ERROR(Recover(e));
+      }
+    }
+  }
+  if (!left_ && o_.evaluate_each_epoch) {
+    Status e = Evaluate(&accuracy_);
+    if (!e.ok() && !comm_failed_) return e;
+  }
+  StopWatcher();
+  auto hash = StateHash(trainable_);
+  EDL_RETURN_IF_ERROR(hash.status());
+  result->left = left_;
+  result->step = state_.step;
+  result->generation = gen_.number;
+  result->last_loss = last_loss_;
+  result->accuracy = accuracy_;
+  result->state_hash = hash.value();
+  Event({{"event", left_ ? "left" : "done"}, {"generation", gen_.number}, {"step", state_.step}});
+  return Status::OK();
+}
+
+Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
+  Generation known;
+  if (!membership_->Latest(&known)) known.number = 0;
+  if (o_.joining) {
+    EDL_RETURN_IF_ERROR(membership_->ReportReady(known.number));
+    Event({{"event", "joiner_ready"}, {"after_generation", known.number},
+           {"ready_s", MicrosToSeconds(clock_->NowMicros() - start_us_)}});
+  } else if (known.number > 0 && known.RankOf(me_) >= 0) {
+    *gen = known;
+    return Status::OK();
+  }
+  // Wait until a generation includes this trainer.
+  int64_t after = o_.joining ? known.number : 0;
+  for (;;) {
+    EDL_RETURN_IF_ERROR(WaitNewer(after, gen));
+    if (gen->RankOf(me_) >= 0) return Status::OK();
+    after = gen->number;
+  }
+}
+
+Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {
+  Status s = membership_->WaitGeneration(after, o_.generation_wait, out);
+  if (s.IsTimeout()) {
+    return Status::Timeout("trainer " + me_ + ": no committed generation after " +
+                           std::to_string(after) + " within " +
+                           std::to_string(o_.generation_wait.count()) +
+                           " ms; is the edl client / server running?");
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Re-form: communicator for `target` (or newer, if one shows up meanwhile) plus state sync.
+
+Status ElasticTrainer::Impl::Reform(Generation target) {
+  for (;;) {
+    const int rank = target.RankOf(me_);
+    if (rank < 0) {
+      left_ = true;
+      InstallComm(nullptr, target, -1);
+      Event({{"event", "leave"}, {"generation", target.number}, {"step", state_.step}});
+      return Status::OK();
+    }
+    InstallComm(nullptr, gen_, rank_);  // the old communicator goes first (its sockets, too)
+    CommOptions co;
+    co.rank = rank;
+    co.world_size = target.world_size();
+    co.generation = target.number;
+    co.key_prefix = "gen/" + std::to_string(target.number) + "/" + o_.backend;
+    co.store = membership_->kv();
+    co.timeout = o_.comm_timeout;
+    co.host = o_.host;
+    co.cuda_device = o_.cuda_device;
+    co.cuda_stream = trainable_->stream();
+    auto comm = o_.backend == "nccl" ? CreateNcclCommunicator(co) : CreateGlooCommunicator(co);
+    if (comm.ok()) {
+      InstallComm(std::move(comm.value()), target, rank);
+      comm_failed_ = false;
+      int64_t newest = 0;
+      Status s = SyncState(&newest);
+      if (s.ok() && newest <= target.number) return Status::OK();
+      if (!s.ok() && !comm_failed_) return s;
+      LOG(INFO) << me_ << ": generation " << target.number << " superseded or failed during sync ("
+                << (s.ok() ? "newer generation " + std::to_string(newest) : s.ToString()) << ")";
+    } else if (comm.status().code() == Status::Code::kInvalidArgument ||
+               comm.status().code() == Status::Code::kFailedPrecondition) {
+      return comm.status();
+    } else {
+      LOG(WARNING) << me_ << ": " << comm.status().ToString();
+    }
+    Generation next;
+    Generation latest;
+    if (membership_->Latest(&latest) && latest.number > target.number) {
+      next = latest;
+    } else {
+      EDL_RETURN_IF_ERROR(WaitNewer(target.number, &next));
+    }
+    target = next;
+  }
+}
+
+void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen,
+                                       int rank) {
+  std::unique_ptr<Communicator> old;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    old = std::move(comm_);
+    comm_ = std::move(comm);
+    if (comm_) {
+      if (gen_.number != gen.number && gen_.number != 0) {
+        after_reform_ = true;
+        reform_from_gen_ = gen_.number;
+        reform_from_world_ = gen_.world_size();
+      }
+      gen_ = gen;
+      rank_ = rank;
+      gen_number_ = gen.number;
+    }
+  }
+  old.reset();  // outside the lock: closing sockets may take a moment
+}
+
+// ---------------------------------------------------------------------------------------------
+// Watcher: aborts the communicator when a failure generation newer than ours is committed, so
+// a collective blocked on a dead or hung peer returns at once.
+
+void ElasticTrainer::Impl::StartWatcher() {
+  stop_watcher_ = false;
+  watcher_ = std::thread([this] { WatchLoop(); });
+}
+
+void ElasticTrainer::Impl::StopWatcher() {
+  stop_watcher_ = true;
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void ElasticTrainer::Impl::WatchLoop() {
+  int64_t seen = gen_number_;
+  while (!stop_watcher_) {
+    Generation g;
+    if (!membership_->WaitGeneration(seen, milliseconds(100), &g).ok()) continue;
+    seen = g.number;
+    if (!g.failure) continue;
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (comm_ && g.number > gen_number_) {
+      LOG(INFO) << me_ << ": failure generation " << g.number << " committed; aborting "
+                << "communicator of generation " << gen_number_;
+      comm_->Abort();
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State sync.
+
+Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
+  const int w = gen_.world_size(), r = rank_;
+  const int64_t level = has_state_ ? state_.step + 1 : 0;
+  Generation latest;
+  membership_->Latest(&latest);
+  // [0]: level * w + (w-1-r), whose MAX names the highest level and the lowest rank holding it;
+  // [1]: newest generation seen; [2]: -level (its MAX is minus the lowest level).
+  int64_t v[3] = {level * w + (w - 1 - r), latest.number, -level};
+  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 3, DataType::kInt64, ReduceOp::kMax)));
+  *newest_seen = v[1];
+  if (v[1] > gen_.number) return Status::OK();  // every rank saw the same: re-form again
+  const int64_t max_level = v[0] / w, min_level = -v[2];
+  int root = static_cast<int>(w - 1 - v[0] % w);
+  bool need_tensors = max_level != min_level;
+  if (max_level == 0) {  // nobody holds state: cold start on rank 0
+    root = 0;
+    need_tensors = true;
+    if (r == 0) {
+      state_ = TrainingState();
+      if (o_.loader != nullptr) {
+        Status s = o_.loader->Load(trainable_, &state_);
+        if (s.ok()) {
+          Event({{"event", "cold_start"}, {"generation", gen_.number}, {"step", state_.step}});
+        } else if (!s.IsNotFound()) {
+          return s.WithContext("cold start of generation " + std::to_string(gen_.number));
+        }
+      }
+    }
+  }
+  SyncHeader h{kSyncMagic, state_.step, state_.position.epoch, state_.position.cursor,
+               state_.last_global_batch, state_.steps_since_reform, state_.last_lr,
+               state_.ramp_from_lr};
+  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(&h, sizeof(h), root)));
+  if (h.magic != kSyncMagic) return Status::Corruption("state sync header from rank " +
+                                                       std::to_string(root) + " is garbled");
+  if (need_tensors) EDL_RETURN_IF_ERROR(BroadcastTensors(root));
+  // The step this rank had in flight was committed by others: its samples were consumed.
+  if (pending_.step == h.step && pending_.step == state_.step + 1 && has_state_) {
+    LogSamples(pending_.step, pending_.epoch, pending_.indices);
+  }
+  pending_.step = -1;
+  state_.step = h.step;
+  state_.position = {h.epoch, h.cursor};
+  state_.last_global_batch = h.last_global_batch;
+  state_.steps_since_reform = h.steps_since_reform;
+  state_.last_lr = h.last_lr;
+  state_.ramp_from_lr = h.ramp_from_lr;
+  has_state_ = true;
+  const std::vector<int64_t> b = Batches();
+  const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
+  if (state_.last_global_batch != 0 && global != state_.last_global_batch) {
+    state_.ramp_from_lr = state_.last_lr;
+    state_.steps_since_reform = 0;
+  }
+  auto hash = StateHash(trainable_);
+  EDL_RETURN_IF_ERROR(hash.status());
+  Event({{"event", "sync"}, {"generation", gen_.number}, {"rank", r}, {"world_size", w},
+         {"step", state_.step}, {"root", root}, {"tensors_broadcast", need_tensors},
+         {"state_hash", std::to_string(hash.value())}});
+  return Status::OK();
+}
+
+Status ElasticTrainer::Impl::BroadcastTensors(int root) {
+  const bool in_place = trainable_->on_device() == (comm_->backend() == std::string("nccl"));
+  std::vector<char> host;
+  for (const StateTensor& t : trainable_->StateTensors()) {
+    if (in_place) {
+      EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(t.data, t.bytes, root)));
+      continue;
+    }
+    host.resize(t.bytes);
+    if (rank_ == root) EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, host.data()));
+    EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(host.data(), host.size(), root)));
+    if (rank_ != root) EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, host.data()));
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// One step.
+
+double ElasticTrainer::Impl::StepLr(int64_t global_batch) {
+  const double target = schedule_.At(plan_.EpochProgress(state_.position), global_batch);
+  return schedule_.Ramp(target, state_.ramp_from_lr, state_.steps_since_reform);
+}
+
+Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
+  const std::vector<int64_t> b = Batches();
+  const int64_t total = plan_.StepSamples(state_.position, b);
+  std::vector<int64_t> indices = plan_.Slice(state_.position, b, rank_);
+  size_t count = 0;
+  float* grad = trainable_->GradientBuffer(&count);
+  StepStats stats;
+  if (!indices.empty()) {
+    EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats));
+    EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(static_cast<float>(indices.size()) / total));
+  } else {
+    std::memset(grad, 0, count * sizeof(float));  // a short last step: contribute zeros
+  }
+  Generation latest;
+  membership_->Latest(&latest);
+  float* inband = grad + count;
+  inband[kNewerSeen] = latest.number > gen_.number ? 1.0f : 0.0f;
+  inband[kLossSum] = static_cast<float>(stats.loss_sum);
+  inband[kCorrect] = static_cast<float>(stats.correct);
+  inband[kSamples] = static_cast<float>(stats.samples);
+  pending_ = {state_.step + 1, state_.position.epoch, indices};
+  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(grad, count + Trainable::kInbandSlots,
+                                            DataType::kFloat32, ReduceOp::kSum)));
+  const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
+  const double lr = StepLr(global);
+  EDL_RETURN_IF_ERROR(trainable_->ApplyUpdate(lr));
+  // Committed.
+  pending_.step = -1;
+  const int64_t epoch = state_.position.epoch;
+  state_.step++;
+  state_.position = plan_.Advance(state_.position, b);
+  state_.last_lr = lr;
+  state_.last_global_batch = global;
+  state_.steps_since_reform++;
+  LogSamples(state_.step, epoch, indices);
+  if (inband[kSamples] > 0) last_loss_ = inband[kLossSum] / inband[kSamples];
+  *switch_seen = inband[kNewerSeen] > 0;
+  const int64_t now = clock_->NowMicros();
+  if (after_reform_) {
+    after_reform_ = false;
+    Event({{"event", "stall"}, {"generation", gen_.number}, {"from_generation", reform_from_gen_},
+           {"world_before", reform_from_world_}, {"world_after", gen_.world_size()},
+           {"switch_step", switch_step_}, {"failure", reform_was_failure_},
+           {"stall_s", MicrosToSeconds(now - last_step_end_us_)}});
+  } else if (last_step_end_us_ == 0 && o_.joining) {
+    Event({{"event", "joiner_first_step"}, {"generation", gen_.number},
+           {"since_start_s", MicrosToSeconds(now - start_us_)}});
+  }
+  last_step_end_us_ = now;
+  if (rank_ == 0 && o_.loader != nullptr) EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_));
+  progress_samples_ += total;
+  if (o_.progress_every > 0 && state_.step % o_.progress_every == 0) {
+    ProgressInfo p;
+    p.generation = gen_.number;
+    p.step = state_.step;
+    p.epoch = state_.position.epoch;
+    p.loss = last_loss_;
+    p.world_size = gen_.world_size();
+    p.accuracy = accuracy_;
+    const double secs = MicrosToSeconds(now - progress_t0_us_);
+    p.images_per_sec = secs > 0 ? progress_samples_ / secs : 0;
+    progress_t0_us_ = now;
+    progress_samples_ = 0;
+    membership_->ReportProgress(p);  // best effort: progress is advisory
+  }
+  return Status::OK();
+}
+
+Status ElasticTrainer::Impl::SwitchGeneration() {
+  Generation latest;
+  membership_->Latest(&latest);
+  int64_t target = latest.number;
+  Status s = Comm(comm_->AllReduce(&target, 1, DataType::kInt64, ReduceOp::kMax));
+  if (!s.ok()) return Recover(s);
+  if (latest.number < target) EDL_RETURN_IF_ERROR(WaitNewer(target - 1, &latest));
+  switch_step_ = state_.step;
+  reform_was_failure_ = false;
+  LOG(INFO) << me_ << ": switching from generation " << gen_.number << " to " << latest.number
+            << " after step " << state_.step;
+  return Reform(latest);
+}
+
+Status ElasticTrainer::Impl::Recover(const Status& cause) {
+  LOG(WARNING) << me_ << ": generation " << gen_.number << " failed at step " << state_.step + 1
+               << " (" << cause.ToString() << "); discarding the step and re-forming";
+  const int64_t failed_gen = gen_.number;
+  switch_step_ = state_.step;
+  reform_was_failure_ = true;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (comm_) comm_->Abort();
+  }
+  Generation next;
+  if (!membership_->Latest(&next) || next.number <= failed_gen) {
+    EDL_RETURN_IF_ERROR(WaitNewer(failed_gen, &next));
+  }
+  return Reform(next);
+}
+
+Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
+  int64_t begin = 0, end = 0;
+  EvenShard(trainable_->test_size(), rank_, gen_.world_size(), &begin, &end);
+  StepStats stats;
+  if (end > begin) {
+    std::vector<int64_t> idx(end - begin);
+    std::iota(idx.begin(), idx.end(), begin);
+    EDL_RETURN_IF_ERROR(trainable_->Evaluate(idx, &stats));
+  }
+  double v[3] = {stats.loss_sum, static_cast<double>(stats.correct),
+                 static_cast<double>(stats.samples)};
+  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 3, DataType::kFloat64, ReduceOp::kSum)));
+  *accuracy = v[2] > 0 ? v[1] / v[2] : -1;
+  Event({{"event", "eval"}, {"generation", gen_.number}, {"step", state_.step},
+         {"loss", v[2] > 0 ? v[0] / v[2] : 0.0}, {"accuracy", *accuracy}});
+  return Status::OK();
+}
+
+bool ElasticTrainer::Impl::Done() const {
+  if (o_.max_steps > 0 && state_.step >= o_.max_steps) return true;
+  return plan_.EpochProgress(state_.position) >= o_.epochs;
+}
+
+void ElasticTrainer::Impl::LogSamples(int64_t step, int64_t epoch,
+                                      const std::vector<int64_t>& indices) {
+  if (!sample_log_.is_open()) return;
+  sample_log_ << step << ' ' << epoch;
+  for (int64_t i : indices) sample_log_ << ' ' << i;
+  sample_log_ << '\n';
+  sample_log_.flush();
+}
+
+void ElasticTrainer::Impl::Event(nlohmann::json e) {
+  e["trainer"] = me_;
+  membership_->ReportEvent(e);  // best effort: events are advisory
+}
+
+// ---------------------------------------------------------------------------------------------
+
+ElasticTrainer::ElasticTrainer(ElasticOptions options, Trainable* trainable,
+                               MembershipSource* membership)
+    : impl_(std::make_unique<Impl>(std::move(options), trainable, membership)) {}
+ElasticTrainer::~ElasticTrainer() = default;
+Status ElasticTrainer::Run(ElasticResult* result) { return impl_->Run(result); }
+
+}  // namespace edl::runtime

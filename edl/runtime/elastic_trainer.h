@@ -1,0 +1,114 @@
+// ElasticTrainer: the in-place elastic training loop (DESIGN.md, "The generation switch"). It
+// drives a Trainable through steps over a communicator of the current generation and, when the
+// MembershipSource commits a newer generation, switches at a step every rank agrees on:
+//
+//   - in-band agreement: the spare slot GradientBuffer()[count] carries "a newer committed
+//     generation was seen" (1.0) and is SUM-reduced with the gradients, so the step after which
+//     it is > 0 is the switch step on every rank; one tiny MAX all-reduce then fixes the target
+//     generation number;
+//   - re-form: a new communicator under "gen/<n>/<backend>"; a trainer that is not a member of
+//     the target finishes the switch step and returns (left = true, exit 0);
+//   - failure: a generation marked failure aborts the communicator (from a watcher thread), the
+//     step in flight is discarded where it did not complete, and the survivors re-form;
+//   - state sync: MAX-reduce the committed step; the lowest rank holding it broadcasts every
+//     StateTensor plus the step, data position and LR-ramp state (skipped when every rank already
+//     holds that step, e.g. a pure shrink); if nobody holds state (first start, or every trainer
+//     died) rank 0 cold-starts from the StateLoader, then broadcasts.
+//
+// Data: DataPlan (exactly once per epoch), gradients weighted by each rank's sample count, LR by
+// LrSchedule with linear scaling against the current global batch and a ramp after re-forms.
+//
+// Thread-safety: Run() is called once, from the thread that owns the Trainable. Internally a
+// watcher thread reads the MembershipSource and may Abort() the current communicator.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "edl/base/clock.h"
+#include "edl/base/status.h"
+#include "edl/runtime/data_plan.h"
+#include "edl/runtime/lr_schedule.h"
+#include "edl/runtime/membership.h"
+#include "edl/runtime/trainable.h"
+
+namespace edl::runtime {
+
+// The training state besides the tensors: what state sync broadcasts and a checkpoint stores.
+struct TrainingState {
+  int64_t step = 0;              // committed optimizer steps
+  DataPosition position;         // epoch and global cursor
+  double last_lr = 0;            // rate of the last committed step
+  int64_t last_global_batch = 0; // global batch of the last committed step (0: none yet)
+  double ramp_from_lr = 0;       // rate the post-re-form ramp starts from
+  int64_t steps_since_reform = 0;
+};
+
+// Checkpoint hook for cold starts (implemented over edl/ckpt by the trainer; tests use their own).
+class StateLoader {
+ public:
+  virtual ~StateLoader() = default;
+  // Loads the latest checkpoint into the Trainable's tensors and *state. NotFound when there is
+  // none (the trainer's fresh initialisation is used); any other error fails the start.
+  virtual Status Load(Trainable* trainable, TrainingState* state) = 0;
+  // Called on rank 0 after each committed step; may snapshot (the store decides how often).
+  virtual Status AfterStep(Trainable* trainable, const TrainingState& state) {
+    return Status::OK();
+  }
+};
+
+struct ElasticOptions {
+  int64_t batch = 32;  // per-rank (fixed-local) or global (fixed-global) batch
+  BatchPolicy batch_policy = BatchPolicy::kFixedLocal;
+  uint64_t seed = 1;     // epoch permutations
+  double epochs = 1;     // train until this many epochs (samples seen / N) ...
+  int64_t max_steps = 0; // ... or this many steps, when > 0
+  LrScheduleOptions lr;
+  bool joining = false;  // a hot joiner (EDL_JOINING=1): report ready, wait to be committed
+  std::string backend = "gloo";  // "gloo" or "nccl"
+  std::string host;      // address the communicator binds (empty: loopback)
+  int cuda_device = -1;  // NCCL only
+  std::chrono::milliseconds comm_timeout{30000};    // rendezvous and every collective
+  std::chrono::milliseconds generation_wait{60000}; // wait for a new generation after a failure
+                                                    // or, for a joiner, to be committed
+  bool evaluate_each_epoch = false;  // sharded evaluation at every epoch end and at the end
+  int progress_every = 10;           // ReportProgress every this many steps
+  std::string sample_log_path;       // tests: append "step epoch idx..." per committed step
+  StateLoader* loader = nullptr;     // not owned; may be null (no checkpoints)
+  Clock* clock = nullptr;            // null: Clock::Real()
+};
+
+struct ElasticResult {
+  bool left = false;        // this trainer was not in a newer generation and stopped
+  int64_t step = 0;         // committed steps at return
+  int64_t generation = 0;   // generation trained in last
+  double last_loss = 0;     // mean training loss of the last step (global)
+  double accuracy = -1;     // last evaluation, -1 if none
+  uint64_t state_hash = 0;  // StateHash() at return
+};
+
+// FNV-1a over every StateTensor's name and bytes (via CopyToHost): equal on two trainers iff their
+// states are bit-identical (up to hash collisions).
+StatusOr<uint64_t> StateHash(Trainable* trainable);
+
+class ElasticTrainer {
+ public:
+  // Neither pointer is owned; both must outlive the trainer.
+  ElasticTrainer(ElasticOptions options, Trainable* trainable, MembershipSource* membership);
+  ~ElasticTrainer();
+  ElasticTrainer(const ElasticTrainer&) = delete;
+  ElasticTrainer& operator=(const ElasticTrainer&) = delete;
+
+  // Trains until the epoch/step budget is reached (OK), this trainer leaves (OK, left = true), or
+  // an error: the Trainable failed, no usable generation arrived within generation_wait, or the
+  // options are invalid.
+  Status Run(ElasticResult* result);
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace edl::runtime

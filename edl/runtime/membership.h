@@ -1,0 +1,76 @@
+// MembershipSource: how the elastic runtime learns the job's committed generations and talks back
+// to the control plane. In production it is a thin adapter over net::TrainerChannel (the node
+// client over EDL_CLIENT_SOCKET); in static mode (`edl launch`, no server) a fixed generation from
+// RANK / WORLD_SIZE; in tests an in-process fake shared by several trainer threads.
+//
+// Thread-safety: implementations are thread-safe; the runtime calls Latest()/WaitGeneration() from
+// its training thread and from a watcher thread at the same time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/base/status.h"
+#include "edl/runtime/comm/communicator.h"
+
+namespace edl::runtime {
+
+// One committed generation as the runtime needs it (a projection of proto::GenerationInfo).
+struct Generation {
+  int64_t number = 0;                // strictly increasing across the job
+  std::vector<std::string> members;  // trainer ids ordered by rank: survivors keep relative
+                                     // order, joiners come last
+  bool failure = false;  // the change removed a dead or hung trainer: survivors must abort
+  std::string reason;    // "start", "script", "ctl", "failure", ... (for events)
+
+  int world_size() const { return static_cast<int>(members.size()); }
+  // Rank of `trainer_id` in this generation, -1 when it is not a member (a leaving trainer).
+  int RankOf(const std::string& trainer_id) const;
+};
+
+// Mirrors net::ProgressReport.
+struct ProgressInfo {
+  int64_t generation = 0, step = 0, epoch = 0;
+  double loss = 0, images_per_sec = 0;
+  int world_size = 0;
+  double accuracy = -1;  // -1: not evaluated
+};
+
+class MembershipSource {
+ public:
+  virtual ~MembershipSource() = default;
+
+  // This trainer's id, stable for the process's life (EDL_TRAINER_ID).
+  virtual std::string trainer_id() const = 0;
+  // Newest committed generation received; false if none yet.
+  virtual bool Latest(Generation* out) = 0;
+  // Blocks until a committed generation with number > `after` is known (returns at once if one
+  // is) and stores it in *out; Timeout after `timeout`.
+  virtual Status WaitGeneration(int64_t after, std::chrono::milliseconds timeout,
+                                Generation* out) = 0;
+  // Rendezvous store; keys carry the generation. Never null; owned by the source.
+  virtual KvStore* kv() = 0;
+  // A joiner finished preparing (model built, data ready) and may be committed.
+  virtual Status ReportReady(int64_t generation) = 0;
+  virtual Status ReportProgress(const ProgressInfo& progress) = 0;
+  // One event for the job's events log (JSON object; the control plane adds job, trainer, time).
+  virtual Status ReportEvent(const nlohmann::json& event) = 0;
+};
+
+// Static mode: a single generation (number `generation`, members "rank-0".."rank-<world-1>")
+// that never changes, over `kv`. REQUIRES: 0 <= rank < world.
+std::unique_ptr<MembershipSource> NewStaticMembership(int rank, int world, int64_t generation,
+                                                      std::unique_ptr<KvStore> kv);
+
+// Static mode from the torchrun-style environment: RANK, WORLD_SIZE (required), EDL_GENERATION
+// (default 1), and a FileKvStore in EDL_RENDEZVOUS_DIR (default /tmp/edl-rdzv-<MASTER_ADDR>-
+// <MASTER_PORT>, which `edl launch` should make fresh per run). InvalidArgument naming the
+// variable when one is missing or malformed.
+StatusOr<std::unique_ptr<MembershipSource>> StaticMembershipFromEnv();
+
+}  // namespace edl::runtime

@@ -1,0 +1,430 @@
+// The elastic loop with ranks as threads: a small deterministic Trainable (linear regression with
+// momentum on synthetic data) and an in-process membership fake standing in for the control
+// plane. Scenario: 4 -> 2 (script shrink) -> 3 (hot join) -> 2 (one trainer fails mid-step).
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "edl/runtime/comm/file_kv_store.h"
+#include "edl/runtime/comm/memory_kv_store.h"
+#include "edl/runtime/elastic_trainer.h"
+#include "tests/testutil.h"
+
+namespace edl::runtime {
+namespace {
+
+using std::chrono::milliseconds;
+
+// ---------------------------------------------------------------------------------------------
+// Linear regression y = w.x + b with SGD + momentum. Samples are a pure function of the index.
+
+constexpr int kDim = 6;
+
+class LinearModel : public Trainable {
+ public:
+  LinearModel(int64_t train, int64_t test, uint64_t init_seed) : train_(train), test_(test) {
+    for (int i = 0; i < kDim + 1; ++i) params_[i] = static_cast<float>(Noise(init_seed * 131 + i));
+  }
+  bool on_device() const override { return false; }
+  std::vector<StateTensor> StateTensors() override {
+    return {{"w", {kDim}, DataType::kFloat32, params_, kDim * 4},
+            {"b", {1}, DataType::kFloat32, params_ + kDim, 4},
+            {"momentum", {kDim + 1}, DataType::kFloat32, momentum_, (kDim + 1) * 4}};
+  }
+  float* GradientBuffer(size_t* count) override {
+    *count = kDim + 1;
+    return grad_;
+  }
+  Status ScaleGradients(float f) override {
+    for (int i = 0; i < kDim + 1; ++i) grad_[i] *= f;
+    return Status::OK();
+  }
+  int64_t train_size() const override { return train_; }
+  int64_t test_size() const override { return test_; }
+  Status ForwardBackward(const std::vector<int64_t>& idx, StepStats* st) override {
+    if (fail_next_) return Status::Internal("injected trainer crash");
+    std::this_thread::sleep_for(milliseconds(2));  // let the test's control plane keep up
+    std::fill(grad_, grad_ + kDim + 1, 0.0f);
+    for (int64_t i : idx) Accumulate(i, 1.0f / idx.size(), st);
+    return Status::OK();
+  }
+  Status ApplyUpdate(double lr) override {
+    for (int i = 0; i < kDim + 1; ++i) {
+      momentum_[i] = 0.9f * momentum_[i] + grad_[i];
+      params_[i] -= static_cast<float>(lr) * momentum_[i];
+    }
+    return Status::OK();
+  }
+  Status Evaluate(const std::vector<int64_t>& idx, StepStats* st) override {
+    float saved[kDim + 1];
+    std::copy(grad_, grad_ + kDim + 1, saved);
+    for (int64_t i : idx) Accumulate(train_ + i, 0, st);
+    std::copy(saved, saved + kDim + 1, grad_);
+    return Status::OK();
+  }
+  std::string Fingerprint() const override { return "linear-" + std::to_string(kDim); }
+  Status CopyToHost(const StateTensor& t, void* dst) override {
+    std::memcpy(dst, t.data, t.bytes);
+    return Status::OK();
+  }
+  Status CopyFromHost(const StateTensor& t, const void* src) override {
+    std::memcpy(t.data, src, t.bytes);
+    return Status::OK();
+  }
+  std::atomic<bool> fail_next_{false};
+
+ private:
+  static double Noise(uint64_t k) {  // deterministic in [-1, 1)
+    k = (k + 0x9E3779B97F4A7C15ULL) * 0xBF58476D1CE4E5B9ULL;
+    k ^= k >> 29;
+    k *= 0x94D049BB133111EBULL;
+    k ^= k >> 32;
+    return static_cast<double>(k % 2000000) / 1e6 - 1.0;
+  }
+  // Adds weight * d(0.5 err^2)/d(params) of sample `i` to grad_ (weight 0: loss only).
+  void Accumulate(int64_t i, float weight, StepStats* st) {
+    float x[kDim], y = 0.5f, pred = params_[kDim];
+    for (int k = 0; k < kDim; ++k) {
+      x[k] = static_cast<float>(Noise(i * 7919 + k));
+      y += (k + 1) * 0.3f * x[k];
+      pred += params_[k] * x[k];
+    }
+    y += 0.01f * static_cast<float>(Noise(i * 31 + 5));
+    const float err = pred - y;
+    for (int k = 0; k < kDim; ++k) grad_[k] += weight * err * x[k];
+    grad_[kDim] += weight * err;
+    st->loss_sum += 0.5 * err * err;
+    st->correct += std::fabs(err) < 0.1f;
+    st->samples++;
+  }
+
+  const int64_t train_, test_;
+  float params_[kDim + 1];          // [kDim] weights, then the bias
+  float momentum_[kDim + 1] = {};   // [kDim + 1]
+  float grad_[kDim + 1 + kInbandSlots] = {};
+};
+
+// ---------------------------------------------------------------------------------------------
+// In-process control plane: generations, KV, readiness, progress and events.
+
+class FakeCluster {
+ public:
+  int64_t Commit(std::vector<std::string> members, bool failure, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Generation g;
+    g.number = static_cast<int64_t>(gens_.size()) + 1;
+    g.members = std::move(members);
+    g.failure = failure;
+    g.reason = reason;
+    gens_.push_back(g);
+    cv_.notify_all();
+    return g.number;
+  }
+  bool Latest(Generation* out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (gens_.empty()) return false;
+    *out = gens_.back();
+    return true;
+  }
+  Status WaitGeneration(int64_t after, milliseconds timeout, Generation* out) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !gens_.empty() && gens_.back().number > after; }))
+      return Status::Timeout("no generation after " + std::to_string(after));
+    *out = gens_.back();
+    return Status::OK();
+  }
+  void Record(const nlohmann::json& e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(e);
+    cv_.notify_all();
+  }
+  void Progress(const ProgressInfo& p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    max_step_ = std::max(max_step_, p.step);
+    losses_.push_back(p.loss);
+    cv_.notify_all();
+  }
+  void Ready(const std::string& id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_.insert(id);
+    cv_.notify_all();
+  }
+  // Waits (bounded) for `pred` over the cluster's state; false on timeout.
+  template <typename Pred>
+  bool WaitFor(Pred pred, milliseconds timeout = milliseconds(60000)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return pred(); });
+  }
+  void Notify() { cv_.notify_all(); }
+
+  MemoryKvStore kv;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Generation> gens_;
+  std::vector<nlohmann::json> events_;
+  std::vector<double> losses_;
+  std::set<std::string> ready_;
+  int64_t max_step_ = 0;
+};
+
+class FakeMembership : public MembershipSource {
+ public:
+  FakeMembership(FakeCluster* c, std::string id) : c_(c), id_(std::move(id)) {}
+  std::string trainer_id() const override { return id_; }
+  bool Latest(Generation* out) override { return c_->Latest(out); }
+  Status WaitGeneration(int64_t after, milliseconds t, Generation* out) override {
+    return c_->WaitGeneration(after, t, out);
+  }
+  KvStore* kv() override { return &c_->kv; }
+  Status ReportReady(int64_t) override { return c_->Ready(id_), Status::OK(); }
+  Status ReportProgress(const ProgressInfo& p) override { return c_->Progress(p), Status::OK(); }
+  Status ReportEvent(const nlohmann::json& e) override { return c_->Record(e), Status::OK(); }
+
+ private:
+  FakeCluster* const c_;
+  const std::string id_;
+};
+
+// One trainer thread with its own model, membership view and result.
+struct TrainerThread {
+  std::string id;
+  std::unique_ptr<LinearModel> model;
+  std::unique_ptr<FakeMembership> membership;
+  ElasticResult result;
+  Status status;
+  std::atomic<bool> finished{false};
+  std::thread thread;
+};
+
+constexpr int64_t kTrain = 384, kTest = 128;
+
+ElasticOptions Options(const test::ScratchDir& dir, const std::string& id, bool joining) {
+  ElasticOptions o;
+  o.batch = 8;
+  o.epochs = 8;
+  o.lr.base_lr = 0.05;
+  o.lr.base_batch = 32;
+  o.lr.decay = "constant";
+  o.lr.rescale_ramp_steps = 3;
+  o.joining = joining;
+  o.comm_timeout = milliseconds(20000);
+  o.generation_wait = milliseconds(30000);
+  o.progress_every = 1;
+  o.evaluate_each_epoch = true;
+  o.sample_log_path = dir.Join(id + ".samples");
+  return o;
+}
+
+void Start(FakeCluster* cluster, const test::ScratchDir& dir, TrainerThread* t, int seed,
+           bool joining, FakeCluster* notify) {
+  t->model = std::make_unique<LinearModel>(kTrain, kTest, seed);
+  t->membership = std::make_unique<FakeMembership>(cluster, t->id);
+  const test::ScratchDir* d = &dir;
+  t->thread = std::thread([=] {
+    ElasticTrainer trainer(Options(*d, t->id, joining), t->model.get(), t->membership.get());
+    t->status = trainer.Run(&t->result);
+    t->finished = true;
+    notify->Notify();
+  });
+}
+
+// Every completed epoch consumed every sample exactly once, across all trainers' logs.
+void ExpectExactlyOnce(const test::ScratchDir& dir, const std::vector<std::string>& ids,
+                       int64_t epochs) {
+  std::map<int64_t, std::vector<int64_t>> seen;
+  for (const std::string& id : ids) {
+    std::ifstream in(dir.Join(id + ".samples"));
+    std::string line;
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      int64_t step, epoch, idx;
+      ls >> step >> epoch;
+      while (ls >> idx) seen[epoch].push_back(idx);
+    }
+  }
+  ASSERT_EQ(static_cast<int64_t>(seen.size()), epochs);
+  for (auto& [epoch, list] : seen) {
+    std::sort(list.begin(), list.end());
+    ASSERT_EQ(static_cast<int64_t>(list.size()), kTrain) << "epoch " << epoch;
+    for (int64_t i = 0; i < kTrain; ++i) ASSERT_EQ(list[i], i) << "epoch " << epoch;
+  }
+}
+
+TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnce) {
+  test::ScratchDir dir("elastic");
+  FakeCluster c;
+  TrainerThread t[5];
+  for (int i = 0; i < 5; ++i) t[i].id = "t" + std::to_string(i);
+  c.Commit({"t0", "t1", "t2", "t3"}, false, "start");
+  for (int i = 0; i < 4; ++i) Start(&c, dir, &t[i], i + 1, false, &c);
+
+  // 4 -> 2: t1 and t3 finish the switch step and leave.
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 10; }));
+  c.Commit({"t0", "t2"}, false, "script");
+  ASSERT_TRUE(c.WaitFor([&] { return t[1].finished && t[3].finished; }));
+  // 2 -> 3: t4 prepares while the others train, reports ready, then is committed.
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 25; }));
+  Start(&c, dir, &t[4], 99, true, &c);
+  ASSERT_TRUE(c.WaitFor([&] { return c.ready_.count("t4") > 0; }));
+  c.Commit({"t0", "t2", "t4"}, false, "script");
+  // 3 -> 2: t2 crashes inside a step; the control plane commits a failure generation.
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 45; }));
+  t[2].model->fail_next_ = true;
+  ASSERT_TRUE(c.WaitFor([&] { return t[2].finished.load(); }));
+  c.Commit({"t0", "t4"}, true, "failure");
+  for (auto& tt : t) tt.thread.join();
+
+  EXPECT_OK(t[0].status);
+  EXPECT_OK(t[4].status);
+  for (int i : {1, 3}) {
+    EXPECT_OK(t[i].status);
+    EXPECT_TRUE(t[i].result.left);
+  }
+  EXPECT_EQ(t[2].status.code(), Status::Code::kInternal) << t[2].status.ToString();
+  EXPECT_FALSE(t[0].result.left);
+  EXPECT_EQ(t[0].result.generation, 4);
+  EXPECT_EQ(t[0].result.state_hash, t[4].result.state_hash);
+  EXPECT_EQ(t[0].result.step, t[4].result.step);
+
+  // After every re-form every member synced to the same state (a joiner included).
+  std::map<int64_t, std::vector<std::string>> hashes;
+  std::map<int64_t, bool> broadcast;
+  int stalls = 0;
+  for (const auto& e : c.events_) {
+    if (e["event"] == "sync") {
+      hashes[e["generation"].get<int64_t>()].push_back(e["state_hash"]);
+      broadcast[e["generation"].get<int64_t>()] = e["tensors_broadcast"];
+    }
+    if (e["event"] == "stall") {
+      ++stalls;
+      EXPECT_GE(e["stall_s"].get<double>(), 0);
+    }
+  }
+  ASSERT_EQ(hashes.size(), 4u);
+  const size_t world[] = {4, 2, 3, 2};
+  for (int64_t g = 1; g <= 4; ++g) {
+    ASSERT_EQ(hashes[g].size(), world[g - 1]) << "generation " << g;
+    for (const auto& h : hashes[g]) EXPECT_EQ(h, hashes[g][0]) << "generation " << g;
+  }
+  EXPECT_FALSE(broadcast[2]) << "a pure shrink needs no state broadcast";
+  EXPECT_TRUE(broadcast[3]) << "the joiner must receive the survivors' state";
+  EXPECT_GE(stalls, 3);  // t0 at each of the three switches, plus the others
+
+  ExpectExactlyOnce(dir, {"t0", "t1", "t2", "t3", "t4"}, 8);
+
+  // Training loss fell.
+  ASSERT_GT(c.losses_.size(), 20u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += c.losses_[i];
+    last += c.losses_[c.losses_.size() - 1 - i];
+  }
+  EXPECT_LT(last, first * 0.1) << "first " << first / 5 << " last " << last / 5;
+  EXPECT_GT(t[0].result.accuracy, 0.5);
+}
+
+// A loader that "restores" a checkpoint at step 7 with known parameters.
+class FixedLoader : public StateLoader {
+ public:
+  Status Load(Trainable* t, TrainingState* state) override {
+    ++loads;
+    for (const StateTensor& st : t->StateTensors()) {
+      std::vector<float> v(st.bytes / 4, 0.25f);
+      EDL_RETURN_IF_ERROR(t->CopyFromHost(st, v.data()));
+    }
+    state->step = 7;
+    state->position = {1, 40};
+    return Status::OK();
+  }
+  std::atomic<int> loads{0};
+};
+
+TEST(ElasticTrainerTest, ColdStartLoadsOnOneRankAndBroadcasts) {
+  test::ScratchDir dir("cold");
+  FakeCluster c;
+  FixedLoader loader;
+  c.Commit({"a", "b", "c"}, false, "start");
+  TrainerThread t[3];
+  for (int i = 0; i < 3; ++i) {
+    t[i].id = std::string(1, static_cast<char>('a' + i));
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 10 + i);
+    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+  }
+  for (auto& tt : t) {
+    tt.thread = std::thread([&] {
+      ElasticOptions o = Options(dir, tt.id, false);
+      o.max_steps = 12;
+      o.evaluate_each_epoch = false;
+      o.loader = &loader;
+      ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
+      tt.status = trainer.Run(&tt.result);
+    });
+  }
+  for (auto& tt : t) tt.thread.join();
+  EXPECT_EQ(loader.loads.load(), 1);
+  for (auto& tt : t) {
+    EXPECT_OK(tt.status);
+    EXPECT_EQ(tt.result.step, 12);
+    EXPECT_EQ(tt.result.state_hash, t[0].result.state_hash);
+  }
+  // The first committed step after the cold start is step 8, at epoch 1.
+  std::ifstream in(dir.Join("a.samples"));
+  int64_t step = 0, epoch = 0;
+  in >> step >> epoch;
+  EXPECT_EQ(step, 8);
+  EXPECT_EQ(epoch, 1);
+}
+
+TEST(ElasticTrainerTest, StaticModeTrainsAFixedWorldOverAFileStore) {
+  test::ScratchDir dir("static");
+  std::vector<std::unique_ptr<MembershipSource>> m;
+  std::vector<std::unique_ptr<LinearModel>> models;
+  for (int r = 0; r < 2; ++r) {
+    m.push_back(NewStaticMembership(r, 2, 1, std::make_unique<FileKvStore>(dir.Join("rdzv"))));
+    models.push_back(std::make_unique<LinearModel>(kTrain, kTest, r + 3));
+  }
+  EXPECT_EQ(m[1]->trainer_id(), "rank-1");
+  ElasticResult res[2];
+  Status st[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ElasticOptions o = Options(dir, "r" + std::to_string(r), false);
+      o.epochs = 1;
+      ElasticTrainer trainer(o, models[r].get(), m[r].get());
+      st[r] = trainer.Run(&res[r]);
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_OK(st[0]);
+  ASSERT_OK(st[1]);
+  EXPECT_EQ(res[0].state_hash, res[1].state_hash);
+  EXPECT_EQ(res[0].step, kTrain / 16);
+  ExpectExactlyOnce(dir, {"r0", "r1"}, 1);
+}
+
+TEST(ElasticTrainerTest, JoinerThatIsNeverCommittedTimesOut) {
+  FakeCluster c;
+  c.Commit({"x"}, false, "start");
+  LinearModel model(kTrain, kTest, 1);
+  FakeMembership m(&c, "late");
+  test::ScratchDir dir("late");
+  ElasticOptions o = Options(dir, "late", true);
+  o.generation_wait = milliseconds(200);
+  ElasticTrainer trainer(o, &model, &m);
+  ElasticResult r;
+  Status s = trainer.Run(&r);
+  EXPECT_TRUE(s.IsTimeout()) << s.ToString();
+  EXPECT_EQ(c.ready_.count("late"), 1u);
+}
+
+}  // namespace
+}  // namespace edl::runtime
