@@ -5,7 +5,11 @@ list(APPEND EDL_SOURCES
   runtime/comm/file_kv_store.cc
   runtime/comm/gloo/gloo_communicator.cc
 )
-if(NOT EDL_HAVE_NCCL)
+# The NCCL communicator lives in comm/nccl/ (its own sources.cmake); until that folder exists, or
+# when NCCL is absent, CreateNcclCommunicator() is the stub that returns FailedPrecondition.
+if(EDL_HAVE_NCCL AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl/sources.cmake)
+  include(${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl/sources.cmake)
+else()
   list(APPEND EDL_SOURCES runtime/comm/nccl_unavailable.cc)
 endif()
 list(APPEND EDL_LINK_LIBS ${GLOO_LIBRARY})

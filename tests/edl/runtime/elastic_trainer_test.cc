@@ -5,6 +5,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -306,6 +307,7 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
     if (e["event"] == "stall") {
       ++stalls;
       EXPECT_GE(e["stall_s"].get<double>(), 0);
+      std::cout << "stall " << e.dump() << "\n";
     }
   }
   ASSERT_EQ(hashes.size(), 4u);
