@@ -77,12 +77,11 @@ Status ParseLaunchArgs(int argc, char** argv, LaunchOptions* opts, bool* help) {
        "also print every trainer's output on stdout, each line prefixed with [rank r]");
   ParsedFlags flags;
   Status s = ParseFlags("launch", kUsage, desc, split, argv, &flags);
-  if (!s.ok()) {
-    if (s.message().find("positional") != std::string::npos) {
-      return Status::InvalidArgument("put the trainer command after `--`: edl launch -n N -- CMD ARGS...");
-    }
-    return s;
+  if (!s.ok() && split == argc) {  // likely a trainer command given without `--`
+    return Status::InvalidArgument(s.message() +
+                                   "; put the trainer command after `--`: edl launch -n N -- CMD ARGS...");
   }
+  EDL_RETURN_IF_ERROR(s);
   *help = flags.help;
   if (*help) return Status::OK();
   if (opts->num_trainers < 1 || opts->num_trainers > kMaxTrainers) {
