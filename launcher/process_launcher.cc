@@ -137,6 +137,18 @@ void PrepareChild() {
   }
 }
 
+// Reaps a child whose exec failed (it exits right after reporting the error). Bounded wait.
+void ReapFailedChild(pid_t pid) {
+  for (int i = 0; i < 500; ++i) {
+    const pid_t w = ::waitpid(pid, nullptr, WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  LOG(WARNING) << "child " << pid << " whose exec failed did not exit within 5 s; killing it";
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
 // ---- TrainerProcess
 
 class PosixTrainerProcess final : public TrainerProcess {
@@ -281,12 +293,16 @@ class BoostProcessLauncher final : public ProcessLauncher {
       const std::vector<std::string> args(spec.argv.begin() + 1, spec.argv.end());
       const std::string dir = spec.working_dir.empty() ? "." : spec.working_dir;
       std::error_code ec;
+      pid_t failed_pid = -1;  // a child whose exec failed: Boost does not reap it, we do
       auto spawn = [&](auto&&... io) {
-        return bp::child(bp::exe = exe, bp::args = args, env, bp::start_dir = dir,
-                         bp::std_in < bp::null, io...,
-                         bp::extend::on_exec_setup = [](auto&) { PrepareChild(); }, ec);
+        return bp::child(
+            bp::exe = exe, bp::args = args, env, bp::start_dir = dir, bp::std_in < bp::null, io...,
+            bp::extend::on_exec_setup = [](auto&) { PrepareChild(); },
+            bp::extend::on_error = [&](auto& exec, const std::error_code&) { failed_pid = exec.pid; },
+            ec);
       };
       bp::child child = log != nullptr ? spawn((bp::std_out & bp::std_err) > log) : spawn();
+      if (failed_pid > 0) ReapFailedChild(failed_pid);
       if (ec) {
         return PosixError("cannot start trainer command " + CommandName(spec) + " (" + exe + ")",
                           ec.value());

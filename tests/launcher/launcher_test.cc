@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -358,6 +359,11 @@ TEST(StartFailureTest, ExecFailureIsReportedNotThrown) {
   auto p = NewProcessLauncher()->Start(spec);
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find(tool), std::string::npos) << p.status().ToString();
+  // The forked child whose exec failed was reaped: no zombie is left for a waitpid(-1) to find.
+  // (A bounded look: an unreaped child would turn into a zombie within milliseconds.)
+  pid_t zombie = 0;
+  test::WaitUntil([&] { return (zombie = ::waitpid(-1, nullptr, WNOHANG)) != 0; }, milliseconds(300));
+  EXPECT_LE(zombie, 0) << "an unreaped child (pid " << zombie << ") was left behind";
 }
 
 TEST(StartFailureTest, MissingWorkingDirAndBadLogPath) {
