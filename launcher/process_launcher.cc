@@ -137,6 +137,21 @@ void PrepareChild() {
   }
 }
 
+// The launcher's environment with `overrides` applied, as "KEY=VALUE" strings.
+std::vector<std::string> MergedEnvironment(const std::map<std::string, std::string>& overrides) {
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq == nullptr) continue;
+    merged.emplace(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
+  }
+  for (const auto& [key, value] : overrides) merged[key] = value;
+  std::vector<std::string> out;
+  out.reserve(merged.size());
+  for (const auto& [key, value] : merged) out.push_back(key + "=" + value);
+  return out;
+}
+
 // Reaps a child whose exec failed (it exits right after reporting the error). Bounded wait.
 void ReapFailedChild(pid_t pid) {
   for (int i = 0; i < 500; ++i) {
@@ -288,15 +303,20 @@ class BoostProcessLauncher final : public ProcessLauncher {
  private:
   static StatusOr<int> Spawn(const TrainerSpec& spec, const std::string& exe, FILE* log) {
     try {
-      bp::environment env = boost::this_process::environment();
-      for (const auto& [key, value] : spec.env) env[key] = value;
+      // Our own envp, not bp::environment: its find() in Boost 1.74 reads past the end of shorter
+      // entries (std::equal over the key's length; AddressSanitizer reports it).
+      const std::vector<std::string> env_strings = MergedEnvironment(spec.env);
+      std::vector<char*> envp;
+      for (const std::string& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+      envp.push_back(nullptr);
       const std::vector<std::string> args(spec.argv.begin() + 1, spec.argv.end());
       const std::string dir = spec.working_dir.empty() ? "." : spec.working_dir;
       std::error_code ec;
       pid_t failed_pid = -1;  // a child whose exec failed: Boost does not reap it, we do
       auto spawn = [&](auto&&... io) {
         return bp::child(
-            bp::exe = exe, bp::args = args, env, bp::start_dir = dir, bp::std_in < bp::null, io...,
+            bp::exe = exe, bp::args = args, bp::start_dir = dir, bp::std_in < bp::null, io...,
+            bp::extend::on_setup = [&](auto& exec) { exec.env = envp.data(); },
             bp::extend::on_exec_setup = [](auto&) { PrepareChild(); },
             bp::extend::on_error = [&](auto& exec, const std::error_code&) { failed_pid = exec.pid; },
             ec);
