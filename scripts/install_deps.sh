@@ -19,7 +19,7 @@ PACKAGES=(
   zlib1g-dev
   dataset-fashion-mnist
   gnuplot-nox
-  iproute2 procps psmisc
+  iproute2 procps psmisc shellcheck
   python3-torch python3-torchvision python3-numpy
 )
 
