@@ -1,5 +1,8 @@
 #include "edl/ckpt/checkpoint_store.h"
 
+#include <algorithm>
+#include <mutex>
+
 #include <nlohmann/json.hpp>
 
 #include <glog/logging.h>
@@ -188,17 +191,17 @@ Status CheckpointStore::Verify(int64_t id, VerifyReport* report) {
   EDL_RETURN_IF_ERROR(FindMeta(this, id, &meta));
   *report = VerifyReport();
   report->id = id;
-  std::unique_ptr<uint8_t[]> buf;
-  size_t buf_size = 0;
+  // One buffer per tensor in flight (callbacks may run on several threads), freed once checked.
+  std::vector<std::unique_ptr<uint8_t[]>> bufs(meta.tensors.size());
+  std::mutex mu;
   auto dst_for = [&](size_t i) -> void* {
-    if (meta.tensors[i].bytes > buf_size || !buf) {
-      buf_size = std::max<size_t>(meta.tensors[i].bytes, 1);
-      buf.reset(new uint8_t[buf_size]);
-    }
-    return buf.get();
+    bufs[i].reset(new uint8_t[std::max<uint64_t>(meta.tensors[i].bytes, 1)]);
+    return bufs[i].get();
   };
   auto done = [&](size_t i) {
-    Status s = CheckTensor(meta, i, buf.get());
+    Status s = CheckTensor(meta, i, bufs[i].get());
+    bufs[i].reset();
+    std::lock_guard<std::mutex> lock(mu);
     if (!s.ok()) report->corrupt.push_back(meta.tensors[i].name + ": " + s.message());
     report->tensors_checked++;
     report->bytes_checked += meta.tensors[i].bytes;

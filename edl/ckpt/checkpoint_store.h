@@ -109,10 +109,11 @@ class CheckpointStore {
   // (a cold start); OK with an empty list when it exists but holds none.
   virtual Status List(std::vector<CheckpointMeta>* out) = 0;
 
-  // Streams the raw (unverified) bytes of checkpoint meta.id: for each tensor i in order, writes
+  // Streams the raw (unverified) bytes of checkpoint meta.id: for each tensor i, writes
   // meta.tensors[i].bytes bytes to dst_for(i) (skipped when it returns nullptr), then calls
   // done(i); a non-OK from done stops the read and is returned. An unreadable tensor returns
-  // Corruption or IOError naming it.
+  // Corruption or IOError naming it. The callbacks may run concurrently on several threads, each
+  // call for a distinct i (dst_for(i) before done(i)); they must be thread-safe in that sense.
   virtual Status ReadTensors(const CheckpointMeta& meta,
                              const std::function<void*(size_t)>& dst_for,
                              const std::function<Status(size_t)>& done) = 0;
@@ -149,11 +150,15 @@ struct RocksDbStoreOptions {
   std::chrono::milliseconds lock_timeout{60000};
   // How a save is written (kSstIngest is the fastest measured; see bench/checkpoint.sh).
   SaveMethod save_method = SaveMethod::kSstIngest;
-  // Tensors are stored as values of at most this many bytes (one SST block each).
+  // Tensors are stored as values of at most this many bytes (chunks of >= 4 KiB get an SST block
+  // each).
   size_t chunk_bytes = 4 << 20;
   // O_DIRECT for reads (load) and SST writes (save): bypasses the page cache.
   bool direct_reads = false;
   bool direct_writes = false;
+  // Threads reading one checkpoint (each a contiguous share of the tensors), overlapping disk
+  // reads with copying and checksum verification.
+  int read_threads = 4;
 };
 
 // A store in options.dir. Opening touches nothing on disk; every call opens the database for its

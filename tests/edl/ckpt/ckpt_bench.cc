@@ -185,6 +185,7 @@ RocksDbStoreOptions StoreOptions(std::map<std::string, std::string>& a, const st
   if (a.count("chunk_mb")) o.chunk_bytes = std::stoul(a["chunk_mb"]) << 20;
   o.direct_reads = a.count("direct_reads") > 0;
   o.direct_writes = a.count("direct_writes") > 0;
+  if (a.count("read_threads")) o.read_threads = std::stoi(a["read_threads"]);
   return o;
 }
 
