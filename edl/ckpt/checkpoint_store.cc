@@ -1,0 +1,253 @@
+#include "edl/ckpt/checkpoint_store.h"
+
+#include <algorithm>
+#include <mutex>
+
+#include <nlohmann/json.hpp>
+
+#include <glog/logging.h>
+
+#include "edl/ckpt/crc32c.h"
+
+namespace edl::ckpt {
+namespace {
+
+constexpr const char* kMetaMagic = "edl-checkpoint";
+constexpr int kMetaVersion = 1;
+
+struct DataTypeEntry {
+  DataType type;
+  const char* name;
+};
+constexpr DataTypeEntry kDataTypes[] = {
+    {DataType::kFloat32, "float32"}, {DataType::kFloat64, "float64"},
+    {DataType::kInt64, "int64"},     {DataType::kInt32, "int32"},
+    {DataType::kBFloat16, "bfloat16"}, {DataType::kFloat16, "float16"},
+    {DataType::kUInt8, "uint8"},
+};
+
+std::string Hex32(uint32_t v) {
+  char buf[16];
+  snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+}  // namespace
+
+const char* DataTypeName(DataType t) {
+  for (const auto& e : kDataTypes) {
+    if (e.type == t) return e.name;
+  }
+  return "unknown";
+}
+
+Status ParseDataType(const std::string& name, DataType* out) {
+  for (const auto& e : kDataTypes) {
+    if (name == e.name) {
+      *out = e.type;
+      return Status::OK();
+    }
+  }
+  return Status::InvalidArgument("unknown tensor dtype '" + name + "'");
+}
+
+// ---- CheckpointMeta
+
+uint64_t CheckpointMeta::TotalBytes() const {
+  uint64_t total = 0;
+  for (const auto& t : tensors) total += t.bytes;
+  return total;
+}
+
+const TensorRecord* CheckpointMeta::FindTensor(const std::string& name) const {
+  for (const auto& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::string CheckpointMeta::EncodeJson() const {
+  nlohmann::json j;
+  j["format"] = kMetaMagic;
+  j["version"] = kMetaVersion;
+  j["id"] = id;
+  j["step"] = step;
+  j["epoch"] = epoch;
+  j["cursor"] = cursor;
+  j["generation"] = generation;
+  j["world_size"] = world_size;
+  j["fingerprint"] = fingerprint;
+  j["wall_time_micros"] = wall_time_micros;
+  j["extra"] = extra_json;  // kept as text so it round-trips byte for byte
+  nlohmann::json ts = nlohmann::json::array();
+  for (const auto& t : tensors) {
+    ts.push_back({{"name", t.name},
+                  {"dtype", DataTypeName(t.dtype)},
+                  {"shape", t.shape},
+                  {"bytes", t.bytes},
+                  {"crc32c", Hex32(t.crc32c)}});
+  }
+  j["tensors"] = std::move(ts);
+  return j.dump();
+}
+
+Status CheckpointMeta::DecodeJson(const std::string& json, CheckpointMeta* out) {
+  try {
+    const nlohmann::json j = nlohmann::json::parse(json);
+    if (!j.is_object() || j.value("format", "") != kMetaMagic) {
+      return Status::Corruption("checkpoint metadata lacks the '" + std::string(kMetaMagic) +
+                                "' magic; not an EDL checkpoint store?");
+    }
+    const int version = j.at("version").get<int>();
+    if (version != kMetaVersion) {
+      return Status::Corruption("checkpoint metadata version " + std::to_string(version) +
+                                " is not supported (this edl reads version " +
+                                std::to_string(kMetaVersion) + "); use a matching edl build");
+    }
+    CheckpointMeta m;
+    m.id = j.at("id").get<int64_t>();
+    m.step = j.at("step").get<int64_t>();
+    m.epoch = j.at("epoch").get<int64_t>();
+    m.cursor = j.at("cursor").get<int64_t>();
+    m.generation = j.at("generation").get<int64_t>();
+    m.world_size = j.at("world_size").get<int>();
+    m.fingerprint = j.at("fingerprint").get<std::string>();
+    m.wall_time_micros = j.at("wall_time_micros").get<int64_t>();
+    m.extra_json = j.at("extra").get<std::string>();
+    for (const auto& jt : j.at("tensors")) {
+      TensorRecord t;
+      t.name = jt.at("name").get<std::string>();
+      EDL_RETURN_IF_ERROR(ParseDataType(jt.at("dtype").get<std::string>(), &t.dtype)
+                              .WithContext("checkpoint metadata, tensor " + t.name));
+      t.shape = jt.at("shape").get<std::vector<int64_t>>();
+      t.bytes = jt.at("bytes").get<uint64_t>();
+      t.crc32c = static_cast<uint32_t>(std::stoul(jt.at("crc32c").get<std::string>(), nullptr, 16));
+      m.tensors.push_back(std::move(t));
+    }
+    *out = std::move(m);
+    return Status::OK();
+  } catch (const std::exception& e) {
+    return Status::Corruption(std::string("checkpoint metadata is not valid: ") + e.what());
+  }
+}
+
+const uint8_t* LoadedCheckpoint::Find(const std::string& name) const {
+  for (size_t i = 0; i < meta.tensors.size() && i < data.size(); ++i) {
+    if (meta.tensors[i].name == name) return data[i].get();
+  }
+  return nullptr;
+}
+
+// ---- shared read logic
+
+namespace {
+
+Status FindMeta(CheckpointStore* store, int64_t id, CheckpointMeta* out) {
+  std::vector<CheckpointMeta> all;
+  EDL_RETURN_IF_ERROR(store->List(&all));
+  for (auto& m : all) {
+    if (m.id == id) {
+      *out = std::move(m);
+      return Status::OK();
+    }
+  }
+  return Status::NotFound("checkpoint " + std::to_string(id) + " is not in " + store->Describe() +
+                          "; `edl ckpt ls` lists the stored ones");
+}
+
+Status CheckTensor(const CheckpointMeta& meta, size_t i, const void* data) {
+  const TensorRecord& t = meta.tensors[i];
+  const uint32_t crc = Crc32c(data, t.bytes);
+  if (crc == t.crc32c) return Status::OK();
+  return Status::Corruption("checkpoint " + std::to_string(meta.id) + " tensor '" + t.name +
+                            "': checksum " + Hex32(crc) + " != stored " + Hex32(t.crc32c));
+}
+
+// Reads checkpoint `meta` into *out, verifying every tensor.
+Status ReadVerified(CheckpointStore* store, const CheckpointMeta& meta, LoadedCheckpoint* out) {
+  LoadedCheckpoint loaded;
+  loaded.meta = meta;
+  loaded.data.resize(meta.tensors.size());
+  auto dst_for = [&](size_t i) -> void* {
+    loaded.data[i].reset(new uint8_t[meta.tensors[i].bytes ? meta.tensors[i].bytes : 1]);
+    return loaded.data[i].get();
+  };
+  auto done = [&](size_t i) { return CheckTensor(meta, i, loaded.data[i].get()); };
+  EDL_RETURN_IF_ERROR(store->ReadTensors(meta, dst_for, done));
+  *out = std::move(loaded);
+  return Status::OK();
+}
+
+}  // namespace
+
+Status CheckpointStore::Read(int64_t id, LoadedCheckpoint* out) {
+  CheckpointMeta meta;
+  EDL_RETURN_IF_ERROR(FindMeta(this, id, &meta));
+  return ReadVerified(this, meta, out);
+}
+
+Status CheckpointStore::Verify(int64_t id, VerifyReport* report) {
+  CheckpointMeta meta;
+  EDL_RETURN_IF_ERROR(FindMeta(this, id, &meta));
+  *report = VerifyReport();
+  report->id = id;
+  // One buffer per tensor in flight (callbacks may run on several threads), freed once checked.
+  std::vector<std::unique_ptr<uint8_t[]>> bufs(meta.tensors.size());
+  std::mutex mu;
+  auto dst_for = [&](size_t i) -> void* {
+    bufs[i].reset(new uint8_t[std::max<uint64_t>(meta.tensors[i].bytes, 1)]);
+    return bufs[i].get();
+  };
+  auto done = [&](size_t i) {
+    Status s = CheckTensor(meta, i, bufs[i].get());
+    bufs[i].reset();
+    std::lock_guard<std::mutex> lock(mu);
+    if (!s.ok()) report->corrupt.push_back(meta.tensors[i].name + ": " + s.message());
+    report->tensors_checked++;
+    report->bytes_checked += meta.tensors[i].bytes;
+    return Status::OK();
+  };
+  Status s = ReadTensors(meta, dst_for, done);
+  if (!s.ok() && (s.IsCorruption() || s.code() == Status::Code::kIOError)) {
+    // The storage layer refused a tensor (e.g. a RocksDB block checksum); the message names it.
+    report->corrupt.push_back(s.message());
+    return Status::OK();
+  }
+  return s;
+}
+
+Status CheckpointStore::LoadLatest(const std::string& fingerprint, LoadedCheckpoint* out) {
+  std::vector<CheckpointMeta> all;
+  EDL_RETURN_IF_ERROR(List(&all));
+  if (all.empty()) {
+    return Status::NotFound(Describe() + " holds no checkpoint yet (cold start with fresh state)");
+  }
+  const CheckpointMeta& latest = all.back();
+  if (!fingerprint.empty() && latest.fingerprint != fingerprint) {
+    return Status::FailedPrecondition(
+        Describe() + ": latest checkpoint " + std::to_string(latest.id) +
+        " was written for fingerprint '" + latest.fingerprint + "' but this trainer's is '" +
+        fingerprint + "' (another model, shapes or config); point --checkpoint_dir at this "
+        "job's store or start from fresh state with an empty directory");
+  }
+  std::string failures;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!fingerprint.empty() && it->fingerprint != fingerprint) continue;
+    Status s = ReadVerified(this, *it, out);
+    if (s.ok()) {
+      if (it != all.rbegin()) {
+        LOG(WARNING) << Describe() << ": loaded checkpoint " << it->id << " (step " << it->step
+                     << ") instead of the latest because newer ones failed:" << failures;
+      }
+      return s;
+    }
+    if (!s.IsCorruption() && s.code() != Status::Code::kIOError) return s;
+    LOG(WARNING) << Describe() << ": checkpoint " << it->id << " does not verify, trying the one "
+                 << "before it: " << s.ToString();
+    failures += " [" + s.ToString() + "]";
+  }
+  return Status::Corruption(Describe() + ": no checkpoint verifies:" + failures +
+                            "; run `edl ckpt verify` for details");
+}
+
+}  // namespace edl::ckpt
