@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Starts the EDL job server (`edl server`) for one job, with defaults that work on one machine: the
+# same role as PaddlePaddle EDL's demo start_job_server.sh. It runs until the job is stopped
+# (`edl ctl stop`), or until you stop it; it takes a second to start.
+#
+#   scripts/start_job_server.sh [--daemon] [EXTRA edl server FLAGS...]
+#   scripts/start_job_server.sh --stop | --status
+#
+# Foreground by default (stop with Ctrl-C). With --daemon it detaches, appends its output to
+# $EDL_RUN_DIR/logs/server.out and writes $EDL_RUN_DIR/server.pid; stop it with --stop.
+# Resume: run it again; clients reconnect with backoff and the server rebuilds the job from what
+# they report. Extra arguments go to `edl server` as they are (e.g. --scale_script config/x.txt).
+#
+# Environment (defaults in brackets):
+#   EDL_BIN            the edl binary [<repo>/build/edl, else edl in PATH]
+#   EDL_SECRET_FILE    cluster secret, created (0600, /dev/urandom) if missing [$HOME/.edl/secret]
+#   EDL_SERVER_PORT    TCP port [8180]            EDL_BIND     listen address [0.0.0.0]
+#   EDL_JOB_ID         job name [edl-job]
+#   EDL_MIN_TRAINERS   [1]   EDL_MAX_TRAINERS [0 = no bound]   EDL_TRAINERS initial size [0 = every free slot]
+#   EDL_SCALE_SCRIPT   scaling-script file (see config/) [none]
+#   EDL_RUN_DIR        pid file, events and logs go under it [./edl-run]
+#   EDL_STOP_TIMEOUT_S seconds --stop waits after SIGTERM before SIGKILL [30]
+set -euo pipefail
+# shellcheck source=scripts/edl_common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
+
+EDL_RUN_DIR="${EDL_RUN_DIR:-./edl-run}"
+PIDFILE="$EDL_RUN_DIR/server.pid"
+
+daemon=0
+case "${1:-}" in
+  --stop) edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"; exit 0 ;;
+  --status) edl_status "edl server" "$PIDFILE"; exit $? ;;
+  --daemon) daemon=1; shift ;;
+  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
+
+edl_find_bin
+edl_ensure_secret
+mkdir -p "$EDL_RUN_DIR/events" "$EDL_RUN_DIR/logs"
+
+args=(
+  server
+  --server_port "${EDL_SERVER_PORT:-8180}"
+  --bind "${EDL_BIND:-0.0.0.0}"
+  --secret_file "$EDL_SECRET_FILE"
+  --job_id "${EDL_JOB_ID:-edl-job}"
+  --min_trainers "${EDL_MIN_TRAINERS:-1}"
+  --max_trainers "${EDL_MAX_TRAINERS:-0}"
+  --trainers "${EDL_TRAINERS:-0}"
+  --events_dir "$EDL_RUN_DIR/events"
+  --log_dir "$EDL_RUN_DIR/logs"
+)
+if [ -n "${EDL_SCALE_SCRIPT:-}" ]; then
+  [ -f "$EDL_SCALE_SCRIPT" ] || edl_die "EDL_SCALE_SCRIPT=$EDL_SCALE_SCRIPT does not exist"
+  args+=(--scale_script "$EDL_SCALE_SCRIPT")
+fi
+
+edl_run "edl server" "$PIDFILE" "$EDL_RUN_DIR/logs/server.out" "$daemon" "$EDL_BIN" "${args[@]}" "$@"

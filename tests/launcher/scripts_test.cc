@@ -1,0 +1,215 @@
+// Tests of scripts/start_job_server.sh, start_job_client.sh and ssh_cluster.sh with a stand-in
+// `edl` (records its arguments, then sleeps) and stand-in ssh/scp that run the "remote" side
+// locally, each host with its own HOME. Nothing touches the real home directory; every daemon a
+// script starts is stopped through the script and then checked by pid.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "launcher/launcher.h"
+#include "tests/launcher/launcher_util.h"
+#include "tests/testutil.h"
+
+namespace edl::launcher {
+namespace {
+
+using test::ProcessAlive;
+using test::ReadFile;
+using test::ReadPid;
+using test::WaitExit;
+using test::WriteFile;
+
+class ScriptsTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    home_ = dir_.Join("home");
+    std::filesystem::create_directories(home_);
+    // Stand-in edl: one argument per line (after a "--" line) into $FAKE_EDL_ARGS, then sleeps.
+    Exe("fake_edl",
+        "#!/bin/sh\n{ echo --; for a in \"$@\"; do echo \"$a\"; done; } >> \"$FAKE_EDL_ARGS\"\n"
+        "exec sleep 1000\n");
+    // Stand-in ssh: drops -o options; runs the command in bash with HOME=$FAKE_REMOTE/<host> and,
+    // like ssh, none of the caller's environment beyond PATH.
+    Exe("fake_ssh",
+        "#!/bin/bash\nwhile [ \"${1:-}\" = -o ]; do shift 2; done\nhost=\"$1\"; shift\n"
+        "h=\"$FAKE_REMOTE/${host#*@}\"; mkdir -p \"$h\"; cd \"$h\" &&\n"
+        "exec env -i PATH=\"$PATH\" HOME=\"$h\" FAKE_EDL_ARGS=\"$FAKE_EDL_ARGS\" bash -c \"$*\"\n");
+    Exe("fake_scp",
+        "#!/bin/bash\nwhile [ \"${1:-}\" = -o ]; do shift 2; done\n[ \"$1\" = -p ] && shift\n"
+        "dest=\"$2\"; host=\"${dest%%:*}\"; cd \"$FAKE_REMOTE/${host#*@}\" && cp -p \"$1\" \"${dest#*:}\"\n");
+  }
+
+  // Whatever a failed test left running: every pid file under run/.
+  void TearDown() override {
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_.Join("run"), ec)) {
+      if (e.path().extension() != ".pid") continue;
+      const int pid = ReadPid(e.path().string());
+      if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+    }
+  }
+
+  void Exe(const std::string& name, const std::string& text) {
+    WriteFile(dir_.Join(name), text);
+    ::chmod(dir_.Join(name).c_str(), 0755);
+  }
+
+  // Runs scripts/SCRIPT ARGS with the stand-ins; returns its exit status (-1 if it hung).
+  int RunScript(const std::string& script, const std::vector<std::string>& args,
+                const std::map<std::string, std::string>& extra_env = {}) {
+    TrainerSpec spec;
+    spec.argv = {"/bin/bash", edl::test::SourceDir() + "/scripts/" + script};
+    spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+    spec.env = {{"HOME", home_}, {"EDL_BIN", dir_.Join("fake_edl")},
+                {"FAKE_EDL_ARGS", dir_.Join("args")}, {"EDL_RUN_DIR", dir_.Join("run")},
+                {"EDL_SSH", dir_.Join("fake_ssh")}, {"EDL_SCP", dir_.Join("fake_scp")},
+                {"FAKE_REMOTE", dir_.Join("remote")}, {"EDL_HOME", edl::test::SourceDir()},
+                {"EDL_STOP_TIMEOUT_S", "5"}};
+    for (const auto& [k, v] : extra_env) spec.env[k] = v;
+    spec.log_path = dir_.Join("script.log");
+    spec.working_dir = dir_.path();
+    auto p = NewProcessLauncher()->Start(spec);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return -1;
+    auto info = WaitExit(p.value().get());
+    if (!info) return -1;
+    return info->ShellStatus();
+  }
+
+  // The argument lists the stand-in edl was started with, in order.
+  std::vector<std::vector<std::string>> Invocations() {
+    std::vector<std::vector<std::string>> out;
+    std::istringstream in(ReadFile(dir_.Join("args")));
+    for (std::string line; std::getline(in, line);) {
+      if (line == "--") {
+        out.emplace_back();
+      } else if (!out.empty()) {
+        out.back().push_back(line);
+      }
+    }
+    return out;
+  }
+
+  static std::string Flag(const std::vector<std::string>& args, const std::string& flag) {
+    for (size_t i = 0; i + 1 < args.size(); ++i) {
+      if (args[i] == flag) return args[i + 1];
+    }
+    return "<absent>";
+  }
+
+  std::string Log() { return ReadFile(dir_.Join("script.log")); }
+
+  edl::test::ScratchDir dir_{"edl-scripts"};
+  std::string home_;
+};
+
+TEST_F(ScriptsTest, ServerDaemonCreatesSecretRefusesTwiceAndStops) {
+  ASSERT_EQ(RunScript("start_job_server.sh", {"--daemon", "--scale_script", "x.txt"}), 0) << Log();
+  const std::string secret = home_ + "/.edl/secret";
+  struct stat st;
+  ASSERT_EQ(::stat(secret.c_str(), &st), 0) << "secret not created";
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(ReadFile(secret).size(), 64u);
+  const int pid = ReadPid(dir_.Join("run/server.pid"));
+  ASSERT_GT(pid, 0);
+  EXPECT_TRUE(ProcessAlive(pid));
+  auto inv = Invocations();
+  ASSERT_EQ(inv.size(), 1u);
+  EXPECT_EQ(inv[0][0], "server");
+  EXPECT_EQ(Flag(inv[0], "--server_port"), "8180");
+  EXPECT_EQ(Flag(inv[0], "--secret_file"), secret);
+  EXPECT_EQ(Flag(inv[0], "--events_dir"), dir_.Join("run") + "/events");
+  EXPECT_EQ(inv[0].back(), "x.txt") << "extra flags are passed through";
+
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"}), 1) << "a second server must be refused";
+  EXPECT_NE(Log().find("already running"), std::string::npos) << Log();
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--status"}), 0);
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--stop"}), 0) << Log();
+  EXPECT_FALSE(ProcessAlive(pid));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/server.pid")));
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--status"}), 3);
+  if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+}
+
+TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
+  ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_SERVER", "10.1.1.1:9000"}, {"EDL_GPUS", "0,1"},
+                       {"EDL_TRAINER_CMD", "python3 train.py --lr 0.1"}, {"EDL_NODE_NAME", "n7"},
+                       {"EDL_MODE", "restart"}}),
+            0)
+      << Log();
+  const int pid = ReadPid(dir_.Join("run/client-n7.pid"));
+  ASSERT_GT(pid, 0);
+  auto inv = Invocations();
+  ASSERT_EQ(inv.size(), 1u);
+  EXPECT_EQ(inv[0][0], "client");
+  EXPECT_EQ(Flag(inv[0], "--server"), "10.1.1.1:9000");
+  EXPECT_EQ(Flag(inv[0], "--gpus"), "0,1");
+  EXPECT_EQ(Flag(inv[0], "--trainer_cmd"), "python3 train.py --lr 0.1");
+  EXPECT_EQ(Flag(inv[0], "--node_name"), "n7");
+  EXPECT_EQ(Flag(inv[0], "--mode"), "restart");
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "n7"}}), 0) << Log();
+  EXPECT_FALSE(ProcessAlive(pid));
+  if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+}
+
+TEST_F(ScriptsTest, SshClusterStartsEveryHostCopiesSecretAndStops) {
+  WriteFile(dir_.Join("hosts"), "# two nodes\nnodeA\n\nuser@nodeB 10.0.0.2\n");
+  ASSERT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}, {{"EDL_SLOTS", "3"}}), 0)
+      << Log();
+  const std::string local_secret = ReadFile(home_ + "/.edl/secret");
+  ASSERT_EQ(local_secret.size(), 64u);
+  for (const char* host : {"nodeA", "nodeB"}) {
+    const std::string remote = dir_.Join("remote/") + host + "/.edl/secret";
+    EXPECT_EQ(ReadFile(remote), local_secret) << "secret not copied to " << host;
+    struct stat st;
+    ASSERT_EQ(::stat(remote.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+  auto inv = Invocations();
+  ASSERT_EQ(inv.size(), 3u) << ReadFile(dir_.Join("args"));
+  EXPECT_EQ(inv[0][0], "server");
+  EXPECT_EQ(Flag(inv[0], "--secret_file"), dir_.Join("remote/nodeA/.edl/secret"));
+  EXPECT_EQ(inv[1][0], "client");
+  EXPECT_EQ(Flag(inv[1], "--node_name"), "nodeA");
+  EXPECT_EQ(Flag(inv[1], "--server"), "nodeA:8180");
+  EXPECT_EQ(Flag(inv[1], "--slots"), "3");
+  EXPECT_EQ(Flag(inv[2], "--node_name"), "nodeB");
+  EXPECT_EQ(Flag(inv[2], "--advertise_addr"), "10.0.0.2");
+  std::vector<int> pids;
+  for (const char* f : {"run/server.pid", "run/client-nodeA.pid", "run/client-nodeB.pid"}) {
+    pids.push_back(ReadPid(dir_.Join(f)));
+    EXPECT_TRUE(ProcessAlive(pids.back())) << f;
+  }
+  EXPECT_EQ(RunScript("ssh_cluster.sh", {"status", dir_.Join("hosts")}), 0) << Log();
+  EXPECT_EQ(RunScript("ssh_cluster.sh", {"stop", dir_.Join("hosts")}), 0) << Log();
+  for (int pid : pids) {
+    EXPECT_FALSE(ProcessAlive(pid)) << pid;
+    if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+  }
+  EXPECT_NE(RunScript("ssh_cluster.sh", {"status", dir_.Join("hosts")}), 0);
+}
+
+TEST_F(ScriptsTest, SshClusterRejectsBadUsage) {
+  EXPECT_EQ(RunScript("ssh_cluster.sh", {"launch", dir_.Join("hosts")}), 2);
+  EXPECT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("no-such-hosts")}), 1);
+  EXPECT_NE(Log().find("no-such-hosts"), std::string::npos) << Log();
+}
+
+TEST(ScriptsLintTest, ShellcheckClean) {
+  if (std::system("command -v shellcheck >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "shellcheck is not installed (apt-get install shellcheck)";
+  }
+  const std::string cmd = "cd " + edl::test::SourceDir() +
+                          " && shellcheck -x scripts/start_job_server.sh scripts/start_job_client.sh "
+                          "scripts/ssh_cluster.sh scripts/edl_common.sh";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+}  // namespace
+}  // namespace edl::launcher
