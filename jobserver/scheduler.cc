@@ -35,6 +35,7 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
     return Status::AlreadyExists("node name '" + name + "' is already connected (from " +
                                  it->second.host + "); give each client a unique --node_name");
   }
+  if (first_node_us_ < 0) first_node_us_ = now;
   if (it == nodes_.end()) {
     Node n;
     n.name = name;
@@ -221,10 +222,20 @@ void Scheduler::Reconcile() {
   if (tgt < cur) {
     Shrink(cur - tgt, desired_reason_);
   } else if (tgt > cur) {
-    if (cur == 0 && current_.generation == 0 && tgt < options_.min_trainers) return;
+    if (cur == 0 && current_.generation == 0 && !StartBarrierPassed(tgt)) return;
     if (clock_->NowMicros() < grow_blocked_until_us_) return;
     Grow(tgt - cur);
   }
+}
+
+bool Scheduler::StartBarrierPassed(int tgt) const {
+  // The first generation gathers the initial desired size (clamped to the bounds), waiting at most
+  // join_timeout after the first node registered; it never starts below min_trainers.
+  if (tgt < options_.min_trainers) return false;
+  int want = desired_ > 0 ? desired_ : 0;
+  if (options_.max_trainers > 0 && want > options_.max_trainers) want = options_.max_trainers;
+  if (tgt >= want) return true;
+  return first_node_us_ >= 0 && clock_->NowMicros() - first_node_us_ >= options_.join_timeout_us;
 }
 
 void Scheduler::Grow(int count) {

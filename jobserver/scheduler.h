@@ -29,7 +29,9 @@ namespace edl::jobserver {
 
 struct SchedulerOptions {
   std::string job_id = "edl-job";
-  int min_trainers = 1;       // the first generation waits until this many slots exist
+  int min_trainers = 1;       // never start below this; desired sizes are clamped up to it
+  // The first generation waits for initial_trainers slots (or join_timeout_us after the first node
+  // registered, with at least min_trainers).
   int max_trainers = 0;       // 0: no bound
   int initial_trainers = 0;   // desired size at start; 0: every free slot
   int64_t heartbeat_timeout_us = 5'000'000;  // a node silent this long is lost
@@ -106,6 +108,7 @@ class Scheduler {
   };
 
   void Reconcile();
+  bool StartBarrierPassed(int target) const;
   void Grow(int count);
   void Shrink(int count, const std::string& reason);
   void RemoveMembers(const std::set<std::string>& gone, const std::string& reason, bool failure);
@@ -126,6 +129,7 @@ class Scheduler {
 
   std::map<std::string, Node> nodes_;
   int next_node_order_ = 0;
+  int64_t first_node_us_ = -1;
   int desired_ = 0;
   std::string desired_reason_ = "start";
   bool need_grow_back_ = false;   // a failure shrank the job; the next growth is "grow_back"

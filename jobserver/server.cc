@@ -241,7 +241,10 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                              const json& msg) {
   scheduler_.Heartbeat(peer->node);  // any frame proves the node alive
-  if (type == proto::msg::kHeartbeat) return;
+  if (type == proto::msg::kHeartbeat) {
+    peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});  // proves the server alive
+    return;
+  }
   if (type == proto::msg::kTrainerExit) {
     proto::TrainerExit e;
     Status s = e.DecodeFrom(msg);

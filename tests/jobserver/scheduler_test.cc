@@ -340,3 +340,28 @@ TEST_F(SchedulerTest, ReattachWithoutATrainerCountsAsFailure) {
 
 }  // namespace
 }  // namespace edl::jobserver
+
+namespace edl::jobserver {
+namespace {
+
+TEST(SchedulerStartTest, GathersTheInitialSizeOrStartsAfterTheJoinTimeout) {
+  ManualClock clock;
+  SchedulerOptions o;
+  o.min_trainers = 1;
+  o.initial_trainers = 4;
+  o.join_timeout_us = 10'000'000;
+  Scheduler s(o, &clock);
+  ASSERT_OK(s.AddNode("a", "h", false, {0, 1}, {}));
+  EXPECT_EQ(s.current().generation, 0);  // waiting for 4
+  clock.Advance(9'000'000);
+  s.Heartbeat("a");
+  s.Tick();
+  EXPECT_EQ(s.current().generation, 0);
+  clock.Advance(1'000'000);
+  s.Heartbeat("a");
+  s.Tick();
+  EXPECT_EQ(s.current().world_size(), 2);  // join timeout: start with what there is
+}
+
+}  // namespace
+}  // namespace edl::jobserver
