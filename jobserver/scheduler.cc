@@ -120,6 +120,8 @@ void Scheduler::TrainerReady(const std::string& trainer_id, int64_t generation) 
   for (const MemberInfo& j : pending_.joiners) {
     if (j.trainer_id == trainer_id) {
       pending_.ready.insert(trainer_id);
+      // O(1) per report until the last one: a large growth gets thousands of them.
+      if (pending_.ready.size() < pending_.joiners.size()) return;
       MaybeCommitPending(false);
       Reconcile();
       return;
