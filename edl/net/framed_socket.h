@@ -1,0 +1,64 @@
+// FramedSocket: a blocking, connected stream socket (TCP or Unix) that sends and receives whole
+// frames (edl/proto/frame.h) with a deadline on every call. Used where a thread may block: the
+// trainer side of TrainerChannel and `edl ctl`. Daemons use the asynchronous Connection instead.
+//
+// Thread-safety: Send may be called from several threads at once (a mutex serialises writers);
+// Receive from one thread at a time. Shutdown may be called from any thread and makes a blocked
+// Receive return.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/base/status.h"
+#include "edl/proto/messages.h"
+
+namespace edl::net {
+
+// Splits "host:port" (port 1..65535). InvalidArgument naming `what` (e.g. "--server") otherwise.
+Status ParseHostPort(const std::string& s, const std::string& what, std::string* host, int* port);
+
+class FramedSocket {
+ public:
+  // Owns `fd` (a connected stream socket); closes it in the destructor.
+  FramedSocket(int fd, std::string peer);
+  ~FramedSocket();
+  FramedSocket(const FramedSocket&) = delete;
+  FramedSocket& operator=(const FramedSocket&) = delete;
+
+  // Unavailable naming the address when nothing listens there; Timeout after `timeout`.
+  static StatusOr<std::unique_ptr<FramedSocket>> ConnectTcp(const std::string& host, int port,
+                                                            std::chrono::milliseconds timeout);
+  static StatusOr<std::unique_ptr<FramedSocket>> ConnectUnix(const std::string& path,
+                                                             std::chrono::milliseconds timeout);
+
+  // Sends one frame; IOError when the peer is gone, Timeout when it does not drain in time.
+  Status Send(const nlohmann::json& msg, std::chrono::milliseconds timeout);
+  // Waits up to `timeout` for a frame to start (Timeout, nothing consumed, when none does), then
+  // reads it whole (a stalled half frame is an IOError after max(timeout, 10 s)). Corruption on a
+  // bad frame; Unavailable when the peer closed the connection.
+  Status Receive(nlohmann::json* msg, std::chrono::milliseconds timeout);
+  void Shutdown();
+
+  const std::string& peer() const { return peer_; }
+
+ private:
+  Status WaitFd(short events, std::chrono::steady_clock::time_point deadline);
+  Status ReadFull(char* p, size_t n, std::chrono::steady_clock::time_point deadline);
+
+  const int fd_;
+  const std::string peer_;
+  std::mutex write_mu_;  // serialises Send
+};
+
+// Client side of the TCP handshake (auth.h): reads the challenge, sends `hello` (its role and
+// fields filled in by the caller; mac and nonce are set here), checks the server's proof.
+// Unauthenticated when the server rejects the secret or proves a different one.
+Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto::Hello hello,
+                            std::chrono::milliseconds timeout, proto::Welcome* welcome);
+
+}  // namespace edl::net

@@ -1,0 +1,234 @@
+#include "edl/net/trainer_channel.h"
+
+#include <glog/logging.h>
+
+namespace edl::net {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+namespace {
+constexpr milliseconds kSendTimeout(10000);
+constexpr milliseconds kKvTimeout(30000);   // set/get: the server answers at once
+constexpr milliseconds kKvWaitMargin(10000);  // wait: the server's own timeout plus this
+}  // namespace
+
+StatusOr<std::unique_ptr<TrainerChannel>> TrainerChannel::Connect(const std::string& socket_path,
+                                                                  const std::string& trainer_id,
+                                                                  milliseconds timeout,
+                                                                  milliseconds heartbeat) {
+  if (socket_path.empty()) {
+    return Status::InvalidArgument("no client socket: EDL_CLIENT_SOCKET is unset; run the trainer "
+                                   "under `edl client` or `edl launch`");
+  }
+  auto sock = FramedSocket::ConnectUnix(socket_path, timeout);
+  if (!sock.ok()) return sock.status().WithContext("trainer " + trainer_id);
+  proto::TrainerHello hello;
+  hello.trainer_id = trainer_id;
+  json j;
+  hello.EncodeTo(&j);
+  EDL_RETURN_IF_ERROR(sock.value()->Send(j, timeout));
+  EDL_RETURN_IF_ERROR(sock.value()->Receive(&j, timeout).WithContext("waiting for the client's welcome"));
+  if (j["type"] == proto::msg::kError) {
+    proto::ErrorMsg e;
+    EDL_RETURN_IF_ERROR(e.DecodeFrom(j));
+    return e.ToStatus();
+  }
+  if (j["type"] != proto::msg::kWelcome) {
+    return Status::Corruption("client at " + socket_path + " answered " + j["type"].dump() +
+                              " instead of welcome");
+  }
+  return std::unique_ptr<TrainerChannel>(
+      new TrainerChannel(std::move(sock.value()), trainer_id, heartbeat));
+}
+
+TrainerChannel::TrainerChannel(std::unique_ptr<FramedSocket> sock, std::string trainer_id,
+                               milliseconds heartbeat)
+    : sock_(std::move(sock)), trainer_id_(std::move(trainer_id)), heartbeat_(heartbeat) {
+  reader_ = std::thread([this] { ReaderLoop(); });
+  heartbeater_ = std::thread([this] { HeartbeatLoop(); });
+}
+
+TrainerChannel::~TrainerChannel() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  sock_->Shutdown();
+  reader_.join();
+  heartbeater_.join();
+}
+
+void TrainerChannel::ReaderLoop() {
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    json msg;
+    Status s = sock_->Receive(&msg, milliseconds(200));
+    if (s.IsTimeout()) continue;
+    if (!s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!stop_) LOG(WARNING) << "trainer " << trainer_id_ << ": channel to client broken: " << s.ToString();
+      broken_ = true;
+      broken_reason_ = s;
+      cv_.notify_all();
+      return;
+    }
+    HandleMessage(msg);
+  }
+}
+
+void TrainerChannel::HandleMessage(const json& msg) {
+  const std::string& type = msg["type"].get_ref<const std::string&>();
+  if (type == proto::msg::kGeneration) {
+    proto::GenerationUpdate u;
+    Status s = u.DecodeFrom(msg);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (s.ok()) s = u.ApplyTo(&latest_);
+    if (!s.ok()) {
+      LOG(ERROR) << "trainer " << trainer_id_ << ": bad generation from client: " << s.ToString();
+      return;
+    }
+    have_generation_ = true;
+    cv_.notify_all();
+  } else if (type == proto::msg::kKvReply) {
+    proto::KvReply r;
+    Status s = r.DecodeFrom(msg);
+    if (!s.ok()) {
+      LOG(ERROR) << "trainer " << trainer_id_ << ": bad kv reply: " << s.ToString();
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    replies_[r.req_id] = std::move(r);
+    cv_.notify_all();
+  } else {
+    LOG(WARNING) << "trainer " << trainer_id_ << ": ignoring unexpected message '" << type << "'";
+  }
+}
+
+void TrainerChannel::HeartbeatLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_ && !broken_) {
+    lock.unlock();
+    Status s = sock_->Send(json{{"type", proto::msg::kHeartbeat}}, kSendTimeout);
+    lock.lock();
+    if (!s.ok()) return;
+    cv_.wait_for(lock, heartbeat_, [this] { return stop_ || broken_; });
+  }
+}
+
+Status TrainerChannel::SendMsg(const json& msg) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (broken_) return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
+  }
+  return sock_->Send(msg, kSendTimeout);
+}
+
+bool TrainerChannel::Latest(proto::GenerationInfo* out) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!have_generation_) return false;
+  *out = latest_;
+  return true;
+}
+
+Status TrainerChannel::WaitGeneration(int64_t after, milliseconds timeout, proto::GenerationInfo* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool got = cv_.wait_for(lock, timeout, [&] {
+    return (have_generation_ && latest_.generation > after) || broken_ || stop_;
+  });
+  if (have_generation_ && latest_.generation > after) {
+    *out = latest_;
+    return Status::OK();
+  }
+  if (broken_) return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
+  (void)got;
+  return Status::Timeout("no generation after " + std::to_string(after) + " within " +
+                         std::to_string(timeout.count()) + " ms");
+}
+
+Status TrainerChannel::KvCall(proto::KvRequest req, milliseconds timeout, std::string* value) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.req_id = next_req_id_++;
+  }
+  json j;
+  req.EncodeTo(&j);
+  EDL_RETURN_IF_ERROR(SendMsg(j));
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool got = cv_.wait_for(lock, timeout, [&] {
+    return replies_.count(req.req_id) > 0 || broken_ || stop_;
+  });
+  auto it = replies_.find(req.req_id);
+  if (it == replies_.end()) {
+    if (broken_) return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
+    (void)got;
+    return Status::Timeout("kv " + req.op + " '" + req.key + "': no reply within " +
+                           std::to_string(timeout.count()) + " ms (is the server reachable?)");
+  }
+  proto::KvReply r = std::move(it->second);
+  replies_.erase(it);
+  if (r.status.ok() && value != nullptr) *value = std::move(r.value);
+  return r.status;
+}
+
+Status TrainerChannel::KvSet(const std::string& key, const std::string& value) {
+  proto::KvRequest r;
+  r.op = "set";
+  r.key = key;
+  r.value = value;
+  return KvCall(std::move(r), kKvTimeout, nullptr);
+}
+
+Status TrainerChannel::KvGet(const std::string& key, std::string* value) {
+  proto::KvRequest r;
+  r.op = "get";
+  r.key = key;
+  return KvCall(std::move(r), kKvTimeout, value);
+}
+
+Status TrainerChannel::KvWait(const std::string& key, milliseconds timeout, std::string* value) {
+  proto::KvRequest r;
+  r.op = "wait";
+  r.key = key;
+  r.timeout_ms = timeout.count();
+  return KvCall(std::move(r), timeout + kKvWaitMargin, value);
+}
+
+Status TrainerChannel::ReportReady(int64_t generation) {
+  proto::Ready r;
+  r.trainer_id = trainer_id_;
+  r.generation = generation;
+  json j;
+  r.EncodeTo(&j);
+  return SendMsg(j);
+}
+
+Status TrainerChannel::ReportProgress(const ProgressReport& p) {
+  proto::Progress m;
+  m.trainer_id = trainer_id_;
+  m.report = p;
+  json j;
+  m.EncodeTo(&j);
+  return SendMsg(j);
+}
+
+Status TrainerChannel::ReportEvent(const json& event) {
+  if (!event.is_object()) return Status::InvalidArgument("ReportEvent: the event must be a JSON object");
+  proto::Event m;
+  m.trainer_id = trainer_id_;
+  m.event = event;
+  json j;
+  m.EncodeTo(&j);
+  return SendMsg(j);
+}
+
+bool TrainerChannel::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !broken_ && !stop_;
+}
+
+}  // namespace edl::net

@@ -1,0 +1,86 @@
+// TrainerChannel: a trainer's connection to its node's `edl client` over the Unix socket named by
+// EDL_CLIENT_SOCKET. It receives committed generations (pushed by the client), relays rendezvous
+// KV requests, readiness, progress and events to the job server, and pings the client every
+// `heartbeat` so the client can detect a hung (e.g. SIGSTOPped) trainer.
+//
+// Thread-safety: every method is thread-safe. A background reader thread receives generation
+// pushes and KV replies; a heartbeat thread sends pings. The destructor stops both (bounded).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/base/status.h"
+#include "edl/net/framed_socket.h"
+#include "edl/proto/messages.h"
+
+namespace edl::net {
+
+using ProgressReport = proto::ProgressReport;
+
+class TrainerChannel {
+ public:
+  // Connects and introduces itself as `trainer_id`. The client refuses ids it did not start
+  // (FailedPrecondition). Unavailable / Timeout when the socket does not answer within `timeout`.
+  static StatusOr<std::unique_ptr<TrainerChannel>> Connect(
+      const std::string& socket_path, const std::string& trainer_id,
+      std::chrono::milliseconds timeout,
+      std::chrono::milliseconds heartbeat = std::chrono::milliseconds(500));
+  ~TrainerChannel();
+  TrainerChannel(const TrainerChannel&) = delete;
+  TrainerChannel& operator=(const TrainerChannel&) = delete;
+
+  // Newest committed generation received; false if none yet.
+  bool Latest(proto::GenerationInfo* out) const;
+  // Blocks until a committed generation with number > `after` has arrived (returns at once if one
+  // has). Timeout when none arrives in time; Unavailable when the channel broke.
+  Status WaitGeneration(int64_t after, std::chrono::milliseconds timeout, proto::GenerationInfo* out);
+
+  // Rendezvous KV on the server; keys are scoped by job by the server. Callers put the
+  // generation in the key (e.g. "g7/nccl_id").
+  Status KvSet(const std::string& key, const std::string& value);
+  Status KvGet(const std::string& key, std::string* value);  // NotFound when absent
+  Status KvWait(const std::string& key, std::chrono::milliseconds timeout, std::string* value);  // Timeout
+
+  Status ReportReady(int64_t generation);                 // a joiner finished preparing
+  Status ReportProgress(const ProgressReport& p);
+  Status ReportEvent(const nlohmann::json& event);        // appended to the job's events log
+  bool connected() const;
+
+ private:
+  TrainerChannel(std::unique_ptr<FramedSocket> sock, std::string trainer_id,
+                 std::chrono::milliseconds heartbeat);
+  void ReaderLoop();
+  void HeartbeatLoop();
+  void HandleMessage(const nlohmann::json& msg);
+  Status SendMsg(const nlohmann::json& msg);
+  Status KvCall(proto::KvRequest req, std::chrono::milliseconds timeout, std::string* value);
+
+  const std::unique_ptr<FramedSocket> sock_;
+  const std::string trainer_id_;
+  const std::chrono::milliseconds heartbeat_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  // Guarded by mu_:
+  bool stop_ = false;
+  bool broken_ = false;
+  Status broken_reason_;
+  bool have_generation_ = false;
+  proto::GenerationInfo latest_;
+  uint64_t next_req_id_ = 1;
+  std::map<uint64_t, proto::KvReply> replies_;  // arrived replies, taken by the waiting caller
+
+  std::thread reader_;
+  std::thread heartbeater_;
+};
+
+}  // namespace edl::net

@@ -1,0 +1,601 @@
+#include "edl/proto/messages.h"
+
+#include <cmath>
+#include <limits>
+#include <unordered_set>
+
+namespace edl::proto {
+
+using nlohmann::json;
+
+// ---- field validation: the first error sticks and names the message and the field.
+namespace {
+
+class Fields {
+ public:
+  Fields(const json& j, const char* what) : j_(j), what_(what) {
+    if (!j.is_object()) Fail("", "is not a JSON object");
+  }
+
+  Fields& Str(const char* key, std::string* out, size_t max_len = kMaxNameBytes,
+              bool required = true) {
+    const json* v = Get(key, required);
+    if (v == nullptr) return *this;
+    if (!v->is_string()) return Fail(key, "is not a string");
+    const auto& s = v->get_ref<const std::string&>();
+    if (s.size() > max_len) return Fail(key, "is longer than " + std::to_string(max_len) + " bytes");
+    *out = s;
+    return *this;
+  }
+  Fields& Name(const char* key, std::string* out, bool required = true) {
+    std::string s;
+    Str(key, &s, kMaxNameBytes, required);
+    if (ok() && (required || !s.empty()) && j_.contains(key) && !IsValidName(s)) {
+      return Fail(key, "'" + s + "' is not a valid name (use letters, digits, '.', '_', '-')");
+    }
+    if (ok()) *out = s;
+    return *this;
+  }
+  template <typename T>
+  Fields& Int(const char* key, T* out, int64_t lo, int64_t hi, bool required = true) {
+    const json* v = Get(key, required);
+    if (v == nullptr) return *this;
+    if (!v->is_number_integer()) return Fail(key, "is not an integer");
+    int64_t x = 0;
+    if (v->is_number_unsigned()) {
+      const uint64_t u = v->get<uint64_t>();
+      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return Range(key, lo, hi);
+      x = static_cast<int64_t>(u);
+    } else {
+      x = v->get<int64_t>();
+    }
+    if (x < lo || x > hi) return Range(key, lo, hi);
+    *out = static_cast<T>(x);
+    return *this;
+  }
+  Fields& Bool(const char* key, bool* out, bool required = true) {
+    const json* v = Get(key, required);
+    if (v == nullptr) return *this;
+    if (!v->is_boolean()) return Fail(key, "is not a boolean");
+    *out = v->get<bool>();
+    return *this;
+  }
+  Fields& Num(const char* key, double* out, bool required = true) {
+    const json* v = Get(key, required);
+    if (v == nullptr) return *this;
+    if (!v->is_number()) return Fail(key, "is not a number");
+    const double d = v->get<double>();
+    if (!std::isfinite(d)) return Fail(key, "is not finite");
+    *out = d;
+    return *this;
+  }
+  Fields& Obj(const char* key, json* out, bool required = true) {
+    const json* v = Get(key, required);
+    if (v == nullptr) return *this;
+    if (!v->is_object()) return Fail(key, "is not an object");
+    *out = *v;
+    return *this;
+  }
+  Fields& Arr(const char* key, const json** out, bool required = true) {
+    const json* v = Get(key, required);
+    if (v == nullptr) return *this;
+    if (!v->is_array()) return Fail(key, "is not an array");
+    if (v->size() > kMaxListItems) return Fail(key, "has too many items");
+    *out = v;
+    return *this;
+  }
+  Fields& NameList(const char* key, std::vector<std::string>* out, bool required = true) {
+    const json* a = nullptr;
+    Arr(key, &a, required);
+    if (a == nullptr || !ok()) return *this;
+    out->clear();
+    for (const json& e : *a) {
+      if (!e.is_string() || !IsValidName(e.get_ref<const std::string&>())) {
+        return Fail(key, "holds an item that is not a valid name");
+      }
+      out->push_back(e.get<std::string>());
+    }
+    return *this;
+  }
+  Fields& Fail(const std::string& key, const std::string& why) {
+    if (status_.ok()) {
+      status_ = Status::Corruption("message '" + std::string(what_) + "'" +
+                                   (key.empty() ? "" : " field '" + key + "'") + " " + why);
+    }
+    return *this;
+  }
+  bool ok() const { return status_.ok(); }
+  Status status() const { return status_; }
+
+ private:
+  const json* Get(const char* key, bool required) {
+    if (!ok()) return nullptr;
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) {
+      if (required) Fail(key, "is missing");
+      return nullptr;
+    }
+    return &*it;
+  }
+  Fields& Range(const char* key, int64_t lo, int64_t hi) {
+    return Fail(key, "is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+
+  const json& j_;
+  const char* what_;
+  Status status_;
+};
+
+constexpr int64_t kMaxI64 = std::numeric_limits<int64_t>::max();
+constexpr int kMaxSlot = 1 << 16;
+
+// Members travel as compact arrays [trainer_id, node, slot, host]; the rank is the position.
+json MemberToJson(const MemberInfo& m) { return json::array({m.trainer_id, m.node, m.slot, m.host}); }
+
+Status MembersFromJson(const json& a, const char* what, std::vector<MemberInfo>* out) {
+  out->clear();
+  out->reserve(a.size());
+  std::unordered_set<std::string> seen;
+  for (const json& e : a) {
+    if (!e.is_array() || e.size() != 4 || !e[0].is_string() || !e[1].is_string() ||
+        !e[2].is_number_integer() || !e[3].is_string()) {
+      return Status::Corruption(std::string("message '") + what +
+                                "' holds a member that is not [trainer_id, node, slot, host]");
+    }
+    MemberInfo m;
+    m.trainer_id = e[0].get<std::string>();
+    m.node = e[1].get<std::string>();
+    const int64_t slot = e[2].get<int64_t>();
+    m.host = e[3].get<std::string>();
+    if (!IsValidName(m.trainer_id) || !IsValidName(m.node) || slot < 0 || slot > kMaxSlot ||
+        m.host.empty() || m.host.size() > kMaxNameBytes) {
+      return Status::Corruption(std::string("message '") + what + "' holds an invalid member " +
+                                e.dump());
+    }
+    if (!seen.insert(m.trainer_id).second) {
+      return Status::Corruption(std::string("message '") + what + "' lists trainer " +
+                                m.trainer_id + " twice");
+    }
+    m.slot = static_cast<int>(slot);
+    m.rank = static_cast<int>(out->size());
+    out->push_back(std::move(m));
+  }
+  return Status::OK();
+}
+
+void Renumber(std::vector<MemberInfo>* members) {
+  for (size_t i = 0; i < members->size(); ++i) (*members)[i].rank = static_cast<int>(i);
+}
+
+}  // namespace
+
+bool IsValidName(const std::string& s) {
+  if (s.empty() || s.size() > kMaxNameBytes || s == "." || s == "..") return false;
+  for (char c : s) {
+    const bool good = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '.' || c == '_' || c == '-';
+    if (!good) return false;
+  }
+  return true;
+}
+
+Status StatusFromWire(const std::string& code, const std::string& message) {
+  using C = Status::Code;
+  for (C c : {C::kOk, C::kInvalidArgument, C::kNotFound, C::kCorruption, C::kIOError, C::kTimeout,
+              C::kAborted, C::kUnauthenticated, C::kAlreadyExists, C::kFailedPrecondition,
+              C::kUnavailable, C::kInternal}) {
+    if (code == Status::CodeName(c)) return c == C::kOk ? Status::OK() : Status(c, message);
+  }
+  return Status::Internal("unknown status code '" + code + "': " + message);
+}
+
+// ---- GenerationInfo
+
+int GenerationInfo::RankOf(const std::string& trainer_id) const {
+  const MemberInfo* m = Find(trainer_id);
+  return m == nullptr ? -1 : m->rank;
+}
+
+const MemberInfo* GenerationInfo::Find(const std::string& trainer_id) const {
+  for (const MemberInfo& m : members) {
+    if (m.trainer_id == trainer_id) return &m;
+  }
+  return nullptr;
+}
+
+namespace {
+void EncodeHeader(const GenerationInfo& g, json* j) {
+  (*j)["generation"] = g.generation;
+  (*j)["job_id"] = g.job_id;
+  (*j)["reason"] = g.reason;
+  (*j)["failure"] = g.failure;
+  (*j)["master_addr"] = g.master_addr;
+  (*j)["master_port"] = g.master_port;
+}
+Status DecodeHeader(const json& j, const char* what, GenerationInfo* g) {
+  return Fields(j, what)
+      .Int("generation", &g->generation, 0, kMaxI64)
+      .Name("job_id", &g->job_id)
+      .Str("reason", &g->reason, 64)
+      .Bool("failure", &g->failure)
+      .Str("master_addr", &g->master_addr)
+      .Int("master_port", &g->master_port, 0, 65535)
+      .status();
+}
+}  // namespace
+
+void GenerationInfo::EncodeTo(json* j) const {
+  *j = json::object();
+  (*j)["type"] = msg::kGeneration;
+  EncodeHeader(*this, j);
+  json a = json::array();
+  for (const MemberInfo& m : members) a.push_back(MemberToJson(m));
+  (*j)["members"] = std::move(a);
+}
+
+Status GenerationInfo::DecodeFrom(const json& j) {
+  GenerationInfo g;
+  EDL_RETURN_IF_ERROR(DecodeHeader(j, "generation", &g));
+  const json* a = nullptr;
+  EDL_RETURN_IF_ERROR(Fields(j, "generation").Arr("members", &a).status());
+  EDL_RETURN_IF_ERROR(MembersFromJson(*a, "generation", &g.members));
+  *this = std::move(g);
+  return Status::OK();
+}
+
+// ---- GenerationUpdate
+
+GenerationUpdate GenerationUpdate::Full(const GenerationInfo& g) {
+  GenerationUpdate u;
+  u.header = g;
+  u.header.members.clear();
+  u.added = g.members;
+  return u;
+}
+
+GenerationUpdate GenerationUpdate::Between(const GenerationInfo& prev, const GenerationInfo& next) {
+  std::unordered_set<std::string> in_next;
+  for (const MemberInfo& m : next.members) in_next.insert(m.trainer_id);
+  GenerationUpdate u;
+  size_t kept = 0;
+  for (const MemberInfo& m : prev.members) {
+    if (in_next.count(m.trainer_id) == 0) {
+      u.removed.push_back(m.trainer_id);
+      continue;
+    }
+    if (kept >= next.members.size() || next.members[kept].trainer_id != m.trainer_id ||
+        next.members[kept].node != m.node || next.members[kept].slot != m.slot ||
+        next.members[kept].host != m.host) {
+      return Full(next);  // survivors reordered: not a delta
+    }
+    ++kept;
+  }
+  u.base_generation = prev.generation;
+  u.header = next;
+  u.header.members.clear();
+  u.added.assign(next.members.begin() + kept, next.members.end());
+  return u;
+}
+
+Status GenerationUpdate::ApplyTo(GenerationInfo* current) const {
+  std::vector<MemberInfo> members;
+  if (base_generation != 0) {
+    if (current->generation != base_generation) {
+      return Status::FailedPrecondition(
+          "generation update " + std::to_string(header.generation) + " is a delta against " +
+          std::to_string(base_generation) + " but the receiver holds " +
+          std::to_string(current->generation));
+    }
+    std::unordered_set<std::string> gone(removed.begin(), removed.end());
+    for (const MemberInfo& m : current->members) {
+      if (gone.erase(m.trainer_id) == 0) members.push_back(m);
+    }
+    if (!gone.empty()) {
+      return Status::FailedPrecondition("generation update " + std::to_string(header.generation) +
+                                        " removes trainer " + *gone.begin() +
+                                        ", not a member of the receiver's generation");
+    }
+  }
+  for (const MemberInfo& m : added) {
+    for (const MemberInfo& have : members) {
+      if (have.trainer_id == m.trainer_id) {
+        return Status::FailedPrecondition("generation update adds trainer " + m.trainer_id +
+                                          " twice");
+      }
+    }
+    members.push_back(m);
+  }
+  GenerationInfo next = header;
+  next.members = std::move(members);
+  Renumber(&next.members);
+  *current = std::move(next);
+  return Status::OK();
+}
+
+void GenerationUpdate::EncodeTo(json* j) const {
+  *j = json::object();
+  (*j)["type"] = msg::kGeneration;
+  EncodeHeader(header, j);
+  (*j)["base"] = base_generation;
+  (*j)["removed"] = removed;
+  json a = json::array();
+  for (const MemberInfo& m : added) a.push_back(MemberToJson(m));
+  (*j)["added"] = std::move(a);
+}
+
+Status GenerationUpdate::DecodeFrom(const json& j) {
+  GenerationUpdate u;
+  EDL_RETURN_IF_ERROR(DecodeHeader(j, "generation", &u.header));
+  const json* a = nullptr;
+  EDL_RETURN_IF_ERROR(Fields(j, "generation")
+                          .Int("base", &u.base_generation, 0, kMaxI64)
+                          .NameList("removed", &u.removed)
+                          .Arr("added", &a)
+                          .status());
+  if (u.base_generation != 0 && u.base_generation >= u.header.generation) {
+    return Status::Corruption("message 'generation' field 'base' is not older than 'generation'");
+  }
+  EDL_RETURN_IF_ERROR(MembersFromJson(*a, "generation", &u.added));
+  *this = std::move(u);
+  return Status::OK();
+}
+
+// ---- handshake
+
+void Challenge::EncodeTo(json* j) const { *j = {{"type", msg::kChallenge}, {"nonce", nonce}}; }
+Status Challenge::DecodeFrom(const json& j) {
+  Fields f(j, msg::kChallenge);
+  f.Str("nonce", &nonce, 64);
+  if (f.ok() && nonce.size() != 64) f.Fail("nonce", "is not 64 hex characters");
+  return f.status();
+}
+
+void Hello::EncodeTo(json* j) const {
+  *j = {{"type", msg::kHello}, {"role", role}, {"mac", mac}, {"nonce", nonce}};
+  if (role == "client") {
+    (*j)["node"] = node;
+    (*j)["host"] = host;
+    (*j)["mode"] = mode;
+    (*j)["slots"] = slots;
+    (*j)["trainers"] = trainers;
+  }
+}
+Status Hello::DecodeFrom(const json& j) {
+  Hello h;
+  Fields f(j, msg::kHello);
+  f.Str("role", &h.role, 16).Str("mac", &h.mac, 64).Str("nonce", &h.nonce, 64);
+  if (f.ok() && h.role != "client" && h.role != "ctl") f.Fail("role", "is not 'client' or 'ctl'");
+  if (f.ok() && h.nonce.size() != 64) f.Fail("nonce", "is not 64 hex characters");
+  if (f.ok() && h.role == "client") {
+    const json* slots = nullptr;
+    f.Name("node", &h.node).Str("host", &h.host).Str("mode", &h.mode, 16).Arr("slots", &slots);
+    f.NameList("trainers", &h.trainers);
+    if (f.ok() && h.mode != "inplace" && h.mode != "restart") {
+      f.Fail("mode", "is not 'inplace' or 'restart'");
+    }
+    if (f.ok() && h.host.empty()) f.Fail("host", "is empty");
+    if (f.ok()) {
+      std::unordered_set<int> seen;
+      for (const json& s : *slots) {
+        if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > kMaxSlot ||
+            !seen.insert(s.get<int>()).second) {
+          f.Fail("slots", "holds an invalid or repeated slot " + s.dump());
+          break;
+        }
+        h.slots.push_back(s.get<int>());
+      }
+    }
+  }
+  if (!f.ok()) return f.status();
+  *this = std::move(h);
+  return Status::OK();
+}
+
+void Welcome::EncodeTo(json* j) const {
+  *j = {{"type", msg::kWelcome}, {"mac", mac}, {"job_id", job_id}, {"heartbeat_ms", heartbeat_ms}};
+}
+Status Welcome::DecodeFrom(const json& j) {
+  return Fields(j, msg::kWelcome)
+      .Str("mac", &mac, 64)
+      .Name("job_id", &job_id)
+      .Int("heartbeat_ms", &heartbeat_ms, 10, 3600 * 1000)
+      .status();
+}
+
+ErrorMsg ErrorMsg::From(const Status& s) {
+  ErrorMsg e;
+  e.code = Status::CodeName(s.code());
+  e.message = s.message();
+  return e;
+}
+Status ErrorMsg::ToStatus() const {
+  Status s = StatusFromWire(code, message);
+  return s.ok() ? Status::Internal("peer sent an error with code OK: " + message) : s;
+}
+void ErrorMsg::EncodeTo(json* j) const {
+  *j = {{"type", msg::kError}, {"code", code}, {"message", message}};
+}
+Status ErrorMsg::DecodeFrom(const json& j) {
+  return Fields(j, msg::kError).Str("code", &code, 32).Str("message", &message, 4096).status();
+}
+
+void TrainerHello::EncodeTo(json* j) const {
+  *j = {{"type", msg::kTrainerHello}, {"trainer_id", trainer_id}};
+}
+Status TrainerHello::DecodeFrom(const json& j) {
+  return Fields(j, msg::kTrainerHello).Name("trainer_id", &trainer_id).status();
+}
+
+// ---- scaling
+
+void Prepare::EncodeTo(json* j) const {
+  *j = {{"type", msg::kPrepare},      {"generation", generation},   {"job_id", job_id},
+        {"world_size", world_size},   {"master_addr", master_addr}, {"master_port", master_port}};
+  json a = json::array();
+  for (const MemberInfo& m : joiners) a.push_back(json::array({m.trainer_id, m.node, m.slot, m.host, m.rank}));
+  (*j)["joiners"] = std::move(a);
+}
+Status Prepare::DecodeFrom(const json& j) {
+  Prepare p;
+  const json* a = nullptr;
+  Fields f(j, msg::kPrepare);
+  f.Int("generation", &p.generation, 1, kMaxI64)
+      .Name("job_id", &p.job_id)
+      .Int("world_size", &p.world_size, 1, kMaxListItems)
+      .Str("master_addr", &p.master_addr)
+      .Int("master_port", &p.master_port, 0, 65535)
+      .Arr("joiners", &a);
+  if (!f.ok()) return f.status();
+  for (const json& e : *a) {
+    if (!e.is_array() || e.size() != 5 || !e[4].is_number_integer() ||
+        e[4].get<int64_t>() < 0 || e[4].get<int64_t>() >= p.world_size) {
+      return Status::Corruption("message 'prepare' holds a joiner that is not "
+                                "[trainer_id, node, slot, host, rank < world_size]");
+    }
+    std::vector<MemberInfo> one;
+    EDL_RETURN_IF_ERROR(MembersFromJson(json::array({json::array({e[0], e[1], e[2], e[3]})}),
+                                        msg::kPrepare, &one));
+    one[0].rank = e[4].get<int>();
+    p.joiners.push_back(one[0]);
+  }
+  *this = std::move(p);
+  return Status::OK();
+}
+
+void Kill::EncodeTo(json* j) const { *j = {{"type", msg::kKill}, {"trainer_ids", trainer_ids}}; }
+Status Kill::DecodeFrom(const json& j) {
+  return Fields(j, msg::kKill).NameList("trainer_ids", &trainer_ids).status();
+}
+
+void TrainerExit::EncodeTo(json* j) const {
+  *j = {{"type", msg::kTrainerExit}, {"trainer_id", trainer_id}, {"exited", exited},
+        {"code", code}, {"signal", signal}};
+}
+Status TrainerExit::DecodeFrom(const json& j) {
+  return Fields(j, msg::kTrainerExit)
+      .Name("trainer_id", &trainer_id)
+      .Bool("exited", &exited)
+      .Int("code", &code, -255, 255)
+      .Int("signal", &signal, 0, 128)
+      .status();
+}
+
+void Ready::EncodeTo(json* j) const {
+  *j = {{"type", msg::kReady}, {"trainer_id", trainer_id}, {"generation", generation}};
+}
+Status Ready::DecodeFrom(const json& j) {
+  return Fields(j, msg::kReady)
+      .Name("trainer_id", &trainer_id, /*required=*/false)
+      .Int("generation", &generation, 1, kMaxI64)
+      .status();
+}
+
+void Progress::EncodeTo(json* j) const {
+  *j = {{"type", msg::kProgress},
+        {"trainer_id", trainer_id},
+        {"generation", report.generation},
+        {"step", report.step},
+        {"epoch", report.epoch},
+        {"loss", report.loss},
+        {"images_per_sec", report.images_per_sec},
+        {"world_size", report.world_size},
+        {"accuracy", report.accuracy}};
+}
+Status Progress::DecodeFrom(const json& j) {
+  Progress p;
+  Fields f(j, msg::kProgress);
+  f.Name("trainer_id", &p.trainer_id, /*required=*/false)
+      .Int("generation", &p.report.generation, 0, kMaxI64)
+      .Int("step", &p.report.step, 0, kMaxI64)
+      .Int("epoch", &p.report.epoch, 0, kMaxI64)
+      .Num("loss", &p.report.loss)
+      .Num("images_per_sec", &p.report.images_per_sec)
+      .Int("world_size", &p.report.world_size, 0, kMaxListItems)
+      .Num("accuracy", &p.report.accuracy, /*required=*/false);
+  if (!f.ok()) return f.status();
+  *this = std::move(p);
+  return Status::OK();
+}
+
+void Event::EncodeTo(json* j) const {
+  *j = {{"type", msg::kEvent}, {"trainer_id", trainer_id}, {"event", event}};
+}
+Status Event::DecodeFrom(const json& j) {
+  return Fields(j, msg::kEvent)
+      .Name("trainer_id", &trainer_id, /*required=*/false)
+      .Obj("event", &event)
+      .status();
+}
+
+// ---- KV
+
+void KvRequest::EncodeTo(json* j) const {
+  *j = {{"type", msg::kKv}, {"req_id", req_id}, {"op", op}, {"key", key}};
+  if (op == "set") (*j)["value"] = value;
+  if (op == "wait") (*j)["timeout_ms"] = timeout_ms;
+}
+Status KvRequest::DecodeFrom(const json& j) {
+  KvRequest r;
+  Fields f(j, msg::kKv);
+  f.Int("req_id", &r.req_id, 0, kMaxI64).Str("op", &r.op, 8).Str("key", &r.key, kMaxKeyBytes);
+  if (f.ok() && r.key.empty()) f.Fail("key", "is empty");
+  if (f.ok() && r.op == "set") f.Str("value", &r.value, kMaxValueBytes);
+  else if (f.ok() && r.op == "wait") f.Int("timeout_ms", &r.timeout_ms, 0, 3600 * 1000);
+  else if (f.ok() && r.op != "get") f.Fail("op", "is not 'set', 'get' or 'wait'");
+  if (!f.ok()) return f.status();
+  *this = std::move(r);
+  return Status::OK();
+}
+
+void KvReply::EncodeTo(json* j) const {
+  *j = {{"type", msg::kKvReply}, {"req_id", req_id}, {"code", Status::CodeName(status.code())},
+        {"message", status.message()}, {"value", value}};
+}
+Status KvReply::DecodeFrom(const json& j) {
+  KvReply r;
+  std::string code, message;
+  Fields f(j, msg::kKvReply);
+  f.Int("req_id", &r.req_id, 0, kMaxI64)
+      .Str("code", &code, 32)
+      .Str("message", &message, 4096)
+      .Str("value", &r.value, kMaxValueBytes);
+  if (!f.ok()) return f.status();
+  r.status = StatusFromWire(code, message);
+  *this = std::move(r);
+  return Status::OK();
+}
+
+// ---- ctl
+
+void CtlRequest::EncodeTo(json* j) const { *j = {{"type", msg::kCtl}, {"command", command}, {"n", n}}; }
+Status CtlRequest::DecodeFrom(const json& j) {
+  CtlRequest r;
+  Fields f(j, msg::kCtl);
+  f.Str("command", &r.command, 16).Int("n", &r.n, 0, kMaxListItems, /*required=*/false);
+  if (f.ok() && r.command != "status" && r.command != "scale" && r.command != "watch" &&
+      r.command != "stop") {
+    f.Fail("command", "'" + r.command + "' is not status, scale, watch or stop");
+  }
+  if (!f.ok()) return f.status();
+  *this = std::move(r);
+  return Status::OK();
+}
+
+void CtlReply::EncodeTo(json* j) const {
+  *j = {{"type", msg::kCtlReply}, {"code", Status::CodeName(status.code())},
+        {"message", status.message()}, {"body", body}};
+}
+Status CtlReply::DecodeFrom(const json& j) {
+  std::string code, message;
+  json b;
+  EDL_RETURN_IF_ERROR(Fields(j, msg::kCtlReply)
+                          .Str("code", &code, 32)
+                          .Str("message", &message, 4096)
+                          .Obj("body", &b)
+                          .status());
+  status = StatusFromWire(code, message);
+  body = std::move(b);
+  return Status::OK();
+}
+
+}  // namespace edl::proto

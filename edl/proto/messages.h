@@ -1,0 +1,252 @@
+// Control-plane messages: one struct per message type, each with EncodeTo / DecodeFrom /
+// DebugString (leveldb version_edit style). DecodeFrom validates every field (presence, type,
+// range, length, name characters) and returns Corruption naming the message and the field; it
+// never throws. The frame layer (frame.h) carries the encoded JSON objects; PROTOCOL.md explains
+// who sends what when.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/base/status.h"
+
+namespace edl::proto {
+
+// Message "type" values.
+namespace msg {
+inline constexpr char kChallenge[] = "challenge";        // server -> peer, first frame
+inline constexpr char kHello[] = "hello";                // peer -> server, answers the challenge
+inline constexpr char kWelcome[] = "welcome";            // server -> peer (or client -> trainer)
+inline constexpr char kError[] = "error";                // either way, then the sender closes
+inline constexpr char kHeartbeat[] = "heartbeat";        // client -> server, trainer -> client
+inline constexpr char kGeneration[] = "generation";      // a committed generation (full or delta)
+inline constexpr char kPrepare[] = "prepare";            // server -> client: start these joiners
+inline constexpr char kKill[] = "kill";                  // server -> client: SIGKILL these trainers
+inline constexpr char kTrainerExit[] = "trainer_exit";   // client -> server
+inline constexpr char kReady[] = "ready";                // trainer -> client -> server
+inline constexpr char kProgress[] = "progress";          // trainer -> client -> server
+inline constexpr char kEvent[] = "event";                // trainer -> client -> server (-> watch)
+inline constexpr char kKv[] = "kv";                      // trainer -> client -> server
+inline constexpr char kKvReply[] = "kv_reply";           // server -> client -> trainer
+inline constexpr char kCtl[] = "ctl";                    // ctl -> server
+inline constexpr char kCtlReply[] = "ctl_reply";         // server -> ctl
+inline constexpr char kStop[] = "stop";                  // server -> client: stop trainers, exit
+inline constexpr char kDone[] = "done";                  // server -> client: job finished
+inline constexpr char kTrainerHello[] = "trainer_hello"; // trainer -> client, first frame
+}  // namespace msg
+
+// Largest id / name / key accepted on the wire.
+constexpr size_t kMaxNameBytes = 128;
+constexpr size_t kMaxKeyBytes = 512;
+constexpr size_t kMaxListItems = 100000;
+constexpr size_t kMaxValueBytes = 1u << 20;  // a KV value (e.g. an NCCL unique id, a Gloo address)
+
+// Node names and trainer ids end up in file names: letters, digits, '.', '_', '-' only.
+bool IsValidName(const std::string& s);
+
+// CRTP base: DebugString() is the encoded JSON on one line.
+template <typename T>
+struct Message {
+  std::string DebugString() const {
+    nlohmann::json j;
+    static_cast<const T*>(this)->EncodeTo(&j);
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+};
+
+// ---- the generation as every part sees it
+
+struct MemberInfo {
+  std::string trainer_id;  // stable for the trainer process's life, unique in the job, e.g. "node1-s0-7"
+  std::string node;        // node name of its client
+  int slot = 0;            // slot / GPU index on that node
+  int rank = 0;            // rank in this generation
+  std::string host;        // address of that node that trainers bind and advertise
+  bool operator==(const MemberInfo& o) const {
+    return trainer_id == o.trainer_id && node == o.node && slot == o.slot && rank == o.rank &&
+           host == o.host;
+  }
+};
+
+struct GenerationInfo : Message<GenerationInfo> {
+  int64_t generation = 0;
+  std::string job_id;
+  std::string reason;       // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back", "join_timeout"
+  bool failure = false;     // true when the change removed a trainer that died or hung: survivors must abort
+  std::vector<MemberInfo> members;   // ordered by rank; survivors keep relative order, joiners come last
+  std::string master_addr;
+  int master_port = 0;      // for restart-mode (torchrun-style) trainers
+
+  int world_size() const { return static_cast<int>(members.size()); }
+  int RankOf(const std::string& trainer_id) const;  // -1 when not a member (a leaving trainer)
+  const MemberInfo* Find(const std::string& trainer_id) const;
+
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// A committed generation on the wire: the members of generation `base_generation` minus
+// `removed`, followed by `added` (ranks are positions). base_generation == 0 means "from
+// nothing": `added` is the whole list. Because survivors keep their relative order and joiners
+// come last, a scaling step costs a few bytes per client whatever the world size.
+struct GenerationUpdate : Message<GenerationUpdate> {
+  int64_t base_generation = 0;
+  GenerationInfo header;                // every field but `members`
+  std::vector<std::string> removed;
+  std::vector<MemberInfo> added;        // rank fields are ignored on decode (recomputed)
+
+  static GenerationUpdate Full(const GenerationInfo& g);
+  // The delta from `prev` to `next`, or Full(next) when `next` is not of the delta form.
+  static GenerationUpdate Between(const GenerationInfo& prev, const GenerationInfo& next);
+  // Applies the update to `*current` (the receiver's latest). FailedPrecondition when it is a
+  // delta against a generation other than `current->generation`, or removes an unknown id.
+  Status ApplyTo(GenerationInfo* current) const;
+
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// ---- handshake
+
+struct Challenge : Message<Challenge> {
+  std::string nonce;  // 64 hex chars (32 random bytes), fresh per connection
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct Hello : Message<Hello> {
+  std::string role;   // "client" or "ctl"
+  std::string mac;    // hex HMAC-SHA256(secret, "edl-peer:" + role + ":" + server nonce)
+  std::string nonce;  // the peer's own nonce, for the server's proof in Welcome
+  // role "client" only:
+  std::string node, host, mode;     // mode: "inplace" or "restart"
+  std::vector<int> slots;           // slot / GPU indices this node offers
+  std::vector<std::string> trainers;  // trainers this client still runs (after a reconnect)
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct Welcome : Message<Welcome> {
+  std::string mac;          // hex HMAC-SHA256(secret, "edl-server:" + peer nonce); empty on Unix sockets
+  std::string job_id;
+  int heartbeat_ms = 1000;  // how often the peer should send heartbeats
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct ErrorMsg : Message<ErrorMsg> {
+  std::string code;     // Status::CodeName
+  std::string message;
+  static ErrorMsg From(const Status& s);
+  Status ToStatus() const;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct TrainerHello : Message<TrainerHello> {
+  std::string trainer_id;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// ---- scaling
+
+struct Prepare : Message<Prepare> {
+  int64_t generation = 0;   // the pending generation the joiners will belong to
+  std::string job_id;
+  int world_size = 0;       // of the pending generation
+  std::string master_addr;
+  int master_port = 0;
+  std::vector<MemberInfo> joiners;  // with their ranks in the pending generation
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct Kill : Message<Kill> {
+  std::vector<std::string> trainer_ids;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct TrainerExit : Message<TrainerExit> {
+  std::string trainer_id;
+  bool exited = false;  // true: exited with `code`; false: killed by `signal`
+  int code = 0;
+  int signal = 0;
+  bool success() const { return exited && code == 0; }
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct Ready : Message<Ready> {
+  std::string trainer_id;  // filled in by the client from the trainer's channel
+  int64_t generation = 0;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct ProgressReport {
+  int64_t generation = 0, step = 0, epoch = 0;
+  double loss = 0, images_per_sec = 0;
+  int world_size = 0;
+  double accuracy = -1;
+};
+
+struct Progress : Message<Progress> {
+  std::string trainer_id;
+  ProgressReport report;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct Event : Message<Event> {
+  std::string trainer_id;
+  nlohmann::json event = nlohmann::json::object();  // any object, <= frame size
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// ---- rendezvous KV
+
+struct KvRequest : Message<KvRequest> {
+  uint64_t req_id = 0;
+  std::string op;          // "set", "get" or "wait"
+  std::string key, value;  // value: set only
+  int64_t timeout_ms = 0;  // wait only, 0 .. 1 hour
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct KvReply : Message<KvReply> {
+  uint64_t req_id = 0;
+  Status status;
+  std::string value;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// ---- ctl
+
+struct CtlRequest : Message<CtlRequest> {
+  std::string command;  // "status", "scale", "watch" or "stop"
+  int64_t n = 0;        // scale only
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+struct CtlReply : Message<CtlReply> {
+  Status status;
+  nlohmann::json body = nlohmann::json::object();  // status: the job summary
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// Status <-> wire code name.
+Status StatusFromWire(const std::string& code, const std::string& message);
+
+}  // namespace edl::proto

@@ -1,0 +1,5 @@
+# edl/proto: wire frames and control-plane messages (included by edl/CMakeLists.txt).
+list(APPEND EDL_SOURCES
+  proto/frame.cc
+  proto/messages.cc
+)

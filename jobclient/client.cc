@@ -1,0 +1,634 @@
+#include "jobclient/client.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <thread>
+
+#include <glog/logging.h>
+
+#include "edl/net/auth.h"
+#include "edl/proto/frame.h"
+
+namespace edl::jobclient {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+Client::Client(asio::io_context* io, ClientOptions options,
+               std::unique_ptr<launcher::ProcessLauncher> launcher, Clock* clock)
+    : io_(io),
+      options_(std::move(options)),
+      launcher_(std::move(launcher)),
+      clock_(clock),
+      trainer_acceptor_(*io),
+      sigchld_(*io, SIGCHLD),
+      tick_timer_(*io),
+      heartbeat_timer_(*io),
+      reconnect_timer_(*io) {}
+
+Client::~Client() {
+  ::unlink(options_.socket_path.c_str());
+}
+
+Status Client::Start() {
+  ::unlink(options_.socket_path.c_str());
+  boost::system::error_code ec;
+  asio::local::stream_protocol::endpoint ep(options_.socket_path);
+  const mode_t old = ::umask(0177);  // the socket is created 0600: this node's trainers only
+  trainer_acceptor_.open(ep.protocol(), ec);
+  if (!ec) trainer_acceptor_.bind(ep, ec);
+  ::umask(old);
+  if (!ec) trainer_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return FromErrorCode("trainer socket " + options_.socket_path, ec).WithContext("--socket_path");
+  ::chmod(options_.socket_path.c_str(), 0600);
+  AcceptTrainer();
+  struct Rearm {
+    Client* c;
+    void operator()(const boost::system::error_code& e, int) const {
+      if (e || c->shutting_down_) return;
+      c->PollTrainers();
+      c->sigchld_.async_wait(*this);
+    }
+  };
+  sigchld_.async_wait(Rearm{this});
+  LOG(INFO) << "edl client node " << options_.node_name << ": " << options_.slots.size()
+            << " slots, " << (options_.restart_mode ? "restart" : "inplace") << " mode, trainers on "
+            << options_.socket_path << ", server " << options_.server_host << ":" << options_.server_port;
+  Connect();
+  Tick();
+  return Status::OK();
+}
+
+void Client::Shutdown(int exit_code, const std::string& why) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  exit_code_ = exit_code;
+  LOG(INFO) << "edl client " << options_.node_name << ": shutting down: " << why;
+  for (auto& [id, t] : trainers_) t.proc->Terminate();
+  const auto deadline = std::chrono::steady_clock::now() + milliseconds(options_.stop_grace_ms);
+  for (auto& [id, t] : trainers_) {
+    launcher::ExitInfo info;
+    while (!t.proc->Poll(&info) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    if (!t.proc->Poll(&info)) info = t.proc->Stop(milliseconds(0));
+    LOG(INFO) << "trainer " << id << " stopped: " << info.ToString();
+    proto::TrainerExit e;
+    e.trainer_id = id;
+    e.exited = info.exited;
+    e.code = info.code;
+    e.signal = info.signal;
+    json j;
+    e.EncodeTo(&j);
+    if (server_ && authenticated_) server_->Send(j);
+  }
+  trainers_.clear();
+  boost::system::error_code ec;
+  trainer_acceptor_.close(ec);
+  sigchld_.cancel(ec);
+  tick_timer_.cancel();
+  heartbeat_timer_.cancel();
+  reconnect_timer_.cancel();
+  auto t = std::make_shared<asio::steady_timer>(*io_, milliseconds(200));
+  t->async_wait([this, t](const boost::system::error_code&) {
+    if (server_) server_->Close(Status::Aborted("client exiting"));
+    io_->stop();
+  });
+}
+
+// ---- server connection
+
+void Client::Connect() {
+  if (shutting_down_) return;
+  auto resolver = std::make_shared<asio::ip::tcp::resolver>(*io_);
+  auto socket = std::make_shared<asio::ip::tcp::socket>(*io_);
+  auto timer = std::make_shared<asio::steady_timer>(*io_, milliseconds(5000));
+  timer->async_wait([socket](const boost::system::error_code& ec) {
+    if (!ec) {
+      boost::system::error_code ignored;
+      socket->close(ignored);
+    }
+  });
+  resolver->async_resolve(
+      options_.server_host, std::to_string(options_.server_port),
+      [this, resolver, socket, timer](const boost::system::error_code& ec,
+                                      asio::ip::tcp::resolver::results_type results) {
+        if (ec) {
+          timer->cancel();
+          return ScheduleReconnect("cannot resolve " + options_.server_host + ": " + ec.message());
+        }
+        asio::async_connect(*socket, results,
+                            [this, socket, timer](const boost::system::error_code& ec2,
+                                                  const asio::ip::tcp::endpoint&) {
+                              timer->cancel();
+                              if (shutting_down_) return;
+                              if (ec2) {
+                                return ScheduleReconnect("connect to " + options_.server_host + ":" +
+                                                         std::to_string(options_.server_port) + ": " +
+                                                         ec2.message());
+                              }
+                              boost::system::error_code ignored;
+                              socket->set_option(asio::ip::tcp::no_delay(true), ignored);
+                              net::ConnectionOptions o;
+                              o.idle_timeout = milliseconds(10000);
+                              server_ = net::Connection::Create(
+                                  net::ToGeneric(std::move(*socket)),
+                                  options_.server_host + ":" + std::to_string(options_.server_port), o);
+                              authenticated_ = false;
+                              auto conn = server_;
+                              server_->Start([this](const json& m) { OnServerMessage(m); },
+                                             [this, conn](const Status& s) {
+                                               if (server_ != conn) return;
+                                               authenticated_ = false;
+                                               server_.reset();
+                                               ScheduleReconnect(s.ToString());
+                                             });
+                            });
+      });
+}
+
+void Client::ScheduleReconnect(const std::string& why) {
+  if (shutting_down_) return;
+  LOG(WARNING) << "edl client " << options_.node_name << ": server connection: " << why
+               << "; retrying in " << backoff_ms_ << " ms";
+  reconnect_timer_.expires_after(milliseconds(backoff_ms_));
+  backoff_ms_ = std::min<int64_t>(backoff_ms_ * 2, 5000);
+  reconnect_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) Connect();
+  });
+}
+
+void Client::OnServerMessage(const json& msg) {
+  const std::string& type = msg["type"].get_ref<const std::string&>();
+  if (type == proto::msg::kError) {
+    proto::ErrorMsg e;
+    Status s = e.DecodeFrom(msg);
+    s = s.ok() ? e.ToStatus() : s;
+    LOG(ERROR) << "edl client " << options_.node_name << ": server refused us: " << s.ToString();
+    if (s.code() == Status::Code::kAlreadyExists || s.code() == Status::Code::kUnauthenticated ||
+        s.code() == Status::Code::kInvalidArgument) {
+      Shutdown(2, s.ToString());  // retrying cannot help
+    }
+    return;
+  }
+  if (!authenticated_) {
+    if (type == proto::msg::kChallenge) return OnChallenge(msg);
+    if (type == proto::msg::kWelcome) return OnWelcome(msg);
+    server_->Close(Status::Corruption("server sent '" + type + "' before the handshake finished"));
+    return;
+  }
+  if (type == proto::msg::kHeartbeat) return;
+  if (type == proto::msg::kGeneration) return OnGeneration(msg);
+  if (type == proto::msg::kPrepare) return OnPrepare(msg);
+  if (type == proto::msg::kKill) return OnKill(msg);
+  if (type == proto::msg::kKvReply) return OnKvReply(msg);
+  if (type == proto::msg::kStop) return Shutdown(0, "the server asked to stop (edl ctl stop)");
+  if (type == proto::msg::kDone) {
+    done_ = true;
+    LOG(INFO) << "edl client " << options_.node_name << ": the job finished";
+    return;
+  }
+  LOG(WARNING) << "ignoring unexpected '" << type << "' from the server";
+}
+
+void Client::OnChallenge(const json& msg) {
+  proto::Challenge ch;
+  Status s = ch.DecodeFrom(msg);
+  if (!s.ok()) return server_->Close(s);
+  proto::Hello h;
+  h.role = "client";
+  nonce_ = net::NewNonce();
+  h.nonce = nonce_;
+  h.mac = net::PeerMac(options_.secret, "client", ch.nonce);
+  h.node = options_.node_name;
+  h.host = options_.advertise_addr;
+  h.mode = options_.restart_mode ? "restart" : "inplace";
+  h.slots = options_.slots;
+  for (const auto& [id, t] : trainers_) {
+    if (t.member) h.trainers.push_back(id);
+  }
+  json j;
+  h.EncodeTo(&j);
+  server_->Send(j);
+}
+
+void Client::OnWelcome(const json& msg) {
+  proto::Welcome w;
+  Status s = w.DecodeFrom(msg);
+  if (s.ok() && !net::MacEqual(w.mac, net::ServerMac(options_.secret, nonce_))) {
+    s = Status::Unauthenticated("the server could not prove it holds the cluster secret; check "
+                                "--secret_file on both sides");
+  }
+  if (!s.ok()) {
+    LOG(ERROR) << s.ToString();
+    return server_->Close(s);
+  }
+  authenticated_ = true;
+  backoff_ms_ = 200;
+  job_id_ = w.job_id;
+  heartbeat_ms_ = w.heartbeat_ms;
+  server_->SetIdleTimeout(milliseconds(std::max(10000, 10 * heartbeat_ms_)));
+  latest_ = proto::GenerationInfo();  // the server sends the newest generation in full next
+  prev_ = latest_;
+  LOG(INFO) << "edl client " << options_.node_name << ": registered with job " << job_id_;
+  while (!outbox_.empty()) {
+    server_->Send(outbox_.front());
+    outbox_.pop_front();
+  }
+  Heartbeat();
+}
+
+void Client::Heartbeat() {
+  heartbeat_timer_.expires_after(milliseconds(heartbeat_ms_));
+  heartbeat_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || shutting_down_) return;
+    if (server_ && authenticated_) server_->Send(json{{"type", proto::msg::kHeartbeat}});
+    Heartbeat();
+  });
+}
+
+void Client::SendToServer(const json& msg, bool queue_if_offline) {
+  if (server_ && authenticated_) {
+    server_->Send(msg);
+  } else if (queue_if_offline && outbox_.size() < 10000) {
+    outbox_.push_back(msg);
+  }
+}
+
+launcher::EnvContract Client::EnvFor(const proto::GenerationInfo& g, const proto::MemberInfo& m) const {
+  launcher::EnvContract c;
+  c.job_id = job_id_;
+  c.trainer_id = m.trainer_id;
+  c.client_socket = options_.socket_path;
+  c.generation = g.generation;
+  c.slot = m.slot;
+  if (options_.gpu_slots) c.cuda_visible_devices = std::to_string(m.slot);
+  c.rank = m.rank;
+  c.world_size = g.world_size();
+  c.local_world_size = 0;
+  for (const proto::MemberInfo& o : g.members) {
+    if (o.node != options_.node_name) continue;
+    if (o.rank < m.rank) ++c.local_rank;
+    ++c.local_world_size;
+  }
+  c.master_addr = g.master_addr.empty() ? "127.0.0.1" : g.master_addr;
+  c.master_port = g.master_port;
+  return c;
+}
+
+void Client::OnGeneration(const json& msg) {
+  proto::GenerationUpdate u;
+  Status s = u.DecodeFrom(msg);
+  proto::GenerationInfo next = latest_;
+  if (s.ok()) s = u.ApplyTo(&next);
+  if (!s.ok()) {
+    LOG(ERROR) << "bad generation from the server: " << s.ToString() << "; reconnecting for a full one";
+    return server_->Close(s);
+  }
+  if (next.generation <= latest_.generation && latest_.generation > 0) return;  // already held
+  prev_ = latest_;
+  latest_ = std::move(next);
+  const proto::GenerationInfo& g = latest_;
+  const int64_t now = clock_->NowMicros();
+  LOG(INFO) << "generation " << g.generation << " (" << g.reason << "): world size " << g.world_size();
+  std::vector<std::string> kill_now;
+  for (auto& [id, t] : trainers_) {
+    if (g.RankOf(id) >= 0) {
+      t.member = true;
+      t.joining_generation = 0;
+    } else if (t.joining_generation > g.generation) {
+      continue;  // prepared for a later generation
+    } else if (!t.member && t.joining_generation > 0) {
+      kill_now.push_back(id);  // a joiner the commit left out
+    } else if (!t.leaving) {
+      t.member = false;
+      t.leaving = true;
+      if (options_.restart_mode) {
+        TerminateTrainer(&t);
+      } else {
+        t.leave_deadline_us = now + options_.leave_grace_ms * 1000;
+      }
+    }
+    PushGeneration(&t);
+  }
+  for (const std::string& id : kill_now) {
+    LOG(INFO) << "killing joiner " << id << ": not in generation " << g.generation;
+    trainers_.at(id).proc->Kill();
+  }
+  for (const proto::MemberInfo& m : g.members) {
+    if (m.node != options_.node_name || trainers_.count(m.trainer_id)) continue;
+    bool queued = false;
+    for (const StartRequest& w : waiting_) queued |= w.id == m.trainer_id;
+    if (queued) continue;
+    StartRequest r;
+    r.id = m.trainer_id;
+    r.slot = m.slot;
+    r.env = EnvFor(g, m);
+    StartTrainer(std::move(r));
+  }
+  // Queued starts the commit no longer wants (e.g. replaced again) are dropped.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    const bool wanted = g.RankOf(it->id) >= 0 || it->joining_generation > g.generation;
+    it = wanted ? std::next(it) : waiting_.erase(it);
+  }
+}
+
+void Client::OnPrepare(const json& msg) {
+  proto::Prepare p;
+  Status s = p.DecodeFrom(msg);
+  if (!s.ok()) return server_->Close(s);
+  for (const proto::MemberInfo& j : p.joiners) {
+    if (j.node != options_.node_name ||
+        std::find(options_.slots.begin(), options_.slots.end(), j.slot) == options_.slots.end()) {
+      LOG(ERROR) << "prepare names joiner " << j.trainer_id << " on " << j.node << " slot " << j.slot
+                 << ", not a slot of this node; ignored";
+      continue;
+    }
+    if (trainers_.count(j.trainer_id)) continue;
+    StartRequest r;
+    r.id = j.trainer_id;
+    r.slot = j.slot;
+    proto::GenerationInfo pending;
+    pending.generation = p.generation;
+    pending.master_addr = p.master_addr;
+    pending.master_port = p.master_port;
+    pending.members.assign(static_cast<size_t>(p.world_size), j);  // sizes and this member
+    r.env = EnvFor(pending, j);
+    r.env.local_rank = 0;
+    r.env.local_world_size = 1;
+    r.env.joining = true;
+    r.joining_generation = p.generation;
+    StartTrainer(std::move(r));
+  }
+}
+
+void Client::OnKill(const json& msg) {
+  proto::Kill k;
+  Status s = k.DecodeFrom(msg);
+  if (!s.ok()) return server_->Close(s);
+  for (const std::string& id : k.trainer_ids) {
+    auto it = trainers_.find(id);
+    if (it == trainers_.end()) continue;
+    LOG(WARNING) << "server asked to SIGKILL trainer " << id << " (pid " << it->second.proc->pid() << ")";
+    it->second.proc->Kill();
+  }
+  PollTrainers();
+}
+
+void Client::OnKvReply(const json& msg) {
+  proto::KvReply r;
+  Status s = r.DecodeFrom(msg);
+  if (!s.ok()) return server_->Close(s);
+  auto route = kv_routes_.find(r.req_id);
+  if (route == kv_routes_.end()) return;
+  auto [trainer_id, their_id] = route->second;
+  kv_routes_.erase(route);
+  auto t = trainers_.find(trainer_id);
+  if (t == trainers_.end() || !t->second.channel) return;
+  r.req_id = their_id;
+  json j;
+  r.EncodeTo(&j);
+  t->second.channel->Send(j);
+}
+
+// ---- trainers
+
+void Client::AcceptTrainer() {
+  trainer_acceptor_.async_accept([this](const boost::system::error_code& ec,
+                                        asio::local::stream_protocol::socket socket) {
+    if (shutting_down_ || ec == asio::error::operation_aborted) return;
+    if (!ec) {
+      net::ConnectionOptions o;
+      o.idle_timeout = milliseconds(5000);  // until trainer_hello
+      auto conn = net::Connection::Create(net::ToGeneric(std::move(socket)), "trainer socket", o);
+      auto id = std::make_shared<std::string>();
+      std::weak_ptr<net::Connection> weak = conn;
+      conn->Start(
+          [this, weak, id](const json& m) {
+            if (auto c = weak.lock()) OnTrainerMessage(c, id.get(), m);
+          },
+          [this, id](const Status& s) {
+            auto t = trainers_.find(*id);
+            if (t != trainers_.end() && t->second.channel) {
+              VLOG(1) << "trainer " << *id << " channel closed: " << s.ToString();
+              t->second.channel.reset();
+            }
+          });
+    }
+    AcceptTrainer();
+  });
+}
+
+void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std::string* trainer_id,
+                              const json& msg) {
+  const std::string& type = msg["type"].get_ref<const std::string&>();
+  if (trainer_id->empty()) {
+    proto::TrainerHello h;
+    Status s = type == proto::msg::kTrainerHello ? h.DecodeFrom(msg)
+                                                 : Status::InvalidArgument("expected trainer_hello first");
+    auto it = s.ok() ? trainers_.find(h.trainer_id) : trainers_.end();
+    if (s.ok() && it == trainers_.end()) {
+      s = Status::FailedPrecondition("trainer id '" + h.trainer_id + "' was not started by the client of node " +
+                                     options_.node_name);
+    }
+    if (s.ok() && it->second.channel) {
+      s = Status::AlreadyExists("trainer " + h.trainer_id + " already has a channel");
+    }
+    if (!s.ok()) {
+      LOG(WARNING) << "refusing a trainer connection: " << s.ToString();
+      json e;
+      proto::ErrorMsg::From(s).EncodeTo(&e);
+      return conn->SendAndClose(e, s);
+    }
+    *trainer_id = h.trainer_id;
+    Trainer& t = it->second;
+    t.channel = conn;
+    t.ever_connected = true;
+    t.last_heard_us = clock_->NowMicros();
+    t.generation_sent = 0;
+    conn->SetIdleTimeout(milliseconds(0));  // liveness is judged in Tick (trainer_timeout)
+    proto::Welcome w;
+    w.job_id = job_id_;
+    w.heartbeat_ms = 500;
+    json j;
+    w.EncodeTo(&j);
+    conn->Send(j);
+    PushGeneration(&t);
+    return;
+  }
+  auto it = trainers_.find(*trainer_id);
+  if (it == trainers_.end()) return conn->Close(Status::Aborted("trainer gone"));
+  Trainer& t = it->second;
+  t.last_heard_us = clock_->NowMicros();
+  if (type == proto::msg::kHeartbeat) return;
+  Status s;
+  json out;
+  if (type == proto::msg::kReady) {
+    proto::Ready r;
+    s = r.DecodeFrom(msg);
+    r.trainer_id = t.id;
+    r.EncodeTo(&out);
+    if (s.ok()) SendToServer(out, /*queue_if_offline=*/true);
+  } else if (type == proto::msg::kProgress) {
+    proto::Progress p;
+    s = p.DecodeFrom(msg);
+    p.trainer_id = t.id;
+    p.EncodeTo(&out);
+    if (s.ok()) SendToServer(out, false);
+  } else if (type == proto::msg::kEvent) {
+    proto::Event e;
+    s = e.DecodeFrom(msg);
+    e.trainer_id = t.id;
+    e.EncodeTo(&out);
+    if (s.ok()) SendToServer(out, true);
+  } else if (type == proto::msg::kKv) {
+    proto::KvRequest r;
+    s = r.DecodeFrom(msg);
+    if (s.ok()) {
+      if (!server_ || !authenticated_) {
+        proto::KvReply rep;
+        rep.req_id = r.req_id;
+        rep.status = Status::Unavailable("the node's client is not connected to the server; retry");
+        rep.EncodeTo(&out);
+        conn->Send(out);
+        return;
+      }
+      const uint64_t ours = next_req_id_++;
+      kv_routes_[ours] = {t.id, r.req_id};
+      r.req_id = ours;
+      r.EncodeTo(&out);
+      server_->Send(out);
+    }
+  } else {
+    s = Status::InvalidArgument("unexpected message '" + type + "' from a trainer");
+  }
+  if (!s.ok()) {
+    LOG(WARNING) << "trainer " << t.id << ": " << s.ToString() << "; closing its channel";
+    conn->Close(s);
+  }
+}
+
+void Client::PushGeneration(Trainer* t) {
+  if (!t->channel || latest_.generation == 0 || t->generation_sent >= latest_.generation) return;
+  json j;
+  if (t->generation_sent > 0 && t->generation_sent == prev_.generation) {
+    proto::GenerationUpdate::Between(prev_, latest_).EncodeTo(&j);
+  } else {
+    proto::GenerationUpdate::Full(latest_).EncodeTo(&j);
+  }
+  t->channel->Send(j);
+  t->generation_sent = latest_.generation;
+}
+
+bool Client::SlotBusy(int slot) const {
+  for (const auto& [id, t] : trainers_) {
+    if (t.slot == slot) return true;
+  }
+  return false;
+}
+
+void Client::StartTrainer(StartRequest req) {
+  if (shutting_down_) return;
+  if (SlotBusy(req.slot)) {
+    waiting_.push_back(std::move(req));  // starts once the slot's previous trainer has exited
+    return;
+  }
+  launcher::TrainerSpec spec;
+  spec.argv = options_.trainer_argv;
+  spec.env = launcher::BuildTrainerEnv(req.env);
+  spec.log_path = options_.log_dir + "/" + req.id + ".log";
+  auto proc = launcher_->Start(spec);
+  if (!proc.ok()) {
+    LOG(ERROR) << "cannot start trainer " << req.id << ": " << proc.status().ToString();
+    proto::TrainerExit e;
+    e.trainer_id = req.id;
+    e.exited = true;
+    e.code = 127;
+    json j;
+    e.EncodeTo(&j);
+    SendToServer(j, true);
+    return;
+  }
+  LOG(INFO) << "started trainer " << req.id << " (pid " << proc.value()->pid() << ", slot " << req.slot
+            << ", generation " << req.env.generation << (req.env.joining ? ", joining" : "")
+            << "), log " << spec.log_path;
+  Trainer t;
+  t.id = req.id;
+  t.slot = req.slot;
+  t.proc = std::move(proc.value());
+  t.joining_generation = req.joining_generation;
+  t.member = req.joining_generation == 0;
+  trainers_.emplace(req.id, std::move(t));
+}
+
+void Client::StartWaiting() {
+  std::deque<StartRequest> waiting;
+  waiting.swap(waiting_);
+  for (StartRequest& r : waiting) StartTrainer(std::move(r));
+}
+
+void Client::PollTrainers() {
+  std::vector<std::pair<std::string, launcher::ExitInfo>> exited;
+  for (auto& [id, t] : trainers_) {
+    launcher::ExitInfo info;
+    if (t.proc->Poll(&info)) exited.emplace_back(id, info);
+  }
+  for (auto& [id, info] : exited) {
+    auto it = trainers_.find(id);
+    if (it->second.channel) it->second.channel->Close(Status::Aborted("trainer exited"));
+    LOG(INFO) << "trainer " << id << " (pid " << it->second.proc->pid() << ") ended: " << info.ToString();
+    trainers_.erase(it);
+    ReportExit(id, info);
+  }
+  if (!exited.empty()) StartWaiting();
+}
+
+void Client::ReportExit(const std::string& id, const launcher::ExitInfo& info) {
+  proto::TrainerExit e;
+  e.trainer_id = id;
+  e.exited = info.exited && !info.lost;
+  e.code = info.lost ? 1 : info.code;
+  e.signal = info.signal;
+  json j;
+  e.EncodeTo(&j);
+  SendToServer(j, /*queue_if_offline=*/true);
+}
+
+void Client::TerminateTrainer(Trainer* t) {
+  if (t->kill_deadline_us > 0) return;
+  t->proc->Terminate();
+  t->kill_deadline_us = clock_->NowMicros() + options_.stop_grace_ms * 1000;
+}
+
+void Client::Tick() {
+  if (shutting_down_) return;
+  PollTrainers();
+  const int64_t now = clock_->NowMicros();
+  for (auto& [id, t] : trainers_) {
+    if (t.leaving && t.leave_deadline_us > 0 && now >= t.leave_deadline_us && t.kill_deadline_us == 0) {
+      LOG(WARNING) << "leaving trainer " << id << " did not exit within --leave_grace_s; SIGTERM";
+      TerminateTrainer(&t);
+    }
+    if (t.kill_deadline_us > 0 && now >= t.kill_deadline_us) {
+      LOG(WARNING) << "trainer " << id << " ignored SIGTERM for --stop_grace_s; SIGKILL";
+      t.proc->Kill();
+      t.kill_deadline_us = INT64_MAX;
+    }
+    if (t.ever_connected && !t.leaving && now - t.last_heard_us > options_.trainer_timeout_ms * 1000) {
+      LOG(ERROR) << "trainer " << id << " sent no heartbeat for " << options_.trainer_timeout_ms
+                 << " ms (hung or stopped?); SIGKILL";
+      t.proc->Kill();
+      t.last_heard_us = INT64_MAX / 2;  // once
+    }
+  }
+  if (done_ && options_.exit_when_done && trainers_.empty()) return Shutdown(0, "the job finished");
+  tick_timer_.expires_after(milliseconds(options_.tick_ms));
+  tick_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) Tick();
+  });
+}
+
+}  // namespace edl::jobclient

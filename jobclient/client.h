@@ -1,0 +1,137 @@
+// Client: the `edl client` per-node agent. Connects out to the server (reconnecting with
+// backoff), authenticates, advertises its slots, heartbeats, and starts and stops trainers through
+// the launcher with the trainer command from its own configuration only (never from the network).
+// It notices trainer exits at once (SIGCHLD, plus a periodic poll as a backup) and reports them,
+// serves its trainers on a Unix socket (mode 0600) and relays their frames (KV, ready, progress,
+// events) to the server, and kills a trainer whose channel heartbeats stop.
+//
+// Thread-safety: none. Everything runs on the io_context thread passed in.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "edl/base/clock.h"
+#include "edl/base/status.h"
+#include "edl/net/connection.h"
+#include "edl/proto/messages.h"
+#include "launcher/launcher.h"
+
+namespace edl::jobclient {
+
+struct ClientOptions {
+  std::string server_host = "127.0.0.1";
+  int server_port = 8180;
+  std::string secret;                 // from --secret_file
+  std::string node_name;              // unique in the cluster
+  std::vector<int> slots;             // slot indices offered
+  bool gpu_slots = false;             // true: slot i runs with CUDA_VISIBLE_DEVICES=i
+  bool restart_mode = false;          // restart every trainer on every generation (torchrun-style)
+  std::string advertise_addr = "127.0.0.1";
+  std::string socket_path;            // Unix socket for trainers
+  std::string log_dir = "./edl-logs"; // <log_dir>/<trainer_id>.log
+  int64_t stop_grace_ms = 10000;      // SIGTERM -> SIGKILL
+  int64_t leave_grace_ms = 30000;     // a leaving in-place trainer's time to exit by itself
+  int64_t trainer_timeout_ms = 20000; // a channel silent this long: SIGKILL, reported as failed
+  std::vector<std::string> trainer_argv;
+  bool exit_when_done = false;
+  int64_t tick_ms = 200;
+};
+
+class Client {
+ public:
+  // `io` and `clock` are not owned and must outlive the client.
+  Client(boost::asio::io_context* io, ClientOptions options,
+         std::unique_ptr<launcher::ProcessLauncher> launcher, Clock* clock);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Binds the trainers' socket and starts connecting. IOError naming the socket path on failure.
+  Status Start();
+  // Stops every trainer (TERM, grace, KILL) and stops the io_context; run() then returns.
+  void Shutdown(int exit_code, const std::string& why);
+  int exit_code() const { return exit_code_; }
+
+ private:
+  struct Trainer {
+    std::string id;
+    int slot = 0;
+    std::unique_ptr<launcher::TrainerProcess> proc;
+    int64_t joining_generation = 0;  // >0: a prepared joiner not yet in a committed generation
+    bool member = false;             // in the newest committed generation
+    bool leaving = false;
+    int64_t leave_deadline_us = 0;   // leaving: SIGTERM at this time
+    int64_t kill_deadline_us = 0;    // terminated: SIGKILL at this time
+    std::shared_ptr<net::Connection> channel;
+    bool ever_connected = false;
+    int64_t last_heard_us = 0;
+    int64_t generation_sent = 0;
+  };
+  struct StartRequest {
+    std::string id;
+    int slot = 0;
+    launcher::EnvContract env;
+    int64_t joining_generation = 0;
+  };
+
+  // ---- server side
+  void Connect();
+  void ScheduleReconnect(const std::string& why);
+  void OnServerMessage(const nlohmann::json& msg);
+  void OnChallenge(const nlohmann::json& msg);
+  void OnWelcome(const nlohmann::json& msg);
+  void OnGeneration(const nlohmann::json& msg);
+  void OnPrepare(const nlohmann::json& msg);
+  void OnKill(const nlohmann::json& msg);
+  void OnKvReply(const nlohmann::json& msg);
+  void SendToServer(const nlohmann::json& msg, bool queue_if_offline);
+  void Heartbeat();
+
+  // ---- trainers
+  void AcceptTrainer();
+  void OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std::string* trainer_id,
+                        const nlohmann::json& msg);
+  void PushGeneration(Trainer* t);
+  void StartTrainer(StartRequest req);
+  void StartWaiting();
+  bool SlotBusy(int slot) const;
+  void PollTrainers();
+  void ReportExit(const std::string& id, const launcher::ExitInfo& info);
+  void TerminateTrainer(Trainer* t);
+  void Tick();
+  launcher::EnvContract EnvFor(const proto::GenerationInfo& g, const proto::MemberInfo& m) const;
+
+  boost::asio::io_context* const io_;  // not owned
+  const ClientOptions options_;
+  const std::unique_ptr<launcher::ProcessLauncher> launcher_;
+  Clock* const clock_;  // not owned
+  boost::asio::local::stream_protocol::acceptor trainer_acceptor_;
+  boost::asio::signal_set sigchld_;
+  boost::asio::steady_timer tick_timer_, heartbeat_timer_, reconnect_timer_;
+
+  std::shared_ptr<net::Connection> server_;
+  bool authenticated_ = false;
+  std::string nonce_;
+  std::string job_id_ = "edl-job";
+  int heartbeat_ms_ = 1000;
+  int64_t backoff_ms_ = 200;
+  std::deque<nlohmann::json> outbox_;  // exit reports and readiness while disconnected
+
+  proto::GenerationInfo prev_, latest_;
+  std::map<std::string, Trainer> trainers_;
+  std::deque<StartRequest> waiting_;  // starts waiting for their slot to free up
+  uint64_t next_req_id_ = 1;
+  std::map<uint64_t, std::pair<std::string, uint64_t>> kv_routes_;  // ours -> (trainer, theirs)
+  bool done_ = false;
+  bool shutting_down_ = false;
+  int exit_code_ = 0;
+};
+
+}  // namespace edl::jobclient

@@ -1,0 +1,153 @@
+#include "jobclient/client_main.h"
+
+#include <unistd.h>
+
+#include <csignal>
+#include <iostream>
+#include <sstream>
+
+#include <boost/asio.hpp>
+#include <glog/logging.h>
+
+#include "edl/base/flags.h"
+#include "edl/net/auth.h"
+#include "edl/net/framed_socket.h"
+#include "jobclient/client.h"
+
+namespace edl::jobclient {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: edl client --secret_file FILE [flags] -- TRAINER_CMD ARGS...\n\n"
+    "The per-node agent: connects to `edl server`, offers this node's slots, and starts/stops\n"
+    "trainers (the command from this node's own flags or config, never from the network).";
+
+// Splits "a b 'c d'" the way a shell would for simple cases (single/double quotes, no escapes).
+std::vector<std::string> SplitCommand(const std::string& s) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool in_word = false;
+  char quote = 0;
+  for (char c : s) {
+    if (quote) {
+      if (c == quote) quote = 0;
+      else cur += c;
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+    } else if (c == ' ' || c == '\t') {
+      if (in_word) out.push_back(cur);
+      cur.clear();
+      in_word = false;
+    } else {
+      cur += c;
+      in_word = true;
+    }
+  }
+  if (in_word) out.push_back(cur);
+  return out;
+}
+
+Status ParseSlots(const std::string& gpus, int slots, ClientOptions* o) {
+  if (!gpus.empty() && slots > 0) return Status::InvalidArgument("give either --gpus or --slots, not both");
+  if (!gpus.empty()) {
+    std::stringstream ss(gpus);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      char* end = nullptr;
+      const long v = std::strtol(item.c_str(), &end, 10);
+      if (item.empty() || *end != '\0' || v < 0 || v > 65535) {
+        return Status::InvalidArgument("--gpus '" + gpus + "': '" + item + "' is not a GPU index (e.g. --gpus 0,1,2,3)");
+      }
+      o->slots.push_back(static_cast<int>(v));
+    }
+    o->gpu_slots = true;
+    return Status::OK();
+  }
+  if (slots < 1 || slots > 4096) return Status::InvalidArgument("--slots must be in 1..4096 (or give --gpus 0,1,..)");
+  for (int i = 0; i < slots; ++i) o->slots.push_back(i);
+  return Status::OK();
+}
+
+Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
+  po::options_description d("client");
+  std::string server, secret_file, gpus, mode, trainer_cmd;
+  int slots = 0;
+  double stop_grace = 10, leave_grace = 30, trainer_timeout = 20;
+  std::vector<std::string> rest;
+  char host[256] = "node";
+  ::gethostname(host, sizeof(host) - 1);
+  d.add_options()
+      ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT")
+      ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
+      ("node_name", po::value<std::string>(&o->node_name)->default_value(host), "this node's unique name")
+      ("gpus", po::value<std::string>(&gpus), "GPU slots, e.g. 0,1,2,3 (sets CUDA_VISIBLE_DEVICES per trainer)")
+      ("slots", po::value<int>(&slots)->default_value(0), "CPU slots: run up to N trainers")
+      ("mode", po::value<std::string>(&mode)->default_value("inplace"), "inplace (trainers link the runtime) | restart (torchrun-style)")
+      ("advertise_addr", po::value<std::string>(&o->advertise_addr)->default_value("127.0.0.1"), "address of this node that trainers bind and advertise")
+      ("socket_path", po::value<std::string>(&o->socket_path), "trainers' Unix socket (default /tmp/edl-<node>-<pid>.sock)")
+      ("log_dir", po::value<std::string>(&o->log_dir)->default_value("./edl-logs"), "per-trainer logs <log_dir>/<trainer_id>.log")
+      ("stop_grace_s", po::value<double>(&stop_grace)->default_value(10), "SIGTERM -> SIGKILL grace")
+      ("leave_grace_s", po::value<double>(&leave_grace)->default_value(30), "time a leaving in-place trainer has to exit by itself")
+      ("trainer_timeout_s", po::value<double>(&trainer_timeout)->default_value(20), "a trainer whose channel is silent this long is SIGKILLed")
+      ("trainer_cmd", po::value<std::string>(&trainer_cmd), "the trainer command line (or give it after --)")
+      ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once the job finished")
+      ("trainer_args", po::value<std::vector<std::string>>(&rest), "the trainer command after --");
+  po::positional_options_description pos;
+  pos.add("trainer_args", -1);
+  ParsedFlags pf;
+  EDL_RETURN_IF_ERROR(ParseFlags("client", kUsage, d, argc, argv, &pf, &pos));
+  *help = pf.help;
+  if (pf.help) return Status::OK();
+  EDL_RETURN_IF_ERROR(net::ReadSecretFile(secret_file, &o->secret));
+  EDL_RETURN_IF_ERROR(net::ParseHostPort(server, "--server", &o->server_host, &o->server_port));
+  if (!proto::IsValidName(o->node_name)) {
+    return Status::InvalidArgument("--node_name '" + o->node_name + "': use letters, digits, '.', '_', '-'");
+  }
+  EDL_RETURN_IF_ERROR(ParseSlots(gpus, slots, o));
+  if (mode != "inplace" && mode != "restart") return Status::InvalidArgument("--mode must be inplace or restart, not '" + mode + "'");
+  o->restart_mode = mode == "restart";
+  o->trainer_argv = !rest.empty() ? rest : SplitCommand(trainer_cmd);
+  if (!rest.empty() && !trainer_cmd.empty()) return Status::InvalidArgument("give the trainer command with --trainer_cmd or after --, not both");
+  if (o->trainer_argv.empty()) return Status::InvalidArgument("no trainer command: give --trainer_cmd \"CMD ARGS\" or `-- CMD ARGS`");
+  if (stop_grace < 0 || leave_grace < 0 || trainer_timeout <= 0) return Status::InvalidArgument("grace periods must be >= 0 and --trainer_timeout_s > 0");
+  o->stop_grace_ms = static_cast<int64_t>(stop_grace * 1000);
+  o->leave_grace_ms = static_cast<int64_t>(leave_grace * 1000);
+  o->trainer_timeout_ms = static_cast<int64_t>(trainer_timeout * 1000);
+  if (o->socket_path.empty()) o->socket_path = "/tmp/edl-" + o->node_name + "-" + std::to_string(::getpid()) + ".sock";
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunClientMain(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  ClientOptions o;
+  bool help = false;
+  Status s = ParseClientFlags(argc, argv, &o, &help);
+  if (!s.ok()) {
+    std::cerr << "edl client: " << s.ToString() << "\n";
+    return 2;
+  }
+  if (help) return 0;
+  boost::asio::io_context io;
+  Client client(&io, o, launcher::NewProcessLauncher(), Clock::Real());
+  s = client.Start();
+  if (!s.ok()) {
+    std::cerr << "edl client: " << s.ToString() << "\n";
+    return 1;
+  }
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (!ec) client.Shutdown(0, "signal " + std::to_string(sig));
+  });
+  try {
+    io.run();
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "edl client: unexpected exception: " << e.what();
+    return 1;
+  }
+  return client.exit_code();
+}
+
+}  // namespace edl::jobclient

@@ -1,0 +1,33 @@
+#include "jobserver/events_log.h"
+
+#include <cerrno>
+#include <filesystem>
+
+#include <glog/logging.h>
+
+namespace edl::jobserver {
+
+Status EventsLog::Open(const std::string& dir, const std::string& job_id, Clock* clock) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IOError("--events_dir " + dir + ": cannot create it: " + ec.message());
+  path_ = dir + "/" + job_id + ".events.jsonl";
+  out_.open(path_, std::ios::app);
+  if (!out_) return PosixError("--events_dir: cannot open " + path_ + " for appending", errno);
+  job_id_ = job_id;
+  clock_ = clock;
+  return Status::OK();
+}
+
+nlohmann::json EventsLog::Append(nlohmann::json record) {
+  record["time"] = static_cast<double>(clock_->WallMicros()) * 1e-6;
+  record["job"] = job_id_;
+  if (out_) {
+    out_ << record.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    out_.flush();
+    if (!out_) LOG(ERROR) << "events log " << path_ << ": write failed (disk full?)";
+  }
+  return record;
+}
+
+}  // namespace edl::jobserver

@@ -1,0 +1,33 @@
+// EventsLog: the job's events as JSON lines in <events_dir>/<job_id>.events.jsonl, one record per
+// generation change (reason, world size before/after, stall), node and trainer events, records
+// trainers send through ReportEvent, and "finished". Each record gets "time" (Unix seconds) and
+// "job". A plot can be made from the file directly.
+//
+// Thread-safety: none; used from the server's io_context thread.
+#pragma once
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/base/clock.h"
+#include "edl/base/status.h"
+
+namespace edl::jobserver {
+
+class EventsLog {
+ public:
+  // Creates `dir` when missing. IOError naming the path when it cannot be written.
+  Status Open(const std::string& dir, const std::string& job_id, Clock* clock);
+  // Adds time and job, appends one line, flushes. Returns the completed record.
+  nlohmann::json Append(nlohmann::json record);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::ofstream out_;
+  std::string path_, job_id_;
+  Clock* clock_ = nullptr;  // not owned
+};
+
+}  // namespace edl::jobserver

@@ -1,0 +1,112 @@
+#include "jobserver/scaling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace edl::jobserver {
+
+std::string ScaleEvent::ToString() const {
+  static const char* kNames[] = {"set", "add", "remove", "kill", "repeat"};
+  return std::to_string(static_cast<double>(at_us) * 1e-6) + " " + kNames[static_cast<int>(op)] +
+         (op == Op::kRepeat ? "" : " " + std::to_string(n));
+}
+
+Status ScalingScript::Parse(const std::string& text, const std::string& source, ScalingScript* out) {
+  ScalingScript s;
+  std::istringstream in(text);
+  std::string line;
+  int lineno = 0;
+  int64_t last = 0;
+  bool repeated = false;
+  while (std::getline(in, line)) {
+    ++lineno;
+    const size_t hash = line.find('#');
+    if (hash != std::string::npos) line.resize(hash);
+    std::istringstream ls(line);
+    std::string t, cmd, arg, extra;
+    if (!(ls >> t)) continue;
+    const std::string where = source + ":" + std::to_string(lineno) + ": ";
+    if (repeated) return Status::InvalidArgument(where + "nothing may follow 'repeat'");
+    if (!(ls >> cmd)) return Status::InvalidArgument(where + "expected '<seconds> <command> [N]'");
+    char* end = nullptr;
+    const double secs = std::strtod(t.c_str(), &end);
+    if (*end != '\0' || !std::isfinite(secs) || secs < 0 || secs > 1e7) {
+      return Status::InvalidArgument(where + "time '" + t + "' is not a number of seconds >= 0");
+    }
+    ScaleEvent e;
+    e.at_us = static_cast<int64_t>(secs * 1e6);
+    if (e.at_us < last) return Status::InvalidArgument(where + "times must not go backwards");
+    last = e.at_us;
+    if (cmd == "repeat") {
+      if (e.at_us == 0) return Status::InvalidArgument(where + "'repeat' needs a time > 0");
+      e.op = ScaleEvent::Op::kRepeat;
+      repeated = true;
+    } else {
+      if (cmd == "set") e.op = ScaleEvent::Op::kSet;
+      else if (cmd == "add") e.op = ScaleEvent::Op::kAdd;
+      else if (cmd == "remove") e.op = ScaleEvent::Op::kRemove;
+      else if (cmd == "kill") e.op = ScaleEvent::Op::kKill;
+      else return Status::InvalidArgument(where + "unknown command '" + cmd +
+                                          "' (use set, add, remove, kill or repeat)");
+      if (!(ls >> arg)) return Status::InvalidArgument(where + "'" + cmd + "' needs a count");
+      const long n = std::strtol(arg.c_str(), &end, 10);
+      if (*end != '\0' || n < 0 || n > 100000 || (n == 0 && e.op != ScaleEvent::Op::kSet)) {
+        return Status::InvalidArgument(where + "count '" + arg + "' is not a positive integer");
+      }
+      e.n = static_cast<int>(n);
+    }
+    if (ls >> extra) return Status::InvalidArgument(where + "unexpected '" + extra + "'");
+    s.events_.push_back(e);
+  }
+  *out = std::move(s);
+  return Status::OK();
+}
+
+Status ScalingScript::Load(const std::string& path, ScalingScript* out) {
+  std::ifstream in(path);
+  if (!in) return Status::InvalidArgument("--scale_script " + path + ": cannot read the file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return Parse(ss.str(), path, out);
+}
+
+std::vector<ScaleEvent> ScalingScript::Poll(int64_t elapsed_us) {
+  std::vector<ScaleEvent> due;
+  while (next_ < events_.size() && offset_us_ + events_[next_].at_us <= elapsed_us) {
+    ScaleEvent e = events_[next_++];
+    if (e.op == ScaleEvent::Op::kRepeat) {
+      offset_us_ += e.at_us;
+      next_ = 0;
+      continue;
+    }
+    e.at_us += offset_us_;
+    due.push_back(e);
+  }
+  return due;
+}
+
+DemoPolicy::DemoPolicy(const DemoPolicyOptions& o)
+    : options_(o),
+      total_(std::max<int>(1, static_cast<int>(o.node_ips.size()) * o.pod_num_of_node)),
+      size_(total_) {}
+
+std::vector<ScaleEvent> DemoPolicy::Poll(int64_t elapsed_us) {
+  std::vector<ScaleEvent> due;
+  const int64_t interval = int64_t{std::max(1, options_.time_interval_to_change_s)} * 1'000'000;
+  while ((steps_done_ + 1) * interval <= elapsed_us) {
+    ++steps_done_;
+    const bool remove = steps_done_ % 2 == 1;  // remove first, then add back
+    size_ = remove ? std::max(1, size_ - options_.del_pods_one_step)
+                   : std::min(total_, size_ + options_.add_pods_one_step);
+    ScaleEvent e;
+    e.op = ScaleEvent::Op::kSet;
+    e.n = size_;
+    e.at_us = steps_done_ * interval;
+    due.push_back(e);
+  }
+  return due;
+}
+
+}  // namespace edl::jobserver

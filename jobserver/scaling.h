@@ -1,0 +1,75 @@
+// Scaling sources that change the job's desired size over time: a scaling script of timed events
+// and the PaddlePaddle EDL demo's periodic remove-then-add policy. Both are pure: Poll(elapsed)
+// returns the events that fell due since the last call, and the server applies them to the
+// Scheduler. Times are measured from the job's first generation.
+//
+// Script format (one event per line, '#' starts a comment; see config/*.script):
+//   <seconds>  set N      desired size := N
+//   <seconds>  add K      desired size += K
+//   <seconds>  remove K   desired size -= K
+//   <seconds>  kill K     SIGKILL K running trainers (rehearses failures; they are grown back)
+//   <seconds>  repeat     start over from the top, shifted by <seconds>
+// Times are non-decreasing; `repeat` is last and later than 0.
+//
+// Thread-safety: none (one owner).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "edl/base/status.h"
+
+namespace edl::jobserver {
+
+struct ScaleEvent {
+  enum class Op { kSet, kAdd, kRemove, kKill, kRepeat };
+  Op op = Op::kSet;
+  int n = 0;
+  int64_t at_us = 0;
+  std::string ToString() const;
+};
+
+class ScalingScript {
+ public:
+  // InvalidArgument naming `source` and the line on any malformed line.
+  static Status Parse(const std::string& text, const std::string& source, ScalingScript* out);
+  static Status Load(const std::string& path, ScalingScript* out);
+
+  // Events due at or before `elapsed_us` not returned before (a `repeat` is expanded, never returned).
+  std::vector<ScaleEvent> Poll(int64_t elapsed_us);
+  const std::vector<ScaleEvent>& events() const { return events_; }
+
+ private:
+  std::vector<ScaleEvent> events_;
+  size_t next_ = 0;
+  int64_t offset_us_ = 0;
+};
+
+// PaddlePaddle EDL demo policy: starts at len(node_ips) * pod_num_of_node trainers; every
+// `time_interval_to_change` seconds it alternately removes `del_pods_one_step` trainers and adds
+// `add_pods_one_step` back (never below 1 nor above the start size).
+struct DemoPolicyOptions {
+  std::vector<std::string> node_ips;
+  int gpu_num_of_node = 8;
+  int pod_num_of_node = 1;
+  int time_interval_to_change_s = 900;
+  int del_pods_one_step = 1;
+  int add_pods_one_step = 1;
+};
+
+class DemoPolicy {
+ public:
+  explicit DemoPolicy(const DemoPolicyOptions& o);
+  int initial_size() const { return total_; }
+  // At most one event per elapsed interval: kSet with the new size.
+  std::vector<ScaleEvent> Poll(int64_t elapsed_us);
+
+ private:
+  const DemoPolicyOptions options_;
+  const int total_;
+  int size_;
+  int64_t steps_done_ = 0;
+};
+
+}  // namespace edl::jobserver

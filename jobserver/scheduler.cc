@@ -1,0 +1,541 @@
+#include "jobserver/scheduler.h"
+
+#include <algorithm>
+#include <climits>
+#include <unordered_set>
+
+#include <glog/logging.h>
+
+namespace edl::jobserver {
+
+using nlohmann::json;
+using proto::MemberInfo;
+
+namespace {
+constexpr int64_t kQuietResetUs = 60'000'000;  // a minute without failures resets the backoff
+}  // namespace
+
+Scheduler::Scheduler(const SchedulerOptions& options, Clock* clock)
+    : options_(options), clock_(clock) {
+  current_.job_id = options_.job_id;
+  desired_ = options_.initial_trainers;
+}
+
+// ---- inputs
+
+Status Scheduler::AddNode(const std::string& name, const std::string& host, bool restart_mode,
+                          const std::vector<int>& slots, const std::vector<std::string>& running) {
+  if (slots.empty()) {
+    return Status::InvalidArgument("node " + name + " offers no slots: start its client with "
+                                   "--gpus 0,1,.. or --slots N");
+  }
+  const int64_t now = clock_->NowMicros();
+  auto it = nodes_.find(name);
+  if (it != nodes_.end() && it->second.connected) {
+    return Status::AlreadyExists("node name '" + name + "' is already connected (from " +
+                                 it->second.host + "); give each client a unique --node_name");
+  }
+  if (first_node_us_ < 0) first_node_us_ = now;
+  if (it == nodes_.end()) {
+    Node n;
+    n.name = name;
+    n.order = next_node_order_++;
+    it = nodes_.emplace(name, n).first;
+  }
+  Node& n = it->second;
+  n.host = host;
+  n.restart_mode = restart_mode;
+  n.slots = slots;
+  n.connected = true;
+  n.last_heard_us = now;
+  EmitEvent({{"type", "node_joined"}, {"node", name}, {"host", host}, {"slots", slots.size()},
+             {"mode", restart_mode ? "restart" : "inplace"}});
+  // Re-attached after a short disconnect: members the client no longer runs have died meanwhile.
+  const std::set<std::string> still(running.begin(), running.end());
+  if (pending_.active) {
+    for (const MemberInfo& j : pending_.joiners) {
+      if (j.node == name) {
+        AbortPending("node " + name + " reconnected");
+        break;
+      }
+    }
+  }
+  std::set<std::string> gone;
+  for (const MemberInfo& m : current_.members) {
+    if (m.node == name && still.count(m.trainer_id) == 0 && finished_.count(m.trainer_id) == 0) {
+      gone.insert(m.trainer_id);
+    }
+  }
+  if (!gone.empty()) {
+    RemoveMembers(gone, "failure", true);
+    NoteFailure();
+  }
+  Reconcile();
+  return Status::OK();
+}
+
+void Scheduler::NodeDisconnected(const std::string& name) {
+  auto it = nodes_.find(name);
+  if (it != nodes_.end()) it->second.connected = false;
+}
+
+void Scheduler::Heartbeat(const std::string& name) {
+  auto it = nodes_.find(name);
+  if (it != nodes_.end()) it->second.last_heard_us = clock_->NowMicros();
+}
+
+void Scheduler::TrainerExited(const std::string& trainer_id, bool success, const std::string& how) {
+  if (pending_.active) {
+    auto it = std::find_if(pending_.joiners.begin(), pending_.joiners.end(),
+                           [&](const MemberInfo& m) { return m.trainer_id == trainer_id; });
+    if (it != pending_.joiners.end()) {
+      EmitEvent({{"type", "joiner_exit"}, {"trainer_id", trainer_id}, {"how", how}});
+      pending_.joiners.erase(it);
+      pending_.ready.erase(trainer_id);
+      if (pending_.joiners.empty()) {
+        pending_ = Pending();
+      } else {
+        MaybeCommitPending(false);
+      }
+      if (!success) NoteFailure();
+      Reconcile();
+      return;
+    }
+  }
+  if (current_.RankOf(trainer_id) < 0) return;  // a leaving trainer: expected
+  EmitEvent({{"type", "trainer_exit"}, {"trainer_id", trainer_id}, {"how", how},
+             {"success", success}});
+  if (success) {
+    finished_.insert(trainer_id);
+    Reconcile();
+    return;
+  }
+  RemoveMembers({trainer_id}, "failure", true);
+  NoteFailure();
+  Reconcile();
+}
+
+void Scheduler::TrainerReady(const std::string& trainer_id, int64_t generation) {
+  if (!pending_.active || generation != pending_.generation) return;
+  for (const MemberInfo& j : pending_.joiners) {
+    if (j.trainer_id == trainer_id) {
+      pending_.ready.insert(trainer_id);
+      // O(1) per report until the last one: a large growth gets thousands of them.
+      if (pending_.ready.size() < pending_.joiners.size()) return;
+      MaybeCommitPending(false);
+      Reconcile();
+      return;
+    }
+  }
+}
+
+void Scheduler::SetDesired(int n, const std::string& reason) {
+  desired_ = std::max(0, n);
+  desired_reason_ = reason;
+  need_grow_back_ = false;
+  EmitEvent({{"type", "desired"}, {"desired", desired_}, {"reason", reason}});
+  Reconcile();
+}
+
+void Scheduler::AddDesired(int delta, const std::string& reason) {
+  const int base = desired_ > 0 ? desired_ : current_.world_size();
+  SetDesired(std::max(desired_ > 0 || delta > 0 ? 1 : 0, base + delta), reason);
+}
+
+void Scheduler::KillTrainers(int k) {
+  std::map<std::string, std::vector<std::string>> by_node;
+  json killed = json::array();
+  for (auto it = current_.members.rbegin(); it != current_.members.rend() && k > 0; ++it) {
+    if (finished_.count(it->trainer_id)) continue;
+    by_node[it->node].push_back(it->trainer_id);
+    killed.push_back(it->trainer_id);
+    --k;
+  }
+  for (auto& [node, ids] : by_node) {
+    Action a;
+    a.kind = Action::Kind::kKill;
+    a.node = node;
+    a.trainer_ids = ids;
+    Emit(std::move(a));
+  }
+  EmitEvent({{"type", "kill"}, {"trainers", killed}});
+}
+
+void Scheduler::Tick() {
+  const int64_t now = clock_->NowMicros();
+  std::vector<std::string> lost;
+  for (const auto& [name, n] : nodes_) {
+    if (now - n.last_heard_us > options_.heartbeat_timeout_us) lost.push_back(name);
+  }
+  for (const std::string& name : lost) {
+    LoseNode(&nodes_.at(name), "no heartbeat for " +
+                                   std::to_string(options_.heartbeat_timeout_us / 1000) + " ms");
+  }
+  if (pending_.active && now - pending_.started_us >= options_.join_timeout_us) {
+    MaybeCommitPending(true);
+  }
+  Reconcile();
+}
+
+std::vector<Action> Scheduler::TakeActions() {
+  std::vector<Action> out;
+  out.swap(actions_);
+  return out;
+}
+
+// ---- decisions
+
+int Scheduler::target() const {
+  int want = desired_ > 0 ? desired_ : INT_MAX;
+  if (options_.max_trainers > 0) want = std::min(want, options_.max_trainers);
+  want = std::max(want, options_.min_trainers);
+  int avail = current_.world_size() + static_cast<int>(pending_.joiners.size());
+  const auto taken = TakenSlots();
+  for (const auto& [name, n] : nodes_) {
+    if (!n.connected) continue;
+    for (int s : n.slots) avail += taken.count({name, s}) ? 0 : 1;
+  }
+  return std::min(want, avail);
+}
+
+void Scheduler::Reconcile() {
+  if (done_) return;
+  if (!current_.members.empty() && !finished_.empty()) {
+    for (const MemberInfo& m : current_.members) {
+      if (finished_.count(m.trainer_id) == 0) return;  // finishing: no more changes
+    }
+    done_ = true;
+    EmitEvent({{"type", "finished"}, {"generation", current_.generation},
+               {"world_size", current_.world_size()}});
+    Action a;
+    a.kind = Action::Kind::kDone;
+    Emit(std::move(a));
+    return;
+  }
+  const int cur = current_.world_size();
+  const int tgt = target();
+  if (pending_.active) {
+    if (tgt < cur + static_cast<int>(pending_.joiners.size())) {
+      AbortPending("the desired size dropped");
+    } else {
+      return;
+    }
+  }
+  if (tgt < cur) {
+    Shrink(cur - tgt, desired_reason_);
+  } else if (tgt > cur) {
+    if (cur == 0 && current_.generation == 0 && !StartBarrierPassed(tgt)) return;
+    if (clock_->NowMicros() < grow_blocked_until_us_) return;
+    Grow(tgt - cur);
+  }
+}
+
+bool Scheduler::StartBarrierPassed(int tgt) const {
+  // The first generation gathers the initial desired size (clamped to the bounds), waiting at most
+  // join_timeout after the first node registered; it never starts below min_trainers.
+  if (tgt < options_.min_trainers) return false;
+  int want = desired_ > 0 ? desired_ : 0;
+  if (options_.max_trainers > 0 && want > options_.max_trainers) want = options_.max_trainers;
+  if (tgt >= want) return true;
+  return first_node_us_ >= 0 && clock_->NowMicros() - first_node_us_ >= options_.join_timeout_us;
+}
+
+void Scheduler::Grow(int count) {
+  std::vector<MemberInfo> joiners = FreeSlots(count);
+  if (joiners.empty()) return;
+  for (MemberInfo& j : joiners) j.trainer_id = NewTrainerId(j.node, j.slot);
+  std::string reason = need_grow_back_ ? "grow_back" : desired_reason_;
+  if (current_.generation == 0) reason = "start";
+  if (current_.members.empty()) {  // nobody to keep training meanwhile: no prepare phase
+    need_grow_back_ = false;
+    Commit(joiners, reason, false, 0);
+    return;
+  }
+  pending_ = Pending();
+  pending_.active = true;
+  pending_.generation = current_.generation + 1;
+  pending_.started_us = clock_->NowMicros();
+  pending_.reason = reason;
+  std::map<std::string, proto::Prepare> by_node;
+  const int world = current_.world_size() + static_cast<int>(joiners.size());
+  for (size_t i = 0; i < joiners.size(); ++i) {
+    joiners[i].rank = current_.world_size() + static_cast<int>(i);
+    if (nodes_.at(joiners[i].node).restart_mode) {
+      pending_.ready.insert(joiners[i].trainer_id);  // restart mode: started at commit
+      continue;
+    }
+    proto::Prepare& p = by_node[joiners[i].node];
+    p.generation = pending_.generation;
+    p.job_id = options_.job_id;
+    p.world_size = world;
+    p.master_addr = current_.master_addr;
+    p.master_port = options_.master_port_base + static_cast<int>(pending_.generation % 1000);
+    p.joiners.push_back(joiners[i]);
+  }
+  pending_.joiners = joiners;
+  for (auto& [node, p] : by_node) {
+    Action a;
+    a.kind = Action::Kind::kPrepare;
+    a.node = node;
+    a.prepare = std::move(p);
+    Emit(std::move(a));
+  }
+  EmitEvent({{"type", "prepare"}, {"generation", pending_.generation}, {"reason", reason},
+             {"joiners", joiners.size()}});
+  MaybeCommitPending(false);
+}
+
+void Scheduler::Shrink(int count, const std::string& reason) {
+  std::vector<MemberInfo> keep = current_.members;
+  keep.resize(keep.size() - std::min<size_t>(count, keep.size()));
+  Commit(keep, reason, false, 0);
+}
+
+void Scheduler::RemoveMembers(const std::set<std::string>& gone, const std::string& reason,
+                              bool failure) {
+  if (pending_.active) AbortPending("a member left during the prepare phase");
+  std::vector<MemberInfo> keep;
+  for (const MemberInfo& m : current_.members) {
+    if (gone.count(m.trainer_id) == 0) keep.push_back(m);
+  }
+  if (keep.size() == current_.members.size()) return;
+  Commit(keep, reason, failure, 0);
+}
+
+void Scheduler::AbortPending(const std::string& why) {
+  if (!pending_.active) return;
+  std::map<std::string, std::vector<std::string>> by_node;
+  for (const MemberInfo& j : pending_.joiners) by_node[j.node].push_back(j.trainer_id);
+  for (auto& [node, ids] : by_node) {
+    if (nodes_.count(node) && nodes_.at(node).restart_mode) continue;  // never started
+    Action a;
+    a.kind = Action::Kind::kKill;
+    a.node = node;
+    a.trainer_ids = ids;
+    Emit(std::move(a));
+  }
+  EmitEvent({{"type", "prepare_aborted"}, {"generation", pending_.generation}, {"why", why}});
+  pending_ = Pending();
+}
+
+void Scheduler::MaybeCommitPending(bool timed_out) {
+  if (!pending_.active) return;
+  std::vector<MemberInfo> members = current_.members;
+  std::map<std::string, std::vector<std::string>> unready;
+  for (const MemberInfo& j : pending_.joiners) {
+    if (pending_.ready.count(j.trainer_id)) {
+      members.push_back(j);
+    } else {
+      unready[j.node].push_back(j.trainer_id);
+    }
+  }
+  if (!unready.empty() && !timed_out) return;
+  const int64_t stall = clock_->NowMicros() - pending_.started_us;
+  std::string reason = pending_.reason;
+  if (!unready.empty()) {
+    reason = "join_timeout";
+    for (auto& [node, ids] : unready) {
+      Action a;
+      a.kind = Action::Kind::kKill;
+      a.node = node;
+      a.trainer_ids = ids;
+      Emit(std::move(a));
+    }
+    NoteFailure();  // do not retry at once: the joiners may be broken
+  }
+  pending_ = Pending();
+  if (members.size() > current_.members.size()) {
+    need_grow_back_ = false;
+    Commit(std::move(members), reason, false, stall);
+  }
+}
+
+void Scheduler::Commit(std::vector<MemberInfo> members, const std::string& reason, bool failure,
+                       int64_t stall_us) {
+  proto::GenerationInfo next;
+  next.generation = current_.generation + 1;
+  next.job_id = options_.job_id;
+  next.reason = reason;
+  next.failure = failure;
+  std::vector<MemberInfo> kept, replaced, joined;
+  std::unordered_set<std::string> before;
+  for (const MemberInfo& m : current_.members) before.insert(m.trainer_id);
+  for (MemberInfo& m : members) {
+    const bool survivor = before.count(m.trainer_id) > 0;
+    auto node = nodes_.find(m.node);
+    if (survivor && node != nodes_.end() && node->second.restart_mode) {
+      m.trainer_id = NewTrainerId(m.node, m.slot);  // restart mode: a new process every generation
+      replaced.push_back(m);
+    } else if (survivor) {
+      kept.push_back(m);
+    } else {
+      joined.push_back(m);
+    }
+  }
+  next.members = std::move(kept);
+  next.members.insert(next.members.end(), replaced.begin(), replaced.end());
+  next.members.insert(next.members.end(), joined.begin(), joined.end());
+  for (size_t i = 0; i < next.members.size(); ++i) next.members[i].rank = static_cast<int>(i);
+  if (!next.members.empty()) next.master_addr = next.members[0].host;
+  next.master_port = options_.master_port_base + static_cast<int>(next.generation % 1000);
+  EmitEvent({{"type", "generation"}, {"generation", next.generation}, {"reason", reason},
+             {"failure", failure}, {"world_size_before", current_.world_size()},
+             {"world_size_after", next.world_size()},
+             {"stall_s", MicrosToSeconds(stall_us)}});
+  LOG(INFO) << "job " << options_.job_id << ": generation " << next.generation << " (" << reason
+            << (failure ? ", failure" : "") << "): world size " << current_.world_size() << " -> "
+            << next.world_size();
+  Action a;
+  a.kind = Action::Kind::kCommit;
+  a.prev = current_;
+  a.next = next;
+  current_ = std::move(next);
+  Emit(std::move(a));
+}
+
+void Scheduler::NoteFailure() {
+  const int64_t now = clock_->NowMicros();
+  if (backoff_us_ == 0 || now - last_failure_us_ > kQuietResetUs) {
+    backoff_us_ = options_.backoff_min_us;
+  } else {
+    backoff_us_ = std::min(backoff_us_ * 2, options_.backoff_max_us);
+  }
+  last_failure_us_ = now;
+  grow_blocked_until_us_ = now + backoff_us_;
+  need_grow_back_ = true;
+}
+
+void Scheduler::LoseNode(Node* node, const std::string& why) {
+  const std::string name = node->name;
+  LOG(WARNING) << "job " << options_.job_id << ": lost node " << name << ": " << why;
+  EmitEvent({{"type", "node_lost"}, {"node", name}, {"why", why}});
+  std::set<std::string> gone;
+  for (const MemberInfo& m : current_.members) {
+    if (m.node == name) gone.insert(m.trainer_id);
+  }
+  if (pending_.active) {
+    for (const MemberInfo& j : pending_.joiners) {
+      if (j.node == name) {
+        AbortPending("node " + name + " lost");
+        break;
+      }
+    }
+  }
+  nodes_.erase(name);
+  if (!gone.empty()) {
+    RemoveMembers(gone, "node_loss", true);
+    NoteFailure();
+  }
+}
+
+// ---- helpers
+
+std::set<std::pair<std::string, int>> Scheduler::TakenSlots() const {
+  std::set<std::pair<std::string, int>> taken;
+  for (const MemberInfo& m : current_.members) taken.emplace(m.node, m.slot);
+  for (const MemberInfo& m : pending_.joiners) taken.emplace(m.node, m.slot);
+  return taken;
+}
+
+std::vector<MemberInfo> Scheduler::FreeSlots(int count) const {
+  std::vector<const Node*> order;
+  for (const auto& [name, n] : nodes_) {
+    if (n.connected) order.push_back(&n);
+  }
+  std::sort(order.begin(), order.end(), [](const Node* a, const Node* b) { return a->order < b->order; });
+  std::vector<MemberInfo> out;
+  const auto taken = TakenSlots();
+  for (const Node* n : order) {
+    for (int s : n->slots) {
+      if (static_cast<int>(out.size()) >= count) return out;
+      if (taken.count({n->name, s})) continue;
+      MemberInfo m;
+      m.node = n->name;
+      m.slot = s;
+      m.host = n->host;
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+std::string Scheduler::NewTrainerId(const std::string& node, int slot) {
+  return node + "-s" + std::to_string(slot) + "-" + std::to_string(next_trainer_seq_++);
+}
+
+void Scheduler::EmitEvent(json e) {
+  Action a;
+  a.kind = Action::Kind::kEvent;
+  a.event = std::move(e);
+  Emit(std::move(a));
+}
+
+// ---- state
+
+int Scheduler::total_slots() const {
+  int n = 0;
+  for (const auto& [name, node] : nodes_) n += node.connected ? static_cast<int>(node.slots.size()) : 0;
+  return n;
+}
+
+int Scheduler::used_slots() const {
+  return current_.world_size() + static_cast<int>(pending_.joiners.size());
+}
+
+int Scheduler::connected_nodes() const {
+  int n = 0;
+  for (const auto& [name, node] : nodes_) n += node.connected ? 1 : 0;
+  return n;
+}
+
+bool Scheduler::IsNodeConnected(const std::string& name) const {
+  auto it = nodes_.find(name);
+  return it != nodes_.end() && it->second.connected;
+}
+
+const std::string& Scheduler::NodeOfTrainer(const std::string& id) const {
+  static const std::string kNone;
+  const MemberInfo* m = current_.Find(id);
+  return m == nullptr ? kNone : m->node;
+}
+
+std::vector<std::string> Scheduler::NodeNames() const {
+  std::vector<std::string> out;
+  for (const auto& [name, n] : nodes_) out.push_back(name);
+  return out;
+}
+
+json Scheduler::Summary() const {
+  json nodes = json::array();
+  for (const auto& [name, n] : nodes_) {
+    int used = 0;
+    for (const MemberInfo& m : current_.members) used += m.node == name ? 1 : 0;
+    nodes.push_back({{"name", name}, {"host", n.host}, {"mode", n.restart_mode ? "restart" : "inplace"},
+                     {"slots", n.slots.size()}, {"used", used}, {"connected", n.connected}});
+  }
+  json members = json::array();
+  for (const MemberInfo& m : current_.members) {
+    if (members.size() >= 256) break;
+    members.push_back({{"trainer_id", m.trainer_id}, {"node", m.node}, {"slot", m.slot},
+                       {"rank", m.rank}, {"finished", finished_.count(m.trainer_id) > 0}});
+  }
+  return {{"job_id", options_.job_id},
+          {"generation", current_.generation},
+          {"reason", current_.reason},
+          {"world_size", current_.world_size()},
+          {"desired", desired_},
+          {"target", target()},
+          {"min_trainers", options_.min_trainers},
+          {"max_trainers", options_.max_trainers},
+          {"pending", pending_.active},
+          {"pending_generation", pending_.active ? pending_.generation : 0},
+          {"joiners", pending_.joiners.size()},
+          {"total_slots", total_slots()},
+          {"used_slots", used_slots()},
+          {"finished", finished_.size()},
+          {"done", done_},
+          {"nodes", nodes},
+          {"members", members}};
+}
+
+}  // namespace edl::jobserver

@@ -1,0 +1,147 @@
+// Scheduler: the job's membership logic, with no sockets and no threads, so every decision can be
+// unit-tested with a ManualClock. It owns the desired size, the nodes and their slots, the
+// committed generation and at most one pending (prepared, not yet committed) generation. Inputs are
+// events (a node registers, heartbeats, is lost; a trainer exits or reports ready; the desired
+// size changes; time passes); outputs are Actions the server turns into frames and log records.
+//
+// Invariants:
+//  - current().members are ordered by rank; a new generation keeps survivors in their order and
+//    appends new trainers (joiners, and restart-mode replacements) at the end.
+//  - a slot holds at most one member or pending joiner.
+//  - generation numbers grow by one per commit; a pending generation is current+1.
+//
+// Thread-safety: none; the server calls it from its io_context thread only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/base/clock.h"
+#include "edl/base/status.h"
+#include "edl/proto/messages.h"
+
+namespace edl::jobserver {
+
+struct SchedulerOptions {
+  std::string job_id = "edl-job";
+  int min_trainers = 1;       // never start below this; desired sizes are clamped up to it
+  // The first generation waits for initial_trainers slots (or join_timeout_us after the first node
+  // registered, with at least min_trainers).
+  int max_trainers = 0;       // 0: no bound
+  int initial_trainers = 0;   // desired size at start; 0: every free slot
+  int64_t heartbeat_timeout_us = 5'000'000;  // a node silent this long is lost
+  int64_t join_timeout_us = 60'000'000;      // joiners not ready by then are dropped
+  int master_port_base = 29500;              // MASTER_PORT = base + generation % 1000
+  int64_t backoff_min_us = 1'000'000;        // grow-back delay after a failure, doubling...
+  int64_t backoff_max_us = 30'000'000;       // ...up to this; reset after a quiet minute
+};
+
+struct Action {
+  enum class Kind { kPrepare, kCommit, kKill, kDone, kEvent };
+  Kind kind = Kind::kEvent;
+  std::string node;                 // kPrepare, kKill: the target node
+  proto::Prepare prepare;           // kPrepare
+  proto::GenerationInfo prev, next; // kCommit: the generation before and the new one
+  std::vector<std::string> trainer_ids;  // kKill
+  nlohmann::json event;             // kEvent: one events-log record (without time/job)
+};
+
+class Scheduler {
+ public:
+  // `clock` is not owned and must outlive the scheduler.
+  Scheduler(const SchedulerOptions& options, Clock* clock);
+
+  // ---- inputs
+  // A client registered. A node name whose client is still connected is AlreadyExists. A known,
+  // disconnected node is re-attached: its members not in `running` are treated as failed.
+  Status AddNode(const std::string& name, const std::string& host, bool restart_mode,
+                 const std::vector<int>& slots, const std::vector<std::string>& running);
+  void NodeDisconnected(const std::string& name);
+  void Heartbeat(const std::string& name);
+  void TrainerExited(const std::string& trainer_id, bool success, const std::string& how);
+  void TrainerReady(const std::string& trainer_id, int64_t generation);
+  void SetDesired(int n, const std::string& reason);
+  void AddDesired(int delta, const std::string& reason);
+  // SIGKILLs up to `k` running members (highest ranks first) through their clients.
+  void KillTrainers(int k);
+  // Heartbeat loss, join timeout, grow-back, then reconciles membership with the desired size.
+  void Tick();
+
+  // Takes the actions produced since the last call, in order.
+  std::vector<Action> TakeActions();
+
+  // ---- state
+  const proto::GenerationInfo& current() const { return current_; }
+  bool has_pending() const { return pending_.active; }
+  int desired() const { return desired_; }   // 0: every free slot
+  int target() const;                        // desired clamped to min/max and free slots
+  int total_slots() const;
+  int used_slots() const;
+  int connected_nodes() const;
+  bool done() const { return done_; }
+  bool IsNodeConnected(const std::string& name) const;
+  const std::string& NodeOfTrainer(const std::string& id) const;
+  std::vector<std::string> NodeNames() const;
+  nlohmann::json Summary() const;  // for `edl ctl status`
+
+ private:
+  struct Node {
+    std::string name, host;
+    bool restart_mode = false;
+    std::vector<int> slots;
+    bool connected = false;
+    int64_t last_heard_us = 0;
+    int order = 0;  // registration order: placement fills nodes in this order
+  };
+  struct Pending {
+    bool active = false;
+    int64_t generation = 0;
+    int64_t started_us = 0;
+    std::string reason;
+    std::vector<proto::MemberInfo> joiners;
+    std::set<std::string> ready;
+  };
+
+  void Reconcile();
+  bool StartBarrierPassed(int target) const;
+  void Grow(int count);
+  void Shrink(int count, const std::string& reason);
+  void RemoveMembers(const std::set<std::string>& gone, const std::string& reason, bool failure);
+  void AbortPending(const std::string& why);
+  void MaybeCommitPending(bool timed_out);
+  void Commit(std::vector<proto::MemberInfo> members, const std::string& reason, bool failure,
+              int64_t stall_us);
+  void NoteFailure();
+  void LoseNode(Node* node, const std::string& why);
+  std::vector<proto::MemberInfo> FreeSlots(int count) const;
+  std::string NewTrainerId(const std::string& node, int slot);
+  std::set<std::pair<std::string, int>> TakenSlots() const;
+  void Emit(Action a) { actions_.push_back(std::move(a)); }
+  void EmitEvent(nlohmann::json e);
+
+  const SchedulerOptions options_;
+  Clock* const clock_;  // not owned
+
+  std::map<std::string, Node> nodes_;
+  int next_node_order_ = 0;
+  int64_t first_node_us_ = -1;
+  int desired_ = 0;
+  std::string desired_reason_ = "start";
+  bool need_grow_back_ = false;   // a failure shrank the job; the next growth is "grow_back"
+  int64_t grow_blocked_until_us_ = 0;
+  int64_t backoff_us_ = 0;
+  int64_t last_failure_us_ = 0;
+  proto::GenerationInfo current_;
+  Pending pending_;
+  std::set<std::string> finished_;  // members that exited 0: training is complete for them
+  bool done_ = false;
+  uint64_t next_trainer_seq_ = 1;
+  std::vector<Action> actions_;
+};
+
+}  // namespace edl::jobserver

@@ -1,0 +1,489 @@
+#include "jobserver/server.h"
+
+#include <fstream>
+
+#include <glog/logging.h>
+
+#include "edl/net/auth.h"
+#include "edl/proto/frame.h"
+#include "edl/proto/messages.h"
+
+namespace edl::jobserver {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+struct Server::Peer {
+  enum class State { kAuth, kClient, kCtl };
+  std::shared_ptr<net::Connection> conn;
+  State state = State::kAuth;
+  std::string nonce;
+  std::string node;            // kClient
+  int64_t last_generation = 0; // newest generation this client holds (for deltas)
+  bool watch = false;          // kCtl after `watch`
+};
+
+Server::Server(asio::io_context* io, ServerOptions options, Clock* clock)
+    : io_(io),
+      options_(std::move(options)),
+      clock_(clock),
+      acceptor_(*io),
+      tick_timer_(*io),
+      scheduler_(options_.scheduler, clock) {}
+
+Server::~Server() = default;
+
+Status Server::Start() {
+  if (!options_.scale_script.empty()) {
+    ScalingScript s;
+    EDL_RETURN_IF_ERROR(ScalingScript::Load(options_.scale_script, &s));
+    script_ = std::move(s);
+  }
+  if (options_.demo_policy) {
+    demo_.emplace(options_.demo);
+    scheduler_.SetDesired(demo_->initial_size(), "policy");
+  }
+  EDL_RETURN_IF_ERROR(events_.Open(options_.events_dir, options_.scheduler.job_id, clock_));
+  boost::system::error_code ec;
+  const auto addr = asio::ip::make_address(options_.bind, ec);
+  if (ec) return Status::InvalidArgument("--bind " + options_.bind + " is not an IP address");
+  const tcp::endpoint ep(addr, static_cast<uint16_t>(options_.port));
+  const std::string what = options_.bind + ":" + std::to_string(options_.port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return FromErrorCode("listen on " + what, ec)
+        .WithContext("is another edl server running? pick another --server_port");
+  }
+  port_ = acceptor_.local_endpoint().port();
+  LOG(INFO) << "edl server for job " << options_.scheduler.job_id << " listening on "
+            << options_.bind << ":" << port_ << "; events in " << events_.path();
+  if (!options_.port_file.empty()) {
+    const std::string tmp = options_.port_file + ".tmp";
+    std::ofstream(tmp) << port_ << "\n";
+    if (std::rename(tmp.c_str(), options_.port_file.c_str()) != 0) {
+      return PosixError("--port_file " + options_.port_file, errno);
+    }
+  }
+  Record({{"type", "server_started"}, {"port", port_}});
+  Accept();
+  Tick();
+  return Status::OK();
+}
+
+void Server::Shutdown(bool stop_clients) {
+  if (shutting_down_) return;
+  shutting_down_ = true;
+  boost::system::error_code ec;
+  acceptor_.close(ec);
+  tick_timer_.cancel();
+  auto peers = peers_;
+  for (auto& [raw, peer] : peers) {
+    if (stop_clients && peer->state == Peer::State::kClient) {
+      peer->conn->SendAndClose(json{{"type", proto::msg::kStop}}, Status::Aborted("server stopping"));
+    } else {
+      peer->conn->Close(Status::Aborted("server shutting down"));
+    }
+  }
+  // Give queued frames a moment to drain, then stop the loop.
+  auto timer = std::make_shared<asio::steady_timer>(*io_, milliseconds(stop_clients ? 500 : 50));
+  timer->async_wait([this, timer](const boost::system::error_code&) { io_->stop(); });
+}
+
+// ---- connections
+
+void Server::Accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+    if (shutting_down_) return;
+    if (ec) {
+      LOG(WARNING) << "accept: " << ec.message();
+      if (ec == asio::error::no_descriptors) {
+        // Out of file descriptors: back off instead of spinning; existing peers keep working.
+        auto t = std::make_shared<asio::steady_timer>(*io_, milliseconds(100));
+        t->async_wait([this, t](const boost::system::error_code&) { Accept(); });
+        return;
+      }
+    } else {
+      OnAccepted(std::move(socket));
+    }
+    Accept();
+  });
+}
+
+void Server::OnAccepted(tcp::socket socket) {
+  boost::system::error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  const std::string name = ec ? "unknown peer" : remote.address().to_string() + ":" + std::to_string(remote.port());
+  socket.set_option(tcp::no_delay(true), ec);
+  net::ConnectionOptions o;
+  o.idle_timeout = milliseconds(options_.handshake_timeout_ms);  // until authenticated
+  auto peer = std::make_shared<Peer>();
+  peer->conn = net::Connection::Create(net::ToGeneric(std::move(socket)), name, o);
+  peer->nonce = net::NewNonce();
+  peers_[peer.get()] = peer;
+  std::weak_ptr<Peer> weak = peer;
+  peer->conn->Start(
+      [this, weak](const json& m) {
+        if (auto p = weak.lock()) OnMessage(p, m);
+      },
+      [this, weak](const Status& s) {
+        if (auto p = weak.lock()) OnClose(p, s);
+      });
+  proto::Challenge ch;
+  ch.nonce = peer->nonce;
+  json j;
+  ch.EncodeTo(&j);
+  peer->conn->Send(j);
+}
+
+void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
+  if (peer->state == Peer::State::kClient) {
+    LOG(WARNING) << "client of node " << peer->node << " (" << peer->conn->peer()
+                 << ") disconnected: " << why.ToString();
+    auto it = nodes_.find(peer->node);
+    if (it != nodes_.end() && it->second == peer) {
+      nodes_.erase(it);
+      scheduler_.NodeDisconnected(peer->node);
+      Record({{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
+    }
+  } else if (peer->state == Peer::State::kAuth && !why.IsAborted()) {
+    LOG(WARNING) << "dropped unauthenticated connection from " << peer->conn->peer() << ": "
+                 << why.ToString();
+  }
+  peers_.erase(peer.get());
+  Dispatch();
+}
+
+void Server::Reject(const std::shared_ptr<Peer>& peer, const Status& why) {
+  LOG(WARNING) << "rejecting " << peer->conn->peer() << ": " << why.ToString();
+  json j;
+  proto::ErrorMsg::From(why).EncodeTo(&j);
+  peer->conn->SendAndClose(j, why);
+}
+
+void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
+  const std::string& type = msg["type"].get_ref<const std::string&>();
+  switch (peer->state) {
+    case Peer::State::kAuth:
+      if (type != proto::msg::kHello) {
+        Reject(peer, Status::Unauthenticated("expected 'hello' before anything else, got '" + type + "'"));
+        return;
+      }
+      OnHello(peer, msg);
+      break;
+    case Peer::State::kClient:
+      OnClientMessage(peer, type, msg);
+      break;
+    case Peer::State::kCtl:
+      if (type != proto::msg::kCtl) {
+        Reject(peer, Status::InvalidArgument("ctl connections send only 'ctl' messages, got '" + type + "'"));
+        return;
+      }
+      OnCtl(peer, msg);
+      break;
+  }
+  Dispatch();
+}
+
+void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
+  proto::Hello hello;
+  Status s = hello.DecodeFrom(msg);
+  if (!s.ok()) {
+    // Check the MAC field alone first so a bad secret is reported as such.
+    Reject(peer, s);
+    return;
+  }
+  if (!net::MacEqual(hello.mac, net::PeerMac(options_.secret, hello.role, peer->nonce))) {
+    Reject(peer, Status::Unauthenticated("bad HMAC from " + peer->conn->peer() +
+                                         ": the peer's --secret_file differs from the server's"));
+    return;
+  }
+  proto::Welcome w;
+  w.mac = net::ServerMac(options_.secret, hello.nonce);
+  w.job_id = options_.scheduler.job_id;
+  w.heartbeat_ms = static_cast<int>(std::max<int64_t>(50, options_.scheduler.heartbeat_timeout_us / 5000));
+  json wj;
+  if (hello.role == "ctl") {
+    peer->state = Peer::State::kCtl;
+    peer->conn->SetIdleTimeout(milliseconds(0));
+    w.EncodeTo(&wj);
+    peer->conn->Send(wj);
+    return;
+  }
+  s = scheduler_.AddNode(hello.node, hello.host, hello.mode == "restart", hello.slots, hello.trainers);
+  if (!s.ok()) {
+    Reject(peer, s);
+    return;
+  }
+  peer->state = Peer::State::kClient;
+  peer->node = hello.node;
+  peer->conn->SetIdleTimeout(milliseconds(options_.scheduler.heartbeat_timeout_us / 1000));
+  nodes_[hello.node] = peer;
+  w.EncodeTo(&wj);
+  peer->conn->Send(wj);
+  LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
+            << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
+  // The newest generation, in full, unless a commit queued by AddNode is about to carry it.
+  const auto& g = scheduler_.current();
+  if (g.generation > 0) {
+    json gj;
+    proto::GenerationUpdate::Full(g).EncodeTo(&gj);
+    peer->conn->Send(gj);
+    peer->last_generation = g.generation;
+  }
+  if (scheduler_.done()) peer->conn->Send(json{{"type", proto::msg::kDone}});
+}
+
+void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
+                             const json& msg) {
+  scheduler_.Heartbeat(peer->node);  // any frame proves the node alive
+  if (type == proto::msg::kHeartbeat) {
+    peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});  // proves the server alive
+    return;
+  }
+  if (type == proto::msg::kTrainerExit) {
+    proto::TrainerExit e;
+    Status s = e.DecodeFrom(msg);
+    if (!s.ok()) return Reject(peer, s);
+    const std::string how = e.exited ? "exit " + std::to_string(e.code) : "signal " + std::to_string(e.signal);
+    scheduler_.TrainerExited(e.trainer_id, e.success(), how);
+    status_dirty_ = true;
+  } else if (type == proto::msg::kReady) {
+    proto::Ready r;
+    Status s = r.DecodeFrom(msg);
+    if (!s.ok()) return Reject(peer, s);
+    scheduler_.TrainerReady(r.trainer_id, r.generation);
+  } else if (type == proto::msg::kProgress) {
+    proto::Progress p;
+    Status s = p.DecodeFrom(msg);
+    if (!s.ok()) return Reject(peer, s);
+    progress_[p.trainer_id] = p.report;
+    status_dirty_ = true;
+  } else if (type == proto::msg::kEvent) {
+    proto::Event e;
+    Status s = e.DecodeFrom(msg);
+    if (!s.ok()) return Reject(peer, s);
+    json rec = e.event;
+    rec["trainer_id"] = e.trainer_id;
+    rec["node"] = peer->node;
+    if (!rec.contains("type")) rec["type"] = "trainer_event";
+    Record(std::move(rec));
+  } else if (type == proto::msg::kKv) {
+    OnKv(peer, msg);
+  } else {
+    Reject(peer, Status::InvalidArgument("unexpected message '" + type + "' from a client"));
+  }
+}
+
+void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
+  proto::KvRequest r;
+  Status s = r.DecodeFrom(msg);
+  if (!s.ok()) return Reject(peer, s);
+  const std::string key = options_.scheduler.job_id + "/" + r.key;
+  std::weak_ptr<net::Connection> weak = peer->conn;
+  const uint64_t req_id = r.req_id;
+  auto reply = [weak, req_id](const Status& st, const std::string& value) {
+    auto conn = weak.lock();
+    if (!conn) return;
+    proto::KvReply rep;
+    rep.req_id = req_id;
+    rep.status = st;
+    rep.value = value;
+    json j;
+    rep.EncodeTo(&j);
+    conn->Send(j);
+  };
+  if (r.op == "set") {
+    kv_.Set(key, r.value);
+    reply(Status::OK(), "");
+  } else if (r.op == "get") {
+    std::string v;
+    Status st = kv_.Get(key, &v);
+    reply(st.ok() ? st : Status::NotFound("kv key '" + r.key + "' is not set"), v);
+  } else {
+    kv_.Wait(key, clock_->NowMicros() + r.timeout_ms * 1000, reply);
+  }
+}
+
+void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
+  proto::CtlRequest r;
+  Status s = r.DecodeFrom(msg);
+  if (!s.ok()) return Reject(peer, s);
+  proto::CtlReply rep;
+  if (r.command == "scale") {
+    if (r.n < 1) {
+      rep.status = Status::InvalidArgument("scale N needs N >= 1");
+    } else {
+      LOG(INFO) << "ctl " << peer->conn->peer() << ": scale " << r.n;
+      scheduler_.SetDesired(static_cast<int>(r.n), "ctl");
+    }
+  } else if (r.command == "watch") {
+    peer->watch = true;
+  } else if (r.command == "stop") {
+    LOG(INFO) << "ctl " << peer->conn->peer() << ": stop";
+    Record({{"type", "stopped"}, {"by", "ctl"}});
+  }
+  Dispatch();
+  rep.body = StatusBody();
+  json j;
+  rep.EncodeTo(&j);
+  peer->conn->Send(j);
+  if (r.command == "stop") Shutdown(/*stop_clients=*/true);
+}
+
+// ---- time and actions
+
+void Server::Tick() {
+  if (shutting_down_) return;
+  const int64_t now = clock_->NowMicros();
+  if (first_generation_us_ < 0 && scheduler_.current().generation > 0) first_generation_us_ = now;
+  if (first_generation_us_ >= 0 && !scheduler_.done()) {
+    if (script_) ApplyScaleEvents(script_->Poll(now - first_generation_us_), "script");
+    if (demo_) ApplyScaleEvents(demo_->Poll(now - first_generation_us_), "policy");
+  }
+  scheduler_.Tick();
+  kv_.Expire(now);
+  Dispatch();
+  if (status_dirty_ && now - last_watch_push_us_ >= 1'000'000) {
+    status_dirty_ = false;
+    last_watch_push_us_ = now;
+    NotifyWatchers(json{{"status", StatusBody()}});
+  }
+  tick_timer_.expires_after(milliseconds(options_.tick_ms));
+  tick_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) Tick();
+  });
+}
+
+void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::string& reason) {
+  for (const ScaleEvent& e : events) {
+    LOG(INFO) << reason << " event: " << e.ToString();
+    switch (e.op) {
+      case ScaleEvent::Op::kSet: scheduler_.SetDesired(e.n, reason); break;
+      case ScaleEvent::Op::kAdd: scheduler_.AddDesired(e.n, reason); break;
+      case ScaleEvent::Op::kRemove: scheduler_.AddDesired(-e.n, reason); break;
+      case ScaleEvent::Op::kKill: scheduler_.KillTrainers(e.n); break;
+      case ScaleEvent::Op::kRepeat: break;
+    }
+  }
+}
+
+void Server::Dispatch() {
+  for (Action& a : scheduler_.TakeActions()) {
+    switch (a.kind) {
+      case Action::Kind::kPrepare: {
+        json j;
+        a.prepare.EncodeTo(&j);
+        SendToNode(a.node, j);
+        break;
+      }
+      case Action::Kind::kCommit:
+        PushGeneration(a);
+        kv_.CollectGarbage(a.next.generation);
+        status_dirty_ = true;
+        NotifyWatchers(json{{"status", StatusBody()}});
+        break;
+      case Action::Kind::kKill: {
+        proto::Kill k;
+        k.trainer_ids = a.trainer_ids;
+        json j;
+        k.EncodeTo(&j);
+        SendToNode(a.node, j);
+        break;
+      }
+      case Action::Kind::kDone:
+        LOG(INFO) << "job " << options_.scheduler.job_id << " finished: every member exited 0";
+        for (auto& [name, peer] : nodes_) peer->conn->Send(json{{"type", proto::msg::kDone}});
+        if (options_.exit_when_done) Shutdown(/*stop_clients=*/false);
+        break;
+      case Action::Kind::kEvent:
+        Record(std::move(a.event));
+        break;
+    }
+  }
+}
+
+void Server::PushGeneration(const Action& a) {
+  // Encode the delta and the full list at most once each; every node shares the same bytes.
+  std::shared_ptr<const std::string> delta, full;
+  for (auto& [name, peer] : nodes_) {
+    if (peer->last_generation >= a.next.generation) continue;  // got it in full on registering
+    if (peer->last_generation == a.prev.generation && a.prev.generation > 0) {
+      if (!delta) {
+        json j;
+        proto::GenerationUpdate::Between(a.prev, a.next).EncodeTo(&j);
+        delta = std::make_shared<const std::string>(proto::EncodeFrame(j));
+      }
+      peer->conn->SendFrame(delta);
+    } else {
+      if (!full) {
+        json j;
+        proto::GenerationUpdate::Full(a.next).EncodeTo(&j);
+        full = std::make_shared<const std::string>(proto::EncodeFrame(j));
+      }
+      peer->conn->SendFrame(full);
+    }
+    peer->last_generation = a.next.generation;
+  }
+}
+
+void Server::SendToNode(const std::string& node, const json& msg) {
+  auto it = nodes_.find(node);
+  if (it == nodes_.end()) {
+    LOG(WARNING) << "cannot send '" << msg["type"].get<std::string>() << "' to node " << node
+                 << ": not connected";
+    return;
+  }
+  it->second->conn->Send(msg);
+}
+
+void Server::Record(json event) {
+  json rec = events_.Append(std::move(event));
+  NotifyWatchers(json{{"event", rec}});
+}
+
+void Server::NotifyWatchers(const json& body) {
+  std::shared_ptr<const std::string> frame;
+  for (auto& [raw, peer] : peers_) {
+    if (!peer->watch) continue;
+    if (!frame) {
+      proto::CtlReply rep;
+      rep.body = body;
+      json j;
+      rep.EncodeTo(&j);
+      frame = std::make_shared<const std::string>(proto::EncodeFrame(j));
+    }
+    peer->conn->SendFrame(frame);
+  }
+}
+
+json Server::StatusBody() const {
+  json s = scheduler_.Summary();
+  const auto& g = scheduler_.current();
+  int64_t step = 0, epoch = 0;
+  double loss = 0, ips = 0, acc = -1;
+  int reporting = 0;
+  for (const proto::MemberInfo& m : g.members) {
+    auto it = progress_.find(m.trainer_id);
+    if (it == progress_.end()) continue;
+    ++reporting;
+    step = std::max(step, it->second.step);
+    epoch = std::max(epoch, it->second.epoch);
+    ips += it->second.images_per_sec;
+    if (m.rank == 0) {
+      loss = it->second.loss;
+      acc = it->second.accuracy;
+    }
+  }
+  s["progress"] = {{"reporting", reporting}, {"step", step}, {"epoch", epoch}, {"loss", loss},
+                   {"images_per_sec", ips}, {"accuracy", acc}};
+  s["port"] = port_;
+  s["events_log"] = events_.path();
+  return s;
+}
+
+}  // namespace edl::jobserver

@@ -1,0 +1,103 @@
+// Server: the `edl server` daemon. Accepts TCP connections, authenticates each one (edl/net/auth.h),
+// registers clients' nodes with the Scheduler, pushes generations (deltas where the node holds the
+// previous one), relays prepare/kill to clients, serves the rendezvous KV, keeps per-trainer
+// progress, writes the events log and answers `edl ctl`. It never polls clients and never blocks:
+// everything runs on one io_context thread, timers included.
+//
+// Thread-safety: none. Construct, Start and use on the io_context's thread; stop with Shutdown()
+// (posted to that thread).
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <boost/asio.hpp>
+#include <nlohmann/json.hpp>
+
+#include "edl/base/clock.h"
+#include "edl/base/status.h"
+#include "edl/net/connection.h"
+#include "jobserver/events_log.h"
+#include "jobserver/kv_store.h"
+#include "jobserver/scaling.h"
+#include "jobserver/scheduler.h"
+
+namespace edl::jobserver {
+
+struct ServerOptions {
+  std::string bind = "0.0.0.0";
+  int port = 8180;                 // 0: any free port (see port_file)
+  std::string port_file;           // when set, the bound port is written here once listening
+  std::string secret;              // the cluster secret (from --secret_file)
+  std::string events_dir = "./edl-events";
+  SchedulerOptions scheduler;
+  std::string scale_script;        // path; empty: none
+  bool demo_policy = false;        // the EDL demo's periodic policy
+  DemoPolicyOptions demo;
+  bool exit_when_done = false;     // shut down once the job finished
+  int64_t handshake_timeout_ms = 5000;
+  int64_t tick_ms = 100;
+};
+
+class Server {
+ public:
+  // `io` and `clock` are not owned and must outlive the server.
+  Server(boost::asio::io_context* io, ServerOptions options, Clock* clock);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Loads the script, opens the events log, binds and listens. IOError naming the address when
+  // the port is taken.
+  Status Start();
+  int port() const { return port_; }
+  // Stops accepting, closes every connection, stops the io_context. `stop_clients`: first tell
+  // every client to stop its trainers and exit.
+  void Shutdown(bool stop_clients);
+
+ private:
+  struct Peer;
+  void Accept();
+  void OnAccepted(boost::asio::ip::tcp::socket socket);
+  void OnMessage(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  void OnClose(const std::shared_ptr<Peer>& peer, const Status& why);
+  void OnHello(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  void OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
+                       const nlohmann::json& msg);
+  void OnCtl(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  void OnKv(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  void Reject(const std::shared_ptr<Peer>& peer, const Status& why);
+  void Tick();
+  void ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::string& reason);
+  void Dispatch();
+  void PushGeneration(const Action& a);
+  void SendToNode(const std::string& node, const nlohmann::json& msg);
+  void Record(nlohmann::json event);
+  void NotifyWatchers(const nlohmann::json& body);
+  nlohmann::json StatusBody() const;
+
+  boost::asio::io_context* const io_;  // not owned
+  const ServerOptions options_;
+  Clock* const clock_;  // not owned
+  boost::asio::ip::tcp::acceptor acceptor_;
+  boost::asio::steady_timer tick_timer_;
+  int port_ = 0;
+  bool shutting_down_ = false;
+
+  Scheduler scheduler_;
+  KvStore kv_;
+  EventsLog events_;
+  std::optional<ScalingScript> script_;
+  std::optional<DemoPolicy> demo_;
+  int64_t first_generation_us_ = -1;  // script/policy time zero
+
+  std::map<std::string, std::shared_ptr<Peer>> nodes_;  // connected clients by node name
+  std::map<Peer*, std::shared_ptr<Peer>> peers_;        // every open connection
+  std::map<std::string, proto::ProgressReport> progress_;  // by trainer id
+  bool status_dirty_ = false;
+  int64_t last_watch_push_us_ = 0;
+};
+
+}  // namespace edl::jobserver

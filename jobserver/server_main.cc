@@ -1,0 +1,129 @@
+#include "jobserver/server_main.h"
+
+#include <csignal>
+#include <iostream>
+#include <sstream>
+
+#include <boost/asio.hpp>
+#include <glog/logging.h>
+
+#include "edl/base/flags.h"
+#include "edl/net/auth.h"
+#include "jobserver/server.h"
+
+namespace edl::jobserver {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: edl server --secret_file FILE [flags]\n\n"
+    "The job server: tracks nodes and trainers, computes generations, pushes them to `edl client`s,\n"
+    "serves the rendezvous KV and answers `edl ctl`. Scaling comes from --scale_script, the EDL demo\n"
+    "policy (--node_ips with --time_interval_to_change), `edl ctl scale N`, and trainer/node failures.";
+
+std::vector<std::string> SplitCommas(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
+  po::options_description d("server");
+  std::string secret_file, node_ips;
+  int hb_ms = 5000, join_s = 60;
+  d.add_options()
+      ("server_port", po::value<int>(&o->port)->default_value(8180), "TCP port to listen on (0: any free port)")
+      ("bind", po::value<std::string>(&o->bind)->default_value("0.0.0.0"), "address to listen on")
+      ("port_file", po::value<std::string>(&o->port_file), "write the bound port to this file")
+      ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
+      ("job_id", po::value<std::string>(&o->scheduler.job_id)->default_value("edl-job"), "job name")
+      ("min_trainers", po::value<int>(&o->scheduler.min_trainers)->default_value(1), "fewest trainers to start the job with")
+      ("max_trainers", po::value<int>(&o->scheduler.max_trainers)->default_value(0), "most trainers (0: no bound)")
+      ("trainers", po::value<int>(&o->scheduler.initial_trainers)->default_value(0), "initial desired size (0: every free slot)")
+      ("scale_script", po::value<std::string>(&o->scale_script), "scaling script of timed events (see config/*.script)")
+      ("node_ips", po::value<std::string>(&node_ips), "EDL demo policy: comma-separated node addresses")
+      ("gpu_num_of_node", po::value<int>(&o->demo.gpu_num_of_node)->default_value(8), "EDL demo policy: GPUs per node")
+      ("pod_num_of_node", po::value<int>(&o->demo.pod_num_of_node)->default_value(1), "EDL demo policy: trainers per node at start")
+      ("time_interval_to_change", po::value<int>(&o->demo.time_interval_to_change_s)->default_value(0), "EDL demo policy: seconds between changes (0: policy off)")
+      ("del_pods_one_step", po::value<int>(&o->demo.del_pods_one_step)->default_value(1), "EDL demo policy: trainers removed per change")
+      ("add_pods_one_step", po::value<int>(&o->demo.add_pods_one_step)->default_value(1), "EDL demo policy: trainers added per change")
+      ("heartbeat_timeout_ms", po::value<int>(&hb_ms)->default_value(5000), "a node silent this long is lost")
+      ("join_timeout_s", po::value<int>(&join_s)->default_value(60), "joiners not ready by then are dropped")
+      ("events_dir", po::value<std::string>(&o->events_dir)->default_value("./edl-events"), "directory of the events log")
+      ("log_dir", po::value<std::string>(), "glog directory (default: stderr)")
+      ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished");
+  ParsedFlags pf;
+  EDL_RETURN_IF_ERROR(ParseFlags("server", kUsage, d, argc, argv, &pf));
+  *help = pf.help;
+  if (pf.help) return Status::OK();
+  if (pf.vm.count("log_dir")) {
+    FLAGS_logtostderr = false;
+    FLAGS_log_dir = pf.vm["log_dir"].as<std::string>();
+  }
+  EDL_RETURN_IF_ERROR(net::ReadSecretFile(secret_file, &o->secret));
+  if (o->port < 0 || o->port > 65535) return Status::InvalidArgument("--server_port must be in 0..65535");
+  if (!proto::IsValidName(o->scheduler.job_id)) {
+    return Status::InvalidArgument("--job_id '" + o->scheduler.job_id + "': use letters, digits, '.', '_', '-'");
+  }
+  if (o->scheduler.min_trainers < 1) return Status::InvalidArgument("--min_trainers must be >= 1");
+  if (o->scheduler.max_trainers < 0 ||
+      (o->scheduler.max_trainers > 0 && o->scheduler.max_trainers < o->scheduler.min_trainers)) {
+    return Status::InvalidArgument("--max_trainers must be 0 (no bound) or >= --min_trainers");
+  }
+  if (o->scheduler.initial_trainers < 0) return Status::InvalidArgument("--trainers must be >= 0");
+  if (hb_ms < 100) return Status::InvalidArgument("--heartbeat_timeout_ms must be >= 100");
+  if (join_s < 1) return Status::InvalidArgument("--join_timeout_s must be >= 1");
+  o->scheduler.heartbeat_timeout_us = int64_t{hb_ms} * 1000;
+  o->scheduler.join_timeout_us = int64_t{join_s} * 1'000'000;
+  o->demo.node_ips = SplitCommas(node_ips);
+  o->demo_policy = o->demo.time_interval_to_change_s > 0;
+  if (o->demo_policy && o->demo.node_ips.empty()) {
+    return Status::InvalidArgument("--time_interval_to_change needs --node_ips (the demo policy's nodes)");
+  }
+  if (o->demo_policy && !o->scale_script.empty()) {
+    return Status::InvalidArgument("use either --scale_script or the demo policy (--time_interval_to_change), not both");
+  }
+  if (o->demo.del_pods_one_step < 0 || o->demo.add_pods_one_step < 0 || o->demo.pod_num_of_node < 1) {
+    return Status::InvalidArgument("--del_pods_one_step/--add_pods_one_step must be >= 0, --pod_num_of_node >= 1");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunServerMain(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  ServerOptions o;
+  bool help = false;
+  Status s = ParseServerFlags(argc, argv, &o, &help);
+  if (!s.ok()) {
+    std::cerr << "edl server: " << s.ToString() << "\n";
+    return 2;
+  }
+  if (help) return 0;
+  boost::asio::io_context io;
+  Server server(&io, o, Clock::Real());
+  s = server.Start();
+  if (!s.ok()) {
+    std::cerr << "edl server: " << s.ToString() << "\n";
+    return 1;
+  }
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code& ec, int sig) {
+    if (ec) return;
+    LOG(INFO) << "edl server: signal " << sig << ", shutting down (trainers keep running)";
+    server.Shutdown(/*stop_clients=*/false);
+  });
+  try {
+    io.run();
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "edl server: unexpected exception: " << e.what();
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace edl::jobserver

@@ -1,0 +1,113 @@
+#include "edl/net/trainer_channel.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "tests/testutil.h"
+
+namespace edl::net {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+// A stand-in client: accepts one trainer, welcomes it, pushes generations, answers KV.
+class FakeClient {
+ public:
+  explicit FakeClient(const std::string& path) : path_(path) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strcpy(a.sun_path, path.c_str());
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd_, 4), 0);
+  }
+  ~FakeClient() { ::close(fd_); }
+  std::unique_ptr<FramedSocket> Accept() {
+    int c = ::accept(fd_, nullptr, nullptr);
+    return std::make_unique<FramedSocket>(c, "trainer");
+  }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+TEST(TrainerChannelTest, GenerationsKvAndReports) {
+  test::ScratchDir dir;
+  const std::string path = dir.Join("c.sock");
+  FakeClient client(path);
+  std::vector<json> seen;
+  std::thread server([&] {
+    auto s = client.Accept();
+    json m;
+    ASSERT_OK(s->Receive(&m, milliseconds(5000)));
+    EXPECT_EQ(m["type"], "trainer_hello");
+    EXPECT_EQ(m["trainer_id"], "t-1");
+    ASSERT_OK(s->Send(json{{"type", "welcome"}, {"mac", ""}, {"job_id", "j"}, {"heartbeat_ms", 100}},
+                      milliseconds(5000)));
+    proto::GenerationInfo g;
+    g.generation = 3;
+    g.job_id = "j";
+    g.reason = "start";
+    g.members.push_back({"t-1", "n1", 0, 0, "127.0.0.1"});
+    json gj;
+    proto::GenerationUpdate::Full(g).EncodeTo(&gj);
+    ASSERT_OK(s->Send(gj, milliseconds(5000)));
+    while (true) {
+      Status st = s->Receive(&m, milliseconds(5000));
+      if (!st.ok()) break;
+      if (m["type"] == "heartbeat") continue;
+      seen.push_back(m);
+      if (m["type"] == "kv") {
+        proto::KvReply r;
+        r.req_id = m["req_id"].get<uint64_t>();
+        if (m["op"] == "get") r.status = Status::NotFound("no key");
+        else r.value = "v";
+        json rj;
+        r.EncodeTo(&rj);
+        ASSERT_OK(s->Send(rj, milliseconds(5000)));
+      }
+    }
+  });
+  auto ch = TrainerChannel::Connect(path, "t-1", milliseconds(5000), milliseconds(50));
+  ASSERT_OK(ch.status());
+  proto::GenerationInfo g;
+  ASSERT_OK(ch.value()->WaitGeneration(0, milliseconds(5000), &g));
+  EXPECT_EQ(g.generation, 3);
+  EXPECT_EQ(g.RankOf("t-1"), 0);
+  EXPECT_TRUE(ch.value()->WaitGeneration(3, milliseconds(50), &g).IsTimeout());
+  EXPECT_OK(ch.value()->KvSet("g3/k", "v"));
+  std::string v;
+  EXPECT_TRUE(ch.value()->KvGet("g3/k", &v).IsNotFound());
+  EXPECT_OK(ch.value()->KvWait("g3/k", milliseconds(100), &v));
+  EXPECT_EQ(v, "v");
+  EXPECT_OK(ch.value()->ReportReady(3));
+  net::ProgressReport p;
+  p.step = 5;
+  EXPECT_OK(ch.value()->ReportProgress(p));
+  EXPECT_OK(ch.value()->ReportEvent(json{{"what", "hi"}}));
+  EXPECT_TRUE(ch.value()->connected());
+  ch.value().reset();
+  server.join();
+  ASSERT_EQ(seen.size(), 6u);
+  EXPECT_EQ(seen[3]["type"], "ready");
+  EXPECT_EQ(seen[4]["step"], 5);
+  EXPECT_EQ(seen[5]["event"]["what"], "hi");
+}
+
+TEST(TrainerChannelTest, NoSocketIsAClearError) {
+  auto ch = TrainerChannel::Connect("/nonexistent/x.sock", "t", milliseconds(200));
+  EXPECT_FALSE(ch.ok());
+  auto ch2 = TrainerChannel::Connect("", "t", milliseconds(200));
+  EXPECT_EQ(ch2.status().code(), Status::Code::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace edl::net

@@ -1,0 +1,208 @@
+#include "edl/proto/messages.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testutil.h"
+
+namespace edl::proto {
+namespace {
+
+using nlohmann::json;
+
+GenerationInfo MakeGen(int64_t g, std::vector<std::string> ids) {
+  GenerationInfo info;
+  info.generation = g;
+  info.job_id = "job1";
+  info.reason = "script";
+  info.master_addr = "10.0.0.1";
+  info.master_port = 29500;
+  for (const std::string& id : ids) {
+    MemberInfo m;
+    m.trainer_id = id;
+    m.node = "n" + id.substr(0, 1);
+    m.slot = static_cast<int>(info.members.size());
+    m.rank = static_cast<int>(info.members.size());
+    m.host = "127.0.0.1";
+    info.members.push_back(m);
+  }
+  return info;
+}
+
+template <typename T>
+T RoundTrip(const T& in) {
+  json j;
+  in.EncodeTo(&j);
+  T out;
+  Status s = out.DecodeFrom(json::parse(j.dump()));
+  EXPECT_TRUE(s.ok()) << s.ToString() << " for " << in.DebugString();
+  return out;
+}
+
+TEST(MessagesTest, GenerationRoundTrip) {
+  GenerationInfo g = MakeGen(7, {"a1", "b2", "a3"});
+  g.failure = true;
+  GenerationInfo out = RoundTrip(g);
+  EXPECT_EQ(out.generation, 7);
+  EXPECT_EQ(out.members, g.members);
+  EXPECT_TRUE(out.failure);
+  EXPECT_EQ(out.world_size(), 3);
+  EXPECT_EQ(out.RankOf("a3"), 2);
+  EXPECT_EQ(out.RankOf("zz"), -1);
+}
+
+TEST(MessagesTest, DeltaAppliesShrinkAndGrow) {
+  GenerationInfo g1 = MakeGen(1, {"a1", "b2", "a3", "b4"});
+  GenerationInfo g2 = MakeGen(2, {"a1", "a3"});
+  g2.members[1].slot = 2;  // survivor keeps its slot
+  GenerationUpdate d = GenerationUpdate::Between(g1, g2);
+  EXPECT_EQ(d.base_generation, 1);
+  EXPECT_EQ(d.removed, (std::vector<std::string>{"b2", "b4"}));
+  EXPECT_TRUE(d.added.empty());
+  GenerationInfo have = g1;
+  ASSERT_OK(RoundTrip(d).ApplyTo(&have));
+  EXPECT_EQ(have.members, g2.members);
+
+  GenerationInfo g3 = g2;
+  g3.generation = 3;
+  MemberInfo j = g1.members[3];
+  j.trainer_id = "b9";
+  j.rank = 2;
+  g3.members.push_back(j);
+  d = GenerationUpdate::Between(g2, g3);
+  EXPECT_EQ(d.added.size(), 1u);
+  ASSERT_OK(RoundTrip(d).ApplyTo(&have));
+  EXPECT_EQ(have.members, g3.members);
+  EXPECT_EQ(have.generation, 3);
+}
+
+TEST(MessagesTest, DeltaAgainstWrongBaseIsRefused) {
+  GenerationInfo g1 = MakeGen(1, {"a1", "b2"});
+  GenerationInfo g2 = MakeGen(2, {"a1"});
+  GenerationUpdate d = GenerationUpdate::Between(g1, g2);
+  GenerationInfo other = MakeGen(5, {"a1", "b2"});
+  EXPECT_EQ(d.ApplyTo(&other).code(), Status::Code::kFailedPrecondition);
+}
+
+TEST(MessagesTest, ReorderedSurvivorsFallBackToFull) {
+  GenerationInfo g1 = MakeGen(1, {"a1", "b2"});
+  GenerationInfo g2 = MakeGen(2, {"b2", "a1"});
+  g2.members[0].slot = 1;
+  g2.members[1].slot = 0;
+  GenerationUpdate d = GenerationUpdate::Between(g1, g2);
+  EXPECT_EQ(d.base_generation, 0);
+  GenerationInfo have;
+  ASSERT_OK(d.ApplyTo(&have));
+  EXPECT_EQ(have.members, g2.members);
+}
+
+TEST(MessagesTest, OtherMessagesRoundTrip) {
+  Hello h;
+  h.role = "client";
+  h.mac = std::string(64, 'a');
+  h.nonce = std::string(64, 'b');
+  h.node = "node1";
+  h.host = "10.1.1.1";
+  h.mode = "restart";
+  h.slots = {0, 1, 3};
+  h.trainers = {"node1-s0-1"};
+  Hello h2 = RoundTrip(h);
+  EXPECT_EQ(h2.slots, h.slots);
+  EXPECT_EQ(h2.trainers, h.trainers);
+  EXPECT_EQ(h2.mode, "restart");
+
+  Prepare p;
+  p.generation = 4;
+  p.job_id = "j";
+  p.world_size = 3;
+  p.joiners = MakeGen(4, {"a1", "b2", "c3"}).members;
+  p.joiners.erase(p.joiners.begin());
+  Prepare p2 = RoundTrip(p);
+  ASSERT_EQ(p2.joiners.size(), 2u);
+  EXPECT_EQ(p2.joiners[1].rank, 2);
+
+  KvRequest kv;
+  kv.req_id = 9;
+  kv.op = "wait";
+  kv.key = "g3/nccl";
+  kv.timeout_ms = 1500;
+  EXPECT_EQ(RoundTrip(kv).timeout_ms, 1500);
+  KvReply r;
+  r.req_id = 9;
+  r.status = Status::Timeout("late");
+  EXPECT_TRUE(RoundTrip(r).status.IsTimeout());
+
+  Progress pr;
+  pr.trainer_id = "t1";
+  pr.report.step = 12;
+  pr.report.loss = 0.5;
+  EXPECT_EQ(RoundTrip(pr).report.step, 12);
+
+  TrainerExit e;
+  e.trainer_id = "t1";
+  e.signal = 9;
+  EXPECT_EQ(RoundTrip(e).signal, 9);
+
+  CtlRequest c;
+  c.command = "scale";
+  c.n = 5;
+  EXPECT_EQ(RoundTrip(c).n, 5);
+}
+
+TEST(MessagesTest, EveryBadFieldIsCorruption) {
+  const json good_hello = {{"type", "hello"},   {"role", "client"},  {"mac", std::string(64, 'a')},
+                           {"nonce", std::string(64, 'b')}, {"node", "n1"}, {"host", "h"},
+                           {"mode", "inplace"}, {"slots", {0, 1}}, {"trainers", json::array()}};
+  Hello h;
+  ASSERT_OK(h.DecodeFrom(good_hello));
+  const std::vector<std::pair<std::string, json>> bad = {
+      {"role", "admin"},         {"role", 5},           {"mac", std::string(100, 'a')},
+      {"nonce", "short"},        {"node", "../etc"},    {"node", ""},
+      {"host", ""},              {"mode", "turbo"},     {"slots", {0, 0}},
+      {"slots", {-1}},           {"slots", "0,1"},      {"trainers", {"a b"}},
+      {"node", nullptr}};
+  for (const auto& [key, value] : bad) {
+    json j = good_hello;
+    j[key] = value;
+    Status s = h.DecodeFrom(j);
+    EXPECT_TRUE(s.IsCorruption()) << key << "=" << value.dump() << " -> " << s.ToString();
+    EXPECT_NE(s.message().find(key), std::string::npos) << s.ToString();
+  }
+  GenerationInfo g;
+  EXPECT_TRUE(g.DecodeFrom(json{{"type", "generation"}}).IsCorruption());
+  json gj;
+  MakeGen(1, {"a1", "a1"}).EncodeTo(&gj);
+  EXPECT_TRUE(g.DecodeFrom(gj).IsCorruption());  // duplicate member
+  MakeGen(1, {"a1"}).EncodeTo(&gj);
+  gj["members"][0][2] = -3;
+  EXPECT_TRUE(g.DecodeFrom(gj).IsCorruption());
+  gj["members"][0] = json::array({"a1", "n", 0});
+  EXPECT_TRUE(g.DecodeFrom(gj).IsCorruption());
+  gj = json{{"type", "kv"}, {"req_id", 1}, {"op", "drop"}, {"key", "k"}};
+  KvRequest kv;
+  EXPECT_TRUE(kv.DecodeFrom(gj).IsCorruption());
+  gj = json{{"type", "kv"}, {"req_id", 1}, {"op", "wait"}, {"key", "k"}, {"timeout_ms", -1}};
+  EXPECT_TRUE(kv.DecodeFrom(gj).IsCorruption());
+  gj = json{{"type", "kv"}, {"req_id", 1}, {"op", "get"}, {"key", ""}};
+  EXPECT_TRUE(kv.DecodeFrom(gj).IsCorruption());
+  Progress pr;
+  EXPECT_TRUE(pr.DecodeFrom(json{{"type", "progress"}, {"step", "x"}}).IsCorruption());
+  CtlRequest c;
+  EXPECT_TRUE(c.DecodeFrom(json{{"type", "ctl"}, {"command", "rm -rf"}}).IsCorruption());
+  EXPECT_TRUE(c.DecodeFrom(json{{"type", "ctl"}, {"command", "scale"}, {"n", -2}}).IsCorruption());
+  Prepare p;
+  EXPECT_TRUE(p.DecodeFrom(json{{"type", "prepare"}, {"generation", 2}, {"job_id", "j"},
+                                {"world_size", 1}, {"master_addr", ""}, {"master_port", 0},
+                                {"joiners", {{"a", "n", 0, "h", 5}}}})
+                  .IsCorruption());
+}
+
+TEST(MessagesTest, NamesAreSafeForFiles) {
+  EXPECT_TRUE(IsValidName("node-1.s0_7"));
+  EXPECT_FALSE(IsValidName(".."));
+  EXPECT_FALSE(IsValidName("a/b"));
+  EXPECT_FALSE(IsValidName(""));
+  EXPECT_FALSE(IsValidName(std::string(200, 'a')));
+}
+
+}  // namespace
+}  // namespace edl::proto

@@ -1,0 +1,101 @@
+// A stand-in trainer for the control-plane integration tests. It appends one JSON line per event
+// (start, generation seen, leave, term, kv) with its pid and env to $STANDIN_RECORD, and:
+//  - STANDIN_MODE=restart: sleeps until SIGTERM (a torchrun-style program, restarted by the client);
+//  - otherwise (in-place): connects its TrainerChannel, reports ready when EDL_JOINING=1, follows
+//    generations, does a KV round per generation, and exits 0 once a generation no longer
+//    contains it.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/net/trainer_channel.h"
+
+namespace {
+
+std::atomic<bool> g_term{false};
+
+std::string Env(const char* k) {
+  const char* v = std::getenv(k);
+  return v ? v : "";
+}
+
+void Record(nlohmann::json j) {
+  j["pid"] = ::getpid();
+  j["trainer_id"] = Env("EDL_TRAINER_ID");
+  const std::string line = j.dump() + "\n";
+  const int fd = ::open(Env("STANDIN_RECORD").c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
+  if (fd < 0) return;
+  (void)!::write(fd, line.data(), line.size());  // one write: lines from trainers never interleave
+  ::close(fd);
+}
+
+}  // namespace
+
+int main() {
+  std::signal(SIGTERM, [](int) { g_term = true; });
+  std::signal(SIGPIPE, SIG_IGN);
+  Record({{"event", "start"},
+          {"generation", std::atoll(Env("EDL_GENERATION").c_str())},
+          {"rank", std::atoi(Env("RANK").c_str())},
+          {"world_size", std::atoi(Env("WORLD_SIZE").c_str())},
+          {"slot", std::atoi(Env("EDL_SLOT").c_str())},
+          {"joining", Env("EDL_JOINING") == "1"},
+          {"master", Env("MASTER_ADDR") + ":" + Env("MASTER_PORT")}});
+  if (Env("STANDIN_MODE") == "restart") {
+    while (!g_term) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    Record({{"event", "term"}});
+    return 0;
+  }
+  using std::chrono::milliseconds;
+  const std::string id = Env("EDL_TRAINER_ID");
+  auto ch = edl::net::TrainerChannel::Connect(Env("EDL_CLIENT_SOCKET"), id, milliseconds(5000),
+                                              milliseconds(200));
+  if (!ch.ok()) {
+    Record({{"event", "channel_error"}, {"error", ch.status().ToString()}});
+    return 3;
+  }
+  const int64_t start_gen = std::atoll(Env("EDL_GENERATION").c_str());
+  if (Env("EDL_JOINING") == "1") (void)ch.value()->ReportReady(start_gen);
+  int64_t seen = 0;
+  while (!g_term) {
+    edl::proto::GenerationInfo g;
+    edl::Status s = ch.value()->WaitGeneration(seen, milliseconds(200), &g);
+    if (s.IsTimeout()) continue;
+    if (!s.ok()) {
+      Record({{"event", "channel_broken"}, {"error", s.ToString()}});
+      return 4;
+    }
+    seen = g.generation;
+    const int rank = g.RankOf(id);
+    Record({{"event", "generation"}, {"generation", g.generation}, {"rank", rank},
+            {"world_size", g.world_size()}, {"reason", g.reason}, {"failure", g.failure}});
+    if (rank < 0) {
+      if (g.generation >= start_gen) {
+        Record({{"event", "leave"}, {"generation", g.generation}});
+        return 0;
+      }
+      continue;  // a joiner that has not been committed yet
+    }
+    edl::net::ProgressReport p;
+    p.generation = g.generation;
+    p.step = g.generation * 10;
+    p.world_size = g.world_size();
+    p.images_per_sec = 100;
+    (void)ch.value()->ReportProgress(p);
+    // A rendezvous round: rank 0 publishes, everyone reads it back.
+    const std::string key = "g" + std::to_string(g.generation) + "/root";
+    if (rank == 0) (void)ch.value()->KvSet(key, std::to_string(::getpid()));
+    std::string v;
+    s = ch.value()->KvWait(key, milliseconds(5000), &v);
+    Record({{"event", "kv"}, {"generation", g.generation}, {"ok", s.ok()}, {"value", v}});
+  }
+  Record({{"event", "term"}});
+  return 0;
+}

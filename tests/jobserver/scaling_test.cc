@@ -1,0 +1,70 @@
+#include "jobserver/scaling.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testutil.h"
+
+namespace edl::jobserver {
+namespace {
+
+using Op = ScaleEvent::Op;
+
+TEST(ScalingScriptTest, ParsesAndPlaysWithRepeat) {
+  ScalingScript s;
+  ASSERT_OK(ScalingScript::Parse("# comment\n0 set 4\n2.5 remove 2   # shrink\n5 add 1\n6 kill 1\n10 repeat\n",
+                                 "t.script", &s));
+  ASSERT_EQ(s.events().size(), 5u);
+  auto due = s.Poll(0);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].op, Op::kSet);
+  EXPECT_EQ(due[0].n, 4);
+  EXPECT_TRUE(s.Poll(2'000'000).empty());
+  due = s.Poll(6'000'000);
+  ASSERT_EQ(due.size(), 3u);
+  EXPECT_EQ(due[0].op, Op::kRemove);
+  EXPECT_EQ(due[2].op, Op::kKill);
+  due = s.Poll(12'600'000);  // repeat at 10: set@10, remove@12.5
+  ASSERT_EQ(due.size(), 2u);
+  EXPECT_EQ(due[1].at_us, 12'500'000);
+}
+
+TEST(ScalingScriptTest, RejectsBadLinesNamingThem) {
+  const std::vector<std::string> bad = {"x set 1", "1 grow 2", "1 add", "1 add -1", "1 add 0",
+                                        "2 set 1\n1 set 2", "0 repeat", "5 repeat\n6 set 1",
+                                        "1 set 2 3", "-1 set 1"};
+  for (const std::string& text : bad) {
+    ScalingScript s;
+    Status st = ScalingScript::Parse(text, "bad.script", &s);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << text;
+    EXPECT_NE(st.message().find("bad.script:"), std::string::npos) << st.ToString();
+  }
+  ScalingScript s;
+  EXPECT_EQ(ScalingScript::Load("/nonexistent.script", &s).code(), Status::Code::kInvalidArgument);
+}
+
+TEST(DemoPolicyTest, RemovesThenAddsEveryInterval) {
+  DemoPolicyOptions o;
+  o.node_ips = {"10.0.0.1", "10.0.0.2"};
+  o.pod_num_of_node = 2;
+  o.time_interval_to_change_s = 10;
+  o.del_pods_one_step = 2;
+  o.add_pods_one_step = 1;
+  DemoPolicy p(o);
+  EXPECT_EQ(p.initial_size(), 4);
+  EXPECT_TRUE(p.Poll(9'000'000).empty());
+  auto due = p.Poll(10'000'000);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].n, 2);  // removed 2
+  due = p.Poll(20'000'000);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].n, 3);  // added 1
+  due = p.Poll(60'000'000);
+  ASSERT_EQ(due.size(), 4u);
+  for (const auto& e : due) {
+    EXPECT_GE(e.n, 1);
+    EXPECT_LE(e.n, 4);
+  }
+}
+
+}  // namespace
+}  // namespace edl::jobserver

@@ -1,0 +1,367 @@
+#include "jobserver/scheduler.h"
+
+#include <gtest/gtest.h>
+
+#include "tests/testutil.h"
+
+namespace edl::jobserver {
+namespace {
+
+using Kind = Action::Kind;
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  void Make(SchedulerOptions o = {}) {
+    o.job_id = "job";
+    o.heartbeat_timeout_us = 5'000'000;
+    o.join_timeout_us = 10'000'000;
+    sched_ = std::make_unique<Scheduler>(o, &clock_);
+  }
+  void AddNode(const std::string& name, int slots, bool restart = false) {
+    std::vector<int> s;
+    for (int i = 0; i < slots; ++i) s.push_back(i);
+    ASSERT_OK(sched_->AddNode(name, "127.0.0.1", restart, s, {}));
+  }
+  std::vector<Action> Take(Kind kind) {
+    std::vector<Action> out;
+    for (Action& a : sched_->TakeActions()) {
+      if (a.kind == kind) out.push_back(std::move(a));
+    }
+    return out;
+  }
+  // Every action, for tests that look at several kinds.
+  std::vector<Action> All() { return sched_->TakeActions(); }
+  static std::vector<Action> Filter(const std::vector<Action>& all, Kind kind) {
+    std::vector<Action> out;
+    for (const Action& a : all) {
+      if (a.kind == kind) out.push_back(a);
+    }
+    return out;
+  }
+  void Advance(double seconds) {
+    clock_.Advance(static_cast<int64_t>(seconds * 1e6));
+    for (const auto& n : sched_->NodeNames()) sched_->Heartbeat(n);
+    sched_->Tick();
+  }
+  void ReadyAll(const std::vector<Action>& prepares) {
+    for (const Action& p : prepares) {
+      for (const auto& j : p.prepare.joiners) sched_->TrainerReady(j.trainer_id, p.prepare.generation);
+    }
+  }
+  const proto::GenerationInfo& cur() { return sched_->current(); }
+
+  ManualClock clock_;
+  std::unique_ptr<Scheduler> sched_;
+};
+
+TEST_F(SchedulerTest, StartWaitsForMinTrainers) {
+  SchedulerOptions o;
+  o.min_trainers = 4;
+  o.initial_trainers = 4;
+  Make(o);
+  AddNode("a", 2);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  EXPECT_EQ(cur().generation, 0);
+  AddNode("b", 2);
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.generation, 1);
+  EXPECT_EQ(commits[0].next.reason, "start");
+  EXPECT_EQ(commits[0].next.world_size(), 4);
+  EXPECT_EQ(commits[0].next.members[0].node, "a");
+  EXPECT_EQ(commits[0].next.members[3].node, "b");
+  EXPECT_EQ(commits[0].next.master_addr, "127.0.0.1");
+}
+
+TEST_F(SchedulerTest, ShrinkRemovesHighestRanksAtOnce) {
+  SchedulerOptions o;
+  o.initial_trainers = 4;
+  Make(o);
+  AddNode("a", 4);
+  sched_->TakeActions();
+  const auto before = cur();
+  sched_->SetDesired(2, "script");
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "script");
+  EXPECT_FALSE(commits[0].next.failure);
+  ASSERT_EQ(commits[0].next.world_size(), 2);
+  EXPECT_EQ(commits[0].next.members[0].trainer_id, before.members[0].trainer_id);
+  EXPECT_EQ(commits[0].next.members[1].trainer_id, before.members[1].trainer_id);
+}
+
+TEST_F(SchedulerTest, InPlaceGrowthPreparesThenCommitsWhenAllReady) {
+  SchedulerOptions o;
+  o.initial_trainers = 2;
+  Make(o);
+  AddNode("a", 2);
+  AddNode("b", 2);
+  sched_->TakeActions();
+  const auto g1 = cur();
+  sched_->SetDesired(4, "ctl");
+  auto all = All();
+  auto prepares = Filter(all, Kind::kPrepare);
+  ASSERT_EQ(prepares.size(), 1u);
+  EXPECT_EQ(prepares[0].node, "b");
+  EXPECT_EQ(prepares[0].prepare.generation, 2);
+  EXPECT_EQ(prepares[0].prepare.world_size, 4);
+  ASSERT_EQ(prepares[0].prepare.joiners.size(), 2u);
+  EXPECT_EQ(prepares[0].prepare.joiners[0].rank, 2);
+  EXPECT_TRUE(Filter(all, Kind::kCommit).empty());
+  EXPECT_TRUE(sched_->has_pending());
+  sched_->TrainerReady(prepares[0].prepare.joiners[0].trainer_id, 2);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  sched_->TrainerReady(prepares[0].prepare.joiners[1].trainer_id, 99);  // wrong generation: ignored
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  sched_->TrainerReady(prepares[0].prepare.joiners[1].trainer_id, 2);
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  const auto& g2 = commits[0].next;
+  EXPECT_EQ(g2.generation, 2);
+  EXPECT_EQ(g2.reason, "ctl");
+  ASSERT_EQ(g2.world_size(), 4);
+  EXPECT_EQ(g2.members[0].trainer_id, g1.members[0].trainer_id);  // survivors first, same order
+  EXPECT_EQ(g2.members[1].trainer_id, g1.members[1].trainer_id);
+  EXPECT_EQ(g2.members[2].trainer_id, prepares[0].prepare.joiners[0].trainer_id);
+}
+
+TEST_F(SchedulerTest, JoinTimeoutCommitsReadyOnesAndKillsTheRest) {
+  SchedulerOptions o;
+  o.initial_trainers = 1;
+  Make(o);
+  AddNode("a", 3);
+  sched_->TakeActions();
+  sched_->SetDesired(3, "ctl");
+  auto prepares = Take(Kind::kPrepare);
+  ASSERT_EQ(prepares.size(), 1u);
+  const std::string ready = prepares[0].prepare.joiners[0].trainer_id;
+  const std::string slow = prepares[0].prepare.joiners[1].trainer_id;
+  sched_->TrainerReady(ready, 2);
+  Advance(9);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  Advance(2);
+  auto all = All();
+  auto commits = Filter(all, Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "join_timeout");
+  EXPECT_EQ(commits[0].next.world_size(), 2);
+  EXPECT_EQ(commits[0].next.RankOf(ready), 1);
+  auto kills = Filter(all, Kind::kKill);
+  ASSERT_EQ(kills.size(), 1u);
+  EXPECT_EQ(kills[0].trainer_ids, std::vector<std::string>{slow});
+}
+
+TEST_F(SchedulerTest, FailureCommitsAtOnceThenGrowsBackAfterBackoff) {
+  SchedulerOptions o;
+  o.initial_trainers = 3;
+  o.backoff_min_us = 2'000'000;
+  Make(o);
+  AddNode("a", 3);
+  sched_->TakeActions();
+  const std::string victim = cur().members[1].trainer_id;
+  sched_->TrainerExited(victim, /*success=*/false, "signal 9");
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "failure");
+  EXPECT_TRUE(commits[0].next.failure);
+  EXPECT_EQ(commits[0].next.world_size(), 2);
+  EXPECT_EQ(commits[0].next.RankOf(victim), -1);
+  Advance(1);
+  EXPECT_TRUE(Take(Kind::kPrepare).empty());  // backing off
+  Advance(1.5);
+  auto prepares = Take(Kind::kPrepare);
+  ASSERT_EQ(prepares.size(), 1u);
+  ReadyAll(prepares);
+  commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "grow_back");
+  EXPECT_EQ(commits[0].next.world_size(), 3);
+}
+
+TEST_F(SchedulerTest, RepeatedFailuresBackOffLonger) {
+  SchedulerOptions o;
+  o.initial_trainers = 1;
+  o.backoff_min_us = 1'000'000;
+  Make(o);
+  AddNode("a", 1);
+  for (int round = 0; round < 3; ++round) {
+    sched_->TakeActions();
+    sched_->TrainerExited(cur().members[0].trainer_id, false, "exit 1");
+    EXPECT_EQ(cur().world_size(), 0);
+    const double wait = 1 << round;  // 1 s, 2 s, 4 s
+    Advance(wait - 0.5);
+    EXPECT_EQ(cur().world_size(), 0) << round;
+    Advance(0.6);
+    EXPECT_EQ(cur().world_size(), 1) << round;  // nobody to keep training: committed directly
+    EXPECT_EQ(cur().reason, "grow_back");
+  }
+}
+
+TEST_F(SchedulerTest, HeartbeatLossDropsNodeAndItComesBack) {
+  SchedulerOptions o;
+  o.initial_trainers = 4;
+  o.min_trainers = 4;
+  o.backoff_min_us = 1'000'000;
+  Make(o);
+  AddNode("a", 2);
+  AddNode("b", 2);
+  sched_->TakeActions();
+  clock_.Advance(3'000'000);
+  sched_->Heartbeat("a");
+  clock_.Advance(3'000'000);
+  sched_->Heartbeat("a");
+  sched_->Tick();  // b silent for 6 s
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "node_loss");
+  EXPECT_TRUE(commits[0].next.failure);
+  EXPECT_EQ(commits[0].next.world_size(), 2);
+  EXPECT_EQ(sched_->connected_nodes(), 1);
+  Advance(2);
+  AddNode("b", 2);
+  Advance(0.1);
+  auto prepares = Take(Kind::kPrepare);
+  ASSERT_EQ(prepares.size(), 1u);
+  EXPECT_EQ(prepares[0].node, "b");
+  ReadyAll(prepares);
+  commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "grow_back");
+  EXPECT_EQ(commits[0].next.world_size(), 4);
+}
+
+TEST_F(SchedulerTest, BoundsClampTheDesiredSize) {
+  SchedulerOptions o;
+  o.min_trainers = 2;
+  o.max_trainers = 3;
+  o.initial_trainers = 0;  // every free slot, capped by max
+  Make(o);
+  AddNode("a", 8);
+  EXPECT_EQ(cur().world_size(), 3);
+  sched_->SetDesired(1, "ctl");
+  EXPECT_EQ(cur().world_size(), 2);  // min wins
+  sched_->SetDesired(10, "ctl");
+  auto prepares = Take(Kind::kPrepare);
+  ASSERT_EQ(prepares.size(), 1u);
+  EXPECT_EQ(prepares[0].prepare.joiners.size(), 1u);  // max wins
+}
+
+TEST_F(SchedulerTest, RestartModeReplacesEveryTrainerEachGeneration) {
+  SchedulerOptions o;
+  o.initial_trainers = 3;
+  Make(o);
+  AddNode("a", 4, /*restart=*/true);
+  const auto g1 = cur();
+  sched_->TakeActions();
+  sched_->SetDesired(2, "script");
+  const auto g2 = cur();
+  ASSERT_EQ(g2.world_size(), 2);
+  for (const auto& m : g2.members) EXPECT_EQ(g1.RankOf(m.trainer_id), -1) << m.trainer_id;
+  EXPECT_EQ(g2.members[0].slot, g1.members[0].slot);
+  sched_->SetDesired(4, "script");
+  EXPECT_TRUE(Take(Kind::kPrepare).empty());  // restart mode: no prepare phase
+  EXPECT_EQ(cur().world_size(), 4);
+  EXPECT_EQ(cur().generation, 3);
+}
+
+TEST_F(SchedulerTest, ExitZeroFinishesAndTheJobIsDoneWhenAllFinish) {
+  SchedulerOptions o;
+  o.initial_trainers = 2;
+  Make(o);
+  AddNode("a", 2);
+  sched_->TakeActions();
+  const auto g = cur();
+  sched_->TrainerExited(g.members[0].trainer_id, true, "exit 0");
+  EXPECT_TRUE(Take(Kind::kCommit).empty());  // not replaced
+  EXPECT_FALSE(sched_->done());
+  sched_->TrainerExited(g.members[1].trainer_id, true, "exit 0");
+  EXPECT_TRUE(sched_->done());
+  auto all = All();
+  EXPECT_EQ(Filter(all, Kind::kDone).size(), 1u);
+  bool finished_event = false;
+  for (const auto& e : Filter(all, Kind::kEvent)) finished_event |= e.event["type"] == "finished";
+  EXPECT_TRUE(finished_event);
+  Advance(10);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+}
+
+TEST_F(SchedulerTest, LeavingTrainerExitIsNotAFailure) {
+  SchedulerOptions o;
+  o.initial_trainers = 2;
+  Make(o);
+  AddNode("a", 2);
+  const std::string leaving = cur().members[1].trainer_id;
+  sched_->SetDesired(1, "ctl");
+  sched_->TakeActions();
+  sched_->TrainerExited(leaving, true, "exit 0");
+  sched_->TrainerExited(leaving, false, "signal 9");
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  EXPECT_EQ(cur().world_size(), 1);
+}
+
+TEST_F(SchedulerTest, KillPicksHighestRanks) {
+  SchedulerOptions o;
+  o.initial_trainers = 4;
+  o.min_trainers = 4;
+  Make(o);
+  AddNode("a", 2);
+  AddNode("b", 2);
+  sched_->TakeActions();
+  sched_->KillTrainers(1);
+  auto kills = Take(Kind::kKill);
+  ASSERT_EQ(kills.size(), 1u);
+  EXPECT_EQ(kills[0].node, "b");
+  EXPECT_EQ(kills[0].trainer_ids[0], cur().members[3].trainer_id);
+}
+
+TEST_F(SchedulerTest, DuplicateNodeNameIsRefusedWhileConnected) {
+  Make();
+  AddNode("a", 1);
+  Status s = sched_->AddNode("a", "10.0.0.9", false, {0}, {});
+  EXPECT_EQ(s.code(), Status::Code::kAlreadyExists);
+  EXPECT_NE(s.message().find("--node_name"), std::string::npos);
+  sched_->NodeDisconnected("a");
+  EXPECT_OK(sched_->AddNode("a", "10.0.0.9", false, {0}, {cur().members[0].trainer_id}));
+  EXPECT_EQ(cur().world_size(), 1);  // re-attached, trainer kept
+  EXPECT_EQ(sched_->AddNode("z", "h", false, {}, {}).code(), Status::Code::kInvalidArgument);
+}
+
+TEST_F(SchedulerTest, ReattachWithoutATrainerCountsAsFailure) {
+  SchedulerOptions o;
+  o.initial_trainers = 2;
+  Make(o);
+  AddNode("a", 2);
+  const auto g = cur();
+  sched_->NodeDisconnected("a");
+  ASSERT_OK(sched_->AddNode("a", "127.0.0.1", false, {0, 1}, {g.members[0].trainer_id}));
+  EXPECT_EQ(cur().reason, "failure");
+  EXPECT_EQ(cur().world_size(), 1);
+}
+
+}  // namespace
+}  // namespace edl::jobserver
+
+namespace edl::jobserver {
+namespace {
+
+TEST(SchedulerStartTest, GathersTheInitialSizeOrStartsAfterTheJoinTimeout) {
+  ManualClock clock;
+  SchedulerOptions o;
+  o.min_trainers = 1;
+  o.initial_trainers = 4;
+  o.join_timeout_us = 10'000'000;
+  Scheduler s(o, &clock);
+  ASSERT_OK(s.AddNode("a", "h", false, {0, 1}, {}));
+  EXPECT_EQ(s.current().generation, 0);  // waiting for 4
+  clock.Advance(9'000'000);
+  s.Heartbeat("a");
+  s.Tick();
+  EXPECT_EQ(s.current().generation, 0);
+  clock.Advance(1'000'000);
+  s.Heartbeat("a");
+  s.Tick();
+  EXPECT_EQ(s.current().world_size(), 2);  // join timeout: start with what there is
+}
+
+}  // namespace
+}  // namespace edl::jobserver
