@@ -1,0 +1,97 @@
+// Tensor bookkeeping and the backend factory (device-neutral parts of backend.h).
+#include "resnet50/backend.h"
+
+#include <sstream>
+#include <utility>
+
+
+namespace edl::resnet50 {
+
+const char* LayoutName(Layout layout) {
+  switch (layout) {
+    case Layout::kNCHW:
+      return "nchw";
+    case Layout::kNHWC:
+      return "nhwc";
+    case Layout::kNative:
+      return "native";
+  }
+  return "?";
+}
+
+Tensor::Tensor(Backend* backend, Shape shape, Layout layout, DataType dtype)
+    : backend_(backend), shape_(std::move(shape)), layout_(layout), dtype_(dtype) {
+  bytes_ = backend_->BytesFor(shape_, layout_, dtype_);
+  data_ = backend_->Allocate(bytes_ == 0 ? 64 : bytes_);
+  owned_ = true;
+}
+
+Tensor Tensor::View(Backend* backend, void* data, Shape shape, Layout layout, DataType dtype) {
+  Tensor t;
+  t.backend_ = backend;
+  t.data_ = data;
+  t.shape_ = std::move(shape);
+  t.layout_ = layout;
+  t.dtype_ = dtype;
+  t.bytes_ = backend->BytesFor(t.shape_, layout, dtype);
+  t.owned_ = false;
+  return t;
+}
+
+Tensor::~Tensor() { Release(); }
+
+void Tensor::Release() {
+  if (owned_ && data_ != nullptr) backend_->Free(data_);
+  data_ = nullptr;
+  owned_ = false;
+}
+
+Tensor::Tensor(Tensor&& o) noexcept { *this = std::move(o); }
+
+Tensor& Tensor::operator=(Tensor&& o) noexcept {
+  if (this != &o) {
+    Release();
+    backend_ = o.backend_;
+    data_ = o.data_;
+    shape_ = std::move(o.shape_);
+    layout_ = o.layout_;
+    dtype_ = o.dtype_;
+    bytes_ = o.bytes_;
+    owned_ = o.owned_;
+    o.data_ = nullptr;
+    o.owned_ = false;
+  }
+  return *this;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+std::string Tensor::DebugString() const {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape_.size(); ++i) os << (i ? "," : "") << shape_[i];
+  os << "] " << (dtype_ == DataType::kInt32 ? "i32" : "fp32") << " " << LayoutName(layout_);
+  return os.str();
+}
+
+// EDL_RESNET50_CUDA is set by resnet50/CMakeLists.txt when CUDA is found and resnet50/cuda/ exists.
+#if !defined(EDL_RESNET50_CUDA) || !EDL_RESNET50_CUDA
+StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&) {
+  return Status::InvalidArgument(
+      "--device cuda: this edl binary was built without the CUDA backend (resnet50/cuda needs the "
+      "CUDA toolkit and cuDNN at configure time); rebuild with -DEDL_USE_CUDA=ON or use --device cpu");
+}
+#endif
+
+StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
+                                                 const BackendOptions& options) {
+  if (name == "cpu") return CreateCpuBackend(options);
+  if (name == "cuda") return CreateCudaBackend(options);
+  return Status::InvalidArgument("unknown backend '" + name + "'; use cpu or cuda");
+}
+
+}  // namespace edl::resnet50

@@ -1,0 +1,105 @@
+#include "resnet50/data/batch_loader.h"
+
+#include <utility>
+
+namespace edl::resnet50 {
+
+BatchLoader::BatchLoader(const Dataset* dataset, Augment augment, uint64_t seed)
+    : dataset_(dataset), augment_(augment), seed_(seed), worker_([this] { WorkerLoop(); }) {}
+
+BatchLoader::~BatchLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+Status BatchLoader::Fill(HostBatch* b) const {
+  const int64_t n = static_cast<int64_t>(b->indices.size());
+  const int64_t per = static_cast<int64_t>(dataset_->channels()) * dataset_->image_size() *
+                      dataset_->image_size();
+  b->images.resize(n * per);
+  b->labels.resize(n);
+  // Augmentation seed: a hash of (seed, indices), the same whether prefetched or not.
+  uint64_t h = seed_ * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i : b->indices) h = (h ^ static_cast<uint64_t>(i)) * 0x100000001B3ull;
+  return dataset_->FillBatch(b->indices, augment_, h, b->images.data(), b->labels.data());
+}
+
+void BatchLoader::WorkerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    std::shared_ptr<Job> job;
+    cv_.wait(lock, [&] {
+      if (stop_) return true;
+      for (auto& j : jobs_) {
+        if (!j->started) return true;
+      }
+      return false;
+    });
+    if (stop_) return;
+    for (auto& j : jobs_) {
+      if (!j->started) {
+        job = j;
+        break;
+      }
+    }
+    job->started = true;
+    lock.unlock();
+    Status s = Fill(&job->batch);
+    lock.lock();
+    job->status = s;
+    job->done = true;
+    cv_.notify_all();
+  }
+}
+
+void BatchLoader::Prefetch(const std::vector<int64_t>& indices) {
+  if (indices.empty()) return;
+  auto job = std::make_shared<Job>();
+  job->batch.indices = indices;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    while (jobs_.size() >= kMaxQueued) jobs_.pop_front();
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_all();
+}
+
+Status BatchLoader::Get(const std::vector<int64_t>& indices, HostBatch* out,
+                        std::chrono::milliseconds timeout) {
+  std::shared_ptr<Job> job;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!jobs_.empty()) {
+      std::shared_ptr<Job> front = jobs_.front();
+      jobs_.pop_front();
+      if (front->batch.indices == indices) {
+        job = std::move(front);
+        break;
+      }
+    }
+    if (job && !job->started) {
+      job->started = true;  // the worker has not begun it: fill it here instead
+      job.reset();
+    }
+    if (job) {
+      if (!cv_.wait_for(lock, timeout, [&] { return job->done; })) {
+        return Status::Timeout("batch prefetch did not finish within " +
+                               std::to_string(timeout.count()) + " ms");
+      }
+    }
+  }
+  if (job) {
+    ++hits_;
+    EDL_RETURN_IF_ERROR(job->status);
+    *out = std::move(job->batch);
+    return Status::OK();
+  }
+  out->indices = indices;
+  return Fill(out);
+}
+
+}  // namespace edl::resnet50

@@ -1,0 +1,188 @@
+#include "resnet50/trainer.h"
+
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+namespace edl::resnet50 {
+
+int DefaultThreads() {
+  int cores = static_cast<int>(std::thread::hardware_concurrency());
+  if (cores <= 0) cores = 1;
+  int local = 1;
+  for (const char* var : {"EDL_LOCAL_TRAINERS", "LOCAL_WORLD_SIZE"}) {
+    const char* v = std::getenv(var);
+    if (v != nullptr && std::atoi(v) > 0) {
+      local = std::atoi(v);
+      break;
+    }
+  }
+  return std::max(1, cores / local);
+}
+
+Trainer::Trainer(const TrainerOptions& options, std::unique_ptr<Dataset> train,
+                 std::unique_ptr<Dataset> test)
+    : options_(options), train_(std::move(train)), test_(std::move(test)) {}
+
+Trainer::~Trainer() = default;
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options,
+                                                   std::unique_ptr<Dataset> train,
+                                                   std::unique_ptr<Dataset> test) {
+  if (train == nullptr || train->size() == 0) {
+    return Status::InvalidArgument("the training set is empty");
+  }
+  std::unique_ptr<Trainer> t(new Trainer(options, std::move(train), std::move(test)));
+  EDL_RETURN_IF_ERROR(t->Init());
+  return t;
+}
+
+Status Trainer::Init() {
+  threads_ = options_.threads > 0 ? options_.threads : DefaultThreads();
+  BackendOptions bo;
+  bo.threads = threads_;
+  std::string device = options_.device;
+  if (device == "auto") {
+    auto cuda = CreateBackend("cuda", bo);
+    if (cuda.ok()) backend_ = std::move(cuda.value());
+    device = "cpu";
+  }
+  if (!backend_) {
+    auto be = CreateBackend(device, bo);
+    if (!be.ok()) return be.status();
+    backend_ = std::move(be.value());
+  }
+  ModelConfig mc = options_.model;
+  mc.in_channels = train_->channels();
+  mc.image_size = train_->image_size();
+  mc.num_classes = train_->num_classes();
+  mc.seed = options_.seed;
+  auto model = Model::Create(backend_.get(), mc);
+  if (!model.ok()) return model.status();
+  model_ = std::move(model.value());
+  momentum_ = Tensor(backend_.get(), {model_->num_params()});
+  if (!momentum_.ok()) return Status::Internal("out of memory for the momentum buffers");
+  EDL_RETURN_IF_ERROR(backend_->Fill(&momentum_, 0.f));
+
+  train_loader_ = std::make_unique<BatchLoader>(train_.get(), options_.augment, options_.seed);
+  if (test_) test_loader_ = std::make_unique<BatchLoader>(test_.get(), Augment{}, options_.seed);
+
+  // State tensors: parameters, BN running statistics, momentum buffers.
+  auto add = [&](const std::string& name, const Shape& shape, void* data) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    state_.push_back({name, shape, runtime::DataType::kFloat32, data, n * sizeof(float)});
+  };
+  float* p = model_->params().data();
+  for (const Model::ParamInfo& info : model_->param_info()) add(info.name, info.shape, p + info.offset);
+  for (const Model::BufferInfo& b : model_->buffers()) add(b.name, b.tensor->shape(), b.tensor->raw());
+  float* m = momentum_.data();
+  for (const Model::ParamInfo& info : model_->param_info()) {
+    add("momentum/" + info.name, info.shape, m + info.offset);
+  }
+  return Status::OK();
+}
+
+std::vector<runtime::StateTensor> Trainer::StateTensors() { return state_; }
+
+float* Trainer::GradientBuffer(size_t* count) {
+  *count = static_cast<size_t>(model_->num_params());
+  return model_->grads().data();
+}
+
+Status Trainer::ScaleGradients(float factor) {
+  return backend_->Scale(&model_->grads(), factor, 0, model_->num_params());
+}
+
+void Trainer::Prefetch(const std::vector<int64_t>& indices) { train_loader_->Prefetch(indices); }
+
+Status Trainer::Upload(const HostBatch& batch) {
+  const int64_t n = static_cast<int64_t>(batch.indices.size());
+  const int64_t s = train_->image_size();
+  if (input_.rank() == 0 || input_.dim(0) != n) {
+    input_ = Tensor(backend_.get(), {n, train_->channels(), s, s});
+    labels_ = Tensor(backend_.get(), {n}, Layout::kNCHW, DataType::kInt32);
+    dlogits_ = Tensor(backend_.get(), {n, train_->num_classes()});
+    if (!input_.ok() || !dlogits_.ok()) return Status::Internal("out of memory for the batch");
+  }
+  EDL_RETURN_IF_ERROR(backend_->CopyFromHost(batch.images.data(), &input_));
+  return backend_->CopyFromHost(batch.labels.data(), &labels_);
+}
+
+Status Trainer::ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) {
+  if (indices.empty()) return Status::InvalidArgument("ForwardBackward: empty batch");
+  EDL_RETURN_IF_ERROR(train_loader_->Get(indices, &batch_));
+  EDL_RETURN_IF_ERROR(Upload(batch_));
+  const Tensor* logits = nullptr;
+  EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/true, &logits));
+  const int64_t n = static_cast<int64_t>(indices.size());
+  double loss_sum = 0;
+  int64_t correct = 0;
+  EDL_RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(*logits, labels_, options_.label_smoothing,
+                                                    1.f / static_cast<float>(n), &dlogits_,
+                                                    &loss_sum, &correct));
+  EDL_RETURN_IF_ERROR(model_->Backward(dlogits_));
+  // In-band slots start at zero every step; the runtime writes its words after this.
+  EDL_RETURN_IF_ERROR(backend_->Scale(&model_->grads(), 0.f, model_->num_params(),
+                                      runtime::Trainable::kInbandSlots));
+  stats->loss_sum = loss_sum;
+  stats->correct = correct;
+  stats->samples = n;
+  return Status::OK();
+}
+
+Status Trainer::ApplyUpdate(double lr) {
+  SgdParams p;
+  p.lr = static_cast<float>(lr);
+  p.momentum = options_.momentum;
+  p.nesterov = options_.nesterov;
+  p.weight_decay = options_.weight_decay;
+  const int64_t decay = model_->decay_count();
+  EDL_RETURN_IF_ERROR(backend_->SgdUpdate(p, &model_->params(), model_->grads(), &momentum_, 0, decay));
+  p.weight_decay = 0.f;
+  return backend_->SgdUpdate(p, &model_->params(), model_->grads(), &momentum_, decay,
+                             model_->num_params() - decay);
+}
+
+Status Trainer::Evaluate(const std::vector<int64_t>& indices, runtime::StepStats* stats) {
+  if (!test_loader_) return Status::FailedPrecondition("no test split loaded");
+  if (indices.empty()) return Status::InvalidArgument("Evaluate: empty batch");
+  HostBatch batch;
+  EDL_RETURN_IF_ERROR(test_loader_->Get(indices, &batch));
+  EDL_RETURN_IF_ERROR(Upload(batch));
+  const Tensor* logits = nullptr;
+  EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/false, &logits));
+  double loss_sum = 0;
+  int64_t correct = 0;
+  EDL_RETURN_IF_ERROR(
+      backend_->SoftmaxCrossEntropy(*logits, labels_, 0.f, 1.f, nullptr, &loss_sum, &correct));
+  stats->loss_sum = loss_sum;
+  stats->correct = correct;
+  stats->samples = static_cast<int64_t>(indices.size());
+  return Status::OK();
+}
+
+std::string Trainer::Fingerprint() const {
+  std::ostringstream os;
+  os << model_->config().name << ":" << model_->config().in_channels << "x"
+     << model_->config().image_size << ":" << model_->config().num_classes;
+  for (const runtime::StateTensor& t : state_) {
+    os << ";" << t.name << "[";
+    for (size_t i = 0; i < t.shape.size(); ++i) os << (i ? "," : "") << t.shape[i];
+    os << "]";
+  }
+  return os.str();
+}
+
+Status Trainer::CopyToHost(const runtime::StateTensor& t, void* dst) {
+  Tensor view = Tensor::View(backend_.get(), t.data, {static_cast<int64_t>(t.bytes / 4)});
+  return backend_->CopyToHost(view, dst);
+}
+
+Status Trainer::CopyFromHost(const runtime::StateTensor& t, const void* src) {
+  Tensor view = Tensor::View(backend_.get(), t.data, {static_cast<int64_t>(t.bytes / 4)});
+  return backend_->CopyFromHost(src, &view);
+}
+
+}  // namespace edl::resnet50

@@ -1,0 +1,92 @@
+// Trainer: a ResNet with its backend, SGD optimizer state and data loaders, behind the
+// runtime::Trainable contract (edl/runtime/trainable.h) so that both the standalone loop
+// (train_loop.h) and the elastic runtime drive it the same way.
+//
+// State tensors (stable names, torchvision style): every parameter ("layer1.0.conv1.weight"), the
+// BN running statistics ("layer1.0.bn1.running_mean"), then every momentum buffer
+// ("momentum/layer1.0.conv1.weight"), in that order.
+//
+// Thread-safety: as Trainable — one training thread; the data prefetch thread is internal.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "edl/base/status.h"
+#include "edl/runtime/trainable.h"
+#include "resnet50/backend.h"
+#include "resnet50/data/batch_loader.h"
+#include "resnet50/data/dataset.h"
+#include "resnet50/model.h"
+
+namespace edl::resnet50 {
+
+struct TrainerOptions {
+  std::string device = "cpu";  // cpu | cuda | auto (cuda when built and usable, else cpu)
+  int threads = 0;             // CPU compute threads; 0 = DefaultThreads()
+  ModelConfig model;           // in_channels / image_size / num_classes come from the data
+  float momentum = 0.9f;
+  float weight_decay = 5e-4f;  // on conv/fc weights (and on BN/bias when model.decay_bn_and_bias)
+  bool nesterov = false;
+  float label_smoothing = 0.0f;
+  Augment augment;             // training-set augmentation
+  uint64_t seed = 1;           // init and augmentation
+};
+
+// Cores of this machine divided by the trainers on the node (env LOCAL_WORLD_SIZE or
+// EDL_LOCAL_TRAINERS; 1 when unset), at least 1.
+int DefaultThreads();
+
+class Trainer : public runtime::Trainable {
+ public:
+  // Takes ownership of the datasets (test may be null: Evaluate then fails). InvalidArgument when
+  // the model cannot take the data's images.
+  static StatusOr<std::unique_ptr<Trainer>> Create(const TrainerOptions& options,
+                                                   std::unique_ptr<Dataset> train,
+                                                   std::unique_ptr<Dataset> test);
+  ~Trainer() override;
+
+  // ---- runtime::Trainable
+  bool on_device() const override { return backend_->on_device(); }
+  void* stream() const override { return backend_->stream(); }
+  std::vector<runtime::StateTensor> StateTensors() override;
+  float* GradientBuffer(size_t* count) override;
+  Status ScaleGradients(float factor) override;
+  int64_t train_size() const override { return train_->size(); }
+  int64_t test_size() const override { return test_ ? test_->size() : 0; }
+  void Prefetch(const std::vector<int64_t>& indices) override;
+  Status ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
+  Status ApplyUpdate(double lr) override;
+  Status Evaluate(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
+  std::string Fingerprint() const override;
+  Status CopyToHost(const runtime::StateTensor& t, void* dst) override;
+  Status CopyFromHost(const runtime::StateTensor& t, const void* src) override;
+
+  Model* model() { return model_.get(); }
+  Backend* backend() { return backend_.get(); }
+  const TrainerOptions& options() const { return options_; }
+  const Dataset& train_data() const { return *train_; }
+  int threads() const { return threads_; }
+
+ private:
+  Trainer(const TrainerOptions& options, std::unique_ptr<Dataset> train,
+          std::unique_ptr<Dataset> test);
+  Status Init();
+  // Uploads a host batch into input_/labels_ (resized to its batch size).
+  Status Upload(const HostBatch& batch);
+
+  const TrainerOptions options_;
+  int threads_ = 1;
+  std::unique_ptr<Dataset> train_, test_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;     // uses backend_; declared after it
+  Tensor momentum_;                  // [num_params], same layout as model_->params()
+  Tensor input_, labels_, dlogits_;  // [n,C,S,S], [n] int32, [n,classes]
+  std::unique_ptr<BatchLoader> train_loader_, test_loader_;
+  std::vector<runtime::StateTensor> state_;  // built once in Init()
+  HostBatch batch_;
+};
+
+}  // namespace edl::resnet50
