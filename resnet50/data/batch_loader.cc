@@ -71,6 +71,7 @@ void BatchLoader::Prefetch(const std::vector<int64_t>& indices) {
 Status BatchLoader::Get(const std::vector<int64_t>& indices, HostBatch* out,
                         std::chrono::milliseconds timeout) {
   std::shared_ptr<Job> job;
+  bool queued = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
     while (!jobs_.empty()) {
@@ -81,6 +82,7 @@ Status BatchLoader::Get(const std::vector<int64_t>& indices, HostBatch* out,
         break;
       }
     }
+    queued = job != nullptr;
     if (job && !job->started) {
       job->started = true;  // the worker has not begun it: fill it here instead
       job.reset();
@@ -92,8 +94,8 @@ Status BatchLoader::Get(const std::vector<int64_t>& indices, HostBatch* out,
       }
     }
   }
+  if (queued) ++hits_;
   if (job) {
-    ++hits_;
     EDL_RETURN_IF_ERROR(job->status);
     *out = std::move(job->batch);
     return Status::OK();

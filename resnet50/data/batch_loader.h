@@ -40,6 +40,7 @@ class BatchLoader {
   Status Get(const std::vector<int64_t>& indices, HostBatch* out,
              std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
+  // Gets whose batch had been queued with Prefetch.
   int64_t prefetch_hits() const { return hits_; }
 
  private:
