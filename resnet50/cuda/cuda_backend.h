@@ -47,7 +47,7 @@ namespace config {
 constexpr size_t kConvWorkspaceCap = size_t{1} << 30;  // cuDNN algorithms needing more are skipped
 constexpr std::chrono::seconds kSyncTimeout{600};      // longest host wait for the stream
 constexpr int kPinnedSlots = 4;                        // CopyFromHost staging buffers in flight
-constexpr float kInitialLossScale = 65536.f;           // fp16 only
+constexpr float kInitialLossScale = 1024.f;            // fp16 only; grows when clean
 constexpr int kGrowthInterval = 2000;                  // fp16: clean steps before S doubles
 }  // namespace config
 
