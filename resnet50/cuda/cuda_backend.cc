@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -91,6 +93,11 @@ Status CudaBackend::Init() {
   EDL_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(overflow_dev_, 0, sizeof(int), stream_));
   *overflow_host_ = 0;
   loss_scale_ = act_ == Elem::kF16 ? config::kInitialLossScale : 1.f;
+  const char* phases = std::getenv("EDL_CUDA_PHASE_TIMES");
+  phase_on_ = phases != nullptr && phases[0] == '1';
+  for (int i = 0; phase_on_ && i < kNumPhaseEvents; ++i) {
+    EDL_CUDA_RETURN_IF_ERROR(cudaEventCreate(&phase_ev_[i]));
+  }
   return WaitStream("CUDA backend initialisation");
 }
 
@@ -99,6 +106,19 @@ CudaBackend::~CudaBackend() {
   if (stream_ != nullptr) {
     Status s = WaitStream("CUDA backend shutdown");
     if (!s.ok()) LOG(ERROR) << s.ToString();
+  }
+  if (phase_on_) {
+    CollectPhases();
+    const int n = std::max(1, phase_sum_.steps);
+    // One machine-readable line on stderr (bench/trainer_gpu.sh parses it).
+    std::fprintf(stderr,
+                 "EDL_CUDA_PHASE_TIMES steps=%d h2d_ms=%.3f forward_ms=%.3f backward_ms=%.3f "
+                 "update_ms=%.3f\n",
+                 phase_sum_.steps, phase_sum_.h2d / n, phase_sum_.forward / n,
+                 phase_sum_.backward / n, phase_sum_.update / n);
+    for (cudaEvent_t e : phase_ev_) {
+      if (e) cudaEventDestroy(e);
+    }
   }
   conv_plans_.clear();
   bn_plans_.clear();
@@ -140,6 +160,37 @@ Status CudaBackend::WaitStream(const char* what) {
       std::this_thread::sleep_for(std::chrono::microseconds(now - start < std::chrono::milliseconds(10) ? 20 : 200));
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Phase times (EDL_CUDA_PHASE_TIMES)
+
+void CudaBackend::RecordPhase(PhaseEvent e) {
+  if (!phase_on_) return;
+  if (e == kUploadStart && (phase_state_ & (1 << kUploadStart))) {
+    if (!(phase_state_ & (1 << kUpdateEnd))) return;  // a second upload (labels) of one step
+    CollectPhases();                                  // the previous step is complete
+  }
+  if (e == kUpdateStart && (phase_state_ & (1 << kUpdateStart))) return;  // only the first
+  if (cudaEventRecord(phase_ev_[e], stream_) == cudaSuccess) phase_state_ |= 1 << e;
+}
+
+void CudaBackend::CollectPhases() {
+  const int all = (1 << kNumPhaseEvents) - 1;
+  if (phase_state_ == all && cudaEventSynchronize(phase_ev_[kUpdateEnd]) == cudaSuccess &&
+      ++phase_seen_ > 3) {
+    float ms[4] = {0, 0, 0, 0};
+    cudaEventElapsedTime(&ms[0], phase_ev_[kUploadStart], phase_ev_[kUploadEnd]);
+    cudaEventElapsedTime(&ms[1], phase_ev_[kUploadEnd], phase_ev_[kLoss]);
+    cudaEventElapsedTime(&ms[2], phase_ev_[kLoss], phase_ev_[kUpdateStart]);
+    cudaEventElapsedTime(&ms[3], phase_ev_[kUpdateStart], phase_ev_[kUpdateEnd]);
+    phase_sum_.h2d += ms[0];
+    phase_sum_.forward += ms[1];
+    phase_sum_.backward += ms[2];
+    phase_sum_.update += ms[3];
+    ++phase_sum_.steps;
+  }
+  phase_state_ = 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,9 +300,11 @@ Status CudaBackend::CopyFromHost(const void* src, Tensor* dst) {
     slot.bytes = bytes;
   }
   std::memcpy(slot.ptr, src, bytes);
+  RecordPhase(kUploadStart);
   EDL_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(dst->raw(), slot.ptr, bytes, cudaMemcpyHostToDevice, stream_));
   EDL_CUDA_RETURN_IF_ERROR(cudaEventRecord(slot.done, stream_));
+  RecordPhase(kUploadEnd);
   return Status::OK();
 }
 
@@ -467,6 +520,7 @@ Status CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labe
     EDL_RETURN_IF_ERROR(WaitStream("SoftmaxCrossEntropy (loss scale)"));
     EDL_RETURN_IF_ERROR(UpdateLossScale());
   }
+  if (backward) RecordPhase(kLoss);
   const int64_t n = logits.dim(0), m = logits.dim(1);
   const float scale = backward ? grad_scale * loss_scale_ : grad_scale;
   EDL_CUDA_RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(logits.data(), labels.data_i32(), n, m,
@@ -494,6 +548,7 @@ Status CudaBackend::SgdUpdate(const SgdParams& p, Tensor* params, const Tensor& 
       momentum->bytes() < static_cast<size_t>(offset + count) * sizeof(float)) {
     return Status::InvalidArgument("SgdUpdate: range outside the flat buffers");
   }
+  RecordPhase(kUpdateStart);
   const int* skip = nullptr;
   if (act_ == Elem::kF16) {
     if (!grads_checked_) {  // first update of this step: check the whole gradient buffer once
@@ -510,6 +565,7 @@ Status CudaBackend::SgdUpdate(const SgdParams& p, Tensor* params, const Tensor& 
   EDL_CUDA_RETURN_IF_ERROR(cuda::SgdUpdate(params->data() + offset, grads.data() + offset,
                                            momentum->data() + offset, count, p.lr, p.momentum,
                                            p.weight_decay, p.nesterov, skip, stream_));
+  RecordPhase(kUpdateEnd);
   return Status::OK();
 }
 

@@ -25,6 +25,13 @@
 // SoftmaxCrossEntropy, Synchronize) poll the stream with a timeout (kSyncTimeout) instead of
 // blocking forever on a wedged device.
 //
+// Phase times. With EDL_CUDA_PHASE_TIMES=1 the backend records CUDA events at the step's phase
+// boundaries it can see (upload start/end, the loss, the first and last SgdUpdate) and logs, when
+// destroyed, the mean GPU milliseconds per training step of h2d (batch upload), forward,
+// backward (including a gradient all-reduce on the same stream) and update, skipping 3 warm-up
+// steps. It waits for the previous step's events at the next upload, so it costs some overlap;
+// leave it off for throughput figures.
+//
 // Thread-safety: one thread at a time, like every Backend.
 #pragma once
 
@@ -158,6 +165,13 @@ class CudaBackend : public Backend {
 
   float loss_scale() const { return loss_scale_; }
 
+  // EDL_CUDA_PHASE_TIMES: GPU ms per step of each phase (see the header comment).
+  struct PhaseTimes {
+    double h2d = 0, forward = 0, backward = 0, update = 0;
+    int steps = 0;
+  };
+  PhaseTimes phase_times() const { return phase_sum_; }
+
  private:
   // Scratch slots: one op never uses one slot for two operands.
   enum Slot { kSlotX, kSlotY, kSlotDY, kSlotDX, kSlotW, kSlotTmp, kNumSlots };
@@ -189,6 +203,10 @@ class CudaBackend : public Backend {
 
   // Loss scaling (fp16).
   Status UpdateLossScale();
+  // Phase events (EDL_CUDA_PHASE_TIMES).
+  enum PhaseEvent { kUploadStart, kUploadEnd, kLoss, kUpdateStart, kUpdateEnd, kNumPhaseEvents };
+  void RecordPhase(PhaseEvent e);
+  void CollectPhases();
 
   const BackendOptions options_;
   const Elem act_;  // compute precision of native activations
@@ -218,6 +236,12 @@ class CudaBackend : public Backend {
   bool update_pending_ = false;      // an SgdUpdate ran since the last loss scale update
   float loss_scale_ = 1.f;
   int clean_steps_ = 0;
+
+  bool phase_on_ = false;
+  cudaEvent_t phase_ev_[kNumPhaseEvents] = {};
+  int phase_state_ = 0;   // bit i: event i recorded in the current step
+  int phase_seen_ = 0;    // training steps seen (the first 3 are not counted)
+  PhaseTimes phase_sum_;
 };
 
 }  // namespace edl::resnet50::cuda
