@@ -199,6 +199,7 @@ class CudaBackend : public Backend {
   Status FindForward(ConvPlan* plan, const void* x, const void* w, void* y);
   Status FindBackwardData(ConvPlan* plan, const void* dy, const void* w, void* dx);
   Status FindBackwardFilter(ConvPlan* plan, const void* x, const void* dy, void* dw);
+  Status SetMath(cudnnConvolutionDescriptor_t d, cudnnMathType_t found);
   cudnnBatchNormMode_t BnMode() const;
 
   // Loss scaling (fp16).

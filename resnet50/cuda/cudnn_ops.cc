@@ -41,6 +41,10 @@ std::string Key(const char* op, std::initializer_list<int64_t> values) {
   return os.str();
 }
 
+bool IsTensorOp(cudnnMathType_t m) {
+  return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
 bool FitsInt(const Shape& s) {
   for (int64_t d : s) {
     if (d <= 0 || d > INT_MAX) return false;
@@ -118,10 +122,10 @@ Status CudaBackend::FindForward(ConvPlan* plan, const void* x, const void* w, vo
       &found, perf, ws ? workspace_.get() : nullptr, ws));
   for (int i = 0; i < found; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > ws) continue;
-    if (act_ == Elem::kF32 && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    if (act_ == Elem::kF32 && IsTensorOp(perf[i].mathType)) continue;
     plan->fwd_algo = perf[i].algo;
     plan->fwd_ws = perf[i].memory;
-    EDL_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(plan->fwd, perf[i].mathType));
+    EDL_RETURN_IF_ERROR(SetMath(plan->fwd, perf[i].mathType));
     plan->have_fwd = true;
     return Status::OK();
   }
@@ -139,10 +143,10 @@ Status CudaBackend::FindBackwardData(ConvPlan* plan, const void* dy, const void*
       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found, perf, ws ? workspace_.get() : nullptr, ws));
   for (int i = 0; i < found; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > ws) continue;
-    if (act_ == Elem::kF32 && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    if (act_ == Elem::kF32 && IsTensorOp(perf[i].mathType)) continue;
     plan->bwd_data_algo = perf[i].algo;
     plan->bwd_data_ws = perf[i].memory;
-    EDL_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(plan->bwd_data, perf[i].mathType));
+    EDL_RETURN_IF_ERROR(SetMath(plan->bwd_data, perf[i].mathType));
     plan->have_bwd_data = true;
     return Status::OK();
   }
@@ -159,16 +163,24 @@ Status CudaBackend::FindBackwardFilter(ConvPlan* plan, const void* x, const void
       CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &found, perf, ws ? workspace_.get() : nullptr, ws));
   for (int i = 0; i < found; ++i) {
     if (perf[i].status != CUDNN_STATUS_SUCCESS || perf[i].memory > ws) continue;
-    if (act_ == Elem::kF32 && perf[i].mathType != CUDNN_FMA_MATH) continue;
+    if (act_ == Elem::kF32 && IsTensorOp(perf[i].mathType)) continue;
     plan->bwd_filter_algo = perf[i].algo;
     plan->bwd_filter_ws = perf[i].memory;
-    EDL_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(plan->bwd_filter, perf[i].mathType));
+    EDL_RETURN_IF_ERROR(SetMath(plan->bwd_filter, perf[i].mathType));
     plan->have_bwd_filter = true;
     return Status::OK();
   }
   return Status::InvalidArgument(
       "Conv2dBackwardFilter: cuDNN found no algorithm for this shape in " +
       std::string(ElemName(act_)));
+}
+
+// Applies the math type the search found, except in fp32 mode, whose descriptors keep
+// CUDNN_FMA_MATH (set in PlanConv) so no TF32 kernel ever runs.
+Status CudaBackend::SetMath(cudnnConvolutionDescriptor_t d, cudnnMathType_t found) {
+  if (act_ == Elem::kF32) return Status::OK();
+  EDL_CUDNN_RETURN_IF_ERROR(cudnnSetConvolutionMathType(d, found));
+  return Status::OK();
 }
 
 // OIHW fp32 master weights -> KRSC in the compute precision, in scratch kSlotW.
