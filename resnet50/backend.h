@@ -125,6 +125,9 @@ struct SgdParams {
 struct BackendOptions {
   int threads = 0;       // CPU: compute threads (OpenMP); 0 = all cores. Ignored by CUDA.
   int cuda_device = 0;   // CUDA: device ordinal (after CUDA_VISIBLE_DEVICES). Ignored by CPU.
+  // CUDA: compute precision of activations and convolutions: fp32 | bf16 | fp16 (fp16 adds dynamic
+  // loss scaling); parameters, gradients and optimizer state stay fp32. Ignored by CPU (fp32).
+  std::string precision = "fp32";
 };
 
 // ---------------------------------------------------------------------------------------------

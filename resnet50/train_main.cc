@@ -16,7 +16,7 @@ namespace edl::resnet50 {
 namespace {
 
 struct Config {
-  std::string model, data, data_dir, device, lr_decay, lr_milestones;
+  std::string model, data, data_dir, device, lr_decay, lr_milestones, precision;
   int image_size = 0, channels = 3, threads = 0;
   int64_t batch_size = 128, epochs = 1, max_steps = 0, log_every = 50, base_batch = 128;
   int64_t synthetic_train = 0, synthetic_test = 0;
@@ -68,7 +68,10 @@ po::options_description Flags(Config* c) {
        "CPU compute threads; 0 = cores / trainers on this node (LOCAL_WORLD_SIZE or EDL_LOCAL_TRAINERS)")
       ("log_every", po::value(&c->log_every)->default_value(50, "50"), "progress line every N steps; 0 = none")
       ("eval", po::value(&c->eval)->default_value(true), "evaluate on the test split after every epoch")
-      ("device", po::value(&c->device)->default_value("cpu"), "cpu|cuda|auto");
+      ("device", po::value(&c->device)->default_value("cpu"), "cpu|cuda|auto")
+      ("precision", po::value(&c->precision)->default_value("fp32"),
+       "cuda: fp32|bf16|fp16 activations and convolutions (fp32 master weights; fp16 adds loss "
+       "scaling); cpu: fp32 only");
   return d;
 }
 
@@ -127,6 +130,12 @@ Status Validate(const Config& c) {
   if (c.device != "cpu" && c.device != "cuda" && c.device != "auto") {
     return Status::InvalidArgument("--device '" + c.device + "' is unknown; use cpu, cuda or auto");
   }
+  if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16") {
+    return Status::InvalidArgument("--precision '" + c.precision + "' is unknown; use fp32, bf16 or fp16");
+  }
+  if (c.device == "cpu" && c.precision != "fp32") {
+    return Status::InvalidArgument("--precision " + c.precision + " needs --device cuda (or auto); the CPU backend is fp32");
+  }
   ModelConfig mc;
   mc.name = c.model;
   // The model is checked against the data's shape in Trainer::Create; check the name early.
@@ -155,6 +164,7 @@ int RunTrainMain(int argc, char** argv) {
   if (s.ok()) {
     TrainerOptions to;
     to.device = c.device;
+    to.precision = c.precision;
     to.threads = c.threads;
     to.model.name = c.model;
     to.model.zero_init_residual = c.zero_init_residual;

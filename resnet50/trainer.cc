@@ -42,6 +42,7 @@ Status Trainer::Init() {
   threads_ = options_.threads > 0 ? options_.threads : DefaultThreads();
   BackendOptions bo;
   bo.threads = threads_;
+  bo.precision = options_.precision;
   std::string device = options_.device;
   if (device == "auto") {
     auto cuda = CreateBackend("cuda", bo);

@@ -26,6 +26,7 @@ namespace edl::resnet50 {
 struct TrainerOptions {
   std::string device = "cpu";  // cpu | cuda | auto (cuda when built and usable, else cpu)
   int threads = 0;             // CPU compute threads; 0 = DefaultThreads()
+  std::string precision = "fp32";  // CUDA compute precision: fp32 | bf16 | fp16 (CPU: fp32 only)
   ModelConfig model;           // in_channels / image_size / num_classes come from the data
   float momentum = 0.9f;
   float weight_decay = 5e-4f;  // on conv/fc weights (and on BN/bias when model.decay_bn_and_bias)

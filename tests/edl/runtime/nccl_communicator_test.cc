@@ -1,0 +1,229 @@
+// NCCL communicator on one GPU: all-reduce / broadcast correctness at world size 1 (device and
+// host pointers), and that a collective stuck behind work that never finishes returns Aborted when
+// another thread calls Abort(), or Timeout on its own, instead of hanging. A second rank that never
+// joins turns creation into Timeout. One GPU cannot hold two ranks of one NCCL communicator, so
+// the "stuck" collective is held back by a host callback on its stream that only the test
+// releases. Everything that needs a GPU skips, printing why, where none is visible.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "edl/runtime/comm/communicator.h"
+#include "edl/runtime/comm/memory_kv_store.h"
+#include "edl/runtime/comm/nccl/nccl_communicator.h"
+#include "tests/testutil.h"
+
+namespace edl::runtime {
+namespace {
+
+using std::chrono::milliseconds;
+
+// Empty when a GPU can be used, else the reason to skip.
+std::string NoGpuReason() {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    return std::string("no usable CUDA device: cudaGetDeviceCount: ") + cudaGetErrorString(e);
+  }
+  if (count == 0) return "no CUDA device visible (cudaGetDeviceCount = 0)";
+  return "";
+}
+
+#define SKIP_WITHOUT_GPU()                                     \
+  do {                                                         \
+    const std::string why = NoGpuReason();                     \
+    if (!why.empty()) {                                        \
+      std::cout << "[  SKIPPED ] " << why << "\n";             \
+      GTEST_SKIP() << why;                                     \
+    }                                                          \
+  } while (0)
+
+#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+CommOptions Options(KvStore* store, int rank, int world, cudaStream_t stream,
+                    milliseconds timeout = milliseconds(20000)) {
+  CommOptions o;
+  o.rank = rank;
+  o.world_size = world;
+  o.store = store;
+  o.key_prefix = "test/nccl";
+  o.timeout = timeout;
+  o.cuda_device = 0;
+  o.cuda_stream = stream;
+  return o;
+}
+
+// A stream that owns itself.
+struct Stream {
+  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  ~Stream() {
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+  }
+  cudaStream_t s = nullptr;
+};
+
+// Holds a stream in a host callback until Release() (or 60 s, so a broken test cannot hang).
+class StreamBlocker {
+ public:
+  void Block(cudaStream_t stream) {
+    ASSERT_CUDA(cudaLaunchHostFunc(stream, &StreamBlocker::Wait, this));
+  }
+  void Release() { release_.store(true); }
+
+ private:
+  static void CUDART_CB Wait(void* arg) {
+    auto* self = static_cast<StreamBlocker*>(arg);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!self->release_.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+  }
+  std::atomic<bool> release_{false};
+};
+
+TEST(NcclCommunicatorTest, RejectsBadOptionsWithoutTouchingTheGpu) {
+  MemoryKvStore store;
+  auto comm = CreateNcclCommunicator(Options(&store, 2, 2, nullptr));
+  EXPECT_EQ(comm.status().code(), Status::Code::kInvalidArgument) << comm.status().ToString();
+  CommOptions no_store = Options(nullptr, 0, 1, nullptr);
+  EXPECT_EQ(CreateNcclCommunicator(no_store).status().code(), Status::Code::kInvalidArgument);
+}
+
+TEST(NcclCommunicatorTest, AllReduceAndBroadcastAtWorldSizeOne) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  Stream stream;
+  auto made = CreateNcclCommunicator(Options(&store, 0, 1, stream.s));
+  ASSERT_OK(made.status());
+  Communicator* comm = made.value().get();
+  EXPECT_STREQ(comm->backend(), "nccl");
+  EXPECT_EQ(comm->world_size(), 1);
+
+  // Device fp32, sum and max (world size 1: the data comes back unchanged).
+  const size_t n = 1 << 20;
+  std::vector<float> host(n), back(n);
+  for (size_t i = 0; i < n; ++i) host[i] = static_cast<float>(i % 1000) - 500.f;
+  float* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, n * sizeof(float)));
+  ASSERT_CUDA(cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+  ASSERT_OK(comm->AllReduce(dev, n, DataType::kFloat32, ReduceOp::kSum));
+  ASSERT_OK(comm->AllReduce(dev, n, DataType::kFloat32, ReduceOp::kMax));
+  ASSERT_CUDA(cudaMemcpy(back.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, host);
+
+  // Broadcast of raw bytes from root 0.
+  ASSERT_OK(comm->Broadcast(dev, n * sizeof(float), 0));
+  ASSERT_CUDA(cudaMemcpy(back.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(back, host);
+  EXPECT_EQ(comm->Broadcast(dev, 4, 1).code(), Status::Code::kInvalidArgument);
+  ASSERT_CUDA(cudaFree(dev));
+
+  // bf16 on the device.
+  std::vector<__nv_bfloat16> bf(64, __float2bfloat16(1.5f));
+  __nv_bfloat16* dbf = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dbf, bf.size() * sizeof(bf[0])));
+  ASSERT_CUDA(cudaMemcpy(dbf, bf.data(), bf.size() * sizeof(bf[0]), cudaMemcpyHostToDevice));
+  ASSERT_OK(comm->AllReduce(dbf, bf.size(), DataType::kBFloat16, ReduceOp::kSum));
+  ASSERT_CUDA(cudaMemcpy(bf.data(), dbf, bf.size() * sizeof(bf[0]), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(__bfloat162float(bf[7]), 1.5f);
+  ASSERT_CUDA(cudaFree(dbf));
+
+  // Host scalars (the runtime reduces step counters from the stack) go through staging.
+  int64_t v[3] = {7, -3, 1LL << 40};
+  ASSERT_OK(comm->AllReduce(v, 3, DataType::kInt64, ReduceOp::kMax));
+  EXPECT_EQ(v[0], 7);
+  EXPECT_EQ(v[2], 1LL << 40);
+  double d[2] = {0.25, 3.5};
+  ASSERT_OK(comm->AllReduce(d, 2, DataType::kFloat64, ReduceOp::kSum));
+  EXPECT_EQ(d[1], 3.5);
+  uint64_t h = 0x1234567890abcdefULL;
+  ASSERT_OK(comm->Broadcast(&h, sizeof(h), 0));
+  EXPECT_EQ(h, 0x1234567890abcdefULL);
+  ASSERT_OK(comm->Barrier());
+  EXPECT_FALSE(comm->aborted());
+}
+
+TEST(NcclCommunicatorTest, AbortFromAnotherThreadUnblocksAStuckCollective) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  Stream stream;
+  auto made = CreateNcclCommunicator(Options(&store, 0, 1, stream.s, milliseconds(60000)));
+  ASSERT_OK(made.status());
+  Communicator* comm = made.value().get();
+  float* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, 1024 * sizeof(float)));
+  StreamBlocker blocker;
+  blocker.Block(stream.s);
+
+  Status result;
+  std::atomic<bool> returned{false};
+  std::thread collective([&] {
+    result = comm->AllReduce(dev, 1024, DataType::kFloat32, ReduceOp::kSum);
+    returned.store(true);
+  });
+  std::this_thread::sleep_for(milliseconds(300));
+  EXPECT_FALSE(returned.load()) << "the collective should be held by the blocked stream";
+  comm->Abort();
+  collective.join();  // bounded: the collective polls the abort flag
+  blocker.Release();
+  EXPECT_TRUE(result.IsAborted()) << result.ToString();
+  std::cout << "  stuck collective returned: " << result.ToString() << "\n";
+  EXPECT_TRUE(comm->aborted());
+  EXPECT_TRUE(comm->AllReduce(dev, 1, DataType::kFloat32, ReduceOp::kSum).IsAborted());
+  comm->Abort();  // idempotent
+  ASSERT_CUDA(cudaStreamSynchronize(stream.s));
+  ASSERT_CUDA(cudaFree(dev));
+}
+
+TEST(NcclCommunicatorTest, StuckCollectiveTimesOut) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  Stream stream;
+  auto made = CreateNcclCommunicator(Options(&store, 0, 1, stream.s, milliseconds(1500)));
+  ASSERT_OK(made.status());
+  float* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, 1024 * sizeof(float)));
+  StreamBlocker blocker;
+  blocker.Block(stream.s);
+  const Status s = made.value()->AllReduce(dev, 1024, DataType::kFloat32, ReduceOp::kSum);
+  blocker.Release();
+  EXPECT_TRUE(s.IsTimeout()) << s.ToString();
+  // Sticky: the communicator stays failed.
+  EXPECT_FALSE(made.value()->Barrier().ok());
+  ASSERT_CUDA(cudaStreamSynchronize(stream.s));
+  ASSERT_CUDA(cudaFree(dev));
+}
+
+TEST(NcclCommunicatorTest, RankThatNeverJoinsTimesOutCreation) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  Stream stream;
+  // Rank 0 of 2 publishes the id; rank 1 never starts.
+  auto made = CreateNcclCommunicator(Options(&store, 0, 2, stream.s, milliseconds(3000)));
+  ASSERT_FALSE(made.ok());
+  EXPECT_TRUE(made.status().IsTimeout()) << made.status().ToString();
+  std::cout << "  creation without rank 1: " << made.status().ToString() << "\n";
+  // Rank 1 of a communicator whose rank 0 never published: the rendezvous wait times out.
+  MemoryKvStore empty;
+  auto joiner = CreateNcclCommunicator(Options(&empty, 1, 2, stream.s, milliseconds(500)));
+  EXPECT_TRUE(joiner.status().IsTimeout()) << joiner.status().ToString();
+}
+
+TEST(NcclCommunicatorTest, CorruptUniqueIdIsRejected) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  ASSERT_OK(store.Set("test/nccl/nccl_unique_id", "not hex"));
+  Stream stream;
+  auto made = CreateNcclCommunicator(Options(&store, 1, 2, stream.s, milliseconds(500)));
+  EXPECT_TRUE(made.status().IsCorruption()) << made.status().ToString();
+}
+
+}  // namespace
+}  // namespace edl::runtime

@@ -1,0 +1,355 @@
+// CUDA-vs-CPU parity: the same initial weights and batch through (a) a whole ResNet-20 training
+// step (forward, loss, backward, SGD update) and (b) a ResNet-50 bottleneck block with a projection
+// shortcut (1x1 -> 3x3 stride 2 -> 1x1, BN+ReLU, residual add) built from backend ops, on the CPU
+// backend (oneDNN, fp32) and the CUDA backend in each precision. Compared: the loss, every
+// parameter gradient, the block's input gradient, the BN running statistics and the updated
+// weights, each printed as its max relative difference
+//     max_i |cuda_i - cpu_i| / max(max_i |cpu_i|, 1e-6)
+// (relative to the tensor's scale, so tiny entries do not dominate).
+//
+// Tolerances (unverified on hardware when written: no GPU was available):
+//   fp32  block 2e-3, ResNet-20 5e-3 (cuDNN FMA-only algorithms, e.g. Winograd, reorder sums; BN
+//         over small batches amplifies that through depth), loss 1e-4 relative.
+//   bf16  block 5e-2, ResNet-20 1.5e-1, loss 2e-2 (8-bit mantissa activations and conv operands).
+//   fp16  ResNet-20 1e-1, loss 1e-2 (10-bit mantissa, loss-scaled gradients); the block test
+//         skips fp16 (it feeds dy directly, without the loss op that applies the loss scale).
+// Skips, printing why, where no GPU is visible.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "resnet50/backend.h"
+#include "resnet50/model.h"
+#include "tests/resnet50/grad_check.h"
+#include "tests/testutil.h"
+
+namespace edl::resnet50::test {
+namespace {
+
+struct Tolerance {
+  const char* precision;
+  double block, model, loss;
+};
+
+const Tolerance kTolerances[] = {
+    {"fp32", 2e-3, 5e-3, 1e-4},
+    {"bf16", 5e-2, 1.5e-1, 2e-2},
+    {"fp16", 2e-2, 1e-1, 1e-2},
+};
+
+double MaxRelDiff(const std::vector<float>& cpu, const std::vector<float>& gpu) {
+  double scale = 1e-6, diff = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    scale = std::max(scale, std::fabs(static_cast<double>(cpu[i])));
+    diff = std::max(diff, std::fabs(static_cast<double>(cpu[i]) - gpu[i]));
+  }
+  return diff / scale;
+}
+
+// Expects cpu ~ gpu within tol and prints the figure; returns the difference.
+double ExpectClose(const std::string& what, const std::vector<float>& cpu,
+                   const std::vector<float>& gpu, double tol) {
+  EXPECT_EQ(cpu.size(), gpu.size()) << what;
+  if (cpu.size() != gpu.size()) return 1e9;
+  const double d = MaxRelDiff(cpu, gpu);
+  EXPECT_LE(d, tol) << what << ": max relative difference " << d << " > " << tol;
+  return d;
+}
+
+std::unique_ptr<Backend> MakeBackend(const std::string& device, const std::string& precision,
+                                     std::string* skip) {
+  BackendOptions o;
+  o.threads = 2;
+  o.precision = precision;
+  auto be = CreateBackend(device, o);
+  if (!be.ok()) {
+    *skip = device + " backend unavailable: " + be.status().ToString();
+    return nullptr;
+  }
+  return std::move(be.value());
+}
+
+std::vector<float> Host(Backend* be, const Tensor& t) {  // flat fp32 tensor -> host
+  std::vector<float> v(t.bytes() / sizeof(float));
+  EXPECT_OK(be->CopyToHost(t, v.data()));
+  return v;
+}
+
+class CudaParityTest : public ::testing::TestWithParam<Tolerance> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    cpu_ = MakeBackend("cpu", "fp32", &why);
+    ASSERT_NE(cpu_, nullptr) << why;
+    cuda_ = MakeBackend("cuda", GetParam().precision, &why);
+    if (cuda_ == nullptr) {
+      std::cout << "[  SKIPPED ] " << why << "\n";
+      GTEST_SKIP() << why;
+    }
+  }
+  std::unique_ptr<Backend> cpu_, cuda_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// (a) ResNet-20: one whole training step.
+
+struct StepResult {
+  double loss = 0;
+  std::vector<float> grads, params, stats;
+};
+
+StepResult ResNet20Step(Backend* be, const std::vector<float>& images,
+                        const std::vector<int32_t>& labels, int64_t n, int64_t size) {
+  StepResult r;
+  ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 3;
+  mc.image_size = static_cast<int>(size);
+  mc.seed = 11;
+  auto made = Model::Create(be, mc);
+  EXPECT_OK(made.status());
+  if (!made.ok()) return r;
+  Model* model = made.value().get();
+  Tensor x(be, {n, 3, size, size}), lab(be, {n}, Layout::kNCHW, DataType::kInt32),
+      dlogits(be, {n, 10}), momentum(be, {model->num_params()});
+  EXPECT_OK(be->CopyFromHost(images.data(), &x));
+  EXPECT_OK(be->CopyFromHost(labels.data(), &lab));
+  EXPECT_OK(be->Fill(&momentum, 0.f));
+  const Tensor* logits = nullptr;
+  EXPECT_OK(model->Forward(x, true, &logits));
+  int64_t correct = 0;
+  EXPECT_OK(be->SoftmaxCrossEntropy(*logits, lab, 0.1f, 1.f / n, &dlogits, &r.loss, &correct));
+  EXPECT_OK(model->Backward(dlogits));
+  r.grads = Host(be, model->grads());
+  r.grads.resize(model->num_params());
+  SgdParams sp;
+  sp.lr = 0.1f;
+  sp.weight_decay = 5e-4f;
+  EXPECT_OK(be->SgdUpdate(sp, &model->params(), model->grads(), &momentum, 0,
+                          model->decay_count()));
+  sp.weight_decay = 0.f;
+  EXPECT_OK(be->SgdUpdate(sp, &model->params(), model->grads(), &momentum, model->decay_count(),
+                          model->num_params() - model->decay_count()));
+  r.params = Host(be, model->params());
+  for (const Model::BufferInfo& b : model->buffers()) {
+    std::vector<float> v = Host(be, *b.tensor);
+    r.stats.insert(r.stats.end(), v.begin(), v.end());
+  }
+  // Parameter names for the per-tensor report come from a CPU model in the test body.
+  return r;
+}
+
+TEST_P(CudaParityTest, ResNet20TrainingStep) {
+  const Tolerance tol = GetParam();
+  const int64_t n = 8, size = 32;
+  const std::vector<float> images = RandomVector(n * 3 * size * size, 41);
+  const std::vector<int32_t> labels{3, 1, 4, 1, 5, 9, 2, 6};
+  StepResult a = ResNet20Step(cpu_.get(), images, labels, n, size);
+  StepResult b = ResNet20Step(cuda_.get(), images, labels, n, size);
+  ASSERT_FALSE(a.grads.empty());
+  ASSERT_FALSE(b.grads.empty());
+  const double loss_diff = std::fabs(a.loss - b.loss) / std::max(1e-6, std::fabs(a.loss));
+  std::cout << "  [" << tol.precision << "] ResNet-20 loss cpu " << a.loss / n << " cuda "
+            << b.loss / n << " rel diff " << loss_diff << "\n";
+  EXPECT_LE(loss_diff, tol.loss);
+
+  ModelConfig mc;
+  mc.name = "resnet20";
+  mc.in_channels = 3;
+  mc.image_size = static_cast<int>(size);
+  auto names = Model::Create(cpu_.get(), mc);
+  ASSERT_OK(names.status());
+  double worst_grad = 0, worst_param = 0;
+  std::string worst_name;
+  for (const Model::ParamInfo& p : names.value()->param_info()) {
+    const int64_t count = Numel(p.shape);
+    auto slice = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + p.offset, v.begin() + p.offset + count);
+    };
+    const double g = ExpectClose("grad " + p.name, slice(a.grads), slice(b.grads), tol.model);
+    const double w = ExpectClose("updated " + p.name, slice(a.params), slice(b.params), tol.model);
+    if (g > worst_grad) worst_name = p.name;
+    worst_grad = std::max(worst_grad, g);
+    worst_param = std::max(worst_param, w);
+  }
+  const double stats = ExpectClose("BN running statistics", a.stats, b.stats, tol.model);
+  std::cout << "  [" << tol.precision << "] ResNet-20 max rel diff: gradients " << worst_grad
+            << " (" << worst_name << "), updated weights " << worst_param
+            << ", BN running stats " << stats << " (tolerance " << tol.model << ")\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) ResNet-50 bottleneck block with projection shortcut, from backend ops.
+
+struct BlockShape {
+  int64_t n = 4, cin = 64, width = 32, cout = 128, size = 8;
+  int stride = 2;
+};
+
+struct BlockResult {
+  double loss = 0;
+  std::vector<float> grads, params, dx, stats;
+};
+
+// Parameters in one flat buffer: w1 [W,Cin,1,1], w2 [W,W,3,3], w3 [Cout,W,1,1], wd [Cout,Cin,1,1],
+// then gamma/beta of bn1 [W], bn2 [W], bn3 [Cout], bnd [Cout].
+struct BlockLayout {
+  std::vector<Shape> shapes;
+  std::vector<int64_t> offsets;
+  int64_t total = 0;
+  explicit BlockLayout(const BlockShape& s) {
+    shapes = {{s.width, s.cin, 1, 1}, {s.width, s.width, 3, 3}, {s.cout, s.width, 1, 1},
+              {s.cout, s.cin, 1, 1},  {s.width},                {s.width},
+              {s.width},              {s.width},                {s.cout},
+              {s.cout},               {s.cout},                 {s.cout}};
+    for (const Shape& sh : shapes) {
+      offsets.push_back(total);
+      total += Numel(sh);
+    }
+  }
+};
+
+BlockResult RunBlock(Backend* be, const BlockShape& s, const std::vector<float>& init,
+                     const std::vector<float>& xh, const std::vector<float>& rh) {
+  BlockResult r;
+  const BlockLayout lay(s);
+  const Layout nat = Layout::kNative;
+  Tensor flat(be, {lay.total}), grads(be, {lay.total}), mom(be, {lay.total});
+  EXPECT_OK(be->CopyFromHost(init.data(), &flat));
+  EXPECT_OK(be->Fill(&grads, 0.f));
+  EXPECT_OK(be->Fill(&mom, 0.f));
+  std::vector<Tensor> p, g;
+  for (size_t i = 0; i < lay.shapes.size(); ++i) {
+    p.push_back(Tensor::View(be, flat.data() + lay.offsets[i], lay.shapes[i]));
+    g.push_back(Tensor::View(be, grads.data() + lay.offsets[i], lay.shapes[i]));
+  }
+  const int64_t o = Conv2dParams{3, s.stride, 1}.OutSize(s.size);
+  const Shape in{s.n, s.cin, s.size, s.size}, mid1{s.n, s.width, s.size, s.size},
+      mid2{s.n, s.width, o, o}, out{s.n, s.cout, o, o};
+  const Conv2dParams c1{1, 1, 0}, c2{3, s.stride, 1}, c3{1, 1, 0}, cd{1, s.stride, 0};
+  Tensor x = Make(be, in, nat, xh);
+  Tensor h1(be, mid1, nat), a1(be, mid1, nat), h2(be, mid2, nat), a2(be, mid2, nat),
+      h3(be, out, nat), a3(be, out, nat), hd(be, out, nat), ad(be, out, nat), y(be, out, nat);
+  struct Bn {
+    Tensor mean, invstd, rm, rv;
+  };
+  std::vector<Bn> bn;
+  for (int64_t c : {s.width, s.width, s.cout, s.cout}) {
+    Bn b{Tensor(be, {c}), Tensor(be, {c}), Tensor(be, {c}), Tensor(be, {c})};
+    EXPECT_OK(be->Fill(&b.rm, 0.f));
+    EXPECT_OK(be->Fill(&b.rv, 1.f));
+    bn.push_back(std::move(b));
+  }
+  BatchNormParams relu_bn, plain_bn;
+  relu_bn.fuse_relu = true;
+  auto fwd_bn = [&](int i, const BatchNormParams& bp, const Tensor& h, Tensor* a) {
+    EXPECT_OK(be->BatchNormForwardTraining(bp, h, p[4 + 2 * i], p[5 + 2 * i], a, &bn[i].mean,
+                                           &bn[i].invstd, &bn[i].rm, &bn[i].rv));
+  };
+  // Forward.
+  EXPECT_OK(be->Conv2dForward(c1, x, p[0], &h1));
+  fwd_bn(0, relu_bn, h1, &a1);
+  EXPECT_OK(be->Conv2dForward(c2, a1, p[1], &h2));
+  fwd_bn(1, relu_bn, h2, &a2);
+  EXPECT_OK(be->Conv2dForward(c3, a2, p[2], &h3));
+  fwd_bn(2, plain_bn, h3, &a3);
+  EXPECT_OK(be->Conv2dForward(cd, x, p[3], &hd));
+  fwd_bn(3, plain_bn, hd, &ad);
+  EXPECT_OK(be->Add(a3, ad, &y, /*relu=*/true));
+  r.loss = Dot(Download(be, y), rh);  // L = sum(y .* R)
+  // Backward.
+  Tensor dy = Make(be, out, nat, rh);
+  Tensor dsum(be, out, nat), dh3(be, out, nat), dhd(be, out, nat), da2(be, mid2, nat),
+      dh2(be, mid2, nat), da1(be, mid1, nat), dh1(be, mid1, nat), dx1(be, in, nat),
+      dxd(be, in, nat), dx(be, in, nat);
+  auto bwd_bn = [&](int i, const BatchNormParams& bp, const Tensor& h, const Tensor& d,
+                    const Tensor* a, Tensor* dh) {
+    EXPECT_OK(be->BatchNormBackward(bp, h, d, a, p[4 + 2 * i], bn[i].mean, bn[i].invstd, dh,
+                                    &g[4 + 2 * i], &g[5 + 2 * i]));
+  };
+  EXPECT_OK(be->ReluBackward(y, dy, &dsum));
+  bwd_bn(2, plain_bn, h3, dsum, nullptr, &dh3);
+  EXPECT_OK(be->Conv2dBackwardFilter(c3, a2, dh3, &g[2]));
+  EXPECT_OK(be->Conv2dBackwardData(c3, dh3, p[2], &da2));
+  bwd_bn(1, relu_bn, h2, da2, &a2, &dh2);
+  EXPECT_OK(be->Conv2dBackwardFilter(c2, a1, dh2, &g[1]));
+  EXPECT_OK(be->Conv2dBackwardData(c2, dh2, p[1], &da1));
+  bwd_bn(0, relu_bn, h1, da1, &a1, &dh1);
+  EXPECT_OK(be->Conv2dBackwardFilter(c1, x, dh1, &g[0]));
+  EXPECT_OK(be->Conv2dBackwardData(c1, dh1, p[0], &dx1));
+  bwd_bn(3, plain_bn, hd, dsum, nullptr, &dhd);
+  EXPECT_OK(be->Conv2dBackwardFilter(cd, x, dhd, &g[3]));
+  EXPECT_OK(be->Conv2dBackwardData(cd, dhd, p[3], &dxd));
+  EXPECT_OK(be->Add(dx1, dxd, &dx, /*relu=*/false));
+  r.grads = Host(be, grads);
+  r.dx = Download(be, dx);
+  for (const Bn& b : bn) {
+    for (const Tensor* t : {&b.rm, &b.rv}) {
+      std::vector<float> v = Host(be, *t);
+      r.stats.insert(r.stats.end(), v.begin(), v.end());
+    }
+  }
+  // Nesterov SGD with weight decay on everything (the update kernel's every branch).
+  SgdParams sp;
+  sp.lr = 0.05f;
+  sp.weight_decay = 1e-3f;
+  sp.nesterov = true;
+  EXPECT_OK(be->SgdUpdate(sp, &flat, grads, &mom, 0, lay.total));
+  r.params = Host(be, flat);
+  return r;
+}
+
+TEST_P(CudaParityTest, ResNet50BottleneckBlock) {
+  const Tolerance tol = GetParam();
+  if (std::string(tol.precision) == "fp16") {
+    // fp16 divides parameter gradients by the loss scale that only SoftmaxCrossEntropy applies to
+    // dlogits; this block takes dy = R directly, so fp16 is covered by ResNet20TrainingStep.
+    GTEST_SKIP() << "fp16 loss scaling needs the loss op; see ResNet20TrainingStep";
+  }
+  const BlockShape s;
+  const BlockLayout lay(s);
+  std::vector<float> init = RandomVector(lay.total, 51, -0.2f, 0.2f);
+  for (size_t i = 4; i < lay.shapes.size(); i += 2) {  // gamma near 1, beta near 0
+    for (int64_t j = 0; j < Numel(lay.shapes[i]); ++j) init[lay.offsets[i] + j] += 1.f;
+  }
+  const std::vector<float> xh = RandomVector(s.n * s.cin * s.size * s.size, 52);
+  const int64_t o = Conv2dParams{3, s.stride, 1}.OutSize(s.size);
+  const std::vector<float> rh = RandomVector(s.n * s.cout * o * o, 53);
+  BlockResult a = RunBlock(cpu_.get(), s, init, xh, rh);
+  BlockResult b = RunBlock(cuda_.get(), s, init, xh, rh);
+  const double loss_diff = std::fabs(a.loss - b.loss) / std::max(1e-6, std::fabs(a.loss));
+  std::cout << "  [" << tol.precision << "] bottleneck loss cpu " << a.loss << " cuda " << b.loss
+            << " rel diff " << loss_diff << "\n";
+  EXPECT_LE(loss_diff, tol.loss * 10);  // L = sum(y .* R) cancels: judge it 10x looser
+  const char* names[] = {"conv1.w", "conv2.w", "conv3.w", "down.w", "bn1.g", "bn1.b",
+                         "bn2.g",   "bn2.b",   "bn3.g",   "bn3.b",  "bnd.g", "bnd.b"};
+  double worst = 0;
+  for (size_t i = 0; i < lay.shapes.size(); ++i) {
+    auto slice = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + lay.offsets[i],
+                                v.begin() + lay.offsets[i] + Numel(lay.shapes[i]));
+    };
+    const double d = ExpectClose(std::string("grad ") + names[i], slice(a.grads),
+                                 slice(b.grads), tol.block);
+    std::cout << "    grad " << names[i] << " max rel diff " << d << "\n";
+    worst = std::max(worst, d);
+  }
+  const double dx = ExpectClose("dx", a.dx, b.dx, tol.block);
+  const double upd = ExpectClose("updated weights", a.params, b.params, tol.block);
+  const double stats = ExpectClose("BN running statistics", a.stats, b.stats, tol.block);
+  std::cout << "  [" << tol.precision << "] bottleneck max rel diff: gradients " << worst
+            << ", dx " << dx << ", updated weights " << upd << ", BN running stats " << stats
+            << " (tolerance " << tol.block << ")\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaParityTest, ::testing::ValuesIn(kTolerances),
+                         [](const ::testing::TestParamInfo<Tolerance>& info) {
+                           return std::string(info.param.precision);
+                         });
+
+}  // namespace
+}  // namespace edl::resnet50::test
