@@ -222,6 +222,13 @@ while true; do
     note "both edl clients exited before the job finished (see $LOG_DIR/client-*.log)"
     break
   fi
+  failed="$(grep '"type":"trainer_exit"' "$EVENTS" 2>/dev/null | grep -c '"success":false' || true)"
+  if [ "${failed:-0}" -ge 8 ]; then
+    last="$(find "$LOG_DIR/trainers" -name '*.log' -printf '%T@ %p\n' | sort -n | tail -n 1 | cut -d' ' -f2)"
+    note "trainers keep failing ($failed failed exits); giving up. The end of ${last:-a trainer log}:"
+    [ -n "$last" ] && tail -n 5 "$last" | sed 's/^/    /'
+    break
+  fi
   if [ "$SECONDS" -ge "$deadline" ]; then
     note "timed out after ${TIMEOUT_S}s (EDL_DEMO_TIMEOUT_S) before the job finished"
     break
@@ -257,7 +264,7 @@ finished=0
 grep -q '"type":"finished"' "$EVENTS" 2>/dev/null && finished=1
 # Final test accuracy: the last trainer summary line ("summary: ... test_acc 84.12% ...").
 acc="$(grep -h "^summary:.*test_acc" "$LOG_DIR"/trainers/*.log 2>/dev/null | tail -n 1 |
-  sed -n 's/.*test_acc \([0-9.]*\)%.*/\1/p')"
+  sed -n 's/.*test_acc \([0-9.]*\)%.*/\1/p' || true)"
 if [ "$finished" = 1 ] && [ "${server_rc:-1}" = 0 ]; then
   echo "training: finished"
 else

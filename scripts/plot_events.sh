@@ -104,7 +104,8 @@ if ($have_progress) {
   plot '$TMP/progress.tsv' using 1:3 with linespoints pt 7 ps 0.4 lw 1.5 lc rgb '#2ca02c' notitle
 } else {
   set label 99 'no progress records in the events log' at graph 0.5, graph 0.5 center
-  plot 1/0 notitle
+  set yrange [0:1]
+  plot 0 lc rgb '#ffffff' notitle
 }
 set xlabel 'seconds since the server started'
 set format x '%g'
@@ -113,7 +114,8 @@ set autoscale y
 if ($have_progress) {
   plot '$TMP/progress.tsv' using 1:(\$2 > 0 ? \$2 : 1/0) with linespoints pt 7 ps 0.4 lw 1.5 lc rgb '#d62728' notitle
 } else {
-  plot 1/0 notitle
+  set yrange [0:1]
+  plot 0 lc rgb '#ffffff' notitle
 }
 unset multiplot
 EOF
