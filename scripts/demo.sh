@@ -257,7 +257,7 @@ jq -r -s '
 jq -r -s 'map(select(.type != "generation" and .type != "progress" and (.stall_s | type) == "number"
                      and (.generation | type) == "number"))
   | group_by(.generation)[]
-  | "  g\(.[0].generation) trainer stall: max \(map(.stall_s) | max * 1000 | round / 1000) s over \(length) report(s) (\(map(.type) | unique | join(", ")))"' \
+  | "  g\(.[0].generation) trainer stall: max \(map(.stall_s) | max * 1000 | round / 1000) s over \(length) report(s) (\(map(.event // .type) | unique | join(", ")))"' \
   "$EVENTS" 2>/dev/null || true
 
 finished=0
