@@ -17,7 +17,7 @@
 #   EDL_DEMO_DIR            checkpoints (ckpt/), events/, logs/, secret, timeline.png [./edl-demo]
 #   EDL_BIN                 the edl binary [<repo>/build/edl; built with `make build` if missing]
 #   EDL_DEMO_EPOCHS         training epochs [3; --short: 2]
-#   EDL_DEMO_TRAIN_SAMPLES  Fashion-MNIST training samples used [20000; --short: 6000]
+#   EDL_DEMO_TRAIN_SAMPLES  Fashion-MNIST training samples used [30000; --short: 10000]
 #   EDL_DEMO_TIMEOUT_S      give up (exit 1) after this many seconds [900; --short: 300]
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
@@ -31,10 +31,10 @@ case "${1:-}" in
   *) edl_die "unknown argument '$1'; usage: $0 [--short]" ;;
 esac
 if [ "$SHORT" = 1 ]; then
-  EPOCHS="${EDL_DEMO_EPOCHS:-2}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-6000}"
+  EPOCHS="${EDL_DEMO_EPOCHS:-2}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-10000}"
   TIMEOUT_S="${EDL_DEMO_TIMEOUT_S:-300}" SCRIPT="$EDL_REPO_DIR/config/demo_short.script"
 else
-  EPOCHS="${EDL_DEMO_EPOCHS:-3}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-20000}"
+  EPOCHS="${EDL_DEMO_EPOCHS:-3}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-30000}"
   TIMEOUT_S="${EDL_DEMO_TIMEOUT_S:-900}" SCRIPT="$EDL_REPO_DIR/config/demo.script"
 fi
 NODES=(node-a node-b)
@@ -172,6 +172,7 @@ for n in "${NODES[@]}"; do
     --secret_file "$EDL_SECRET_FILE" --node_name "$n" --log_dir "$LOG_DIR/trainers" -- "${TRAINER[@]}"
   CLIENT_PIDS+=("$STARTED_PID")
 done
+: >"$LOG_DIR/watch.log"  # exists before the loop below reads it
 start "edl ctl watch" "$LOG_DIR/watch.log" "$EDL_BIN" ctl --server "$SERVER" \
   --secret_file "$EDL_SECRET_FILE" watch
 WATCH_PID=$STARTED_PID
