@@ -65,7 +65,9 @@ std::string StatusLine(const json& b) {
          b.value("reason", std::string("-")) + " world=" + std::to_string(b.value("world_size", 0)) +
          " desired=" + std::to_string(b.value("desired", 0)) + " slots=" +
          std::to_string(b.value("used_slots", 0)) + "/" + std::to_string(b.value("total_slots", 0)) +
-         " step=" + std::to_string(p.value("step", 0)) + " images/s=" + Fixed(p.value("images_per_sec", 0.0), 1) +
+         " epoch=" + std::to_string(p.value("epoch", 0)) + " step=" + std::to_string(p.value("step", 0)) +
+         " loss=" + (p.value("reporting", 0) > 0 ? Fixed(p.value("loss", 0.0), 4) : "-") +
+         " images/s=" + Fixed(p.value("images_per_sec", 0.0), 1) +
          (b.value("done", false) ? " finished" : "");
 }
 

@@ -1,6 +1,6 @@
 // EventsLog: the job's events as JSON lines in <events_dir>/<job_id>.events.jsonl, one record per
 // generation change (reason, world size before/after, stall), node and trainer events, records
-// trainers send through ReportEvent, and "finished". Each record gets "time" (Unix seconds) and
+// trainers send through ReportEvent, "progress" (at most one a second) and "finished". Each record gets "time" (Unix seconds) and
 // "job". A plot can be made from the file directly.
 //
 // Thread-safety: none; used from the server's io_context thread.

@@ -351,7 +351,9 @@ void Server::Tick() {
   if (status_dirty_ && now - last_watch_push_us_ >= 1'000'000) {
     status_dirty_ = false;
     last_watch_push_us_ = now;
-    NotifyWatchers(json{{"status", StatusBody()}});
+    const json status = StatusBody();
+    NotifyWatchers(json{{"status", status}});
+    RecordProgress(status);
   }
   tick_timer_.expires_after(milliseconds(options_.tick_ms));
   tick_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -444,6 +446,16 @@ void Server::SendToNode(const std::string& node, const json& msg) {
 void Server::Record(json event) {
   json rec = events_.Append(std::move(event));
   NotifyWatchers(json{{"event", rec}});
+}
+
+void Server::RecordProgress(const json& status) {
+  const json& p = status["progress"];
+  if (p.value("reporting", 0) == 0) return;
+  // Not sent to watchers as an event: they already got the status this record is made from.
+  events_.Append({{"type", "progress"}, {"generation", status.value("generation", 0)},
+                  {"world_size", status.value("world_size", 0)}, {"reporting", p["reporting"]},
+                  {"step", p["step"]}, {"epoch", p["epoch"]}, {"loss", p["loss"]},
+                  {"images_per_sec", p["images_per_sec"]}, {"accuracy", p["accuracy"]}});
 }
 
 void Server::NotifyWatchers(const json& body) {

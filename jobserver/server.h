@@ -76,6 +76,9 @@ class Server {
   void SendToNode(const std::string& node, const nlohmann::json& msg);
   void Record(nlohmann::json event);
   void NotifyWatchers(const nlohmann::json& body);
+  // At most once a second while trainers report: a "progress" record (rank 0's loss, the sum of
+  // images/s, step, epoch, world size) in the events log, for plots of the run.
+  void RecordProgress(const nlohmann::json& status);
   nlohmann::json StatusBody() const;
 
   boost::asio::io_context* const io_;  // not owned

@@ -21,6 +21,7 @@ PACKAGES=(
   gnuplot-nox
   iproute2 procps psmisc shellcheck
   python3-torch python3-torchvision python3-numpy
+  jq
 )
 
 missing=()
