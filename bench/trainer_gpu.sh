@@ -12,7 +12,7 @@
 # with CUDA PyTorch + torchvision, default python3), STEPS (timed steps, default 40),
 # BATCHES (candidates, default "256 192 128 96 64 32").
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 EDL=${EDL:-build/edl}
 PYTHON=${PYTHON:-python3}
 STEPS=${STEPS:-40}

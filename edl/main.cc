@@ -37,7 +37,7 @@ struct Subcommand {
 const Subcommand kSubcommands[] = {
 #if EDL_WITH_JOBSERVER
     {"server", edl::jobserver::RunServerMain, "job server: membership, generations, rendezvous KV"},
-    {"ctl", edl::jobserver::RunCtlMain, "talk to a server: status | scale N | watch | stop | plot"},
+    {"ctl", edl::jobserver::RunCtlMain, "talk to a server: status | scale N | watch | stop"},
 #endif
 #if EDL_WITH_JOBCLIENT
     {"client", edl::jobclient::RunClientMain, "per-node agent: starts and stops trainers"},
