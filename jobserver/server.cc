@@ -348,7 +348,7 @@ void Server::Tick() {
   scheduler_.Tick();
   kv_.Expire(now);
   Dispatch();
-  if (status_dirty_ && now - last_watch_push_us_ >= 1'000'000) {
+  if (status_dirty_ && now - last_watch_push_us_ >= 1'000'000 && HasWatchers()) {
     status_dirty_ = false;
     last_watch_push_us_ = now;
     NotifyWatchers(json{{"status", StatusBody()}});
@@ -385,7 +385,7 @@ void Server::Dispatch() {
         PushGeneration(a);
         kv_.CollectGarbage(a.next.generation);
         status_dirty_ = true;
-        NotifyWatchers(json{{"status", StatusBody()}});
+        if (HasWatchers()) NotifyWatchers(json{{"status", StatusBody()}});
         break;
       case Action::Kind::kKill: {
         proto::Kill k;
@@ -444,6 +444,13 @@ void Server::SendToNode(const std::string& node, const json& msg) {
 void Server::Record(json event) {
   json rec = events_.Append(std::move(event));
   NotifyWatchers(json{{"event", rec}});
+}
+
+bool Server::HasWatchers() const {
+  for (const auto& [raw, peer] : peers_) {
+    if (peer->watch) return true;
+  }
+  return false;
 }
 
 void Server::NotifyWatchers(const json& body) {

@@ -75,6 +75,7 @@ class Server {
   void PushGeneration(const Action& a);
   void SendToNode(const std::string& node, const nlohmann::json& msg);
   void Record(nlohmann::json event);
+  bool HasWatchers() const;  // O(peers); cheap next to the status body it saves building
   void NotifyWatchers(const nlohmann::json& body);
   nlohmann::json StatusBody() const;
 
