@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <glog/logging.h>
@@ -85,12 +86,13 @@ void Scheduler::Heartbeat(const std::string& name) {
 }
 
 void Scheduler::TrainerExited(const std::string& trainer_id, bool success, const std::string& how) {
-  if (pending_.active) {
+  if (pending_.active && pending_.joiner_ids.count(trainer_id) > 0) {
     auto it = std::find_if(pending_.joiners.begin(), pending_.joiners.end(),
                            [&](const MemberInfo& m) { return m.trainer_id == trainer_id; });
     if (it != pending_.joiners.end()) {
       EmitEvent({{"type", "joiner_exit"}, {"trainer_id", trainer_id}, {"how", how}});
       pending_.joiners.erase(it);
+      pending_.joiner_ids.erase(trainer_id);
       pending_.ready.erase(trainer_id);
       if (pending_.joiners.empty()) {
         pending_ = Pending();
@@ -117,16 +119,12 @@ void Scheduler::TrainerExited(const std::string& trainer_id, bool success, const
 
 void Scheduler::TrainerReady(const std::string& trainer_id, int64_t generation) {
   if (!pending_.active || generation != pending_.generation) return;
-  for (const MemberInfo& j : pending_.joiners) {
-    if (j.trainer_id == trainer_id) {
-      pending_.ready.insert(trainer_id);
-      // O(1) per report until the last one: a large growth gets thousands of them.
-      if (pending_.ready.size() < pending_.joiners.size()) return;
-      MaybeCommitPending(false);
-      Reconcile();
-      return;
-    }
-  }
+  if (pending_.joiner_ids.count(trainer_id) == 0) return;
+  pending_.ready.insert(trainer_id);
+  // O(log n) per report until the last one: a large growth gets thousands of them.
+  if (pending_.ready.size() < pending_.joiners.size()) return;
+  MaybeCommitPending(false);
+  Reconcile();
 }
 
 void Scheduler::SetDesired(int n, const std::string& reason) {
@@ -189,11 +187,19 @@ int Scheduler::target() const {
   int want = desired_ > 0 ? desired_ : INT_MAX;
   if (options_.max_trainers > 0) want = std::min(want, options_.max_trainers);
   want = std::max(want, options_.min_trainers);
+  // O(members + slots): occupied slots grouped by node, then each connected node's free ones.
   int avail = current_.world_size() + static_cast<int>(pending_.joiners.size());
-  const auto taken = TakenSlots();
+  std::unordered_map<std::string, std::vector<int>> occupied;
+  for (const MemberInfo& m : current_.members) occupied[m.node].push_back(m.slot);
+  for (const MemberInfo& m : pending_.joiners) occupied[m.node].push_back(m.slot);
   for (const auto& [name, n] : nodes_) {
     if (!n.connected) continue;
-    for (int s : n.slots) avail += taken.count({name, s}) ? 0 : 1;
+    auto it = occupied.find(name);
+    for (int s : n.slots) {
+      const bool taken = it != occupied.end() &&
+                         std::find(it->second.begin(), it->second.end(), s) != it->second.end();
+      avail += taken ? 0 : 1;
+    }
   }
   return std::min(want, avail);
 }
@@ -273,6 +279,7 @@ void Scheduler::Grow(int count) {
     p.joiners.push_back(joiners[i]);
   }
   pending_.joiners = joiners;
+  for (const MemberInfo& j : joiners) pending_.joiner_ids.insert(j.trainer_id);
   for (auto& [node, p] : by_node) {
     Action a;
     a.kind = Action::Kind::kPrepare;
@@ -506,10 +513,12 @@ std::vector<std::string> Scheduler::NodeNames() const {
 }
 
 json Scheduler::Summary() const {
+  std::unordered_map<std::string, int> used_on;
+  for (const MemberInfo& m : current_.members) ++used_on[m.node];
   json nodes = json::array();
   for (const auto& [name, n] : nodes_) {
-    int used = 0;
-    for (const MemberInfo& m : current_.members) used += m.node == name ? 1 : 0;
+    auto u = used_on.find(name);
+    const int used = u == used_on.end() ? 0 : u->second;
     nodes.push_back({{"name", name}, {"host", n.host}, {"mode", n.restart_mode ? "restart" : "inplace"},
                      {"slots", n.slots.size()}, {"used", used}, {"connected", n.connected}});
   }

@@ -17,6 +17,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -104,6 +105,7 @@ class Scheduler {
     int64_t started_us = 0;
     std::string reason;
     std::vector<proto::MemberInfo> joiners;
+    std::unordered_set<std::string> joiner_ids;  // the ids in `joiners`, for O(1) lookups
     std::set<std::string> ready;
   };
 

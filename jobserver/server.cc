@@ -348,11 +348,13 @@ void Server::Tick() {
   scheduler_.Tick();
   kv_.Expire(now);
   Dispatch();
+  // At most once a second: the progress record for the events log (the timeline picture needs it
+  // whether or not anybody watches), and the status line for watchers.
   if (status_dirty_ && now - last_watch_push_us_ >= 1'000'000) {
     status_dirty_ = false;
     last_watch_push_us_ = now;
     const json status = StatusBody();
-    NotifyWatchers(json{{"status", status}});
+    if (HasWatchers()) NotifyWatchers(json{{"status", status}});
     RecordProgress(status);
   }
   tick_timer_.expires_after(milliseconds(options_.tick_ms));
@@ -387,7 +389,7 @@ void Server::Dispatch() {
         PushGeneration(a);
         kv_.CollectGarbage(a.next.generation);
         status_dirty_ = true;
-        NotifyWatchers(json{{"status", StatusBody()}});
+        if (HasWatchers()) NotifyWatchers(json{{"status", StatusBody()}});
         break;
       case Action::Kind::kKill: {
         proto::Kill k;
@@ -456,6 +458,13 @@ void Server::RecordProgress(const json& status) {
                   {"world_size", status.value("world_size", 0)}, {"reporting", p["reporting"]},
                   {"step", p["step"]}, {"epoch", p["epoch"]}, {"loss", p["loss"]},
                   {"images_per_sec", p["images_per_sec"]}, {"accuracy", p["accuracy"]}});
+}
+
+bool Server::HasWatchers() const {
+  for (const auto& [raw, peer] : peers_) {
+    if (peer->watch) return true;
+  }
+  return false;
 }
 
 void Server::NotifyWatchers(const json& body) {

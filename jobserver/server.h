@@ -75,6 +75,7 @@ class Server {
   void PushGeneration(const Action& a);
   void SendToNode(const std::string& node, const nlohmann::json& msg);
   void Record(nlohmann::json event);
+  bool HasWatchers() const;  // O(peers); cheap next to the status body it saves building
   void NotifyWatchers(const nlohmann::json& body);
   // At most once a second while trainers report: a "progress" record (rank 0's loss, the sum of
   // images/s, step, epoch, world size) in the events log, for plots of the run.

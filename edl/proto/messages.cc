@@ -163,6 +163,107 @@ Status MembersFromJson(const json& a, const char* what, std::vector<MemberInfo>*
   return Status::OK();
 }
 
+// ---- id runs: the compact form of consecutive scheduler-made members (see PROTOCOL.md).
+// A run [node, host, first_slot, count, first_seq] stands for `count` members on `node` whose
+// slots and sequence numbers both count up by one, with ids "<node>-s<slot>-<seq>"; a removed-id
+// run [node, first_slot, count, first_seq] names the same ids without the host.
+
+std::string RunId(const std::string& node, int64_t slot, int64_t seq) {
+  return node + "-s" + std::to_string(slot) + "-" + std::to_string(seq);
+}
+
+// The sequence number of `id` when it is RunId(node, slot, seq) exactly, else -1.
+int64_t RunSeq(const std::string& id, const std::string& node, int slot) {
+  const std::string prefix = node + "-s" + std::to_string(slot) + "-";
+  if (id.size() <= prefix.size() || id.size() > prefix.size() + 18 || id.compare(0, prefix.size(), prefix) != 0) {
+    return -1;
+  }
+  if (id[prefix.size()] == '0' && id.size() > prefix.size() + 1) return -1;  // not canonical
+  int64_t seq = 0;
+  for (size_t i = prefix.size(); i < id.size(); ++i) {
+    if (id[i] < '0' || id[i] > '9') return -1;
+    seq = seq * 10 + (id[i] - '0');
+  }
+  return seq;
+}
+
+// Splits "<node>-s<slot>-<seq>" into node and slot (so removed ids can be run-encoded); leaves
+// them unchanged when `id` is not of that form.
+void ParseRunId(const std::string& id, std::string* node, int* slot) {
+  const size_t dash = id.rfind('-');
+  if (dash == std::string::npos || dash == 0) return;
+  const size_t s = id.rfind("-s", dash - 1);
+  if (s == std::string::npos || s + 2 >= dash || dash - s - 2 > 5) return;
+  int v = 0;
+  for (size_t i = s + 2; i < dash; ++i) {
+    if (id[i] < '0' || id[i] > '9') return;
+    v = v * 10 + (id[i] - '0');
+  }
+  *node = id.substr(0, s);
+  *slot = v;
+}
+
+// Appends `members` to `out` as single members and runs. `with_host`: member runs (added);
+// otherwise id runs (removed), and single members are plain id strings.
+void EncodeRuns(const std::vector<MemberInfo>& members, bool with_host, json* out) {
+  size_t i = 0;
+  while (i < members.size()) {
+    const MemberInfo& m = members[i];
+    const int64_t seq = m.node.empty() ? -1 : RunSeq(m.trainer_id, m.node, m.slot);
+    size_t n = 1;
+    while (seq >= 0 && i + n < members.size()) {
+      const MemberInfo& x = members[i + n];
+      if (x.node != m.node || (with_host && x.host != m.host) || x.slot != m.slot + static_cast<int>(n) ||
+          RunSeq(x.trainer_id, x.node, x.slot) != seq + static_cast<int64_t>(n)) {
+        break;
+      }
+      ++n;
+    }
+    if (n == 1) {
+      out->push_back(with_host ? MemberToJson(m) : json(m.trainer_id));
+    } else if (with_host) {
+      out->push_back(json::array({m.node, m.host, m.slot, n, seq}));
+    } else {
+      out->push_back(json::array({m.node, m.slot, n, seq}));
+    }
+    i += n;
+  }
+}
+
+// Expands a run's fields after validation; `budget` caps the total expansion (a few bytes on the
+// wire must not become millions of members).
+Status ExpandRun(const json& e, const char* what, size_t* budget,
+                 std::vector<MemberInfo>* out) {
+  const bool with_host = e.size() == 5;
+  const size_t c = with_host ? 2 : 1;
+  auto bad = [&](const std::string& why) {
+    return Status::Corruption(std::string("message '") + what + "' holds a bad run " + e.dump() + ": " + why);
+  };
+  if (!e[0].is_string() || (with_host && !e[1].is_string()) || !e[c].is_number_integer() ||
+      !e[c + 1].is_number_integer() || !e[c + 2].is_number_integer()) {
+    return bad(with_host ? "not [node, host, first_slot, count, first_seq]" : "not [node, first_slot, count, first_seq]");
+  }
+  MemberInfo m;
+  m.node = e[0].get<std::string>();
+  if (with_host) m.host = e[1].get<std::string>();
+  const int64_t slot = e[c].get<int64_t>(), count = e[c + 1].get<int64_t>(), seq = e[c + 2].get<int64_t>();
+  if (!IsValidName(m.node) || (with_host && (m.host.empty() || m.host.size() > kMaxNameBytes))) {
+    return bad("invalid node or host");
+  }
+  if (count < 1 || static_cast<uint64_t>(count) > *budget) return bad("count out of range");
+  if (slot < 0 || slot + count - 1 > kMaxSlot || seq < 0 || seq > (int64_t{1} << 53)) {
+    return bad("slot or sequence out of range");
+  }
+  if (RunId(m.node, slot + count - 1, seq + count - 1).size() > kMaxNameBytes) return bad("ids too long");
+  *budget -= static_cast<size_t>(count);
+  for (int64_t k = 0; k < count; ++k) {
+    m.slot = static_cast<int>(slot + k);
+    m.trainer_id = RunId(m.node, slot + k, seq + k);
+    out->push_back(m);
+  }
+  return Status::OK();
+}
+
 void Renumber(std::vector<MemberInfo>* members) {
   for (size_t i = 0; i < members->size(); ++i) (*members)[i].rank = static_cast<int>(i);
 }
@@ -296,12 +397,11 @@ Status GenerationUpdate::ApplyTo(GenerationInfo* current) const {
                                         ", not a member of the receiver's generation");
     }
   }
+  std::unordered_set<std::string> have;
+  for (const MemberInfo& m : members) have.insert(m.trainer_id);
   for (const MemberInfo& m : added) {
-    for (const MemberInfo& have : members) {
-      if (have.trainer_id == m.trainer_id) {
-        return Status::FailedPrecondition("generation update adds trainer " + m.trainer_id +
-                                          " twice");
-      }
+    if (!have.insert(m.trainer_id).second) {
+      return Status::FailedPrecondition("generation update adds trainer " + m.trainer_id + " twice");
     }
     members.push_back(m);
   }
@@ -317,9 +417,20 @@ void GenerationUpdate::EncodeTo(json* j) const {
   (*j)["type"] = msg::kGeneration;
   EncodeHeader(header, j);
   (*j)["base"] = base_generation;
-  (*j)["removed"] = removed;
+  // Removed ids are re-split into runs: pretend each id belongs to the member it would name.
+  std::vector<MemberInfo> gone;
+  gone.reserve(removed.size());
+  for (const std::string& id : removed) {
+    MemberInfo m;
+    m.trainer_id = id;
+    ParseRunId(id, &m.node, &m.slot);
+    gone.push_back(std::move(m));
+  }
+  json r = json::array();
+  EncodeRuns(gone, /*with_host=*/false, &r);
+  (*j)["removed"] = std::move(r);
   json a = json::array();
-  for (const MemberInfo& m : added) a.push_back(MemberToJson(m));
+  EncodeRuns(added, /*with_host=*/true, &a);
   (*j)["added"] = std::move(a);
 }
 
@@ -327,15 +438,50 @@ Status GenerationUpdate::DecodeFrom(const json& j) {
   GenerationUpdate u;
   EDL_RETURN_IF_ERROR(DecodeHeader(j, "generation", &u.header));
   const json* a = nullptr;
+  const json* r = nullptr;
   EDL_RETURN_IF_ERROR(Fields(j, "generation")
                           .Int("base", &u.base_generation, 0, kMaxI64)
-                          .NameList("removed", &u.removed)
+                          .Arr("removed", &r)
                           .Arr("added", &a)
                           .status());
   if (u.base_generation != 0 && u.base_generation >= u.header.generation) {
     return Status::Corruption("message 'generation' field 'base' is not older than 'generation'");
   }
-  EDL_RETURN_IF_ERROR(MembersFromJson(*a, "generation", &u.added));
+  size_t budget = kMaxListItems;
+  std::vector<MemberInfo> gone;
+  for (const json& e : *r) {
+    if (e.is_string() && IsValidName(e.get_ref<const std::string&>()) && budget > 0) {
+      --budget;
+      u.removed.push_back(e.get<std::string>());
+    } else if (e.is_array() && e.size() == 4) {
+      gone.clear();
+      EDL_RETURN_IF_ERROR(ExpandRun(e, "generation", &budget, &gone));
+      for (MemberInfo& m : gone) u.removed.push_back(std::move(m.trainer_id));
+    } else {
+      return Status::Corruption("message 'generation' field 'removed' holds an item that is neither a "
+                                "trainer id nor a run [node, first_slot, count, first_seq]");
+    }
+  }
+  budget = kMaxListItems;
+  json singles = json::array();
+  for (const json& e : *a) {
+    if (e.is_array() && e.size() == 5) {
+      EDL_RETURN_IF_ERROR(ExpandRun(e, "generation", &budget, &u.added));
+    } else {
+      if (budget == 0) return Status::Corruption("message 'generation' field 'added' has too many members");
+      --budget;
+      std::vector<MemberInfo> one;
+      EDL_RETURN_IF_ERROR(MembersFromJson(json::array({e}), "generation", &one));
+      u.added.push_back(std::move(one[0]));
+    }
+  }
+  std::unordered_set<std::string> seen;
+  for (size_t i = 0; i < u.added.size(); ++i) {
+    u.added[i].rank = static_cast<int>(i);
+    if (!seen.insert(u.added[i].trainer_id).second) {
+      return Status::Corruption("message 'generation' lists trainer " + u.added[i].trainer_id + " twice");
+    }
+  }
   *this = std::move(u);
   return Status::OK();
 }

@@ -3,11 +3,13 @@
 //  - STANDIN_MODE=restart: sleeps until SIGTERM (a torchrun-style program, restarted by the client);
 //  - otherwise (in-place): connects its TrainerChannel, reports ready when EDL_JOINING=1, follows
 //    generations, does a KV round per generation, and exits 0 once a generation no longer
-//    contains it.
+//    contains it, or, with STANDIN_EXIT_AFTER_MS=T, T ms after starting (training "finished").
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <climits>
 #include <csignal>
 #include <cstdlib>
 #include <string>
@@ -64,7 +66,14 @@ int main() {
   const int64_t start_gen = std::atoll(Env("EDL_GENERATION").c_str());
   if (Env("EDL_JOINING") == "1") (void)ch.value()->ReportReady(start_gen);
   int64_t seen = 0;
+  const std::string exit_after = Env("STANDIN_EXIT_AFTER_MS");
+  const auto finish_at = std::chrono::steady_clock::now() +
+                         milliseconds(exit_after.empty() ? INT32_MAX : std::atoll(exit_after.c_str()));
   while (!g_term) {
+    if (std::chrono::steady_clock::now() >= finish_at) {
+      Record({{"event", "finished"}});
+      return 0;
+    }
     edl::proto::GenerationInfo g;
     edl::Status s = ch.value()->WaitGeneration(seen, milliseconds(200), &g);
     if (s.IsTimeout()) continue;

@@ -95,6 +95,111 @@ TEST(MessagesTest, ReorderedSurvivorsFallBackToFull) {
   EXPECT_EQ(have.members, g2.members);
 }
 
+// Members the way the scheduler names them: "<node>-s<slot>-<seq>", seq counting up.
+GenerationInfo MakeCluster(int64_t g, int nodes, int slots, int64_t first_seq) {
+  GenerationInfo info = MakeGen(g, {});
+  int64_t seq = first_seq;
+  for (int n = 0; n < nodes; ++n) {
+    for (int s = 0; s < slots; ++s) {
+      MemberInfo m;
+      m.node = "node" + std::to_string(n);
+      m.slot = s;
+      m.trainer_id = m.node + "-s" + std::to_string(s) + "-" + std::to_string(seq++);
+      m.rank = static_cast<int>(info.members.size());
+      m.host = "10.0." + std::to_string(n) + ".1";
+      info.members.push_back(m);
+    }
+  }
+  return info;
+}
+
+GenerationUpdate WireRoundTrip(const GenerationUpdate& u, size_t* bytes = nullptr) {
+  json j;
+  u.EncodeTo(&j);
+  if (bytes) *bytes = j.dump().size();
+  GenerationUpdate back;
+  EXPECT_OK(back.DecodeFrom(json::parse(j.dump())));
+  return back;
+}
+
+TEST(MessagesTest, LargeGrowthAndShrinkTravelAsRuns) {
+  // 2 nodes x 8 slots, then 500 more nodes x 8 (the benchmark's large step), then back.
+  GenerationInfo small = MakeCluster(1, 2, 8, 1);
+  GenerationInfo big = MakeCluster(2, 502, 8, 1);
+  size_t bytes = 0;
+  GenerationUpdate grow = WireRoundTrip(GenerationUpdate::Between(small, big), &bytes);
+  EXPECT_EQ(grow.added.size(), 4000u);
+  EXPECT_LT(bytes, 40u * 500 + 400) << "one run per node, not one entry per trainer";
+  GenerationInfo held = small;
+  ASSERT_OK(grow.ApplyTo(&held));
+  EXPECT_EQ(held.members, big.members);
+
+  GenerationInfo back = small;
+  back.generation = 3;
+  GenerationUpdate shrink = WireRoundTrip(GenerationUpdate::Between(big, back), &bytes);
+  EXPECT_EQ(shrink.removed.size(), 4000u);
+  EXPECT_LT(bytes, 40u * 500 + 400);
+  ASSERT_OK(shrink.ApplyTo(&held));
+  EXPECT_EQ(held.members, small.members);
+
+  GenerationInfo full;
+  ASSERT_OK(WireRoundTrip(GenerationUpdate::Full(big)).ApplyTo(&full));
+  EXPECT_EQ(full.members, big.members);
+}
+
+TEST(MessagesTest, MembersOutsideTheRunPatternTravelOneByOne) {
+  // Ids not of the form <node>-s<slot>-<seq>, gaps in slots or sequence, and a host change.
+  GenerationInfo g = MakeCluster(1, 1, 4, 10);
+  g.members[1].trainer_id = "custom";
+  g.members[2].slot = 7;
+  g.members[2].trainer_id = "node0-s7-12";
+  g.members[3].host = "other";
+  MemberInfo z = g.members[0];
+  z.trainer_id = "node0-s1-011";  // a leading zero does not re-format identically
+  z.slot = 1;
+  g.members.push_back(z);
+  for (size_t i = 0; i < g.members.size(); ++i) g.members[i].rank = static_cast<int>(i);
+  GenerationInfo out;
+  ASSERT_OK(WireRoundTrip(GenerationUpdate::Full(g)).ApplyTo(&out));
+  EXPECT_EQ(out.members, g.members);
+  GenerationInfo none = g;
+  none.generation = 2;
+  none.members.clear();
+  GenerationUpdate d = WireRoundTrip(GenerationUpdate::Between(g, none));
+  EXPECT_EQ(d.removed.size(), g.members.size());
+  ASSERT_OK(d.ApplyTo(&out));
+  EXPECT_TRUE(out.members.empty());
+}
+
+TEST(MessagesTest, BadRunsAreCorruption) {
+  const json base = {{"type", "generation"}, {"generation", 2}, {"base", 0}, {"job_id", "j"},
+                     {"reason", "ctl"}, {"failure", false}, {"master_addr", "h"}, {"master_port", 1},
+                     {"removed", json::array()}, {"added", json::array()}};
+  GenerationUpdate u;
+  ASSERT_OK(u.DecodeFrom(base));
+  const std::vector<std::pair<std::string, json>> bad = {
+      {"added", {{"n", "h", 0, 1000000000, 1}}},  // a few bytes must not expand to 10^9 members
+      {"added", {{"n", "h", 0, 0, 1}}},           // empty run
+      {"added", {{"n", "h", -1, 2, 1}}},
+      {"added", {{"../x", "h", 0, 2, 1}}},
+      {"added", {{"n", "", 0, 2, 1}}},
+      {"added", {{"n", "h", 0, 2, -5}}},
+      {"added", {{"n", "h", "0", 2, 1}}},
+      {"added", {{"n", "h", 0, 2, 1}, {"n-s1-2", "n", 1, "h"}}},  // the same trainer twice
+      {"added", {{"n", "h", 0, 60000, 1}, {"m", "h", 0, 60000, 1}}},  // too many in all
+      {"removed", {{"n", 0, 1000000000, 1}}},
+      {"removed", {{"n", 0, 2}}},
+      {"removed", {"a b"}},
+      {"removed", {7}},
+  };
+  for (const auto& [key, value] : bad) {
+    json j = base;
+    j[key] = value;
+    Status s = u.DecodeFrom(j);
+    EXPECT_TRUE(s.IsCorruption()) << key << "=" << value.dump() << " -> " << s.ToString();
+  }
+}
+
 TEST(MessagesTest, OtherMessagesRoundTrip) {
   Hello h;
   h.role = "client";
