@@ -83,6 +83,7 @@ StatusOr<std::unique_ptr<MembershipSource>> StaticMembershipFromEnv() {
   EDL_RETURN_IF_ERROR(EnvInt("RANK", true, 0, &rank));
   EDL_RETURN_IF_ERROR(EnvInt("WORLD_SIZE", true, 0, &world));
   EDL_RETURN_IF_ERROR(EnvInt("EDL_GENERATION", false, 1, &generation));
+  if (generation < 1) generation = 1;  // `edl launch` starts trainers in generation 0
   if (world < 1 || rank < 0 || rank >= world) {
     return Status::InvalidArgument("RANK=" + std::to_string(rank) + " is not in [0, WORLD_SIZE=" +
                                    std::to_string(world) + ")");

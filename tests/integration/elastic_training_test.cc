@@ -272,5 +272,77 @@ TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
   c2->Stop();
 }
 
+TEST_F(ElasticTrainingTest, KillEveryTrainerResumesFromTheLatestCheckpoint) {
+  constexpr int kEpochs = 10;
+  // 2 trainers; at t=6 s both are SIGKILLed; the job grows back with fresh processes, which have no
+  // state: rank 0 loads the latest checkpoint and broadcasts it.
+  StartServer("0 set 2\n6 kill 2\n", 2);
+  const std::vector<std::string> ckpt = {"--checkpoint_dir", dir_.Join("ckpt"),
+                                         "--checkpoint_steps", "10"};
+  auto c1 = StartClient("n1", kEpochs, ckpt);
+  auto c2 = StartClient("n2", kEpochs, ckpt);
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(180000))) << Diagnostics();
+
+  std::vector<json> cold = TrainerEvents("cold_start");
+  // The first start finds no checkpoint (no event); the restart after the kill loads one.
+  ASSERT_EQ(cold.size(), 1u) << Diagnostics();
+  EXPECT_GT(cold.back()["generation"].get<int64_t>(), 1);
+  const int64_t resumed = cold.back()["step"].get<int64_t>();
+  EXPECT_GT(resumed, 0) << "the second cold start must load a checkpoint";
+  EXPECT_EQ(resumed % 10, 0) << "checkpoints are taken every 10 steps";
+
+  // Steps logged before the kill reach at least the checkpoint; the new generation's first sync
+  // is at exactly that step, with identical state on both ranks.
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  int64_t sync_gen = cold.back()["generation"].get<int64_t>();
+  std::set<std::string> hashes;
+  for (const json& e : TrainerEvents("sync")) {
+    if (e["generation"] == sync_gen) {
+      EXPECT_EQ(e["step"].get<int64_t>(), resumed);
+      hashes.insert(e["state_hash"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(hashes.size(), 1u);
+  c1->Stop();
+  c2->Stop();
+}
+
+TEST_F(ElasticTrainingTest, StoppedTrainerIsDroppedAndTheOthersReform) {
+  constexpr int kEpochs = 12;
+  StartServer("0 set 3\n", 3);
+  // The client SIGKILLs a trainer whose channel is silent for 4 s (a SIGSTOPped one).
+  auto c1 = StartClient("n1", kEpochs, {}, 4);
+  auto c2 = StartClient("n2", kEpochs, {}, 4);
+  // Wait until the three trainers train, then stop the last one by pid.
+  int64_t victim = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    std::vector<json> s = TrainerEvents("sync");
+    if (s.size() < 3) return false;
+    victim = s[2]["pid"].get<int64_t>();
+    return true;
+  }, milliseconds(60000))) << Diagnostics();
+  std::this_thread::sleep_for(milliseconds(3000));
+  ASSERT_EQ(::kill(static_cast<pid_t>(victim), SIGSTOP), 0);
+  const bool finished = WaitFor([&] { return Finished(); }, milliseconds(180000));
+  ::kill(static_cast<pid_t>(victim), SIGCONT);  // clean up whatever happened
+  ::kill(static_cast<pid_t>(victim), SIGKILL);
+  ASSERT_TRUE(finished) << Diagnostics();
+  bool failure = false;
+  for (const json& g : Generations()) failure = failure || g.value("failure", false);
+  EXPECT_TRUE(failure) << "the hung trainer must be dropped by a failure generation";
+  std::vector<json> stalls = TrainerEvents("stall");
+  bool failure_stall = false;
+  for (const json& e : stalls) failure_stall = failure_stall || e.value("failure", false);
+  EXPECT_TRUE(failure_stall) << "survivors re-formed after the failure" << Diagnostics();
+  ExpectIdenticalStateAfterEveryReform();
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  c1->Stop();
+  c2->Stop();
+}
+
 }  // namespace
 }  // namespace edl
