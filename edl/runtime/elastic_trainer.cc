@@ -584,7 +584,8 @@ void ElasticTrainer::Impl::LogSamples(int64_t step, int64_t epoch,
                                       const std::vector<int64_t>& indices, double loss) {
   if (sample_log_fd_ < 0) return;
   nlohmann::json j = {{"trainer", me_}, {"generation", gen_.number}, {"rank", rank_},
-                      {"step", step}, {"epoch", epoch}, {"idx", indices}};
+                      {"step", step}, {"epoch", epoch}, {"idx", indices},
+                      {"time", MicrosToSeconds(Clock::Real()->NowMicros())}};
   j["loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json();
   const std::string line = j.dump() + "\n";
   // One write(2) with O_APPEND: lines of trainers sharing the file never interleave.
