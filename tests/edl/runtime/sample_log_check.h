@@ -15,14 +15,16 @@
 namespace edl::test {
 
 struct LoggedStep {
+  int64_t generation = 0;
   int64_t epoch = 0;
   std::vector<int64_t> idx;
   double loss = 0;  // NaN-free: steps logged without a loss keep the first logged one
   bool has_loss = false;
 };
 
-// Union by step number over every file. Returns "" or a description of the first inconsistency
-// (two trainers logging different indices for one step).
+// Union by step number over every file; a step re-done by a newer generation (after a cold start
+// from a checkpoint) replaces the older record. Returns "" or the first inconsistency (two
+// trainers of one generation logging different indices for one step).
 inline std::string ReadSampleLogs(const std::vector<std::string>& paths,
                                   std::map<int64_t, LoggedStep>* steps) {
   for (const std::string& path : paths) {
@@ -33,6 +35,7 @@ inline std::string ReadSampleLogs(const std::vector<std::string>& paths,
       if (j.is_discarded() || !j.contains("step")) return "unparsable line in " + path + ": " + line;
       const int64_t step = j["step"].get<int64_t>();
       LoggedStep s;
+      s.generation = j["generation"].get<int64_t>();
       s.epoch = j["epoch"].get<int64_t>();
       s.idx = j["idx"].get<std::vector<int64_t>>();
       s.has_loss = j["loss"].is_number();
@@ -42,6 +45,13 @@ inline std::string ReadSampleLogs(const std::vector<std::string>& paths,
         (*steps)[step] = s;
         continue;
       }
+      // A newer generation that re-did the step after a rollback to a checkpoint wins (the
+      // older one was lost with every trainer that held it); within one generation all agree.
+      if (s.generation > it->second.generation) {
+        it->second = s;
+        continue;
+      }
+      if (s.generation < it->second.generation) continue;
       if (it->second.epoch != s.epoch || it->second.idx != s.idx) {
         return "step " + std::to_string(step) + " logged with different samples in " + path;
       }
