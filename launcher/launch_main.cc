@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -358,10 +359,21 @@ int RunLaunchMain(int argc, char** argv) {
     port = free_port.value();
   }
   ::unsetenv(env::kClientSocket);  // static mode even when run from inside an elastic trainer
+  // A fresh rendezvous directory per run, so a static trainer never reads a previous run's keys
+  // (edl/runtime/membership.h: StaticMembershipFromEnv); removed when the run ends.
+  std::string rdzv = "/tmp/edl-launch-rdzv-XXXXXX";
+  if (::mkdtemp(rdzv.data()) == nullptr) {
+    std::cerr << "edl launch: " << PosixError("mkdtemp " + rdzv, errno).ToString() << std::endl;
+    return 1;
+  }
+  ::setenv("EDL_RENDEZVOUS_DIR", rdzv.c_str(), 1);
   std::cerr << "edl launch: " << opts.num_trainers << " trainers, MASTER_ADDR=127.0.0.1 MASTER_PORT="
             << port << ", logs in " << opts.log_dir << "/trainer-<rank>.log" << std::endl;
   SignalBlock signals;
-  return Supervise(opts, port, signals);
+  const int code = Supervise(opts, port, signals);
+  std::error_code ec;
+  std::filesystem::remove_all(rdzv, ec);
+  return code;
 }
 
 }  // namespace edl::launcher

@@ -1,12 +1,11 @@
 #include "resnet50/train_loop.h"
 
-#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <string>
 
-#include "edl/runtime/data_plan.h"
+#include "edl/runtime/comm/memory_kv_store.h"
 
 namespace edl::resnet50 {
 
@@ -20,7 +19,7 @@ double Since(SteadyClock::time_point t0) {
 
 std::string Duration(double s) {
   char buf[32];
-  const int64_t t = static_cast<int64_t>(s + 0.5);
+  const int64_t t = std::isfinite(s) && s >= 0 ? static_cast<int64_t>(s + 0.5) : 0;
   if (t >= 3600) {
     std::snprintf(buf, sizeof(buf), "%ldh%02ldm", static_cast<long>(t / 3600), static_cast<long>(t / 60 % 60));
   } else {
@@ -29,125 +28,153 @@ std::string Duration(double s) {
   return buf;
 }
 
+// Progress lines on rank 0 and the figures of LoopResult (on every rank).
+class ProgressPrinter : public runtime::TrainingObserver {
+ public:
+  ProgressPrinter(const LoopOptions& o, std::ostream& out, LoopResult* result)
+      : o_(o), out_(out), result_(result) {}
+
+  void OnStep(const runtime::StepReport& r) override {
+    if (!started_) {
+      started_ = true;
+      result_->first_loss = r.loss;
+      window_epochs0_ = r.epochs_done;
+    }
+    window_loss_ += r.loss * r.samples;
+    window_correct_ += r.correct;
+    window_samples_ += r.samples;
+    samples_total_ += r.samples;
+    ++window_steps_;
+    last_ = r;
+    if (o_.log_every > 0 && r.step % o_.log_every == 0) Flush(true);
+  }
+
+  void OnEval(const runtime::EvalReport& r) override {
+    result_->test_accuracy.push_back(r.accuracy);
+    result_->test_loss = r.loss;
+    if (r.rank == 0) {
+      char line[256];
+      std::snprintf(line, sizeof(line),
+                    "eval epoch %ld step %ld: test loss %.4f acc %.2f%% (%ld images, %d ranks, %.1f s)",
+                    static_cast<long>(r.epoch), static_cast<long>(r.step), r.loss, 100.0 * r.accuracy,
+                    static_cast<long>(r.samples), r.world_size, r.seconds);
+      out_ << line << std::endl;
+    }
+    window_start_ = SteadyClock::now();  // evaluation time is not training throughput
+    eval_seconds_ += r.seconds;
+  }
+
+  // Closes the current window (a progress line when `print` and this is rank 0).
+  void Flush(bool print) {
+    if (window_samples_ == 0) return;
+    const double dt = Since(window_start_);
+    result_->last_window_loss = window_loss_ / window_samples_;
+    const double epochs_per_s = dt > 0 ? (last_.epochs_done - window_epochs0_) / dt : 0;
+    double target = static_cast<double>(o_.epochs);
+    const double eta = epochs_per_s > 0 ? (target - last_.epochs_done) / epochs_per_s : 0;
+    if (print && last_.rank == 0) {
+      char line[512];
+      std::snprintf(line, sizeof(line),
+                    "epoch %ld/%ld step %ld loss %.4f acc %.2f%% images/s %.1f lr %.5f "
+                    "gen %ld world %d eta %s",
+                    static_cast<long>(last_.position.epoch + (last_.position.cursor > 0 ? 1 : 0)),
+                    static_cast<long>(o_.epochs), static_cast<long>(last_.step),
+                    result_->last_window_loss, 100.0 * window_correct_ / window_samples_,
+                    dt > 0 ? window_samples_ / dt : 0.0, last_.lr,
+                    static_cast<long>(last_.generation), last_.world_size, Duration(eta).c_str());
+      out_ << line << std::endl;
+    }
+    window_loss_ = 0;
+    window_correct_ = window_samples_ = window_steps_ = 0;
+    window_start_ = SteadyClock::now();
+    window_epochs0_ = last_.epochs_done;
+  }
+
+  int64_t samples_total() const { return samples_total_; }
+  double eval_seconds() const { return eval_seconds_; }
+  const runtime::StepReport& last() const { return last_; }
+
+ private:
+  const LoopOptions& o_;
+  std::ostream& out_;
+  LoopResult* const result_;
+  bool started_ = false;
+  runtime::StepReport last_;
+  SteadyClock::time_point window_start_ = SteadyClock::now();
+  double window_epochs0_ = 0, window_loss_ = 0, eval_seconds_ = 0;
+  int64_t window_correct_ = 0, window_samples_ = 0, window_steps_ = 0, samples_total_ = 0;
+};
+
 }  // namespace
 
-Status EvaluateAll(runtime::Trainable* t, int64_t batch_size, double* loss, double* accuracy) {
-  const int64_t n = t->test_size();
-  if (n == 0) return Status::FailedPrecondition("no test split to evaluate on");
-  double loss_sum = 0;
-  int64_t correct = 0;
-  std::vector<int64_t> idx;
-  for (int64_t begin = 0; begin < n; begin += batch_size) {
-    idx.clear();
-    for (int64_t i = begin; i < std::min(n, begin + batch_size); ++i) idx.push_back(i);
-    runtime::StepStats s;
-    EDL_RETURN_IF_ERROR(t->Evaluate(idx, &s));
-    loss_sum += s.loss_sum;
-    correct += s.correct;
+Status RunTraining(runtime::Trainable* t, const LoopOptions& o,
+                   runtime::MembershipSource* membership, std::ostream& out, LoopResult* result) {
+  if (o.batch_size <= 0) return Status::InvalidArgument("--batch_size must be > 0");
+  if (o.epochs <= 0) return Status::InvalidArgument("--epochs must be > 0");
+  runtime::ElasticOptions eo;
+  eo.batch = o.batch_size;
+  eo.batch_policy = o.batch_policy;
+  eo.seed = o.seed;
+  eo.epochs = static_cast<double>(o.epochs);
+  eo.max_steps = o.max_steps;
+  eo.lr = o.lr;
+  eo.lr.total_epochs = static_cast<double>(o.epochs);
+  eo.joining = o.joining;
+  eo.always_broadcast_state = true;  // BN running statistics are per rank (as in DDP)
+  eo.join_generation = o.join_generation;
+  eo.start_micros = o.start_micros;
+  eo.comm_timeout = o.comm_timeout;
+  eo.generation_wait = o.generation_wait;
+  eo.evaluate_each_epoch = o.eval && t->test_size() > 0;
+  eo.eval_batch = std::max<int64_t>(o.batch_size, 128);
+  eo.progress_every = o.log_every > 0 ? static_cast<int>(std::min<int64_t>(o.log_every, 10)) : 10;
+  eo.sample_log_path = o.sample_log;
+  eo.loader = o.loader;
+  ProgressPrinter printer(o, out, result);
+  eo.observer = &printer;
+
+  const auto start = SteadyClock::now();
+  runtime::ElasticTrainer trainer(eo, t, membership);
+  runtime::ElasticResult er;
+  EDL_RETURN_IF_ERROR(trainer.Run(&er));
+  if (!std::isfinite(er.last_loss)) {
+    return Status::Aborted("training diverged by step " + std::to_string(er.step) +
+                           " (loss is not finite); lower --lr");
   }
-  *loss = loss_sum / n;
-  *accuracy = static_cast<double>(correct) / n;
+  printer.Flush(o.log_every > 0 && printer.last().step % o.log_every != 0);
+  result->steps = er.step;
+  result->left = er.left;
+  result->generation = er.generation;
+  result->state_hash = er.state_hash;
+  result->seconds = Since(start);
+  const double train_s = result->seconds - printer.eval_seconds();
+  result->train_images_per_sec = train_s > 0 ? printer.samples_total() / train_s : 0;
+  if (printer.last().rank != 0 && !er.left) return Status::OK();
+  char line[512];
+  if (er.left) {
+    std::snprintf(line, sizeof(line), "left the job at generation %ld after step %ld",
+                  static_cast<long>(er.generation), static_cast<long>(er.step));
+    out << line << std::endl;
+    return Status::OK();
+  }
+  const std::string acc =
+      result->test_accuracy.empty()
+          ? "n/a"
+          : std::to_string(100.0 * result->test_accuracy.back()).substr(0, 5) + "%";
+  std::snprintf(line, sizeof(line),
+                "summary: %s steps %ld epochs %.2f final_train_loss %.4f test_acc %s "
+                "train_images/s %.1f threads %d generation %ld world %d time %.1f s",
+                o.label.c_str(), static_cast<long>(result->steps), printer.last().epochs_done,
+                result->last_window_loss, acc.c_str(), result->train_images_per_sec, o.threads,
+                static_cast<long>(er.generation), printer.last().world_size, result->seconds);
+  out << line << std::endl;
   return Status::OK();
 }
 
 Status RunStandaloneLoop(runtime::Trainable* t, const LoopOptions& o, std::ostream& out,
                          LoopResult* result) {
-  if (o.batch_size <= 0) return Status::InvalidArgument("--batch_size must be > 0");
-  if (o.epochs <= 0) return Status::InvalidArgument("--epochs must be > 0");
-  runtime::LrScheduleOptions lro = o.lr;
-  lro.total_epochs = static_cast<double>(o.epochs);
-  runtime::LrSchedule schedule(lro);
-  EDL_RETURN_IF_ERROR(schedule.Validate());
-
-  runtime::DataPlan plan(t->train_size(), o.seed);
-  const std::vector<int64_t> batches{o.batch_size};
-  const int64_t steps_per_epoch = (t->train_size() + o.batch_size - 1) / o.batch_size;
-  int64_t total_steps = steps_per_epoch * o.epochs;
-  if (o.max_steps > 0) total_steps = std::min(total_steps, o.max_steps);
-
-  runtime::DataPosition pos;
-  const auto start = SteadyClock::now();
-  auto window_start = start;
-  double window_loss = 0, train_time = 0;
-  int64_t window_correct = 0, window_samples = 0, samples_total = 0;
-  bool evaluated_last = false;
-  char line[512];
-  t->Prefetch(plan.Slice(pos, batches, 0));
-  while (pos.epoch < o.epochs && result->steps < total_steps) {
-    const auto step_start = SteadyClock::now();
-    const std::vector<int64_t> idx = plan.Slice(pos, batches, 0);
-    const runtime::DataPosition next = plan.Advance(pos, batches);
-    if (next.epoch < o.epochs) t->Prefetch(plan.Slice(next, batches, 0));
-    const double lr = schedule.At(plan.EpochProgress(pos), o.batch_size);
-    runtime::StepStats s;
-    EDL_RETURN_IF_ERROR(t->ForwardBackward(idx, &s));
-    EDL_RETURN_IF_ERROR(t->ApplyUpdate(lr));
-    train_time += Since(step_start);
-    if (!std::isfinite(s.loss_sum)) {
-      return Status::Aborted("training diverged at step " + std::to_string(result->steps) +
-                             " (loss is not finite); lower --lr");
-    }
-    if (result->steps == 0) result->first_loss = s.loss_sum / s.samples;
-    ++result->steps;
-    window_loss += s.loss_sum;
-    window_correct += s.correct;
-    window_samples += s.samples;
-    samples_total += s.samples;
-    evaluated_last = false;
-    if (o.log_every > 0 && (result->steps % o.log_every == 0 || result->steps == total_steps)) {
-      const double dt = Since(window_start);
-      const double eta = (total_steps - result->steps) * train_time / result->steps;
-      result->last_window_loss = window_loss / window_samples;
-      std::snprintf(line, sizeof(line),
-                    "epoch %ld/%ld step %ld/%ld loss %.4f acc %.2f%% images/s %.1f lr %.5f eta %s",
-                    static_cast<long>(pos.epoch + 1), static_cast<long>(o.epochs),
-                    static_cast<long>(result->steps), static_cast<long>(total_steps),
-                    result->last_window_loss, 100.0 * window_correct / window_samples,
-                    window_samples / dt, lr, Duration(eta).c_str());
-      out << line << std::endl;
-      window_loss = 0;
-      window_correct = window_samples = 0;
-      window_start = SteadyClock::now();
-    }
-    if (next.epoch != pos.epoch && o.eval && t->test_size() > 0) {
-      const auto eval_start = SteadyClock::now();
-      double loss, acc;
-      EDL_RETURN_IF_ERROR(EvaluateAll(t, o.batch_size, &loss, &acc));
-      result->test_accuracy.push_back(acc);
-      result->test_loss = loss;
-      evaluated_last = true;
-      std::snprintf(line, sizeof(line), "eval epoch %ld: test loss %.4f acc %.2f%% (%ld images, %.1f s)",
-                    static_cast<long>(pos.epoch + 1), loss, 100.0 * acc,
-                    static_cast<long>(t->test_size()), Since(eval_start));
-      out << line << std::endl;
-      window_start = SteadyClock::now();
-    }
-    pos = next;
-  }
-  if (o.eval && !evaluated_last && t->test_size() > 0) {  // stopped mid-epoch by --max_steps
-    double loss, acc;
-    EDL_RETURN_IF_ERROR(EvaluateAll(t, o.batch_size, &loss, &acc));
-    result->test_accuracy.push_back(acc);
-    result->test_loss = loss;
-    std::snprintf(line, sizeof(line), "eval step %ld: test loss %.4f acc %.2f%%",
-                  static_cast<long>(result->steps), loss, 100.0 * acc);
-    out << line << std::endl;
-  }
-  if (window_samples > 0) result->last_window_loss = window_loss / window_samples;
-  result->seconds = Since(start);
-  result->train_images_per_sec = train_time > 0 ? samples_total / train_time : 0;
-  std::snprintf(line, sizeof(line),
-                "summary: %s steps %ld epochs %.2f final_train_loss %.4f test_acc %s "
-                "train_images/s %.1f threads %d time %.1f s",
-                o.label.c_str(), static_cast<long>(result->steps),
-                plan.EpochProgress(pos), result->last_window_loss,
-                result->test_accuracy.empty()
-                    ? "n/a"
-                    : (std::to_string(100.0 * result->test_accuracy.back()).substr(0, 5) + "%")
-                          .c_str(),
-                result->train_images_per_sec, o.threads, result->seconds);
-  out << line << std::endl;
-  return Status::OK();
+  auto membership = runtime::NewStaticMembership(0, 1, 1, std::make_unique<runtime::MemoryKvStore>());
+  return RunTraining(t, o, membership.get(), out, result);
 }
 
 }  // namespace edl::resnet50

@@ -1,46 +1,65 @@
-// The standalone training loop (world size 1): sample order from runtime::DataPlan, learning rate
-// from runtime::LrSchedule, progress lines every log_every steps, test-split evaluation after every
-// epoch and one summary line. It drives the model only through runtime::Trainable, so the elastic
-// runtime can replace it without touching the Trainer.
+// The one training loop of `edl train`: runtime::ElasticTrainer drives the Trainable in every mode
+// (elastic under an edl client, static under `edl launch`, standalone world size 1). This file
+// adds what a user sees: progress lines every log_every steps on rank 0 (epoch, step, loss,
+// accuracy, images/s, lr, generation, world size, ETA), an evaluation line after each epoch
+// (evaluation is sharded across ranks) and one summary line.
 //
 // Thread-safety: runs on the calling thread.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "edl/base/status.h"
+#include "edl/runtime/data_plan.h"
+#include "edl/runtime/elastic_trainer.h"
 #include "edl/runtime/lr_schedule.h"
+#include "edl/runtime/membership.h"
 #include "edl/runtime/trainable.h"
 
 namespace edl::resnet50 {
 
 struct LoopOptions {
-  int64_t batch_size = 128;  // per trainer (> 0)
+  int64_t batch_size = 128;  // per trainer (fixed-local) or global (fixed-global), > 0
+  runtime::BatchPolicy batch_policy = runtime::BatchPolicy::kFixedLocal;
   int64_t epochs = 1;
   int64_t max_steps = 0;     // 0 = no limit
   int64_t log_every = 50;    // 0 = no progress lines
-  bool eval = true;          // evaluate on the test split after every epoch
+  bool eval = true;          // evaluate on the test split after every epoch (sharded)
   uint64_t seed = 1;         // data order
   runtime::LrScheduleOptions lr;  // total_epochs is set from `epochs`
   std::string label;         // e.g. "resnet20 fashion-mnist", shown in the summary
   int threads = 0;           // shown in the summary
+  bool joining = false;      // a hot joiner (EDL_JOINING=1)
+  int64_t join_generation = 0;  // EDL_GENERATION of a joiner
+  int64_t start_micros = 0;     // Clock::Real() time the process began preparing
+  std::chrono::milliseconds comm_timeout{30000};
+  std::chrono::milliseconds generation_wait{60000};
+  std::string sample_log;    // tests: ElasticOptions::sample_log_path
+  runtime::StateLoader* loader = nullptr;  // checkpoints; not owned, may be null
 };
 
 struct LoopResult {
-  int64_t steps = 0;
-  double first_loss = 0;        // mean loss of the first step
+  int64_t steps = 0;            // committed steps at the end (including restored ones)
+  double first_loss = 0;        // mean loss of the first step this process took
   double last_window_loss = 0;  // mean training loss over the last log window
-  double train_images_per_sec = 0;
+  double train_images_per_sec = 0;  // all ranks, while this process trained
   double seconds = 0;
-  std::vector<double> test_accuracy;  // after each epoch (fractions)
+  std::vector<double> test_accuracy;  // after each evaluation (fractions)
   double test_loss = 0;               // last evaluation
+  bool left = false;                  // removed from the job: stopped after the switch step
+  int64_t generation = 0;
+  uint64_t state_hash = 0;
 };
 
-// Evaluates the whole test split in batches of batch_size; *accuracy in [0, 1].
-Status EvaluateAll(runtime::Trainable* t, int64_t batch_size, double* loss, double* accuracy);
+// Trains `t` through ElasticTrainer over `membership` (not owned). Lines go to `out` on rank 0.
+Status RunTraining(runtime::Trainable* t, const LoopOptions& options,
+                   runtime::MembershipSource* membership, std::ostream& out, LoopResult* result);
 
+// World size 1 with an in-memory rendezvous store (no server, no RANK/WORLD_SIZE).
 Status RunStandaloneLoop(runtime::Trainable* t, const LoopOptions& options, std::ostream& out,
                          LoopResult* result);
 

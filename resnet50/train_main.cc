@@ -1,12 +1,22 @@
-// `edl train`: flags -> datasets -> Trainer -> standalone loop. Every flag and its default is
-// declared in Flags() below (shown by --help).
+// `edl train`: flags -> datasets -> Trainer -> membership -> the elastic loop (train_loop.h).
+// Every flag and its default is declared in Flags() below (shown by --help).
+//
+// Mode, from the environment:
+//   EDL_CLIENT_SOCKET set      in-place elastic under an edl client (EDL_TRAINER_ID, EDL_JOINING)
+//   RANK / WORLD_SIZE set      static world (e.g. `edl launch`), rendezvous in EDL_RENDEZVOUS_DIR
+//   neither                    standalone: world size 1, in-memory rendezvous
 #include "resnet50/train_main.h"
 
+#include <cstdlib>
 #include <iostream>
 #include <sstream>
 #include <string>
 
+#include "edl/base/clock.h"
 #include "edl/base/flags.h"
+#include "edl/runtime/channel_membership.h"
+#include "edl/runtime/checkpoint_loader.h"
+#include "edl/runtime/comm/memory_kv_store.h"
 #include "resnet50/data/dataset.h"
 #include "resnet50/train_loop.h"
 #include "resnet50/trainer.h"
@@ -17,6 +27,10 @@ namespace {
 
 struct Config {
   std::string model, data, data_dir, device, lr_decay, lr_milestones, precision;
+  std::string batch_policy, checkpoint_dir, sample_log;
+  int64_t rescale_ramp_steps = 0, checkpoint_steps = 0, train_samples = 0;
+  int keep_checkpoints = 3;
+  double comm_timeout_s = 30, checkpoint_secs = 0, generation_wait_s = 120;
   int image_size = 0, channels = 3, threads = 0;
   int64_t batch_size = 128, epochs = 1, max_steps = 0, log_every = 50, base_batch = 128;
   int64_t synthetic_train = 0, synthetic_test = 0;
@@ -42,12 +56,32 @@ po::options_description Flags(Config* c) {
        "synthetic training samples; 0 = 100 batches")
       ("synthetic_test", po::value(&c->synthetic_test)->default_value(0),
        "synthetic test samples; 0 = 4 batches")
-      ("batch_size", po::value(&c->batch_size)->default_value(128, "128"), "samples per step per trainer")
+      ("batch_size", po::value(&c->batch_size)->default_value(128, "128"),
+       "samples per step: per trainer (fixed-local) or in total (fixed-global)")
+      ("batch_policy", po::value(&c->batch_policy)->default_value("fixed-local"),
+       "fixed-local (global batch = world x batch_size) | fixed-global (batch_size split across trainers)")
+      ("train_samples", po::value(&c->train_samples)->default_value(0),
+       "use only the first N training samples (fast tests and demos); 0 = all")
       ("epochs", po::value(&c->epochs)->default_value(1, "1"), "training epochs")
       ("max_steps", po::value(&c->max_steps)->default_value(0, "0"), "stop after this many steps; 0 = no limit")
       ("lr", po::value(&c->lr)->default_value(0.1, "0.1"), "learning rate at --base_batch samples per step")
       ("base_batch", po::value(&c->base_batch)->default_value(128),
        "linear scaling reference: lr * global_batch / base_batch; 0 disables scaling")
+      ("rescale_ramp_steps", po::value(&c->rescale_ramp_steps)->default_value(0),
+       "after a re-form that changes the global batch, move the LR linearly to its new value over N steps")
+      ("comm_timeout_s", po::value(&c->comm_timeout_s)->default_value(30, "30"),
+       "bound on communicator rendezvous and every collective (a hung peer fails after this)")
+      ("generation_wait_s", po::value(&c->generation_wait_s)->default_value(120, "120"),
+       "bound on waiting for a (new) generation: after a failure, or as a joiner to be committed")
+      ("checkpoint_dir", po::value(&c->checkpoint_dir)->default_value(""),
+       "RocksDB checkpoint store (local disk or NFS); empty = no checkpoints")
+      ("checkpoint_steps", po::value(&c->checkpoint_steps)->default_value(0),
+       "checkpoint every N steps (rank 0, in the background); 0 = no step trigger")
+      ("checkpoint_secs", po::value(&c->checkpoint_secs)->default_value(0, "0"),
+       "checkpoint every N seconds; 0 = no time trigger (a final checkpoint is always written)")
+      ("keep_checkpoints", po::value(&c->keep_checkpoints)->default_value(3), "checkpoints kept")
+      ("sample_log", po::value(&c->sample_log)->default_value(""),
+       "test flag: append each committed step's sample indices (JSON lines) to this file")
       ("momentum", po::value(&c->momentum)->default_value(0.9, "0.9"), "SGD momentum")
       ("weight_decay", po::value(&c->weight_decay)->default_value(5e-4),
        "L2 weight decay on conv/fc weights")
@@ -93,7 +127,60 @@ Status ParseMilestones(const std::string& text, std::vector<double>* out) {
 
 bool IsCifarModel(const std::string& m) { return m == "resnet20" || m == "resnet56"; }
 
+Status LoadFullData(const Config& c, std::unique_ptr<Dataset>* train,
+                    std::unique_ptr<Dataset>* test);
+
+// The first `n` samples of another dataset (--train_samples).
+class PrefixDataset : public Dataset {
+ public:
+  PrefixDataset(std::unique_ptr<Dataset> base, int64_t n) : base_(std::move(base)), n_(n) {}
+  int64_t size() const override { return n_; }
+  int channels() const override { return base_->channels(); }
+  int image_size() const override { return base_->image_size(); }
+  int num_classes() const override { return base_->num_classes(); }
+  std::string name() const override {
+    return base_->name() + " (first " + std::to_string(n_) + ")";
+  }
+  Status FillBatch(const std::vector<int64_t>& indices, const Augment& aug, uint64_t aug_seed,
+                   float* images, int32_t* labels) const override {
+    for (int64_t i : indices) {
+      if (i < 0 || i >= n_) {
+        return Status::InvalidArgument("sample " + std::to_string(i) + " outside the first " +
+                                       std::to_string(n_));
+      }
+    }
+    return base_->FillBatch(indices, aug, aug_seed, images, labels);
+  }
+
+ private:
+  const std::unique_ptr<Dataset> base_;
+  const int64_t n_;
+};
+
 Status LoadData(const Config& c, std::unique_ptr<Dataset>* train, std::unique_ptr<Dataset>* test) {
+  EDL_RETURN_IF_ERROR(LoadFullData(c, train, test));
+  if (c.train_samples > 0 && c.train_samples < (*train)->size()) {
+    *train = std::make_unique<PrefixDataset>(std::move(*train), c.train_samples);
+  }
+  return Status::OK();
+}
+
+// Where the generations come from (see the file comment).
+StatusOr<std::unique_ptr<runtime::MembershipSource>> MakeMembership(bool* joining) {
+  const char* socket = std::getenv("EDL_CLIENT_SOCKET");
+  const char* joining_env = std::getenv("EDL_JOINING");
+  *joining = false;
+  if (socket != nullptr && *socket != '\0') {
+    *joining = joining_env != nullptr && std::string(joining_env) == "1";
+    return runtime::ChannelMembershipFromEnv();
+  }
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world != nullptr && *world != '\0') return runtime::StaticMembershipFromEnv();
+  return runtime::NewStaticMembership(0, 1, 1, std::make_unique<runtime::MemoryKvStore>());
+}
+
+Status LoadFullData(const Config& c, std::unique_ptr<Dataset>* train,
+                    std::unique_ptr<Dataset>* test) {
   if (c.data == "fashion-mnist") {
     const int size = c.image_size == 0 ? 28 : c.image_size;
     auto tr = LoadFashionMnist(c.data_dir, true, size);
@@ -127,6 +214,14 @@ Status Validate(const Config& c) {
   if (c.threads < 0) return Status::InvalidArgument("--threads must be >= 0");
   if (c.image_size < 0) return Status::InvalidArgument("--image_size must be >= 0");
   if (c.lr <= 0) return Status::InvalidArgument("--lr must be > 0");
+  if (c.train_samples < 0) return Status::InvalidArgument("--train_samples must be >= 0");
+  if (c.rescale_ramp_steps < 0) return Status::InvalidArgument("--rescale_ramp_steps must be >= 0");
+  if (c.comm_timeout_s <= 0) return Status::InvalidArgument("--comm_timeout_s must be > 0");
+  if (c.generation_wait_s <= 0) return Status::InvalidArgument("--generation_wait_s must be > 0");
+  if (c.checkpoint_steps < 0 || c.checkpoint_secs < 0) {
+    return Status::InvalidArgument("--checkpoint_steps and --checkpoint_secs must be >= 0");
+  }
+  if (c.keep_checkpoints < 1) return Status::InvalidArgument("--keep_checkpoints must be >= 1");
   if (c.device != "cpu" && c.device != "cuda" && c.device != "auto") {
     return Status::InvalidArgument("--device '" + c.device + "' is unknown; use cpu, cuda or auto");
   }
@@ -144,72 +239,104 @@ Status Validate(const Config& c) {
   return ValidateModelConfig(mc);
 }
 
+// Exit code 2: the setup failed (flags, data, model, membership); 1: training failed.
+int Fail(const Status& s, int code = 2) {
+  std::cerr << "edl train: " << s.ToString() << "\n";
+  return code;
+}
+
+StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c) {
+  std::unique_ptr<Dataset> train, test;
+  EDL_RETURN_IF_ERROR(LoadData(c, &train, &test));
+  TrainerOptions to;
+  to.device = c.device;
+  to.precision = c.precision;
+  to.threads = c.threads;
+  to.model.name = c.model;
+  to.model.zero_init_residual = c.zero_init_residual;
+  to.model.decay_bn_and_bias = c.decay_bn_and_bias;
+  to.momentum = static_cast<float>(c.momentum);
+  to.weight_decay = static_cast<float>(c.weight_decay);
+  to.nesterov = c.nesterov;
+  to.label_smoothing = static_cast<float>(c.label_smoothing);
+  // Augmentation is seeded by (seed, batch indices) inside the loader: nothing to sync on re-form.
+  to.augment.random_crop = to.augment.flip = c.augment;
+  to.seed = c.seed;
+  return Trainer::Create(to, std::move(train), std::move(test));
+}
+
+Status MakeLoopOptions(const Config& c, const Trainer& trainer, LoopOptions* lo) {
+  lo->batch_size = c.batch_size;
+  EDL_RETURN_IF_ERROR(runtime::ParseBatchPolicy(c.batch_policy, &lo->batch_policy));
+  lo->epochs = c.epochs;
+  lo->max_steps = c.max_steps;
+  lo->log_every = c.log_every;
+  lo->eval = c.eval;
+  lo->seed = c.seed;
+  lo->lr.base_lr = c.lr;
+  lo->lr.base_batch = c.base_batch;
+  lo->lr.warmup_epochs = c.warmup_epochs;
+  lo->lr.decay = c.lr_decay;
+  lo->lr.rescale_ramp_steps = c.rescale_ramp_steps;
+  EDL_RETURN_IF_ERROR(ParseMilestones(c.lr_milestones, &lo->lr.milestones));
+  lo->comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.comm_timeout_s * 1000));
+  lo->generation_wait = std::chrono::milliseconds(static_cast<int64_t>(c.generation_wait_s * 1000));
+  lo->sample_log = c.sample_log;
+  lo->threads = trainer.threads();
+  lo->label = c.model + " " + c.data;
+  return Status::OK();
+}
+
 }  // namespace
 
 int RunTrainMain(int argc, char** argv) {
+  const int64_t start_micros = Clock::Real()->NowMicros();
   Config c;
   po::options_description desc = Flags(&c);
   ParsedFlags parsed;
-  Status s = ParseFlags("train", "usage: edl train [flags]\nTrains a ResNet standalone (world size 1).",
+  Status s = ParseFlags("train",
+                        "usage: edl train [flags]\nTrains a ResNet: elastic under an edl client "
+                        "(EDL_CLIENT_SOCKET), static under `edl launch` (RANK/WORLD_SIZE), else "
+                        "standalone.",
                         desc, argc, argv, &parsed);
   if (!s.ok()) {
     std::cerr << "edl train: " << s.ToString() << "\n";
     return 2;
   }
   if (parsed.help) return 0;
-  s = Validate(c);
-  std::unique_ptr<Dataset> train, test;
-  if (s.ok()) s = LoadData(c, &train, &test);
-  std::unique_ptr<Trainer> trainer;
-  if (s.ok()) {
-    TrainerOptions to;
-    to.device = c.device;
-    to.precision = c.precision;
-    to.threads = c.threads;
-    to.model.name = c.model;
-    to.model.zero_init_residual = c.zero_init_residual;
-    to.model.decay_bn_and_bias = c.decay_bn_and_bias;
-    to.momentum = static_cast<float>(c.momentum);
-    to.weight_decay = static_cast<float>(c.weight_decay);
-    to.nesterov = c.nesterov;
-    to.label_smoothing = static_cast<float>(c.label_smoothing);
-    to.augment.random_crop = to.augment.flip = c.augment;
-    to.seed = c.seed;
-    auto t = Trainer::Create(to, std::move(train), std::move(test));
-    if (t.ok()) trainer = std::move(t.value());
-    else s = t.status();
-  }
+  if (s = Validate(c); !s.ok()) return Fail(s);
+  auto trainer = MakeTrainer(c);
+  if (!trainer.ok()) return Fail(trainer.status());
   LoopOptions lo;
-  if (s.ok()) {
-    lo.batch_size = c.batch_size;
-    lo.epochs = c.epochs;
-    lo.max_steps = c.max_steps;
-    lo.log_every = c.log_every;
-    lo.eval = c.eval;
-    lo.seed = c.seed;
-    lo.lr.base_lr = c.lr;
-    lo.lr.base_batch = c.base_batch;
-    lo.lr.warmup_epochs = c.warmup_epochs;
-    lo.lr.decay = c.lr_decay;
-    s = ParseMilestones(c.lr_milestones, &lo.lr.milestones);
-    lo.threads = trainer ? trainer->threads() : 0;
-    lo.label = c.model + " " + c.data;
+  if (s = MakeLoopOptions(c, *trainer.value(), &lo); !s.ok()) return Fail(s);
+  bool joining = false;
+  auto membership = MakeMembership(&joining);
+  if (!membership.ok()) return Fail(membership.status());
+  lo.joining = joining;
+  lo.start_micros = start_micros;
+  if (const char* g = std::getenv("EDL_GENERATION"); joining && g != nullptr) {
+    lo.join_generation = std::atoll(g);
   }
-  if (!s.ok()) {
-    std::cerr << "edl train: " << s.ToString() << "\n";
-    return 2;
+  std::unique_ptr<runtime::CheckpointLoader> loader;
+  if (!c.checkpoint_dir.empty()) {
+    runtime::CheckpointLoaderOptions co;
+    co.checkpoint_steps = c.checkpoint_steps;
+    co.checkpoint_secs = c.checkpoint_secs;
+    co.config_fingerprint = "seed=" + std::to_string(c.seed) +
+                            ";train=" + std::to_string(trainer.value()->train_size());
+    loader = runtime::NewRocksDbCheckpointLoader(c.checkpoint_dir, c.keep_checkpoints, co);
+    lo.loader = loader.get();
   }
-  std::cout << "edl train: " << c.model << " on " << trainer->train_data().name() << " ("
-            << trainer->train_size() << " train / " << trainer->test_size() << " test, "
-            << trainer->model()->num_params() << " parameters), device "
-            << trainer->backend()->name() << ", threads " << trainer->threads() << ", batch "
-            << c.batch_size << std::endl;
+  Trainer* t = trainer.value().get();
+  std::cout << "edl train: " << c.model << " on " << t->train_data().name() << " ("
+            << t->train_size() << " train / " << t->test_size() << " test, "
+            << t->model()->num_params() << " parameters), device " << t->backend()->name()
+            << ", threads " << t->threads() << ", batch " << c.batch_size << " ("
+            << c.batch_policy << "), trainer " << membership.value()->trainer_id()
+            << (joining ? " (joining)" : "") << std::endl;
   LoopResult result;
-  s = RunStandaloneLoop(trainer.get(), lo, std::cout, &result);
-  if (!s.ok()) {
-    std::cerr << "edl train: " << s.ToString() << "\n";
-    return s.code() == Status::Code::kInvalidArgument ? 2 : 1;
-  }
+  s = RunTraining(t, lo, membership.value().get(), std::cout, &result);
+  if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
   return 0;
 }
 

@@ -6,9 +6,13 @@
 //     sync if the broadcast state shows the step was committed elsewhere (pending_).
 #include "edl/runtime/elastic_trainer.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -57,7 +61,10 @@ class ElasticTrainer::Impl {
       : o_(std::move(o)), trainable_(t), membership_(m), me_(m->trainer_id()),
         clock_(o_.clock ? o_.clock : Clock::Real()), plan_(t->train_size(), o_.seed),
         schedule_(o_.lr) {}
-  ~Impl() { StopWatcher(); }
+  ~Impl() {
+    StopWatcher();
+    if (sample_log_fd_ >= 0) ::close(sample_log_fd_);
+  }
 
   Status Run(ElasticResult* result);
 
@@ -87,7 +94,9 @@ class ElasticTrainer::Impl {
     return BatchSizes(o_.batch_policy, o_.batch, gen_.world_size());
   }
   double StepLr(int64_t global_batch);
-  void LogSamples(int64_t step, int64_t epoch, const std::vector<int64_t>& indices);
+  // Appends the global step's indices (all ranks) to the sample log; loss NaN when unknown.
+  void LogSamples(int64_t step, int64_t epoch, const std::vector<int64_t>& indices, double loss);
+  StepContext Context() const { return {gen_.number, gen_.world_size(), rank_}; }
   void Event(nlohmann::json e);
 
   const ElasticOptions o_;
@@ -110,8 +119,9 @@ class ElasticTrainer::Impl {
   bool left_ = false;
   struct Pending {
     int64_t step = -1, epoch = 0;
-    std::vector<int64_t> indices;
+    std::vector<int64_t> indices;  // the whole step's (every rank's)
   } pending_;
+  int64_t last_eval_step_ = -1;
 
   // Events: stall of a survivor / time to first step of a joiner.
   int64_t start_us_ = 0;
@@ -124,7 +134,7 @@ class ElasticTrainer::Impl {
 
   double last_loss_ = 0, accuracy_ = -1;
   int64_t progress_t0_us_ = 0, progress_samples_ = 0;
-  std::ofstream sample_log_;
+  int sample_log_fd_ = -1;
 
   std::thread watcher_;
   std::atomic<bool> stop_watcher_{false};
@@ -137,10 +147,10 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   EDL_RETURN_IF_ERROR(schedule_.Validate());
   if (o_.batch <= 0) return Status::InvalidArgument("--batch must be > 0");
   if (!o_.sample_log_path.empty()) {
-    sample_log_.open(o_.sample_log_path, std::ios::app);
-    if (!sample_log_) return Status::IOError("cannot open sample log " + o_.sample_log_path);
+    sample_log_fd_ = ::open(o_.sample_log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (sample_log_fd_ < 0) return PosixError("sample log " + o_.sample_log_path, errno);
   }
-  start_us_ = clock_->NowMicros();
+  start_us_ = o_.start_micros > 0 ? o_.start_micros : clock_->NowMicros();
   Generation gen;
   EDL_RETURN_IF_ERROR(FirstGeneration(&gen));
   EDL_RETURN_IF_ERROR(Reform(gen));
@@ -165,11 +175,14 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
       }
     }
   }
-  if (!left_ && o_.evaluate_each_epoch) {
+  if (!left_ && o_.evaluate_each_epoch && last_eval_step_ != state_.step) {
     Status e = Evaluate(&accuracy_);
     if (!e.ok() && !comm_failed_) return e;
   }
   StopWatcher();
+  if (!left_ && rank_ == 0 && o_.loader != nullptr) {
+    EDL_RETURN_IF_ERROR(o_.loader->Finish(trainable_, state_, Context()));
+  }
   auto hash = StateHash(trainable_);
   EDL_RETURN_IF_ERROR(hash.status());
   result->left = left_;
@@ -186,8 +199,9 @@ Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
   Generation known;
   if (!membership_->Latest(&known)) known.number = 0;
   if (o_.joining) {
-    EDL_RETURN_IF_ERROR(membership_->ReportReady(known.number));
-    Event({{"event", "joiner_ready"}, {"after_generation", known.number},
+    const int64_t pending = o_.join_generation > 0 ? o_.join_generation : known.number + 1;
+    EDL_RETURN_IF_ERROR(membership_->ReportReady(pending));
+    Event({{"event", "joiner_ready"}, {"generation", pending}, {"after_generation", known.number},
            {"ready_s", MicrosToSeconds(clock_->NowMicros() - start_us_)}});
   } else if (known.number > 0 && known.RankOf(me_) >= 0) {
     *gen = known;
@@ -234,6 +248,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     co.store = membership_->kv();
     co.timeout = o_.comm_timeout;
     co.host = o_.host;
+    if (co.host.empty() && rank < static_cast<int>(target.hosts.size())) co.host = target.hosts[rank];
     co.cuda_device = o_.cuda_device;
     co.cuda_stream = trainable_->stream();
     auto comm = o_.backend == "nccl" ? CreateNcclCommunicator(co) : CreateGlooCommunicator(co);
@@ -330,7 +345,7 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
   if (v[1] > gen_.number) return Status::OK();  // every rank saw the same: re-form again
   const int64_t max_level = v[0] / w, min_level = -v[2];
   int root = static_cast<int>(w - 1 - v[0] % w);
-  bool need_tensors = max_level != min_level;
+  bool need_tensors = max_level != min_level || o_.always_broadcast_state;
   if (max_level == 0) {  // nobody holds state: cold start on rank 0
     root = 0;
     need_tensors = true;
@@ -355,7 +370,7 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
   if (need_tensors) EDL_RETURN_IF_ERROR(BroadcastTensors(root));
   // The step this rank had in flight was committed by others: its samples were consumed.
   if (pending_.step == h.step && pending_.step == state_.step + 1 && has_state_) {
-    LogSamples(pending_.step, pending_.epoch, pending_.indices);
+    LogSamples(pending_.step, pending_.epoch, pending_.indices, std::nan(""));
   }
   pending_.step = -1;
   state_.step = h.step;
@@ -406,7 +421,8 @@ double ElasticTrainer::Impl::StepLr(int64_t global_batch) {
 Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   const std::vector<int64_t> b = Batches();
   const int64_t total = plan_.StepSamples(state_.position, b);
-  std::vector<int64_t> indices = plan_.Slice(state_.position, b, rank_);
+  const std::vector<std::vector<int64_t>> all = plan_.Step(state_.position, b);
+  const std::vector<int64_t>& indices = all[rank_];
   size_t count = 0;
   float* grad = trainable_->GradientBuffer(&count);
   StepStats stats;
@@ -423,7 +439,11 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   inband[kLossSum] = static_cast<float>(stats.loss_sum);
   inband[kCorrect] = static_cast<float>(stats.correct);
   inband[kSamples] = static_cast<float>(stats.samples);
-  pending_ = {state_.step + 1, state_.position.epoch, indices};
+  std::vector<int64_t> global_indices;
+  if (sample_log_fd_ >= 0) {
+    for (const auto& slice : all) global_indices.insert(global_indices.end(), slice.begin(), slice.end());
+  }
+  pending_ = {state_.step + 1, state_.position.epoch, global_indices};
   EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(grad, count + Trainable::kInbandSlots,
                                             DataType::kFloat32, ReduceOp::kSum)));
   const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
@@ -437,8 +457,8 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   state_.last_lr = lr;
   state_.last_global_batch = global;
   state_.steps_since_reform++;
-  LogSamples(state_.step, epoch, indices);
   if (inband[kSamples] > 0) last_loss_ = inband[kLossSum] / inband[kSamples];
+  LogSamples(state_.step, epoch, global_indices, last_loss_);
   *switch_seen = inband[kNewerSeen] > 0;
   const int64_t now = clock_->NowMicros();
   if (after_reform_) {
@@ -452,7 +472,23 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
            {"since_start_s", MicrosToSeconds(now - start_us_)}});
   }
   last_step_end_us_ = now;
-  if (rank_ == 0 && o_.loader != nullptr) EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_));
+  if (o_.observer != nullptr) {
+    StepReport r;
+    r.step = state_.step;
+    r.position = state_.position;
+    r.epochs_done = plan_.EpochProgress(state_.position);
+    r.loss = last_loss_;
+    r.correct = static_cast<int64_t>(inband[kCorrect]);
+    r.samples = static_cast<int64_t>(inband[kSamples]);
+    r.lr = lr;
+    r.generation = gen_.number;
+    r.world_size = gen_.world_size();
+    r.rank = rank_;
+    o_.observer->OnStep(r);
+  }
+  if (rank_ == 0 && o_.loader != nullptr) {
+    EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_, Context()));
+  }
   progress_samples_ += total;
   if (o_.progress_every > 0 && state_.step % o_.progress_every == 0) {
     ProgressInfo p;
@@ -505,16 +541,35 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
 Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   int64_t begin = 0, end = 0;
   EvenShard(trainable_->test_size(), rank_, gen_.world_size(), &begin, &end);
-  StepStats stats;
-  if (end > begin) {
-    std::vector<int64_t> idx(end - begin);
-    std::iota(idx.begin(), idx.end(), begin);
+  const int64_t t0 = clock_->NowMicros();
+  double v[3] = {0, 0, 0};  // loss sum, correct, samples
+  const int64_t chunk = std::max<int64_t>(1, o_.eval_batch);
+  std::vector<int64_t> idx;
+  for (int64_t b0 = begin; b0 < end; b0 += chunk) {
+    idx.resize(std::min(end, b0 + chunk) - b0);
+    std::iota(idx.begin(), idx.end(), b0);
+    StepStats stats;
     EDL_RETURN_IF_ERROR(trainable_->Evaluate(idx, &stats));
+    v[0] += stats.loss_sum;
+    v[1] += static_cast<double>(stats.correct);
+    v[2] += static_cast<double>(stats.samples);
   }
-  double v[3] = {stats.loss_sum, static_cast<double>(stats.correct),
-                 static_cast<double>(stats.samples)};
   EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 3, DataType::kFloat64, ReduceOp::kSum)));
   *accuracy = v[2] > 0 ? v[1] / v[2] : -1;
+  last_eval_step_ = state_.step;
+  if (o_.observer != nullptr) {
+    EvalReport r;
+    r.step = state_.step;
+    r.epoch = state_.position.epoch;
+    r.loss = v[2] > 0 ? v[0] / v[2] : 0.0;
+    r.accuracy = *accuracy;
+    r.samples = static_cast<int64_t>(v[2]);
+    r.generation = gen_.number;
+    r.world_size = gen_.world_size();
+    r.rank = rank_;
+    r.seconds = MicrosToSeconds(clock_->NowMicros() - t0);
+    o_.observer->OnEval(r);
+  }
   Event({{"event", "eval"}, {"generation", gen_.number}, {"step", state_.step},
          {"loss", v[2] > 0 ? v[0] / v[2] : 0.0}, {"accuracy", *accuracy}});
   return Status::OK();
@@ -526,16 +581,22 @@ bool ElasticTrainer::Impl::Done() const {
 }
 
 void ElasticTrainer::Impl::LogSamples(int64_t step, int64_t epoch,
-                                      const std::vector<int64_t>& indices) {
-  if (!sample_log_.is_open()) return;
-  sample_log_ << step << ' ' << epoch;
-  for (int64_t i : indices) sample_log_ << ' ' << i;
-  sample_log_ << '\n';
-  sample_log_.flush();
+                                      const std::vector<int64_t>& indices, double loss) {
+  if (sample_log_fd_ < 0) return;
+  nlohmann::json j = {{"trainer", me_}, {"generation", gen_.number}, {"rank", rank_},
+                      {"step", step}, {"epoch", epoch}, {"idx", indices},
+                      {"time", MicrosToSeconds(Clock::Real()->NowMicros())}};
+  j["loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json();
+  const std::string line = j.dump() + "\n";
+  // One write(2) with O_APPEND: lines of trainers sharing the file never interleave.
+  if (::write(sample_log_fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+    LOG(WARNING) << me_ << ": short write to sample log " << o_.sample_log_path;
+  }
 }
 
 void ElasticTrainer::Impl::Event(nlohmann::json e) {
   e["trainer"] = me_;
+  e["pid"] = static_cast<int64_t>(::getpid());
   membership_->ReportEvent(e);  // best effort: events are advisory
 }
 

@@ -46,17 +46,64 @@ struct TrainingState {
   int64_t steps_since_reform = 0;
 };
 
-// Checkpoint hook for cold starts (implemented over edl/ckpt by the trainer; tests use their own).
+// Where a committed step happened (checkpoint fencing and metadata).
+struct StepContext {
+  int64_t generation = 0;
+  int world_size = 0;
+  int rank = 0;
+};
+
+// Checkpoint hook (CheckpointLoader over edl/ckpt in production; tests use their own).
 class StateLoader {
  public:
   virtual ~StateLoader() = default;
-  // Loads the latest checkpoint into the Trainable's tensors and *state. NotFound when there is
-  // none (the trainer's fresh initialisation is used); any other error fails the start.
+  // Cold start, on rank 0 only: loads the latest checkpoint into the Trainable's tensors and
+  // *state. NotFound when there is none (the trainer's fresh initialisation is used); any other
+  // error fails the start.
   virtual Status Load(Trainable* trainable, TrainingState* state) = 0;
-  // Called on rank 0 after each committed step; may snapshot (the store decides how often).
-  virtual Status AfterStep(Trainable* trainable, const TrainingState& state) {
+  // Called on rank 0 of the current generation after each committed step; may snapshot (the
+  // loader decides how often). An error stops training.
+  virtual Status AfterStep(Trainable* trainable, const TrainingState& state,
+                           const StepContext& ctx) {
     return Status::OK();
   }
+  // Called on rank 0 when training completes (not when the trainer leaves): a final save.
+  virtual Status Finish(Trainable* trainable, const TrainingState& state, const StepContext& ctx) {
+    return Status::OK();
+  }
+};
+
+// What a committed step looked like across the whole generation (every rank gets the same).
+struct StepReport {
+  int64_t step = 0;           // committed steps so far
+  DataPosition position;      // after the step
+  double epochs_done = 0;     // fractional epochs after the step
+  double loss = 0;            // mean training loss of the step over all ranks' samples
+  int64_t correct = 0;        // top-1 correct of the step, all ranks
+  int64_t samples = 0;        // samples of the step, all ranks
+  double lr = 0;
+  int64_t generation = 0;
+  int world_size = 0;
+  int rank = 0;
+};
+
+struct EvalReport {
+  int64_t step = 0;
+  int64_t epoch = 0;          // epochs completed when evaluated
+  double loss = 0, accuracy = 0;
+  int64_t samples = 0;        // test samples evaluated, all ranks
+  int64_t generation = 0;
+  int world_size = 0;
+  int rank = 0;
+  double seconds = 0;
+};
+
+// Progress output (e.g. `edl train`'s progress lines on rank 0). Called on the training thread.
+class TrainingObserver {
+ public:
+  virtual ~TrainingObserver() = default;
+  virtual void OnStep(const StepReport& report) {}
+  virtual void OnEval(const EvalReport& report) {}
 };
 
 struct ElasticOptions {
@@ -67,16 +114,28 @@ struct ElasticOptions {
   int64_t max_steps = 0; // ... or this many steps, when > 0
   LrScheduleOptions lr;
   bool joining = false;  // a hot joiner (EDL_JOINING=1): report ready, wait to be committed
+  int64_t join_generation = 0;  // the pending generation a joiner was started for
+                                // (EDL_GENERATION); 0: newest known + 1
+  int64_t start_micros = 0;     // Clock time preparation began, for time-to-ready (0: Run())
   std::string backend = "gloo";  // "gloo" or "nccl"
   std::string host;      // address the communicator binds (empty: loopback)
   int cuda_device = -1;  // NCCL only
   std::chrono::milliseconds comm_timeout{30000};    // rendezvous and every collective
   std::chrono::milliseconds generation_wait{60000}; // wait for a new generation after a failure
                                                     // or, for a joiner, to be committed
+  // Broadcast every state tensor at each re-form even when all ranks hold the same step. Needed
+  // when part of the state is per-rank (BatchNorm running statistics are updated from each rank's
+  // own batch, as in PyTorch DDP), so only a broadcast makes the ranks bit-identical again.
+  bool always_broadcast_state = false;
   bool evaluate_each_epoch = false;  // sharded evaluation at every epoch end and at the end
+  int64_t eval_batch = 256;          // test samples per Evaluate call
   int progress_every = 10;           // ReportProgress every this many steps
-  std::string sample_log_path;       // tests: append "step epoch idx..." per committed step
+  // Tests: append one JSON line per committed step with the GLOBAL step's indices (every rank's
+  // slice, which each rank derives from the DataPlan): {"trainer","generation","rank","step",
+  // "epoch","loss","hash"?,"idx":[...]}; one write(2) per line, so trainers may share the file.
+  std::string sample_log_path;
   StateLoader* loader = nullptr;     // not owned; may be null (no checkpoints)
+  TrainingObserver* observer = nullptr;  // not owned; may be null
   Clock* clock = nullptr;            // null: Clock::Real()
 };
 

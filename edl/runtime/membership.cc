@@ -39,15 +39,10 @@ class StaticMembership : public MembershipSource {
   }
   KvStore* kv() override { return kv_.get(); }
   Status ReportReady(int64_t) override { return Status::OK(); }
-  Status ReportProgress(const ProgressInfo& p) override {
-    if (rank_ == 0) {
-      LOG(INFO) << "step " << p.step << " epoch " << p.epoch << " loss " << p.loss << " "
-                << p.images_per_sec << " samples/s";
-    }
-    return Status::OK();
-  }
+  // Progress lines are the trainer's business (e.g. `edl train` prints them on rank 0).
+  Status ReportProgress(const ProgressInfo&) override { return Status::OK(); }
   Status ReportEvent(const nlohmann::json& event) override {
-    if (rank_ == 0) LOG(INFO) << "event " << event.dump();
+    if (rank_ == 0) VLOG(1) << "event " << event.dump();
     return Status::OK();
   }
 
@@ -88,6 +83,7 @@ StatusOr<std::unique_ptr<MembershipSource>> StaticMembershipFromEnv() {
   EDL_RETURN_IF_ERROR(EnvInt("RANK", true, 0, &rank));
   EDL_RETURN_IF_ERROR(EnvInt("WORLD_SIZE", true, 0, &world));
   EDL_RETURN_IF_ERROR(EnvInt("EDL_GENERATION", false, 1, &generation));
+  if (generation < 1) generation = 1;  // `edl launch` starts trainers in generation 0
   if (world < 1 || rank < 0 || rank >= world) {
     return Status::InvalidArgument("RANK=" + std::to_string(rank) + " is not in [0, WORLD_SIZE=" +
                                    std::to_string(world) + ")");

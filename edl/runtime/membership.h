@@ -27,6 +27,8 @@ struct Generation {
                                      // order, joiners come last
   bool failure = false;  // the change removed a dead or hung trainer: survivors must abort
   std::string reason;    // "start", "script", "ctl", "failure", ... (for events)
+  std::vector<std::string> hosts;  // by rank: address each member's communicator binds (empty or
+                                   // "" entries: ElasticOptions::host / loopback)
 
   int world_size() const { return static_cast<int>(members.size()); }
   // Rank of `trainer_id` in this generation, -1 when it is not a member (a leaving trainer).

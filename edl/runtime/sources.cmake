@@ -7,3 +7,7 @@ list(APPEND EDL_SOURCES
   runtime/membership.cc
   runtime/elastic_trainer.cc
 )
+list(APPEND EDL_SOURCES
+  runtime/channel_membership.cc
+  runtime/checkpoint_loader.cc
+)

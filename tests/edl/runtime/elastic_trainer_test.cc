@@ -17,6 +17,7 @@
 #include "edl/runtime/comm/file_kv_store.h"
 #include "edl/runtime/comm/memory_kv_store.h"
 #include "edl/runtime/elastic_trainer.h"
+#include "tests/edl/runtime/sample_log_check.h"
 #include "tests/testutil.h"
 
 namespace edl::runtime {
@@ -237,26 +238,17 @@ void Start(FakeCluster* cluster, const test::ScratchDir& dir, TrainerThread* t, 
   });
 }
 
-// Every completed epoch consumed every sample exactly once, across all trainers' logs.
+// Every completed epoch consumed every sample exactly once, across all trainers' logs (each
+// logs the global step; the union is taken by step number).
 void ExpectExactlyOnce(const test::ScratchDir& dir, const std::vector<std::string>& ids,
                        int64_t epochs) {
-  std::map<int64_t, std::vector<int64_t>> seen;
-  for (const std::string& id : ids) {
-    std::ifstream in(dir.Join(id + ".samples"));
-    std::string line;
-    while (std::getline(in, line)) {
-      std::istringstream ls(line);
-      int64_t step, epoch, idx;
-      ls >> step >> epoch;
-      while (ls >> idx) seen[epoch].push_back(idx);
-    }
-  }
-  ASSERT_EQ(static_cast<int64_t>(seen.size()), epochs);
-  for (auto& [epoch, list] : seen) {
-    std::sort(list.begin(), list.end());
-    ASSERT_EQ(static_cast<int64_t>(list.size()), kTrain) << "epoch " << epoch;
-    for (int64_t i = 0; i < kTrain; ++i) ASSERT_EQ(list[i], i) << "epoch " << epoch;
-  }
+  std::vector<std::string> paths;
+  for (const std::string& id : ids) paths.push_back(dir.Join(id + ".samples"));
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs(paths, &steps), "");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.rbegin()->second.epoch, epochs - 1);
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kTrain, epochs), "");
 }
 
 TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnce) {
@@ -379,10 +371,12 @@ TEST(ElasticTrainerTest, ColdStartLoadsOnOneRankAndBroadcasts) {
   }
   // The first committed step after the cold start is step 8, at epoch 1.
   std::ifstream in(dir.Join("a.samples"));
-  int64_t step = 0, epoch = 0;
-  in >> step >> epoch;
-  EXPECT_EQ(step, 8);
-  EXPECT_EQ(epoch, 1);
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  nlohmann::json first = nlohmann::json::parse(line);
+  EXPECT_EQ(first["step"], 8);
+  EXPECT_EQ(first["epoch"], 1);
+  EXPECT_EQ(first["idx"].size(), 3u * 8) << "the global step: every rank's slice";
 }
 
 TEST(ElasticTrainerTest, StaticModeTrainsAFixedWorldOverAFileStore) {

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Rescale stall of in-place elastic training vs the stop-resume baseline, CPU / Gloo, loopback.
+#
+# Runs a real `edl server` + two `edl client`s (2 slots each) training ResNet-20 on a Fashion-MNIST
+# subset, with a scaling script that cycles shrink (4->3), grow (3->4) and failure (kill 1, then
+# grow back) CYCLES times, so each kind yields >= CYCLES survivor stall events (each survivor
+# reports one). Then the stop-resume baseline, as PaddlePaddle EDL did: kill every trainer, the
+# job restarts them and they resume from the latest checkpoint; its stall is the wall time from the
+# last step before the kill to the first step after the restart (from the sample log).
+# Steady step time: median time between consecutive steps of an unchanged generation.
+# Takes ~3-4 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
+set -euo pipefail
+BUILD=${1:-build}
+EDL=$(realpath "$BUILD/edl")
+CYCLES=${CYCLES:-10}
+WORK=$(mktemp -d /tmp/edl-rescale-XXXXXX)
+PIDS=()
+cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM -- "-$p" 2>/dev/null || true; done; sleep 1;
+            for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -KILL -- "-$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+echo "rescale-bench-secret-0123456789abcdef" > "$WORK/secret"
+
+run_job() {  # $1 name, $2 script, $3 trainers, $4 epochs, extra train flags...
+  local name=$1 script=$2 trainers=$3 epochs=$4; shift 4
+  local d="$WORK/$name"; mkdir -p "$d"; printf "%b" "$script" > "$d/scale.script"
+  setsid "$EDL" server --server_port 0 --bind 127.0.0.1 --port_file "$d/port" --secret_file "$WORK/secret" \
+    --job_id bench --min_trainers 1 --trainers "$trainers" --scale_script "$d/scale.script" \
+    --events_dir "$d/events" --join_timeout_s 60 > "$d/server.log" 2>&1 & PIDS+=($!)
+  for _ in $(seq 100); do [ -s "$d/port" ] && break; sleep 0.1; done
+  local port; port=$(cat "$d/port")
+  for n in n1 n2; do
+    setsid "$EDL" client --server "127.0.0.1:$port" --secret_file "$WORK/secret" --node_name $n --slots 2 \
+      --mode inplace --socket_path "$d/$n.sock" --log_dir "$d/logs" --leave_grace_s 30 --stop_grace_s 2 \
+      --trainer_timeout_s 10 --exit_when_done -- "$EDL" train --model resnet20 --train_samples 2048 \
+      --batch_size 16 --base_batch 64 --lr_decay constant --epochs "$epochs" --threads 1 --eval false \
+      --log_every 0 --sample_log "$d/samples.jsonl" "$@" > "$d/$n.log" 2>&1 & PIDS+=($!)
+  done
+  for _ in $(seq 3000); do grep -q '"type":"finished"' "$d/events/bench.events.jsonl" 2>/dev/null && break; sleep 0.2; done
+  cleanup; PIDS=()
+}
+
+script=""; t=3
+for _ in $(seq "$CYCLES"); do
+  script+="$t set 3\n"; t=$((t + 4)); script+="$t set 4\n"; t=$((t + 5)); script+="$t kill 1\n"; t=$((t + 6))
+done
+echo "elastic run: $CYCLES cycles, ~${t} s" >&2
+run_job elastic "0 set 4\n$script" 4 1000 &
+EJOB=$!
+# Stop the elastic run once the script is over (the epoch budget is deliberately large).
+sleep $((t + 15)); kill $EJOB 2>/dev/null || true; wait $EJOB 2>/dev/null || true
+cleanup; PIDS=()
+
+echo "stop-resume baseline" >&2
+sr=""; t=6
+for _ in $(seq 3); do sr+="$t kill 4\n"; t=$((t + 12)); done
+run_job stopresume "0 set 4\n$sr" 4 30 --checkpoint_dir "$WORK/ckpt" --checkpoint_steps 5
+
+/usr/bin/python3 - "$WORK" <<'PY'
+import json, statistics, sys
+work = sys.argv[1]
+def lines(p):
+    out = []
+    try:
+        for l in open(p):
+            try: out.append(json.loads(l))
+            except ValueError: pass
+    except FileNotFoundError: pass
+    return out
+ev = lines(f"{work}/elastic/events/bench.events.jsonl")
+stalls = {"shrink": [], "grow": [], "failure": []}
+for e in ev:
+    if e.get("type") == "trainer_event" and e.get("event") == "stall":
+        kind = "failure" if e["failure"] else ("shrink" if e["world_after"] < e["world_before"] else "grow")
+        stalls[kind].append(e["stall_s"])
+steps = {}
+for s in lines(f"{work}/elastic/samples.jsonl"):
+    steps.setdefault(s["step"], (s["time"], s["generation"]))
+seq = sorted(steps.items())
+gaps = [b[1][0] - a[1][0] for a, b in zip(seq, seq[1:]) if a[1][1] == b[1][1] and b[0] == a[0] + 1]
+step_s = statistics.median(gaps) if gaps else float("nan")
+# Stop-resume: for each kill-all, last step time before the restart to first step after it.
+sr = lines(f"{work}/stopresume/samples.jsonl")
+first = {}  # (generation, step) -> first time any rank logged it
+for s in sr:
+    k = (s["generation"], s["step"])
+    first[k] = min(first.get(k, s["time"]), s["time"])
+order = sorted((t, k[1]) for k, t in first.items())
+# A restart re-does steps after the checkpoint: the step number goes back (or repeats).
+resume = [b[0] - a[0] for a, b in zip(order, order[1:]) if b[1] <= a[1]]
+base = statistics.median(resume) if resume else float("nan")
+print(f"steady step {step_s:.4f} s; stop-resume events {len(resume)}: {resume}")
+for kind in ("shrink", "grow", "failure"):
+    v = stalls[kind]
+    if not v:
+        print(f"RESULT stall_{kind}_s ours=nan ref={base:.3f}s ratio=nan"); continue
+    m = statistics.median(v)
+    print(f"# {kind}: {len(v)} events, median {m:.3f} s = {m / step_s:.1f} steady steps")
+    print(f"RESULT stall_{kind}_s ours={m:.3f}s ref={base:.3f}s ratio={base / m:.1f}")
+    print(f"RESULT stall_{kind}_steps ours={m / step_s:.2f}steps ref={base / step_s:.2f}steps ratio={base / m:.1f}")
+PY

@@ -1,0 +1,119 @@
+#include "edl/runtime/checkpoint_loader.h"
+
+#include <glog/logging.h>
+#include <nlohmann/json.hpp>
+
+namespace edl::runtime {
+
+CheckpointLoader::CheckpointLoader(std::unique_ptr<ckpt::CheckpointStore> store,
+                                   CheckpointLoaderOptions options)
+    : store_(std::move(store)),
+      options_(std::move(options)),
+      checkpointer_(store_.get(), [&] {
+        ckpt::AsyncCheckpointerOptions o;
+        o.checkpoint_steps = options_.checkpoint_steps;
+        o.checkpoint_secs = options_.checkpoint_secs;
+        return o;
+      }()) {}
+
+CheckpointLoader::~CheckpointLoader() = default;
+
+std::string CheckpointLoader::Fingerprint(Trainable* trainable) const {
+  return trainable->Fingerprint() + ";" + options_.config_fingerprint;
+}
+
+std::vector<ckpt::TensorView> CheckpointLoader::Views(Trainable* trainable,
+                                                      std::vector<StateTensor>* tensors) const {
+  *tensors = trainable->StateTensors();
+  std::vector<ckpt::TensorView> views;
+  views.reserve(tensors->size());
+  for (const StateTensor& t : *tensors) {
+    views.push_back({t.name, t.dtype, t.shape, nullptr, t.bytes});
+  }
+  return views;
+}
+
+ckpt::CheckpointMeta CheckpointLoader::Meta(Trainable* trainable, const TrainingState& state,
+                                            const StepContext& ctx) const {
+  ckpt::CheckpointMeta m;
+  m.step = state.step;
+  m.epoch = state.position.epoch;
+  m.cursor = state.position.cursor;
+  m.generation = ctx.generation;
+  m.world_size = ctx.world_size;
+  m.fingerprint = Fingerprint(trainable);
+  m.extra_json = nlohmann::json{{"last_lr", state.last_lr},
+                                {"last_global_batch", state.last_global_batch},
+                                {"ramp_from_lr", state.ramp_from_lr},
+                                {"steps_since_reform", state.steps_since_reform}}
+                     .dump();
+  return m;
+}
+
+Status CheckpointLoader::Load(Trainable* trainable, TrainingState* state) {
+  ckpt::LoadedCheckpoint cp;
+  EDL_RETURN_IF_ERROR(store_->LoadLatest(Fingerprint(trainable), &cp));
+  for (const StateTensor& t : trainable->StateTensors()) {
+    const ckpt::TensorRecord* rec = cp.meta.FindTensor(t.name);
+    const uint8_t* bytes = cp.Find(t.name);
+    if (rec == nullptr || bytes == nullptr || rec->bytes != t.bytes) {
+      return Status::Corruption(store_->Describe() + ": checkpoint " + std::to_string(cp.meta.id) +
+                                " lacks tensor '" + t.name + "' of " + std::to_string(t.bytes) +
+                                " bytes although its fingerprint matches");
+    }
+    EDL_RETURN_IF_ERROR(trainable->CopyFromHost(t, bytes));
+  }
+  *state = TrainingState();
+  state->step = cp.meta.step;
+  state->position = {cp.meta.epoch, cp.meta.cursor};
+  nlohmann::json extra = nlohmann::json::parse(cp.meta.extra_json, nullptr, false);
+  if (extra.is_object()) {
+    state->last_lr = extra.value("last_lr", 0.0);
+    state->last_global_batch = extra.value("last_global_batch", int64_t{0});
+    state->ramp_from_lr = extra.value("ramp_from_lr", 0.0);
+    state->steps_since_reform = extra.value("steps_since_reform", int64_t{0});
+  }
+  last_saved_step_ = cp.meta.step;
+  LOG(INFO) << "loaded checkpoint " << cp.meta.id << " (step " << cp.meta.step << ", generation "
+            << cp.meta.generation << ") from " << store_->Describe();
+  return Status::OK();
+}
+
+Status CheckpointLoader::AfterStep(Trainable* trainable, const TrainingState& state,
+                                   const StepContext& ctx) {
+  if (!checkpointer_.Due(state.step)) return Status::OK();
+  std::vector<StateTensor> tensors;
+  std::vector<ckpt::TensorView> views = Views(trainable, &tensors);
+  auto copy = [trainable, &tensors](size_t i, void* dst) {
+    return trainable->CopyToHost(tensors[i], dst);
+  };
+  if (checkpointer_.MaybeSave(Meta(trainable, state, ctx), views, copy)) {
+    last_saved_step_ = state.step;
+  }
+  return Status::OK();  // save errors are kept in last_status() and logged, never fatal
+}
+
+Status CheckpointLoader::Finish(Trainable* trainable, const TrainingState& state,
+                                const StepContext& ctx) {
+  if (!options_.final_save || state.step == last_saved_step_) {
+    return checkpointer_.WaitIdle(std::chrono::minutes(10));
+  }
+  std::vector<StateTensor> tensors;
+  std::vector<ckpt::TensorView> views = Views(trainable, &tensors);
+  auto copy = [trainable, &tensors](size_t i, void* dst) {
+    return trainable->CopyToHost(tensors[i], dst);
+  };
+  Status s = checkpointer_.SaveNow(Meta(trainable, state, ctx), views, copy);
+  if (s.ok()) last_saved_step_ = state.step;
+  return s.WithContext("final checkpoint to " + store_->Describe());
+}
+
+std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const std::string& dir, int keep,
+                                                             CheckpointLoaderOptions options) {
+  ckpt::RocksDbStoreOptions so;
+  so.dir = dir;
+  so.keep_checkpoints = keep;
+  return std::make_unique<CheckpointLoader>(ckpt::OpenRocksDbStore(so), std::move(options));
+}
+
+}  // namespace edl::runtime

@@ -1,0 +1,64 @@
+// CheckpointLoader: the runtime's StateLoader over edl/ckpt (DESIGN.md, "Checkpoint store").
+//
+//  - Load (cold start, on rank 0 only, when no trainer holds state): the newest checkpoint that
+//    verifies and whose fingerprint matches, copied into the Trainable and the TrainingState.
+//  - AfterStep (rank 0 of the current generation, after each committed step): an AsyncCheckpointer
+//    snapshot when --checkpoint_steps / --checkpoint_secs say a save is due; the disk write runs in
+//    the background. Each save carries the writer's generation, so a stale rank 0 of an older
+//    generation is fenced off by the store.
+//  - Finish (rank 0, clean completion): a final synchronous save.
+//
+// Fingerprint = Trainable::Fingerprint() + ";" + `config_fingerprint` (e.g. seed and dataset size,
+// which must match for the data cursor to mean the same samples).
+//
+// Thread-safety: as StateLoader: called from the training thread only.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "edl/ckpt/async_checkpointer.h"
+#include "edl/ckpt/checkpoint_store.h"
+#include "edl/runtime/elastic_trainer.h"
+
+namespace edl::runtime {
+
+struct CheckpointLoaderOptions {
+  int64_t checkpoint_steps = 0;   // save every this many steps (0: no step trigger)
+  double checkpoint_secs = 0;     // save every this many seconds (0: no time trigger)
+  std::string config_fingerprint;  // appended to the Trainable's fingerprint
+  bool final_save = true;         // Finish() saves synchronously
+};
+
+class CheckpointLoader : public StateLoader {
+ public:
+  // `store` is owned.
+  CheckpointLoader(std::unique_ptr<ckpt::CheckpointStore> store, CheckpointLoaderOptions options);
+  ~CheckpointLoader() override;
+
+  Status Load(Trainable* trainable, TrainingState* state) override;
+  Status AfterStep(Trainable* trainable, const TrainingState& state,
+                   const StepContext& ctx) override;
+  Status Finish(Trainable* trainable, const TrainingState& state, const StepContext& ctx) override;
+
+  ckpt::CheckpointStore* store() { return store_.get(); }
+  const ckpt::AsyncCheckpointer& checkpointer() const { return checkpointer_; }
+
+ private:
+  std::string Fingerprint(Trainable* trainable) const;
+  ckpt::CheckpointMeta Meta(Trainable* trainable, const TrainingState& state,
+                            const StepContext& ctx) const;
+  // Tensor descriptions (data unused: the copy function reads from the Trainable).
+  std::vector<ckpt::TensorView> Views(Trainable* trainable, std::vector<StateTensor>* tensors) const;
+
+  const std::unique_ptr<ckpt::CheckpointStore> store_;
+  const CheckpointLoaderOptions options_;
+  ckpt::AsyncCheckpointer checkpointer_;  // uses store_; declared after it
+  int64_t last_saved_step_ = -1;
+};
+
+// A CheckpointLoader over a RocksDB store in `dir` keeping the last `keep` checkpoints.
+std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const std::string& dir, int keep,
+                                                             CheckpointLoaderOptions options);
+
+}  // namespace edl::runtime

@@ -1,0 +1,348 @@
+// Real elastic training end to end: a real `edl server`, two `edl client`s (2 slots each) on
+// loopback and `edl train` trainers (ResNet-20 on a 1024-sample Fashion-MNIST subset, CPU, Gloo).
+// Assertions come from the server's events log (generation records and the trainers' events:
+// sync with state hash, stall, done, each with the trainer's pid) and the trainers' sample logs
+// (one JSON line per committed step with the GLOBAL step's indices).
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/edl/runtime/sample_log_check.h"
+#include "tests/testutil.h"
+
+namespace edl {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+
+constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+constexpr int64_t kSamples = 1024;
+
+// One child process in its own process group, stopped by pid (SIGCONT, SIGTERM, then SIGKILL) when
+// the object goes away.
+class Proc {
+ public:
+  Proc(std::vector<std::string> argv, const std::string& log) {
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::setpgid(0, 0);
+      FILE* f = std::fopen(log.c_str(), "a");
+      if (f) {
+        ::dup2(fileno(f), 1);
+        ::dup2(fileno(f), 2);
+      }
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      _exit(127);
+    }
+  }
+  ~Proc() { Stop(); }
+  // The exit code, -1 on timeout, 128+sig if signalled.
+  int Wait(milliseconds timeout) {
+    if (done_) return code_;
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    do {
+      int st = 0;
+      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+        done_ = true;
+        code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        return code_;
+      }
+      std::this_thread::sleep_for(milliseconds(20));
+    } while (std::chrono::steady_clock::now() < end);
+    return -1;
+  }
+  void Stop() {
+    if (done_ || pid_ <= 0) return;
+    ::kill(-pid_, SIGTERM);
+    if (Wait(milliseconds(8000)) < 0) {
+      ::kill(-pid_, SIGKILL);
+      Wait(milliseconds(5000));
+    }
+  }
+  int pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  bool done_ = false;
+  int code_ = -1;
+};
+
+std::vector<json> ReadLines(const std::string& path) {
+  std::vector<json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    json j = json::parse(line, nullptr, false);
+    if (!j.is_discarded()) out.push_back(j);
+  }
+  return out;
+}
+
+std::string Slurp(const std::string& path, size_t max = 40000) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string s = ss.str();
+  return s.size() > max ? s.substr(s.size() - max) : s;
+}
+
+class ElasticTrainingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(std::string(kFashionDir) + "/train-images-idx3-ubyte.gz")) {
+      GTEST_SKIP() << "Fashion-MNIST not installed at " << kFashionDir;
+    }
+    secret_ = dir_.Join("secret");
+    std::ofstream(secret_) << "elastic-integration-secret-0123456789\n";
+  }
+
+  void StartServer(const std::string& script, int trainers,
+                   std::vector<std::string> extra = {}) {
+    std::ofstream(dir_.Join("scale.script")) << script;
+    std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", "0", "--bind",
+                                     "127.0.0.1", "--port_file", dir_.Join("port"),
+                                     "--secret_file", secret_, "--job_id", "etest",
+                                     "--min_trainers", "1", "--trainers", std::to_string(trainers),
+                                     "--scale_script", dir_.Join("scale.script"), "--events_dir",
+                                     dir_.Join("events"), "--join_timeout_s", "60"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    server_ = std::make_unique<Proc>(argv, dir_.Join("server.log"));
+    for (int i = 0; i < 500 && port_.empty(); ++i) {
+      std::this_thread::sleep_for(milliseconds(20));
+      std::string p = Slurp(dir_.Join("port"));
+      if (!p.empty() && p.back() == '\n') port_ = p.substr(0, p.size() - 1);
+    }
+    ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  }
+
+  // A client with 2 CPU slots whose trainers run `edl train` on the test configuration.
+  std::unique_ptr<Proc> StartClient(const std::string& node, int epochs,
+                                     std::vector<std::string> train_flags = {},
+                                     double trainer_timeout_s = 20) {
+    std::vector<std::string> argv = {
+        test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file", secret_,
+        "--node_name", node, "--slots", "2", "--mode", "inplace", "--socket_path",
+        dir_.Join(node + ".sock"), "--log_dir", dir_.Join("logs"), "--leave_grace_s", "30",
+        "--stop_grace_s", "2", "--trainer_timeout_s", std::to_string(trainer_timeout_s), "--",
+        test::EdlBinary(), "train", "--model", "resnet20", "--train_samples",
+        std::to_string(kSamples), "--batch_size", "16", "--base_batch", "64", "--lr", "0.1",
+        "--lr_decay", "constant", "--epochs", std::to_string(epochs), "--threads", "1",
+        "--log_every", "10", "--eval", "false", "--comm_timeout_s", "20",
+        "--sample_log", dir_.Join("samples.jsonl")};
+    argv.insert(argv.end(), train_flags.begin(), train_flags.end());
+    return std::make_unique<Proc>(argv, dir_.Join(node + ".log"));
+  }
+
+  std::vector<json> Events() { return ReadLines(dir_.Join("events/etest.events.jsonl")); }
+  std::vector<json> Generations() {
+    std::vector<json> out;
+    for (const json& e : Events()) {
+      if (e.value("type", "") == "generation") out.push_back(e);
+    }
+    return out;
+  }
+  // Trainer events (from ReportEvent) named `name`.
+  std::vector<json> TrainerEvents(const std::string& name) {
+    std::vector<json> out;
+    for (const json& e : Events()) {
+      if (e.value("type", "") == "trainer_event" && e.value("event", "") == name) out.push_back(e);
+    }
+    return out;
+  }
+
+  bool WaitFor(const std::function<bool()>& pred, milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(milliseconds(200));
+    }
+    return pred();
+  }
+  bool Finished() {
+    for (const json& e : Events()) {
+      if (e.value("type", "") == "finished") return true;
+    }
+    return false;
+  }
+
+  std::string Diagnostics() {
+    std::string logs;
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(dir_.Join("logs"), ec)) {
+      logs += "\n--- " + f.path().filename().string() + "\n" + Slurp(f.path().string(), 3000);
+    }
+    return "\n--- events\n" + Slurp(dir_.Join("events/etest.events.jsonl")) + "\n--- server\n" +
+           Slurp(dir_.Join("server.log"), 8000) + logs;
+  }
+
+  // Every sync event of generation g carries the same state hash, one per member.
+  void ExpectIdenticalStateAfterEveryReform() {
+    std::map<int64_t, std::map<std::string, std::string>> hashes;  // gen -> trainer -> hash
+    for (const json& e : TrainerEvents("sync")) {
+      hashes[e["generation"].get<int64_t>()][e["trainer"]] = e["state_hash"];
+    }
+    ASSERT_FALSE(hashes.empty());
+    for (const json& g : Generations()) {
+      const int64_t n = g["generation"].get<int64_t>();
+      if (!hashes.count(n)) continue;  // superseded before anyone formed it
+      std::set<std::string> distinct;
+      for (auto& [trainer, h] : hashes[n]) distinct.insert(h);
+      EXPECT_EQ(distinct.size(), 1u) << "generation " << n << " has differing states";
+    }
+  }
+
+  // Every trainer id wrote all its events from one pid (in place: never restarted).
+  void ExpectStablePids() {
+    std::map<std::string, std::set<int64_t>> pids;
+    for (const json& e : Events()) {
+      if (e.value("type", "") == "trainer_event" && e.contains("pid")) {
+        pids[e["trainer"]].insert(e["pid"].get<int64_t>());
+      }
+    }
+    for (auto& [id, p] : pids) EXPECT_EQ(p.size(), 1u) << id << " changed pid";
+  }
+
+  test::ScratchDir dir_{"edl-elastic"};
+  std::string secret_, port_;
+  std::unique_ptr<Proc> server_;
+};
+
+TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
+  constexpr int kEpochs = 20;
+  // 4 at start; 2 at t=5 s; 3 at t=9 s (a hot joiner); at t=15 s one trainer is SIGKILLed and
+  // the job grows back to 3. 20 epochs take ~30 s on 2 cores.
+  StartServer("0 set 4\n5 set 2\n9 set 3\n15 kill 1\n", 4);
+  auto c1 = StartClient("n1", kEpochs);
+  auto c2 = StartClient("n2", kEpochs);
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+
+  std::vector<json> gens = Generations();
+  ASSERT_GE(gens.size(), 4u) << Diagnostics();
+  EXPECT_EQ(gens[0]["world_size_after"], 4);
+  EXPECT_EQ(gens[1]["world_size_after"], 2);
+  EXPECT_EQ(gens[2]["world_size_after"], 3);
+  bool failure = false;
+  for (const json& g : gens) failure = failure || g.value("failure", false);
+  EXPECT_TRUE(failure) << "the kill must produce a failure generation" << Diagnostics();
+
+  ExpectIdenticalStateAfterEveryReform();
+  ExpectStablePids();
+
+  // Data: every completed epoch consumed each sample exactly once.
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.rbegin()->second.epoch, kEpochs - 1);
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+
+  // Loss fell: mean of the first 10 logged losses vs the last 10.
+  std::vector<double> losses;
+  for (auto& [step, s] : steps) {
+    if (s.has_loss) losses.push_back(s.loss);
+  }
+  ASSERT_GT(losses.size(), 40u);
+  double first = 0, last = 0;
+  for (int i = 0; i < 10; ++i) {
+    first += losses[i] / 10;
+    last += losses[losses.size() - 1 - i] / 10;
+  }
+  EXPECT_LT(last, 0.75 * first) << "first " << first << " last " << last;
+
+  // Stall events for survivors at each change, a joiner's ready time.
+  EXPECT_GE(TrainerEvents("stall").size(), 3u) << Diagnostics();
+  EXPECT_GE(TrainerEvents("joiner_ready").size(), 1u);
+
+  c1->Stop();
+  c2->Stop();
+}
+
+TEST_F(ElasticTrainingTest, KillEveryTrainerResumesFromTheLatestCheckpoint) {
+  constexpr int kEpochs = 10;
+  // 2 trainers; at t=6 s both are SIGKILLed; the job grows back with fresh processes, which have no
+  // state: rank 0 loads the latest checkpoint and broadcasts it.
+  StartServer("0 set 2\n6 kill 2\n", 2);
+  const std::vector<std::string> ckpt = {"--checkpoint_dir", dir_.Join("ckpt"),
+                                         "--checkpoint_steps", "10"};
+  auto c1 = StartClient("n1", kEpochs, ckpt);
+  auto c2 = StartClient("n2", kEpochs, ckpt);
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(180000))) << Diagnostics();
+
+  std::vector<json> cold = TrainerEvents("cold_start");
+  // The first start finds no checkpoint (no event); the restart after the kill loads one.
+  ASSERT_EQ(cold.size(), 1u) << Diagnostics();
+  EXPECT_GT(cold.back()["generation"].get<int64_t>(), 1);
+  const int64_t resumed = cold.back()["step"].get<int64_t>();
+  EXPECT_GT(resumed, 0) << "the second cold start must load a checkpoint";
+  EXPECT_EQ(resumed % 10, 0) << "checkpoints are taken every 10 steps";
+
+  // Steps logged before the kill reach at least the checkpoint; the new generation's first sync
+  // is at exactly that step, with identical state on both ranks.
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  int64_t sync_gen = cold.back()["generation"].get<int64_t>();
+  std::set<std::string> hashes;
+  for (const json& e : TrainerEvents("sync")) {
+    if (e["generation"] == sync_gen) {
+      EXPECT_EQ(e["step"].get<int64_t>(), resumed);
+      hashes.insert(e["state_hash"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(hashes.size(), 1u);
+  c1->Stop();
+  c2->Stop();
+}
+
+TEST_F(ElasticTrainingTest, StoppedTrainerIsDroppedAndTheOthersReform) {
+  constexpr int kEpochs = 12;
+  StartServer("0 set 3\n", 3);
+  // The client SIGKILLs a trainer whose channel is silent for 4 s (a SIGSTOPped one).
+  auto c1 = StartClient("n1", kEpochs, {}, 4);
+  auto c2 = StartClient("n2", kEpochs, {}, 4);
+  // Wait until the three trainers train, then stop the last one by pid.
+  int64_t victim = 0;
+  ASSERT_TRUE(WaitFor([&] {
+    std::vector<json> s = TrainerEvents("sync");
+    if (s.size() < 3) return false;
+    victim = s[2]["pid"].get<int64_t>();
+    return true;
+  }, milliseconds(60000))) << Diagnostics();
+  std::this_thread::sleep_for(milliseconds(3000));
+  ASSERT_EQ(::kill(static_cast<pid_t>(victim), SIGSTOP), 0);
+  const bool finished = WaitFor([&] { return Finished(); }, milliseconds(180000));
+  ::kill(static_cast<pid_t>(victim), SIGCONT);  // clean up whatever happened
+  ::kill(static_cast<pid_t>(victim), SIGKILL);
+  ASSERT_TRUE(finished) << Diagnostics();
+  bool failure = false;
+  for (const json& g : Generations()) failure = failure || g.value("failure", false);
+  EXPECT_TRUE(failure) << "the hung trainer must be dropped by a failure generation";
+  std::vector<json> stalls = TrainerEvents("stall");
+  bool failure_stall = false;
+  for (const json& e : stalls) failure_stall = failure_stall || e.value("failure", false);
+  EXPECT_TRUE(failure_stall) << "survivors re-formed after the failure" << Diagnostics();
+  ExpectIdenticalStateAfterEveryReform();
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  c1->Stop();
+  c2->Stop();
+}
+
+}  // namespace
+}  // namespace edl
