@@ -1,7 +1,8 @@
 // Scaling sources that change the job's desired size over time: a scaling script of timed events
 // and the PaddlePaddle EDL demo's periodic remove-then-add policy. Both are pure: Poll(elapsed)
 // returns the events that fell due since the last call, and the server applies them to the
-// Scheduler. Times are measured from the job's first generation.
+// Scheduler. Times are measured from the job's first generation, on a clock that the server
+// pauses while a grow is being prepared (joiners loading): an event never cuts a join short.
 //
 // Script format (one event per line, '#' starts a comment; see config/*.script):
 //   <seconds>  set N      desired size := N

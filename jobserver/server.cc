@@ -341,9 +341,12 @@ void Server::Tick() {
   if (shutting_down_) return;
   const int64_t now = clock_->NowMicros();
   if (first_generation_us_ < 0 && scheduler_.current().generation > 0) first_generation_us_ = now;
-  if (first_generation_us_ >= 0 && !scheduler_.done()) {
-    if (script_) ApplyScaleEvents(script_->Poll(now - first_generation_us_), "script");
-    if (demo_) ApplyScaleEvents(demo_->Poll(now - first_generation_us_), "policy");
+  if (scheduler_.has_pending() && last_tick_us_ >= 0) paused_us_ += now - last_tick_us_;
+  last_tick_us_ = now;
+  if (first_generation_us_ >= 0 && !scheduler_.done() && !scheduler_.has_pending()) {
+    const int64_t elapsed = now - first_generation_us_ - paused_us_;
+    if (script_) ApplyScaleEvents(script_->Poll(elapsed), "script");
+    if (demo_) ApplyScaleEvents(demo_->Poll(elapsed), "policy");
   }
   scheduler_.Tick();
   kv_.Expire(now);

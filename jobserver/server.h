@@ -96,6 +96,10 @@ class Server {
   std::optional<ScalingScript> script_;
   std::optional<DemoPolicy> demo_;
   int64_t first_generation_us_ = -1;  // script/policy time zero
+  // Script/policy time does not run while a grow is being prepared (see Tick), so a timed event
+  // never aborts joiners that are still loading; these track the time spent paused.
+  int64_t paused_us_ = 0;
+  int64_t last_tick_us_ = -1;
 
   std::map<std::string, std::shared_ptr<Peer>> nodes_;  // connected clients by node name
   std::map<Peer*, std::shared_ptr<Peer>> peers_;        // every open connection
