@@ -4,15 +4,24 @@
 # Runs a real `edl server` + two `edl client`s (2 slots each) training ResNet-20 on a Fashion-MNIST
 # subset, with a scaling script that cycles shrink (4->3), grow (3->4) and failure (kill 1, then
 # grow back) CYCLES times, so each kind yields >= CYCLES survivor stall events (each survivor
-# reports one). Then the stop-resume baseline, as PaddlePaddle EDL did: kill every trainer, the
-# job restarts them and they resume from the latest checkpoint; its stall is the wall time from the
-# last step before the kill to the first step after the restart (from the sample log).
-# Steady step time: median time between consecutive steps of an unchanged generation.
-# Takes ~3-4 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
+# reports one). Then the stop-resume baseline, as PaddlePaddle EDL did: the script's `kill all`
+# SIGKILLs every trainer in one step, the job restarts them and they resume from the latest
+# checkpoint; its stall is the wall time from the last step before the kill to the first step after
+# the restart (from the sample log). Steady step time: median time between consecutive steps of an
+# unchanged generation.
+# Then the steady-state overhead of the runtime: images/s of 4 trainers at a fixed size under the
+# server and clients (the full elastic runtime) vs `edl launch -n 4 -- edl train --plain_allreduce`
+# (a plain all-reduce loop, same model, data, batches and threads), OVERHEAD_RUNS runs of each,
+# interleaved, median; images/s from the sample log between step 6 and the last step.
+# Takes ~8 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
 set -euo pipefail
 BUILD=${1:-build}
 EDL=$(realpath "$BUILD/edl")
 CYCLES=${CYCLES:-10}
+OVERHEAD_RUNS=${OVERHEAD_RUNS:-3}
+OVERHEAD_STEPS=${OVERHEAD_STEPS:-150}
+TRAIN_FLAGS=(--model resnet20 --train_samples 2048 --batch_size 16 --base_batch 64 --lr_decay constant
+             --threads 1 --eval false --log_every 0)
 WORK=$(mktemp -d /tmp/edl-rescale-XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM -- "-$p" 2>/dev/null || true; done; sleep 1;
@@ -31,9 +40,8 @@ run_job() {  # $1 name, $2 script, $3 trainers, $4 epochs, extra train flags...
   for n in n1 n2; do
     setsid "$EDL" client --server "127.0.0.1:$port" --secret_file "$WORK/secret" --node_name $n --slots 2 \
       --mode inplace --socket_path "$d/$n.sock" --log_dir "$d/logs" --leave_grace_s 30 --stop_grace_s 2 \
-      --trainer_timeout_s 10 --exit_when_done -- "$EDL" train --model resnet20 --train_samples 2048 \
-      --batch_size 16 --base_batch 64 --lr_decay constant --epochs "$epochs" --threads 1 --eval false \
-      --log_every 0 --sample_log "$d/samples.jsonl" "$@" > "$d/$n.log" 2>&1 & PIDS+=($!)
+      --trainer_timeout_s 10 --exit_when_done -- "$EDL" train "${TRAIN_FLAGS[@]}" --epochs "$epochs" \
+      --sample_log "$d/samples.jsonl" "$@" > "$d/$n.log" 2>&1 & PIDS+=($!)
   done
   for _ in $(seq 3000); do grep -q '"type":"finished"' "$d/events/bench.events.jsonl" 2>/dev/null && break; sleep 0.2; done
   cleanup; PIDS=()
@@ -51,9 +59,20 @@ sleep $((t + 15)); kill $EJOB 2>/dev/null || true; wait $EJOB 2>/dev/null || tru
 cleanup; PIDS=()
 
 echo "stop-resume baseline" >&2
-sr=""; t=6
-for _ in $(seq 3); do sr+="$t kill 4\n"; t=$((t + 12)); done
-run_job stopresume "0 set 4\n$sr" 4 30 --checkpoint_dir "$WORK/ckpt" --checkpoint_steps 5
+sr=""; t=8
+for _ in $(seq 3); do sr+="$t kill all\n"; t=$((t + 40)); done
+run_job stopresume "0 set 4\n$sr" 4 12 --checkpoint_dir "$WORK/ckpt" --checkpoint_steps 5
+
+echo "overhead: $OVERHEAD_RUNS x (runtime at fixed size 4, plain all-reduce under edl launch)" >&2
+for i in $(seq "$OVERHEAD_RUNS"); do
+  run_job "rt$i" "0 set 4\n" 4 1000 --max_steps "$OVERHEAD_STEPS"
+  d="$WORK/plain$i"; mkdir -p "$d"
+  setsid "$EDL" launch -n 4 --log_dir "$d/logs" -- "$EDL" train "${TRAIN_FLAGS[@]}" --epochs 1000 \
+    --max_steps "$OVERHEAD_STEPS" --plain_allreduce true --sample_log "$d/samples.jsonl" \
+    > "$d/launch.log" 2>&1 & PIDS+=($!)
+  wait "${PIDS[-1]}" || echo "plain run $i failed: $(tail -3 "$d/launch.log")" >&2
+  PIDS=()
+done
 
 /usr/bin/python3 - "$WORK" <<'PY'
 import json, statistics, sys
@@ -78,17 +97,19 @@ for s in lines(f"{work}/elastic/samples.jsonl"):
 seq = sorted(steps.items())
 gaps = [b[1][0] - a[1][0] for a, b in zip(seq, seq[1:]) if a[1][1] == b[1][1] and b[0] == a[0] + 1]
 step_s = statistics.median(gaps) if gaps else float("nan")
-# Stop-resume: for each kill-all, last step time before the restart to first step after it.
+# Stop-resume: for each kill-all, last step time before the restart to first step after it (the
+# job only changes generation at a kill-all: the empty failure generation, then the restart).
 sr = lines(f"{work}/stopresume/samples.jsonl")
 first = {}  # (generation, step) -> first time any rank logged it
 for s in sr:
     k = (s["generation"], s["step"])
     first[k] = min(first.get(k, s["time"]), s["time"])
-order = sorted((t, k[1]) for k, t in first.items())
-# A restart re-does steps after the checkpoint: the step number goes back (or repeats).
-resume = [b[0] - a[0] for a, b in zip(order, order[1:]) if b[1] <= a[1]]
+order = sorted((t, k[0], k[1]) for k, t in first.items())
+resume = [b[0] - a[0] for a, b in zip(order, order[1:]) if b[1] != a[1]]
+redone = [a[2] - b[2] + 1 for a, b in zip(order, order[1:]) if b[1] != a[1]]
 base = statistics.median(resume) if resume else float("nan")
-print(f"steady step {step_s:.4f} s; stop-resume events {len(resume)}: {resume}")
+print(f"steady step {step_s:.4f} s; stop-resume events {len(resume)}: "
+      f"{[round(r, 2) for r in resume]} (steps redone after the checkpoint: {redone})")
 for kind in ("shrink", "grow", "failure"):
     v = stalls[kind]
     if not v:
@@ -97,4 +118,20 @@ for kind in ("shrink", "grow", "failure"):
     print(f"# {kind}: {len(v)} events, median {m:.3f} s = {m / step_s:.1f} steady steps")
     print(f"RESULT stall_{kind}_s ours={m:.3f}s ref={base:.3f}s ratio={base / m:.1f}")
     print(f"RESULT stall_{kind}_steps ours={m / step_s:.2f}steps ref={base / step_s:.2f}steps ratio={base / m:.1f}")
+
+def images_per_s(path, first_step=6):
+    t = {}
+    for s in lines(path):
+        t[s["step"]] = min(t.get(s["step"], s["time"]), s["time"])
+    if not t or max(t) <= first_step: return float("nan")
+    last = max(t)
+    return (last - first_step) * 64 / (t[last] - t[first_step])  # global batch 4 x 16
+import glob, os
+rt = [images_per_s(f"{work}/rt{i}/samples.jsonl") for i in range(1, 100) if os.path.isdir(f"{work}/rt{i}")]
+pl = [images_per_s(f"{work}/plain{i}/samples.jsonl") for i in range(1, 100) if os.path.isdir(f"{work}/plain{i}")]
+print(f"# overhead: runtime images/s {[round(x, 1) for x in rt]}, plain all-reduce {[round(x, 1) for x in pl]}")
+if rt and pl:
+    r, p = statistics.median(rt), statistics.median(pl)
+    print(f"# runtime overhead {100 * (p - r) / p:.1f} % (target <= 2 %)")
+    print(f"RESULT steady_images_per_s ours={r:.1f}img/s ref={p:.1f}img/s ratio={r / p:.3f}")
 PY

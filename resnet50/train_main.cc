@@ -37,6 +37,7 @@ struct Config {
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0, warmup_epochs = 0;
   bool nesterov = false, zero_init_residual = false, augment = false, eval = true;
   bool decay_bn_and_bias = false;
+  bool plain_allreduce = false;
   uint64_t seed = 1;
 };
 
@@ -80,6 +81,9 @@ po::options_description Flags(Config* c) {
       ("checkpoint_secs", po::value(&c->checkpoint_secs)->default_value(0, "0"),
        "checkpoint every N seconds; 0 = no time trigger (a final checkpoint is always written)")
       ("keep_checkpoints", po::value(&c->keep_checkpoints)->default_value(3), "checkpoints kept")
+      ("plain_allreduce", po::value(&c->plain_allreduce)->default_value(false),
+       "benchmark baseline: a plain all-reduce loop without the elastic runtime (static world "
+       "under `edl launch`; CPU only)")
       ("sample_log", po::value(&c->sample_log)->default_value(""),
        "test flag: append each committed step's sample indices (JSON lines) to this file")
       ("momentum", po::value(&c->momentum)->default_value(0.9, "0.9"), "SGD momentum")
@@ -335,6 +339,11 @@ int RunTrainMain(int argc, char** argv) {
             << c.batch_policy << "), trainer " << membership.value()->trainer_id()
             << (joining ? " (joining)" : "") << std::endl;
   LoopResult result;
+  if (c.plain_allreduce) {
+    s = RunPlainAllReduce(t, lo, membership.value().get(), std::cout, &result);
+    if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
+    return 0;
+  }
   s = RunTraining(t, lo, membership.value().get(), std::cout, &result);
   if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
   return 0;
