@@ -32,12 +32,15 @@ cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM -- "-$p" 2>/de
 trap cleanup EXIT
 echo "rescale-bench-secret-0123456789abcdef" > "$WORK/secret"
 
+# Runs one job until it finishes, or, with STOP_GENS / STOP_AFTER_S set, until the events log holds
+# STOP_GENS generation records or STOP_AFTER_S seconds passed; then stops all of it by pid.
 run_job() {  # $1 name, $2 script, $3 trainers, $4 epochs, extra train flags...
   local name=$1 script=$2 trainers=$3 epochs=$4; shift 4
   local d="$WORK/$name"; mkdir -p "$d"; printf "%b" "$script" > "$d/scale.script"
   setsid "$EDL" server --server_port 0 --bind 127.0.0.1 --port_file "$d/port" --secret_file "$WORK/secret" \
     --job_id bench --min_trainers 1 --trainers "$trainers" --scale_script "$d/scale.script" \
-    --events_dir "$d/events" --join_timeout_s 60 > "$d/server.log" 2>&1 & PIDS+=($!)
+    --events_dir "$d/events" --join_timeout_s 60 --backoff_min_s 1 --backoff_max_s 1 \
+    > "$d/server.log" 2>&1 & PIDS+=($!)
   for _ in $(seq 100); do [ -s "$d/port" ] && break; sleep 0.1; done
   local port; port=$(cat "$d/port")
   for n in n1 n2; do
@@ -46,7 +49,15 @@ run_job() {  # $1 name, $2 script, $3 trainers, $4 epochs, extra train flags...
       --trainer_timeout_s 10 --exit_when_done -- "$EDL" train "${TRAIN_FLAGS[@]}" --epochs "$epochs" \
       --sample_log "$d/samples.jsonl" "$@" > "$d/$n.log" 2>&1 & PIDS+=($!)
   done
-  for _ in $(seq 3000); do grep -q '"type":"finished"' "$d/events/bench.events.jsonl" 2>/dev/null && break; sleep 0.2; done
+  local ev="$d/events/bench.events.jsonl" deadline=$((SECONDS + ${STOP_AFTER_S:-600})) n
+  while [ $SECONDS -lt $deadline ]; do
+    grep -q '"type":"finished"' "$ev" 2>/dev/null && break
+    if [ -n "${STOP_GENS:-}" ]; then
+      n=$(grep -c '"type":"generation"' "$ev" 2>/dev/null || true)
+      [ "${n:-0}" -ge "$STOP_GENS" ] && { sleep 3; break; }
+    fi
+    sleep 0.2
+  done
   cleanup; PIDS=()
 }
 
@@ -57,17 +68,9 @@ for _ in $(seq "$CYCLES"); do
   script+="$t set 3\n"; t=$((t + 5)); script+="$t set 4\n"; t=$((t + 6)); script+="$t kill 1\n"; t=$((t + 9))
 done
 echo "elastic run: $CYCLES cycles, ~${t} s" >&2
-run_job elastic "0 set 4\n$script" 4 1000 &
-EJOB=$!
-# Stop the elastic run once every scripted change has happened (1 + 3 x CYCLES generations incl.
-# the grow-backs) or well after the script's end (the epoch budget is deliberately large).
-ev="$WORK/elastic/events/bench.events.jsonl"
-for _ in $(seq $(((t + 90) * 5))); do
-  [ "$(grep -c '"type":"generation"' "$ev" 2>/dev/null || true)" -ge $((1 + 3 * CYCLES)) ] && break
-  sleep 0.2
-done
-sleep 3; kill $EJOB 2>/dev/null || true; wait $EJOB 2>/dev/null || true
-cleanup; PIDS=()
+# Stop once every scripted change happened (1 + 4 x CYCLES generations: shrink, grow, failure and
+# grow-back per cycle) or well after the script's end (the epoch budget is deliberately large).
+STOP_GENS=$((1 + 4 * CYCLES)) STOP_AFTER_S=$((t + 90)) run_job elastic "0 set 4\n$script" 4 1000
 
 echo "stop-resume baseline" >&2
 sr=""; t=15
@@ -122,8 +125,9 @@ for s in sr:
 order = sorted((t, k[0], k[1]) for k, t in first.items())
 resume = [b[0] - a[0] for a, b in zip(order, order[1:]) if b[1] != a[1]]
 redone = [a[2] - b[2] + 1 for a, b in zip(order, order[1:]) if b[1] != a[1]]
-# The server's failure backoff (1 s, doubling per failure within a minute) delays each restart; a
-# deliberate stop-resume needs none, so the baseline leaves it out (conservative: a lower ref).
+# The server's failure backoff (fixed at 1 s here: --backoff_min_s = --backoff_max_s = 1, so that
+# ten failures within minutes still grow back) delays each restart; a deliberate stop-resume needs
+# none, so the baseline leaves it out (conservative: a lower ref).
 sev = lines(f"{work}/stopresume/events/bench.events.jsonl")
 gtime = {e["generation"]: e["time"] for e in sev if e.get("type") == "generation"}
 backoff = {g: gtime[g + 1] - t for g, t in gtime.items()
