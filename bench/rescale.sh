@@ -4,15 +4,27 @@
 # Runs a real `edl server` + two `edl client`s (2 slots each) training ResNet-20 on a Fashion-MNIST
 # subset, with a scaling script that cycles shrink (4->3), grow (3->4) and failure (kill 1, then
 # grow back) CYCLES times, so each kind yields >= CYCLES survivor stall events (each survivor
-# reports one). Then the stop-resume baseline, as PaddlePaddle EDL did: kill every trainer, the
-# job restarts them and they resume from the latest checkpoint; its stall is the wall time from the
-# last step before the kill to the first step after the restart (from the sample log).
-# Steady step time: median time between consecutive steps of an unchanged generation.
-# Takes ~3-4 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
+# reports one). Then the stop-resume baseline, as PaddlePaddle EDL did: the script's `kill all`
+# SIGKILLs every trainer in one step, the job restarts them and they resume from the latest
+# checkpoint; its stall is the wall time from the last step before the kill to the first step after
+# the restart (from the sample log). Steady step time: median time between consecutive steps of an
+# unchanged generation.
+# Then the steady-state overhead of the runtime: images/s of 4 trainers at a fixed size under the
+# server and clients (the full elastic runtime) vs `edl launch -n 4 -- edl train --plain_allreduce`
+# (a plain all-reduce loop, same model, data, batches and threads), and the runtime under the same
+# `edl launch` (static membership: the loop's own cost, same harness), OVERHEAD_RUNS runs of each,
+# interleaved, median; images/s from the sample log between step 6 and the last step. On a shared,
+# busy machine wall time is noisy, so the trainers' CPU seconds per 1000 images (user + system,
+# start-up included, from --usage_log) are reported too.
+# Takes ~8 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
 set -euo pipefail
 BUILD=${1:-build}
 EDL=$(realpath "$BUILD/edl")
 CYCLES=${CYCLES:-10}
+OVERHEAD_RUNS=${OVERHEAD_RUNS:-3}
+OVERHEAD_STEPS=${OVERHEAD_STEPS:-100}
+TRAIN_FLAGS=(--model resnet20 --train_samples 2048 --batch_size 16 --base_batch 64 --lr_decay constant
+             --threads 1 --eval false --log_every 0)
 WORK=$(mktemp -d /tmp/edl-rescale-XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM -- "-$p" 2>/dev/null || true; done; sleep 1;
@@ -20,40 +32,63 @@ cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM -- "-$p" 2>/de
 trap cleanup EXIT
 echo "rescale-bench-secret-0123456789abcdef" > "$WORK/secret"
 
+# Runs one job until it finishes, or, with STOP_GENS / STOP_AFTER_S set, until the events log holds
+# STOP_GENS generation records or STOP_AFTER_S seconds passed; then stops all of it by pid.
 run_job() {  # $1 name, $2 script, $3 trainers, $4 epochs, extra train flags...
   local name=$1 script=$2 trainers=$3 epochs=$4; shift 4
   local d="$WORK/$name"; mkdir -p "$d"; printf "%b" "$script" > "$d/scale.script"
   setsid "$EDL" server --server_port 0 --bind 127.0.0.1 --port_file "$d/port" --secret_file "$WORK/secret" \
     --job_id bench --min_trainers 1 --trainers "$trainers" --scale_script "$d/scale.script" \
-    --events_dir "$d/events" --join_timeout_s 60 > "$d/server.log" 2>&1 & PIDS+=($!)
+    --events_dir "$d/events" --join_timeout_s 60 --backoff_min_s 1 --backoff_max_s 1 \
+    > "$d/server.log" 2>&1 & PIDS+=($!)
   for _ in $(seq 100); do [ -s "$d/port" ] && break; sleep 0.1; done
   local port; port=$(cat "$d/port")
   for n in n1 n2; do
     setsid "$EDL" client --server "127.0.0.1:$port" --secret_file "$WORK/secret" --node_name $n --slots 2 \
       --mode inplace --socket_path "$d/$n.sock" --log_dir "$d/logs" --leave_grace_s 30 --stop_grace_s 2 \
-      --trainer_timeout_s 10 --exit_when_done -- "$EDL" train --model resnet20 --train_samples 2048 \
-      --batch_size 16 --base_batch 64 --lr_decay constant --epochs "$epochs" --threads 1 --eval false \
-      --log_every 0 --sample_log "$d/samples.jsonl" "$@" > "$d/$n.log" 2>&1 & PIDS+=($!)
+      --trainer_timeout_s 10 --exit_when_done -- "$EDL" train "${TRAIN_FLAGS[@]}" --epochs "$epochs" \
+      --sample_log "$d/samples.jsonl" "$@" > "$d/$n.log" 2>&1 & PIDS+=($!)
   done
-  for _ in $(seq 3000); do grep -q '"type":"finished"' "$d/events/bench.events.jsonl" 2>/dev/null && break; sleep 0.2; done
+  local ev="$d/events/bench.events.jsonl" deadline=$((SECONDS + ${STOP_AFTER_S:-600})) n
+  while [ $SECONDS -lt $deadline ]; do
+    grep -q '"type":"finished"' "$ev" 2>/dev/null && break
+    if [ -n "${STOP_GENS:-}" ]; then
+      n=$(grep -c '"type":"generation"' "$ev" 2>/dev/null || true)
+      [ "${n:-0}" -ge "$STOP_GENS" ] && { sleep 3; break; }
+    fi
+    sleep 0.2
+  done
   cleanup; PIDS=()
 }
 
-script=""; t=3
+# A cycle is 20 s: the grow-back after the kill (1 s backoff, then a joiner that loads the data and
+# builds the model) must be committed before the next `set 3`, or that shrink only cancels it.
+script=""; t=5
 for _ in $(seq "$CYCLES"); do
-  script+="$t set 3\n"; t=$((t + 4)); script+="$t set 4\n"; t=$((t + 5)); script+="$t kill 1\n"; t=$((t + 6))
+  script+="$t set 3\n"; t=$((t + 5)); script+="$t set 4\n"; t=$((t + 6)); script+="$t kill 1\n"; t=$((t + 9))
 done
 echo "elastic run: $CYCLES cycles, ~${t} s" >&2
-run_job elastic "0 set 4\n$script" 4 1000 &
-EJOB=$!
-# Stop the elastic run once the script is over (the epoch budget is deliberately large).
-sleep $((t + 15)); kill $EJOB 2>/dev/null || true; wait $EJOB 2>/dev/null || true
-cleanup; PIDS=()
+# Stop once every scripted change happened (1 + 4 x CYCLES generations: shrink, grow, failure and
+# grow-back per cycle) or well after the script's end (the epoch budget is deliberately large).
+STOP_GENS=$((1 + 4 * CYCLES)) STOP_AFTER_S=$((t + 90)) run_job elastic "0 set 4\n$script" 4 1000
 
 echo "stop-resume baseline" >&2
-sr=""; t=6
-for _ in $(seq 3); do sr+="$t kill 4\n"; t=$((t + 12)); done
-run_job stopresume "0 set 4\n$sr" 4 30 --checkpoint_dir "$WORK/ckpt" --checkpoint_steps 5
+sr=""; t=15
+for _ in $(seq 3); do sr+="$t kill all\n"; t=$((t + 35)); done
+run_job stopresume "0 set 4\n$sr" 4 24 --checkpoint_dir "$WORK/ckpt" --checkpoint_steps 5
+
+echo "overhead: $OVERHEAD_RUNS x (runtime at fixed size 4, plain all-reduce under edl launch)" >&2
+for i in $(seq "$OVERHEAD_RUNS"); do
+  run_job "rt$i" "0 set 4\n" 4 1000 --max_steps "$OVERHEAD_STEPS" --usage_log "$WORK/rt$i/usage.jsonl"
+  for mode in plain:true rtl:false; do  # rtl: the runtime under edl launch (static membership)
+    d="$WORK/${mode%%:*}$i"; mkdir -p "$d"
+    setsid "$EDL" launch -n 4 --log_dir "$d/logs" -- "$EDL" train "${TRAIN_FLAGS[@]}" --epochs 1000 \
+      --max_steps "$OVERHEAD_STEPS" --plain_allreduce "${mode#*:}" --sample_log "$d/samples.jsonl" \
+      --usage_log "$d/usage.jsonl" > "$d/launch.log" 2>&1 & PIDS+=($!)
+    wait "${PIDS[-1]}" || echo "$mode run $i failed: $(tail -3 "$d/launch.log")" >&2
+    PIDS=()
+  done
+done
 
 /usr/bin/python3 - "$WORK" <<'PY'
 import json, statistics, sys
@@ -68,33 +103,90 @@ def lines(p):
     return out
 ev = lines(f"{work}/elastic/events/bench.events.jsonl")
 stalls = {"shrink": [], "grow": [], "failure": []}
+reforms = {"shrink": set(), "grow": set(), "failure": set()}  # generations: re-form events
 for e in ev:
     if e.get("type") == "trainer_event" and e.get("event") == "stall":
         kind = "failure" if e["failure"] else ("shrink" if e["world_after"] < e["world_before"] else "grow")
         stalls[kind].append(e["stall_s"])
+        reforms[kind].add(e["generation"])
 steps = {}
 for s in lines(f"{work}/elastic/samples.jsonl"):
     steps.setdefault(s["step"], (s["time"], s["generation"]))
 seq = sorted(steps.items())
 gaps = [b[1][0] - a[1][0] for a, b in zip(seq, seq[1:]) if a[1][1] == b[1][1] and b[0] == a[0] + 1]
 step_s = statistics.median(gaps) if gaps else float("nan")
-# Stop-resume: for each kill-all, last step time before the restart to first step after it.
+# Stop-resume: for each kill-all, last step time before the restart to first step after it (the
+# job only changes generation at a kill-all: the empty failure generation, then the restart).
 sr = lines(f"{work}/stopresume/samples.jsonl")
 first = {}  # (generation, step) -> first time any rank logged it
 for s in sr:
     k = (s["generation"], s["step"])
     first[k] = min(first.get(k, s["time"]), s["time"])
-order = sorted((t, k[1]) for k, t in first.items())
-# A restart re-does steps after the checkpoint: the step number goes back (or repeats).
-resume = [b[0] - a[0] for a, b in zip(order, order[1:]) if b[1] <= a[1]]
+order = sorted((t, k[0], k[1]) for k, t in first.items())
+resume = [b[0] - a[0] for a, b in zip(order, order[1:]) if b[1] != a[1]]
+redone = [a[2] - b[2] + 1 for a, b in zip(order, order[1:]) if b[1] != a[1]]
+# The server's failure backoff (fixed at 1 s here: --backoff_min_s = --backoff_max_s = 1, so that
+# ten failures within minutes still grow back) delays each restart; a deliberate stop-resume needs
+# none, so the baseline leaves it out (conservative: a lower ref).
+sev = lines(f"{work}/stopresume/events/bench.events.jsonl")
+gtime = {e["generation"]: e["time"] for e in sev if e.get("type") == "generation"}
+backoff = {g: gtime[g + 1] - t for g, t in gtime.items()
+           if g + 1 in gtime and any(e.get("type") == "generation" and e["generation"] == g and
+                                     e["world_size_after"] == 0 for e in sev)}
+# Transition a -> b goes through the empty generation b[1] - 1.
+adj = [r - backoff.get(b[1] - 1, 0.0) for r, (a, b) in
+       zip(resume, [(a, b) for a, b in zip(order, order[1:]) if b[1] != a[1]])]
+print(f"stop-resume incl. backoff: median {statistics.median(resume) if resume else float('nan'):.2f} s; "
+      f"backoffs {[round(x, 2) for x in backoff.values()]}")
+resume = adj
 base = statistics.median(resume) if resume else float("nan")
-print(f"steady step {step_s:.4f} s; stop-resume events {len(resume)}: {resume}")
+print(f"steady step {step_s:.4f} s; stop-resume events without backoff {len(resume)}: "
+      f"{[round(r, 2) for r in resume]} (steps redone after the checkpoint: {redone})")
 for kind in ("shrink", "grow", "failure"):
     v = stalls[kind]
     if not v:
         print(f"RESULT stall_{kind}_s ours=nan ref={base:.3f}s ratio=nan"); continue
     m = statistics.median(v)
-    print(f"# {kind}: {len(v)} events, median {m:.3f} s = {m / step_s:.1f} steady steps")
+    print(f"# {kind}: {len(reforms[kind])} re-forms, {len(v)} survivor stalls, median {m:.3f} s = "
+          f"{m / step_s:.1f} steady steps (target <= 2 steps + 1 s = {2 * step_s + 1:.2f} s), max {max(v):.3f} s")
     print(f"RESULT stall_{kind}_s ours={m:.3f}s ref={base:.3f}s ratio={base / m:.1f}")
     print(f"RESULT stall_{kind}_steps ours={m / step_s:.2f}steps ref={base / step_s:.2f}steps ratio={base / m:.1f}")
+
+def images_per_s(path, first_step=6):
+    t = {}
+    for s in lines(path):
+        t[s["step"]] = min(t.get(s["step"], s["time"]), s["time"])
+    if not t or max(t) <= first_step: return float("nan")
+    last = max(t)
+    return (last - first_step) * 64 / (t[last] - t[first_step])  # global batch 4 x 16
+import glob, os
+rt = [images_per_s(f"{work}/rt{i}/samples.jsonl") for i in range(1, 100) if os.path.isdir(f"{work}/rt{i}")]
+pl = [images_per_s(f"{work}/plain{i}/samples.jsonl") for i in range(1, 100) if os.path.isdir(f"{work}/plain{i}")]
+rl = [images_per_s(f"{work}/rtl{i}/samples.jsonl") for i in range(1, 100) if os.path.isdir(f"{work}/rtl{i}")]
+print(f"# runtime under edl launch images/s {[round(x, 1) for x in rl]}")
+print(f"# overhead: runtime images/s {[round(x, 1) for x in rt]}, plain all-reduce {[round(x, 1) for x in pl]}")
+def cpu_per_kimg(path):
+    u = lines(path)
+    if not u: return float("nan")
+    return 1000 * sum(x["cpu_s"] for x in u) / (max(x["steps"] for x in u) * 64)
+rc = [cpu_per_kimg(f"{work}/rt{i}/usage.jsonl") for i in range(1, len(rt) + 1)]
+pc = [cpu_per_kimg(f"{work}/plain{i}/usage.jsonl") for i in range(1, len(pl) + 1)]
+lc = [cpu_per_kimg(f"{work}/rtl{i}/usage.jsonl") for i in range(1, len(rl) + 1)]
+print(f"# CPU s per 1000 images, runtime under edl launch: {[round(x, 2) for x in lc]}")
+print(f"# CPU s per 1000 images: runtime {[round(x, 2) for x in rc]}, plain {[round(x, 2) for x in pc]}")
+if rc and pc:
+    a, b = statistics.median(rc), statistics.median(pc)
+    print(f"# runtime CPU overhead {100 * (a - b) / b:.1f} %")
+    print(f"RESULT steady_cpu_s_per_kimg ours={a:.3f}s ref={b:.3f}s ratio={b / a:.3f}")
+if rt and pl:
+    r, p = statistics.median(rt), statistics.median(pl)
+    print(f"# runtime overhead {100 * (p - r) / p:.1f} % (target <= 2 %)")
+    print(f"RESULT steady_images_per_s ours={r:.1f}img/s ref={p:.1f}img/s ratio={r / p:.3f}")
+if rl and pl:
+    r, p = statistics.median(rl), statistics.median(pl)
+    print(f"# runtime (static, under edl launch) overhead {100 * (p - r) / p:.1f} %")
+    print(f"RESULT steady_images_per_s_launch ours={r:.1f}img/s ref={p:.1f}img/s ratio={r / p:.3f}")
+if lc and pc:
+    a, b = statistics.median(lc), statistics.median(pc)
+    print(f"RESULT steady_cpu_s_per_kimg_launch ours={a:.3f}s ref={b:.3f}s ratio={b / a:.3f}")
 PY

@@ -8,9 +8,9 @@
 namespace edl::jobserver {
 
 std::string ScaleEvent::ToString() const {
-  static const char* kNames[] = {"set", "add", "remove", "kill", "repeat"};
+  static const char* kNames[] = {"set", "add", "remove", "kill", "repeat", "kill all"};
   return std::to_string(static_cast<double>(at_us) * 1e-6) + " " + kNames[static_cast<int>(op)] +
-         (op == Op::kRepeat ? "" : " " + std::to_string(n));
+         (op == Op::kRepeat || op == Op::kKillAll ? "" : " " + std::to_string(n));
 }
 
 Status ScalingScript::Parse(const std::string& text, const std::string& source, ScalingScript* out) {
@@ -51,9 +51,16 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
       else return Status::InvalidArgument(where + "unknown command '" + cmd +
                                           "' (use set, add, remove, kill or repeat)");
       if (!(ls >> arg)) return Status::InvalidArgument(where + "'" + cmd + "' needs a count");
+      if (e.op == ScaleEvent::Op::kKill && arg == "all") {
+        e.op = ScaleEvent::Op::kKillAll;
+        if (ls >> extra) return Status::InvalidArgument(where + "unexpected '" + extra + "'");
+        s.events_.push_back(e);
+        continue;
+      }
       const long n = std::strtol(arg.c_str(), &end, 10);
       if (*end != '\0' || n < 0 || n > 100000 || (n == 0 && e.op != ScaleEvent::Op::kSet)) {
-        return Status::InvalidArgument(where + "count '" + arg + "' is not a positive integer");
+        return Status::InvalidArgument(where + "count '" + arg + "' is not a positive integer" +
+                                     std::string(e.op == ScaleEvent::Op::kKill ? " or 'all'" : ""));
       }
       e.n = static_cast<int>(n);
     }

@@ -8,7 +8,11 @@
 //   <seconds>  set N      desired size := N
 //   <seconds>  add K      desired size += K
 //   <seconds>  remove K   desired size -= K
-//   <seconds>  kill K     SIGKILL K running trainers (rehearses failures; they are grown back)
+//   <seconds>  kill K     SIGKILL K running trainers (rehearses failures; they are grown back).
+//                         Each death is noticed on its own, so survivors may re-form in between.
+//   <seconds>  kill all   SIGKILL every running trainer in one step: the server commits the empty
+//                         failure generation at once (nobody re-forms in between), then restarts
+//                         the job from its latest checkpoint (the stop-resume baseline)
 //   <seconds>  repeat     start over from the top, shifted by <seconds>
 // Times are non-decreasing; `repeat` is last and later than 0.
 //
@@ -24,7 +28,7 @@
 namespace edl::jobserver {
 
 struct ScaleEvent {
-  enum class Op { kSet, kAdd, kRemove, kKill, kRepeat };
+  enum class Op { kSet, kAdd, kRemove, kKill, kRepeat, kKillAll };
   Op op = Op::kSet;
   int n = 0;
   int64_t at_us = 0;

@@ -159,6 +159,18 @@ void Scheduler::KillTrainers(int k) {
   EmitEvent({{"type", "kill"}, {"trainers", killed}});
 }
 
+void Scheduler::KillAllTrainers() {
+  std::set<std::string> gone;
+  for (const MemberInfo& m : current_.members) {
+    if (finished_.count(m.trainer_id) == 0) gone.insert(m.trainer_id);
+  }
+  if (gone.empty()) return;
+  KillTrainers(static_cast<int>(current_.members.size()));
+  RemoveMembers(gone, "failure", true);
+  NoteFailure();
+  Reconcile();
+}
+
 void Scheduler::Tick() {
   const int64_t now = clock_->NowMicros();
   std::vector<std::string> lost;

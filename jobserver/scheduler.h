@@ -70,6 +70,10 @@ class Scheduler {
   void AddDesired(int delta, const std::string& reason);
   // SIGKILLs up to `k` running members (highest ranks first) through their clients.
   void KillTrainers(int k);
+  // SIGKILLs every running member and, in the same step, commits the empty failure generation, so
+  // no survivor re-forms in between (their exits then count as expected). After the failure
+  // backoff the job restarts from scratch: the trainers cold-start from the latest checkpoint.
+  void KillAllTrainers();
   // Heartbeat loss, join timeout, grow-back, then reconciles membership with the desired size.
   void Tick();
 

@@ -374,6 +374,7 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
       case ScaleEvent::Op::kAdd: scheduler_.AddDesired(e.n, reason); break;
       case ScaleEvent::Op::kRemove: scheduler_.AddDesired(-e.n, reason); break;
       case ScaleEvent::Op::kKill: scheduler_.KillTrainers(e.n); break;
+      case ScaleEvent::Op::kKillAll: scheduler_.KillAllTrainers(); break;
       case ScaleEvent::Op::kRepeat: break;
     }
   }

@@ -34,6 +34,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   po::options_description d("server");
   std::string secret_file, node_ips;
   int hb_ms = 5000, join_s = 60;
+  double backoff_min_s = 1, backoff_max_s = 30;
   d.add_options()
       ("server_port", po::value<int>(&o->port)->default_value(8180), "TCP port to listen on (0: any free port)")
       ("bind", po::value<std::string>(&o->bind)->default_value("0.0.0.0"), "address to listen on")
@@ -52,6 +53,10 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("add_pods_one_step", po::value<int>(&o->demo.add_pods_one_step)->default_value(1), "EDL demo policy: trainers added per change")
       ("heartbeat_timeout_ms", po::value<int>(&hb_ms)->default_value(5000), "a node silent this long is lost")
       ("join_timeout_s", po::value<int>(&join_s)->default_value(60), "joiners not ready by then are dropped")
+      ("backoff_min_s", po::value<double>(&backoff_min_s)->default_value(1, "1"),
+       "grow-back delay after a failure; doubles per further failure within a minute...")
+      ("backoff_max_s", po::value<double>(&backoff_max_s)->default_value(30, "30"),
+       "...up to this (set both equal for a fixed delay, e.g. in failure benchmarks)")
       ("events_dir", po::value<std::string>(&o->events_dir)->default_value("./edl-events"), "directory of the events log")
       ("log_dir", po::value<std::string>(), "glog directory (default: stderr)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished");
@@ -76,6 +81,11 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   if (o->scheduler.initial_trainers < 0) return Status::InvalidArgument("--trainers must be >= 0");
   if (hb_ms < 100) return Status::InvalidArgument("--heartbeat_timeout_ms must be >= 100");
   if (join_s < 1) return Status::InvalidArgument("--join_timeout_s must be >= 1");
+  if (!(backoff_min_s >= 0 && backoff_max_s >= backoff_min_s && backoff_max_s <= 3600)) {
+    return Status::InvalidArgument("--backoff_min_s/--backoff_max_s: need 0 <= min <= max <= 3600 seconds");
+  }
+  o->scheduler.backoff_min_us = static_cast<int64_t>(backoff_min_s * 1e6);
+  o->scheduler.backoff_max_us = static_cast<int64_t>(backoff_max_s * 1e6);
   o->scheduler.heartbeat_timeout_us = int64_t{hb_ms} * 1000;
   o->scheduler.join_timeout_us = int64_t{join_s} * 1'000'000;
   o->demo.node_ips = SplitCommas(node_ips);

@@ -120,7 +120,6 @@ Status RunTraining(runtime::Trainable* t, const LoopOptions& o,
   eo.lr = o.lr;
   eo.lr.total_epochs = static_cast<double>(o.epochs);
   eo.joining = o.joining;
-  eo.always_broadcast_state = true;  // BN running statistics are per rank (as in DDP)
   eo.join_generation = o.join_generation;
   eo.start_micros = o.start_micros;
   eo.comm_timeout = o.comm_timeout;
@@ -168,6 +167,87 @@ Status RunTraining(runtime::Trainable* t, const LoopOptions& o,
                 result->last_window_loss, acc.c_str(), result->train_images_per_sec, o.threads,
                 static_cast<long>(er.generation), printer.last().world_size, result->seconds);
   out << line << std::endl;
+  return Status::OK();
+}
+
+Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
+                         runtime::MembershipSource* membership, std::ostream& out,
+                         LoopResult* result) {
+  if (t->on_device()) {
+    return Status::InvalidArgument("--plain_allreduce is the CPU/Gloo overhead baseline; use --device cpu");
+  }
+  runtime::Generation g;
+  EDL_RETURN_IF_ERROR(membership->WaitGeneration(0, o.generation_wait, &g));
+  const int rank = g.RankOf(membership->trainer_id());
+  if (rank < 0) {
+    return Status::FailedPrecondition("--plain_allreduce: trainer " + membership->trainer_id() +
+                                      " is not a member of generation " + std::to_string(g.number));
+  }
+  runtime::CommOptions co;
+  co.rank = rank;
+  co.world_size = g.world_size();
+  co.generation = g.number;
+  co.key_prefix = "plain/" + std::to_string(g.number) + "/gloo";
+  co.store = membership->kv();
+  co.timeout = o.comm_timeout;
+  auto comm = runtime::CreateGlooCommunicator(co);
+  EDL_RETURN_IF_ERROR(comm.status());
+  runtime::LrScheduleOptions lo = o.lr;
+  lo.total_epochs = static_cast<double>(o.epochs);
+  const runtime::LrSchedule schedule(lo);
+  runtime::DataPlan plan(t->train_size(), o.seed);
+  const std::vector<int64_t> b = runtime::BatchSizes(o.batch_policy, o.batch_size, g.world_size());
+  int64_t global = 0;
+  for (int64_t x : b) global += x;
+  FILE* log = o.sample_log.empty() ? nullptr : std::fopen(o.sample_log.c_str(), "a");
+  runtime::DataPosition pos;
+  constexpr int64_t kWarmSteps = 5;
+  int64_t step = 0, warm_samples = 0;
+  double loss = 0;
+  SteadyClock::time_point warm_t0 = SteadyClock::now();
+  const auto start = SteadyClock::now();
+  while (plan.EpochProgress(pos) < static_cast<double>(o.epochs) &&
+         (o.max_steps == 0 || step < o.max_steps)) {
+    const std::vector<int64_t> idx = plan.Slice(pos, b, rank);
+    const int64_t total = plan.StepSamples(pos, b);
+    runtime::StepStats st;
+    if (!idx.empty()) {
+      EDL_RETURN_IF_ERROR(t->ForwardBackward(idx, &st));
+      EDL_RETURN_IF_ERROR(t->ScaleGradients(static_cast<float>(idx.size()) / total));
+    } else {
+      EDL_RETURN_IF_ERROR(t->ZeroGradients());
+    }
+    size_t count = 0;
+    float* grad = t->GradientBuffer(&count);
+    EDL_RETURN_IF_ERROR(comm.value()->AllReduce(grad, count, runtime::DataType::kFloat32,
+                                                runtime::ReduceOp::kSum));
+    EDL_RETURN_IF_ERROR(t->ApplyUpdate(schedule.At(plan.EpochProgress(pos), global)));
+    pos = plan.Advance(pos, b);
+    ++step;
+    if (st.samples > 0) loss = st.loss_sum / st.samples;
+    if (step == kWarmSteps) warm_t0 = SteadyClock::now();
+    if (step > kWarmSteps) warm_samples += total;
+    if (log != nullptr) {
+      const double now = std::chrono::duration<double>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+      std::fprintf(log, "{\"rank\":%d,\"step\":%ld,\"time\":%.6f}\n", rank,
+                   static_cast<long>(step), now);
+      std::fflush(log);
+    }
+  }
+  if (log != nullptr) std::fclose(log);
+  const double warm_s = Since(warm_t0);
+  result->steps = step;
+  result->seconds = Since(start);
+  result->train_images_per_sec = warm_samples > 0 && warm_s > 0 ? warm_samples / warm_s : 0;
+  result->last_window_loss = loss;
+  if (rank == 0) {
+    char line[256];
+    std::snprintf(line, sizeof(line), "plain: steps %ld world %d loss %.4f train_images/s %.1f time %.1f s",
+                  static_cast<long>(step), g.world_size(), loss, result->train_images_per_sec,
+                  result->seconds);
+    out << line << std::endl;
+  }
   return Status::OK();
 }
 

@@ -59,6 +59,17 @@ struct LoopResult {
 Status RunTraining(runtime::Trainable* t, const LoopOptions& options,
                    runtime::MembershipSource* membership, std::ostream& out, LoopResult* result);
 
+// The overhead baseline of bench/rescale.sh (hidden flag --plain_allreduce): a plain
+// data-parallel loop with none of the elastic machinery: one Gloo communicator for the membership's
+// first generation (static under `edl launch`), the same DataPlan slices, gradients scaled by the
+// rank's share and SUM all-reduced (gradients only, no in-band words), SGD at the linearly scaled
+// LR schedule. No re-forms, checkpoints, events, progress reports or evaluation. Rank 0 prints
+// "plain: ... train_images/s X", X measured from the end of step 5 (start-up excluded) to the last
+// step, and `o.sample_log` gets {"rank","step","time"} lines. CPU (Gloo) only.
+Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& options,
+                         runtime::MembershipSource* membership, std::ostream& out,
+                         LoopResult* result);
+
 // World size 1 with an in-memory rendezvous store (no server, no RANK/WORLD_SIZE).
 Status RunStandaloneLoop(runtime::Trainable* t, const LoopOptions& options, std::ostream& out,
                          LoopResult* result);

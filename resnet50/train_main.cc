@@ -7,10 +7,15 @@
 //   neither                    standalone: world size 1, in-memory rendezvous
 #include "resnet50/train_main.h"
 
+#include <sys/resource.h>
+
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "edl/base/clock.h"
 #include "edl/base/flags.h"
@@ -27,7 +32,7 @@ namespace {
 
 struct Config {
   std::string model, data, data_dir, device, lr_decay, lr_milestones, precision;
-  std::string batch_policy, checkpoint_dir, sample_log;
+  std::string batch_policy, checkpoint_dir, sample_log, usage_log;
   int64_t rescale_ramp_steps = 0, checkpoint_steps = 0, train_samples = 0;
   int keep_checkpoints = 3;
   double comm_timeout_s = 30, checkpoint_secs = 0, generation_wait_s = 120;
@@ -37,6 +42,7 @@ struct Config {
   double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0, warmup_epochs = 0;
   bool nesterov = false, zero_init_residual = false, augment = false, eval = true;
   bool decay_bn_and_bias = false;
+  bool plain_allreduce = false;
   uint64_t seed = 1;
 };
 
@@ -80,6 +86,12 @@ po::options_description Flags(Config* c) {
       ("checkpoint_secs", po::value(&c->checkpoint_secs)->default_value(0, "0"),
        "checkpoint every N seconds; 0 = no time trigger (a final checkpoint is always written)")
       ("keep_checkpoints", po::value(&c->keep_checkpoints)->default_value(3), "checkpoints kept")
+      ("plain_allreduce", po::value(&c->plain_allreduce)->default_value(false),
+       "benchmark baseline: a plain all-reduce loop without the elastic runtime (static world "
+       "under `edl launch`; CPU only)")
+      ("usage_log", po::value(&c->usage_log)->default_value(""),
+       "benchmark flag: at exit append {\"trainer\",\"steps\",\"cpu_s\",\"plain\"} (this process's "
+       "user+system CPU seconds) as one JSON line to this file")
       ("sample_log", po::value(&c->sample_log)->default_value(""),
        "test flag: append each committed step's sample indices (JSON lines) to this file")
       ("momentum", po::value(&c->momentum)->default_value(0.9, "0.9"), "SGD momentum")
@@ -239,6 +251,20 @@ Status Validate(const Config& c) {
   return ValidateModelConfig(mc);
 }
 
+// --usage_log: one line with this process's CPU time (bench/rescale.sh compares the runtime's
+// CPU per image with the plain all-reduce loop's, which is robust to a shared, busy machine).
+void AppendUsage(const Config& c, const std::string& trainer, const LoopResult& r) {
+  if (c.usage_log.empty()) return;
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  const double cpu = u.ru_utime.tv_sec + u.ru_stime.tv_sec +
+                     1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  const std::string line = nlohmann::json{{"trainer", trainer}, {"steps", r.steps},
+                                          {"cpu_s", cpu}, {"plain", c.plain_allreduce}}
+                               .dump() + "\n";
+  std::ofstream(c.usage_log, std::ios::app) << line;  // best effort
+}
+
 // Exit code 2: the setup failed (flags, data, model, membership); 1: training failed.
 int Fail(const Status& s, int code = 2) {
   std::cerr << "edl train: " << s.ToString() << "\n";
@@ -335,8 +361,15 @@ int RunTrainMain(int argc, char** argv) {
             << c.batch_policy << "), trainer " << membership.value()->trainer_id()
             << (joining ? " (joining)" : "") << std::endl;
   LoopResult result;
+  if (c.plain_allreduce) {
+    s = RunPlainAllReduce(t, lo, membership.value().get(), std::cout, &result);
+    if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
+    AppendUsage(c, membership.value()->trainer_id(), result);
+    return 0;
+  }
   s = RunTraining(t, lo, membership.value().get(), std::cout, &result);
   if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
+  AppendUsage(c, membership.value()->trainer_id(), result);
   return 0;
 }
 

@@ -1,5 +1,6 @@
 #include "resnet50/trainer.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <thread>
@@ -70,14 +71,17 @@ Status Trainer::Init() {
   if (test_) test_loader_ = std::make_unique<BatchLoader>(test_.get(), Augment{}, options_.seed);
 
   // State tensors: parameters, BN running statistics, momentum buffers.
-  auto add = [&](const std::string& name, const Shape& shape, void* data) {
+  auto add = [&](const std::string& name, const Shape& shape, void* data, bool per_rank = false) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
-    state_.push_back({name, shape, runtime::DataType::kFloat32, data, n * sizeof(float)});
+    state_.push_back({name, shape, runtime::DataType::kFloat32, data, n * sizeof(float), per_rank});
   };
   float* p = model_->params().data();
   for (const Model::ParamInfo& info : model_->param_info()) add(info.name, info.shape, p + info.offset);
-  for (const Model::BufferInfo& b : model_->buffers()) add(b.name, b.tensor->shape(), b.tensor->raw());
+  // BN running statistics follow each rank's own batches (as in PyTorch DDP): per rank.
+  for (const Model::BufferInfo& b : model_->buffers()) {
+    add(b.name, b.tensor->shape(), b.tensor->raw(), /*per_rank=*/true);
+  }
   float* m = momentum_.data();
   for (const Model::ParamInfo& info : model_->param_info()) {
     add("momentum/" + info.name, info.shape, m + info.offset);
@@ -164,7 +168,7 @@ Status Trainer::Evaluate(const std::vector<int64_t>& indices, runtime::StepStats
   return Status::OK();
 }
 
-std::string Trainer::Fingerprint() const {
+std::string Trainer::StateLayout() const {
   std::ostringstream os;
   os << model_->config().name << ":" << model_->config().in_channels << "x"
      << model_->config().image_size << ":" << model_->config().num_classes;
@@ -173,6 +177,19 @@ std::string Trainer::Fingerprint() const {
     for (size_t i = 0; i < t.shape.size(); ++i) os << (i ? "," : "") << t.shape[i];
     os << "]";
   }
+  return os.str();
+}
+
+std::string Trainer::Fingerprint() const {
+  // FNV-1a (64 bit) of the layout: short enough for `edl ckpt ls`, and any change of a tensor's
+  // name or shape changes it.
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : StateLayout()) h = (h ^ c) * 0x100000001b3ULL;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  std::ostringstream os;
+  os << model_->config().name << ":" << model_->config().in_channels << "x"
+     << model_->config().image_size << ":" << model_->config().num_classes << ":" << hex;
   return os.str();
 }
 

@@ -61,6 +61,7 @@ class Trainer : public runtime::Trainable {
   Status ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
   Status ApplyUpdate(double lr) override;
   Status Evaluate(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
+  // "<model>:<channels>x<size>:<classes>:<16 hex digits>", the digits hashing StateLayout().
   std::string Fingerprint() const override;
   Status CopyToHost(const runtime::StateTensor& t, void* dst) override;
   Status CopyFromHost(const runtime::StateTensor& t, const void* src) override;
@@ -70,6 +71,9 @@ class Trainer : public runtime::Trainable {
   const TrainerOptions& options() const { return options_; }
   const Dataset& train_data() const { return *train_; }
   int threads() const { return threads_; }
+  // The model name, input and every state tensor's name and shape, e.g.
+  // "resnet20:1x28:10;conv1.weight[16,1,3,3];...": what Fingerprint() hashes.
+  std::string StateLayout() const;
 
  private:
   Trainer(const TrainerOptions& options, std::unique_ptr<Dataset> train,

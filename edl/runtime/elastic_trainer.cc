@@ -37,6 +37,43 @@ struct SyncHeader {
 enum InbandSlot { kNewerSeen = 0, kLossSum = 1, kCorrect = 2, kSamples = 3 };
 static_assert(Trainable::kInbandSlots >= 4, "the runtime uses four in-band slots");
 
+// The rendezvous store of one re-form attempt: waits in short slices and gives up (Aborted) as
+// soon as a generation newer than the target is committed. Ranks may target different generations
+// (one saw a newer commit before the others), and a rank waiting for a peer's key that went on to
+// the newer generation would otherwise sit out the whole communicator timeout; this way every
+// rank converges on the newest generation within a slice. Peers connect only once every rank's
+// key is present, so giving up while a key is missing never strands a peer mid-connect.
+class SupersedableKv : public KvStore {
+ public:
+  SupersedableKv(KvStore* base, MembershipSource* membership, int64_t target)
+      : base_(base), membership_(membership), target_(target) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return base_->Set(key, value);
+  }
+  Status Get(const std::string& key, std::string* value) override { return base_->Get(key, value); }
+  Status Wait(const std::string& key, milliseconds timeout, std::string* value) override {
+    constexpr milliseconds kSlice{250};
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<milliseconds>(deadline -
+                                                                 std::chrono::steady_clock::now());
+      Status s = base_->Wait(key, std::max(milliseconds(1), std::min(left, kSlice)), value);
+      if (!s.IsTimeout() || left <= kSlice) return s;
+      Generation g;
+      if (membership_->Latest(&g) && g.number > target_) {
+        return Status::Aborted("generation " + std::to_string(target_) + " was superseded by " +
+                               std::to_string(g.number) + " while waiting for rendezvous key " +
+                               key);
+      }
+    }
+  }
+
+ private:
+  KvStore* const base_;
+  MembershipSource* const membership_;
+  const int64_t target_;
+};
+
 }  // namespace
 
 StatusOr<uint64_t> StateHash(Trainable* trainable) {
@@ -84,7 +121,8 @@ class ElasticTrainer::Impl {
 
   // ---- steps and state
   Status SyncState(int64_t* newest_seen);
-  Status BroadcastTensors(int root);
+  // Broadcasts the StateTensors from `root` (only the per_rank ones when `per_rank_only`).
+  Status BroadcastTensors(int root, bool per_rank_only);
   Status TrainStep(bool* switch_seen);
   Status SwitchGeneration();
   Status Recover(const Status& cause);
@@ -133,6 +171,7 @@ class ElasticTrainer::Impl {
   bool reform_was_failure_ = false;
 
   double last_loss_ = 0, accuracy_ = -1;
+  std::vector<char> sync_buffer_;  // packed state for BroadcastTensors (kept: re-forms recur)
   int64_t progress_t0_us_ = 0, progress_samples_ = 0;
   int sample_log_fd_ = -1;
 
@@ -245,7 +284,8 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     co.world_size = target.world_size();
     co.generation = target.number;
     co.key_prefix = "gen/" + std::to_string(target.number) + "/" + o_.backend;
-    co.store = membership_->kv();
+    SupersedableKv kv(membership_->kv(), membership_, target.number);
+    co.store = &kv;  // used during construction only
     co.timeout = o_.comm_timeout;
     co.host = o_.host;
     if (co.host.empty() && rank < static_cast<int>(target.hosts.size())) co.host = target.hosts[rank];
@@ -367,7 +407,8 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
   EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(&h, sizeof(h), root)));
   if (h.magic != kSyncMagic) return Status::Corruption("state sync header from rank " +
                                                        std::to_string(root) + " is garbled");
-  if (need_tensors) EDL_RETURN_IF_ERROR(BroadcastTensors(root));
+  // Every rank holds the same step: only per-rank state (BN running statistics) may differ.
+  EDL_RETURN_IF_ERROR(BroadcastTensors(root, /*per_rank_only=*/!need_tensors));
   // The step this rank had in flight was committed by others: its samples were consumed.
   if (pending_.step == h.step && pending_.step == state_.step + 1 && has_state_) {
     LogSamples(pending_.step, pending_.epoch, pending_.indices, std::nan(""));
@@ -394,18 +435,38 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
   return Status::OK();
 }
 
-Status ElasticTrainer::Impl::BroadcastTensors(int root) {
+Status ElasticTrainer::Impl::BroadcastTensors(int root, bool per_rank_only) {
+  std::vector<StateTensor> tensors;
+  size_t total = 0;
+  for (StateTensor& t : trainable_->StateTensors()) {
+    if (per_rank_only && !t.per_rank) continue;
+    total += t.bytes;
+    tensors.push_back(std::move(t));
+  }
+  if (tensors.empty()) return Status::OK();
   const bool in_place = trainable_->on_device() == (comm_->backend() == std::string("nccl"));
-  std::vector<char> host;
-  for (const StateTensor& t : trainable_->StateTensors()) {
-    if (in_place) {
+  if (in_place && trainable_->on_device()) {  // device memory: one NCCL broadcast per tensor
+    for (const StateTensor& t : tensors) {
       EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(t.data, t.bytes, root)));
-      continue;
     }
-    host.resize(t.bytes);
-    if (rank_ == root) EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, host.data()));
-    EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(host.data(), host.size(), root)));
-    if (rank_ != root) EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, host.data()));
+    return Status::OK();
+  }
+  // Host memory: one broadcast of everything packed (a Gloo broadcast per tensor costs a round
+  // trip each, which dominated the re-form of a ResNet with ~200 tensors).
+  sync_buffer_.resize(total);
+  if (rank_ == root) {
+    size_t off = 0;
+    for (const StateTensor& t : tensors) {
+      EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, sync_buffer_.data() + off));
+      off += t.bytes;
+    }
+  }
+  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(sync_buffer_.data(), total, root)));
+  if (rank_ == root) return Status::OK();
+  size_t off = 0;
+  for (const StateTensor& t : tensors) {
+    EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, sync_buffer_.data() + off));
+    off += t.bytes;
   }
   return Status::OK();
 }
@@ -424,21 +485,22 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   const std::vector<std::vector<int64_t>> all = plan_.Step(state_.position, b);
   const std::vector<int64_t>& indices = all[rank_];
   size_t count = 0;
-  float* grad = trainable_->GradientBuffer(&count);
+  float* grad = trainable_->GradientBuffer(&count);  // device memory when on_device(): no access
   StepStats stats;
   if (!indices.empty()) {
     EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats));
     EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(static_cast<float>(indices.size()) / total));
   } else {
-    std::memset(grad, 0, count * sizeof(float));  // a short last step: contribute zeros
+    EDL_RETURN_IF_ERROR(trainable_->ZeroGradients());  // a short last step: contribute zeros
   }
   Generation latest;
   membership_->Latest(&latest);
-  float* inband = grad + count;
+  float inband[Trainable::kInbandSlots] = {};
   inband[kNewerSeen] = latest.number > gen_.number ? 1.0f : 0.0f;
   inband[kLossSum] = static_cast<float>(stats.loss_sum);
   inband[kCorrect] = static_cast<float>(stats.correct);
   inband[kSamples] = static_cast<float>(stats.samples);
+  EDL_RETURN_IF_ERROR(trainable_->WriteInband(inband));
   std::vector<int64_t> global_indices;
   if (sample_log_fd_ >= 0) {
     for (const auto& slice : all) global_indices.insert(global_indices.end(), slice.begin(), slice.end());
@@ -446,6 +508,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   pending_ = {state_.step + 1, state_.position.epoch, global_indices};
   EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(grad, count + Trainable::kInbandSlots,
                                             DataType::kFloat32, ReduceOp::kSum)));
+  EDL_RETURN_IF_ERROR(trainable_->ReadInband(inband));
   const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
   const double lr = StepLr(global);
   EDL_RETURN_IF_ERROR(trainable_->ApplyUpdate(lr));

@@ -11,9 +11,10 @@
 //   - failure: a generation marked failure aborts the communicator (from a watcher thread), the
 //     step in flight is discarded where it did not complete, and the survivors re-form;
 //   - state sync: MAX-reduce the committed step; the lowest rank holding it broadcasts every
-//     StateTensor plus the step, data position and LR-ramp state (skipped when every rank already
-//     holds that step, e.g. a pure shrink); if nobody holds state (first start, or every trainer
-//     died) rank 0 cold-starts from the StateLoader, then broadcasts.
+//     StateTensor (packed into one broadcast on host memory) plus the step, data position and
+//     LR-ramp state; when every rank already holds that step (e.g. a pure shrink) only the
+//     tensors marked per_rank (BN running statistics); if nobody holds state (first start, or
+//     every trainer died) rank 0 cold-starts from the StateLoader, then broadcasts.
 //
 // Data: DataPlan (exactly once per epoch), gradients weighted by each rank's sample count, LR by
 // LrSchedule with linear scaling against the current global batch and a ramp after re-forms.
@@ -123,9 +124,8 @@ struct ElasticOptions {
   std::chrono::milliseconds comm_timeout{30000};    // rendezvous and every collective
   std::chrono::milliseconds generation_wait{60000}; // wait for a new generation after a failure
                                                     // or, for a joiner, to be committed
-  // Broadcast every state tensor at each re-form even when all ranks hold the same step. Needed
-  // when part of the state is per-rank (BatchNorm running statistics are updated from each rank's
-  // own batch, as in PyTorch DDP), so only a broadcast makes the ranks bit-identical again.
+  // Broadcast every state tensor at each re-form even when all ranks hold the same step. Without
+  // it such a re-form (e.g. a pure shrink) broadcasts only the StateTensors marked per_rank.
   bool always_broadcast_state = false;
   bool evaluate_each_epoch = false;  // sharded evaluation at every epoch end and at the end
   int64_t eval_batch = 256;          // test samples per Evaluate call

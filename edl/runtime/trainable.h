@@ -32,6 +32,10 @@ struct StateTensor {
   DataType dtype = DataType::kFloat32;
   void* data = nullptr;
   size_t bytes = 0;
+  // Updated from each rank's own data, so ranks holding the same step still differ (BatchNorm
+  // running statistics, as in PyTorch DDP). The runtime re-broadcasts these at every re-form; the
+  // rest only when some rank lacks the newest step (a joiner, a rollback).
+  bool per_rank = false;
 };
 
 struct StepStats {
@@ -80,6 +84,36 @@ class Trainable {
   // Copies a state tensor to/from host memory of t.bytes bytes (a memcpy on CPU).
   virtual Status CopyToHost(const StateTensor& t, void* dst) = 0;
   virtual Status CopyFromHost(const StateTensor& t, const void* src) = 0;
+
+  // Device-safe access to GradientBuffer() for the runtime, which never dereferences that buffer
+  // itself (it is device memory when on_device()): everything goes through CopyToHost /
+  // CopyFromHost on a view of the buffer.
+  // Writes the kInbandSlots in-band words from host memory.
+  Status WriteInband(const float* words) {
+    return CopyFromHost(GradientView(/*inband=*/true), words);
+  }
+  // Reads the kInbandSlots in-band words into host memory.
+  Status ReadInband(float* words) { return CopyToHost(GradientView(/*inband=*/true), words); }
+  // Zeroes the gradients and the in-band words (a rank with no samples in a short last step).
+  Status ZeroGradients() {
+    const StateTensor t = GradientView(/*inband=*/false);
+    const std::vector<char> zeros(t.bytes, 0);
+    return CopyFromHost(t, zeros.data());
+  }
+
+ private:
+  // A view of the in-band words, or of the gradients and the in-band words.
+  StateTensor GradientView(bool inband) {
+    size_t count = 0;
+    float* g = GradientBuffer(&count);
+    StateTensor t;
+    t.name = inband ? "gradients/inband" : "gradients";
+    const size_t n = inband ? kInbandSlots : count + kInbandSlots;
+    t.shape = {static_cast<int64_t>(n)};
+    t.data = inband ? g + count : g;
+    t.bytes = n * sizeof(float);
+    return t;
+  }
 };
 
 }  // namespace edl::runtime

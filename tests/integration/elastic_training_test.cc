@@ -274,9 +274,10 @@ TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
 
 TEST_F(ElasticTrainingTest, KillEveryTrainerResumesFromTheLatestCheckpoint) {
   constexpr int kEpochs = 10;
-  // 2 trainers; at t=6 s both are SIGKILLed; the job grows back with fresh processes, which have no
-  // state: rank 0 loads the latest checkpoint and broadcasts it.
-  StartServer("0 set 2\n6 kill 2\n", 2);
+  // 2 trainers; at t=6 s both are SIGKILLed in one step (`kill all`: no survivor re-forms in
+  // between); the job grows back with fresh processes, which have no state: rank 0 loads the
+  // latest checkpoint and broadcasts it.
+  StartServer("0 set 2\n6 kill all\n", 2);
   const std::vector<std::string> ckpt = {"--checkpoint_dir", dir_.Join("ckpt"),
                                          "--checkpoint_steps", "10"};
   auto c1 = StartClient("n1", kEpochs, ckpt);

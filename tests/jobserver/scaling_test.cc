@@ -28,6 +28,20 @@ TEST(ScalingScriptTest, ParsesAndPlaysWithRepeat) {
   EXPECT_EQ(due[1].at_us, 12'500'000);
 }
 
+TEST(ScalingScriptTest, KillAll) {
+  ScalingScript s;
+  ASSERT_OK(ScalingScript::Parse("0 set 4\n3 kill all  # stop-resume\n4 kill 2\n", "t.script", &s));
+  ASSERT_EQ(s.events().size(), 3u);
+  EXPECT_EQ(s.events()[1].op, Op::kKillAll);
+  EXPECT_EQ(s.events()[2].op, Op::kKill);
+  EXPECT_EQ(s.events()[2].n, 2);
+  EXPECT_NE(s.events()[1].ToString().find("kill all"), std::string::npos);
+  for (const char* bad : {"1 kill everyone", "1 kill all 2", "1 set all"}) {
+    Status st = ScalingScript::Parse(bad, "bad.script", &s);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << bad;
+  }
+}
+
 TEST(ScalingScriptTest, RejectsBadLinesNamingThem) {
   const std::vector<std::string> bad = {"x set 1", "1 grow 2", "1 add", "1 add -1", "1 add 0",
                                         "2 set 1\n1 set 2", "0 repeat", "5 repeat\n6 set 1",

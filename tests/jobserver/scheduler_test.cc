@@ -314,6 +314,37 @@ TEST_F(SchedulerTest, KillPicksHighestRanks) {
   EXPECT_EQ(kills[0].trainer_ids[0], cur().members[3].trainer_id);
 }
 
+TEST_F(SchedulerTest, KillAllCommitsOneEmptyFailureGenerationThenRestarts) {
+  SchedulerOptions o;
+  o.initial_trainers = 4;
+  o.backoff_min_us = 1'000'000;
+  Make(o);
+  AddNode("a", 2);
+  AddNode("b", 2);
+  sched_->TakeActions();
+  const auto before = cur();
+  ASSERT_EQ(before.world_size(), 4);
+  sched_->KillAllTrainers();
+  auto all = sched_->TakeActions();
+  auto kills = Filter(all, Kind::kKill);
+  ASSERT_EQ(kills.size(), 2u);  // one per node
+  EXPECT_EQ(kills[0].trainer_ids.size() + kills[1].trainer_ids.size(), 4u);
+  auto commits = Filter(all, Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);  // one step: nobody re-forms in between
+  EXPECT_TRUE(commits[0].next.failure);
+  EXPECT_EQ(commits[0].next.world_size(), 0);
+  // The deaths arrive later, one by one: expected, no further generation.
+  for (const auto& m : before.members) sched_->TrainerExited(m.trainer_id, false, "signal 9");
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  Advance(0.5);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());  // backing off
+  Advance(1);
+  commits = Take(Kind::kCommit);  // nobody holds state: committed at once, no prepare phase
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.world_size(), 4);
+  for (const auto& m : before.members) EXPECT_EQ(commits[0].next.RankOf(m.trainer_id), -1);
+}
+
 TEST_F(SchedulerTest, DuplicateNodeNameIsRefusedWhileConnected) {
   Make();
   AddNode("a", 1);

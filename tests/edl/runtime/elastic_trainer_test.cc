@@ -407,6 +407,41 @@ TEST(ElasticTrainerTest, StaticModeTrainsAFixedWorldOverAFileStore) {
   ExpectExactlyOnce(dir, {"r0", "r1"}, 1);
 }
 
+// The runtime reaches the gradient buffer only through CopyToHost / CopyFromHost (it is device
+// memory on CUDA): in-band words and the zeroing of an empty slice go through views of it.
+class CopyCountingModel : public LinearModel {
+ public:
+  using LinearModel::LinearModel;
+  Status CopyToHost(const StateTensor& t, void* dst) override {
+    to_host.push_back(t.name);
+    return LinearModel::CopyToHost(t, dst);
+  }
+  Status CopyFromHost(const StateTensor& t, const void* src) override {
+    from_host.push_back(t.name);
+    return LinearModel::CopyFromHost(t, src);
+  }
+  std::vector<std::string> to_host, from_host;
+};
+
+TEST(TrainableTest, InbandWordsAndZeroingGoThroughHostCopies) {
+  CopyCountingModel m(kTrain, kTest, 1);
+  size_t count = 0;
+  float* g = m.GradientBuffer(&count);
+  for (size_t i = 0; i < count + Trainable::kInbandSlots; ++i) g[i] = 7.f;
+  const float words[Trainable::kInbandSlots] = {1.f, 2.f, 3.f, 4.f};
+  ASSERT_OK(m.WriteInband(words));
+  EXPECT_EQ(g[count - 1], 7.f);  // gradients untouched
+  EXPECT_EQ(g[count], 1.f);
+  EXPECT_EQ(g[count + 3], 4.f);
+  float back[Trainable::kInbandSlots] = {};
+  ASSERT_OK(m.ReadInband(back));
+  EXPECT_EQ(back[2], 3.f);
+  ASSERT_OK(m.ZeroGradients());
+  for (size_t i = 0; i < count + Trainable::kInbandSlots; ++i) EXPECT_EQ(g[i], 0.f) << i;
+  EXPECT_EQ(m.from_host, (std::vector<std::string>{"gradients/inband", "gradients"}));
+  EXPECT_EQ(m.to_host, std::vector<std::string>{"gradients/inband"});
+}
+
 TEST(ElasticTrainerTest, JoinerThatIsNeverCommittedTimesOut) {
   FakeCluster c;
   c.Commit({"x"}, false, "start");
