@@ -67,12 +67,21 @@ WMAX="$(jq 'map(select(.type == "generation") | .world_size_after) | max // 1' "
 marks="$TMP/marks.gp"
 : >"$marks"
 i=0
+prev=-1000000
 while IFS=$'\t' read -r t fail label; do
   i=$((i + 1))
   color="#555555"
   [ "$fail" = 1 ] && color="#cc0000"
+  # Left of its line; right of it when the previous change is too close for two labels.
+  side=-1.8
+  if jq -en --argjson t "$t" --argjson p "$prev" --argjson m "$TMAX" '$t - $p < $m * 0.03' >/dev/null; then
+    side=1.7
+    prev=-1000000
+  else
+    prev=$t
+  fi
   echo "set arrow $i from $t, graph 0 to $t, graph 1 nohead dt 2 lw 1.5 lc rgb '$color'" >>"$marks"
-  echo "if (top) set label $i \"$label\" at $t, graph 0.97 rotate by 90 right offset -1.8,0 font ',9' tc rgb '$color' front noenhanced" >>"$marks"
+  echo "if (top) set label $i \"$label\" at $t, graph 0.97 rotate by 90 right offset $side,0 font ',9' tc rgb '$color' front noenhanced" >>"$marks"
 done <"$TMP/changes.tsv"
 if [ -n "$FINISHED" ]; then
   i=$((i + 1))
