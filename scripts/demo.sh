@@ -8,8 +8,8 @@
 #
 #   scripts/demo.sh [--short]      (make demo runs it without flags after building)
 #
-# Takes about 4 minutes on 2 cores (--short: about 1 minute, fewer samples and a compressed
-# script; the demo test uses it). Exits 0 when training finished, non-zero otherwise. Ctrl-C stops
+# Takes about 3-4 minutes on 2 idle cores (--short: about 1.5 minutes, fewer samples and a
+# compressed script; the demo test uses it). Exits 0 when training finished, non-zero otherwise. Ctrl-C stops
 # it: every process it started is stopped by pid, also on failure. Every run starts afresh: it
 # deletes the previous run's checkpoints, events and logs in its directory. Nothing to resume.
 #
@@ -17,8 +17,8 @@
 #   EDL_DEMO_DIR            checkpoints (ckpt/), events/, logs/, secret, timeline.png [./edl-demo]
 #   EDL_BIN                 the edl binary [<repo>/build/edl; built with `make build` if missing]
 #   EDL_DEMO_EPOCHS         training epochs [3; --short: 2]
-#   EDL_DEMO_TRAIN_SAMPLES  Fashion-MNIST training samples used [30000; --short: 10000]
-#   EDL_DEMO_TIMEOUT_S      give up (exit 1) after this many seconds [900; --short: 300]
+#   EDL_DEMO_TRAIN_SAMPLES  Fashion-MNIST training samples used [15000; --short: 10000]
+#   EDL_DEMO_TIMEOUT_S      give up (exit 1) after this many seconds [900; --short: 400]
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
@@ -32,9 +32,9 @@ case "${1:-}" in
 esac
 if [ "$SHORT" = 1 ]; then
   EPOCHS="${EDL_DEMO_EPOCHS:-2}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-10000}"
-  TIMEOUT_S="${EDL_DEMO_TIMEOUT_S:-300}" SCRIPT="$EDL_REPO_DIR/config/demo_short.script"
+  TIMEOUT_S="${EDL_DEMO_TIMEOUT_S:-400}" SCRIPT="$EDL_REPO_DIR/config/demo_short.script"
 else
-  EPOCHS="${EDL_DEMO_EPOCHS:-3}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-30000}"
+  EPOCHS="${EDL_DEMO_EPOCHS:-3}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-15000}"
   TIMEOUT_S="${EDL_DEMO_TIMEOUT_S:-900}" SCRIPT="$EDL_REPO_DIR/config/demo.script"
 fi
 NODES=(node-a node-b)
@@ -144,7 +144,7 @@ edl_ensure_secret 2>/dev/null
 
 TRAINER=("$EDL_BIN" train --model resnet20 --data fashion-mnist --threads 1 --batch_size 64
   --epochs "$EPOCHS" --train_samples "$SAMPLES" --checkpoint_dir "$DIR/ckpt"
-  --checkpoint_steps 50 --log_every 10)
+  --checkpoint_steps 50 --log_every 5)
 
 echo "EDL demo: elastic training of ResNet-20 on Fashion-MNIST ($SAMPLES samples x $EPOCHS epochs)"
 echo "  one edl server + two edl clients on loopback, 4 CPU trainers; scaling script $SCRIPT"
@@ -177,28 +177,71 @@ start "edl ctl watch" "$LOG_DIR/watch.log" "$EDL_BIN" ctl --server "$SERVER" \
   --secret_file "$EDL_SECRET_FILE" watch
 WATCH_PID=$STARTED_PID
 
-# ---- live progress: the watch stream, one line per status change and per notable event
+# ---- live progress: the watch stream, one line per progress change and per notable event
 
-# Turns `edl ctl watch` lines into short progress lines.
-format_watch() {
-  local line
-  while IFS= read -r line; do
-    case "$line" in
-      status\ *) note "${line#status }" ;;
-      event\ *)
-        jq -r 'select(.type | IN("generation", "trainer_exit", "kill", "finished", "node_joined",
-                                   "node_lost", "prepare_aborted"))
-          | if .type == "generation" then
-              "generation \(.generation): \(.reason)\(if .failure then " (failure)" else "" end), world size \(.world_size_before) -> \(.world_size_after), server stall \(.stall_s) s"
-            elif .type == "trainer_exit" then "trainer \(.trainer_id) ended: \(.how)"
-            elif .type == "kill" then "scaling script: SIGKILL \(.trainers | join(", "))"
-            elif .type == "finished" then "job finished in generation \(.generation) (world size \(.world_size))"
-            elif .type == "node_joined" then "node \(.node) joined with \(.slots) slots"
-            else "\(.type): \(.why // "")" end' <<<"${line#event }" 2>/dev/null |
-          while IFS= read -r msg; do note "$msg"; done
-        ;;
+# One jq program for every event line: prints "KEY<TAB>MESSAGE" (KEY "-" = always show; else the
+# message shows once per KEY: the trainers each report the same stall and evaluation).
+# shellcheck disable=SC2016  # jq program, not shell
+EVENT_JQ='
+  def r3: . * 1000 | round / 1000;
+  def kind: if .failure then "failure" elif .world_size_after < .world_size_before then "shrink"
+            elif .world_size_after > .world_size_before then "grow" else "re-form" end;
+  if .type == "generation" then
+    if .generation == 1 then "-\tgeneration 1: start with \(.world_size_after) trainers"
+    else "-\tgeneration \(.generation): \(kind) \(.world_size_before) -> \(.world_size_after) trainers (reason: \(.reason))" end
+  elif .type == "desired" and .reason == "script" then "-\tscaling script: desired size \(.desired)"
+  elif .type == "kill" then "-\tscaling script: SIGKILL trainer \(.trainers | join(", ")) (a failure)"
+  elif .type == "prepare" then "-\tgeneration \(.generation): starting \(.joiners) hot joiner(s); the others keep training"
+  elif .type == "prepare_aborted" then "-\tgeneration \(.generation // "?"): hot join aborted: \(.why // .reason // "")"
+  elif .type == "trainer_exit" then "-\ttrainer \(.trainer_id) ended: \(.how)"
+  elif .type == "finished" then "-\tjob finished in generation \(.generation) (\(.world_size) trainers)"
+  elif .type == "node_joined" then "-\tnode \(.node) joined with \(.slots) slots"
+  elif .type == "node_lost" then "-\tnode \(.node) lost: \(.why // "")"
+  elif .type == "trainer_event" then
+    if .event == "left" then "-\ttrainer \(.trainer) left after step \(.step) (exits 0)"
+    elif .event == "joiner_ready" then "-\thot joiner \(.trainer) ready after \(.ready_s | r3) s"
+    elif .event == "stall" then "stall\(.generation)\tgeneration \(.generation) formed at step \(.switch_step): training paused \(.stall_s | r3) s"
+    elif .event == "cold_start" then "cold\(.generation)\tgeneration \(.generation): cold start from the checkpoint at step \(.step)"
+    elif .event == "eval" then "eval\(.step)\ttest accuracy at step \(.step): \(.accuracy * 10000 | round / 100)% (test loss \(.loss * 1000 | round / 1000))"
+    else empty end
+  else empty end'
+
+declare -A SHOWN_KEYS=()
+# `edl ctl watch`'s "status k=v ..." line as a progress line.
+show_status() {
+  local kv g="" w="" e=0 s="" l="" ips=0
+  for kv in $1; do
+    case "$kv" in
+      generation=*) g="${kv#*=}" ;;
+      world=*) w="${kv#*=}" ;;
+      epoch=*) e="${kv#*=}" ;;
+      step=*) s="${kv#*=}" ;;
+      loss=*) l="${kv#*=}" ;;
+      images/s=*) ips="${kv#*=}" ;;
     esac
   done
+  [ "${s:-0}" = 0 ] && return 0  # nothing trained in this generation yet
+  e=$((e + 1 > EPOCHS ? EPOCHS : e + 1))
+  note "$(printf 'gen %s  world %s  epoch %s/%s  step %4s  loss %s  %5.0f images/s' \
+    "$g" "$w" "$e" "$EPOCHS" "$s" "$l" "$ips")"
+}
+# Reads `edl ctl watch` lines on stdin; prints progress lines. One jq for the whole chunk.
+format_watch() {
+  local kind key msg
+  while IFS=$'\t' read -r kind key msg; do
+    if [ "$kind" = S ]; then
+      show_status "$key"
+      continue
+    fi
+    [ -n "$msg" ] || continue
+    if [ "$key" != - ]; then
+      [ -n "${SHOWN_KEYS[$key]:-}" ] && continue
+      SHOWN_KEYS[$key]=1
+    fi
+    note "$msg"
+  done < <(jq -R -r 'if startswith("status ") then "S\t\(.[7:])"
+    elif startswith("event ") then (.[6:] | fromjson? | ('"$EVENT_JQ"') | "E\t\(.)")
+    else empty end' 2>/dev/null)
 }
 
 shown=0
@@ -207,7 +250,7 @@ server_rc=""
 while true; do
   total="$(wc -l <"$LOG_DIR/watch.log")"
   if [ "$total" -gt "$shown" ]; then
-    sed -n "$((shown + 1)),${total}p" "$LOG_DIR/watch.log" | format_watch
+    format_watch < <(sed -n "$((shown + 1)),${total}p" "$LOG_DIR/watch.log")
     shown=$total
   fi
   if ! kill -0 "$SERVER_PID" 2>/dev/null; then
@@ -238,34 +281,40 @@ while true; do
 done
 sleep 0.5
 total="$(wc -l <"$LOG_DIR/watch.log")"
-[ "$total" -gt "$shown" ] && sed -n "$((shown + 1)),${total}p" "$LOG_DIR/watch.log" | format_watch
+if [ "$total" -gt "$shown" ]; then format_watch < <(sed -n "$((shown + 1)),${total}p" "$LOG_DIR/watch.log"); fi
 cleanup
 
 # ---- summary
 
 echo
 echo "==== EDL demo summary ===="
+# Each generation change: when, what, why, and its stall: the longest pause of training a trainer
+# measured around it (the "stall" events; a hot join's stall is only the final state handover,
+# the joiner's start-up time shows separately as "joiner ready").
+# shellcheck disable=SC2016  # jq program, not shell
 jq -r -s '
+  def r2: . * 100 | round / 100;
   (map(select(.type == "server_started")) | last | .time) as $t0
   | map(select(.type == "generation" and .generation > 1)) as $g
+  | map(select(.type == "trainer_event" and .event == "stall")) as $stalls
+  | map(select(.type == "trainer_event" and .event == "joiner_ready")) as $ready
   | "generation changes: \($g | length) (failures: \($g | map(select(.failure)) | length))",
-    ($g[] | "  g\(.generation)  at \(((.time - $t0) * 10 | round) / 10)s  \(
-        if .failure then "failure" elif .world_size_after < .world_size_before then "shrink"
-        elif .world_size_after > .world_size_before then "grow" else "re-form" end)  world size \(
-        .world_size_before) -> \(.world_size_after)  reason=\(.reason)  server stall \(.stall_s) s")' \
-  "$EVENTS" || true
-# Stall per generation as the trainers measured it (events the trainers reported with a stall).
-jq -r -s 'map(select(.type != "generation" and .type != "progress" and (.stall_s | type) == "number"
-                     and (.generation | type) == "number"))
-  | group_by(.generation)[]
-  | "  g\(.[0].generation) trainer stall: max \(map(.stall_s) | max * 1000 | round / 1000) s over \(length) report(s) (\(map(.event // .type) | unique | join(", ")))"' \
-  "$EVENTS" 2>/dev/null || true
+    ($g[] | .generation as $n
+      | ($stalls | map(select(.generation == $n) | .stall_s)) as $s
+      | ($ready | map(select(.generation == $n) | .ready_s)) as $r
+      | "  g\($n)  at \((.time - $t0) * 10 | round / 10) s  \(
+          if .failure then "failure" elif .world_size_after < .world_size_before then "shrink "
+          elif .world_size_after > .world_size_before then "grow   " else "re-form" end)  \(
+          .world_size_before) -> \(.world_size_after)  reason=\(.reason)  stall \(
+          if ($s | length) > 0 then "\($s | max | r2) s" else "n/a (superseded)" end)\(
+          if ($r | length) > 0 then "  (hot joiner ready after \($r | max | r2) s while the others trained)"
+          else "" end)")' "$EVENTS" || true
 
 finished=0
 grep -q '"type":"finished"' "$EVENTS" 2>/dev/null && finished=1
-# Final test accuracy: the last trainer summary line ("summary: ... test_acc 84.12% ...").
-acc="$(grep -h "^summary:.*test_acc" "$LOG_DIR"/trainers/*.log 2>/dev/null | tail -n 1 |
-  sed -n 's/.*test_acc \([0-9.]*\)%.*/\1/p' || true)"
+# Final test accuracy: the last evaluation a trainer reported (every rank reports the same).
+acc="$(jq -r -s 'map(select(.type == "trainer_event" and .event == "eval")) | last
+  | if . == null then "" else .accuracy * 10000 | round / 100 | tostring end' "$EVENTS" 2>/dev/null || true)"
 if [ "$finished" = 1 ] && [ "${server_rc:-1}" = 0 ]; then
   echo "training: finished"
 else

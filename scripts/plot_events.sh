@@ -9,7 +9,8 @@
 # Needs jq and gnuplot (Debian packages jq and gnuplot-nox; scripts/install_deps.sh installs them).
 # Records used: "server_started" (time zero), "generation" (generation, reason, failure,
 # world_size_before/after, stall_s), "progress" (world_size, loss, images_per_sec: the server
-# writes one a second while trainers report) and "finished".
+# writes one a second while trainers report), "trainer_event" with event "eval" (accuracy) and
+# "finished".
 set -euo pipefail
 
 die() {
@@ -51,6 +52,10 @@ jq -r --argjson t0 "$T0" '.[] | select(.type == "generation" and .generation > 1
   | [(.time - $t0), (if .failure then 1 else 0 end),
      "g\(.generation) \($kind) \(.world_size_before)→\(.world_size_after) (\(.reason))"] | @tsv' \
   "$TMP/all.json" >"$TMP/changes.tsv"
+# evals.tsv: seconds, test accuracy (%) of each evaluation (every rank reports it; first kept).
+jq -r --argjson t0 "$T0" 'map(select(.type == "trainer_event" and .event == "eval"))
+  | group_by(.step)[] | min_by(.time) | [(.time - $t0), (.accuracy * 1000 | round / 10)] | @tsv' \
+  "$TMP/all.json" >"$TMP/evals.tsv"
 FINISHED="$(jq -r --argjson t0 "$T0" 'map(select(.type == "finished")) | if length > 0 then
   (last | .time - $t0) else "" end' "$TMP/all.json")"
 JOB="$(jq -r 'map(.job // empty) | first // "edl-job"' "$TMP/all.json")"
@@ -62,18 +67,36 @@ WMAX="$(jq 'map(select(.type == "generation") | .world_size_after) | max // 1' "
 marks="$TMP/marks.gp"
 : >"$marks"
 i=0
+prev=-1000000
 while IFS=$'\t' read -r t fail label; do
   i=$((i + 1))
   color="#555555"
   [ "$fail" = 1 ] && color="#cc0000"
+  # Left of its line; right of it when the previous change is too close for two labels.
+  side=-1.8
+  if jq -en --argjson t "$t" --argjson p "$prev" --argjson m "$TMAX" '$t - $p < $m * 0.03' >/dev/null; then
+    side=1.7
+    prev=-1000000
+  else
+    prev=$t
+  fi
   echo "set arrow $i from $t, graph 0 to $t, graph 1 nohead dt 2 lw 1.5 lc rgb '$color'" >>"$marks"
-  echo "if (top) set label $i \"$label\" at $t, graph 0.97 rotate by 90 right offset -1.1,0 font ',9' tc rgb '$color' noenhanced" >>"$marks"
+  echo "if (top) set label $i \"$label\" at $t, graph 0.97 rotate by 90 right offset $side,0 font ',9' tc rgb '$color' front noenhanced" >>"$marks"
 done <"$TMP/changes.tsv"
 if [ -n "$FINISHED" ]; then
   i=$((i + 1))
   echo "set arrow $i from $FINISHED, graph 0 to $FINISHED, graph 1 nohead lw 1.5 lc rgb '#008800'" >>"$marks"
-  echo "if (top) set label $i 'finished' at $FINISHED, graph 0.97 rotate by 90 right offset -1.1,0 font ',9' tc rgb '#008800' noenhanced" >>"$marks"
+  echo "if (top) set label $i 'finished' at $FINISHED, graph 0.97 rotate by 90 right offset -1.8,0 font ',9' tc rgb '#008800' front noenhanced" >>"$marks"
 fi
+
+# Evaluations: a marker and the test accuracy near the top of the loss panel.
+evals="$TMP/evals.gp"
+: >"$evals"
+j=100
+while IFS=$'\t' read -r t acc; do
+  j=$((j + 1))
+  echo "set label $j 'test acc $acc%' at $t, graph 0.88 right point pt 7 ps 0.8 lc rgb '#9467bd' offset -0.8,0 font ',9' tc rgb '#9467bd' front" >>"$evals"
+done <"$TMP/evals.tsv"
 
 have_progress=0
 [ -s "$TMP/progress.tsv" ] && have_progress=1
@@ -89,7 +112,7 @@ set multiplot layout 3,1 title "EDL job $JOB: elastic training timeline (dashed:
 top = 1
 load '$marks'
 set ylabel 'world size (trainers)'
-set yrange [0:$WMAX * 2 + 0.5]
+set yrange [0:$WMAX * 2.6 + 0.5]
 set ytics 0, 1, $WMAX
 set format x ''
 plot '$TMP/world.tsv' using 1:2 with steps lw 2.5 lc rgb '#1f77b4' notitle
@@ -111,6 +134,8 @@ set xlabel 'seconds since the server started'
 set format x '%g'
 set ylabel 'training loss (rank 0)'
 set autoscale y
+set offsets 0, 0, graph 0.25, 0
+load '$evals'
 if ($have_progress) {
   plot '$TMP/progress.tsv' using 1:(\$2 > 0 ? \$2 : 1/0) with linespoints pt 7 ps 0.4 lw 1.5 lc rgb '#d62728' notitle
 } else {

@@ -552,7 +552,8 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   if (rank_ == 0 && o_.loader != nullptr) {
     EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_, Context()));
   }
-  progress_samples_ += total;
+  // This rank's own samples: the control plane sums the members' rates into the job's rate.
+  progress_samples_ += static_cast<int64_t>(indices.size());
   if (o_.progress_every > 0 && state_.step % o_.progress_every == 0) {
     ProgressInfo p;
     p.generation = gen_.number;

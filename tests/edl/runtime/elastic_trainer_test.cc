@@ -1,6 +1,7 @@
 // The elastic loop with ranks as threads: a small deterministic Trainable (linear regression with
 // momentum on synthetic data) and an in-process membership fake standing in for the control
 // plane. Scenario: 4 -> 2 (script shrink) -> 3 (hot join) -> 2 (one trainer fails mid-step).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -174,6 +175,7 @@ class FakeCluster {
   std::vector<nlohmann::json> events_;
   std::vector<double> losses_;
   std::set<std::string> ready_;
+  std::map<std::string, std::vector<double>> images_per_sec_;  // by trainer, as reported
   int64_t max_step_ = 0;
 };
 
@@ -187,7 +189,12 @@ class FakeMembership : public MembershipSource {
   }
   KvStore* kv() override { return &c_->kv; }
   Status ReportReady(int64_t) override { return c_->Ready(id_), Status::OK(); }
-  Status ReportProgress(const ProgressInfo& p) override { return c_->Progress(p), Status::OK(); }
+  Status ReportProgress(const ProgressInfo& p) override {
+    c_->Progress(p);
+    std::lock_guard<std::mutex> lock(c_->mu_);
+    c_->images_per_sec_[id_].push_back(p.images_per_sec);
+    return Status::OK();
+  }
   Status ReportEvent(const nlohmann::json& e) override { return c_->Record(e), Status::OK(); }
 
  private:
@@ -440,6 +447,49 @@ TEST(TrainableTest, InbandWordsAndZeroingGoThroughHostCopies) {
   for (size_t i = 0; i < count + Trainable::kInbandSlots; ++i) EXPECT_EQ(g[i], 0.f) << i;
   EXPECT_EQ(m.from_host, (std::vector<std::string>{"gradients/inband", "gradients"}));
   EXPECT_EQ(m.to_host, std::vector<std::string>{"gradients/inband"});
+}
+
+// A clock that moves one second each time a thread reads it, counted per thread: a trainer's
+// progress window between two reports then lasts exactly one of its reads.
+class PerThreadTickClock : public Clock {
+ public:
+  int64_t NowMicros() const override {
+    thread_local int64_t now = 0;
+    return now += 1'000'000;
+  }
+  int64_t WallMicros() const override { return NowMicros(); }
+};
+
+TEST(ElasticTrainerTest, ProgressReportsThisRanksOwnRateSoTheControlPlaneCanSumThem) {
+  test::ScratchDir dir("rate");
+  FakeCluster c;
+  PerThreadTickClock clock;
+  c.Commit({"a", "b"}, false, "start");
+  TrainerThread t[2];
+  for (int i = 0; i < 2; ++i) {
+    t[i].id = std::string(1, static_cast<char>('a' + i));
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 20 + i);
+    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+  }
+  for (auto& tt : t) {
+    tt.thread = std::thread([&] {
+      ElasticOptions o = Options(dir, tt.id, false);
+      o.max_steps = 10;
+      o.evaluate_each_epoch = false;
+      o.clock = &clock;
+      ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
+      tt.status = trainer.Run(&tt.result);
+    });
+  }
+  for (auto& tt : t) tt.thread.join();
+  for (auto& tt : t) {
+    ASSERT_OK(tt.status);
+    const std::vector<double>& ips = c.images_per_sec_[tt.id];
+    ASSERT_FALSE(ips.empty()) << tt.id;
+    // Batch 8 per rank (16 a step in all); a window of one step lasts at least one clock read.
+    for (double v : ips) EXPECT_LE(v, 8.0) << tt.id << ": reported the whole job's rate";
+    EXPECT_EQ(*std::max_element(ips.begin(), ips.end()), 8.0) << tt.id;
+  }
 }
 
 TEST(ElasticTrainerTest, JoinerThatIsNeverCommittedTimesOut) {
