@@ -72,10 +72,12 @@ class Proc {
       std::this_thread::sleep_for(milliseconds(20));
     }
   }
-  void Stop() {
+  // SIGTERM to the group; SIGKILL if it has not exited after `grace` (a client stopping its
+  // trainers needs a few seconds).
+  void Stop(milliseconds grace = milliseconds(8000)) {
     if (done_ || pid_ <= 0) return;
     ::kill(-pid_, SIGTERM);
-    if (Wait(milliseconds(5000)) < 0) {
+    if (Wait(grace) < 0) {
       ::kill(-pid_, SIGKILL);
       Wait(milliseconds(5000));
     }
@@ -108,11 +110,13 @@ inline std::vector<json> ReadLines(const std::string& path) {
   return out;
 }
 
-inline std::string Slurp(const std::string& path) {
+// The file's contents, or only its last `max` bytes when it is longer (for diagnostics).
+inline std::string Slurp(const std::string& path, size_t max = std::string::npos) {
   std::ifstream in(path);
   std::stringstream ss;
   ss << in.rdbuf();
-  return ss.str();
+  std::string s = ss.str();
+  return s.size() > max ? s.substr(s.size() - max) : s;
 }
 
 // Polls `pred` every 100 ms until it holds or `timeout` passes.

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/edl/runtime/sample_log_check.h"
+#include "tests/integration/control_plane_harness.h"
 #include "tests/testutil.h"
 
 namespace edl {
@@ -31,76 +32,10 @@ using std::chrono::milliseconds;
 constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
 constexpr int64_t kSamples = 1024;
 
-// One child process in its own process group, stopped by pid (SIGCONT, SIGTERM, then SIGKILL) when
-// the object goes away.
-class Proc {
- public:
-  Proc(std::vector<std::string> argv, const std::string& log) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      FILE* f = std::fopen(log.c_str(), "a");
-      if (f) {
-        ::dup2(fileno(f), 1);
-        ::dup2(fileno(f), 2);
-      }
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Proc() { Stop(); }
-  // The exit code, -1 on timeout, 128+sig if signalled.
-  int Wait(milliseconds timeout) {
-    if (done_) return code_;
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    do {
-      int st = 0;
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        done_ = true;
-        code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        return code_;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    } while (std::chrono::steady_clock::now() < end);
-    return -1;
-  }
-  void Stop() {
-    if (done_ || pid_ <= 0) return;
-    ::kill(-pid_, SIGTERM);
-    if (Wait(milliseconds(8000)) < 0) {
-      ::kill(-pid_, SIGKILL);
-      Wait(milliseconds(5000));
-    }
-  }
-  int pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  bool done_ = false;
-  int code_ = -1;
-};
-
-std::vector<json> ReadLines(const std::string& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, false);
-    if (!j.is_discarded()) out.push_back(j);
-  }
-  return out;
-}
-
-std::string Slurp(const std::string& path, size_t max = 40000) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
-  return s.size() > max ? s.substr(s.size() - max) : s;
-}
+using itest::Proc;
+using itest::ReadLines;
+using itest::Slurp;
+using itest::WaitFor;
 
 class ElasticTrainingTest : public ::testing::Test {
  protected:
@@ -166,14 +101,6 @@ class ElasticTrainingTest : public ::testing::Test {
     return out;
   }
 
-  bool WaitFor(const std::function<bool()>& pred, milliseconds timeout) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(milliseconds(200));
-    }
-    return pred();
-  }
   bool Finished() {
     for (const json& e : Events()) {
       if (e.value("type", "") == "finished") return true;
@@ -187,7 +114,7 @@ class ElasticTrainingTest : public ::testing::Test {
     for (const auto& f : std::filesystem::directory_iterator(dir_.Join("logs"), ec)) {
       logs += "\n--- " + f.path().filename().string() + "\n" + Slurp(f.path().string(), 3000);
     }
-    return "\n--- events\n" + Slurp(dir_.Join("events/etest.events.jsonl")) + "\n--- server\n" +
+    return "\n--- events\n" + Slurp(dir_.Join("events/etest.events.jsonl"), 40000) + "\n--- server\n" +
            Slurp(dir_.Join("server.log"), 8000) + logs;
   }
 
