@@ -25,109 +25,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/integration/process_util.h"
 #include "tests/testutil.h"
 
 namespace edl::itest {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
-
-// One child process in its own process group, stopped by pid (SIGTERM to the group, then SIGKILL)
-// when the object goes away.
-class Proc {
- public:
-  Proc(std::vector<std::string> argv, const std::string& log, std::map<std::string, std::string> env = {}) {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::setpgid(0, 0);
-      FILE* f = std::fopen(log.c_str(), "a");
-      if (f) {
-        ::dup2(fileno(f), 1);
-        ::dup2(fileno(f), 2);
-      }
-      for (auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      _exit(127);
-    }
-  }
-  ~Proc() { Stop(); }
-  Proc(const Proc&) = delete;
-  Proc& operator=(const Proc&) = delete;
-
-  // Waits up to `timeout` for the exit; returns the exit code, -1 on timeout, 128+sig if signalled.
-  int Wait(milliseconds timeout) {
-    if (done_) return code_;
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      int st = 0;
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-        done_ = true;
-        code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        return code_;
-      }
-      if (std::chrono::steady_clock::now() >= end) return -1;
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-  }
-  // SIGTERM to the group; SIGKILL if it has not exited after `grace` (a client stopping its
-  // trainers needs a few seconds).
-  void Stop(milliseconds grace = milliseconds(8000)) {
-    if (done_ || pid_ <= 0) return;
-    ::kill(-pid_, SIGTERM);
-    if (Wait(grace) < 0) {
-      ::kill(-pid_, SIGKILL);
-      Wait(milliseconds(5000));
-    }
-  }
-  int pid() const { return pid_; }
-
- private:
-  pid_t pid_ = -1;
-  bool done_ = false;
-  int code_ = -1;
-};
-
-// Runs argv to completion (at most `timeout`, then SIGKILL); returns its exit code, -1 on timeout.
-inline int RunCommand(const std::vector<std::string>& argv, const std::string& log,
-                      milliseconds timeout = milliseconds(10000)) {
-  Proc p(argv, log);
-  const int rc = p.Wait(timeout);
-  if (rc < 0) p.Stop();
-  return rc;
-}
-
-inline std::vector<json> ReadLines(const std::string& path) {
-  std::vector<json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    json j = json::parse(line, nullptr, false);
-    if (!j.is_discarded()) out.push_back(j);
-  }
-  return out;
-}
-
-// The file's contents, or only its last `max` bytes when it is longer (for diagnostics).
-inline std::string Slurp(const std::string& path, size_t max = std::string::npos) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string s = ss.str();
-  return s.size() > max ? s.substr(s.size() - max) : s;
-}
-
-// Polls `pred` every 100 ms until it holds or `timeout` passes.
-inline bool WaitFor(const std::function<bool()>& pred, milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (true) {
-    if (pred()) return true;
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(milliseconds(100));
-  }
-}
 
 class ControlPlaneHarness : public ::testing::Test {
  protected:

@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/edl/runtime/sample_log_check.h"
-#include "tests/integration/control_plane_harness.h"
+#include "tests/integration/process_util.h"
 #include "tests/testutil.h"
 
 namespace edl {
