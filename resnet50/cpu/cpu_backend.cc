@@ -195,6 +195,21 @@ class CpuBackend : public Backend {
  private:
   memory Mem(const Tensor& t) { return memory(MdOf(t), engine_, t.raw()); }
   memory Mem(const Tensor& t, const memory::desc& md) { return memory(md, engine_, t.raw()); }
+  // Sets up c->reorder_in (into c->scratch) when the primitive wants the weights `w` in another
+  // format than theirs (`want`, e.g. a blocked layout for OIHW weights).
+  void PrepareWeightsIn(Cached* c, const memory::desc& want, const Tensor& w) {
+    c->needs_in = want != MdOf(w);
+    if (!c->needs_in) return;
+    c->scratch = memory(want, engine_);
+    c->reorder_in =
+        dnnl::reorder(dnnl::reorder::primitive_desc(engine_, MdOf(w), engine_, want));
+  }
+  // The weights in the primitive's format: `w` itself, or reordered into c.scratch.
+  memory WeightsIn(Cached& c, const Tensor& w) {
+    if (!c.needs_in) return Mem(w);
+    c.reorder_in.execute(stream_, {{DNNL_ARG_FROM, Mem(w)}, {DNNL_ARG_TO, c.scratch}});
+    return c.scratch;
+  }
   dnnl::convolution_forward::primitive_desc ConvFwdPd(const Conv2dParams& p,
                                                       const memory::desc& src,
                                                       const memory::desc& w,
@@ -295,18 +310,9 @@ Status CpuBackend::Conv2dForward(const Conv2dParams& p, const Tensor& x, const T
     if (!c.prim) {
       auto pd = ConvFwdPd(p, MdOf(x), memory::desc(Dims(w.shape()), dt::f32, tag::any), MdOf(*y));
       c.prim = dnnl::convolution_forward(pd);
-      c.needs_in = pd.weights_desc() != MdOf(w);
-      if (c.needs_in) {
-        c.scratch = memory(pd.weights_desc(), engine_);
-        c.reorder_in = dnnl::reorder(
-            dnnl::reorder::primitive_desc(engine_, MdOf(w), engine_, pd.weights_desc()));
-      }
+      PrepareWeightsIn(&c, pd.weights_desc(), w);
     }
-    memory wm = Mem(w);
-    if (c.needs_in) {
-      c.reorder_in.execute(stream_, {{DNNL_ARG_FROM, wm}, {DNNL_ARG_TO, c.scratch}});
-      wm = c.scratch;
-    }
+    const memory wm = WeightsIn(c, w);
     c.prim.execute(stream_, {{DNNL_ARG_SRC, Mem(x)}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, Mem(*y)}});
     return Status::OK();
   });
@@ -325,18 +331,9 @@ Status CpuBackend::Conv2dBackwardData(const Conv2dParams& p, const Tensor& dy, c
                                               {p.pad, p.pad});
       dnnl::convolution_backward_data::primitive_desc pd(d, engine_, hint);
       c.prim = dnnl::convolution_backward_data(pd);
-      c.needs_in = pd.weights_desc() != MdOf(w);
-      if (c.needs_in) {
-        c.scratch = memory(pd.weights_desc(), engine_);
-        c.reorder_in = dnnl::reorder(
-            dnnl::reorder::primitive_desc(engine_, MdOf(w), engine_, pd.weights_desc()));
-      }
+      PrepareWeightsIn(&c, pd.weights_desc(), w);
     }
-    memory wm = Mem(w);
-    if (c.needs_in) {
-      c.reorder_in.execute(stream_, {{DNNL_ARG_FROM, wm}, {DNNL_ARG_TO, c.scratch}});
-      wm = c.scratch;
-    }
+    const memory wm = WeightsIn(c, w);
     c.prim.execute(stream_, {{DNNL_ARG_DIFF_DST, Mem(dy)},
                              {DNNL_ARG_WEIGHTS, wm},
                              {DNNL_ARG_DIFF_SRC, Mem(*dx)}});
