@@ -87,6 +87,17 @@ StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&) {
 }
 #endif
 
+Status CheckSgdRange(const Tensor& params, const Tensor& grads, const Tensor& momentum,
+                     int64_t offset, int64_t count) {
+  const int64_t n = static_cast<int64_t>(params.bytes() / sizeof(float));
+  if (offset < 0 || count < 0 || offset + count > n ||
+      grads.bytes() < static_cast<size_t>(offset + count) * sizeof(float) ||
+      momentum.bytes() < static_cast<size_t>(offset + count) * sizeof(float)) {
+    return Status::InvalidArgument("SgdUpdate: range outside the flat buffers");
+  }
+  return Status::OK();
+}
+
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options) {
   if (name == "cpu") return CreateCpuBackend(options);

@@ -233,6 +233,11 @@ class Backend {
                            Tensor* momentum, int64_t offset, int64_t count) = 0;
 };
 
+// Shared precondition of every SgdUpdate: [offset, offset + count) lies inside all three flat
+// buffers. InvalidArgument otherwise.
+Status CheckSgdRange(const Tensor& params, const Tensor& grads, const Tensor& momentum,
+                     int64_t offset, int64_t count);
+
 // Creates the backend `name`: "cpu" (oneDNN) or "cuda" (cuDNN/cuBLAS; InvalidArgument when this
 // binary was built without CUDA, Unavailable when no GPU can be used).
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,

@@ -707,12 +707,7 @@ Status CpuBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& label
 
 Status CpuBackend::SgdUpdate(const SgdParams& p, Tensor* params, const Tensor& grads,
                              Tensor* momentum, int64_t offset, int64_t count) {
-  const int64_t n = static_cast<int64_t>(params->bytes() / sizeof(float));
-  if (offset < 0 || count < 0 || offset + count > n ||
-      grads.bytes() < static_cast<size_t>(offset + count) * sizeof(float) ||
-      momentum->bytes() < static_cast<size_t>(offset + count) * sizeof(float)) {
-    return Status::InvalidArgument("SgdUpdate: range outside the flat buffers");
-  }
+  EDL_RETURN_IF_ERROR(CheckSgdRange(*params, grads, *momentum, offset, count));
   float* w = params->data() + offset;
   const float* g = grads.data() + offset;
   float* buf = momentum->data() + offset;
