@@ -8,7 +8,7 @@
 #
 #   scripts/demo.sh [--short]      (make demo runs it without flags after building)
 #
-# Takes about 3-4 minutes on 2 idle cores (--short: about 1.5 minutes, fewer samples and a
+# Takes about 3 minutes on 2 idle cores (--short: about 1.5 minutes, fewer samples and a
 # compressed script; the demo test uses it). Exits 0 when training finished, non-zero otherwise. Ctrl-C stops
 # it: every process it started is stopped by pid, also on failure. Every run starts afresh: it
 # deletes the previous run's checkpoints, events and logs in its directory. Nothing to resume.
@@ -16,8 +16,8 @@
 # Environment (defaults in brackets):
 #   EDL_DEMO_DIR            checkpoints (ckpt/), events/, logs/, secret, timeline.png [./edl-demo]
 #   EDL_BIN                 the edl binary [<repo>/build/edl; built with `make build` if missing]
-#   EDL_DEMO_EPOCHS         training epochs [3; --short: 2]
-#   EDL_DEMO_TRAIN_SAMPLES  Fashion-MNIST training samples used [15000; --short: 10000]
+#   EDL_DEMO_EPOCHS         training epochs [2; --short: 2]
+#   EDL_DEMO_TRAIN_SAMPLES  Fashion-MNIST training samples used [60000; --short: 20000]
 #   EDL_DEMO_TIMEOUT_S      give up (exit 1) after this many seconds [900; --short: 400]
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
@@ -31,10 +31,10 @@ case "${1:-}" in
   *) edl_die "unknown argument '$1'; usage: $0 [--short]" ;;
 esac
 if [ "$SHORT" = 1 ]; then
-  EPOCHS="${EDL_DEMO_EPOCHS:-2}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-10000}"
+  EPOCHS="${EDL_DEMO_EPOCHS:-2}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-20000}"
   TIMEOUT_S="${EDL_DEMO_TIMEOUT_S:-400}" SCRIPT="$EDL_REPO_DIR/config/demo_short.script"
 else
-  EPOCHS="${EDL_DEMO_EPOCHS:-3}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-15000}"
+  EPOCHS="${EDL_DEMO_EPOCHS:-2}" SAMPLES="${EDL_DEMO_TRAIN_SAMPLES:-60000}"
   TIMEOUT_S="${EDL_DEMO_TIMEOUT_S:-900}" SCRIPT="$EDL_REPO_DIR/config/demo.script"
 fi
 NODES=(node-a node-b)
