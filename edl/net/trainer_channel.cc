@@ -202,18 +202,14 @@ Status TrainerChannel::ReportReady(int64_t generation) {
   proto::Ready r;
   r.trainer_id = trainer_id_;
   r.generation = generation;
-  json j;
-  r.EncodeTo(&j);
-  return SendMsg(j);
+  return SendProto(r);
 }
 
 Status TrainerChannel::ReportProgress(const ProgressReport& p) {
   proto::Progress m;
   m.trainer_id = trainer_id_;
   m.report = p;
-  json j;
-  m.EncodeTo(&j);
-  return SendMsg(j);
+  return SendProto(m);
 }
 
 Status TrainerChannel::ReportEvent(const json& event) {
@@ -221,9 +217,7 @@ Status TrainerChannel::ReportEvent(const json& event) {
   proto::Event m;
   m.trainer_id = trainer_id_;
   m.event = event;
-  json j;
-  m.EncodeTo(&j);
-  return SendMsg(j);
+  return SendProto(m);
 }
 
 bool TrainerChannel::connected() const {

@@ -62,6 +62,13 @@ class TrainerChannel {
   void HeartbeatLoop();
   void HandleMessage(const nlohmann::json& msg);
   Status SendMsg(const nlohmann::json& msg);
+  // Encodes a proto message (anything with EncodeTo(json*)) and sends it.
+  template <typename Msg>
+  Status SendProto(const Msg& m) {
+    nlohmann::json j;
+    m.EncodeTo(&j);
+    return SendMsg(j);
+  }
   Status KvCall(proto::KvRequest req, std::chrono::milliseconds timeout, std::string* value);
 
   const std::unique_ptr<FramedSocket> sock_;
