@@ -4,9 +4,11 @@
 #  - save and load through the RocksDB store vs a raw sequential write+fsync and read of the same
 #    bytes in the same run (page cache dropped before every read when root), for each save method
 #    (SST ingest = the default; one synced WriteBatch; WriteBatch with BlobDB) — median of 3;
-#  - the training stall of an async save: median step time of a CPU-bound step loop (a fixed
-#    single-threaded FMA kernel stands in for compute, ~100 ms/step) with a save in flight vs
-#    without.
+#  - the whole cost of async saves to the training thread: mean step time, timed from the step
+#    boundary (so the synchronous snapshot copy counts) to the end of the step, of a loop whose
+#    compute uses every core (an FMA kernel thread per core, ~100 ms/step) with a save due every
+#    10 steps, against the same loop without saves, interleaved in one run. The step keeps every
+#    core busy, so the background write competes with compute as it does in real training.
 # Usage: bench/checkpoint.sh [BUILD_DIR] [SCRATCH_DIR]   (builds ckpt_bench if needed)
 set -euo pipefail
 BUILD=${1:-build}
@@ -21,5 +23,5 @@ done
 echo "== save method: sst (default)"
 run save-load --method sst --repeats 3
 echo "== stall"
-run stall --steps 40
+run stall --steps 80 --every 10
 rm -rf "$SCRATCH"

@@ -15,7 +15,10 @@
 # `edl launch` (static membership: the loop's own cost, same harness), OVERHEAD_RUNS runs of each,
 # interleaved, median; images/s from the sample log between step 6 and the last step. On a shared,
 # busy machine wall time is noisy, so the trainers' CPU seconds per 1000 images (user + system,
-# start-up included, from --usage_log) are reported too.
+# start-up included, from --usage_log) plus the CPU of the control-plane processes of that run
+# (`edl server` and both `edl client`s for the runtime; `edl launch` for the launch runs; user +
+# system from /proc, sampled while they run) are reported too. The machine's load average is
+# printed at the start and the end, next to the figures.
 # Takes ~8 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
 set -euo pipefail
 BUILD=${1:-build}
@@ -27,6 +30,19 @@ TRAIN_FLAGS=(--model resnet20 --train_samples 2048 --batch_size 16 --base_batch 
              --threads 1 --eval false --log_every 0)
 WORK=$(mktemp -d /tmp/edl-rescale-XXXXXX)
 PIDS=()
+# Control-plane CPU: every 0.2 s, each process in PIDS writes its own user+system seconds (not its
+# children's: trainer CPU comes from --usage_log) to $1/cp_cpu.<pid>; the last sample of each is
+# its total to within 0.2 s.
+CLK_TCK=$(getconf CLK_TCK)
+sample_cp_cpu() {
+  local p v
+  for p in "${PIDS[@]:-}"; do
+    [ -n "$p" ] || continue
+    v=$(awk -v hz="$CLK_TCK" '{ printf "%.2f", ($14 + $15) / hz }' "/proc/$p/stat" 2>/dev/null) || continue
+    [ -n "$v" ] && echo "$v" > "$1/cp_cpu.$p"
+  done
+}
+load() { echo "load average $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) on $(nproc) cores" >&2; }
 cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM -- "-$p" 2>/dev/null || true; done; sleep 1;
             for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -KILL -- "-$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
@@ -57,7 +73,9 @@ run_job() {  # $1 name, $2 script, $3 trainers, $4 epochs, extra train flags...
       [ "${n:-0}" -ge "$STOP_GENS" ] && { sleep 3; break; }
     fi
     sleep 0.2
+    sample_cp_cpu "$d"
   done
+  sample_cp_cpu "$d"
   cleanup; PIDS=()
 }
 
@@ -67,6 +85,7 @@ script=""; t=5
 for _ in $(seq "$CYCLES"); do
   script+="$t set 3\n"; t=$((t + 5)); script+="$t set 4\n"; t=$((t + 6)); script+="$t kill 1\n"; t=$((t + 9))
 done
+load
 echo "elastic run: $CYCLES cycles, ~${t} s" >&2
 # Stop once every scripted change happened (1 + 4 x CYCLES generations: shrink, grow, failure and
 # grow-back per cycle) or well after the script's end (the epoch budget is deliberately large).
@@ -85,11 +104,13 @@ for i in $(seq "$OVERHEAD_RUNS"); do
     setsid "$EDL" launch -n 4 --log_dir "$d/logs" -- "$EDL" train "${TRAIN_FLAGS[@]}" --epochs 1000 \
       --max_steps "$OVERHEAD_STEPS" --plain_allreduce "${mode#*:}" --sample_log "$d/samples.jsonl" \
       --usage_log "$d/usage.jsonl" > "$d/launch.log" 2>&1 & PIDS+=($!)
+    while kill -0 "${PIDS[-1]}" 2>/dev/null; do sample_cp_cpu "$d"; sleep 0.2; done
     wait "${PIDS[-1]}" || echo "$mode run $i failed: $(tail -3 "$d/launch.log")" >&2
     PIDS=()
   done
 done
 
+load
 /usr/bin/python3 - "$WORK" <<'PY'
 import json, statistics, sys
 work = sys.argv[1]
@@ -165,13 +186,17 @@ pl = [images_per_s(f"{work}/plain{i}/samples.jsonl") for i in range(1, 100) if o
 rl = [images_per_s(f"{work}/rtl{i}/samples.jsonl") for i in range(1, 100) if os.path.isdir(f"{work}/rtl{i}")]
 print(f"# runtime under edl launch images/s {[round(x, 1) for x in rl]}")
 print(f"# overhead: runtime images/s {[round(x, 1) for x in rt]}, plain all-reduce {[round(x, 1) for x in pl]}")
-def cpu_per_kimg(path):
-    u = lines(path)
+def control_plane_cpu(d):
+    return sum(float(open(p).read() or 0) for p in glob.glob(f"{d}/cp_cpu.*"))
+def cpu_per_kimg(d):  # trainers (usage log) + the run's control-plane processes
+    u = lines(f"{d}/usage.jsonl")
     if not u: return float("nan")
-    return 1000 * sum(x["cpu_s"] for x in u) / (max(x["steps"] for x in u) * 64)
-rc = [cpu_per_kimg(f"{work}/rt{i}/usage.jsonl") for i in range(1, len(rt) + 1)]
-pc = [cpu_per_kimg(f"{work}/plain{i}/usage.jsonl") for i in range(1, len(pl) + 1)]
-lc = [cpu_per_kimg(f"{work}/rtl{i}/usage.jsonl") for i in range(1, len(rl) + 1)]
+    return 1000 * (sum(x["cpu_s"] for x in u) + control_plane_cpu(d)) / (max(x["steps"] for x in u) * 64)
+rc = [cpu_per_kimg(f"{work}/rt{i}") for i in range(1, len(rt) + 1)]
+pc = [cpu_per_kimg(f"{work}/plain{i}") for i in range(1, len(pl) + 1)]
+lc = [cpu_per_kimg(f"{work}/rtl{i}") for i in range(1, len(rl) + 1)]
+print(f"# control-plane CPU s: runtime {[round(control_plane_cpu(f'{work}/rt{i}'), 2) for i in range(1, len(rt) + 1)]}"
+      f", launch {[round(control_plane_cpu(f'{work}/plain{i}'), 2) for i in range(1, len(pl) + 1)]}")
 print(f"# CPU s per 1000 images, runtime under edl launch: {[round(x, 2) for x in lc]}")
 print(f"# CPU s per 1000 images: runtime {[round(x, 2) for x in rc]}, plain {[round(x, 2) for x in pc]}")
 if rc and pc:

@@ -105,7 +105,7 @@ fi
 echo "# batch $batch, $STEPS timed steps after $WARMUP warm-up"
 
 # ---- throughput (no event timing), then the breakdown run
-ours=$(edl_run "$batch" "$STEPS" | grep -o 'images/s [0-9.]*' | tail -1 | awk '{print $2}')
+ours=$(edl_run "$batch" "$STEPS" | awk '$1 == "epoch" { for (i = 1; i < NF; i++) if ($i == "images/s") v = $(i + 1) } END { print v }')  # last progress line, never the summary
 ref_line=$($PYTHON -c "$PYREF" "$batch" "$STEPS" "$WARMUP")
 ref=$(echo "$ref_line" | awk '{print $2}')
 echo "RESULT resnet50_224_bf16_b${batch}_images_per_s ours=${ours}img/s ref=${ref}img/s ratio=$(ratio "$ours" "$ref")"
