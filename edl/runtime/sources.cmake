@@ -11,3 +11,6 @@ list(APPEND EDL_SOURCES
   runtime/channel_membership.cc
   runtime/checkpoint_loader.cc
 )
+list(APPEND EDL_SOURCES
+  runtime/training_state.cc
+)
