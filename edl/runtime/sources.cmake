@@ -12,5 +12,7 @@ list(APPEND EDL_SOURCES
   runtime/checkpoint_loader.cc
 )
 list(APPEND EDL_SOURCES
+  runtime/env_contract.cc
+  runtime/run_mode.cc
   runtime/training_state.cc
 )

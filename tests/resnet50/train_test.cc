@@ -38,13 +38,13 @@ TEST(TrainTest, FashionMnistLossFalls) {
   auto t = Trainer::Create(o, std::move(train.value()), std::move(test.value()));
   ASSERT_OK(t.status());
   LoopOptions lo;
-  lo.batch_size = 64;
-  lo.max_steps = 60;
+  lo.elastic.batch = 64;
+  lo.elastic.max_steps = 60;
   lo.log_every = 20;
   lo.eval = false;
-  lo.lr.base_lr = 0.1;
-  lo.lr.base_batch = 64;
-  lo.lr.decay = "constant";
+  lo.elastic.lr.base_lr = 0.1;
+  lo.elastic.lr.base_batch = 64;
+  lo.elastic.lr.decay = "constant";
   lo.label = "resnet20 fashion-mnist";
   std::ostringstream out;
   LoopResult r;
