@@ -1,9 +1,9 @@
 // The launcher: starts and stops one trainer process. A trainer runs in its own process group (so a
-// signal reaches the workers it forks too), with the EDL env contract (DESIGN.md "Trainer env
+// signal reaches the workers it forks too), with the EDL env contract (docs/ARCHITECTURE.md, "Env
 // contract") added to the launcher's own environment, stdout and stderr appended to a per-trainer
 // log file and stdin from /dev/null. Stopping is SIGTERM to the group, a grace period, then SIGKILL.
 //
-// OS access sits behind ProcessLauncher (STYLE.md) so the job client can be tested with a fake;
+// OS access sits behind ProcessLauncher so the job client can be tested with a fake;
 // NewProcessLauncher() is the real one (Boost.Process).
 //
 // Reaping: nothing here installs a SIGCHLD handler or reaps behind the owner's back. The owner (e.g.
@@ -74,7 +74,7 @@ class TrainerProcess {
   virtual ExitInfo Stop(std::chrono::milliseconds grace) = 0;
 };
 
-class ProcessLauncher {  // OS access behind an interface (STYLE.md)
+class ProcessLauncher {  // OS access behind an interface (testable with a fake)
  public:
   virtual ~ProcessLauncher() = default;
   // Starts `spec`. Returns the running child, or NotFound/IOError/InvalidArgument naming the

@@ -1,4 +1,4 @@
-// CheckpointLoader: the runtime's StateLoader over edl/ckpt (DESIGN.md, "Checkpoint store").
+// CheckpointLoader: the runtime's StateLoader over edl/ckpt (docs/ARCHITECTURE.md, "Checkpoint store").
 //
 //  - Load (cold start, on rank 0 only, when no trainer holds state): the newest checkpoint that
 //    verifies and whose fingerprint matches, copied into the Trainable and the TrainingState.

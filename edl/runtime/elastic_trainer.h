@@ -1,4 +1,4 @@
-// ElasticTrainer: the in-place elastic training loop (DESIGN.md, "The generation switch"). It
+// ElasticTrainer: the in-place elastic training loop (docs/ARCHITECTURE.md, "Generations and the re-form"). It
 // drives a Trainable through steps over a communicator of the current generation and, when the
 // MembershipSource commits a newer generation, switches at a step every rank agrees on:
 //
