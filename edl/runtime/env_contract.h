@@ -19,6 +19,7 @@
 //   EDL_LOCAL_TRAINERS               user override of the trainers sharing this node's cores
 //   RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT   torchrun-style
 //   CUDA_VISIBLE_DEVICES             the slot's GPU (GPU slots)
+//   EDL_CUDA_PHASE_TIMES=1           diagnostics only: CUDA per-phase step times
 //
 // Thread-safety: pure functions, except TrainerEnvFromProcess (reads environ; do not call it
 // while another thread calls setenv).
@@ -49,7 +50,10 @@ inline constexpr const char* kLocalRank = "LOCAL_RANK";
 inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
 inline constexpr const char* kMasterAddr = "MASTER_ADDR";
 inline constexpr const char* kMasterPort = "MASTER_PORT";
-// Every name above, for TrainerEnvFromProcess and tests.
+// Diagnostics a user sets by hand (no parent writes it; read where it is used, not parsed here):
+// "1" makes the CUDA backend print GPU time per step phase (resnet50/cuda/cuda_backend.h).
+inline constexpr const char* kCudaPhaseTimes = "EDL_CUDA_PHASE_TIMES";
+// Every contract name above (the diagnostics excepted), for TrainerEnvFromProcess and tests.
 inline constexpr const char* kAll[] = {
     kJobId, kTrainerId, kClientSocket, kRestartMode, kGeneration, kSlot, kJoining,
     kRendezvousDir, kLocalTrainers, kCudaVisibleDevices, kRank, kWorldSize, kLocalRank,
