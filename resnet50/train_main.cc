@@ -293,9 +293,9 @@ int RunTrainMain(int argc, char** argv) {
   po::options_description desc = Flags(&c);
   ParsedFlags parsed;
   Status s = ParseFlags("train",
-                        "usage: edl train [flags]\nTrains a ResNet: elastic under an edl client "
-                        "(EDL_CLIENT_SOCKET), static under `edl launch` (RANK/WORLD_SIZE), else "
-                        "standalone.",
+                        "usage: edl train [flags]\nTrains a ResNet: elastic (or restart mode) "
+                        "under an edl client, static under `edl launch`, else standalone; the "
+                        "runtime picks the mode from the environment.",
                         desc, argc, argv, &parsed);
   if (!s.ok()) {
     std::cerr << "edl train: " << s.ToString() << "\n";

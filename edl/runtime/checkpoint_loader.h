@@ -1,7 +1,9 @@
-// CheckpointLoader: the runtime's StateLoader over edl/ckpt (docs/ARCHITECTURE.md, "Checkpoint store").
+// CheckpointLoader: the runtime's StateLoader over edl/ckpt (docs/ARCHITECTURE.md, "Checkpoint
+// store").
 //
 //  - Load (cold start, on rank 0 only, when no trainer holds state): the newest checkpoint that
-//    verifies and whose fingerprint matches, copied into the Trainable and the TrainingState.
+//    verifies and whose fingerprint matches, copied into the Trainable and the TrainingState
+//    (decoded by edl/runtime/training_state.h before any tensor is touched).
 //  - AfterStep (rank 0 of the current generation, after each committed step): an AsyncCheckpointer
 //    snapshot when --checkpoint_steps / --checkpoint_secs say a save is due; the disk write runs in
 //    the background. Each save carries the writer's generation, so a stale rank 0 of an older
