@@ -19,7 +19,7 @@ const std::string* Find(const std::map<std::string, std::string>& env, const cha
 
 // Strict decimal integer in [lo, hi]; InvalidArgument naming the variable otherwise.
 Status ParseInt(const std::map<std::string, std::string>& env, const char* name, int64_t lo,
-                int64_t hi, int64_t* out) {
+                int64_t hi, int64_t* out, const char* hint = kWhoSets) {
   const std::string* v = Find(env, name);
   if (v == nullptr) return Status::OK();  // *out keeps its default
   errno = 0;
@@ -27,21 +27,21 @@ Status ParseInt(const std::map<std::string, std::string>& env, const char* name,
   const long long x = std::strtoll(v->c_str(), &end, 10);
   if (end == v->c_str() || *end != '\0' || errno == ERANGE) {
     return Status::InvalidArgument(std::string(name) + "='" + *v + "' is not an integer " +
-                                   kWhoSets);
+                                   hint);
   }
   if (x < lo || x > hi) {
     return Status::InvalidArgument(std::string(name) + "=" + *v + " is outside [" +
                                    std::to_string(lo) + ", " + std::to_string(hi) + "] " +
-                                   kWhoSets);
+                                   hint);
   }
   *out = x;
   return Status::OK();
 }
 
 Status ParseInt(const std::map<std::string, std::string>& env, const char* name, int64_t lo,
-                int64_t hi, int* out) {
+                int64_t hi, int* out, const char* hint = kWhoSets) {
   int64_t x = *out;
-  EDL_RETURN_IF_ERROR(ParseInt(env, name, lo, hi, &x));
+  EDL_RETURN_IF_ERROR(ParseInt(env, name, lo, hi, &x, hint));
   *out = static_cast<int>(x);
   return Status::OK();
 }
@@ -49,9 +49,11 @@ Status ParseInt(const std::map<std::string, std::string>& env, const char* name,
 // "1" is true, "0" or unset false; anything else is an error (a typo must not flip the mode).
 Status ParseFlag(const std::map<std::string, std::string>& env, const char* name, bool* out) {
   const std::string* v = Find(env, name);
-  if (v == nullptr || *v == "0") return *out = false, Status::OK();
-  if (*v == "1") return *out = true, Status::OK();
-  return Status::InvalidArgument(std::string(name) + "='" + *v + "' must be 1 or 0 " + kWhoSets);
+  if (v != nullptr && *v != "0" && *v != "1") {
+    return Status::InvalidArgument(std::string(name) + "='" + *v + "' must be 1 or 0 " + kWhoSets);
+  }
+  *out = v != nullptr && *v == "1";
+  return Status::OK();
 }
 
 void SetString(const std::map<std::string, std::string>& env, const char* name, std::string* out) {
@@ -101,7 +103,9 @@ StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& 
                                &c.generation));
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kSlot, 0, kIntMax, &c.slot));
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kMasterPort, 0, 65535, &c.master_port));
-  EDL_RETURN_IF_ERROR(ParseInt(env, env::kLocalTrainers, 0, kIntMax, &c.local_trainers));
+  EDL_RETURN_IF_ERROR(ParseInt(env, env::kLocalTrainers, 0, kIntMax, &c.local_trainers,
+                               "(your setting: the trainers sharing this node's cores; unset it "
+                               "to use LOCAL_WORLD_SIZE)"));
 
   const bool has_rank = Find(env, env::kRank) != nullptr;
   c.has_world = Find(env, env::kWorldSize) != nullptr;

@@ -109,6 +109,7 @@ TEST(EnvContractTest, BadValuesNameTheVariable) {
       {{{"EDL_GENERATION", "99999999999999999999999"}}, "EDL_GENERATION"},
       {{{"LOCAL_RANK", "4"}, {"LOCAL_WORLD_SIZE", "4"}}, "LOCAL_RANK"},
       {{{"EDL_JOINING", "yes"}}, "EDL_JOINING"},
+      {{{"EDL_LOCAL_TRAINERS", "two"}}, "EDL_LOCAL_TRAINERS"},
       {{{"EDL_JOINING", "1"}}, "EDL_CLIENT_SOCKET"},
       {{{"EDL_RESTART_MODE", "1"}}, "EDL_CLIENT_SOCKET"},
       {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"}}, "EDL_TRAINER_ID"},
