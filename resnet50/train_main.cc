@@ -1,7 +1,8 @@
 // `edl train`: flags -> datasets -> Trainer -> the runtime's run plan -> the elastic loop
 // (train_loop.h). Every flag and its default is declared in Flags() below (shown by --help); each
 // binds straight into the options struct that uses it (TrainerOptions, LoopOptions with the
-// runtime's ElasticOptions, CheckpointLoaderOptions), so no option is copied field by field.
+// runtime's ElasticOptions, CheckpointLoaderOptions, the store's RocksDbStoreOptions), so no option
+// is copied field by field.
 //
 // The mode (elastic under an edl client, restart mode, static under `edl launch`, standalone) is
 // the runtime's decision from the env contract: edl/runtime/run_mode.h.
@@ -33,9 +34,8 @@ namespace {
 struct Config {
   TrainerOptions trainer;
   LoopOptions loop;  // loop.elastic: the runtime's options
-  runtime::CheckpointLoaderOptions checkpoint;
-  std::string checkpoint_dir;
-  int keep_checkpoints = 3;
+  runtime::CheckpointLoaderOptions checkpoint;  // checkpoint.save: when to save
+  ckpt::RocksDbStoreOptions store;              // store.dir empty: no checkpoints
   // data
   std::string data, data_dir;
   int image_size = 0, channels = 3;
@@ -85,13 +85,13 @@ po::options_description Flags(Config* c) {
        "bound on communicator rendezvous and every collective (a hung peer fails after this)")
       ("generation_wait_s", po::value(&c->generation_wait_s)->default_value(120, "120"),
        "bound on waiting for a (new) generation: after a failure, or as a joiner to be committed")
-      ("checkpoint_dir", po::value(&c->checkpoint_dir)->default_value(""),
+      ("checkpoint_dir", po::value(&c->store.dir)->default_value(""),
        "RocksDB checkpoint store (local disk or NFS); empty = no checkpoints")
-      ("checkpoint_steps", po::value(&c->checkpoint.checkpoint_steps)->default_value(0),
+      ("checkpoint_steps", po::value(&c->checkpoint.save.checkpoint_steps)->default_value(0),
        "checkpoint every N steps (rank 0, in the background); 0 = no step trigger")
-      ("checkpoint_secs", po::value(&c->checkpoint.checkpoint_secs)->default_value(0, "0"),
+      ("checkpoint_secs", po::value(&c->checkpoint.save.checkpoint_secs)->default_value(0, "0"),
        "checkpoint every N seconds; 0 = no time trigger (a final checkpoint is always written)")
-      ("keep_checkpoints", po::value(&c->keep_checkpoints)->default_value(3), "checkpoints kept")
+      ("keep_checkpoints", po::value(&c->store.keep_checkpoints)->default_value(3), "checkpoints kept")
       ("plain_allreduce", po::value(&c->plain_allreduce)->default_value(false),
        "benchmark baseline: a plain all-reduce loop without the elastic runtime (static world "
        "under `edl launch`; CPU only)")
@@ -224,10 +224,10 @@ Status Validate(const Config& c) {
   if (e.lr.rescale_ramp_steps < 0) return Status::InvalidArgument("--rescale_ramp_steps must be >= 0");
   if (c.comm_timeout_s <= 0) return Status::InvalidArgument("--comm_timeout_s must be > 0");
   if (c.generation_wait_s <= 0) return Status::InvalidArgument("--generation_wait_s must be > 0");
-  if (c.checkpoint.checkpoint_steps < 0 || c.checkpoint.checkpoint_secs < 0) {
+  if (c.checkpoint.save.checkpoint_steps < 0 || c.checkpoint.save.checkpoint_secs < 0) {
     return Status::InvalidArgument("--checkpoint_steps and --checkpoint_secs must be >= 0");
   }
-  if (c.keep_checkpoints < 1) return Status::InvalidArgument("--keep_checkpoints must be >= 1");
+  if (c.store.keep_checkpoints < 1) return Status::InvalidArgument("--keep_checkpoints must be >= 1");
   if (t.device != "cpu" && t.device != "cuda" && t.device != "auto") {
     return Status::InvalidArgument("--device '" + t.device + "' is unknown; use cpu, cuda or auto");
   }
@@ -318,10 +318,10 @@ int RunTrainMain(int argc, char** argv) {
   auto membership = runtime::Connect(plan.value());
   if (!membership.ok()) return Fail(membership.status());
   std::unique_ptr<runtime::CheckpointLoader> loader;
-  if (!c.checkpoint_dir.empty()) {
+  if (!c.store.dir.empty()) {
     c.checkpoint.config_fingerprint = "seed=" + std::to_string(c.trainer.seed) +
                                       ";train=" + std::to_string(t->train_size());
-    loader = runtime::NewRocksDbCheckpointLoader(c.checkpoint_dir, c.keep_checkpoints, c.checkpoint);
+    loader = runtime::NewRocksDbCheckpointLoader(c.store, c.checkpoint);
     c.loop.elastic.loader = loader.get();
   }
   std::cout << "edl train: " << c.model() << " on " << t->train_data().name() << " ("

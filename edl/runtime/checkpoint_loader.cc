@@ -8,12 +8,7 @@ CheckpointLoader::CheckpointLoader(std::unique_ptr<ckpt::CheckpointStore> store,
                                    CheckpointLoaderOptions options)
     : store_(std::move(store)),
       options_(std::move(options)),
-      checkpointer_(store_.get(), [&] {
-        ckpt::AsyncCheckpointerOptions o;
-        o.checkpoint_steps = options_.checkpoint_steps;
-        o.checkpoint_secs = options_.checkpoint_secs;
-        return o;
-      }()) {}
+      checkpointer_(store_.get(), options_.save) {}
 
 CheckpointLoader::~CheckpointLoader() = default;
 
@@ -93,12 +88,9 @@ Status CheckpointLoader::Finish(Trainable* trainable, const TrainingState& state
   return s.WithContext("final checkpoint to " + store_->Describe());
 }
 
-std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const std::string& dir, int keep,
+std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const ckpt::RocksDbStoreOptions& store,
                                                              CheckpointLoaderOptions options) {
-  ckpt::RocksDbStoreOptions so;
-  so.dir = dir;
-  so.keep_checkpoints = keep;
-  return std::make_unique<CheckpointLoader>(ckpt::OpenRocksDbStore(so), std::move(options));
+  return std::make_unique<CheckpointLoader>(ckpt::OpenRocksDbStore(store), std::move(options));
 }
 
 }  // namespace edl::runtime

@@ -26,8 +26,7 @@
 namespace edl::runtime {
 
 struct CheckpointLoaderOptions {
-  int64_t checkpoint_steps = 0;   // save every this many steps (0: no step trigger)
-  double checkpoint_secs = 0;     // save every this many seconds (0: no time trigger)
+  ckpt::AsyncCheckpointerOptions save;  // when to save: checkpoint_steps / checkpoint_secs
   std::string config_fingerprint;  // appended to the Trainable's fingerprint
   bool final_save = true;         // Finish() saves synchronously
 };
@@ -59,8 +58,8 @@ class CheckpointLoader : public StateLoader {
   int64_t last_saved_step_ = -1;
 };
 
-// A CheckpointLoader over a RocksDB store in `dir` keeping the last `keep` checkpoints.
-std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const std::string& dir, int keep,
+// A CheckpointLoader over a RocksDB store (`store.dir`, keeping `store.keep_checkpoints`).
+std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const ckpt::RocksDbStoreOptions& store,
                                                              CheckpointLoaderOptions options);
 
 }  // namespace edl::runtime
