@@ -263,6 +263,7 @@ launcher::EnvContract Client::EnvFor(const proto::GenerationInfo& g, const proto
   c.job_id = job_id_;
   c.trainer_id = m.trainer_id;
   c.client_socket = options_.socket_path;
+  c.restart_mode = options_.restart_mode;
   c.generation = g.generation;
   c.slot = m.slot;
   if (options_.gpu_slots) c.cuda_visible_devices = std::to_string(m.slot);

@@ -49,6 +49,7 @@ struct LaunchOptions {
   double stop_grace_s = 10;
   bool tee = false;
   std::vector<std::string> command;
+  std::string rendezvous_dir;  // fresh per run (EDL_RENDEZVOUS_DIR of the env contract)
 };
 
 // ---- flags
@@ -283,6 +284,7 @@ Status StartTrainer(ProcessLauncher* launcher, const LaunchOptions& opts, int ra
   c.world_size = c.local_world_size = opts.num_trainers;
   c.master_addr = "127.0.0.1";
   c.master_port = port;
+  c.rendezvous_dir = opts.rendezvous_dir;
   TrainerSpec spec;
   spec.argv = opts.command;
   spec.env = BuildTrainerEnv(c);
@@ -358,15 +360,17 @@ int RunLaunchMain(int argc, char** argv) {
     }
     port = free_port.value();
   }
-  ::unsetenv(env::kClientSocket);  // static mode even when run from inside an elastic trainer
+  // Static mode even when run from inside a trainer under an edl client: the child would inherit
+  // the variables that select elastic or restart mode (edl/runtime/run_mode.h).
+  for (const char* name : {env::kClientSocket, env::kRestartMode, env::kJoining}) ::unsetenv(name);
   // A fresh rendezvous directory per run, so a static trainer never reads a previous run's keys
-  // (edl/runtime/membership.h: StaticMembershipFromEnv); removed when the run ends.
+  // (edl/runtime/run_mode.h, static mode); removed when the run ends.
   std::string rdzv = "/tmp/edl-launch-rdzv-XXXXXX";
   if (::mkdtemp(rdzv.data()) == nullptr) {
     std::cerr << "edl launch: " << PosixError("mkdtemp " + rdzv, errno).ToString() << std::endl;
     return 1;
   }
-  ::setenv("EDL_RENDEZVOUS_DIR", rdzv.c_str(), 1);
+  opts.rendezvous_dir = rdzv;
   std::cerr << "edl launch: " << opts.num_trainers << " trainers, MASTER_ADDR=127.0.0.1 MASTER_PORT="
             << port << ", logs in " << opts.log_dir << "/trainer-<rank>.log" << std::endl;
   SignalBlock signals;

@@ -1,9 +1,9 @@
 // The launcher: starts and stops one trainer process. A trainer runs in its own process group (so a
-// signal reaches the workers it forks too), with the EDL env contract (DESIGN.md "Trainer env
+// signal reaches the workers it forks too), with the EDL env contract (docs/ARCHITECTURE.md, "Env
 // contract") added to the launcher's own environment, stdout and stderr appended to a per-trainer
 // log file and stdin from /dev/null. Stopping is SIGTERM to the group, a grace period, then SIGKILL.
 //
-// OS access sits behind ProcessLauncher (STYLE.md) so the job client can be tested with a fake;
+// OS access sits behind ProcessLauncher so the job client can be tested with a fake;
 // NewProcessLauncher() is the real one (Boost.Process).
 //
 // Reaping: nothing here installs a SIGCHLD handler or reaps behind the owner's back. The owner (e.g.
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "edl/base/status.h"
+#include "edl/runtime/env_contract.h"
 
 namespace edl::launcher {
 
@@ -73,7 +74,7 @@ class TrainerProcess {
   virtual ExitInfo Stop(std::chrono::milliseconds grace) = 0;
 };
 
-class ProcessLauncher {  // OS access behind an interface (STYLE.md)
+class ProcessLauncher {  // OS access behind an interface (testable with a fake)
  public:
   virtual ~ProcessLauncher() = default;
   // Starts `spec`. Returns the running child, or NotFound/IOError/InvalidArgument naming the
@@ -87,39 +88,11 @@ class ProcessLauncher {  // OS access behind an interface (STYLE.md)
 // in the child before exec, so a listening socket of the launcher never leaks into a trainer).
 std::unique_ptr<ProcessLauncher> NewProcessLauncher();
 
-// ---- env contract (DESIGN.md): what a trainer learns from its environment.
-struct EnvContract {
-  std::string job_id;         // EDL_JOB_ID
-  std::string trainer_id;     // EDL_TRAINER_ID: stable for the process's life, unique in the job
-  std::string client_socket;  // EDL_CLIENT_SOCKET (unset when empty: static mode, no client)
-  int64_t generation = 0;     // EDL_GENERATION the trainer was started in
-  int slot = 0;               // EDL_SLOT: slot / GPU index on the node
-  std::string cuda_visible_devices;  // CUDA_VISIBLE_DEVICES (unset when empty)
-  // torchrun-style, of the generation the trainer was started in.
-  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;  // RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE
-  std::string master_addr = "127.0.0.1";                               // MASTER_ADDR
-  int master_port = 0;                                                 // MASTER_PORT
-  bool joining = false;  // EDL_JOINING=1 for a hot joiner (in-place mode); unset otherwise
-};
-
-// The env entries for `c`, to put into TrainerSpec::env.
-std::map<std::string, std::string> BuildTrainerEnv(const EnvContract& c);
-
-// Env variable names, for trainers and tests.
-namespace env {
-inline constexpr const char* kJobId = "EDL_JOB_ID";
-inline constexpr const char* kTrainerId = "EDL_TRAINER_ID";
-inline constexpr const char* kClientSocket = "EDL_CLIENT_SOCKET";
-inline constexpr const char* kGeneration = "EDL_GENERATION";
-inline constexpr const char* kSlot = "EDL_SLOT";
-inline constexpr const char* kJoining = "EDL_JOINING";
-inline constexpr const char* kCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
-inline constexpr const char* kRank = "RANK";
-inline constexpr const char* kWorldSize = "WORLD_SIZE";
-inline constexpr const char* kLocalRank = "LOCAL_RANK";
-inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
-inline constexpr const char* kMasterAddr = "MASTER_ADDR";
-inline constexpr const char* kMasterPort = "MASTER_PORT";
-}  // namespace env
+// ---- env contract: what a trainer learns from its environment. Its one home is
+// edl/runtime/env_contract.h (every variable name, BuildTrainerEnv for the parent, ParseTrainerEnv
+// for the trainer); the launcher and the job client use it through these names.
+using runtime::BuildTrainerEnv;
+using runtime::EnvContract;
+namespace env = runtime::env;
 
 }  // namespace edl::launcher

@@ -70,7 +70,7 @@ class ProgressPrinter : public runtime::TrainingObserver {
     const double dt = Since(window_start_);
     result_->last_window_loss = window_loss_ / window_samples_;
     const double epochs_per_s = dt > 0 ? (last_.epochs_done - window_epochs0_) / dt : 0;
-    double target = static_cast<double>(o_.epochs);
+    const double target = o_.elastic.epochs;
     const double eta = epochs_per_s > 0 ? (target - last_.epochs_done) / epochs_per_s : 0;
     if (print && last_.rank == 0) {
       char line[512];
@@ -78,7 +78,7 @@ class ProgressPrinter : public runtime::TrainingObserver {
                     "epoch %ld/%ld step %ld loss %.4f acc %.2f%% images/s %.1f lr %.5f "
                     "gen %ld world %d eta %s",
                     static_cast<long>(last_.position.epoch + (last_.position.cursor > 0 ? 1 : 0)),
-                    static_cast<long>(o_.epochs), static_cast<long>(last_.step),
+                    static_cast<long>(std::ceil(o_.elastic.epochs)), static_cast<long>(last_.step),
                     result_->last_window_loss, 100.0 * window_correct_ / window_samples_,
                     dt > 0 ? window_samples_ / dt : 0.0, last_.lr,
                     static_cast<long>(last_.generation), last_.world_size, Duration(eta).c_str());
@@ -109,26 +109,13 @@ class ProgressPrinter : public runtime::TrainingObserver {
 
 Status RunTraining(runtime::Trainable* t, const LoopOptions& o,
                    runtime::MembershipSource* membership, std::ostream& out, LoopResult* result) {
-  if (o.batch_size <= 0) return Status::InvalidArgument("--batch_size must be > 0");
-  if (o.epochs <= 0) return Status::InvalidArgument("--epochs must be > 0");
-  runtime::ElasticOptions eo;
-  eo.batch = o.batch_size;
-  eo.batch_policy = o.batch_policy;
-  eo.seed = o.seed;
-  eo.epochs = static_cast<double>(o.epochs);
-  eo.max_steps = o.max_steps;
-  eo.lr = o.lr;
-  eo.lr.total_epochs = static_cast<double>(o.epochs);
-  eo.joining = o.joining;
-  eo.join_generation = o.join_generation;
-  eo.start_micros = o.start_micros;
-  eo.comm_timeout = o.comm_timeout;
-  eo.generation_wait = o.generation_wait;
+  if (o.elastic.batch <= 0) return Status::InvalidArgument("--batch_size must be > 0");
+  if (o.elastic.epochs <= 0) return Status::InvalidArgument("--epochs must be > 0");
+  runtime::ElasticOptions eo = o.elastic;
+  eo.lr.total_epochs = eo.epochs;
   eo.evaluate_each_epoch = o.eval && t->test_size() > 0;
-  eo.eval_batch = std::max<int64_t>(o.batch_size, 128);
+  eo.eval_batch = std::max<int64_t>(eo.batch, 128);
   eo.progress_every = o.log_every > 0 ? static_cast<int>(std::min<int64_t>(o.log_every, 10)) : 10;
-  eo.sample_log_path = o.sample_log;
-  eo.loader = o.loader;
   ProgressPrinter printer(o, out, result);
   eo.observer = &printer;
 
@@ -177,7 +164,7 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
     return Status::InvalidArgument("--plain_allreduce is the CPU/Gloo overhead baseline; use --device cpu");
   }
   runtime::Generation g;
-  EDL_RETURN_IF_ERROR(membership->WaitGeneration(0, o.generation_wait, &g));
+  EDL_RETURN_IF_ERROR(membership->WaitGeneration(0, o.elastic.generation_wait, &g));
   const int rank = g.RankOf(membership->trainer_id());
   if (rank < 0) {
     return Status::FailedPrecondition("--plain_allreduce: trainer " + membership->trainer_id() +
@@ -189,25 +176,25 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
   co.generation = g.number;
   co.key_prefix = "plain/" + std::to_string(g.number) + "/gloo";
   co.store = membership->kv();
-  co.timeout = o.comm_timeout;
+  co.timeout = o.elastic.comm_timeout;
   auto comm = runtime::CreateGlooCommunicator(co);
   EDL_RETURN_IF_ERROR(comm.status());
-  runtime::LrScheduleOptions lo = o.lr;
-  lo.total_epochs = static_cast<double>(o.epochs);
+  runtime::LrScheduleOptions lo = o.elastic.lr;
+  lo.total_epochs = o.elastic.epochs;
   const runtime::LrSchedule schedule(lo);
-  runtime::DataPlan plan(t->train_size(), o.seed);
-  const std::vector<int64_t> b = runtime::BatchSizes(o.batch_policy, o.batch_size, g.world_size());
+  runtime::DataPlan plan(t->train_size(), o.elastic.seed);
+  const std::vector<int64_t> b = runtime::BatchSizes(o.elastic.batch_policy, o.elastic.batch, g.world_size());
   int64_t global = 0;
   for (int64_t x : b) global += x;
-  FILE* log = o.sample_log.empty() ? nullptr : std::fopen(o.sample_log.c_str(), "a");
+  FILE* log = o.elastic.sample_log_path.empty() ? nullptr : std::fopen(o.elastic.sample_log_path.c_str(), "a");
   runtime::DataPosition pos;
   constexpr int64_t kWarmSteps = 5;
   int64_t step = 0, warm_samples = 0;
   double loss = 0;
   SteadyClock::time_point warm_t0 = SteadyClock::now();
   const auto start = SteadyClock::now();
-  while (plan.EpochProgress(pos) < static_cast<double>(o.epochs) &&
-         (o.max_steps == 0 || step < o.max_steps)) {
+  while (plan.EpochProgress(pos) < o.elastic.epochs &&
+         (o.elastic.max_steps == 0 || step < o.elastic.max_steps)) {
     const std::vector<int64_t> idx = plan.Slice(pos, b, rank);
     const int64_t total = plan.StepSamples(pos, b);
     runtime::StepStats st;

@@ -22,24 +22,15 @@
 
 namespace edl::resnet50 {
 
+// The runtime's options plus what only the user-facing loop needs. RunTraining derives the rest
+// of ElasticOptions (lr.total_epochs from epochs, evaluate_each_epoch from `eval`, eval_batch,
+// progress_every, observer) and otherwise passes `elastic` through unchanged.
 struct LoopOptions {
-  int64_t batch_size = 128;  // per trainer (fixed-local) or global (fixed-global), > 0
-  runtime::BatchPolicy batch_policy = runtime::BatchPolicy::kFixedLocal;
-  int64_t epochs = 1;
-  int64_t max_steps = 0;     // 0 = no limit
+  runtime::ElasticOptions elastic;  // batch (> 0), epochs (> 0), lr, timeouts, loader, ...
   int64_t log_every = 50;    // 0 = no progress lines
   bool eval = true;          // evaluate on the test split after every epoch (sharded)
-  uint64_t seed = 1;         // data order
-  runtime::LrScheduleOptions lr;  // total_epochs is set from `epochs`
   std::string label;         // e.g. "resnet20 fashion-mnist", shown in the summary
   int threads = 0;           // shown in the summary
-  bool joining = false;      // a hot joiner (EDL_JOINING=1)
-  int64_t join_generation = 0;  // EDL_GENERATION of a joiner
-  int64_t start_micros = 0;     // Clock::Real() time the process began preparing
-  std::chrono::milliseconds comm_timeout{30000};
-  std::chrono::milliseconds generation_wait{60000};
-  std::string sample_log;    // tests: ElasticOptions::sample_log_path
-  runtime::StateLoader* loader = nullptr;  // checkpoints; not owned, may be null
 };
 
 struct LoopResult {
@@ -65,7 +56,7 @@ Status RunTraining(runtime::Trainable* t, const LoopOptions& options,
 // rank's share and SUM all-reduced (gradients only, no in-band words), SGD at the linearly scaled
 // LR schedule. No re-forms, checkpoints, events, progress reports or evaluation. Rank 0 prints
 // "plain: ... train_images/s X", X measured from the end of step 5 (start-up excluded) to the last
-// step, and `o.sample_log` gets {"rank","step","time"} lines. CPU (Gloo) only.
+// step, and `o.elastic.sample_log_path` gets {"rank","step","time"} lines. CPU (Gloo) only.
 Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& options,
                          runtime::MembershipSource* membership, std::ostream& out,
                          LoopResult* result);

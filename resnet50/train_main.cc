@@ -1,15 +1,15 @@
-// `edl train`: flags -> datasets -> Trainer -> membership -> the elastic loop (train_loop.h).
-// Every flag and its default is declared in Flags() below (shown by --help).
+// `edl train`: flags -> datasets -> Trainer -> the runtime's run plan -> the elastic loop
+// (train_loop.h). Every flag and its default is declared in Flags() below (shown by --help); each
+// binds straight into the options struct that uses it (TrainerOptions, LoopOptions with the
+// runtime's ElasticOptions, CheckpointLoaderOptions, the store's RocksDbStoreOptions), so no option
+// is copied field by field.
 //
-// Mode, from the environment:
-//   EDL_CLIENT_SOCKET set      in-place elastic under an edl client (EDL_TRAINER_ID, EDL_JOINING)
-//   RANK / WORLD_SIZE set      static world (e.g. `edl launch`), rendezvous in EDL_RENDEZVOUS_DIR
-//   neither                    standalone: world size 1, in-memory rendezvous
+// The mode (elastic under an edl client, restart mode, static under `edl launch`, standalone) is
+// the runtime's decision from the env contract: edl/runtime/run_mode.h.
 #include "resnet50/train_main.h"
 
 #include <sys/resource.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -19,9 +19,8 @@
 
 #include "edl/base/clock.h"
 #include "edl/base/flags.h"
-#include "edl/runtime/channel_membership.h"
 #include "edl/runtime/checkpoint_loader.h"
-#include "edl/runtime/comm/memory_kv_store.h"
+#include "edl/runtime/run_mode.h"
 #include "resnet50/data/dataset.h"
 #include "resnet50/train_loop.h"
 #include "resnet50/trainer.h"
@@ -30,26 +29,33 @@ namespace edl::resnet50 {
 
 namespace {
 
+// Everything the flags set. Most flags bind directly into the structs the trainer, the loop and
+// the runtime take; the few below them need parsing or a unit conversion (Finish()).
 struct Config {
-  std::string model, data, data_dir, device, lr_decay, lr_milestones, precision;
-  std::string batch_policy, checkpoint_dir, sample_log, usage_log;
-  int64_t rescale_ramp_steps = 0, checkpoint_steps = 0, train_samples = 0;
-  int keep_checkpoints = 3;
-  double comm_timeout_s = 30, checkpoint_secs = 0, generation_wait_s = 120;
-  int image_size = 0, channels = 3, threads = 0;
-  int64_t batch_size = 128, epochs = 1, max_steps = 0, log_every = 50, base_batch = 128;
-  int64_t synthetic_train = 0, synthetic_test = 0;
-  double lr = 0.1, momentum = 0.9, weight_decay = 5e-4, label_smoothing = 0, warmup_epochs = 0;
-  bool nesterov = false, zero_init_residual = false, augment = false, eval = true;
-  bool decay_bn_and_bias = false;
+  TrainerOptions trainer;
+  LoopOptions loop;  // loop.elastic: the runtime's options
+  runtime::CheckpointLoaderOptions checkpoint;  // checkpoint.save: when to save
+  ckpt::RocksDbStoreOptions store;              // store.dir empty: no checkpoints
+  // data
+  std::string data, data_dir;
+  int image_size = 0, channels = 3;
+  int64_t synthetic_train = 0, synthetic_test = 0, train_samples = 0;
+  // parsed or converted by Finish()
+  std::string batch_policy, lr_milestones;
+  double comm_timeout_s = 30, generation_wait_s = 120;
+  bool augment = false;
+  // benchmark baseline and accounting
   bool plain_allreduce = false;
-  uint64_t seed = 1;
+  std::string usage_log;
+
+  int64_t batch() const { return loop.elastic.batch; }
+  const std::string& model() const { return trainer.model.name; }
 };
 
 po::options_description Flags(Config* c) {
   po::options_description d("edl train flags");
   d.add_options()
-      ("model", po::value(&c->model)->default_value("resnet20"),
+      ("model", po::value(&c->trainer.model.name)->default_value("resnet20"),
        "resnet20|resnet56 (28/32 px) or resnet18|resnet34|resnet50|resnet101 (224 px)")
       ("data", po::value(&c->data)->default_value("fashion-mnist"), "fashion-mnist|synthetic")
       ("data_dir", po::value(&c->data_dir)->default_value("/usr/share/datasets/fashion-mnist"),
@@ -62,60 +68,60 @@ po::options_description Flags(Config* c) {
        "synthetic training samples; 0 = 100 batches")
       ("synthetic_test", po::value(&c->synthetic_test)->default_value(0),
        "synthetic test samples; 0 = 4 batches")
-      ("batch_size", po::value(&c->batch_size)->default_value(128, "128"),
+      ("batch_size", po::value(&c->loop.elastic.batch)->default_value(128, "128"),
        "samples per step: per trainer (fixed-local) or in total (fixed-global)")
       ("batch_policy", po::value(&c->batch_policy)->default_value("fixed-local"),
        "fixed-local (global batch = world x batch_size) | fixed-global (batch_size split across trainers)")
       ("train_samples", po::value(&c->train_samples)->default_value(0),
        "use only the first N training samples (fast tests and demos); 0 = all")
-      ("epochs", po::value(&c->epochs)->default_value(1, "1"), "training epochs")
-      ("max_steps", po::value(&c->max_steps)->default_value(0, "0"), "stop after this many steps; 0 = no limit")
-      ("lr", po::value(&c->lr)->default_value(0.1, "0.1"), "learning rate at --base_batch samples per step")
-      ("base_batch", po::value(&c->base_batch)->default_value(128),
+      ("epochs", po::value(&c->loop.elastic.epochs)->default_value(1, "1"), "training epochs")
+      ("max_steps", po::value(&c->loop.elastic.max_steps)->default_value(0, "0"), "stop after this many steps; 0 = no limit")
+      ("lr", po::value(&c->loop.elastic.lr.base_lr)->default_value(0.1, "0.1"), "learning rate at --base_batch samples per step")
+      ("base_batch", po::value(&c->loop.elastic.lr.base_batch)->default_value(128),
        "linear scaling reference: lr * global_batch / base_batch; 0 disables scaling")
-      ("rescale_ramp_steps", po::value(&c->rescale_ramp_steps)->default_value(0),
+      ("rescale_ramp_steps", po::value(&c->loop.elastic.lr.rescale_ramp_steps)->default_value(0),
        "after a re-form that changes the global batch, move the LR linearly to its new value over N steps")
       ("comm_timeout_s", po::value(&c->comm_timeout_s)->default_value(30, "30"),
        "bound on communicator rendezvous and every collective (a hung peer fails after this)")
       ("generation_wait_s", po::value(&c->generation_wait_s)->default_value(120, "120"),
        "bound on waiting for a (new) generation: after a failure, or as a joiner to be committed")
-      ("checkpoint_dir", po::value(&c->checkpoint_dir)->default_value(""),
+      ("checkpoint_dir", po::value(&c->store.dir)->default_value(""),
        "RocksDB checkpoint store (local disk or NFS); empty = no checkpoints")
-      ("checkpoint_steps", po::value(&c->checkpoint_steps)->default_value(0),
+      ("checkpoint_steps", po::value(&c->checkpoint.save.checkpoint_steps)->default_value(0),
        "checkpoint every N steps (rank 0, in the background); 0 = no step trigger")
-      ("checkpoint_secs", po::value(&c->checkpoint_secs)->default_value(0, "0"),
+      ("checkpoint_secs", po::value(&c->checkpoint.save.checkpoint_secs)->default_value(0, "0"),
        "checkpoint every N seconds; 0 = no time trigger (a final checkpoint is always written)")
-      ("keep_checkpoints", po::value(&c->keep_checkpoints)->default_value(3), "checkpoints kept")
+      ("keep_checkpoints", po::value(&c->store.keep_checkpoints)->default_value(3), "checkpoints kept")
       ("plain_allreduce", po::value(&c->plain_allreduce)->default_value(false),
        "benchmark baseline: a plain all-reduce loop without the elastic runtime (static world "
        "under `edl launch`; CPU only)")
       ("usage_log", po::value(&c->usage_log)->default_value(""),
        "benchmark flag: at exit append {\"trainer\",\"steps\",\"cpu_s\",\"plain\"} (this process's "
        "user+system CPU seconds) as one JSON line to this file")
-      ("sample_log", po::value(&c->sample_log)->default_value(""),
+      ("sample_log", po::value(&c->loop.elastic.sample_log_path)->default_value(""),
        "test flag: append each committed step's sample indices (JSON lines) to this file")
-      ("momentum", po::value(&c->momentum)->default_value(0.9, "0.9"), "SGD momentum")
-      ("weight_decay", po::value(&c->weight_decay)->default_value(5e-4),
+      ("momentum", po::value(&c->trainer.momentum)->default_value(0.9f, "0.9"), "SGD momentum")
+      ("weight_decay", po::value(&c->trainer.weight_decay)->default_value(5e-4f, "0.0005"),
        "L2 weight decay on conv/fc weights")
-      ("decay_bn_and_bias", po::value(&c->decay_bn_and_bias)->default_value(false),
+      ("decay_bn_and_bias", po::value(&c->trainer.model.decay_bn_and_bias)->default_value(false),
        "also apply weight decay to BN parameters and biases")
-      ("nesterov", po::value(&c->nesterov)->default_value(false), "Nesterov momentum")
-      ("label_smoothing", po::value(&c->label_smoothing)->default_value(0.0, "0.0"), "label smoothing eps")
-      ("warmup_epochs", po::value(&c->warmup_epochs)->default_value(0.0, "0.0"), "linear LR warm-up, in epochs")
-      ("lr_decay", po::value(&c->lr_decay)->default_value("cosine"), "constant|step|cosine")
+      ("nesterov", po::value(&c->trainer.nesterov)->default_value(false), "Nesterov momentum")
+      ("label_smoothing", po::value(&c->trainer.label_smoothing)->default_value(0.0f, "0.0"), "label smoothing eps")
+      ("warmup_epochs", po::value(&c->loop.elastic.lr.warmup_epochs)->default_value(0.0, "0.0"), "linear LR warm-up, in epochs")
+      ("lr_decay", po::value(&c->loop.elastic.lr.decay)->default_value("cosine"), "constant|step|cosine")
       ("lr_milestones", po::value(&c->lr_milestones)->default_value(""),
        "step decay: comma-separated epochs where the LR is multiplied by 0.1")
-      ("zero_init_residual", po::value(&c->zero_init_residual)->default_value(false),
+      ("zero_init_residual", po::value(&c->trainer.model.zero_init_residual)->default_value(false),
        "start each block's last BN gamma at 0")
       ("augment", po::value(&c->augment)->default_value(false),
        "random crop (pad 4) and horizontal flip of training images")
-      ("seed", po::value(&c->seed)->default_value(1, "1"), "init, data order and augmentation seed")
-      ("threads", po::value(&c->threads)->default_value(0),
-       "CPU compute threads; 0 = cores / trainers on this node (LOCAL_WORLD_SIZE or EDL_LOCAL_TRAINERS)")
-      ("log_every", po::value(&c->log_every)->default_value(50, "50"), "progress line every N steps; 0 = none")
-      ("eval", po::value(&c->eval)->default_value(true), "evaluate on the test split after every epoch")
-      ("device", po::value(&c->device)->default_value("cpu"), "cpu|cuda|auto")
-      ("precision", po::value(&c->precision)->default_value("fp32"),
+      ("seed", po::value(&c->trainer.seed)->default_value(1, "1"), "init, data order and augmentation seed")
+      ("threads", po::value(&c->trainer.threads)->default_value(0),
+       "CPU compute threads; 0 = cores / trainers on this node (EDL_LOCAL_TRAINERS, else LOCAL_WORLD_SIZE)")
+      ("log_every", po::value(&c->loop.log_every)->default_value(50, "50"), "progress line every N steps; 0 = none")
+      ("eval", po::value(&c->loop.eval)->default_value(true), "evaluate on the test split after every epoch")
+      ("device", po::value(&c->trainer.device)->default_value("cpu"), "cpu|cuda|auto")
+      ("precision", po::value(&c->trainer.precision)->default_value("fp32"),
        "cuda: fp32|bf16|fp16 activations and convolutions (fp32 master weights; fp16 adds loss "
        "scaling); cpu: fp32 only");
   return d;
@@ -177,20 +183,6 @@ Status LoadData(const Config& c, std::unique_ptr<Dataset>* train, std::unique_pt
   return Status::OK();
 }
 
-// Where the generations come from (see the file comment).
-StatusOr<std::unique_ptr<runtime::MembershipSource>> MakeMembership(bool* joining) {
-  const char* socket = std::getenv("EDL_CLIENT_SOCKET");
-  const char* joining_env = std::getenv("EDL_JOINING");
-  *joining = false;
-  if (socket != nullptr && *socket != '\0') {
-    *joining = joining_env != nullptr && std::string(joining_env) == "1";
-    return runtime::ChannelMembershipFromEnv();
-  }
-  const char* world = std::getenv("WORLD_SIZE");
-  if (world != nullptr && *world != '\0') return runtime::StaticMembershipFromEnv();
-  return runtime::NewStaticMembership(0, 1, 1, std::make_unique<runtime::MemoryKvStore>());
-}
-
 Status LoadFullData(const Config& c, std::unique_ptr<Dataset>* train,
                     std::unique_ptr<Dataset>* test) {
   if (c.data == "fashion-mnist") {
@@ -198,7 +190,7 @@ Status LoadFullData(const Config& c, std::unique_ptr<Dataset>* train,
     auto tr = LoadFashionMnist(c.data_dir, true, size);
     if (!tr.ok()) return tr.status();
     *train = std::move(tr.value());
-    if (c.eval) {
+    if (c.loop.eval) {
       auto te = LoadFashionMnist(c.data_dir, false, size);
       if (!te.ok()) return te.status();
       *test = std::move(te.value());
@@ -206,48 +198,50 @@ Status LoadFullData(const Config& c, std::unique_ptr<Dataset>* train,
     return Status::OK();
   }
   if (c.data == "synthetic") {
-    const int size = c.image_size != 0 ? c.image_size : (IsCifarModel(c.model) ? 32 : 224);
+    const int size = c.image_size != 0 ? c.image_size : (IsCifarModel(c.model()) ? 32 : 224);
     if (c.channels != 1 && c.channels != 3) {
       return Status::InvalidArgument("--channels must be 1 or 3");
     }
-    const int64_t ntrain = c.synthetic_train > 0 ? c.synthetic_train : 100 * c.batch_size;
-    const int64_t ntest = c.synthetic_test > 0 ? c.synthetic_test : 4 * c.batch_size;
-    *train = MakeSyntheticDataset(ntrain, c.channels, size, 10, c.seed);
-    if (c.eval) *test = MakeSyntheticDataset(ntest, c.channels, size, 10, c.seed + 1);
+    const int64_t ntrain = c.synthetic_train > 0 ? c.synthetic_train : 100 * c.batch();
+    const int64_t ntest = c.synthetic_test > 0 ? c.synthetic_test : 4 * c.batch();
+    *train = MakeSyntheticDataset(ntrain, c.channels, size, 10, c.trainer.seed);
+    if (c.loop.eval) *test = MakeSyntheticDataset(ntest, c.channels, size, 10, c.trainer.seed + 1);
     return Status::OK();
   }
   return Status::InvalidArgument("--data '" + c.data + "' is unknown; use fashion-mnist or synthetic");
 }
 
 Status Validate(const Config& c) {
-  if (c.batch_size <= 0) return Status::InvalidArgument("--batch_size must be > 0, got " + std::to_string(c.batch_size));
-  if (c.epochs <= 0) return Status::InvalidArgument("--epochs must be > 0");
-  if (c.max_steps < 0) return Status::InvalidArgument("--max_steps must be >= 0");
-  if (c.threads < 0) return Status::InvalidArgument("--threads must be >= 0");
+  const runtime::ElasticOptions& e = c.loop.elastic;
+  const TrainerOptions& t = c.trainer;
+  if (e.batch <= 0) return Status::InvalidArgument("--batch_size must be > 0, got " + std::to_string(e.batch));
+  if (e.epochs <= 0) return Status::InvalidArgument("--epochs must be > 0");
+  if (e.max_steps < 0) return Status::InvalidArgument("--max_steps must be >= 0");
+  if (t.threads < 0) return Status::InvalidArgument("--threads must be >= 0");
   if (c.image_size < 0) return Status::InvalidArgument("--image_size must be >= 0");
-  if (c.lr <= 0) return Status::InvalidArgument("--lr must be > 0");
+  if (e.lr.base_lr <= 0) return Status::InvalidArgument("--lr must be > 0");
   if (c.train_samples < 0) return Status::InvalidArgument("--train_samples must be >= 0");
-  if (c.rescale_ramp_steps < 0) return Status::InvalidArgument("--rescale_ramp_steps must be >= 0");
+  if (e.lr.rescale_ramp_steps < 0) return Status::InvalidArgument("--rescale_ramp_steps must be >= 0");
   if (c.comm_timeout_s <= 0) return Status::InvalidArgument("--comm_timeout_s must be > 0");
   if (c.generation_wait_s <= 0) return Status::InvalidArgument("--generation_wait_s must be > 0");
-  if (c.checkpoint_steps < 0 || c.checkpoint_secs < 0) {
+  if (c.checkpoint.save.checkpoint_steps < 0 || c.checkpoint.save.checkpoint_secs < 0) {
     return Status::InvalidArgument("--checkpoint_steps and --checkpoint_secs must be >= 0");
   }
-  if (c.keep_checkpoints < 1) return Status::InvalidArgument("--keep_checkpoints must be >= 1");
-  if (c.device != "cpu" && c.device != "cuda" && c.device != "auto") {
-    return Status::InvalidArgument("--device '" + c.device + "' is unknown; use cpu, cuda or auto");
+  if (c.store.keep_checkpoints < 1) return Status::InvalidArgument("--keep_checkpoints must be >= 1");
+  if (t.device != "cpu" && t.device != "cuda" && t.device != "auto") {
+    return Status::InvalidArgument("--device '" + t.device + "' is unknown; use cpu, cuda or auto");
   }
-  if (c.precision != "fp32" && c.precision != "bf16" && c.precision != "fp16") {
-    return Status::InvalidArgument("--precision '" + c.precision + "' is unknown; use fp32, bf16 or fp16");
+  if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16") {
+    return Status::InvalidArgument("--precision '" + t.precision + "' is unknown; use fp32, bf16 or fp16");
   }
-  if (c.device == "cpu" && c.precision != "fp32") {
-    return Status::InvalidArgument("--precision " + c.precision + " needs --device cuda (or auto); the CPU backend is fp32");
+  if (t.device == "cpu" && t.precision != "fp32") {
+    return Status::InvalidArgument("--precision " + t.precision + " needs --device cuda (or auto); the CPU backend is fp32");
   }
   ModelConfig mc;
-  mc.name = c.model;
+  mc.name = c.model();
   // The model is checked against the data's shape in Trainer::Create; check the name early.
   mc.in_channels = 1;
-  mc.image_size = IsCifarModel(c.model) ? 28 : 224;
+  mc.image_size = IsCifarModel(c.model()) ? 28 : 224;
   return ValidateModelConfig(mc);
 }
 
@@ -271,46 +265,24 @@ int Fail(const Status& s, int code = 2) {
   return code;
 }
 
+// The flags that need parsing or a unit conversion, and the few values shared by two structs.
+Status Finish(Config* c) {
+  runtime::ElasticOptions& e = c->loop.elastic;
+  EDL_RETURN_IF_ERROR(runtime::ParseBatchPolicy(c->batch_policy, &e.batch_policy));
+  EDL_RETURN_IF_ERROR(ParseMilestones(c->lr_milestones, &e.lr.milestones));
+  e.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(c->comm_timeout_s * 1000));
+  e.generation_wait = std::chrono::milliseconds(static_cast<int64_t>(c->generation_wait_s * 1000));
+  e.seed = c->trainer.seed;  // one --seed: init, augmentation and data order
+  // Augmentation is seeded by (seed, batch indices) inside the loader: nothing to sync on re-form.
+  c->trainer.augment.random_crop = c->trainer.augment.flip = c->augment;
+  c->loop.label = c->model() + " " + c->data;
+  return Status::OK();
+}
+
 StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c) {
   std::unique_ptr<Dataset> train, test;
   EDL_RETURN_IF_ERROR(LoadData(c, &train, &test));
-  TrainerOptions to;
-  to.device = c.device;
-  to.precision = c.precision;
-  to.threads = c.threads;
-  to.model.name = c.model;
-  to.model.zero_init_residual = c.zero_init_residual;
-  to.model.decay_bn_and_bias = c.decay_bn_and_bias;
-  to.momentum = static_cast<float>(c.momentum);
-  to.weight_decay = static_cast<float>(c.weight_decay);
-  to.nesterov = c.nesterov;
-  to.label_smoothing = static_cast<float>(c.label_smoothing);
-  // Augmentation is seeded by (seed, batch indices) inside the loader: nothing to sync on re-form.
-  to.augment.random_crop = to.augment.flip = c.augment;
-  to.seed = c.seed;
-  return Trainer::Create(to, std::move(train), std::move(test));
-}
-
-Status MakeLoopOptions(const Config& c, const Trainer& trainer, LoopOptions* lo) {
-  lo->batch_size = c.batch_size;
-  EDL_RETURN_IF_ERROR(runtime::ParseBatchPolicy(c.batch_policy, &lo->batch_policy));
-  lo->epochs = c.epochs;
-  lo->max_steps = c.max_steps;
-  lo->log_every = c.log_every;
-  lo->eval = c.eval;
-  lo->seed = c.seed;
-  lo->lr.base_lr = c.lr;
-  lo->lr.base_batch = c.base_batch;
-  lo->lr.warmup_epochs = c.warmup_epochs;
-  lo->lr.decay = c.lr_decay;
-  lo->lr.rescale_ramp_steps = c.rescale_ramp_steps;
-  EDL_RETURN_IF_ERROR(ParseMilestones(c.lr_milestones, &lo->lr.milestones));
-  lo->comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(c.comm_timeout_s * 1000));
-  lo->generation_wait = std::chrono::milliseconds(static_cast<int64_t>(c.generation_wait_s * 1000));
-  lo->sample_log = c.sample_log;
-  lo->threads = trainer.threads();
-  lo->label = c.model + " " + c.data;
-  return Status::OK();
+  return Trainer::Create(c.trainer, std::move(train), std::move(test));
 }
 
 }  // namespace
@@ -321,9 +293,9 @@ int RunTrainMain(int argc, char** argv) {
   po::options_description desc = Flags(&c);
   ParsedFlags parsed;
   Status s = ParseFlags("train",
-                        "usage: edl train [flags]\nTrains a ResNet: elastic under an edl client "
-                        "(EDL_CLIENT_SOCKET), static under `edl launch` (RANK/WORLD_SIZE), else "
-                        "standalone.",
+                        "usage: edl train [flags]\nTrains a ResNet: elastic (or restart mode) "
+                        "under an edl client, static under `edl launch`, else standalone; the "
+                        "runtime picks the mode from the environment.",
                         desc, argc, argv, &parsed);
   if (!s.ok()) {
     std::cerr << "edl train: " << s.ToString() << "\n";
@@ -331,43 +303,37 @@ int RunTrainMain(int argc, char** argv) {
   }
   if (parsed.help) return 0;
   if (s = Validate(c); !s.ok()) return Fail(s);
+  if (s = Finish(&c); !s.ok()) return Fail(s);
+  // The runtime reads the env contract and picks the mode; a bad environment fails before the
+  // data is loaded.
+  auto plan = runtime::PlanRunFromProcess();
+  if (!plan.ok()) return Fail(plan.status());
+  plan.value().ApplyTo(&c.loop.elastic);
+  c.loop.elastic.start_micros = start_micros;
+  c.trainer.trainers_on_node = plan.value().env.TrainersOnNode();
   auto trainer = MakeTrainer(c);
   if (!trainer.ok()) return Fail(trainer.status());
-  LoopOptions lo;
-  if (s = MakeLoopOptions(c, *trainer.value(), &lo); !s.ok()) return Fail(s);
-  bool joining = false;
-  auto membership = MakeMembership(&joining);
-  if (!membership.ok()) return Fail(membership.status());
-  lo.joining = joining;
-  lo.start_micros = start_micros;
-  if (const char* g = std::getenv("EDL_GENERATION"); joining && g != nullptr) {
-    lo.join_generation = std::atoll(g);
-  }
-  std::unique_ptr<runtime::CheckpointLoader> loader;
-  if (!c.checkpoint_dir.empty()) {
-    runtime::CheckpointLoaderOptions co;
-    co.checkpoint_steps = c.checkpoint_steps;
-    co.checkpoint_secs = c.checkpoint_secs;
-    co.config_fingerprint = "seed=" + std::to_string(c.seed) +
-                            ";train=" + std::to_string(trainer.value()->train_size());
-    loader = runtime::NewRocksDbCheckpointLoader(c.checkpoint_dir, c.keep_checkpoints, co);
-    lo.loader = loader.get();
-  }
   Trainer* t = trainer.value().get();
-  std::cout << "edl train: " << c.model << " on " << t->train_data().name() << " ("
+  c.loop.threads = t->threads();
+  auto membership = runtime::Connect(plan.value());
+  if (!membership.ok()) return Fail(membership.status());
+  std::unique_ptr<runtime::CheckpointLoader> loader;
+  if (!c.store.dir.empty()) {
+    c.checkpoint.config_fingerprint = "seed=" + std::to_string(c.trainer.seed) +
+                                      ";train=" + std::to_string(t->train_size());
+    loader = runtime::NewRocksDbCheckpointLoader(c.store, c.checkpoint);
+    c.loop.elastic.loader = loader.get();
+  }
+  std::cout << "edl train: " << c.model() << " on " << t->train_data().name() << " ("
             << t->train_size() << " train / " << t->test_size() << " test, "
             << t->model()->num_params() << " parameters), device " << t->backend()->name()
-            << ", threads " << t->threads() << ", batch " << c.batch_size << " ("
-            << c.batch_policy << "), trainer " << membership.value()->trainer_id()
-            << (joining ? " (joining)" : "") << std::endl;
+            << ", threads " << t->threads() << ", batch " << c.batch() << " ("
+            << c.batch_policy << "), " << runtime::RunModeName(plan.value().mode)
+            << " mode, trainer " << membership.value()->trainer_id()
+            << (plan.value().joining() ? " (joining)" : "") << std::endl;
   LoopResult result;
-  if (c.plain_allreduce) {
-    s = RunPlainAllReduce(t, lo, membership.value().get(), std::cout, &result);
-    if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
-    AppendUsage(c, membership.value()->trainer_id(), result);
-    return 0;
-  }
-  s = RunTraining(t, lo, membership.value().get(), std::cout, &result);
+  s = c.plain_allreduce ? RunPlainAllReduce(t, c.loop, membership.value().get(), std::cout, &result)
+                        : RunTraining(t, c.loop, membership.value().get(), std::cout, &result);
   if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
   AppendUsage(c, membership.value()->trainer_id(), result);
   return 0;

@@ -1,25 +1,16 @@
 #include "resnet50/trainer.h"
 
+#include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 #include <sstream>
 #include <thread>
 #include <utility>
 
 namespace edl::resnet50 {
 
-int DefaultThreads() {
-  int cores = static_cast<int>(std::thread::hardware_concurrency());
-  if (cores <= 0) cores = 1;
-  int local = 1;
-  for (const char* var : {"EDL_LOCAL_TRAINERS", "LOCAL_WORLD_SIZE"}) {
-    const char* v = std::getenv(var);
-    if (v != nullptr && std::atoi(v) > 0) {
-      local = std::atoi(v);
-      break;
-    }
-  }
-  return std::max(1, cores / local);
+int DefaultThreads(int trainers_on_node) {
+  const int cores = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, std::max(cores, 1) / std::max(trainers_on_node, 1));
 }
 
 Trainer::Trainer(const TrainerOptions& options, std::unique_ptr<Dataset> train,
@@ -40,7 +31,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerOptions& options
 }
 
 Status Trainer::Init() {
-  threads_ = options_.threads > 0 ? options_.threads : DefaultThreads();
+  threads_ = options_.threads > 0 ? options_.threads : DefaultThreads(options_.trainers_on_node);
   BackendOptions bo;
   bo.threads = threads_;
   bo.precision = options_.precision;

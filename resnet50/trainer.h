@@ -25,7 +25,9 @@ namespace edl::resnet50 {
 
 struct TrainerOptions {
   std::string device = "cpu";  // cpu | cuda | auto (cuda when built and usable, else cpu)
-  int threads = 0;             // CPU compute threads; 0 = DefaultThreads()
+  int threads = 0;             // CPU compute threads; 0 = DefaultThreads(trainers_on_node)
+  int trainers_on_node = 1;    // trainers sharing this node's cores (the env contract's
+                               // EnvContract::TrainersOnNode())
   std::string precision = "fp32";  // CUDA compute precision: fp32 | bf16 | fp16 (CPU: fp32 only)
   ModelConfig model;           // in_channels / image_size / num_classes come from the data
   float momentum = 0.9f;
@@ -36,9 +38,8 @@ struct TrainerOptions {
   uint64_t seed = 1;           // init and augmentation
 };
 
-// Cores of this machine divided by the trainers on the node (env LOCAL_WORLD_SIZE or
-// EDL_LOCAL_TRAINERS; 1 when unset), at least 1.
-int DefaultThreads();
+// Cores of this machine divided by `trainers_on_node`, at least 1.
+int DefaultThreads(int trainers_on_node);
 
 class Trainer : public runtime::Trainable {
  public:

@@ -68,7 +68,9 @@ struct CheckpointMeta {
   int world_size = 0;
   std::string fingerprint;     // model/config fingerprint (Trainable::Fingerprint)
   int64_t wall_time_micros = 0;  // set by Save when 0
-  std::string extra_json = "{}";  // a JSON object for the runtime, e.g. RNG state
+  // A JSON object for the runtime: its TrainingState under "training_state"
+  // (edl/runtime/training_state.h, EncodeCheckpointMeta; docs/ARCHITECTURE.md, "Training state").
+  std::string extra_json = "{}";
   std::vector<TensorRecord> tensors;  // filled by Save from the TensorViews; ignored on input
 
   uint64_t TotalBytes() const;

@@ -1,7 +1,5 @@
 #include "edl/runtime/channel_membership.h"
 
-#include <cstdlib>
-
 #include "edl/net/trainer_channel.h"
 #include "edl/proto/messages.h"
 
@@ -126,21 +124,11 @@ std::unique_ptr<MembershipSource> NewChannelMembership(std::unique_ptr<net::Trai
   return std::make_unique<ChannelMembership>(std::move(channel), std::move(trainer_id));
 }
 
-StatusOr<std::unique_ptr<MembershipSource>> ChannelMembershipFromEnv(
-    std::chrono::milliseconds timeout) {
-  const char* socket = std::getenv("EDL_CLIENT_SOCKET");
-  const char* id = std::getenv("EDL_TRAINER_ID");
-  if (socket == nullptr || *socket == '\0') {
-    return Status::InvalidArgument("EDL_CLIENT_SOCKET is not set (start the trainer from an edl client)");
-  }
-  if (id == nullptr || *id == '\0') {
-    return Status::InvalidArgument("EDL_TRAINER_ID is not set (start the trainer from an edl client)");
-  }
-  auto ch = net::TrainerChannel::Connect(socket, id, timeout);
-  if (!ch.ok()) {
-    return ch.status().WithContext(std::string("connecting to the edl client at ") + socket);
-  }
-  return NewChannelMembership(std::move(ch.value()), id);
+StatusOr<std::unique_ptr<MembershipSource>> ConnectChannelMembership(
+    const std::string& socket, const std::string& trainer_id, std::chrono::milliseconds timeout) {
+  auto ch = net::TrainerChannel::Connect(socket, trainer_id, timeout);
+  if (!ch.ok()) return ch.status().WithContext("connecting to the edl client at " + socket);
+  return NewChannelMembership(std::move(ch.value()), trainer_id);
 }
 
 }  // namespace edl::runtime

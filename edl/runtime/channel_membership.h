@@ -31,9 +31,11 @@ Generation ToGeneration(const proto::GenerationInfo& info);
 std::unique_ptr<MembershipSource> NewChannelMembership(std::unique_ptr<net::TrainerChannel> channel,
                                                        std::string trainer_id);
 
-// Connects to EDL_CLIENT_SOCKET as EDL_TRAINER_ID (both required) within `timeout`.
-// InvalidArgument naming a missing variable; Unavailable/Timeout when the client does not answer.
-StatusOr<std::unique_ptr<MembershipSource>> ChannelMembershipFromEnv(
+// Connects to the client's Unix socket `socket` as `trainer_id` (EDL_CLIENT_SOCKET and
+// EDL_TRAINER_ID of the env contract; edl/runtime/run_mode.h picks this source) within `timeout`.
+// Unavailable/Timeout when the client does not answer.
+StatusOr<std::unique_ptr<MembershipSource>> ConnectChannelMembership(
+    const std::string& socket, const std::string& trainer_id,
     std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
 
 }  // namespace edl::runtime

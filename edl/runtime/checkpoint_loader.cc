@@ -1,7 +1,6 @@
 #include "edl/runtime/checkpoint_loader.h"
 
 #include <glog/logging.h>
-#include <nlohmann/json.hpp>
 
 namespace edl::runtime {
 
@@ -9,12 +8,7 @@ CheckpointLoader::CheckpointLoader(std::unique_ptr<ckpt::CheckpointStore> store,
                                    CheckpointLoaderOptions options)
     : store_(std::move(store)),
       options_(std::move(options)),
-      checkpointer_(store_.get(), [&] {
-        ckpt::AsyncCheckpointerOptions o;
-        o.checkpoint_steps = options_.checkpoint_steps;
-        o.checkpoint_secs = options_.checkpoint_secs;
-        return o;
-      }()) {}
+      checkpointer_(store_.get(), options_.save) {}
 
 CheckpointLoader::~CheckpointLoader() = default;
 
@@ -36,23 +30,18 @@ std::vector<ckpt::TensorView> CheckpointLoader::Views(Trainable* trainable,
 ckpt::CheckpointMeta CheckpointLoader::Meta(Trainable* trainable, const TrainingState& state,
                                             const StepContext& ctx) const {
   ckpt::CheckpointMeta m;
-  m.step = state.step;
-  m.epoch = state.position.epoch;
-  m.cursor = state.position.cursor;
+  EncodeCheckpointMeta(state, &m);
   m.generation = ctx.generation;
   m.world_size = ctx.world_size;
   m.fingerprint = Fingerprint(trainable);
-  m.extra_json = nlohmann::json{{"last_lr", state.last_lr},
-                                {"last_global_batch", state.last_global_batch},
-                                {"ramp_from_lr", state.ramp_from_lr},
-                                {"steps_since_reform", state.steps_since_reform}}
-                     .dump();
   return m;
 }
 
 Status CheckpointLoader::Load(Trainable* trainable, TrainingState* state) {
   ckpt::LoadedCheckpoint cp;
   EDL_RETURN_IF_ERROR(store_->LoadLatest(Fingerprint(trainable), &cp));
+  TrainingState loaded;  // decoded before any tensor is touched: a bad record changes nothing
+  EDL_RETURN_IF_ERROR(DecodeCheckpointMeta(cp.meta, &loaded).WithContext(store_->Describe()));
   for (const StateTensor& t : trainable->StateTensors()) {
     const ckpt::TensorRecord* rec = cp.meta.FindTensor(t.name);
     const uint8_t* bytes = cp.Find(t.name);
@@ -63,16 +52,7 @@ Status CheckpointLoader::Load(Trainable* trainable, TrainingState* state) {
     }
     EDL_RETURN_IF_ERROR(trainable->CopyFromHost(t, bytes));
   }
-  *state = TrainingState();
-  state->step = cp.meta.step;
-  state->position = {cp.meta.epoch, cp.meta.cursor};
-  nlohmann::json extra = nlohmann::json::parse(cp.meta.extra_json, nullptr, false);
-  if (extra.is_object()) {
-    state->last_lr = extra.value("last_lr", 0.0);
-    state->last_global_batch = extra.value("last_global_batch", int64_t{0});
-    state->ramp_from_lr = extra.value("ramp_from_lr", 0.0);
-    state->steps_since_reform = extra.value("steps_since_reform", int64_t{0});
-  }
+  *state = loaded;
   last_saved_step_ = cp.meta.step;
   LOG(INFO) << "loaded checkpoint " << cp.meta.id << " (step " << cp.meta.step << ", generation "
             << cp.meta.generation << ") from " << store_->Describe();
@@ -108,12 +88,9 @@ Status CheckpointLoader::Finish(Trainable* trainable, const TrainingState& state
   return s.WithContext("final checkpoint to " + store_->Describe());
 }
 
-std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const std::string& dir, int keep,
+std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const ckpt::RocksDbStoreOptions& store,
                                                              CheckpointLoaderOptions options) {
-  ckpt::RocksDbStoreOptions so;
-  so.dir = dir;
-  so.keep_checkpoints = keep;
-  return std::make_unique<CheckpointLoader>(ckpt::OpenRocksDbStore(so), std::move(options));
+  return std::make_unique<CheckpointLoader>(ckpt::OpenRocksDbStore(store), std::move(options));
 }
 
 }  // namespace edl::runtime

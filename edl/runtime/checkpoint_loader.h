@@ -1,7 +1,9 @@
-// CheckpointLoader: the runtime's StateLoader over edl/ckpt (DESIGN.md, "Checkpoint store").
+// CheckpointLoader: the runtime's StateLoader over edl/ckpt (docs/ARCHITECTURE.md, "Checkpoint
+// store").
 //
 //  - Load (cold start, on rank 0 only, when no trainer holds state): the newest checkpoint that
-//    verifies and whose fingerprint matches, copied into the Trainable and the TrainingState.
+//    verifies and whose fingerprint matches, copied into the Trainable and the TrainingState
+//    (decoded by edl/runtime/training_state.h before any tensor is touched).
 //  - AfterStep (rank 0 of the current generation, after each committed step): an AsyncCheckpointer
 //    snapshot when --checkpoint_steps / --checkpoint_secs say a save is due; the disk write runs in
 //    the background. Each save carries the writer's generation, so a stale rank 0 of an older
@@ -24,8 +26,7 @@
 namespace edl::runtime {
 
 struct CheckpointLoaderOptions {
-  int64_t checkpoint_steps = 0;   // save every this many steps (0: no step trigger)
-  double checkpoint_secs = 0;     // save every this many seconds (0: no time trigger)
+  ckpt::AsyncCheckpointerOptions save;  // when to save: checkpoint_steps / checkpoint_secs
   std::string config_fingerprint;  // appended to the Trainable's fingerprint
   bool final_save = true;         // Finish() saves synchronously
 };
@@ -57,8 +58,8 @@ class CheckpointLoader : public StateLoader {
   int64_t last_saved_step_ = -1;
 };
 
-// A CheckpointLoader over a RocksDB store in `dir` keeping the last `keep` checkpoints.
-std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const std::string& dir, int keep,
+// A CheckpointLoader over a RocksDB store (`store.dir`, keeping `store.keep_checkpoints`).
+std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const ckpt::RocksDbStoreOptions& store,
                                                              CheckpointLoaderOptions options);
 
 }  // namespace edl::runtime

@@ -1,6 +1,6 @@
 // DataPlan: which training samples each rank takes at each step, so that every sample is seen
-// exactly once per epoch whatever sequence of world sizes the job goes through (DESIGN.md, "Data
-// and hyper-parameters").
+// exactly once per epoch whatever sequence of world sizes the job goes through
+// (docs/ARCHITECTURE.md, "Data plan and the exactly-once cursor").
 //
 // Epoch e visits a permutation of the N samples seeded by (seed, e). The synced training state holds
 // a Position (epoch, global cursor into that permutation). At each step rank r takes the next b_r

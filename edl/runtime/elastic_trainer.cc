@@ -24,15 +24,6 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr uint64_t kSyncMagic = 0x45444C5359434E31ULL;  // "EDLSYNC1"
-
-// State sync header, broadcast from the root (plain 8-byte fields: same layout on every rank).
-struct SyncHeader {
-  uint64_t magic;
-  int64_t step, epoch, cursor, last_global_batch, steps_since_reform;
-  double last_lr, ramp_from_lr;
-};
-
 // In-band slots after the gradients (Trainable::kInbandSlots == 4), SUM-reduced with them.
 enum InbandSlot { kNewerSeen = 0, kLossSum = 1, kCorrect = 2, kSamples = 3 };
 static_assert(Trainable::kInbandSlots >= 4, "the runtime uses four in-band slots");
@@ -401,25 +392,18 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
       }
     }
   }
-  SyncHeader h{kSyncMagic, state_.step, state_.position.epoch, state_.position.cursor,
-               state_.last_global_batch, state_.steps_since_reform, state_.last_lr,
-               state_.ramp_from_lr};
-  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(&h, sizeof(h), root)));
-  if (h.magic != kSyncMagic) return Status::Corruption("state sync header from rank " +
-                                                       std::to_string(root) + " is garbled");
+  SyncHeader header = EncodeSyncHeader(state_);
+  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(header.data(), header.size(), root)));
+  TrainingState synced;
+  EDL_RETURN_IF_ERROR(DecodeSyncHeader(header, "rank " + std::to_string(root), &synced));
   // Every rank holds the same step: only per-rank state (BN running statistics) may differ.
   EDL_RETURN_IF_ERROR(BroadcastTensors(root, /*per_rank_only=*/!need_tensors));
   // The step this rank had in flight was committed by others: its samples were consumed.
-  if (pending_.step == h.step && pending_.step == state_.step + 1 && has_state_) {
+  if (pending_.step == synced.step && pending_.step == state_.step + 1 && has_state_) {
     LogSamples(pending_.step, pending_.epoch, pending_.indices, std::nan(""));
   }
   pending_.step = -1;
-  state_.step = h.step;
-  state_.position = {h.epoch, h.cursor};
-  state_.last_global_batch = h.last_global_batch;
-  state_.steps_since_reform = h.steps_since_reform;
-  state_.last_lr = h.last_lr;
-  state_.ramp_from_lr = h.ramp_from_lr;
+  state_ = synced;
   has_state_ = true;
   const std::vector<int64_t> b = Batches();
   const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});

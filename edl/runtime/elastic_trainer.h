@@ -1,4 +1,4 @@
-// ElasticTrainer: the in-place elastic training loop (DESIGN.md, "The generation switch"). It
+// ElasticTrainer: the in-place elastic training loop (docs/ARCHITECTURE.md, "Generations and the re-form"). It
 // drives a Trainable through steps over a communicator of the current generation and, when the
 // MembershipSource commits a newer generation, switches at a step every rank agrees on:
 //
@@ -34,18 +34,9 @@
 #include "edl/runtime/lr_schedule.h"
 #include "edl/runtime/membership.h"
 #include "edl/runtime/trainable.h"
+#include "edl/runtime/training_state.h"
 
 namespace edl::runtime {
-
-// The training state besides the tensors: what state sync broadcasts and a checkpoint stores.
-struct TrainingState {
-  int64_t step = 0;              // committed optimizer steps
-  DataPosition position;         // epoch and global cursor
-  double last_lr = 0;            // rate of the last committed step
-  int64_t last_global_batch = 0; // global batch of the last committed step (0: none yet)
-  double ramp_from_lr = 0;       // rate the post-re-form ramp starts from
-  int64_t steps_since_reform = 0;
-};
 
 // Where a committed step happened (checkpoint fencing and metadata).
 struct StepContext {

@@ -1,6 +1,7 @@
-// Learning-rate policy (DESIGN.md, "Data and hyper-parameters"). Schedules are functions of
-// fractional epochs (samples seen / N), so they do not depend on the world size. The peak rate
-// follows the linear scaling rule against a base batch: lr = base_lr * global_batch / base_batch.
+// Learning-rate policy (docs/ARCHITECTURE.md, "Data plan and the exactly-once cursor").
+// Schedules are functions of fractional epochs (samples seen / N), so they do not depend on the
+// world size. The peak rate follows the linear scaling rule against a base batch:
+// lr = base_lr * global_batch / base_batch.
 // After a re-form that changes the global batch, an optional ramp moves linearly from the rate in
 // use before the change to the new target over `rescale_ramp_steps` steps.
 //

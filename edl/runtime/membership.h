@@ -1,7 +1,8 @@
 // MembershipSource: how the elastic runtime learns the job's committed generations and talks back
 // to the control plane. In production it is a thin adapter over net::TrainerChannel (the node
 // client over EDL_CLIENT_SOCKET); in static mode (`edl launch`, no server) a fixed generation from
-// RANK / WORLD_SIZE; in tests an in-process fake shared by several trainer threads.
+// RANK / WORLD_SIZE; in tests an in-process fake shared by several trainer threads. Which one a
+// trainer gets is the runtime's choice from the env contract: edl/runtime/run_mode.h.
 //
 // Thread-safety: implementations are thread-safe; the runtime calls Latest()/WaitGeneration() from
 // its training thread and from a watcher thread at the same time.
@@ -68,11 +69,5 @@ class MembershipSource {
 // that never changes, over `kv`. REQUIRES: 0 <= rank < world.
 std::unique_ptr<MembershipSource> NewStaticMembership(int rank, int world, int64_t generation,
                                                       std::unique_ptr<KvStore> kv);
-
-// Static mode from the torchrun-style environment: RANK, WORLD_SIZE (required), EDL_GENERATION
-// (default 1), and a FileKvStore in EDL_RENDEZVOUS_DIR (default /tmp/edl-rdzv-<MASTER_ADDR>-
-// <MASTER_PORT>, which `edl launch` should make fresh per run). InvalidArgument naming the
-// variable when one is missing or malformed.
-StatusOr<std::unique_ptr<MembershipSource>> StaticMembershipFromEnv();
 
 }  // namespace edl::runtime

@@ -11,3 +11,8 @@ list(APPEND EDL_SOURCES
   runtime/channel_membership.cc
   runtime/checkpoint_loader.cc
 )
+list(APPEND EDL_SOURCES
+  runtime/env_contract.cc
+  runtime/run_mode.cc
+  runtime/training_state.cc
+)

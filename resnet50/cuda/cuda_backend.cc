@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "edl/runtime/env_contract.h"
 #include "resnet50/cuda/cuda_check.h"
 
 namespace edl::resnet50::cuda {
@@ -93,7 +94,7 @@ Status CudaBackend::Init() {
   EDL_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(overflow_dev_, 0, sizeof(int), stream_));
   *overflow_host_ = 0;
   loss_scale_ = act_ == Elem::kF16 ? config::kInitialLossScale : 1.f;
-  const char* phases = std::getenv("EDL_CUDA_PHASE_TIMES");
+  const char* phases = std::getenv(runtime::env::kCudaPhaseTimes);
   phase_on_ = phases != nullptr && phases[0] == '1';
   for (int i = 0; phase_on_ && i < kNumPhaseEvents; ++i) {
     EDL_CUDA_RETURN_IF_ERROR(cudaEventCreate(&phase_ev_[i]));

@@ -37,7 +37,7 @@ class Dataset {
                            uint64_t aug_seed, float* images, int32_t* labels) const = 0;
 };
 
-// ---- IDX files (http://yann.lecun.com/exdb/mnist/ format), gzip or plain.
+// ---- IDX files (the MNIST / Fashion-MNIST format), gzip or plain.
 struct IdxImages {
   int64_t count = 0;
   int rows = 0, cols = 0;

@@ -43,6 +43,7 @@ TEST_F(ControlPlaneTest, RestartModeRestartsEveryTrainerWithNewEnv) {
     std::set<int> ranks;
     for (const json& s : starts[gen]) {
       EXPECT_EQ(s["world_size"], world);
+      EXPECT_EQ(s["restart_mode"], true) << "EDL_RESTART_MODE=1 in the env contract: " << s.dump();
       ranks.insert(s["rank"].get<int>());
       if (gen < 3) {
         EXPECT_TRUE(terminated.count(s["pid"].get<int>())) << "not restarted: " << s.dump();

@@ -18,10 +18,12 @@
 #include <nlohmann/json.hpp>
 
 #include "edl/net/trainer_channel.h"
+#include "edl/runtime/env_contract.h"
 
 namespace {
 
 std::atomic<bool> g_term{false};
+edl::runtime::EnvContract g_env;  // the env contract the client built, parsed as a trainer would
 
 std::string Env(const char* k) {
   const char* v = std::getenv(k);
@@ -30,7 +32,7 @@ std::string Env(const char* k) {
 
 void Record(nlohmann::json j) {
   j["pid"] = ::getpid();
-  j["trainer_id"] = Env("EDL_TRAINER_ID");
+  j["trainer_id"] = g_env.trainer_id;
   const std::string line = j.dump() + "\n";
   const int fd = ::open(Env("STANDIN_RECORD").c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
   if (fd < 0) return;
@@ -43,28 +45,35 @@ void Record(nlohmann::json j) {
 int main() {
   std::signal(SIGTERM, [](int) { g_term = true; });
   std::signal(SIGPIPE, SIG_IGN);
+  auto contract = edl::runtime::TrainerEnvFromProcess();
+  if (!contract.ok()) {
+    Record({{"event", "contract_error"}, {"error", contract.status().ToString()}});
+    return 3;
+  }
+  g_env = contract.value();
   Record({{"event", "start"},
-          {"generation", std::atoll(Env("EDL_GENERATION").c_str())},
-          {"rank", std::atoi(Env("RANK").c_str())},
-          {"world_size", std::atoi(Env("WORLD_SIZE").c_str())},
-          {"slot", std::atoi(Env("EDL_SLOT").c_str())},
-          {"joining", Env("EDL_JOINING") == "1"},
-          {"master", Env("MASTER_ADDR") + ":" + Env("MASTER_PORT")}});
+          {"generation", g_env.generation},
+          {"rank", g_env.rank},
+          {"world_size", g_env.world_size},
+          {"slot", g_env.slot},
+          {"joining", g_env.joining},
+          {"restart_mode", g_env.restart_mode},
+          {"master", g_env.master_addr + ":" + std::to_string(g_env.master_port)}});
   if (Env("STANDIN_MODE") == "restart") {
     while (!g_term) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     Record({{"event", "term"}});
     return 0;
   }
   using std::chrono::milliseconds;
-  const std::string id = Env("EDL_TRAINER_ID");
-  auto ch = edl::net::TrainerChannel::Connect(Env("EDL_CLIENT_SOCKET"), id, milliseconds(5000),
+  const std::string id = g_env.trainer_id;
+  auto ch = edl::net::TrainerChannel::Connect(g_env.client_socket, id, milliseconds(5000),
                                               milliseconds(200));
   if (!ch.ok()) {
     Record({{"event", "channel_error"}, {"error", ch.status().ToString()}});
     return 3;
   }
-  const int64_t start_gen = std::atoll(Env("EDL_GENERATION").c_str());
-  if (Env("EDL_JOINING") == "1") (void)ch.value()->ReportReady(start_gen);
+  const int64_t start_gen = g_env.generation;
+  if (g_env.joining) (void)ch.value()->ReportReady(start_gen);
   int64_t seen = 0;
   const std::string exit_after = Env("STANDIN_EXIT_AFTER_MS");
   const auto finish_at = std::chrono::steady_clock::now() +

@@ -8,11 +8,13 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "edl/runtime/env_contract.h"
 #include "resnet50/train_loop.h"
 #include "resnet50/trainer.h"
 #include "tests/testutil.h"
@@ -38,13 +40,13 @@ TEST(TrainTest, FashionMnistLossFalls) {
   auto t = Trainer::Create(o, std::move(train.value()), std::move(test.value()));
   ASSERT_OK(t.status());
   LoopOptions lo;
-  lo.batch_size = 64;
-  lo.max_steps = 60;
+  lo.elastic.batch = 64;
+  lo.elastic.max_steps = 60;
   lo.log_every = 20;
   lo.eval = false;
-  lo.lr.base_lr = 0.1;
-  lo.lr.base_batch = 64;
-  lo.lr.decay = "constant";
+  lo.elastic.lr.base_lr = 0.1;
+  lo.elastic.lr.base_batch = 64;
+  lo.elastic.lr.decay = "constant";
   lo.label = "resnet20 fashion-mnist";
   std::ostringstream out;
   LoopResult r;
@@ -65,14 +67,17 @@ TEST(TrainTest, FashionMnistLossFalls) {
   EXPECT_GT(s.correct, 150);
 }
 
-// Runs `edl train ARGS` with a deadline; returns the exit code and the captured stderr.
-int RunEdlTrain(const std::vector<std::string>& args, std::string* err) {
+// Runs `edl train ARGS` (with `env` added to the environment) with a deadline; returns the exit
+// code and the captured stderr.
+int RunEdlTrain(const std::vector<std::string>& args, std::string* err,
+                const std::map<std::string, std::string>& env = {}) {
   test::ScratchDir dir("edltrain");
   const std::string err_path = dir.Join("stderr");
   const pid_t pid = fork();
   if (pid == 0) {
     FILE* f = std::freopen(err_path.c_str(), "w", stderr);
     (void)f;
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
     std::string bin = test::EdlBinary(), sub = "train";
     argv.push_back(bin.data());
@@ -116,6 +121,20 @@ TEST(TrainMainTest, BadInputIsExitCode2WithClearMessage) {
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
   // --help lists every flag with its default and exits 0.
   EXPECT_EQ(RunEdlTrain({"--help"}, &err), 0);
+}
+
+// The runtime checks the env contract before any data is loaded, and names the variable at fault.
+TEST(TrainMainTest, BadEnvironmentIsExitCode2NamingTheVariable) {
+  std::string err;
+  EXPECT_EQ(RunEdlTrain({"--data_dir", "/nonexistent-dir"}, &err,
+                        {{runtime::env::kRank, "3"}, {runtime::env::kWorldSize, "2"}}),
+            2);
+  EXPECT_NE(err.find("RANK=3"), std::string::npos) << err;
+  EXPECT_EQ(err.find("/nonexistent-dir"), std::string::npos) << "checked before loading data: " << err;
+  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, {{runtime::env::kJoining, "1"}}), 2);
+  EXPECT_NE(err.find("EDL_CLIENT_SOCKET"), std::string::npos) << err;
+  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, {{runtime::env::kGeneration, "two"}}), 2);
+  EXPECT_NE(err.find("EDL_GENERATION"), std::string::npos) << err;
 }
 
 TEST(TrainMainTest, SyntheticRunPrintsProgressAndSummary) {

@@ -4,7 +4,7 @@
 // A communicator is created for exactly one generation (rank, world size fixed) and is never
 // re-used across generations: a re-form builds a new one. After any failed collective or Abort(),
 // the communicator stays failed (every later call returns the same error); the owner destroys it
-// and builds the next one (gloo docs/errors.md: an IoException leaves the transport unusable).
+// and builds the next one (in Gloo, an IoException leaves the transport unusable).
 //
 // Thread-safety: collectives are issued from one thread at a time. Abort() may be called from any
 // thread, also while a collective is blocked in another; it makes that collective and every later

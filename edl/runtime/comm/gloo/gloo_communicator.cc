@@ -12,7 +12,7 @@
 // makes the peers' collectives fail at once, so an abort on one rank spreads to the others. Every
 // collective also carries options.timeout, so even a path the abort misses is bounded.
 //
-// Failure is sticky (gloo docs/errors.md: after an IoException the transport is unusable): the
+// Failure is sticky (in Gloo, after an IoException the transport is unusable): the
 // first error is kept in failed_ and returned by every later call.
 #include <atomic>
 #include <mutex>

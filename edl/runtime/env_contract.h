@@ -1,0 +1,98 @@
+// The trainer env contract: what a trainer process learns from its environment, in both
+// directions, in one place (docs/ARCHITECTURE.md, "Env contract").
+//
+//   - the parent side (the `edl client` of a node, `edl launch`) fills an EnvContract and puts
+//     BuildTrainerEnv(c) into the child's environment (launcher::TrainerSpec::env);
+//   - the trainer side (edl/runtime/run_mode.h, the model app) reads it back with
+//     TrainerEnvFromProcess() / ParseTrainerEnv(), which check every variable and say which one
+//     is wrong and how to fix it.
+//
+// Every variable name lives in namespace env below; nothing else in the tree spells an "EDL_..."
+// trainer variable. The variables (the README's "Restart mode" table is the user-facing copy):
+//
+//   EDL_JOB_ID, EDL_TRAINER_ID       job and stable trainer id (unique in the job)
+//   EDL_CLIENT_SOCKET                the node client's Unix socket; set only under a client
+//   EDL_RESTART_MODE=1               the client runs in restart mode (torchrun-style)
+//   EDL_GENERATION, EDL_SLOT         generation the trainer was started in, slot / GPU index
+//   EDL_JOINING=1                    a hot joiner (in-place mode)
+//   EDL_RENDEZVOUS_DIR               static mode: the FileKvStore directory of this run
+//   EDL_LOCAL_TRAINERS               user override of the trainers sharing this node's cores
+//   RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT   torchrun-style
+//   CUDA_VISIBLE_DEVICES             the slot's GPU (GPU slots)
+//   EDL_CUDA_PHASE_TIMES=1           diagnostics only: CUDA per-phase step times
+//
+// Thread-safety: pure functions, except TrainerEnvFromProcess (reads environ; do not call it
+// while another thread calls setenv).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "edl/base/status.h"
+
+namespace edl::runtime {
+
+namespace env {
+inline constexpr const char* kJobId = "EDL_JOB_ID";
+inline constexpr const char* kTrainerId = "EDL_TRAINER_ID";
+inline constexpr const char* kClientSocket = "EDL_CLIENT_SOCKET";
+inline constexpr const char* kRestartMode = "EDL_RESTART_MODE";
+inline constexpr const char* kGeneration = "EDL_GENERATION";
+inline constexpr const char* kSlot = "EDL_SLOT";
+inline constexpr const char* kJoining = "EDL_JOINING";
+inline constexpr const char* kRendezvousDir = "EDL_RENDEZVOUS_DIR";
+inline constexpr const char* kLocalTrainers = "EDL_LOCAL_TRAINERS";
+inline constexpr const char* kCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
+inline constexpr const char* kRank = "RANK";
+inline constexpr const char* kWorldSize = "WORLD_SIZE";
+inline constexpr const char* kLocalRank = "LOCAL_RANK";
+inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
+inline constexpr const char* kMasterAddr = "MASTER_ADDR";
+inline constexpr const char* kMasterPort = "MASTER_PORT";
+// Diagnostics a user sets by hand (no parent writes it; read where it is used, not parsed here):
+// "1" makes the CUDA backend print GPU time per step phase (resnet50/cuda/cuda_backend.h).
+inline constexpr const char* kCudaPhaseTimes = "EDL_CUDA_PHASE_TIMES";
+// Every contract name above (the diagnostics excepted), for TrainerEnvFromProcess and tests.
+inline constexpr const char* kAll[] = {
+    kJobId, kTrainerId, kClientSocket, kRestartMode, kGeneration, kSlot, kJoining,
+    kRendezvousDir, kLocalTrainers, kCudaVisibleDevices, kRank, kWorldSize, kLocalRank,
+    kLocalWorldSize, kMasterAddr, kMasterPort};
+}  // namespace env
+
+struct EnvContract {
+  std::string job_id;         // EDL_JOB_ID
+  std::string trainer_id;     // EDL_TRAINER_ID: stable for the process's life, unique in the job
+  std::string client_socket;  // EDL_CLIENT_SOCKET (unset when empty: no client)
+  bool restart_mode = false;  // EDL_RESTART_MODE=1 (only with a client socket)
+  int64_t generation = 0;     // EDL_GENERATION the trainer was started in
+  int slot = 0;               // EDL_SLOT: slot / GPU index on the node
+  std::string cuda_visible_devices;  // CUDA_VISIBLE_DEVICES (unset when empty)
+  // torchrun-style, of the generation the trainer was started in. `has_world` is false when a
+  // parsed environment had no RANK / WORLD_SIZE (standalone); BuildTrainerEnv always writes them.
+  bool has_world = true;
+  int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR
+  int master_port = 0;                    // MASTER_PORT
+  bool joining = false;        // EDL_JOINING=1 for a hot joiner (in-place mode); unset otherwise
+  std::string rendezvous_dir;  // EDL_RENDEZVOUS_DIR (unset when empty)
+  int local_trainers = 0;      // EDL_LOCAL_TRAINERS (unset when 0); never set by EDL itself
+
+  // Trainers sharing this node's cores: EDL_LOCAL_TRAINERS, else LOCAL_WORLD_SIZE, at least 1.
+  int TrainersOnNode() const;
+};
+
+// The env entries for `c`, to put into launcher::TrainerSpec::env.
+std::map<std::string, std::string> BuildTrainerEnv(const EnvContract& c);
+
+// Reads the contract back from `env` (name -> value; other names are ignored). An empty value
+// counts as unset. InvalidArgument naming the variable and the fix when a value is malformed
+// (not an integer, out of range: RANK outside [0, WORLD_SIZE), a port outside [0, 65535]) or
+// the combination is inconsistent (RANK without WORLD_SIZE, EDL_JOINING or EDL_RESTART_MODE
+// without EDL_CLIENT_SOCKET, EDL_CLIENT_SOCKET without EDL_TRAINER_ID).
+StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& env);
+
+// ParseTrainerEnv over this process's environment (the names in env::kAll).
+StatusOr<EnvContract> TrainerEnvFromProcess();
+
+}  // namespace edl::runtime

@@ -1,0 +1,65 @@
+// Run-mode selection: the runtime, not the model app, decides from the env contract
+// (edl/runtime/env_contract.h) how this trainer process takes part in the job and where its
+// generations come from (docs/ARCHITECTURE.md, "Run modes"):
+//
+//   EDL_CLIENT_SOCKET, EDL_RESTART_MODE=1  restart: under an edl client in restart mode. The world
+//                                          is the generation the trainer was started in; it never
+//                                          re-forms (the client restarts every trainer on a
+//                                          change), resumes from the checkpoint store, and uses
+//                                          the client for rendezvous, progress and events.
+//   EDL_CLIENT_SOCKET                      elastic: in place under an edl client (a hot joiner
+//                                          when EDL_JOINING=1, for generation EDL_GENERATION).
+//   RANK / WORLD_SIZE                      static: a fixed world (`edl launch`), rendezvous in a
+//                                          FileKvStore in EDL_RENDEZVOUS_DIR (default
+//                                          /tmp/edl-rdzv-<MASTER_ADDR>-<MASTER_PORT>).
+//   none of them                           standalone: world size 1, in-memory rendezvous.
+//
+// A model app calls PlanRunFromProcess() early (before loading data: a bad environment fails
+// fast), ApplyTo() on its ElasticOptions, and Connect() once it is ready to train.
+//
+// Thread-safety: pure functions; Connect() returns a MembershipSource (thread-safe).
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "edl/base/status.h"
+#include "edl/runtime/elastic_trainer.h"
+#include "edl/runtime/env_contract.h"
+#include "edl/runtime/membership.h"
+
+namespace edl::runtime {
+
+enum class RunMode { kStandalone, kStatic, kElastic, kRestart };
+
+// "standalone", "static", "elastic", "restart".
+const char* RunModeName(RunMode mode);
+
+struct RunPlan {
+  RunMode mode = RunMode::kStandalone;
+  EnvContract env;
+
+  // A hot joiner: elastic mode with EDL_JOINING=1.
+  bool joining() const { return mode == RunMode::kElastic && env.joining; }
+  // Sets the ElasticOptions the environment decides: joining and join_generation.
+  void ApplyTo(ElasticOptions* options) const;
+};
+
+// The mode `env` selects (see the file comment). Pure.
+RunPlan PlanRun(const EnvContract& env);
+
+// TrainerEnvFromProcess() + PlanRun(): InvalidArgument naming a malformed variable.
+StatusOr<RunPlan> PlanRunFromProcess();
+
+// The MembershipSource of `plan`: connects to the edl client within `timeout` (elastic, restart;
+// Unavailable/Timeout when it does not answer), or builds the static / standalone one.
+StatusOr<std::unique_ptr<MembershipSource>> Connect(
+    const RunPlan& plan, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+
+// Restart mode's membership over `base` (owned): only generation `generation` is ever reported.
+// WaitGeneration for it returns it (Aborted when the client already committed a newer one: this
+// trainer is about to be restarted); waiting past it times out, as in static mode.
+std::unique_ptr<MembershipSource> NewPinnedMembership(std::unique_ptr<MembershipSource> base,
+                                                      int64_t generation);
+
+}  // namespace edl::runtime
