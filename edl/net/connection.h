@@ -67,6 +67,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void StartSession(std::unique_ptr<SessionMac> session, uint32_t max_frame_bytes);
 
   bool closed() const { return closed_; }
+  // Bytes held for the frame being read (tests: buffers grow with what arrives).
+  size_t read_buffer_bytes() const { return body_.capacity(); }
   const std::string& peer() const { return peer_; }
 
  private:
