@@ -139,6 +139,7 @@ void Client::Connect() {
                                   net::ToGeneric(std::move(*socket)),
                                   options_.server_host + ":" + std::to_string(options_.server_port), o);
                               authenticated_ = false;
+                              nonce_.clear();  // an error before our hello proves nothing
                               auto conn = server_;
                               server_->Start([this](const json& m) { OnServerMessage(m); },
                                              [this, conn](const Status& s) {
