@@ -20,7 +20,6 @@ struct Server::Peer {
   std::shared_ptr<net::Connection> conn;
   State state = State::kAuth;
   std::string nonce;           // ours, in the challenge
-  std::string source;          // remote address (admission control)
   std::string node;            // kClient
   int64_t last_generation = 0; // newest generation this client holds (for deltas)
   bool watch = false;          // kCtl after `watch`
@@ -127,7 +126,6 @@ void Server::OnAccepted(tcp::socket socket) {
   auto peer = std::make_shared<Peer>();
   peer->conn = net::Connection::Create(net::ToGeneric(std::move(socket)), name, o);
   peer->nonce = net::NewNonce();
-  peer->source = source;
   // Room for this one among the pre-auth connections: the oldest pending one may have to go.
   const uint64_t evict = admission_.Admit(reinterpret_cast<uintptr_t>(peer.get()), source);
   if (evict != 0) {
