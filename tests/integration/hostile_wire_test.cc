@@ -113,6 +113,16 @@ bool Alive(int pid) { return ::kill(pid, 0) == 0; }
 
 class HostileWireTest : public ControlPlaneHarness {
  protected:
+  // A low open-file limit for the server (prlimit execs it, so the pid stays the server's).
+  std::vector<std::string> Wrap(const std::string& role) override {
+    if (role == "server" && server_nofile_ > 0) {
+      const std::string n = std::to_string(server_nofile_);
+      return {"/usr/bin/prlimit", "--nofile=" + n + ":" + n};
+    }
+    return {};
+  }
+  int server_nofile_ = 0;
+
   // Trainer pids from the stand-ins' start records, by trainer id.
   std::map<std::string, int> TrainerPids() {
     std::map<std::string, int> out;
@@ -205,6 +215,42 @@ TEST_F(HostileWireTest, PreAuthBombsAndFloodsLeaveTheServerUpAndBounded) {
   const int64_t peak_kb = StatusKb(pid, "VmHWM");
   EXPECT_LT(peak_kb - base_kb, 64 * 1024) << "baseline " << base_kb << " kB, peak " << peak_kb << " kB";
   for (int fd : idle) ::close(fd);
+}
+
+// With only 64 file descriptors, a flood of idle pre-auth connections would lock everybody out
+// if the server kept them: it keeps a quarter of its limit for them, so ctl and a client get in.
+TEST_F(HostileWireTest, IdleFloodUnderALowFileLimitLocksNobodyOut) {
+  server_nofile_ = 64;
+  StartServer("", 2);
+  ASSERT_FALSE(HasFatalFailure());
+  const int port = std::stoi(port_);
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = Dial(port);
+    if (fd >= 0) idle.push_back(fd);
+  }
+  EXPECT_GE(idle.size(), 150u);
+  std::string out;
+  ASSERT_EQ(Ctl({"status"}, &out), 0) << out << Slurp(dir_.Join("server.log"), 4000);
+  // More keep coming while a client registers and its two trainers start.
+  std::atomic<bool> stop{false};
+  std::vector<int> more;  // the flood thread's, until joined
+  std::thread flood([&] {
+    while (!stop && more.size() < 300) {
+      const int fd = Dial(port);
+      if (fd >= 0) more.push_back(fd);
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+  });
+  auto client = StartNodeOfTwo(port);
+  stop = true;
+  flood.join();
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(Ctl({"status", "--json"}, &out), 0) << out;
+  EXPECT_NE(out.find("\"world_size\": 2"), std::string::npos) << out;
+  EXPECT_EQ(server_->Wait(milliseconds(0)), -1) << Slurp(dir_.Join("server.log"), 4000);
+  for (int fd : idle) ::close(fd);
+  for (int fd : more) ::close(fd);
 }
 
 // ---- (b) a relay on the path
