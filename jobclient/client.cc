@@ -171,10 +171,11 @@ void Client::OnServerMessage(const json& msg) {
     // After the welcome every frame is sealed, so an error then is the server's. Before it, only
     // an error carrying the server's proof over our nonce is; anyone can send the others (a
     // process that took the port of a dead server): log them and retry, never stop for them.
-    const bool proven = s.ok() && (authenticated_ ||
-                                   (!nonce_.empty() &&
-                                    net::MacEqual(e.mac, net::ServerErrorMac(options_.secret, nonce_,
-                                                                             e.code, e.message))));
+    const bool proven =
+        s.ok() && (authenticated_ ||
+                   (!nonce_.empty() &&
+                    net::MacEqual(e.mac, net::ServerErrorMac(options_.secret, nonce_, e.code,
+                                                             e.message))));
     s = s.ok() ? e.ToStatus() : s;
     if (!proven) {
       ++unproven_refusals_;
@@ -251,9 +252,9 @@ void Client::OnWelcome(const json& msg) {
     return server_->Close(s);
   }
   // welcome is the server's last unsealed frame and our hello was our last one.
-  server_->StartSession(
-      std::make_unique<net::SessionMac>(options_.secret, server_nonce_, nonce_, /*server_side=*/false),
-      proto::kMaxFrameBytes);
+  server_->StartSession(std::make_unique<net::SessionMac>(options_.secret, server_nonce_, nonce_,
+                                                          /*server_side=*/false),
+                        proto::kMaxFrameBytes);
   authenticated_ = true;
   ever_authenticated_ = true;
   unproven_refusals_ = 0;

@@ -199,7 +199,8 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
   switch (peer->state) {
     case Peer::State::kAuth:
       if (type != proto::msg::kHello) {
-        Reject(peer, Status::Unauthenticated("expected 'hello' before anything else, got " + proto::Quote(type)));
+        Reject(peer, Status::Unauthenticated("expected 'hello' before anything else, got " +
+                                             proto::Quote(type)));
         return;
       }
       OnHello(peer, msg);
@@ -222,9 +223,11 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   // The MAC first: a peer without the secret gets no further than this, whatever else it sent.
   const auto role = msg.find("role");
   const auto mac = msg.find("mac");
-  if (role == msg.end() || !role->is_string() || mac == msg.end() || !mac->is_string() ||
-      !net::MacEqual(mac->get_ref<const std::string&>(),
-                     net::PeerMac(options_.secret, role->get_ref<const std::string&>(), peer->nonce))) {
+  const bool proved =
+      role != msg.end() && role->is_string() && mac != msg.end() && mac->is_string() &&
+      net::MacEqual(mac->get_ref<const std::string&>(),
+                    net::PeerMac(options_.secret, role->get<std::string>(), peer->nonce));
+  if (!proved) {
     Reject(peer, Status::Unauthenticated("bad HMAC from " + peer->conn->peer() +
                                          ": the peer's --secret_file differs from the server's"));
     return;
@@ -247,9 +250,9 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
   // hello and welcome are the last unsealed frames: seal everything after the welcome.
   auto start_session = [&] {
-    peer->conn->StartSession(
-        std::make_unique<net::SessionMac>(options_.secret, peer->nonce, hello.nonce, /*server_side=*/true),
-        proto::kMaxFrameBytes);
+    peer->conn->StartSession(std::make_unique<net::SessionMac>(options_.secret, peer->nonce,
+                                                               hello.nonce, /*server_side=*/true),
+                             proto::kMaxFrameBytes);
   };
   proto::Welcome w;
   w.mac = net::ServerMac(options_.secret, hello.nonce);

@@ -69,7 +69,9 @@ bool ReadUrandom(unsigned char* buf, size_t n) {
 }  // namespace
 
 Status ReadSecretFile(const std::string& path, std::string* secret) {
-  if (path.empty()) return Status::InvalidArgument(std::string("--secret_file is required: ") + kMakeSecret);
+  if (path.empty()) {
+    return Status::InvalidArgument(std::string("--secret_file is required: ") + kMakeSecret);
+  }
   const std::string what = "--secret_file " + path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
@@ -80,7 +82,9 @@ Status ReadSecretFile(const std::string& path, std::string* secret) {
   std::string s;
   const bool read_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ReadAll(fd, 4096, &s);
   ::close(fd);
-  if (!read_ok) return Status::InvalidArgument(what + ": not a readable regular file; " + kMakeSecret);
+  if (!read_ok) {
+    return Status::InvalidArgument(what + ": not a readable regular file; " + kMakeSecret);
+  }
   if (st.st_uid != ::geteuid()) {
     return Status::InvalidArgument(what + ": owned by uid " + std::to_string(st.st_uid) +
                                    ", not by this user (uid " + std::to_string(::geteuid()) +
@@ -93,7 +97,9 @@ Status ReadSecretFile(const std::string& path, std::string* secret) {
                                    " lets other users read or change the cluster secret; run "
                                    "`chmod 600 " + path + "`");
   }
-  if (s.size() > 4096) return Status::InvalidArgument(what + ": larger than 4096 bytes; " + kMakeSecret);
+  if (s.size() > 4096) {
+    return Status::InvalidArgument(what + ": larger than 4096 bytes; " + kMakeSecret);
+  }
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) {
     s.pop_back();
   }
@@ -189,11 +195,12 @@ void SessionMac::Compute(Direction* d, const char* header, const char* payload, 
   for (int i = 0; i < 8; ++i) prefix[1 + i] = static_cast<unsigned char>(d->seq >> (56 - 8 * i));
   size_t len = 0;
   // Re-init with a null key restarts the HMAC under the key already set (no key schedule).
+  const auto* h = reinterpret_cast<const unsigned char*>(header);
+  const auto* p = reinterpret_cast<const unsigned char*>(payload);
   const bool ok = EVP_MAC_init(d->ctx, nullptr, 0, nullptr) == 1 &&
                   EVP_MAC_update(d->ctx, prefix, sizeof(prefix)) == 1 &&
-                  EVP_MAC_update(d->ctx, reinterpret_cast<const unsigned char*>(header),
-                                 proto::kFrameHeaderBytes) == 1 &&
-                  EVP_MAC_update(d->ctx, reinterpret_cast<const unsigned char*>(payload), size) == 1 &&
+                  EVP_MAC_update(d->ctx, h, proto::kFrameHeaderBytes) == 1 &&
+                  EVP_MAC_update(d->ctx, p, size) == 1 &&
                   EVP_MAC_final(d->ctx, out, &len, kTagBytes) == 1 && len == kTagBytes;
   CHECK(ok) << "OpenSSL HMAC-SHA256 failed";
 }

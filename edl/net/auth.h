@@ -3,8 +3,10 @@
 //
 // Handshake (PROTOCOL.md has the frames and the threat model):
 //   server -> peer   challenge{nonce_s}                 32 fresh random bytes per connection
-//   peer   -> server hello{role, mac_p, nonce_p, ...}   mac_p = HMAC-SHA256(secret, "edl-peer:" role ":" nonce_s)
-//   server -> peer   welcome{mac_s}                     mac_s = HMAC-SHA256(secret, "edl-server:" nonce_p)
+//   peer   -> server hello{role, mac_p, nonce_p, ...}
+//                    mac_p = HMAC-SHA256(secret, "edl-peer:" role ":" nonce_s)
+//   server -> peer   welcome{mac_s}
+//                    mac_s = HMAC-SHA256(secret, "edl-server:" nonce_p)
 // The server accepts nothing but `hello` before the check passes and compares MACs in constant
 // time; the peer checks mac_s, so neither side talks to an impostor. hello and welcome are the
 // last unsealed frames; after them each side seals every frame it sends with SessionMac under

@@ -60,8 +60,9 @@ void Connection::ReadHeader() {
                        return;
                      }
                      uint32_t len = 0;
-                     Status s = proto::DecodeFrameHeader(self->header_, self->options_.max_frame_bytes,
-                                                         self->session_ != nullptr, &len);
+                     const bool sealed = self->session_ != nullptr;
+                     Status s = proto::DecodeFrameHeader(
+                         self->header_, self->options_.max_frame_bytes, sealed, &len);
                      if (!s.ok()) {
                        self->Close(s.WithContext("frame from " + self->peer_));
                        return;

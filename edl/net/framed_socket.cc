@@ -149,7 +149,8 @@ Status FramedSocket::Send(const nlohmann::json& msg, std::chrono::milliseconds t
   const size_t size = frame.size() - proto::kFrameHeaderBytes;
   char header[proto::kFrameHeaderBytes];
   char tag[proto::kSealTagBytes];
-  proto::EncodeFrameHeader(static_cast<uint32_t>(size + proto::kSealTagBytes), header, proto::kFrameSealed);
+  proto::EncodeFrameHeader(static_cast<uint32_t>(size + proto::kSealTagBytes), header,
+                           proto::kFrameSealed);
   session_->Seal(header, frame.data() + proto::kFrameHeaderBytes, size, tag);
   EDL_RETURN_IF_ERROR(SendAll(header, sizeof(header), deadline));
   EDL_RETURN_IF_ERROR(SendAll(frame.data() + proto::kFrameHeaderBytes, size, deadline));
@@ -253,7 +254,8 @@ Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto
                                    " could not prove it holds the cluster secret: check "
                                    "--secret_file on both sides");
   }
-  sock->StartSession(std::make_unique<SessionMac>(secret, ch.nonce, hello.nonce, /*server_side=*/false));
+  sock->StartSession(
+      std::make_unique<SessionMac>(secret, ch.nonce, hello.nonce, /*server_side=*/false));
   sock->set_max_frame_bytes(proto::kMaxFrameBytes);
   return Status::OK();
 }

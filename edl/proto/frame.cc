@@ -40,7 +40,8 @@ Status DecodeFrameHeader(const char* header, uint32_t max_payload_bytes, bool ex
     char buf[16];
     snprintf(buf, sizeof(buf), "%08x", magic);
     return Status::Corruption(std::string("bad frame magic 0x") + buf +
-                              " (expected EDL1): the peer does not speak the EDL protocol (wrong port?)");
+                              " (expected EDL1): the peer does not speak the EDL protocol "
+                              "(wrong port?)");
   }
   const uint16_t version = GetU16(header + 4);
   if (version != kProtocolVersion) {
@@ -59,8 +60,9 @@ Status DecodeFrameHeader(const char* header, uint32_t max_payload_bytes, bool ex
   const uint32_t tag = sealed ? kSealTagBytes : 0;
   if (len <= tag) return Status::Corruption("empty frame payload");
   if (len - tag > max_payload_bytes) {
-    return Status::Corruption("frame of " + std::to_string(len - tag) + " bytes exceeds the limit of " +
-                              std::to_string(max_payload_bytes) + " bytes");
+    return Status::Corruption("frame of " + std::to_string(len - tag) +
+                              " bytes exceeds the limit of " + std::to_string(max_payload_bytes) +
+                              " bytes");
   }
   *length = len;
   return Status::OK();
@@ -159,7 +161,9 @@ size_t AppendEscaped(std::string_view s, size_t max_chars, std::string* out) {
   return s.size() - i;
 }
 
-std::string CutNote(size_t cut) { return cut == 0 ? "" : "...(+" + std::to_string(cut) + " bytes)"; }
+std::string CutNote(size_t cut) {
+  return cut == 0 ? "" : "...(+" + std::to_string(cut) + " bytes)";
+}
 
 }  // namespace
 

@@ -259,7 +259,8 @@ Status ExpandRun(const json& e, const char* what, size_t* budget,
   const bool with_host = e.size() == 5;
   const size_t c = with_host ? 2 : 1;
   auto bad = [&](const std::string& why) {
-    return Status::Corruption(std::string("message '") + what + "' holds a bad run " + QuoteJson(e) + ": " + why);
+    return Status::Corruption(std::string("message '") + what + "' holds a bad run " +
+                              QuoteJson(e) + ": " + why);
   };
   if (!e[0].is_string() || (with_host && !e[1].is_string()) || !e[c].is_number_integer() ||
       !e[c + 1].is_number_integer() || !e[c + 2].is_number_integer()) {
@@ -268,7 +269,9 @@ Status ExpandRun(const json& e, const char* what, size_t* budget,
   MemberInfo m;
   m.node = e[0].get<std::string>();
   if (with_host) m.host = e[1].get<std::string>();
-  if (!IsValidName(m.node) || (with_host && !IsValidHost(m.host))) return bad("invalid node or host");
+  if (!IsValidName(m.node) || (with_host && !IsValidHost(m.host))) {
+    return bad("invalid node or host");
+  }
   // Each field is range-checked on its own before any arithmetic, so nothing can overflow.
   int64_t slot = 0, count = 0, seq = 0;
   if (!GetInt(e[c + 1], 1, static_cast<int64_t>(*budget), &count)) return bad("count out of range");
