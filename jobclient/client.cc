@@ -227,7 +227,6 @@ void Client::OnChallenge(const json& msg) {
   server_nonce_ = ch.nonce;
   nonce_ = net::NewNonce();
   h.nonce = nonce_;
-  h.mac = net::PeerMac(options_.secret, "client", ch.nonce);
   h.node = options_.node_name;
   h.host = options_.advertise_addr;
   h.mode = options_.restart_mode ? "restart" : "inplace";
@@ -237,13 +236,14 @@ void Client::OnChallenge(const json& msg) {
   }
   json j;
   h.EncodeTo(&j);
+  j["mac"] = net::HelloMac(options_.secret, ch.nonce, j);
   server_->Send(j);
 }
 
 void Client::OnWelcome(const json& msg) {
   proto::Welcome w;
   Status s = w.DecodeFrom(msg);
-  if (s.ok() && !net::MacEqual(w.mac, net::ServerMac(options_.secret, nonce_))) {
+  if (s.ok() && !net::MacEqual(w.mac, net::WelcomeMac(options_.secret, nonce_, msg))) {
     s = Status::Unauthenticated("the server could not prove it holds the cluster secret; check "
                                 "--secret_file on both sides");
   }

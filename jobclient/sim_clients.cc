@@ -62,13 +62,13 @@ struct Sim {
       h.role = "client";
       h.nonce = edl::net::NewNonce();
       nonces[i] = {m["nonce"].get<std::string>(), h.nonce};
-      h.mac = edl::net::PeerMac(secret, "client", m["nonce"].get<std::string>());
       h.node = "sim" + std::to_string(i);
       h.host = "127.0.0.1";
       h.mode = "inplace";
       for (int s = 0; s < slots; ++s) h.slots.push_back(s);
       json j;
       h.EncodeTo(&j);
+      j["mac"] = edl::net::HelloMac(secret, m["nonce"].get<std::string>(), j);
       conn->Send(j);
     } else if (type == "welcome") {
       // Frames after the welcome are sealed (PROTOCOL.md); a real client checks the MAC first.

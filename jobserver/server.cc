@@ -221,12 +221,10 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
 
 void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   // The MAC first: a peer without the secret gets no further than this, whatever else it sent.
-  const auto role = msg.find("role");
   const auto mac = msg.find("mac");
-  const bool proved =
-      role != msg.end() && role->is_string() && mac != msg.end() && mac->is_string() &&
-      net::MacEqual(mac->get_ref<const std::string&>(),
-                    net::PeerMac(options_.secret, role->get<std::string>(), peer->nonce));
+  const bool proved = mac != msg.end() && mac->is_string() &&
+                      net::MacEqual(mac->get_ref<const std::string&>(),
+                                    net::HelloMac(options_.secret, peer->nonce, msg));
   if (!proved) {
     Reject(peer, Status::Unauthenticated("bad HMAC from " + peer->conn->peer() +
                                          ": the peer's --secret_file differs from the server's"));
@@ -248,23 +246,23 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     peer->conn->SendAndClose(j, why);
   };
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
-  // hello and welcome are the last unsealed frames: seal everything after the welcome.
-  auto start_session = [&] {
+  proto::Welcome w;
+  w.job_id = options_.scheduler.job_id;
+  w.heartbeat_ms = static_cast<int>(std::max<int64_t>(50, options_.scheduler.heartbeat_timeout_us / 5000));
+  // The welcome is our last unsealed frame (the hello was the peer's): seal everything after it.
+  auto welcome = [&] {
+    json wj;
+    w.EncodeTo(&wj);
+    wj["mac"] = net::WelcomeMac(options_.secret, hello.nonce, wj);
+    peer->conn->Send(wj);
     peer->conn->StartSession(std::make_unique<net::SessionMac>(options_.secret, peer->nonce,
                                                                hello.nonce, /*server_side=*/true),
                              proto::kMaxFrameBytes);
   };
-  proto::Welcome w;
-  w.mac = net::ServerMac(options_.secret, hello.nonce);
-  w.job_id = options_.scheduler.job_id;
-  w.heartbeat_ms = static_cast<int>(std::max<int64_t>(50, options_.scheduler.heartbeat_timeout_us / 5000));
-  json wj;
   if (hello.role == "ctl") {
     peer->state = Peer::State::kCtl;
     peer->conn->SetIdleTimeout(milliseconds(0));
-    w.EncodeTo(&wj);
-    peer->conn->Send(wj);
-    start_session();
+    welcome();
     return;
   }
   s = scheduler_.AddNode(hello.node, hello.host, hello.mode == "restart", hello.slots, hello.trainers);
@@ -276,9 +274,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   peer->node = hello.node;
   peer->conn->SetIdleTimeout(milliseconds(options_.scheduler.heartbeat_timeout_us / 1000));
   nodes_[hello.node] = peer;
-  w.EncodeTo(&wj);
-  peer->conn->Send(wj);
-  start_session();
+  welcome();
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
             << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
   // The newest generation, in full, unless a commit queued by AddNode is about to carry it.

@@ -140,13 +140,26 @@ std::string HmacHex(const std::string& secret, const std::string& message) {
   return ToHex(mac, len);
 }
 
-std::string PeerMac(const std::string& secret, const std::string& role,
-                    const std::string& server_nonce) {
-  return HmacHex(secret, "edl-peer:" + role + ":" + server_nonce);
+namespace {
+
+// C(m): `m` without "mac", compact, keys sorted (nlohmann objects are ordered maps), so both
+// ends compute the same text from the same values.
+std::string Canonical(const nlohmann::json& m) {
+  nlohmann::json j = m;
+  if (j.is_object()) j.erase("mac");
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string ServerMac(const std::string& secret, const std::string& peer_nonce) {
-  return HmacHex(secret, "edl-server:" + peer_nonce);
+}  // namespace
+
+std::string HelloMac(const std::string& secret, const std::string& server_nonce,
+                     const nlohmann::json& hello) {
+  return HmacHex(secret, "edl-peer:" + server_nonce + ":" + Canonical(hello));
+}
+
+std::string WelcomeMac(const std::string& secret, const std::string& peer_nonce,
+                       const nlohmann::json& welcome) {
+  return HmacHex(secret, "edl-server:" + peer_nonce + ":" + Canonical(welcome));
 }
 
 std::string ServerErrorMac(const std::string& secret, const std::string& peer_nonce,

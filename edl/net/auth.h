@@ -4,9 +4,11 @@
 // Handshake (PROTOCOL.md has the frames and the threat model):
 //   server -> peer   challenge{nonce_s}                 32 fresh random bytes per connection
 //   peer   -> server hello{role, mac_p, nonce_p, ...}
-//                    mac_p = HMAC-SHA256(secret, "edl-peer:" role ":" nonce_s)
-//   server -> peer   welcome{mac_s}
-//                    mac_s = HMAC-SHA256(secret, "edl-server:" nonce_p)
+//                    mac_p = HMAC-SHA256(secret, "edl-peer:" nonce_s ":" C(hello))
+//   server -> peer   welcome{mac_s, ...}
+//                    mac_s = HMAC-SHA256(secret, "edl-server:" nonce_p ":" C(welcome))
+// where C(m) is m without its "mac", as compact JSON with sorted keys: every field of both
+// messages is covered, so a relay cannot change a node's name, host or slots on the way.
 // The server accepts nothing but `hello` before the check passes and compares MACs in constant
 // time; the peer checks mac_s, so neither side talks to an impostor. hello and welcome are the
 // last unsealed frames; after them each side seals every frame it sends with SessionMac under
@@ -20,6 +22,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "edl/base/status.h"
 
@@ -45,9 +49,11 @@ std::string NewNonce();
 // Lowercase hex HMAC-SHA256(secret, message).
 std::string HmacHex(const std::string& secret, const std::string& message);
 
-// The two MACs of the handshake.
-std::string PeerMac(const std::string& secret, const std::string& role, const std::string& server_nonce);
-std::string ServerMac(const std::string& secret, const std::string& peer_nonce);
+// The two MACs of the handshake, over the whole message (its "mac" field, if any, left out).
+std::string HelloMac(const std::string& secret, const std::string& server_nonce,
+                     const nlohmann::json& hello);
+std::string WelcomeMac(const std::string& secret, const std::string& peer_nonce,
+                       const nlohmann::json& welcome);
 // Proof on an `error` the server sends after checking a hello's MAC (e.g. a duplicate node
 // name): HMAC-SHA256(secret, "edl-server-error:" nonce_p ":" code ":" message). A peer acts on
 // an error before the welcome only when this verifies.

@@ -238,9 +238,9 @@ Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto
   }
   EDL_RETURN_IF_ERROR(ch.DecodeFrom(j));
   hello.nonce = NewNonce();
-  hello.mac = PeerMac(secret, hello.role, ch.nonce);
   nlohmann::json out;
   hello.EncodeTo(&out);
+  out["mac"] = HelloMac(secret, ch.nonce, out);
   EDL_RETURN_IF_ERROR(sock->Send(out, timeout));
   EDL_RETURN_IF_ERROR(sock->Receive(&j, timeout).WithContext("waiting for the server's welcome"));
   if (j["type"] == proto::msg::kError) return PreAuthError(j, secret, hello.nonce, sock->peer());
@@ -249,7 +249,7 @@ Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto
                               proto::QuoteJson(j["type"]));
   }
   EDL_RETURN_IF_ERROR(welcome->DecodeFrom(j));
-  if (!MacEqual(welcome->mac, ServerMac(secret, hello.nonce))) {
+  if (!MacEqual(welcome->mac, WelcomeMac(secret, hello.nonce, j))) {
     return Status::Unauthenticated("server " + sock->peer() +
                                    " could not prove it holds the cluster secret: check "
                                    "--secret_file on both sides");

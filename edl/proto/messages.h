@@ -126,7 +126,7 @@ struct Challenge : Message<Challenge> {
 
 struct Hello : Message<Hello> {
   std::string role;   // "client" or "ctl"
-  std::string mac;    // hex HMAC-SHA256(secret, "edl-peer:" + role + ":" + server nonce)
+  std::string mac;    // net::HelloMac over every other field and the server's nonce
   std::string nonce;  // the peer's own nonce, for the server's proof in Welcome
   // role "client" only:
   std::string node, host, mode;     // mode: "inplace" or "restart"
@@ -137,7 +137,7 @@ struct Hello : Message<Hello> {
 };
 
 struct Welcome : Message<Welcome> {
-  std::string mac;          // hex HMAC-SHA256(secret, "edl-server:" + peer nonce); empty on Unix sockets
+  std::string mac;          // net::WelcomeMac over every other field and the peer's nonce; empty on Unix sockets
   std::string job_id;
   int heartbeat_ms = 1000;  // how often the peer should send heartbeats
   void EncodeTo(nlohmann::json* j) const;

@@ -261,7 +261,8 @@ TEST_F(HostileWireTest, IdleFloodUnderALowFileLimitLocksNobodyOut) {
 class Relay {
  public:
   enum class Dir { kToClient, kToServer };
-  enum class Kind { kTamper, kReplay, kInjectForged, kInjectUnsealed };
+  // kTamperHello: change the host in the client's hello (unsealed, but covered by its MAC).
+  enum class Kind { kTamper, kReplay, kInjectForged, kInjectUnsealed, kTamperHello };
   struct Attack {
     Dir dir;
     Kind kind;
@@ -392,6 +393,13 @@ class Relay {
         const json m = json::parse(frame.substr(proto::kFrameHeaderBytes, len - tag), nullptr, false);
         if (m.is_object() && m.contains("type")) type = m["type"];
       }
+      if (attack_ && !applied_ && attack_->kind == Kind::kTamperHello && dir == Dir::kToServer &&
+          !sealed_phase) {
+        json hello = json::parse(frame.substr(proto::kFrameHeaderBytes), nullptr, false);
+        hello["host"] = attack_->frame["host"];
+        frame = proto::EncodeFrame(hello);
+        Applied();
+      }
       const bool armed = attack_ && !applied_ && attack_->dir == dir && sealed_phase;
       if (armed && attack_->kind == Kind::kTamper && type == attack_->frame["type"]) {
         frame[proto::kFrameHeaderBytes + 2] ^= 0x20;  // a byte of the payload
@@ -447,6 +455,8 @@ TEST_F(HostileWireTest, RelayWithoutTheSecretCannotAlterInjectOrReplayFrames) {
   const json exit_frame = {{"type", "trainer_exit"}, {"trainer_id", ids[0]}, {"exited", true},
                            {"code", 1}, {"signal", 0}};
   const std::vector<Relay::Attack> attacks = {
+      // The hello is not sealed but its MAC covers every field: a changed host is refused.
+      {D::kToServer, K::kTamperHello, {{"host", "10.66.66.66"}}, "altered hello host"},
       // Server -> client: every message type the server sends, forged; the others altered/replayed.
       {D::kToClient, K::kInjectForged, {{"type", "kill"}, {"trainer_ids", ids}}, "forged kill"},
       {D::kToClient, K::kInjectForged, {{"type", "stop"}}, "forged stop"},
@@ -495,7 +505,9 @@ TEST_F(HostileWireTest, RelayWithoutTheSecretCannotAlterInjectOrReplayFrames) {
     // The victim closes the connection on the frame that fails its check...
     ASSERT_TRUE(WaitFor([&] { return relay.ended() > at; }, milliseconds(30000)))
         << Slurp(dir_.Join("n1.log"), 3000) << Slurp(dir_.Join("server.log"), 3000);
-    EXPECT_EQ(relay.last_closer(), a.dir == D::kToClient ? "client" : "server");
+    if (a.kind != K::kTamperHello) {  // there both ends close at once (error, then close)
+      EXPECT_EQ(relay.last_closer(), a.dir == D::kToClient ? "client" : "server");
+    }
     // ...and the client gets back in through a fresh handshake, having obeyed nothing.
     const int sessions = relay.sessions();
     ASSERT_TRUE(WaitFor([&] { return relay.sessions() > sessions; }, milliseconds(30000)))
@@ -508,6 +520,8 @@ TEST_F(HostileWireTest, RelayWithoutTheSecretCannotAlterInjectOrReplayFrames) {
   EXPECT_NE(client_log.find("session MAC"), std::string::npos) << client_log.substr(0, 3000);
   EXPECT_NE(server_log.find("session MAC"), std::string::npos) << server_log.substr(0, 3000);
   EXPECT_NE(client_log.find("unsealed frame after the handshake"), std::string::npos);
+  EXPECT_NE(server_log.find("bad HMAC"), std::string::npos) << server_log.substr(0, 3000);
+  EXPECT_EQ(server_log.find("10.66.66.66"), std::string::npos) << "the altered hello registered";
   // The job is as it was: two trainers, generation 1.
   std::string out;
   ASSERT_EQ(Ctl({"status", "--json"}, &out), 0) << out;

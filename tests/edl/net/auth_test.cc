@@ -23,12 +23,36 @@ TEST(AuthTest, NoncesAreFreshHex) {
   EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
 }
 
-TEST(AuthTest, MacsDependOnRoleNonceAndSecret) {
-  const std::string n = NewNonce();
-  EXPECT_TRUE(MacEqual(PeerMac("secret-secret-16", "client", n), PeerMac("secret-secret-16", "client", n)));
-  EXPECT_FALSE(MacEqual(PeerMac("secret-secret-16", "client", n), PeerMac("secret-secret-17", "client", n)));
-  EXPECT_FALSE(MacEqual(PeerMac("secret-secret-16", "client", n), PeerMac("secret-secret-16", "ctl", n)));
-  EXPECT_FALSE(MacEqual(ServerMac("secret-secret-16", n), PeerMac("secret-secret-16", "client", n)));
+TEST(AuthTest, HandshakeMacsCoverEveryFieldTheNonceAndTheSecret) {
+  const std::string s = "cluster-secret-0123456789abcdefgh", n = NewNonce();
+  const nlohmann::json hello = {{"type", "hello"}, {"role", "client"}, {"nonce", NewNonce()},
+                                {"node", "n1"},    {"host", "10.0.0.1"}, {"mode", "inplace"},
+                                {"slots", {0, 1}}, {"trainers", nlohmann::json::array()}};
+  const std::string m = HelloMac(s, n, hello);
+  EXPECT_EQ(m.size(), 64u);
+  // The mac field itself is left out, and key order does not matter.
+  nlohmann::json with_mac = hello;
+  with_mac["mac"] = m;
+  EXPECT_TRUE(MacEqual(m, HelloMac(s, n, with_mac)));
+  EXPECT_TRUE(MacEqual(m, HelloMac(s, n, nlohmann::json::parse(with_mac.dump()))));
+  // Every other field, the server's nonce and the secret are covered.
+  for (const auto& [key, value] : hello.items()) {
+    nlohmann::json changed = hello;
+    changed[key] = key == "slots" ? nlohmann::json{0, 2} : nlohmann::json("other");
+    EXPECT_FALSE(MacEqual(m, HelloMac(s, n, changed))) << key;
+  }
+  nlohmann::json extra = hello;
+  extra["admin"] = true;
+  EXPECT_FALSE(MacEqual(m, HelloMac(s, n, extra)));
+  EXPECT_FALSE(MacEqual(m, HelloMac(s, NewNonce(), hello)));
+  EXPECT_FALSE(MacEqual(m, HelloMac(s + "x", n, hello)));
+  // A welcome MAC is not a hello MAC, and covers its fields.
+  const nlohmann::json welcome = {{"type", "welcome"}, {"job_id", "j"}, {"heartbeat_ms", 500}};
+  const std::string w = WelcomeMac(s, n, welcome);
+  nlohmann::json slower = welcome;
+  slower["heartbeat_ms"] = 3600000;
+  EXPECT_FALSE(MacEqual(w, WelcomeMac(s, n, slower)));
+  EXPECT_FALSE(MacEqual(w, HelloMac(s, n, welcome)));
   EXPECT_FALSE(MacEqual("abc", "ab"));
 }
 
@@ -147,7 +171,8 @@ TEST(AuthTest, ServerErrorMacBindsNonceCodeAndMessage) {
   EXPECT_FALSE(MacEqual(m, ServerErrorMac(s, NewNonce(), "AlreadyExists", "node taken")));
   EXPECT_FALSE(MacEqual(m, ServerErrorMac(s, n, "Unauthenticated", "node taken")));
   EXPECT_FALSE(MacEqual(m, ServerErrorMac(s, n, "AlreadyExists", "node free")));
-  EXPECT_FALSE(MacEqual(m, ServerMac(s, n)));
+  EXPECT_FALSE(MacEqual(m, WelcomeMac(s, n, {{"type", "error"}, {"code", "AlreadyExists"},
+                                              {"message", "node taken"}})));
 }
 
 }  // namespace
