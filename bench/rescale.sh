@@ -46,7 +46,7 @@ load() { echo "load average $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) on $(n
 cleanup() { for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM -- "-$p" 2>/dev/null || true; done; sleep 1;
             for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill -KILL -- "-$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
-echo "rescale-bench-secret-0123456789abcdef" > "$WORK/secret"
+head -c 32 /dev/urandom | base64 > "$WORK/secret"; chmod 600 "$WORK/secret"
 
 # Runs one job until it finishes, or, with STOP_GENS / STOP_AFTER_S set, until the events log holds
 # STOP_GENS generation records or STOP_AFTER_S seconds passed; then stops all of it by pid.

@@ -134,10 +134,12 @@ void Client::Connect() {
                               socket->set_option(asio::ip::tcp::no_delay(true), ignored);
                               net::ConnectionOptions o;
                               o.idle_timeout = milliseconds(10000);
+                              o.max_frame_bytes = proto::kMaxPreAuthFrameBytes;  // until welcomed
                               server_ = net::Connection::Create(
                                   net::ToGeneric(std::move(*socket)),
                                   options_.server_host + ":" + std::to_string(options_.server_port), o);
                               authenticated_ = false;
+                              nonce_.clear();  // an error before our hello proves nothing
                               auto conn = server_;
                               server_->Start([this](const json& m) { OnServerMessage(m); },
                                              [this, conn](const Status& s) {
@@ -166,7 +168,29 @@ void Client::OnServerMessage(const json& msg) {
   if (type == proto::msg::kError) {
     proto::ErrorMsg e;
     Status s = e.DecodeFrom(msg);
+    // After the welcome every frame is sealed, so an error then is the server's. Before it, only
+    // an error carrying the server's proof over our nonce is; anyone can send the others (a
+    // process that took the port of a dead server): log them and retry, never stop for them.
+    const bool proven =
+        s.ok() && (authenticated_ ||
+                   (!nonce_.empty() &&
+                    net::MacEqual(e.mac, net::ServerErrorMac(options_.secret, nonce_, e.code,
+                                                             e.message))));
     s = s.ok() ? e.ToStatus() : s;
+    if (!proven) {
+      ++unproven_refusals_;
+      LOG(ERROR) << "edl client " << options_.node_name << ": " << server_->peer()
+                 << " refused the handshake with an error it cannot prove (a server with a "
+                    "different --secret_file, or not the edl server): "
+                 << s.ToString();
+      // A client that never got in and runs nothing has nothing to protect: after a few
+      // refusals of its secret it exits with the reason instead of retrying forever.
+      if (!ever_authenticated_ && trainers_.empty() && unproven_refusals_ >= 3 &&
+          s.code() == Status::Code::kUnauthenticated) {
+        return Shutdown(2, s.ToString() + " (3 times; check --secret_file on both sides)");
+      }
+      return server_->Close(s);  // reconnects with backoff
+    }
     LOG(ERROR) << "edl client " << options_.node_name << ": server refused us: " << s.ToString();
     if (s.code() == Status::Code::kAlreadyExists || s.code() == Status::Code::kUnauthenticated ||
         s.code() == Status::Code::kInvalidArgument) {
@@ -200,9 +224,9 @@ void Client::OnChallenge(const json& msg) {
   if (!s.ok()) return server_->Close(s);
   proto::Hello h;
   h.role = "client";
+  server_nonce_ = ch.nonce;
   nonce_ = net::NewNonce();
   h.nonce = nonce_;
-  h.mac = net::PeerMac(options_.secret, "client", ch.nonce);
   h.node = options_.node_name;
   h.host = options_.advertise_addr;
   h.mode = options_.restart_mode ? "restart" : "inplace";
@@ -212,13 +236,14 @@ void Client::OnChallenge(const json& msg) {
   }
   json j;
   h.EncodeTo(&j);
+  j["mac"] = net::HelloMac(options_.secret, ch.nonce, j);
   server_->Send(j);
 }
 
 void Client::OnWelcome(const json& msg) {
   proto::Welcome w;
   Status s = w.DecodeFrom(msg);
-  if (s.ok() && !net::MacEqual(w.mac, net::ServerMac(options_.secret, nonce_))) {
+  if (s.ok() && !net::MacEqual(w.mac, net::WelcomeMac(options_.secret, nonce_, msg))) {
     s = Status::Unauthenticated("the server could not prove it holds the cluster secret; check "
                                 "--secret_file on both sides");
   }
@@ -226,7 +251,13 @@ void Client::OnWelcome(const json& msg) {
     LOG(ERROR) << s.ToString();
     return server_->Close(s);
   }
+  // welcome is the server's last unsealed frame and our hello was our last one.
+  server_->StartSession(std::make_unique<net::SessionMac>(options_.secret, server_nonce_, nonce_,
+                                                          /*server_side=*/false),
+                        proto::kMaxFrameBytes);
   authenticated_ = true;
+  ever_authenticated_ = true;
+  unproven_refusals_ = 0;
   backoff_ms_ = 200;
   job_id_ = w.job_id;
   heartbeat_ms_ = w.heartbeat_ms;

@@ -118,7 +118,10 @@ class Client {
 
   std::shared_ptr<net::Connection> server_;
   bool authenticated_ = false;
-  std::string nonce_;
+  std::string nonce_;         // ours, in the hello
+  std::string server_nonce_;  // the server's, from the challenge (session key)
+  bool ever_authenticated_ = false;
+  int unproven_refusals_ = 0;  // errors before a welcome that the server could not prove
   std::string job_id_ = "edl-job";
   int heartbeat_ms_ = 1000;
   int64_t backoff_ms_ = 200;

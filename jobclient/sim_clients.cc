@@ -6,6 +6,7 @@
 // and then, for every later generation that every client holds, one line
 //   ALL <generation> <unix time in ns when the last client got it>
 // Usage: edl_sim_clients --server HOST:PORT --secret_file F --clients N --slots S
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <map>
@@ -60,16 +61,24 @@ struct Sim {
       edl::proto::Hello h;
       h.role = "client";
       h.nonce = edl::net::NewNonce();
-      h.mac = edl::net::PeerMac(secret, "client", m["nonce"].get<std::string>());
+      nonces[i] = {m["nonce"].get<std::string>(), h.nonce};
       h.node = "sim" + std::to_string(i);
       h.host = "127.0.0.1";
       h.mode = "inplace";
       for (int s = 0; s < slots; ++s) h.slots.push_back(s);
       json j;
       h.EncodeTo(&j);
+      j["mac"] = edl::net::HelloMac(secret, m["nonce"].get<std::string>(), j);
       conn->Send(j);
     } else if (type == "welcome") {
+      // Frames after the welcome are sealed (PROTOCOL.md); a real client checks the MAC first.
+      conn->StartSession(std::make_unique<edl::net::SessionMac>(secret, nonces[i].first,
+                                                                 nonces[i].second, false),
+                         edl::proto::kMaxFrameBytes);
       ++registered;
+      // The server admits a bounded number of unauthenticated connections per address: keep
+      // the handshakes in flight below it.
+      if (next_start < clients) Start(next_start++);
       Heartbeat(conn, m["heartbeat_ms"].get<int>());
     } else if (type == "prepare") {
       edl::proto::Prepare p;
@@ -130,6 +139,8 @@ struct Sim {
   }
 
   std::vector<std::shared_ptr<edl::net::Connection>> conns;
+  std::map<int, std::pair<std::string, std::string>> nonces;  // client -> (server's, ours)
+  int next_start = 0;
 };
 
 }  // namespace
@@ -157,7 +168,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   sim.held.assign(static_cast<size_t>(sim.clients), 0);
-  for (int i = 0; i < sim.clients; ++i) sim.Start(i);
+  for (sim.next_start = 0; sim.next_start < std::min(sim.clients, 4); ++sim.next_start) {
+    sim.Start(sim.next_start);
+  }
   sim.Watch();
   sim.io.run();
   return 0;

@@ -19,7 +19,7 @@ struct Server::Peer {
   enum class State { kAuth, kClient, kCtl };
   std::shared_ptr<net::Connection> conn;
   State state = State::kAuth;
-  std::string nonce;
+  std::string nonce;           // ours, in the challenge
   std::string node;            // kClient
   int64_t last_generation = 0; // newest generation this client holds (for deltas)
   bool watch = false;          // kCtl after `watch`
@@ -117,13 +117,27 @@ void Server::Accept() {
 void Server::OnAccepted(tcp::socket socket) {
   boost::system::error_code ec;
   const auto remote = socket.remote_endpoint(ec);
-  const std::string name = ec ? "unknown peer" : remote.address().to_string() + ":" + std::to_string(remote.port());
+  const std::string source = ec ? "unknown" : remote.address().to_string();
+  const std::string name = ec ? "unknown peer" : source + ":" + std::to_string(remote.port());
   socket.set_option(tcp::no_delay(true), ec);
   net::ConnectionOptions o;
   o.idle_timeout = milliseconds(options_.handshake_timeout_ms);  // until authenticated
+  o.max_frame_bytes = proto::kMaxPreAuthFrameBytes;             // a hello is small
   auto peer = std::make_shared<Peer>();
   peer->conn = net::Connection::Create(net::ToGeneric(std::move(socket)), name, o);
   peer->nonce = net::NewNonce();
+  // Room for this one among the pre-auth connections: the oldest pending one may have to go.
+  const uint64_t evict = admission_.Admit(reinterpret_cast<uintptr_t>(peer.get()), source);
+  if (evict != 0) {
+    auto it = peers_.find(reinterpret_cast<Peer*>(evict));
+    if (it != peers_.end()) {
+      auto old = it->second;  // Close() runs OnClose, which erases the map entry
+      old->conn->Close(Status::Unavailable(
+          "too many unauthenticated connections (" + std::to_string(admission_.limits().max_total) +
+          " in all, " + std::to_string(admission_.limits().max_per_source) +
+          " per address): dropped the oldest to admit a new one"));
+    }
+  }
   peers_[peer.get()] = peer;
   std::weak_ptr<Peer> weak = peer;
   peer->conn->Start(
@@ -151,18 +165,33 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
       Record({{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
     }
   } else if (peer->state == Peer::State::kAuth && !why.IsAborted()) {
-    LOG(WARNING) << "dropped unauthenticated connection from " << peer->conn->peer() << ": "
-                 << why.ToString();
+    LogUnauthenticated("dropped unauthenticated connection from " + peer->conn->peer() + ": " +
+                       why.ToString());
   }
+  admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
   peers_.erase(peer.get());
   Dispatch();
 }
 
 void Server::Reject(const std::shared_ptr<Peer>& peer, const Status& why) {
-  LOG(WARNING) << "rejecting " << peer->conn->peer() << ": " << why.ToString();
+  const std::string line = "rejecting " + peer->conn->peer() + ": " + why.ToString();
+  if (peer->state == Peer::State::kAuth) {
+    LogUnauthenticated(line);
+  } else {
+    LOG(WARNING) << line;
+  }
   json j;
   proto::ErrorMsg::From(why).EncodeTo(&j);
   peer->conn->SendAndClose(j, why);
+}
+
+void Server::LogUnauthenticated(const std::string& line) {
+  size_t suppressed = 0;
+  if (!unauth_log_.Allow(std::chrono::steady_clock::now(), &suppressed)) return;
+  LOG(WARNING) << line
+               << (suppressed == 0 ? ""
+                                   : " (" + std::to_string(suppressed) +
+                                         " similar lines about unauthenticated peers suppressed)");
 }
 
 void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
@@ -170,7 +199,8 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
   switch (peer->state) {
     case Peer::State::kAuth:
       if (type != proto::msg::kHello) {
-        Reject(peer, Status::Unauthenticated("expected 'hello' before anything else, got '" + type + "'"));
+        Reject(peer, Status::Unauthenticated("expected 'hello' before anything else, got " +
+                                             proto::Quote(type)));
         return;
       }
       OnHello(peer, msg);
@@ -190,41 +220,61 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
 }
 
 void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
-  proto::Hello hello;
-  Status s = hello.DecodeFrom(msg);
-  if (!s.ok()) {
-    // Check the MAC field alone first so a bad secret is reported as such.
-    Reject(peer, s);
-    return;
-  }
-  if (!net::MacEqual(hello.mac, net::PeerMac(options_.secret, hello.role, peer->nonce))) {
+  // The MAC first: a peer without the secret gets no further than this, whatever else it sent.
+  const auto mac = msg.find("mac");
+  const bool proved = mac != msg.end() && mac->is_string() &&
+                      net::MacEqual(mac->get_ref<const std::string&>(),
+                                    net::HelloMac(options_.secret, peer->nonce, msg));
+  if (!proved) {
     Reject(peer, Status::Unauthenticated("bad HMAC from " + peer->conn->peer() +
                                          ": the peer's --secret_file differs from the server's"));
     return;
   }
+  proto::Hello hello;
+  Status s = hello.DecodeFrom(msg);
+  if (!s.ok()) {
+    Reject(peer, s);
+    return;
+  }
+  // From here on the peer holds the secret: errors carry our proof, so it can trust them.
+  auto refuse = [&](const Status& why) {
+    LOG(WARNING) << "refusing " << peer->conn->peer() << ": " << why.ToString();
+    proto::ErrorMsg e = proto::ErrorMsg::From(why);
+    e.mac = net::ServerErrorMac(options_.secret, hello.nonce, e.code, e.message);
+    json j;
+    e.EncodeTo(&j);
+    peer->conn->SendAndClose(j, why);
+  };
+  admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
   proto::Welcome w;
-  w.mac = net::ServerMac(options_.secret, hello.nonce);
   w.job_id = options_.scheduler.job_id;
   w.heartbeat_ms = static_cast<int>(std::max<int64_t>(50, options_.scheduler.heartbeat_timeout_us / 5000));
-  json wj;
+  // The welcome is our last unsealed frame (the hello was the peer's): seal everything after it.
+  auto welcome = [&] {
+    json wj;
+    w.EncodeTo(&wj);
+    wj["mac"] = net::WelcomeMac(options_.secret, hello.nonce, wj);
+    peer->conn->Send(wj);
+    peer->conn->StartSession(std::make_unique<net::SessionMac>(options_.secret, peer->nonce,
+                                                               hello.nonce, /*server_side=*/true),
+                             proto::kMaxFrameBytes);
+  };
   if (hello.role == "ctl") {
     peer->state = Peer::State::kCtl;
     peer->conn->SetIdleTimeout(milliseconds(0));
-    w.EncodeTo(&wj);
-    peer->conn->Send(wj);
+    welcome();
     return;
   }
   s = scheduler_.AddNode(hello.node, hello.host, hello.mode == "restart", hello.slots, hello.trainers);
   if (!s.ok()) {
-    Reject(peer, s);
+    refuse(s);
     return;
   }
   peer->state = Peer::State::kClient;
   peer->node = hello.node;
   peer->conn->SetIdleTimeout(milliseconds(options_.scheduler.heartbeat_timeout_us / 1000));
   nodes_[hello.node] = peer;
-  w.EncodeTo(&wj);
-  peer->conn->Send(wj);
+  welcome();
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
             << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
   // The newest generation, in full, unless a commit queued by AddNode is about to carry it.

@@ -18,6 +18,7 @@
 
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
+#include "edl/net/admission.h"
 #include "edl/net/connection.h"
 #include "jobserver/events_log.h"
 #include "jobserver/kv_store.h"
@@ -69,6 +70,8 @@ class Server {
   void OnCtl(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void OnKv(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void Reject(const std::shared_ptr<Peer>& peer, const Status& why);
+  // Logs about peers that have not authenticated, rate-limited (anybody can cause them).
+  void LogUnauthenticated(const std::string& line);
   void Tick();
   void ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::string& reason);
   void Dispatch();
@@ -103,6 +106,8 @@ class Server {
 
   std::map<std::string, std::shared_ptr<Peer>> nodes_;  // connected clients by node name
   std::map<Peer*, std::shared_ptr<Peer>> peers_;        // every open connection
+  net::AdmissionControl admission_;                     // bounds pre-auth connections
+  net::LogLimiter unauth_log_{20, std::chrono::seconds(10)};
   std::map<std::string, proto::ProgressReport> progress_;  // by trainer id
   bool status_dirty_ = false;
   int64_t last_watch_push_us_ = 0;

@@ -1,5 +1,7 @@
 #include "edl/net/connection.h"
 
+#include <array>
+
 #include <glog/logging.h>
 
 namespace edl::net {
@@ -41,6 +43,11 @@ void Connection::ArmIdleTimer() {
   });
 }
 
+void Connection::StartSession(std::unique_ptr<SessionMac> session, uint32_t max_frame_bytes) {
+  session_ = std::move(session);
+  options_.max_frame_bytes = max_frame_bytes;
+}
+
 void Connection::ReadHeader() {
   auto self = shared_from_this();
   asio::async_read(socket_, asio::buffer(header_, sizeof(header_)),
@@ -53,39 +60,64 @@ void Connection::ReadHeader() {
                        return;
                      }
                      uint32_t len = 0;
-                     Status s = proto::DecodeFrameHeader(self->header_, self->options_.max_frame_bytes, &len);
+                     const bool sealed = self->session_ != nullptr;
+                     Status s = proto::DecodeFrameHeader(
+                         self->header_, self->options_.max_frame_bytes, sealed, &len);
                      if (!s.ok()) {
                        self->Close(s.WithContext("frame from " + self->peer_));
                        return;
                      }
-                     self->ReadPayload(len);
+                     self->body_.clear();
+                     self->ReadBody(len);
                    });
 }
 
-void Connection::ReadPayload(uint32_t length) {
-  payload_.resize(length);
+// Reads the rest of a `length`-byte body in steps that at most double what has arrived (64 KiB
+// first), so a header announcing 4 MiB costs nothing until the bytes really come.
+void Connection::ReadBody(uint32_t length) {
+  const size_t have = body_.size();
+  if (have == length) return OnBody();
+  const size_t step = std::min<size_t>(length - have, std::max<size_t>(have, 64u << 10));
+  body_.resize(have + step);
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(payload_.data(), length),
-                   [self](const boost::system::error_code& ec, size_t) {
+  asio::async_read(socket_, asio::buffer(body_.data() + have, step),
+                   [self, length](const boost::system::error_code& ec, size_t) {
                      if (self->closed_) return;
                      if (ec) {
                        self->Close(FromErrorCode("read from " + self->peer_, ec));
                        return;
                      }
-                     nlohmann::json msg;
-                     Status s = proto::DecodePayload(self->payload_.data(), self->payload_.size(), &msg);
-                     std::string().swap(self->payload_);
-                     if (!s.ok()) {
-                       self->Close(s.WithContext("frame from " + self->peer_));
-                       return;
-                     }
-                     self->ArmIdleTimer();
-                     if (self->on_message_) {
-                       MessageFn fn = self->on_message_;  // Close() inside may reset the member
-                       fn(msg);
-                     }
-                     if (!self->closed_) self->ReadHeader();
+                     self->ReadBody(length);
                    });
+}
+
+void Connection::OnBody() {
+  size_t size = body_.size();
+  if (session_ != nullptr) {
+    size -= proto::kSealTagBytes;
+    if (!session_->Open(header_, body_.data(), size, body_.data() + size)) {
+      std::string().swap(body_);
+      Close(Status::Unauthenticated("frame from " + peer_ +
+                                    " failed its session MAC (altered, injected, replayed or "
+                                    "reordered on the way)"));
+      return;
+    }
+  }
+  nlohmann::json msg;
+  Status s = proto::DecodePayload(body_.data(), size, &msg);
+  if (body_.capacity() > (64u << 10)) {
+    std::string().swap(body_);  // do not keep a large buffer for an idle peer
+  }
+  if (!s.ok()) {
+    Close(s.WithContext("frame from " + peer_));
+    return;
+  }
+  ArmIdleTimer();
+  if (on_message_) {
+    MessageFn fn = on_message_;  // Close() inside may reset the member
+    fn(msg);
+  }
+  if (!closed_) ReadHeader();
 }
 
 void Connection::Send(const nlohmann::json& msg) {
@@ -101,7 +133,18 @@ void Connection::SendFrame(std::shared_ptr<const std::string> frame) {
                           " bytes queued"));
     return;
   }
-  queue_.push_back(std::move(frame));
+  auto out = std::make_shared<Outgoing>();
+  if (session_ != nullptr) {
+    // Sealed in queue order, which is wire order. The payload is not copied: a frame shared
+    // between connections gets this connection's header and MAC around the same bytes.
+    const size_t size = frame->size() - proto::kFrameHeaderBytes;
+    out->sealed = true;
+    proto::EncodeFrameHeader(static_cast<uint32_t>(size + proto::kSealTagBytes), out->header,
+                             proto::kFrameSealed);
+    session_->Seal(out->header, frame->data() + proto::kFrameHeaderBytes, size, out->tag);
+  }
+  out->frame = std::move(frame);
+  queue_.push_back(std::move(out));
   if (!writing_) WriteNext();
 }
 
@@ -127,18 +170,28 @@ void Connection::WriteNext() {
   }
   writing_ = true;
   auto self = shared_from_this();
-  std::shared_ptr<const std::string> frame = queue_.front();
-  asio::async_write(socket_, asio::buffer(*frame),
-                    [self, frame](const boost::system::error_code& ec, size_t) {
-                      if (self->closed_) return;
-                      if (ec) {
-                        self->Close(FromErrorCode("write to " + self->peer_, ec));
-                        return;
-                      }
-                      self->queued_bytes_ -= frame->size();
-                      self->queue_.pop_front();
-                      self->WriteNext();
-                    });
+  std::shared_ptr<Outgoing> out = queue_.front();
+  // The handler holds `out`, so the buffers outlive the write even if Close() clears the queue.
+  auto done = [self, out](const boost::system::error_code& ec, size_t) {
+    if (self->closed_) return;
+    if (ec) {
+      self->Close(FromErrorCode("write to " + self->peer_, ec));
+      return;
+    }
+    self->queued_bytes_ -= out->frame->size();
+    self->queue_.pop_front();
+    self->WriteNext();
+  };
+  if (!out->sealed) {
+    asio::async_write(socket_, asio::buffer(*out->frame), std::move(done));
+    return;
+  }
+  const std::array<asio::const_buffer, 3> bufs = {
+      asio::buffer(out->header, sizeof(out->header)),
+      asio::buffer(out->frame->data() + proto::kFrameHeaderBytes,
+                   out->frame->size() - proto::kFrameHeaderBytes),
+      asio::buffer(out->tag, sizeof(out->tag))};
+  asio::async_write(socket_, bufs, std::move(done));
 }
 
 void Connection::Close(const Status& why) {

@@ -2,7 +2,9 @@
 // It reads frames forever, hands each decoded message to `on_message`, queues outgoing frames and
 // writes them in order, and closes itself with a logged reason on a bad frame, a peer that goes
 // silent for `idle_timeout`, a peer that does not drain its queue (`max_queued_bytes`), or EOF.
-// `on_close` runs exactly once, with the reason.
+// `on_close` runs exactly once, with the reason. A payload buffer grows as its bytes arrive, never
+// to the length a header merely announces. After StartSession every frame in both directions is
+// sealed (edl/net/auth.h SessionMac); a frame that fails its MAC closes the connection.
 //
 // Thread-safety: none. Every method must be called on the thread running the io_context (the
 // daemons run one such thread, so their state needs no locks). Owned by shared_ptr: pending
@@ -19,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "edl/base/status.h"
+#include "edl/net/auth.h"
 #include "edl/proto/frame.h"
 
 namespace edl::net {
@@ -30,9 +33,11 @@ struct ConnectionOptions {
   std::chrono::milliseconds idle_timeout{0};
   // Close the connection when more than this many bytes wait to be written (a stuck peer).
   size_t max_queued_bytes = 512u << 20;
-  // Largest frame payload accepted from the peer.
+  // Largest frame payload accepted from the peer (raise it with StartSession once the peer has
+  // authenticated).
   uint32_t max_frame_bytes = proto::kMaxFrameBytes;
 };
+
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
@@ -56,14 +61,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Closes now; `on_close(why)` runs (once). Idempotent.
   void Close(const Status& why);
   void SetIdleTimeout(std::chrono::milliseconds t);
+  // From now on seal every frame sent and require every frame received to be sealed under
+  // `session`, and accept payloads up to `max_frame_bytes`. Call it right after sending (server)
+  // or receiving (peer) the welcome, from the message callback, so the switch point is exact.
+  void StartSession(std::unique_ptr<SessionMac> session, uint32_t max_frame_bytes);
 
   bool closed() const { return closed_; }
+  // Bytes held for the frame being read (tests: buffers grow with what arrives).
+  size_t read_buffer_bytes() const { return body_.capacity(); }
   const std::string& peer() const { return peer_; }
 
  private:
   Connection(Socket socket, std::string peer, ConnectionOptions options);
+  struct Outgoing {
+    std::shared_ptr<const std::string> frame;  // unsealed header + payload, maybe shared
+    bool sealed = false;
+    char header[proto::kFrameHeaderBytes];     // sealed: this connection's header
+    char tag[proto::kSealTagBytes];            // sealed: the session MAC
+  };
   void ReadHeader();
-  void ReadPayload(uint32_t length);
+  void ReadBody(uint32_t length);
+  void OnBody();
   void ArmIdleTimer();
   void WriteNext();
 
@@ -76,9 +94,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed_ = false;
   bool closing_after_write_ = false;
   Status close_reason_;
+  std::unique_ptr<SessionMac> session_;
   char header_[proto::kFrameHeaderBytes];
-  std::string payload_;
-  std::deque<std::shared_ptr<const std::string>> queue_;
+  std::string body_;  // payload (+ MAC when sealed) of the frame being read
+  std::deque<std::shared_ptr<Outgoing>> queue_;
   size_t queued_bytes_ = 0;
   bool writing_ = false;
 };

@@ -71,7 +71,8 @@ Status ParseHostPort(const std::string& s, const std::string& what, std::string*
   return Status::OK();
 }
 
-FramedSocket::FramedSocket(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+FramedSocket::FramedSocket(int fd, std::string peer)
+    : fd_(fd), peer_(std::move(peer)), max_frame_bytes_(proto::kMaxFrameBytes) {}
 
 FramedSocket::~FramedSocket() { ::close(fd_); }
 
@@ -126,21 +127,34 @@ Status FramedSocket::WaitFd(short events, Clock::time_point deadline) {
   }
 }
 
+Status FramedSocket::SendAll(const char* p, size_t n, Clock::time_point deadline) {
+  size_t off = 0;
+  while (off < n) {
+    EDL_RETURN_IF_ERROR(WaitFd(POLLOUT, deadline));
+    const ssize_t r = ::send(fd_, p + off, n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return PosixError("send to " + peer_, errno);
+    }
+    off += static_cast<size_t>(r);
+  }
+  return Status::OK();
+}
+
 Status FramedSocket::Send(const nlohmann::json& msg, std::chrono::milliseconds timeout) {
   const std::string frame = proto::EncodeFrame(msg);
   const auto deadline = Clock::now() + timeout;
   std::lock_guard<std::mutex> lock(write_mu_);
-  size_t off = 0;
-  while (off < frame.size()) {
-    EDL_RETURN_IF_ERROR(WaitFd(POLLOUT, deadline));
-    const ssize_t n = ::send(fd_, frame.data() + off, frame.size() - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return PosixError("send to " + peer_, errno);
-    }
-    off += static_cast<size_t>(n);
-  }
-  return Status::OK();
+  if (session_ == nullptr) return SendAll(frame.data(), frame.size(), deadline);
+  const size_t size = frame.size() - proto::kFrameHeaderBytes;
+  char header[proto::kFrameHeaderBytes];
+  char tag[proto::kSealTagBytes];
+  proto::EncodeFrameHeader(static_cast<uint32_t>(size + proto::kSealTagBytes), header,
+                           proto::kFrameSealed);
+  session_->Seal(header, frame.data() + proto::kFrameHeaderBytes, size, tag);
+  EDL_RETURN_IF_ERROR(SendAll(header, sizeof(header), deadline));
+  EDL_RETURN_IF_ERROR(SendAll(frame.data() + proto::kFrameHeaderBytes, size, deadline));
+  return SendAll(tag, sizeof(tag), deadline);
 }
 
 Status FramedSocket::ReadFull(char* p, size_t n, Clock::time_point deadline) {
@@ -165,49 +179,84 @@ Status FramedSocket::Receive(nlohmann::json* msg, std::chrono::milliseconds time
   char header[proto::kFrameHeaderBytes];
   EDL_RETURN_IF_ERROR(ReadFull(header, sizeof(header), deadline));
   uint32_t len = 0;
-  EDL_RETURN_IF_ERROR(proto::DecodeFrameHeader(header, proto::kMaxFrameBytes, &len).WithContext(peer_));
-  std::string payload(len, '\0');
-  EDL_RETURN_IF_ERROR(ReadFull(payload.data(), len, deadline));
-  return proto::DecodePayload(payload.data(), payload.size(), msg).WithContext(peer_);
+  EDL_RETURN_IF_ERROR(proto::DecodeFrameHeader(header, max_frame_bytes_, session_ != nullptr, &len)
+                          .WithContext(peer_));
+  // Grow with the bytes that arrive (at most doubling), never to the announced length at once.
+  std::string body;
+  while (body.size() < len) {
+    const size_t have = body.size();
+    const size_t step = std::min<size_t>(len - have, std::max<size_t>(have, 64u << 10));
+    body.resize(have + step);
+    EDL_RETURN_IF_ERROR(ReadFull(body.data() + have, step, deadline));
+  }
+  size_t size = body.size();
+  if (session_ != nullptr) {
+    size -= proto::kSealTagBytes;
+    if (!session_->Open(header, body.data(), size, body.data() + size)) {
+      Shutdown();
+      return Status::Unauthenticated("frame from " + peer_ +
+                                     " failed its session MAC (altered, injected, replayed or "
+                                     "reordered on the way); connection closed");
+    }
+  }
+  return proto::DecodePayload(body.data(), size, msg).WithContext(peer_);
 }
 
 void FramedSocket::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
-Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto::Hello hello,
-                            std::chrono::milliseconds timeout, proto::Welcome* welcome) {
-  nlohmann::json j;
-  EDL_RETURN_IF_ERROR(sock->Receive(&j, timeout).WithContext("waiting for the server's challenge"));
-  if (j["type"] == proto::msg::kError) {
-    proto::ErrorMsg e;
-    EDL_RETURN_IF_ERROR(e.DecodeFrom(j));
+namespace {
+
+// The status an `error` before the welcome stands for: the server's own words when it proved
+// them (ServerErrorMac over our nonce), else an Unavailable that says nothing is proven.
+Status PreAuthError(const nlohmann::json& j, const std::string& secret, const std::string& nonce,
+                    const std::string& peer) {
+  proto::ErrorMsg e;
+  Status s = e.DecodeFrom(j);
+  if (!s.ok()) return s;
+  if (!nonce.empty() && MacEqual(e.mac, ServerErrorMac(secret, nonce, e.code, e.message))) {
     return e.ToStatus();
   }
+  const Status claimed = e.ToStatus();
+  return Status(claimed.code() == Status::Code::kUnauthenticated ? Status::Code::kUnauthenticated
+                                                                 : Status::Code::kUnavailable,
+                peer + " refused the handshake with an error it cannot prove (a server with a "
+                       "different --secret_file, or not the edl server): " + claimed.ToString());
+}
+
+}  // namespace
+
+Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto::Hello hello,
+                            std::chrono::milliseconds timeout, proto::Welcome* welcome) {
+  sock->set_max_frame_bytes(proto::kMaxPreAuthFrameBytes);
+  nlohmann::json j;
+  EDL_RETURN_IF_ERROR(sock->Receive(&j, timeout).WithContext("waiting for the server's challenge"));
+  if (j["type"] == proto::msg::kError) return PreAuthError(j, secret, "", sock->peer());
   proto::Challenge ch;
   if (j["type"] != proto::msg::kChallenge) {
     return Status::Corruption("expected a challenge from " + sock->peer() + ", got " +
-                              j["type"].dump());
+                              proto::QuoteJson(j["type"]));
   }
   EDL_RETURN_IF_ERROR(ch.DecodeFrom(j));
   hello.nonce = NewNonce();
-  hello.mac = PeerMac(secret, hello.role, ch.nonce);
   nlohmann::json out;
   hello.EncodeTo(&out);
+  out["mac"] = HelloMac(secret, ch.nonce, out);
   EDL_RETURN_IF_ERROR(sock->Send(out, timeout));
   EDL_RETURN_IF_ERROR(sock->Receive(&j, timeout).WithContext("waiting for the server's welcome"));
-  if (j["type"] == proto::msg::kError) {
-    proto::ErrorMsg e;
-    EDL_RETURN_IF_ERROR(e.DecodeFrom(j));
-    return e.ToStatus();
-  }
+  if (j["type"] == proto::msg::kError) return PreAuthError(j, secret, hello.nonce, sock->peer());
   if (j["type"] != proto::msg::kWelcome) {
-    return Status::Corruption("expected a welcome from " + sock->peer() + ", got " + j["type"].dump());
+    return Status::Corruption("expected a welcome from " + sock->peer() + ", got " +
+                              proto::QuoteJson(j["type"]));
   }
   EDL_RETURN_IF_ERROR(welcome->DecodeFrom(j));
-  if (!MacEqual(welcome->mac, ServerMac(secret, hello.nonce))) {
+  if (!MacEqual(welcome->mac, WelcomeMac(secret, hello.nonce, j))) {
     return Status::Unauthenticated("server " + sock->peer() +
                                    " could not prove it holds the cluster secret: check "
                                    "--secret_file on both sides");
   }
+  sock->StartSession(
+      std::make_unique<SessionMac>(secret, ch.nonce, hello.nonce, /*server_side=*/false));
+  sock->set_max_frame_bytes(proto::kMaxFrameBytes);
   return Status::OK();
 }
 

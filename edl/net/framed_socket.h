@@ -2,9 +2,12 @@
 // frames (edl/proto/frame.h) with a deadline on every call. Used where a thread may block: the
 // trainer side of TrainerChannel and `edl ctl`. Daemons use the asynchronous Connection instead.
 //
+// Payload buffers grow as bytes arrive. After StartSession every frame is sealed and checked
+// (edl/net/auth.h SessionMac); a frame that fails its MAC shuts the socket down for good.
+//
 // Thread-safety: Send may be called from several threads at once (a mutex serialises writers);
 // Receive from one thread at a time. Shutdown may be called from any thread and makes a blocked
-// Receive return.
+// Receive return. StartSession and set_max_frame_bytes only while no Send or Receive runs.
 #pragma once
 
 #include <chrono>
@@ -15,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "edl/base/status.h"
+#include "edl/net/auth.h"
 #include "edl/proto/messages.h"
 
 namespace edl::net {
@@ -44,20 +48,29 @@ class FramedSocket {
   Status Receive(nlohmann::json* msg, std::chrono::milliseconds timeout);
   void Shutdown();
 
+  // Seal and check every later frame under `session` (after the handshake).
+  void StartSession(std::unique_ptr<SessionMac> session) { session_ = std::move(session); }
+  // Largest payload Receive accepts (default proto::kMaxFrameBytes).
+  void set_max_frame_bytes(uint32_t n) { max_frame_bytes_ = n; }
+
   const std::string& peer() const { return peer_; }
 
  private:
   Status WaitFd(short events, std::chrono::steady_clock::time_point deadline);
   Status ReadFull(char* p, size_t n, std::chrono::steady_clock::time_point deadline);
+  Status SendAll(const char* p, size_t n, std::chrono::steady_clock::time_point deadline);
 
   const int fd_;
   const std::string peer_;
-  std::mutex write_mu_;  // serialises Send
+  std::mutex write_mu_;  // serialises Send (and so the sealing order)
+  std::unique_ptr<SessionMac> session_;
+  uint32_t max_frame_bytes_;
 };
 
 // Client side of the TCP handshake (auth.h): reads the challenge, sends `hello` (its role and
-// fields filled in by the caller; mac and nonce are set here), checks the server's proof.
-// Unauthenticated when the server rejects the secret or proves a different one.
+// fields filled in by the caller; mac and nonce are set here), checks the server's proof and
+// starts the sealed session. Unauthenticated when the server rejects the secret or proves a
+// different one; an `error` the server cannot prove (ServerErrorMac) is reported as unverified.
 Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto::Hello hello,
                             std::chrono::milliseconds timeout, proto::Welcome* welcome);
 

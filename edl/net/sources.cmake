@@ -1,5 +1,7 @@
-# edl/net: HMAC auth, blocking and Asio framed connections, the trainer channel.
+# edl/net: HMAC auth and session MACs, admission control, blocking and Asio framed connections,
+# the trainer channel.
 list(APPEND EDL_SOURCES
+  net/admission.cc
   net/auth.cc
   net/framed_socket.cc
   net/connection.cc

@@ -1,8 +1,12 @@
 #include "edl/proto/messages.h"
 
+#include <arpa/inet.h>
+
 #include <cmath>
 #include <limits>
 #include <unordered_set>
+
+#include "edl/proto/frame.h"
 
 namespace edl::proto {
 
@@ -10,6 +14,22 @@ using nlohmann::json;
 
 // ---- field validation: the first error sticks and names the message and the field.
 namespace {
+
+// *out = v when v is an integer in [lo, hi] (unsigned values above INT64_MAX are out of range).
+bool GetInt(const json& v, int64_t lo, int64_t hi, int64_t* out) {
+  if (!v.is_number_integer()) return false;
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
+    x = static_cast<int64_t>(u);
+  } else {
+    x = v.get<int64_t>();
+  }
+  if (x < lo || x > hi) return false;
+  *out = x;
+  return true;
+}
 
 class Fields {
  public:
@@ -27,11 +47,20 @@ class Fields {
     *out = s;
     return *this;
   }
+  Fields& Host(const char* key, std::string* out, bool required = true) {
+    std::string s;
+    Str(key, &s, kMaxHostBytes, required);
+    if (ok() && (required || !s.empty()) && j_.contains(key) && !IsValidHost(s)) {
+      return Fail(key, Quote(s) + " is not a host name or IP address");
+    }
+    if (ok()) *out = s;
+    return *this;
+  }
   Fields& Name(const char* key, std::string* out, bool required = true) {
     std::string s;
     Str(key, &s, kMaxNameBytes, required);
     if (ok() && (required || !s.empty()) && j_.contains(key) && !IsValidName(s)) {
-      return Fail(key, "'" + s + "' is not a valid name (use letters, digits, '.', '_', '-')");
+      return Fail(key, Quote(s) + " is not a valid name (use letters, digits, '.', '_', '-')");
     }
     if (ok()) *out = s;
     return *this;
@@ -42,14 +71,7 @@ class Fields {
     if (v == nullptr) return *this;
     if (!v->is_number_integer()) return Fail(key, "is not an integer");
     int64_t x = 0;
-    if (v->is_number_unsigned()) {
-      const uint64_t u = v->get<uint64_t>();
-      if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return Range(key, lo, hi);
-      x = static_cast<int64_t>(u);
-    } else {
-      x = v->get<int64_t>();
-    }
-    if (x < lo || x > hi) return Range(key, lo, hi);
+    if (!GetInt(*v, lo, hi, &x)) return Range(key, lo, hi);
     *out = static_cast<T>(x);
     return *this;
   }
@@ -145,12 +167,12 @@ Status MembersFromJson(const json& a, const char* what, std::vector<MemberInfo>*
     MemberInfo m;
     m.trainer_id = e[0].get<std::string>();
     m.node = e[1].get<std::string>();
-    const int64_t slot = e[2].get<int64_t>();
+    int64_t slot = -1;
     m.host = e[3].get<std::string>();
-    if (!IsValidName(m.trainer_id) || !IsValidName(m.node) || slot < 0 || slot > kMaxSlot ||
-        m.host.empty() || m.host.size() > kMaxNameBytes) {
+    if (!IsValidName(m.trainer_id) || !IsValidName(m.node) || !GetInt(e[2], 0, kMaxSlot, &slot) ||
+        !IsValidHost(m.host)) {
       return Status::Corruption(std::string("message '") + what + "' holds an invalid member " +
-                                e.dump());
+                                QuoteJson(e));
     }
     if (!seen.insert(m.trainer_id).second) {
       return Status::Corruption(std::string("message '") + what + "' lists trainer " +
@@ -237,7 +259,8 @@ Status ExpandRun(const json& e, const char* what, size_t* budget,
   const bool with_host = e.size() == 5;
   const size_t c = with_host ? 2 : 1;
   auto bad = [&](const std::string& why) {
-    return Status::Corruption(std::string("message '") + what + "' holds a bad run " + e.dump() + ": " + why);
+    return Status::Corruption(std::string("message '") + what + "' holds a bad run " +
+                              QuoteJson(e) + ": " + why);
   };
   if (!e[0].is_string() || (with_host && !e[1].is_string()) || !e[c].is_number_integer() ||
       !e[c + 1].is_number_integer() || !e[c + 2].is_number_integer()) {
@@ -246,12 +269,14 @@ Status ExpandRun(const json& e, const char* what, size_t* budget,
   MemberInfo m;
   m.node = e[0].get<std::string>();
   if (with_host) m.host = e[1].get<std::string>();
-  const int64_t slot = e[c].get<int64_t>(), count = e[c + 1].get<int64_t>(), seq = e[c + 2].get<int64_t>();
-  if (!IsValidName(m.node) || (with_host && (m.host.empty() || m.host.size() > kMaxNameBytes))) {
+  if (!IsValidName(m.node) || (with_host && !IsValidHost(m.host))) {
     return bad("invalid node or host");
   }
-  if (count < 1 || static_cast<uint64_t>(count) > *budget) return bad("count out of range");
-  if (slot < 0 || slot + count - 1 > kMaxSlot || seq < 0 || seq > (int64_t{1} << 53)) {
+  // Each field is range-checked on its own before any arithmetic, so nothing can overflow.
+  int64_t slot = 0, count = 0, seq = 0;
+  if (!GetInt(e[c + 1], 1, static_cast<int64_t>(*budget), &count)) return bad("count out of range");
+  if (!GetInt(e[c], 0, kMaxSlot, &slot) || !GetInt(e[c + 2], 0, int64_t{1} << 53, &seq) ||
+      slot + count - 1 > kMaxSlot) {
     return bad("slot or sequence out of range");
   }
   if (RunId(m.node, slot + count - 1, seq + count - 1).size() > kMaxNameBytes) return bad("ids too long");
@@ -280,6 +305,25 @@ bool IsValidName(const std::string& s) {
   return true;
 }
 
+bool IsValidHost(const std::string& s) {
+  if (s.empty() || s.size() > kMaxHostBytes) return false;
+  unsigned char buf[16];
+  if (s.find(':') != std::string::npos) return inet_pton(AF_INET6, s.c_str(), buf) == 1;
+  size_t label = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '.') {
+      if (label == 0 || s[i - 1] == '-') return false;
+      label = 0;
+      continue;
+    }
+    const bool good = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                      c == '_' || (c == '-' && label > 0);
+    if (!good || ++label > 63) return false;
+  }
+  return label > 0 && s.back() != '-';
+}
+
 Status StatusFromWire(const std::string& code, const std::string& message) {
   using C = Status::Code;
   for (C c : {C::kOk, C::kInvalidArgument, C::kNotFound, C::kCorruption, C::kIOError, C::kTimeout,
@@ -287,7 +331,7 @@ Status StatusFromWire(const std::string& code, const std::string& message) {
               C::kUnavailable, C::kInternal}) {
     if (code == Status::CodeName(c)) return c == C::kOk ? Status::OK() : Status(c, message);
   }
-  return Status::Internal("unknown status code '" + code + "': " + message);
+  return Status::Internal("unknown status code " + Quote(code) + ": " + message);
 }
 
 // ---- GenerationInfo
@@ -319,7 +363,7 @@ Status DecodeHeader(const json& j, const char* what, GenerationInfo* g) {
       .Name("job_id", &g->job_id)
       .Str("reason", &g->reason, 64)
       .Bool("failure", &g->failure)
-      .Str("master_addr", &g->master_addr)
+      .Host("master_addr", &g->master_addr, /*required=*/false)
       .Int("master_port", &g->master_port, 0, 65535)
       .status();
 }
@@ -514,21 +558,23 @@ Status Hello::DecodeFrom(const json& j) {
   if (f.ok() && h.nonce.size() != 64) f.Fail("nonce", "is not 64 hex characters");
   if (f.ok() && h.role == "client") {
     const json* slots = nullptr;
-    f.Name("node", &h.node).Str("host", &h.host).Str("mode", &h.mode, 16).Arr("slots", &slots);
+    f.Name("node", &h.node).Host("host", &h.host).Str("mode", &h.mode, 16).Arr("slots", &slots);
     f.NameList("trainers", &h.trainers);
     if (f.ok() && h.mode != "inplace" && h.mode != "restart") {
       f.Fail("mode", "is not 'inplace' or 'restart'");
     }
-    if (f.ok() && h.host.empty()) f.Fail("host", "is empty");
+    if (f.ok() && slots->size() > kMaxSlotsPerNode) {
+      f.Fail("slots", "has more than " + std::to_string(kMaxSlotsPerNode) + " items");
+    }
     if (f.ok()) {
-      std::unordered_set<int> seen;
+      std::unordered_set<int64_t> seen;
       for (const json& s : *slots) {
-        if (!s.is_number_integer() || s.get<int64_t>() < 0 || s.get<int64_t>() > kMaxSlot ||
-            !seen.insert(s.get<int>()).second) {
-          f.Fail("slots", "holds an invalid or repeated slot " + s.dump());
+        int64_t slot = -1;
+        if (!GetInt(s, 0, kMaxSlot, &slot) || !seen.insert(slot).second) {
+          f.Fail("slots", "holds an invalid or repeated slot " + QuoteJson(s));
           break;
         }
-        h.slots.push_back(s.get<int>());
+        h.slots.push_back(static_cast<int>(slot));
       }
     }
   }
@@ -555,14 +601,23 @@ ErrorMsg ErrorMsg::From(const Status& s) {
   return e;
 }
 Status ErrorMsg::ToStatus() const {
-  Status s = StatusFromWire(code, message);
-  return s.ok() ? Status::Internal("peer sent an error with code OK: " + message) : s;
+  // The text is the peer's: printable and bounded before it reaches a log or a terminal.
+  Status s = StatusFromWire(code, Escape(message, 1024));
+  return s.ok() ? Status::Internal("peer sent an error with code OK") : s;
 }
 void ErrorMsg::EncodeTo(json* j) const {
   *j = {{"type", msg::kError}, {"code", code}, {"message", message}};
+  if (!mac.empty()) (*j)["mac"] = mac;
 }
 Status ErrorMsg::DecodeFrom(const json& j) {
-  return Fields(j, msg::kError).Str("code", &code, 32).Str("message", &message, 4096).status();
+  ErrorMsg e;
+  EDL_RETURN_IF_ERROR(Fields(j, msg::kError)
+                          .Str("code", &e.code, 32)
+                          .Str("message", &e.message, 4096)
+                          .Str("mac", &e.mac, 64, /*required=*/false)
+                          .status());
+  *this = std::move(e);
+  return Status::OK();
 }
 
 void TrainerHello::EncodeTo(json* j) const {
@@ -588,20 +643,20 @@ Status Prepare::DecodeFrom(const json& j) {
   f.Int("generation", &p.generation, 1, kMaxI64)
       .Name("job_id", &p.job_id)
       .Int("world_size", &p.world_size, 1, kMaxListItems)
-      .Str("master_addr", &p.master_addr)
+      .Host("master_addr", &p.master_addr, /*required=*/false)
       .Int("master_port", &p.master_port, 0, 65535)
       .Arr("joiners", &a);
   if (!f.ok()) return f.status();
   for (const json& e : *a) {
-    if (!e.is_array() || e.size() != 5 || !e[4].is_number_integer() ||
-        e[4].get<int64_t>() < 0 || e[4].get<int64_t>() >= p.world_size) {
+    int64_t rank = -1;
+    if (!e.is_array() || e.size() != 5 || !GetInt(e[4], 0, p.world_size - 1, &rank)) {
       return Status::Corruption("message 'prepare' holds a joiner that is not "
                                 "[trainer_id, node, slot, host, rank < world_size]");
     }
     std::vector<MemberInfo> one;
     EDL_RETURN_IF_ERROR(MembersFromJson(json::array({json::array({e[0], e[1], e[2], e[3]})}),
                                         msg::kPrepare, &one));
-    one[0].rank = e[4].get<int>();
+    one[0].rank = static_cast<int>(rank);
     p.joiners.push_back(one[0]);
   }
   *this = std::move(p);
@@ -720,7 +775,7 @@ Status CtlRequest::DecodeFrom(const json& j) {
   f.Str("command", &r.command, 16).Int("n", &r.n, 0, kMaxListItems, /*required=*/false);
   if (f.ok() && r.command != "status" && r.command != "scale" && r.command != "watch" &&
       r.command != "stop") {
-    f.Fail("command", "'" + r.command + "' is not status, scale, watch or stop");
+    f.Fail("command", Quote(r.command) + " is not status, scale, watch or stop");
   }
   if (!f.ok()) return f.status();
   *this = std::move(r);

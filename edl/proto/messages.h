@@ -42,12 +42,17 @@ inline constexpr char kTrainerHello[] = "trainer_hello"; // trainer -> client, f
 
 // Largest id / name / key accepted on the wire.
 constexpr size_t kMaxNameBytes = 128;
+constexpr size_t kMaxHostBytes = 253;        // a DNS name
+constexpr size_t kMaxSlotsPerNode = 4096;
 constexpr size_t kMaxKeyBytes = 512;
 constexpr size_t kMaxListItems = 100000;
 constexpr size_t kMaxValueBytes = 1u << 20;  // a KV value (e.g. an NCCL unique id, a Gloo address)
 
 // Node names and trainer ids end up in file names: letters, digits, '.', '_', '-' only.
 bool IsValidName(const std::string& s);
+// Hosts become trainers' MASTER_ADDR and bind addresses: a DNS name (labels of letters, digits,
+// '-' and '_', 1..63 bytes each, at most kMaxHostBytes) or an IPv4 / IPv6 literal.
+bool IsValidHost(const std::string& s);
 
 // CRTP base: DebugString() is the encoded JSON on one line.
 template <typename T>
@@ -121,7 +126,7 @@ struct Challenge : Message<Challenge> {
 
 struct Hello : Message<Hello> {
   std::string role;   // "client" or "ctl"
-  std::string mac;    // hex HMAC-SHA256(secret, "edl-peer:" + role + ":" + server nonce)
+  std::string mac;    // net::HelloMac over every other field and the server's nonce
   std::string nonce;  // the peer's own nonce, for the server's proof in Welcome
   // role "client" only:
   std::string node, host, mode;     // mode: "inplace" or "restart"
@@ -132,7 +137,7 @@ struct Hello : Message<Hello> {
 };
 
 struct Welcome : Message<Welcome> {
-  std::string mac;          // hex HMAC-SHA256(secret, "edl-server:" + peer nonce); empty on Unix sockets
+  std::string mac;          // net::WelcomeMac over every other field and the peer's nonce; empty on Unix sockets
   std::string job_id;
   int heartbeat_ms = 1000;  // how often the peer should send heartbeats
   void EncodeTo(nlohmann::json* j) const;
@@ -142,7 +147,9 @@ struct Welcome : Message<Welcome> {
 struct ErrorMsg : Message<ErrorMsg> {
   std::string code;     // Status::CodeName
   std::string message;
+  std::string mac;      // optional: net::ServerErrorMac, when the server can prove the error
   static ErrorMsg From(const Status& s);
+  // The status, with the peer's text escaped and cut (it may come from anybody).
   Status ToStatus() const;
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);

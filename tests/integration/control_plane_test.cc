@@ -61,6 +61,8 @@ TEST_F(ControlPlaneTest, RestartModeRestartsEveryTrainerWithNewEnv) {
 TEST_F(ControlPlaneTest, UnauthenticatedPeersAreRefusedAndTheServerKeepsServing) {
   StartServer("", 1);
   std::ofstream(dir_.Join("wrong")) << "a-different-secret-of-enough-length\n";
+  std::filesystem::permissions(dir_.Join("wrong"), std::filesystem::perms::owner_read |
+                                                       std::filesystem::perms::owner_write);
   // A client with the wrong secret is refused and exits 2 without starting trainers.
   auto bad = StartClient("intruder", "inplace", dir_.Join("wrong"));
   EXPECT_EQ(bad->Wait(milliseconds(15000)), 2);

@@ -45,6 +45,9 @@ class ElasticTrainingTest : public ::testing::Test {
     }
     secret_ = dir_.Join("secret");
     std::ofstream(secret_) << "elastic-integration-secret-0123456789\n";
+    // edl refuses a secret that others can read.
+    std::filesystem::permissions(secret_, std::filesystem::perms::owner_read |
+                                              std::filesystem::perms::owner_write);
   }
 
   void StartServer(const std::string& script, int trainers,

@@ -97,3 +97,207 @@ TEST(RawConnectionTest, BadFramesAreRejectedWithReason) {
 
 }  // namespace
 }  // namespace edl::net
+
+namespace edl::net {
+namespace {
+
+// A sealed Connection (the server's side) on one end of a socket pair; the test writes raw bytes
+// as the peer, sealed with its own SessionMac, and reads replies through a sealed FramedSocket.
+class SealedConnectionTest : public ::testing::Test {
+ protected:
+  const std::string secret_ = "cluster-secret-0123456789abcdefgh";
+  const std::string ns_ = NewNonce(), np_ = NewNonce();
+
+  void SetUp() override {
+    int fds[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+    Connection::Socket s(io_);
+    s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
+    conn_ = Connection::Create(std::move(s), "pair");
+    conn_->StartSession(std::make_unique<SessionMac>(secret_, ns_, np_, /*server_side=*/true),
+                        proto::kMaxFrameBytes);
+    fd_ = fds[1];
+    reader_ = std::make_unique<FramedSocket>(fd_, "peer");
+    reader_->StartSession(std::make_unique<SessionMac>(secret_, ns_, np_, /*server_side=*/false));
+    conn_->Start(
+        [this](const json& m) {
+          seen_.push_back(m);
+          conn_->Send(m);  // echo, sealed
+        },
+        [this](const Status& s) { closed_ = s; });
+  }
+  // Header + payload + MAC as `mac` seals it (advancing its counter).
+  static std::string Sealed(SessionMac* mac, const json& m) {
+    std::string frame = proto::EncodeFrame(m);
+    const std::string payload = frame.substr(proto::kFrameHeaderBytes);
+    char header[proto::kFrameHeaderBytes];
+    proto::EncodeFrameHeader(static_cast<uint32_t>(payload.size() + proto::kSealTagBytes), header,
+                             proto::kFrameSealed);
+    char tag[proto::kSealTagBytes];
+    mac->Seal(header, payload.data(), payload.size(), tag);
+    return std::string(header, sizeof(header)) + payload + std::string(tag, sizeof(tag));
+  }
+  void Write(const std::string& bytes) {
+    ASSERT_EQ(::write(fd_, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  }
+  // Runs the loop until the connection closed (or 10 s passed).
+  void RunUntilClosed() {
+    for (int i = 0; i < 1000 && !conn_->closed(); ++i) io_.run_for(milliseconds(10));
+  }
+
+  asio::io_context io_;
+  std::shared_ptr<Connection> conn_;
+  int fd_ = -1;
+  std::unique_ptr<FramedSocket> reader_;  // owns fd_
+  std::vector<json> seen_;
+  Status closed_;
+  SessionMac peer_{secret_, ns_, np_, /*server_side=*/false};
+};
+
+TEST_F(SealedConnectionTest, SealedFramesFlowBothWays) {
+  for (int i = 0; i < 5; ++i) Write(Sealed(&peer_, json{{"type", "kill"}, {"i", i}}));
+  for (int i = 0; i < 200 && seen_.size() < 5; ++i) io_.run_for(milliseconds(10));
+  ASSERT_EQ(seen_.size(), 5u);
+  for (int i = 0; i < 5; ++i) {
+    io_.run_for(milliseconds(1));
+    json m;
+    ASSERT_OK(reader_->Receive(&m, milliseconds(5000)));  // the echo passed the reader's MAC check
+    EXPECT_EQ(m["i"], i);
+  }
+  EXPECT_FALSE(conn_->closed());
+}
+
+TEST_F(SealedConnectionTest, ReplayedFrameCloses) {
+  const std::string a = Sealed(&peer_, json{{"type", "stop"}});
+  Write(a);
+  Write(a);
+  RunUntilClosed();
+  EXPECT_EQ(seen_.size(), 1u);
+  EXPECT_TRUE((closed_.code() == Status::Code::kUnauthenticated)) << closed_.ToString();
+  EXPECT_NE(closed_.message().find("session MAC"), std::string::npos) << closed_.ToString();
+}
+
+TEST_F(SealedConnectionTest, ReorderedOrDroppedAndResentFrameCloses) {
+  const std::string a = Sealed(&peer_, json{{"type", "kill"}, {"trainer_ids", {"t1"}}});
+  const std::string b = Sealed(&peer_, json{{"type", "stop"}});
+  Write(b);  // `a` was dropped on the way (or comes later)
+  Write(a);
+  RunUntilClosed();
+  EXPECT_TRUE(seen_.empty());
+  EXPECT_TRUE((closed_.code() == Status::Code::kUnauthenticated)) << closed_.ToString();
+}
+
+TEST_F(SealedConnectionTest, TamperedFrameCloses) {
+  std::string a = Sealed(&peer_, json{{"type", "kill"}, {"trainer_ids", {"t1"}}});
+  a[a.find("t1")] = 'x';
+  Write(a);
+  RunUntilClosed();
+  EXPECT_TRUE(seen_.empty());
+  EXPECT_TRUE((closed_.code() == Status::Code::kUnauthenticated)) << closed_.ToString();
+}
+
+TEST_F(SealedConnectionTest, InjectedUnsealedFrameCloses) {
+  Write(proto::EncodeFrame(json{{"type", "stop"}}));
+  RunUntilClosed();
+  EXPECT_TRUE(seen_.empty());
+  EXPECT_TRUE(closed_.IsCorruption()) << closed_.ToString();
+  EXPECT_NE(closed_.message().find("unsealed"), std::string::npos) << closed_.ToString();
+}
+
+TEST_F(SealedConnectionTest, FrameSealedForTheOtherDirectionOrConnectionCloses) {
+  SessionMac reflected(secret_, ns_, np_, /*server_side=*/true);
+  Write(Sealed(&reflected, json{{"type", "stop"}}));
+  RunUntilClosed();
+  EXPECT_TRUE(seen_.empty());
+  EXPECT_TRUE((closed_.code() == Status::Code::kUnauthenticated)) << closed_.ToString();
+}
+
+TEST_F(SealedConnectionTest, FrameFromAnotherSessionCloses) {
+  SessionMac other(secret_, NewNonce(), np_, /*server_side=*/false);
+  Write(Sealed(&other, json{{"type", "stop"}}));
+  RunUntilClosed();
+  EXPECT_TRUE(seen_.empty());
+  EXPECT_TRUE((closed_.code() == Status::Code::kUnauthenticated)) << closed_.ToString();
+}
+
+TEST_F(SealedConnectionTest, FramedSocketRejectsTamperedAndReplayedFrames) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  FramedSocket sock(fds[0], "server");
+  sock.StartSession(std::make_unique<SessionMac>(secret_, ns_, np_, /*server_side=*/false));
+  SessionMac server(secret_, ns_, np_, /*server_side=*/true);
+  const std::string a = Sealed(&server, json{{"type", "ctl_reply"}, {"n", 1}});
+  ASSERT_EQ(::write(fds[1], a.data(), a.size()), static_cast<ssize_t>(a.size()));
+  json m;
+  ASSERT_OK(sock.Receive(&m, milliseconds(5000)));
+  EXPECT_EQ(m["n"], 1);
+  ASSERT_EQ(::write(fds[1], a.data(), a.size()), static_cast<ssize_t>(a.size()));  // replay
+  Status s = sock.Receive(&m, milliseconds(5000));
+  EXPECT_EQ(s.code(), Status::Code::kUnauthenticated) << s.ToString();
+  ::close(fds[1]);
+}
+
+TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
+  asio::io_context io;
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  Connection::Socket s(io);
+  s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
+  auto conn = Connection::Create(std::move(s), "pair");
+  std::vector<json> seen;
+  conn->Start([&](const json& m) { seen.push_back(m); }, [](const Status&) {});
+  // A 4 MiB frame announced, then sent slowly: the buffer follows what arrived.
+  std::string payload = R"({"type":"x","pad":")";
+  payload += std::string(proto::kMaxFrameBytes - payload.size() - 2, 'p') + "\"}";
+  ASSERT_EQ(payload.size(), proto::kMaxFrameBytes);
+  char header[proto::kFrameHeaderBytes];
+  proto::EncodeFrameHeader(static_cast<uint32_t>(payload.size()), header);
+  ASSERT_EQ(::write(fds[1], header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));
+  for (int i = 0; i < 500 && conn->read_buffer_bytes() == 0; ++i) io.run_for(milliseconds(10));
+  EXPECT_GT(conn->read_buffer_bytes(), 0u);
+  EXPECT_LE(conn->read_buffer_bytes(), 128u << 10) << "allocated before the bytes came";
+  // Now the rest, from a thread (the socket buffer is smaller than 4 MiB).
+  size_t sent = 0;
+  size_t max_seen = 0;
+  std::thread rest([&] {
+    while (sent < payload.size()) {
+      const ssize_t n = ::write(fds[1], payload.data() + sent, std::min<size_t>(payload.size() - sent, 65536));
+      if (n <= 0) return;
+      sent += static_cast<size_t>(n);
+    }
+  });
+  for (int i = 0; i < 3000 && seen.empty(); ++i) {
+    io.run_for(milliseconds(5));
+    max_seen = std::max(max_seen, conn->read_buffer_bytes());
+  }
+  rest.join();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0]["pad"].get_ref<const std::string&>().size(), proto::kMaxFrameBytes - 21);
+  EXPECT_GE(max_seen, 1u << 20);  // it did grow to the frame
+  EXPECT_LT(conn->read_buffer_bytes(), 128u << 10) << "the large buffer is released after the frame";
+  conn->Close(Status::Aborted("test over"));
+  ::close(fds[1]);
+}
+
+TEST(PreAuthLimitTest, LargeFrameBeforeAuthenticationCloses) {
+  asio::io_context io;
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  Connection::Socket s(io);
+  s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
+  ConnectionOptions o;
+  o.max_frame_bytes = proto::kMaxPreAuthFrameBytes;
+  auto conn = Connection::Create(std::move(s), "pair", o);
+  Status closed;
+  conn->Start([](const json&) {}, [&](const Status& st) { closed = st; });
+  char header[proto::kFrameHeaderBytes];
+  proto::EncodeFrameHeader(proto::kMaxPreAuthFrameBytes + 1, header);
+  ASSERT_EQ(::write(fds[1], header, sizeof(header)), static_cast<ssize_t>(sizeof(header)));
+  for (int i = 0; i < 500 && !conn->closed(); ++i) io.run_for(milliseconds(10));
+  EXPECT_TRUE(closed.IsCorruption()) << closed.ToString();
+  EXPECT_NE(closed.message().find("exceeds"), std::string::npos) << closed.ToString();
+  ::close(fds[1]);
+}
+
+}  // namespace
+}  // namespace edl::net

@@ -43,23 +43,49 @@ TEST(FrameTest, RejectsBadHeaders) {
   bad[5] = 9;  // version
   EXPECT_TRUE(DecodeFrame(bad, &out, &used).IsCorruption());
   bad = good;
-  bad[7] = 1;  // reserved
+  bad[7] = 2;  // an unknown flag
+  EXPECT_TRUE(DecodeFrame(bad, &out, &used).IsCorruption());
+  bad = good;
+  bad[7] = 1;  // sealed where an unsealed frame is expected
   EXPECT_TRUE(DecodeFrame(bad, &out, &used).IsCorruption());
   char header[kFrameHeaderBytes];
   EncodeFrameHeader(0, header);
   uint32_t len = 0;
-  EXPECT_TRUE(DecodeFrameHeader(header, kMaxFrameBytes, &len).IsCorruption());
+  EXPECT_TRUE(DecodeFrameHeader(header, kMaxFrameBytes, false, &len).IsCorruption());
+}
+
+TEST(FrameTest, SealedFlagMustMatchTheConnectionState) {
+  char header[kFrameHeaderBytes];
+  uint32_t len = 0;
+  EncodeFrameHeader(100, header);
+  Status s = DecodeFrameHeader(header, kMaxFrameBytes, /*expect_sealed=*/true, &len);
+  EXPECT_TRUE(s.IsCorruption());
+  EXPECT_NE(s.message().find("unsealed frame after the handshake"), std::string::npos) << s.ToString();
+  EncodeFrameHeader(100 + kSealTagBytes, header, kFrameSealed);
+  ASSERT_OK(DecodeFrameHeader(header, kMaxFrameBytes, true, &len));
+  EXPECT_EQ(len, 100 + kSealTagBytes);
+  EXPECT_TRUE(DecodeFrameHeader(header, kMaxFrameBytes, false, &len).IsCorruption());
+  // A sealed frame must hold more than its MAC, and the limit applies to the payload alone.
+  EncodeFrameHeader(kSealTagBytes, header, kFrameSealed);
+  EXPECT_TRUE(DecodeFrameHeader(header, kMaxFrameBytes, true, &len).IsCorruption());
+  EncodeFrameHeader(100 + kSealTagBytes, header, kFrameSealed);
+  ASSERT_OK(DecodeFrameHeader(header, 100, true, &len));
+  EXPECT_TRUE(DecodeFrameHeader(header, 99, true, &len).IsCorruption());
 }
 
 TEST(FrameTest, RejectsOversizeFromHeaderAlone) {
   char header[kFrameHeaderBytes];
   EncodeFrameHeader(kMaxFrameBytes + 1, header);
   uint32_t len = 0;
-  Status s = DecodeFrameHeader(header, kMaxFrameBytes, &len);
+  Status s = DecodeFrameHeader(header, kMaxFrameBytes, false, &len);
   EXPECT_TRUE(s.IsCorruption());
   EXPECT_NE(s.message().find("exceeds"), std::string::npos) << s.ToString();
   EncodeFrameHeader(100, header);
-  EXPECT_TRUE(DecodeFrameHeader(header, 99, &len).IsCorruption());
+  EXPECT_TRUE(DecodeFrameHeader(header, 99, false, &len).IsCorruption());
+  // Before authentication a much smaller limit applies; a hello fits easily.
+  EncodeFrameHeader(kMaxPreAuthFrameBytes + 1, header);
+  EXPECT_TRUE(DecodeFrameHeader(header, kMaxPreAuthFrameBytes, false, &len).IsCorruption());
+  EXPECT_LT(kMaxPreAuthFrameBytes, kMaxFrameBytes / 16);
 }
 
 TEST(FrameTest, RejectsBadPayloads) {
@@ -73,11 +99,61 @@ TEST(FrameTest, RejectsBadPayloads) {
 }
 
 TEST(FrameTest, InvalidUtf8IsReplacedNotThrown) {
-  json msg = {{"type", "event"}, {"s", std::string("\xff\xfe", 2)}};
+  json msg = {{"type", "event"}, {"s", std::string("a\xff\xfe", 3)}};
   const std::string frame = EncodeFrame(msg);
   json out;
   size_t used = 0;
-  EXPECT_OK(DecodeFrame(frame, &out, &used));
+  ASSERT_OK(DecodeFrame(frame, &out, &used));
+  EXPECT_EQ(used, frame.size());
+  // Each invalid byte became U+FFFD (EF BF BD); the valid prefix survived.
+  EXPECT_EQ(out["s"].get<std::string>(), "a\xef\xbf\xbd\xef\xbf\xbd");
+}
+
+TEST(FrameTest, DeepNestingIsRejectedBeforeParsing) {
+  // 80 000 levels: would exhaust the stack of a recursive parser or printer.
+  const int kDeep = 80000;
+  std::string deep = R"({"type":"hello","slots":)" + std::string(kDeep, '[') + std::string(kDeep, ']') + "}";
+  json out;
+  Status s = DecodePayload(deep.data(), deep.size(), &out);
+  EXPECT_TRUE(s.IsCorruption());
+  EXPECT_NE(s.message().find("nests deeper than 32"), std::string::npos) << s.ToString();
+  EXPECT_LT(s.message().size(), 200u);  // nothing of the payload is echoed at length
+  // Unbalanced too (the scan stops at the limit, it does not need the closing brackets).
+  deep = R"({"type":"x","a":)" + std::string(1 << 20, '{');
+  EXPECT_TRUE(DecodePayload(deep.data(), deep.size(), &out).IsCorruption());
+
+  // Exactly the limit is fine; brackets inside strings (and escaped quotes) do not count.
+  std::string ok = R"({"type":"x","a":)" + std::string(kMaxJsonDepth - 1, '[') +
+                   std::string(kMaxJsonDepth - 1, ']') + R"(,"s":"[[[[\"{{{{)" +
+                   std::string(100, '[') + "\"}";
+  ASSERT_OK(DecodePayload(ok.data(), ok.size(), &out));
+  std::string over = R"({"type":"x","a":)" + std::string(kMaxJsonDepth, '[') +
+                     std::string(kMaxJsonDepth, ']') + "}";
+  EXPECT_TRUE(DecodePayload(over.data(), over.size(), &out).IsCorruption());
+  EXPECT_OK(CheckJsonDepth(over.data(), over.size(), kMaxJsonDepth + 1));
+}
+
+TEST(FrameTest, TypeIsShortAndPlain) {
+  json out;
+  for (const std::string& p : {std::string(R"({"type":"Hello"})"), std::string(R"({"type":"a b"})"),
+                               R"({"type":")" + std::string(kMaxTypeBytes + 1, 'a') + "\"}",
+                               std::string(R"({"type":"x\u0000"})")}) {
+    Status s = DecodePayload(p.data(), p.size(), &out);
+    EXPECT_TRUE(s.IsCorruption()) << p;
+    EXPECT_LT(s.message().size(), 200u) << s.ToString();
+  }
+  const std::string ok = R"({"type":"trainer_exit"})";
+  EXPECT_OK(DecodePayload(ok.data(), ok.size(), &out));
+}
+
+TEST(FrameTest, QuoteIsShortPrintableAndSaysWhatWasCut) {
+  EXPECT_EQ(Quote("abc"), "'abc'");
+  EXPECT_EQ(Quote(std::string("a\n\x01'\\", 5)), "'a\\x0a\\x01\\x27\\x5c'");
+  const std::string big(100000, 'x');
+  const std::string q = Quote(big);
+  EXPECT_EQ(q, "'" + std::string(64, 'x') + "'...(+" + std::to_string(100000 - 64) + " bytes)");
+  EXPECT_EQ(Escape("a\x7f" "b", 5), "a\\x7f...(+1 bytes)");
+  EXPECT_LE(QuoteJson(json::array({big, big})).size(), 64u + 30u);
 }
 
 }  // namespace

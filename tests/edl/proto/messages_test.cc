@@ -1,5 +1,7 @@
 #include "edl/proto/messages.h"
 
+#include <limits>
+
 #include <gtest/gtest.h>
 
 #include "tests/testutil.h"
@@ -307,6 +309,106 @@ TEST(MessagesTest, NamesAreSafeForFiles) {
   EXPECT_FALSE(IsValidName("a/b"));
   EXPECT_FALSE(IsValidName(""));
   EXPECT_FALSE(IsValidName(std::string(200, 'a')));
+}
+
+}  // namespace
+}  // namespace edl::proto
+
+namespace edl::proto {
+namespace {
+
+TEST(MessagesTest, RunFieldsAreRangeCheckedBeforeAnyArithmetic) {
+  const json base = {{"type", "generation"}, {"generation", 2}, {"base", 0}, {"job_id", "j"},
+                     {"reason", "ctl"}, {"failure", false}, {"master_addr", "h"}, {"master_port", 1},
+                     {"removed", json::array()}, {"added", json::array()}};
+  const int64_t kMax = std::numeric_limits<int64_t>::max();
+  const uint64_t kHuge = std::numeric_limits<uint64_t>::max();
+  const std::vector<std::pair<std::string, json>> bad = {
+      {"added", {{"n", "h", kMax, 2, 1}}},  // slot + count would overflow
+      {"added", {{"n", "h", 0, kMax, 1}}},
+      {"added", {{"n", "h", 0, 2, kMax}}},  // seq + count would overflow
+      {"added", {{"n", "h", kHuge, 2, 1}}},
+      {"added", {{"n", "h", 0, kHuge, 1}}},
+      {"added", {{"n", "h", 65535, 5, 1}}},  // runs past the last slot
+      {"added", {{"n", "bad host!", 0, 2, 1}}},
+      {"added", {{"t1", "n", kHuge, "h"}}},
+      {"removed", {{"n", kMax, 2, 1}}},
+      {"removed", {{"n", 0, 2, kMax}}},
+  };
+  GenerationUpdate u;
+  for (const auto& [key, value] : bad) {
+    json j = base;
+    j[key] = value;
+    Status s = u.DecodeFrom(j);
+    EXPECT_TRUE(s.IsCorruption()) << key << "=" << value.dump() << " -> " << s.ToString();
+  }
+  json j = base;
+  j["added"] = {{"n", "h", 65534, 2, (int64_t{1} << 53) - 1}};
+  ASSERT_OK(u.DecodeFrom(j));
+  ASSERT_EQ(u.added.size(), 2u);
+  EXPECT_EQ(u.added[1].trainer_id, "n-s65535-" + std::to_string(int64_t{1} << 53));
+}
+
+TEST(MessagesTest, HostsAreHostnamesOrIpLiterals) {
+  for (const std::string& h : {"127.0.0.1", "::1", "fe80::1", "gpu01", "gpu-01.cluster.local",
+                               "node_7", "10.0.0.1"}) {
+    EXPECT_TRUE(IsValidHost(h)) << h;
+  }
+  for (const std::string& h : {std::string(""), std::string("a b"), std::string("-lead"),
+                               std::string("trail-"), std::string("a..b"), std::string(".a"),
+                               std::string("a;rm -rf /"), std::string("::g"), std::string("x/y"),
+                               std::string(64, 'a') + ".b", std::string(254, 'a'),
+                               std::string("h\n")}) {
+    EXPECT_FALSE(IsValidHost(h)) << h;
+  }
+  json hello = {{"type", "hello"},   {"role", "client"},  {"mac", std::string(64, 'a')},
+                {"nonce", std::string(64, 'b')}, {"node", "n1"}, {"host", "$(reboot)"},
+                {"mode", "inplace"}, {"slots", {0, 1}}, {"trainers", json::array()}};
+  Hello h;
+  Status s = h.DecodeFrom(hello);
+  EXPECT_TRUE(s.IsCorruption());
+  EXPECT_NE(s.message().find("host"), std::string::npos) << s.ToString();
+  hello["host"] = "::1";
+  EXPECT_OK(h.DecodeFrom(hello));
+  hello["slots"] = json::array();
+  for (int i = 0; i <= static_cast<int>(kMaxSlotsPerNode); ++i) hello["slots"].push_back(i);
+  EXPECT_TRUE(h.DecodeFrom(hello).IsCorruption());
+  hello["slots"] = {std::numeric_limits<uint64_t>::max()};
+  EXPECT_TRUE(h.DecodeFrom(hello).IsCorruption());
+  GenerationInfo g = MakeGen(1, {"a1"});
+  json gj;
+  g.EncodeTo(&gj);
+  gj["master_addr"] = "evil host";
+  EXPECT_TRUE(g.DecodeFrom(gj).IsCorruption());
+  gj["master_addr"] = "";  // not known yet
+  EXPECT_OK(g.DecodeFrom(gj));
+}
+
+TEST(MessagesTest, PeerTextInErrorsIsEscapedAndCut) {
+  Hello h;
+  json hello = {{"type", "hello"},   {"role", "client"},  {"mac", std::string(64, 'a')},
+                {"nonce", std::string(64, 'b')}, {"node", std::string(100, '\x1b')}, {"host", "h"},
+                {"mode", "inplace"}, {"slots", {0}}, {"trainers", json::array()}};
+  Status s = h.DecodeFrom(hello);
+  ASSERT_TRUE(s.IsCorruption());
+  EXPECT_EQ(s.message().find('\x1b'), std::string::npos) << s.ToString();
+  EXPECT_LT(s.message().size(), 200u) << s.ToString();
+  ErrorMsg e;
+  ASSERT_OK(e.DecodeFrom(json{{"type", "error"}, {"code", "Aborted"},
+                              {"message", "\x1b[2Jbye" + std::string(4000, 'x')}}));
+  const Status st = e.ToStatus();
+  EXPECT_TRUE(st.IsAborted());
+  EXPECT_EQ(st.message().find('\x1b'), std::string::npos);
+  EXPECT_LT(st.message().size(), 1100u);
+  ASSERT_OK(e.DecodeFrom(json{{"type", "error"}, {"code", "\x1bNope"}, {"message", "m"}}));
+  EXPECT_EQ(e.ToStatus().message().find('\x1b'), std::string::npos);
+  // The optional proof round-trips.
+  e.mac = std::string(64, 'c');
+  json j;
+  e.EncodeTo(&j);
+  ErrorMsg e2;
+  ASSERT_OK(e2.DecodeFrom(j));
+  EXPECT_EQ(e2.mac, e.mac);
 }
 
 }  // namespace
