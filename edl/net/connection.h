@@ -58,6 +58,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void SetIdleTimeout(std::chrono::milliseconds t);
 
   bool closed() const { return closed_; }
+  size_t queued_bytes() const { return queued_bytes_; }  // waiting to be written
   const std::string& peer() const { return peer_; }
 
  private:
