@@ -1,7 +1,13 @@
 #include "jobclient/client.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <csignal>
 #include <thread>
@@ -29,12 +35,86 @@ Client::Client(asio::io_context* io, ClientOptions options,
       heartbeat_timer_(*io),
       reconnect_timer_(*io) {}
 
-Client::~Client() {
-  ::unlink(options_.socket_path.c_str());
+namespace {
+
+bool IsHexToken(const std::string& s) {
+  if (s.size() != proto::kSessionTokenBytes) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// Reads the session token at `path`: only from a regular file of ours that nobody else can read
+// or write (it proves the node's identity to the server). Empty when there is none.
+std::string LoadSessionFile(const std::string& path) {
+  if (path.empty()) return "";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st;
+  char buf[proto::kSessionTokenBytes + 2] = {};
+  ssize_t n = -1;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+      (st.st_mode & 077) == 0) {
+    n = ::read(fd, buf, sizeof(buf) - 1);
+  } else {
+    LOG(WARNING) << "ignoring session file " << path << ": not a regular file of this user with "
+                 << "mode 0600";
+  }
+  ::close(fd);
+  std::string token(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!token.empty() && (token.back() == '\n' || token.back() == ' ')) token.pop_back();
+  return IsHexToken(token) ? token : "";
+}
+
+// Writes `token` to `path` (mode 0600) atomically: a new file, then rename.
+Status SaveSessionFile(const std::string& path, const std::string& token) {
+  const std::string tmp = path + ".tmp";
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return PosixError("session file " + tmp + " (--state_dir)", errno);
+  const std::string line = token + "\n";
+  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return PosixError("session file " + tmp, err);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return PosixError("session file " + path, errno);
+  return Status::OK();
+}
+
+// True when a process accepts connections on the Unix socket at `path` (another live client).
+bool SocketInUse(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;  // binding it fails with a clear error
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
+}  // namespace
+
+Client::~Client() { RemoveSocket(); }
+
+void Client::RemoveSocket() {
+  // Only a socket file: never whatever else the path may name by now.
+  struct stat st;
+  if (::lstat(options_.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    ::unlink(options_.socket_path.c_str());
+  }
 }
 
 Status Client::Start() {
-  ::unlink(options_.socket_path.c_str());
+  session_ = LoadSessionFile(options_.session_path);
+  if (!session_.empty()) LOG(INFO) << "session token of node " << options_.node_name << " from " << options_.session_path;
+  if (SocketInUse(options_.socket_path)) {
+    return Status::AlreadyExists("trainer socket " + options_.socket_path + " is in use by a running "
+                                 "client; give each client its own --socket_path");
+  }
+  RemoveSocket();  // left by a client that was killed
   boost::system::error_code ec;
   asio::local::stream_protocol::endpoint ep(options_.socket_path);
   const mode_t old = ::umask(0177);  // the socket is created 0600: this node's trainers only
@@ -88,6 +168,7 @@ void Client::Shutdown(int exit_code, const std::string& why) {
   trainers_.clear();
   boost::system::error_code ec;
   trainer_acceptor_.close(ec);
+  RemoveSocket();
   sigchld_.cancel(ec);
   tick_timer_.cancel();
   heartbeat_timer_.cancel();
@@ -207,6 +288,7 @@ void Client::OnChallenge(const json& msg) {
   h.host = options_.advertise_addr;
   h.mode = options_.restart_mode ? "restart" : "inplace";
   h.slots = options_.slots;
+  h.session = session_;
   for (const auto& [id, t] : trainers_) {
     if (t.member) h.trainers.push_back(id);
   }
@@ -227,6 +309,7 @@ void Client::OnWelcome(const json& msg) {
     return server_->Close(s);
   }
   authenticated_ = true;
+  KeepSession(w.session);
   backoff_ms_ = 200;
   job_id_ = w.job_id;
   heartbeat_ms_ = w.heartbeat_ms;
@@ -239,6 +322,17 @@ void Client::OnWelcome(const json& msg) {
     outbox_.pop_front();
   }
   Heartbeat();
+}
+
+void Client::KeepSession(const std::string& token) {
+  if (token == session_ || !IsHexToken(token)) return;
+  session_ = token;
+  if (options_.session_path.empty()) return;
+  Status s = SaveSessionFile(options_.session_path, token);
+  if (!s.ok()) {
+    LOG(WARNING) << "cannot keep the node's session token: " << s.ToString()
+                 << "; a restarted client will wait until the server has lost this node";
+  }
 }
 
 void Client::Heartbeat() {
