@@ -1,6 +1,7 @@
 #include "jobclient/client.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -95,11 +96,33 @@ bool SocketInUse(const std::string& path) {
   return live;
 }
 
+// One client per session file: a lock held for the client's life (the kernel drops it when the
+// process dies, SIGKILL included). Returns `path` when this client holds it, else "" (a second
+// client under the same name and state dir: it then presents no token and the server refuses it
+// with a retryable error, instead of the two taking the node from each other in turn).
+std::string LockSessionFile(const std::string& path, const std::string& node, int* fd) {
+  if (path.empty()) return "";
+  const std::string lock = path + ".lock";
+  *fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (*fd >= 0 && ::flock(*fd, LOCK_EX | LOCK_NB) == 0) return path;
+  LOG(WARNING) << "another edl client of node " << node << " holds " << lock
+               << "; this one does not use the node's session token (give each client its own "
+                  "--node_name)";
+  if (*fd >= 0) ::close(*fd);
+  *fd = -1;
+  return "";
+}
+
 }  // namespace
 
-Client::~Client() { RemoveSocket(); }
+Client::~Client() {
+  RemoveSocket();
+  if (session_lock_fd_ >= 0) ::close(session_lock_fd_);
+}
 
 void Client::RemoveSocket() {
+  if (!socket_bound_) return;  // never another client's
+  socket_bound_ = false;
   // Only a socket file: never whatever else the path may name by now.
   struct stat st;
   if (::lstat(options_.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
@@ -108,18 +131,23 @@ void Client::RemoveSocket() {
 }
 
 Status Client::Start() {
-  session_ = LoadSessionFile(options_.session_path);
-  if (!session_.empty()) LOG(INFO) << "session token of node " << options_.node_name << " from " << options_.session_path;
+  session_path_ = LockSessionFile(options_.session_path, options_.node_name, &session_lock_fd_);
+  session_ = LoadSessionFile(session_path_);
+  if (!session_.empty()) LOG(INFO) << "session token of node " << options_.node_name << " from " << session_path_;
   if (SocketInUse(options_.socket_path)) {
     return Status::AlreadyExists("trainer socket " + options_.socket_path + " is in use by a running "
                                  "client; give each client its own --socket_path");
   }
-  RemoveSocket();  // left by a client that was killed
+  struct stat st;  // left by a client that was killed: only a socket file is removed
+  if (::lstat(options_.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    ::unlink(options_.socket_path.c_str());
+  }
   boost::system::error_code ec;
   asio::local::stream_protocol::endpoint ep(options_.socket_path);
   const mode_t old = ::umask(0177);  // the socket is created 0600: this node's trainers only
   trainer_acceptor_.open(ep.protocol(), ec);
   if (!ec) trainer_acceptor_.bind(ep, ec);
+  socket_bound_ = !ec;
   ::umask(old);
   if (!ec) trainer_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return FromErrorCode("trainer socket " + options_.socket_path, ec).WithContext("--socket_path");
@@ -327,8 +355,8 @@ void Client::OnWelcome(const json& msg) {
 void Client::KeepSession(const std::string& token) {
   if (token == session_ || !IsHexToken(token)) return;
   session_ = token;
-  if (options_.session_path.empty()) return;
-  Status s = SaveSessionFile(options_.session_path, token);
+  if (session_path_.empty()) return;
+  Status s = SaveSessionFile(session_path_, token);
   if (!s.ok()) {
     LOG(WARNING) << "cannot keep the node's session token: " << s.ToString()
                  << "; a restarted client will wait until the server has lost this node";

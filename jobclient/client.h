@@ -126,6 +126,9 @@ class Client {
   bool authenticated_ = false;
   std::string nonce_;
   std::string session_;  // the node's session token (from session_path or the last welcome)
+  std::string session_path_;  // options_.session_path while this client holds its lock, else ""
+  int session_lock_fd_ = -1;
+  bool socket_bound_ = false;  // this client created the socket file (and so removes it)
   std::string job_id_ = "edl-job";
   int heartbeat_ms_ = 1000;
   int64_t backoff_ms_ = 200;

@@ -257,9 +257,9 @@ TEST_F(InsiderTest, ANameSquatterDoesNotDisplaceTheRealClient) {
     EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
     EXPECT_NE(s.message().find("session token"), std::string::npos) << s.ToString();
   }
-  // The squatting `edl client` process: it retries (does not exit), and gets nowhere.
-  auto squat = StartClient("n1", "inplace", "", {{"socket_path", dir_.Join("squat.sock")},
-                                                 {"state_dir", dir_.Join("squat-state")}});
+  // The squatting `edl client` process, on the same machine and state dir (so it finds the real
+  // client's session file, but not its lock): it retries (does not exit), and gets nowhere.
+  auto squat = StartClient("n1", "inplace", "", {{"socket_path", dir_.Join("squat.sock")}});
   // Both clients log to n1.log; only the squatter is refused. Twice: it retried after the first.
   auto refusals = [&] {
     const std::string log = Slurp(dir_.Join("n1.log"));
