@@ -293,8 +293,10 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e) {
   std::string why;
   const auto t = e.event.find("type");
   if (t != e.event.end() && *t != "trainer_event") {
-    why = "sets record type " + t->dump().substr(0, 64) + "; nodes write only 'trainer_event'";
-  } else if (const size_t n = e.event.dump().size(); n > options_.max_event_bytes) {
+    why = "sets record type " + t->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 64) +
+          "; nodes write only 'trainer_event'";
+  } else if (const size_t n = e.event.dump(-1, ' ', false, json::error_handler_t::replace).size();
+             n > options_.max_event_bytes) {
     why = "is " + std::to_string(n) + " bytes; the limit is " + std::to_string(options_.max_event_bytes);
   } else {
     const int64_t now = clock_->NowMicros();
