@@ -281,6 +281,28 @@ TEST_F(InsiderTest, ANameSquatterDoesNotDisplaceTheRealClient) {
   EXPECT_EQ(CountEvents([](const json& e) { return e["type"] == "node_disconnected"; }), 0) << Diagnostics();
 }
 
+// A node's own client re-attaches from a new connection with the token from its welcome, while
+// the server still holds the old (half-dead) connection: the new one replaces it.
+TEST_F(InsiderTest, TheSessionTokenReattachesAndReplacesAStaleConnection) {
+  StartServer("", 1);
+  if (HasFatalFailure()) return;
+  std::unique_ptr<Insider> first, second, third;
+  ASSERT_OK(Open("ghost", 1, &first));
+  const std::string token = first->welcome().session;
+  ASSERT_EQ(token.size(), proto::kSessionTokenBytes);
+  Status s = Open("ghost", 1, &third, std::string(token.rbegin(), token.rend()));
+  EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
+  ASSERT_OK(Open("ghost", 1, &second, token));
+  EXPECT_EQ(second->welcome().session, token);
+  json j;
+  EXPECT_FALSE(first->Await("never", &j, milliseconds(30000)).IsTimeout())
+      << "the server closes the replaced connection";
+  json st = Status_();
+  ASSERT_EQ(st["nodes"].size(), 1u) << st.dump();
+  EXPECT_EQ(st["nodes"][0]["connected"], true);
+  EXPECT_NE(Slurp(dir_.Join("server.log")).find("re-attached"), std::string::npos);
+}
+
 // KV and waiter floods, and a watcher that never reads: refused with errors that name the bound,
 // the server's peak RSS stays under 64 MiB (about 35 measured) while the insider tries to make it
 // hold 100 MB.
