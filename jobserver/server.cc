@@ -25,8 +25,8 @@ struct Server::Peer {
   bool watch = false;          // kCtl after `watch`
   uint64_t id = 0;             // owner of its KV waits
   int64_t refused = 0;         // frames refused as not its node's (for rate-limited logging)
-  int64_t events_window_us = 0;  // start of the current one-second window of trainer events
-  int events_in_window = 0;
+  double event_tokens = -1;    // trainer-event token bucket (-1: full, not yet used)
+  int64_t event_tokens_us = 0; // when event_tokens was last refilled
 };
 
 namespace {
@@ -300,12 +300,17 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e) {
     why = "is " + std::to_string(n) + " bytes; the limit is " + std::to_string(options_.max_event_bytes);
   } else {
     const int64_t now = clock_->NowMicros();
-    if (now - peer->events_window_us >= 1'000'000) {
-      peer->events_window_us = now;
-      peer->events_in_window = 0;
-    }
-    if (++peer->events_in_window > options_.max_events_per_second) {
-      why = "passes " + std::to_string(options_.max_events_per_second) + " events a second";
+    double& tokens = peer->event_tokens;
+    tokens = tokens < 0 ? options_.event_burst
+                        : std::min(options_.event_burst,
+                                   tokens + MicrosToSeconds(now - peer->event_tokens_us) *
+                                                options_.events_per_second);
+    peer->event_tokens_us = now;
+    if (tokens < 1) {
+      why = "passes the rate of " + std::to_string(static_cast<int>(options_.events_per_second)) +
+            " events a second (bursts of " + std::to_string(static_cast<int>(options_.event_burst)) + ")";
+    } else {
+      tokens -= 1;
     }
   }
   if (!why.empty()) {
@@ -420,11 +425,12 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     Record({{"type", "stopped"}, {"by", "ctl"}});
   }
   Dispatch();
-  if (DropIfNotReading(peer)) return;
-  rep.body = StatusBody();
-  json j;
-  rep.EncodeTo(&j);
-  peer->conn->Send(j);
+  if (!DropIfNotReading(peer)) {
+    rep.body = StatusBody();
+    json j;
+    rep.EncodeTo(&j);
+    peer->conn->Send(j);
+  }
   if (r.command == "stop") Shutdown(/*stop_clients=*/true);
 }
 

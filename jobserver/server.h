@@ -43,7 +43,9 @@ struct ServerOptions {
   KvLimits kv;
   size_t max_ctl_queue_bytes = size_t{16} << 20;  // a ctl/watch peer that does not read is dropped
   size_t max_event_bytes = 4096;                  // one trainer event's payload, as JSON
-  int max_events_per_second = 200;                // trainer events per client connection
+  // Trainer events per client connection: bursts of event_burst, then events_per_second.
+  double event_burst = 1000;
+  double events_per_second = 100;
 };
 
 class Server {

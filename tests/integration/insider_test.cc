@@ -237,6 +237,15 @@ TEST_F(InsiderTest, ANodeCannotSpeakForAnotherNodesTrainers) {
       EXPECT_EQ(e["node"], "evil");
     }
   }
+  // A flood of legitimate-looking events: bursts of 1000, then 100 a second get through.
+  for (int i = 0; i < 3000; ++i) {
+    ASSERT_OK(evil->Send({{"type", "event"}, {"trainer_id", mine}, {"event", {{"event", "spam"}}}}));
+  }
+  ASSERT_OK(evil->Kv("get", "sync", "", &reply));
+  const int spam = CountEvents([](const json& e) { return e.value("event", "") == "spam"; });
+  EXPECT_GE(spam, 900);  // the burst, less what it sent before
+  EXPECT_LT(spam, 3000);
+  EXPECT_NE(Slurp(dir_.Join("server.log")).find("events a second"), std::string::npos);
   evil.reset();
   Status_();
 }
