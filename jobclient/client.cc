@@ -316,7 +316,7 @@ void Client::OnChallenge(const json& msg) {
   h.host = options_.advertise_addr;
   h.mode = options_.restart_mode ? "restart" : "inplace";
   h.slots = options_.slots;
-  h.session = session_;
+  h.node_token = session_;
   for (const auto& [id, t] : trainers_) {
     if (t.member) h.trainers.push_back(id);
   }
@@ -337,7 +337,7 @@ void Client::OnWelcome(const json& msg) {
     return server_->Close(s);
   }
   authenticated_ = true;
-  KeepSession(w.session);
+  KeepSession(w.node_token);
   backoff_ms_ = 200;
   job_id_ = w.job_id;
   heartbeat_ms_ = w.heartbeat_ms;

@@ -227,7 +227,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     peer->conn->Send(wj);
     return;
   }
-  s = AttachNode(peer, hello, &w.session);
+  s = AttachNode(peer, hello, &w.node_token);
   if (!s.ok()) {
     Reject(peer, s);
     return;
@@ -249,7 +249,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
 
 Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello,
                           std::string* session) {
-  EDL_RETURN_IF_ERROR(scheduler_.CheckAdmission(hello.node, hello.session));
+  EDL_RETURN_IF_ERROR(scheduler_.CheckAdmission(hello.node, hello.node_token));
   std::string token = scheduler_.SessionOf(hello.node);
   if (token.empty()) token = net::NewNonce();  // a first join (or the node was lost meanwhile)
   auto old = nodes_.find(hello.node);

@@ -132,7 +132,7 @@ struct Hello : Message<Hello> {
   std::string node, host, mode;     // mode: "inplace" or "restart"
   std::vector<int> slots;           // slot / GPU indices this node offers
   std::vector<std::string> trainers;  // trainers this client still runs (after a reconnect)
-  std::string session;  // the node's session token from an earlier welcome (64 hex); empty at first join
+  std::string node_token;  // the node's session token from an earlier welcome (64 hex); empty at first join
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -141,7 +141,7 @@ struct Welcome : Message<Welcome> {
   std::string mac;          // hex HMAC-SHA256(secret, "edl-server:" + peer nonce); empty on Unix sockets
   std::string job_id;
   int heartbeat_ms = 1000;  // how often the peer should send heartbeats
-  std::string session;      // client role: the node's session token (64 hex), to present on reconnect
+  std::string node_token;   // client role: the node's session token (64 hex), to present on reconnect
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

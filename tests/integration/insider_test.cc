@@ -37,7 +37,7 @@ class Insider {
       h.host = "127.0.0.1";
       h.mode = "inplace";
       for (int i = 0; i < slots; ++i) h.slots.push_back(i);
-      h.session = session;
+      h.node_token = session;
     }
     auto in = std::unique_ptr<Insider>(new Insider(std::move(sock.value())));
     EDL_RETURN_IF_ERROR(net::AuthenticateToServer(in->sock_.get(), secret, h, milliseconds(10000),
@@ -297,12 +297,12 @@ TEST_F(InsiderTest, TheSessionTokenReattachesAndReplacesAStaleConnection) {
   if (HasFatalFailure()) return;
   std::unique_ptr<Insider> first, second, third;
   ASSERT_OK(Open("ghost", 1, &first));
-  const std::string token = first->welcome().session;
+  const std::string token = first->welcome().node_token;
   ASSERT_EQ(token.size(), proto::kSessionTokenBytes);
   Status s = Open("ghost", 1, &third, std::string(token.rbegin(), token.rend()));
   EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
   ASSERT_OK(Open("ghost", 1, &second, token));
-  EXPECT_EQ(second->welcome().session, token);
+  EXPECT_EQ(second->welcome().node_token, token);
   json j;
   EXPECT_FALSE(first->Await("never", &j, milliseconds(30000)).IsTimeout())
       << "the server closes the replaced connection";
