@@ -1,7 +1,14 @@
 #include "jobclient/client.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <csignal>
 #include <thread>
@@ -29,17 +36,118 @@ Client::Client(asio::io_context* io, ClientOptions options,
       heartbeat_timer_(*io),
       reconnect_timer_(*io) {}
 
+namespace {
+
+bool IsHexToken(const std::string& s) {
+  if (s.size() != proto::kSessionTokenBytes) return false;
+  for (char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// Reads the session token at `path`: only from a regular file of ours that nobody else can read
+// or write (it proves the node's identity to the server). Empty when there is none.
+std::string LoadSessionFile(const std::string& path) {
+  if (path.empty()) return "";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st;
+  char buf[proto::kSessionTokenBytes + 2] = {};
+  ssize_t n = -1;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == ::geteuid() &&
+      (st.st_mode & 077) == 0) {
+    n = ::read(fd, buf, sizeof(buf) - 1);
+  } else {
+    LOG(WARNING) << "ignoring session file " << path << ": not a regular file of this user with "
+                 << "mode 0600";
+  }
+  ::close(fd);
+  std::string token(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!token.empty() && (token.back() == '\n' || token.back() == ' ')) token.pop_back();
+  return IsHexToken(token) ? token : "";
+}
+
+// Writes `token` to `path` (mode 0600) atomically: a new file, then rename.
+Status SaveSessionFile(const std::string& path, const std::string& token) {
+  const std::string tmp = path + ".tmp";
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return PosixError("session file " + tmp + " (--state_dir)", errno);
+  const std::string line = token + "\n";
+  const bool ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return PosixError("session file " + tmp, err);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return PosixError("session file " + path, errno);
+  return Status::OK();
+}
+
+// True when a process accepts connections on the Unix socket at `path` (another live client).
+bool SocketInUse(const std::string& path) {
+  sockaddr_un addr{};
+  if (path.size() >= sizeof(addr.sun_path)) return false;  // binding it fails with a clear error
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool live = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  ::close(fd);
+  return live;
+}
+
+// One client per session file: a lock held for the client's life (the kernel drops it when the
+// process dies, SIGKILL included). Returns `path` when this client holds it, else "" (a second
+// client under the same name and state dir: it then presents no token and the server refuses it
+// with a retryable error, instead of the two taking the node from each other in turn).
+std::string LockSessionFile(const std::string& path, const std::string& node, int* fd) {
+  if (path.empty()) return "";
+  const std::string lock = path + ".lock";
+  *fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (*fd >= 0 && ::flock(*fd, LOCK_EX | LOCK_NB) == 0) return path;
+  LOG(WARNING) << "another edl client of node " << node << " holds " << lock
+               << "; this one does not use the node's session token (give each client its own "
+                  "--node_name)";
+  if (*fd >= 0) ::close(*fd);
+  *fd = -1;
+  return "";
+}
+
+}  // namespace
+
 Client::~Client() {
-  ::unlink(options_.socket_path.c_str());
+  RemoveSocket();
+  if (session_lock_fd_ >= 0) ::close(session_lock_fd_);
+}
+
+void Client::RemoveSocket() {
+  if (!socket_bound_) return;  // never another client's
+  socket_bound_ = false;
+  // Only a socket file: never whatever else the path may name by now.
+  struct stat st;
+  if (::lstat(options_.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    ::unlink(options_.socket_path.c_str());
+  }
 }
 
 Status Client::Start() {
-  ::unlink(options_.socket_path.c_str());
+  session_path_ = LockSessionFile(options_.session_path, options_.node_name, &session_lock_fd_);
+  session_ = LoadSessionFile(session_path_);
+  if (!session_.empty()) LOG(INFO) << "session token of node " << options_.node_name << " from " << session_path_;
+  if (SocketInUse(options_.socket_path)) {
+    return Status::AlreadyExists("trainer socket " + options_.socket_path + " is in use by a running "
+                                 "client; give each client its own --socket_path");
+  }
+  struct stat st;  // left by a client that was killed: only a socket file is removed
+  if (::lstat(options_.socket_path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
+    ::unlink(options_.socket_path.c_str());
+  }
   boost::system::error_code ec;
   asio::local::stream_protocol::endpoint ep(options_.socket_path);
   const mode_t old = ::umask(0177);  // the socket is created 0600: this node's trainers only
   trainer_acceptor_.open(ep.protocol(), ec);
   if (!ec) trainer_acceptor_.bind(ep, ec);
+  socket_bound_ = !ec;
   ::umask(old);
   if (!ec) trainer_acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return FromErrorCode("trainer socket " + options_.socket_path, ec).WithContext("--socket_path");
@@ -88,6 +196,7 @@ void Client::Shutdown(int exit_code, const std::string& why) {
   trainers_.clear();
   boost::system::error_code ec;
   trainer_acceptor_.close(ec);
+  RemoveSocket();
   sigchld_.cancel(ec);
   tick_timer_.cancel();
   heartbeat_timer_.cancel();
@@ -231,6 +340,7 @@ void Client::OnChallenge(const json& msg) {
   h.host = options_.advertise_addr;
   h.mode = options_.restart_mode ? "restart" : "inplace";
   h.slots = options_.slots;
+  h.node_token = session_;
   for (const auto& [id, t] : trainers_) {
     if (t.member) h.trainers.push_back(id);
   }
@@ -258,6 +368,7 @@ void Client::OnWelcome(const json& msg) {
   authenticated_ = true;
   ever_authenticated_ = true;
   unproven_refusals_ = 0;
+  KeepSession(w.node_token);
   backoff_ms_ = 200;
   job_id_ = w.job_id;
   heartbeat_ms_ = w.heartbeat_ms;
@@ -270,6 +381,17 @@ void Client::OnWelcome(const json& msg) {
     outbox_.pop_front();
   }
   Heartbeat();
+}
+
+void Client::KeepSession(const std::string& token) {
+  if (token == session_ || !IsHexToken(token)) return;
+  session_ = token;
+  if (session_path_.empty()) return;
+  Status s = SaveSessionFile(session_path_, token);
+  if (!s.ok()) {
+    LOG(WARNING) << "cannot keep the node's session token: " << s.ToString()
+                 << "; a restarted client will wait until the server has lost this node";
+  }
 }
 
 void Client::Heartbeat() {

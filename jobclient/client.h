@@ -35,6 +35,10 @@ struct ClientOptions {
   bool restart_mode = false;          // restart every trainer on every generation (torchrun-style)
   std::string advertise_addr = "127.0.0.1";
   std::string socket_path;            // Unix socket for trainers
+  // The node's session token from the server (PROTOCOL.md "Authentication"), kept across restarts
+  // so a restarted client re-attaches as its node: <state_dir>/<node>.session, mode 0600. Empty:
+  // not kept (a restarted client waits until the server has lost the node).
+  std::string session_path;
   std::string log_dir = "./edl-logs"; // <log_dir>/<trainer_id>.log
   int64_t stop_grace_ms = 10000;      // SIGTERM -> SIGKILL
   int64_t leave_grace_ms = 30000;     // a leaving in-place trainer's time to exit by itself
@@ -87,6 +91,8 @@ class Client {
   void OnServerMessage(const nlohmann::json& msg);
   void OnChallenge(const nlohmann::json& msg);
   void OnWelcome(const nlohmann::json& msg);
+  void KeepSession(const std::string& token);  // from a welcome: remember and save it
+  void RemoveSocket();
   void OnGeneration(const nlohmann::json& msg);
   void OnPrepare(const nlohmann::json& msg);
   void OnKill(const nlohmann::json& msg);
@@ -122,6 +128,11 @@ class Client {
   std::string server_nonce_;  // the server's, from the challenge (session key)
   bool ever_authenticated_ = false;
   int unproven_refusals_ = 0;  // errors before a welcome that the server could not prove
+  std::string nonce_;
+  std::string session_;  // the node's session token (from session_path or the last welcome)
+  std::string session_path_;  // options_.session_path while this client holds its lock, else ""
+  int session_lock_fd_ = -1;
+  bool socket_bound_ = false;  // this client created the socket file (and so removes it)
   std::string job_id_ = "edl-job";
   int heartbeat_ms_ = 1000;
   int64_t backoff_ms_ = 200;

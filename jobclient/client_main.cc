@@ -1,7 +1,9 @@
 #include "jobclient/client_main.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <iostream>
 #include <sstream>
@@ -71,7 +73,7 @@ Status ParseSlots(const std::string& gpus, int slots, ClientOptions* o) {
 
 Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   po::options_description d("client");
-  std::string server, secret_file, gpus, mode, trainer_cmd;
+  std::string server, secret_file, gpus, mode, trainer_cmd, state_dir;
   int slots = 0;
   double stop_grace = 10, leave_grace = 30, trainer_timeout = 20;
   std::vector<std::string> rest;
@@ -86,6 +88,7 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
       ("mode", po::value<std::string>(&mode)->default_value("inplace"), "inplace (trainers link the runtime) | restart (torchrun-style)")
       ("advertise_addr", po::value<std::string>(&o->advertise_addr)->default_value("127.0.0.1"), "address of this node that trainers bind and advertise")
       ("socket_path", po::value<std::string>(&o->socket_path), "trainers' Unix socket (default /tmp/edl-<node>-<pid>.sock)")
+      ("state_dir", po::value<std::string>(&state_dir), "where the node's session token is kept, <state_dir>/edl-<node>.session, mode 0600, so a restarted client re-attaches as its node (default: the directory of --socket_path)")
       ("log_dir", po::value<std::string>(&o->log_dir)->default_value("./edl-logs"), "per-trainer logs <log_dir>/<trainer_id>.log")
       ("stop_grace_s", po::value<double>(&stop_grace)->default_value(10), "SIGTERM -> SIGKILL grace")
       ("leave_grace_s", po::value<double>(&leave_grace)->default_value(30), "time a leaving in-place trainer has to exit by itself")
@@ -104,6 +107,12 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   if (!proto::IsValidName(o->node_name)) {
     return Status::InvalidArgument("--node_name '" + o->node_name + "': use letters, digits, '.', '_', '-'");
   }
+  if (o->node_name.size() > proto::kMaxNodeNameBytes) {
+    return Status::InvalidArgument("--node_name is " + std::to_string(o->node_name.size()) +
+                                   " bytes; the limit is " + std::to_string(proto::kMaxNodeNameBytes) +
+                                   " (trainer ids '<node>-s<slot>-<seq>' must fit " +
+                                   std::to_string(proto::kMaxNameBytes) + " bytes)");
+  }
   EDL_RETURN_IF_ERROR(ParseSlots(gpus, slots, o));
   if (mode != "inplace" && mode != "restart") return Status::InvalidArgument("--mode must be inplace or restart, not '" + mode + "'");
   o->restart_mode = mode == "restart";
@@ -115,6 +124,13 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   o->leave_grace_ms = static_cast<int64_t>(leave_grace * 1000);
   o->trainer_timeout_ms = static_cast<int64_t>(trainer_timeout * 1000);
   if (o->socket_path.empty()) o->socket_path = "/tmp/edl-" + o->node_name + "-" + std::to_string(::getpid()) + ".sock";
+  if (state_dir.empty()) {
+    const size_t slash = o->socket_path.rfind('/');
+    state_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o->socket_path.substr(0, slash);
+  } else if (::mkdir(state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return PosixError("--state_dir " + state_dir, errno);
+  }
+  o->session_path = state_dir + "/edl-" + o->node_name + ".session";
   return Status::OK();
 }
 

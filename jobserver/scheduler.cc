@@ -7,6 +7,8 @@
 
 #include <glog/logging.h>
 
+#include "edl/net/auth.h"
+
 namespace edl::jobserver {
 
 using nlohmann::json;
@@ -24,12 +26,42 @@ Scheduler::Scheduler(const SchedulerOptions& options, Clock* clock)
 
 // ---- inputs
 
+Status Scheduler::CheckAdmission(const std::string& name, const std::string& session) const {
+  if (name.size() > proto::kMaxNodeNameBytes) {
+    return Status::InvalidArgument(
+        "node name '" + name.substr(0, 16) + "...' is " + std::to_string(name.size()) +
+        " bytes; the limit is " + std::to_string(proto::kMaxNodeNameBytes) +
+        " so that its trainer ids '<node>-s<slot>-<seq>' fit " + std::to_string(proto::kMaxNameBytes) +
+        " bytes; give the client a shorter --node_name");
+  }
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return Status::OK();
+  if (!session.empty() && net::MacEqual(session, it->second.session)) return Status::OK();
+  return Status::Unavailable(
+      "node name '" + name + "' belongs to another client (" +
+      (it->second.connected ? "connected from " + it->second.host
+                            : "disconnected; its name is held until it re-attaches or is lost") +
+      ") and this one did not present that node's session token; retrying. If this is a second "
+      "client, give it a unique --node_name; if it is the same node restarted, keep its --state_dir");
+}
+
+std::string Scheduler::SessionOf(const std::string& name) const {
+  auto it = nodes_.find(name);
+  return it == nodes_.end() ? std::string() : it->second.session;
+}
+
 Status Scheduler::AddNode(const std::string& name, const std::string& host, bool restart_mode,
-                          const std::vector<int>& slots, const std::vector<std::string>& running) {
+                          const std::vector<int>& slots, const std::vector<std::string>& running,
+                          const std::string& session) {
   if (slots.empty()) {
     return Status::InvalidArgument("node " + name + " offers no slots: start its client with "
                                    "--gpus 0,1,.. or --slots N");
   }
+  if (slots.size() > kMaxSlotsPerNode) {
+    return Status::InvalidArgument("node " + name + " offers " + std::to_string(slots.size()) +
+                                   " slots; the limit is " + std::to_string(kMaxSlotsPerNode));
+  }
+  if (name.size() > proto::kMaxNodeNameBytes) return CheckAdmission(name, session);
   const int64_t now = clock_->NowMicros();
   auto it = nodes_.find(name);
   if (it != nodes_.end() && it->second.connected) {
@@ -49,6 +81,7 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
   n.slots = slots;
   n.connected = true;
   n.last_heard_us = now;
+  n.session = session;
   EmitEvent({{"type", "node_joined"}, {"node", name}, {"host", host}, {"slots", slots.size()},
              {"mode", restart_mode ? "restart" : "inplace"}});
   // Re-attached after a short disconnect: members the client no longer runs have died meanwhile.
@@ -479,7 +512,10 @@ std::vector<MemberInfo> Scheduler::FreeSlots(int count) const {
 }
 
 std::string Scheduler::NewTrainerId(const std::string& node, int slot) {
-  return node + "-s" + std::to_string(slot) + "-" + std::to_string(next_trainer_seq_++);
+  std::string id = node + "-s" + std::to_string(slot) + "-" + std::to_string(next_trainer_seq_++);
+  // AddNode bounds node names (kMaxNodeNameBytes) and slots so that every id passes IsValidName.
+  DCHECK(proto::IsValidName(id)) << id;
+  return id;
 }
 
 void Scheduler::EmitEvent(json e) {
@@ -516,6 +552,37 @@ const std::string& Scheduler::NodeOfTrainer(const std::string& id) const {
   static const std::string kNone;
   const MemberInfo* m = current_.Find(id);
   return m == nullptr ? kNone : m->node;
+}
+
+bool Scheduler::IsLiveTrainerOf(const std::string& trainer_id, const std::string& node) const {
+  if (const MemberInfo* m = current_.Find(trainer_id)) return m->node == node;
+  if (pending_.joiner_ids.count(trainer_id) == 0) return false;
+  for (const MemberInfo& j : pending_.joiners) {
+    if (j.trainer_id == trainer_id) return j.node == node;
+  }
+  return false;
+}
+
+bool Scheduler::PlacedOn(const std::string& trainer_id, const std::string& node) const {
+  if (current_.Find(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0) {
+    return IsLiveTrainerOf(trainer_id, node);
+  }
+  // No longer placed (left or removed): accept the ids NewTrainerId made for `node`. The suffix
+  // "-s<digits>-<digits>" holds no 's' after its first character, so no other node's ids match.
+  if (trainer_id.size() <= node.size() + 2 || trainer_id.compare(0, node.size(), node) != 0 ||
+      trainer_id.compare(node.size(), 2, "-s") != 0) {
+    return false;
+  }
+  const char* p = trainer_id.c_str() + node.size() + 2;
+  auto digits = [&p](uint64_t* v) {
+    const char* start = p;
+    *v = 0;
+    for (; *p >= '0' && *p <= '9' && p - start < 19; ++p) *v = *v * 10 + static_cast<uint64_t>(*p - '0');
+    return p != start;
+  };
+  uint64_t slot = 0, seq = 0;
+  if (!digits(&slot) || *p++ != '-' || !digits(&seq) || *p != '\0') return false;
+  return seq >= 1 && seq < next_trainer_seq_;
 }
 
 std::vector<std::string> Scheduler::NodeNames() const {

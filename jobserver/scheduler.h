@@ -28,6 +28,9 @@
 
 namespace edl::jobserver {
 
+// Most slots one node may offer (a client's --slots is bounded alike).
+constexpr size_t kMaxSlotsPerNode = 4096;
+
 struct SchedulerOptions {
   std::string job_id = "edl-job";
   int min_trainers = 1;       // never start below this; desired sizes are clamped up to it
@@ -58,10 +61,22 @@ class Scheduler {
   Scheduler(const SchedulerOptions& options, Clock* clock);
 
   // ---- inputs
-  // A client registered. A node name whose client is still connected is AlreadyExists. A known,
-  // disconnected node is re-attached: its members not in `running` are treated as failed.
+  // Whether a client presenting session token `session` (empty at a first join) may register as
+  // node `name` now. OK for a name the scheduler does not know (a first join; the caller then
+  // issues a token) or for the node's own token (a re-attach: the caller first drops the node's
+  // old connection, which may be half dead). Unavailable, a retryable refusal, while the name
+  // belongs to a client that holds another token (connected, or disconnected and not yet lost):
+  // a node name is not an identity, the token is. InvalidArgument for a name too long for its
+  // trainer ids (proto::kMaxNodeNameBytes).
+  Status CheckAdmission(const std::string& name, const std::string& session) const;
+  // The session token of known node `name`; empty when unknown.
+  std::string SessionOf(const std::string& name) const;
+  // A client registered (after CheckAdmission). A node name whose client is still connected is
+  // AlreadyExists. A known, disconnected node is re-attached: its members not in `running` are
+  // treated as failed. `session` is kept as the node's token.
   Status AddNode(const std::string& name, const std::string& host, bool restart_mode,
-                 const std::vector<int>& slots, const std::vector<std::string>& running);
+                 const std::vector<int>& slots, const std::vector<std::string>& running,
+                 const std::string& session = "");
   void NodeDisconnected(const std::string& name);
   void Heartbeat(const std::string& name);
   void TrainerExited(const std::string& trainer_id, bool success, const std::string& how);
@@ -90,6 +105,15 @@ class Scheduler {
   int connected_nodes() const;
   bool done() const { return done_; }
   bool IsNodeConnected(const std::string& name) const;
+  // Authorization of a node's reports (PROTOCOL.md "Client -> server"): true when the scheduler
+  // placed `trainer_id` on `node`: a member or pending joiner there, or an id it issued for that
+  // node earlier ("<node>-s<slot>-<seq>" with a seq it handed out: a leaving trainer).
+  bool PlacedOn(const std::string& trainer_id, const std::string& node) const;
+  // A member or pending joiner of `node` now (progress is kept only for these).
+  bool IsLiveTrainerOf(const std::string& trainer_id, const std::string& node) const;
+  bool IsLiveTrainer(const std::string& trainer_id) const {
+    return current_.Find(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0;
+  }
   const std::string& NodeOfTrainer(const std::string& id) const;
   std::vector<std::string> NodeNames() const;
   nlohmann::json Summary() const;  // for `edl ctl status`
@@ -102,6 +126,7 @@ class Scheduler {
     bool connected = false;
     int64_t last_heard_us = 0;
     int order = 0;  // registration order: placement fills nodes in this order
+    std::string session;  // the token its client proves itself with on a re-attach
   };
   struct Pending {
     bool active = false;

@@ -23,7 +23,16 @@ struct Server::Peer {
   std::string node;            // kClient
   int64_t last_generation = 0; // newest generation this client holds (for deltas)
   bool watch = false;          // kCtl after `watch`
+  uint64_t id = 0;             // owner of its KV waits
+  int64_t refused = 0;         // frames refused as not its node's (for rate-limited logging)
+  double event_tokens = -1;    // trainer-event token bucket (-1: full, not yet used)
+  int64_t event_tokens_us = 0; // when event_tokens was last refilled
 };
+
+namespace {
+// Logs the 1st..10th, then every power of two: a flood cannot flood the log.
+bool LogThis(int64_t n) { return n <= 10 || (n & (n - 1)) == 0; }
+}  // namespace
 
 Server::Server(asio::io_context* io, ServerOptions options, Clock* clock)
     : io_(io),
@@ -31,7 +40,8 @@ Server::Server(asio::io_context* io, ServerOptions options, Clock* clock)
       clock_(clock),
       acceptor_(*io),
       tick_timer_(*io),
-      scheduler_(options_.scheduler, clock) {}
+      scheduler_(options_.scheduler, clock),
+      kv_(options_.kv) {}
 
 Server::~Server() = default;
 
@@ -138,6 +148,7 @@ void Server::OnAccepted(tcp::socket socket) {
           " per address): dropped the oldest to admit a new one"));
     }
   }
+  peer->id = next_peer_id_++;
   peers_[peer.get()] = peer;
   std::weak_ptr<Peer> weak = peer;
   peer->conn->Start(
@@ -169,6 +180,8 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
                        why.ToString());
   }
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
+  const size_t waits = kv_.CancelOwner(peer->id);  // nobody left to answer
+  if (waits > 0) VLOG(1) << "dropped " << waits << " kv waits of " << peer->conn->peer();
   peers_.erase(peer.get());
   Dispatch();
 }
@@ -265,15 +278,11 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     welcome();
     return;
   }
-  s = scheduler_.AddNode(hello.node, hello.host, hello.mode == "restart", hello.slots, hello.trainers);
+  s = AttachNode(peer, hello, &w.node_token);
   if (!s.ok()) {
     refuse(s);
     return;
   }
-  peer->state = Peer::State::kClient;
-  peer->node = hello.node;
-  peer->conn->SetIdleTimeout(milliseconds(options_.scheduler.heartbeat_timeout_us / 1000));
-  nodes_[hello.node] = peer;
   welcome();
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
             << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
@@ -288,6 +297,88 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   if (scheduler_.done()) peer->conn->Send(json{{"type", proto::msg::kDone}});
 }
 
+Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello,
+                          std::string* session) {
+  EDL_RETURN_IF_ERROR(scheduler_.CheckAdmission(hello.node, hello.node_token));
+  std::string token = scheduler_.SessionOf(hello.node);
+  if (token.empty()) token = net::NewNonce();  // a first join (or the node was lost meanwhile)
+  auto old = nodes_.find(hello.node);
+  if (old != nodes_.end()) {
+    // The node's own client proved its session from a new connection: the old one is stale (a
+    // half-dead TCP connection, or the client restarted). The new one replaces it.
+    std::shared_ptr<Peer> prev = old->second;
+    nodes_.erase(old);
+    scheduler_.NodeDisconnected(hello.node);
+    LOG(WARNING) << "node " << hello.node << " re-attached from " << peer->conn->peer()
+                 << "; closing its old connection from " << prev->conn->peer();
+    prev->conn->Close(Status::Aborted("replaced by a new connection of node " + hello.node));
+  }
+  EDL_RETURN_IF_ERROR(scheduler_.AddNode(hello.node, hello.host, hello.mode == "restart",
+                                         hello.slots, hello.trainers, token));
+  peer->state = Peer::State::kClient;
+  peer->node = hello.node;
+  peer->conn->SetIdleTimeout(milliseconds(options_.scheduler.heartbeat_timeout_us / 1000));
+  nodes_[hello.node] = peer;
+  *session = token;
+  return Status::OK();
+}
+
+bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& what,
+                        const std::string& trainer_id) {
+  if (scheduler_.PlacedOn(trainer_id, peer->node)) return true;
+  // Not closed: an honest client may still hold a report queued across a server restart (ids of
+  // the previous server); dropping the frame costs nothing, closing would make it reconnect.
+  if (LogThis(++peer->refused)) {
+    LOG(WARNING) << "refused '" << what << "' from node " << peer->node << " ("
+                 << peer->conn->peer() << ") about trainer " << trainer_id
+                 << ": not placed on that node; a node reports only its own trainers ("
+                 << peer->refused << " refused so far)";
+  }
+  return false;
+}
+
+void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e) {
+  if (!Authorized(peer, proto::msg::kEvent, e.trainer_id)) return;
+  // Nodes write trainer events only: no other record type, a bounded payload, a bounded rate.
+  std::string why;
+  const auto t = e.event.find("type");
+  if (t != e.event.end() && *t != "trainer_event") {
+    why = "sets record type " + t->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 64) +
+          "; nodes write only 'trainer_event'";
+  } else if (const size_t n = e.event.dump(-1, ' ', false, json::error_handler_t::replace).size();
+             n > options_.max_event_bytes) {
+    why = "is " + std::to_string(n) + " bytes; the limit is " + std::to_string(options_.max_event_bytes);
+  } else {
+    const int64_t now = clock_->NowMicros();
+    double& tokens = peer->event_tokens;
+    tokens = tokens < 0 ? options_.event_burst
+                        : std::min(options_.event_burst,
+                                   tokens + MicrosToSeconds(now - peer->event_tokens_us) *
+                                                options_.events_per_second);
+    peer->event_tokens_us = now;
+    if (tokens < 1) {
+      why = "passes the rate of " + std::to_string(static_cast<int>(options_.events_per_second)) +
+            " events a second (bursts of " + std::to_string(static_cast<int>(options_.event_burst)) + ")";
+    } else {
+      tokens -= 1;
+    }
+  }
+  if (!why.empty()) {
+    if (LogThis(++peer->refused)) {
+      LOG(WARNING) << "dropped an event of trainer " << e.trainer_id << " from node " << peer->node
+                   << ": it " << why << " (" << peer->refused << " refused so far)";
+    }
+    return;
+  }
+  json rec = e.event;
+  rec["type"] = "trainer_event";
+  rec["trainer_id"] = e.trainer_id;
+  rec["node"] = peer->node;
+  rec.erase("time");  // the log's own fields (EventsLog::Append)
+  rec.erase("job");
+  Record(std::move(rec));
+}
+
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                              const json& msg) {
   scheduler_.Heartbeat(peer->node);  // any frame proves the node alive
@@ -299,6 +390,7 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
     proto::TrainerExit e;
     Status s = e.DecodeFrom(msg);
     if (!s.ok()) return Reject(peer, s);
+    if (!Authorized(peer, type, e.trainer_id)) return;
     const std::string how = e.exited ? "exit " + std::to_string(e.code) : "signal " + std::to_string(e.signal);
     scheduler_.TrainerExited(e.trainer_id, e.success(), how);
     status_dirty_ = true;
@@ -306,22 +398,21 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
     proto::Ready r;
     Status s = r.DecodeFrom(msg);
     if (!s.ok()) return Reject(peer, s);
+    if (!Authorized(peer, type, r.trainer_id)) return;
     scheduler_.TrainerReady(r.trainer_id, r.generation);
   } else if (type == proto::msg::kProgress) {
     proto::Progress p;
     Status s = p.DecodeFrom(msg);
     if (!s.ok()) return Reject(peer, s);
+    if (!Authorized(peer, type, p.trainer_id)) return;
+    if (!scheduler_.IsLiveTrainerOf(p.trainer_id, peer->node)) return;  // a leaving trainer
     progress_[p.trainer_id] = p.report;
     status_dirty_ = true;
   } else if (type == proto::msg::kEvent) {
     proto::Event e;
     Status s = e.DecodeFrom(msg);
     if (!s.ok()) return Reject(peer, s);
-    json rec = e.event;
-    rec["trainer_id"] = e.trainer_id;
-    rec["node"] = peer->node;
-    if (!rec.contains("type")) rec["type"] = "trainer_event";
-    Record(std::move(rec));
+    OnEvent(peer, e);
   } else if (type == proto::msg::kKv) {
     OnKv(peer, msg);
   } else {
@@ -347,15 +438,21 @@ void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
     rep.EncodeTo(&j);
     conn->Send(j);
   };
+  Status st;
   if (r.op == "set") {
-    kv_.Set(key, r.value);
-    reply(Status::OK(), "");
+    st = kv_.Set(key, r.value);
+    reply(st, "");
   } else if (r.op == "get") {
     std::string v;
-    Status st = kv_.Get(key, &v);
+    st = kv_.Get(key, &v);
     reply(st.ok() ? st : Status::NotFound("kv key '" + r.key + "' is not set"), v);
+    st = Status::OK();
   } else {
-    kv_.Wait(key, clock_->NowMicros() + r.timeout_ms * 1000, reply);
+    st = kv_.Wait(key, clock_->NowMicros() + r.timeout_ms * 1000, peer->id, reply);
+    if (!st.ok()) reply(st, "");
+  }
+  if (!st.ok() && LogThis(++peer->refused)) {
+    LOG(WARNING) << "kv " << r.op << " from node " << peer->node << " refused: " << st.ToString();
   }
 }
 
@@ -378,10 +475,12 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     Record({{"type", "stopped"}, {"by", "ctl"}});
   }
   Dispatch();
-  rep.body = StatusBody();
-  json j;
-  rep.EncodeTo(&j);
-  peer->conn->Send(j);
+  if (!DropIfNotReading(peer)) {
+    rep.body = StatusBody();
+    json j;
+    rep.EncodeTo(&j);
+    peer->conn->Send(j);
+  }
   if (r.command == "stop") Shutdown(/*stop_clients=*/true);
 }
 
@@ -442,6 +541,9 @@ void Server::Dispatch() {
       case Action::Kind::kCommit:
         PushGeneration(a);
         kv_.CollectGarbage(a.next.generation);
+        for (auto it = progress_.begin(); it != progress_.end();) {  // bounded by the members
+          it = scheduler_.IsLiveTrainer(it->first) ? std::next(it) : progress_.erase(it);
+        }
         status_dirty_ = true;
         if (HasWatchers()) NotifyWatchers(json{{"status", StatusBody()}});
         break;
@@ -521,10 +623,26 @@ bool Server::HasWatchers() const {
   return false;
 }
 
+bool Server::DropIfNotReading(const std::shared_ptr<Peer>& peer) {
+  const size_t queued = peer->conn->queued_bytes();
+  if (queued <= options_.max_ctl_queue_bytes) return false;
+  const Status why = Status::FailedPrecondition(
+      "ctl peer " + peer->conn->peer() + " does not read: " + std::to_string(queued) +
+      " bytes wait to be written, the limit is " + std::to_string(options_.max_ctl_queue_bytes));
+  LOG(WARNING) << "dropping " << (peer->watch ? "watcher" : "ctl") << ": " << why.ToString();
+  peer->conn->Close(why);
+  return true;
+}
+
 void Server::NotifyWatchers(const json& body) {
   std::shared_ptr<const std::string> frame;
+  std::vector<std::shared_ptr<Peer>> stuck;
   for (auto& [raw, peer] : peers_) {
-    if (!peer->watch) continue;
+    if (!peer->watch || peer->conn->closed()) continue;
+    if (peer->conn->queued_bytes() > options_.max_ctl_queue_bytes) {
+      stuck.push_back(peer);  // closed after the loop: closing erases from peers_
+      continue;
+    }
     if (!frame) {
       proto::CtlReply rep;
       rep.body = body;
@@ -534,6 +652,7 @@ void Server::NotifyWatchers(const json& body) {
     }
     peer->conn->SendFrame(frame);
   }
+  for (const auto& peer : stuck) DropIfNotReading(peer);
 }
 
 json Server::StatusBody() const {

@@ -40,6 +40,13 @@ struct ServerOptions {
   bool exit_when_done = false;     // shut down once the job finished
   int64_t handshake_timeout_ms = 5000;
   int64_t tick_ms = 100;
+  // Per-peer bounds (PROTOCOL.md "Limits").
+  KvLimits kv;
+  size_t max_ctl_queue_bytes = size_t{16} << 20;  // a ctl/watch peer that does not read is dropped
+  size_t max_event_bytes = 4096;                  // one trainer event's payload, as JSON
+  // Trainer events per client connection: bursts of event_burst, then events_per_second.
+  double event_burst = 1000;
+  double events_per_second = 100;
 };
 
 class Server {
@@ -65,6 +72,16 @@ class Server {
   void OnMessage(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void OnClose(const std::shared_ptr<Peer>& peer, const Status& why);
   void OnHello(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  // Registers the node of an authenticated client hello (session check, re-attach) and sets
+  // *session to the node's token for the welcome.
+  Status AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello, std::string* session);
+  // Whether `peer`'s node may report about `trainer_id` (the scheduler placed it there). A refusal
+  // is logged (rate-limited per connection) and the frame has no effect.
+  bool Authorized(const std::shared_ptr<Peer>& peer, const std::string& what,
+                  const std::string& trainer_id);
+  void OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e);
+  // True (and the peer is closed with a logged reason) when a ctl/watch peer does not read.
+  bool DropIfNotReading(const std::shared_ptr<Peer>& peer);
   void OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                        const nlohmann::json& msg);
   void OnCtl(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
@@ -109,6 +126,8 @@ class Server {
   net::AdmissionControl admission_;                     // bounds pre-auth connections
   net::LogLimiter unauth_log_{20, std::chrono::seconds(10)};
   std::map<std::string, proto::ProgressReport> progress_;  // by trainer id
+  std::map<std::string, proto::ProgressReport> progress_;  // live trainers only, by id
+  uint64_t next_peer_id_ = 1;  // Peer::id, the KV's waiter owner
   bool status_dirty_ = false;
   int64_t last_watch_push_us_ = 0;
 };

@@ -35,6 +35,8 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   std::string secret_file, node_ips;
   int hb_ms = 5000, join_s = 60;
   double backoff_min_s = 1, backoff_max_s = 30;
+  int64_t kv_value = 0, kv_keys = 0, kv_bytes = 0, kv_waiters_conn = 0, kv_waiters = 0, ctl_queue = 0;
+  const KvLimits kv;
   d.add_options()
       ("server_port", po::value<int>(&o->port)->default_value(8180), "TCP port to listen on (0: any free port)")
       ("bind", po::value<std::string>(&o->bind)->default_value("0.0.0.0"), "address to listen on")
@@ -57,6 +59,12 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
        "grow-back delay after a failure; doubles per further failure within a minute...")
       ("backoff_max_s", po::value<double>(&backoff_max_s)->default_value(30, "30"),
        "...up to this (set both equal for a fixed delay, e.g. in failure benchmarks)")
+      ("kv_max_value_bytes", po::value<int64_t>(&kv_value)->default_value(kv.max_value_bytes), "largest rendezvous KV value")
+      ("kv_max_keys", po::value<int64_t>(&kv_keys)->default_value(kv.max_keys), "most KV keys held at once (old generations' keys are dropped)")
+      ("kv_max_bytes", po::value<int64_t>(&kv_bytes)->default_value(kv.max_total_bytes), "most KV bytes (keys + values) held at once")
+      ("kv_max_waiters_per_connection", po::value<int64_t>(&kv_waiters_conn)->default_value(kv.max_waiters_per_owner), "most pending KV waits of one client")
+      ("kv_max_waiters", po::value<int64_t>(&kv_waiters)->default_value(kv.max_waiters), "most pending KV waits in all")
+      ("ctl_max_queue_bytes", po::value<int64_t>(&ctl_queue)->default_value(o->max_ctl_queue_bytes), "an `edl ctl` (watch) peer with more unread bytes queued is dropped")
       ("events_dir", po::value<std::string>(&o->events_dir)->default_value("./edl-events"), "directory of the events log")
       ("log_dir", po::value<std::string>(), "glog directory (default: stderr)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished");
@@ -84,6 +92,19 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   if (!(backoff_min_s >= 0 && backoff_max_s >= backoff_min_s && backoff_max_s <= 3600)) {
     return Status::InvalidArgument("--backoff_min_s/--backoff_max_s: need 0 <= min <= max <= 3600 seconds");
   }
+  if (kv_value < 1 || kv_value > static_cast<int64_t>(proto::kMaxValueBytes) || kv_keys < 1 ||
+      kv_bytes < kv_value || kv_waiters_conn < 1 || kv_waiters < kv_waiters_conn || ctl_queue < 65536) {
+    return Status::InvalidArgument(
+        "KV limits: need 1 <= --kv_max_value_bytes <= " + std::to_string(proto::kMaxValueBytes) +
+        ", --kv_max_bytes >= --kv_max_value_bytes, --kv_max_keys >= 1, 1 <= "
+        "--kv_max_waiters_per_connection <= --kv_max_waiters, --ctl_max_queue_bytes >= 65536");
+  }
+  o->kv.max_value_bytes = static_cast<size_t>(kv_value);
+  o->kv.max_keys = static_cast<size_t>(kv_keys);
+  o->kv.max_total_bytes = static_cast<size_t>(kv_bytes);
+  o->kv.max_waiters_per_owner = static_cast<size_t>(kv_waiters_conn);
+  o->kv.max_waiters = static_cast<size_t>(kv_waiters);
+  o->max_ctl_queue_bytes = static_cast<size_t>(ctl_queue);
   o->scheduler.backoff_min_us = static_cast<int64_t>(backoff_min_s * 1e6);
   o->scheduler.backoff_max_us = static_cast<int64_t>(backoff_max_s * 1e6);
   o->scheduler.heartbeat_timeout_us = int64_t{hb_ms} * 1000;

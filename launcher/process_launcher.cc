@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -113,8 +114,14 @@ StatusOr<FILE*> OpenLog(const std::string& path) {
   return f;
 }
 
-// Runs in the forked child before exec: async-signal-safe calls only.
-void PrepareChild() {
+// Runs in the forked child before exec: async-signal-safe calls only. `parent` is the launcher's
+// pid, read before the fork.
+void PrepareChild(pid_t parent) {
+  // The trainer dies with its launcher (a SIGKILLed `edl client` must not leave orphans training
+  // on). The signal comes when the thread that forked exits; the client forks from its one
+  // io_context thread. If the launcher died before prctl took effect, the child has been
+  // re-parented already and no signal will come: check, and go.
+  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent) ::_exit(127);
   ::setpgid(0, 0);  // own process group: a signal to -pid reaches the trainer's workers too
   sigset_t none;
   sigemptyset(&none);
@@ -313,11 +320,12 @@ class BoostProcessLauncher final : public ProcessLauncher {
       const std::string dir = spec.working_dir.empty() ? "." : spec.working_dir;
       std::error_code ec;
       pid_t failed_pid = -1;  // a child whose exec failed: Boost does not reap it, we do
+      const pid_t parent = ::getpid();
       auto spawn = [&](auto&&... io) {
         return bp::child(
             bp::exe = exe, bp::args = args, bp::start_dir = dir, bp::std_in < bp::null, io...,
             bp::extend::on_setup = [&](auto& exec) { exec.env = envp.data(); },
-            bp::extend::on_exec_setup = [](auto&) { PrepareChild(); },
+            bp::extend::on_exec_setup = [parent](auto&) { PrepareChild(parent); },
             bp::extend::on_error = [&](auto& exec, const std::error_code&) { failed_pid = exec.pid; },
             ec);
       };

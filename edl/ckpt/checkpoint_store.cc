@@ -1,7 +1,9 @@
 #include "edl/ckpt/checkpoint_store.h"
 
 #include <algorithm>
+#include <limits>
 #include <mutex>
+#include <new>
 
 #include <nlohmann/json.hpp>
 
@@ -163,17 +165,57 @@ Status CheckTensor(const CheckpointMeta& meta, size_t i, const void* data) {
                             "': checksum " + Hex32(crc) + " != stored " + Hex32(t.crc32c));
 }
 
+// Buffers for the tensors of one read. The metadata's `bytes` is not trusted for an allocation:
+// a buffer is reserved without touching its pages and never throws, and the store copies into it
+// only what it holds (it checks every stored value's size against `bytes` first, ReadTensors), so
+// memory in use stays bounded by the data actually stored. A `bytes` no allocation can satisfy is
+// damaged metadata: Corruption naming the tensor.
+class TensorBuffers {
+ public:
+  explicit TensorBuffers(const CheckpointMeta& meta) : meta_(meta), bufs_(meta.tensors.size()) {}
+
+  // For ReadTensors' dst_for: nullptr (the tensor is skipped) when the allocation fails.
+  void* Allocate(size_t i) {
+    const uint64_t bytes = std::max<uint64_t>(meta_.tensors[i].bytes, 1);
+    if (bytes <= std::numeric_limits<size_t>::max()) {
+      bufs_[i].reset(new (std::nothrow) uint8_t[static_cast<size_t>(bytes)]);
+    }
+    if (bufs_[i] == nullptr) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (failed_.ok()) {
+        failed_ = Status::Corruption(
+            "checkpoint " + std::to_string(meta_.id) + " tensor '" + meta_.tensors[i].name +
+            "': its metadata says " + std::to_string(meta_.tensors[i].bytes) +
+            " bytes, more than can be allocated; the metadata is damaged (`edl ckpt verify`)");
+      }
+    }
+    return bufs_[i].get();
+  }
+  Status status() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_;
+  }
+  std::unique_ptr<uint8_t[]>& operator[](size_t i) { return bufs_[i]; }
+  std::vector<std::unique_ptr<uint8_t[]>> Release() { return std::move(bufs_); }
+
+ private:
+  const CheckpointMeta& meta_;
+  std::vector<std::unique_ptr<uint8_t[]>> bufs_;
+  std::mutex mu_;  // dst_for runs on several reader threads
+  Status failed_;
+};
+
 // Reads checkpoint `meta` into *out, verifying every tensor.
 Status ReadVerified(CheckpointStore* store, const CheckpointMeta& meta, LoadedCheckpoint* out) {
+  TensorBuffers bufs(meta);
+  auto dst_for = [&](size_t i) -> void* { return bufs.Allocate(i); };
+  auto done = [&](size_t i) { return CheckTensor(meta, i, bufs[i].get()); };
+  Status s = store->ReadTensors(meta, dst_for, done);
+  EDL_RETURN_IF_ERROR(bufs.status());
+  EDL_RETURN_IF_ERROR(s);
   LoadedCheckpoint loaded;
   loaded.meta = meta;
-  loaded.data.resize(meta.tensors.size());
-  auto dst_for = [&](size_t i) -> void* {
-    loaded.data[i].reset(new uint8_t[meta.tensors[i].bytes ? meta.tensors[i].bytes : 1]);
-    return loaded.data[i].get();
-  };
-  auto done = [&](size_t i) { return CheckTensor(meta, i, loaded.data[i].get()); };
-  EDL_RETURN_IF_ERROR(store->ReadTensors(meta, dst_for, done));
+  loaded.data = bufs.Release();
   *out = std::move(loaded);
   return Status::OK();
 }
@@ -192,12 +234,9 @@ Status CheckpointStore::Verify(int64_t id, VerifyReport* report) {
   *report = VerifyReport();
   report->id = id;
   // One buffer per tensor in flight (callbacks may run on several threads), freed once checked.
-  std::vector<std::unique_ptr<uint8_t[]>> bufs(meta.tensors.size());
+  TensorBuffers bufs(meta);
   std::mutex mu;
-  auto dst_for = [&](size_t i) -> void* {
-    bufs[i].reset(new uint8_t[std::max<uint64_t>(meta.tensors[i].bytes, 1)]);
-    return bufs[i].get();
-  };
+  auto dst_for = [&](size_t i) -> void* { return bufs.Allocate(i); };
   auto done = [&](size_t i) {
     Status s = CheckTensor(meta, i, bufs[i].get());
     bufs[i].reset();
@@ -208,6 +247,7 @@ Status CheckpointStore::Verify(int64_t id, VerifyReport* report) {
     return Status::OK();
   };
   Status s = ReadTensors(meta, dst_for, done);
+  if (!bufs.status().ok()) report->corrupt.push_back(bufs.status().message());
   if (!s.ok() && (s.IsCorruption() || s.code() == Status::Code::kIOError)) {
     // The storage layer refused a tensor (e.g. a RocksDB block checksum); the message names it.
     report->corrupt.push_back(s.message());

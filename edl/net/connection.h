@@ -69,6 +69,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool closed() const { return closed_; }
   // Bytes held for the frame being read (tests: buffers grow with what arrives).
   size_t read_buffer_bytes() const { return body_.capacity(); }
+  size_t queued_bytes() const { return queued_bytes_; }  // waiting to be written
   const std::string& peer() const { return peer_; }
 
  private:

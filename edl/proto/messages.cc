@@ -548,6 +548,7 @@ void Hello::EncodeTo(json* j) const {
     (*j)["mode"] = mode;
     (*j)["slots"] = slots;
     (*j)["trainers"] = trainers;
+    if (!node_token.empty()) (*j)["node_token"] = node_token;
   }
 }
 Status Hello::DecodeFrom(const json& j) {
@@ -560,6 +561,7 @@ Status Hello::DecodeFrom(const json& j) {
     const json* slots = nullptr;
     f.Name("node", &h.node).Host("host", &h.host).Str("mode", &h.mode, 16).Arr("slots", &slots);
     f.NameList("trainers", &h.trainers);
+    f.Str("node_token", &h.node_token, kSessionTokenBytes, /*required=*/false);
     if (f.ok() && h.mode != "inplace" && h.mode != "restart") {
       f.Fail("mode", "is not 'inplace' or 'restart'");
     }
@@ -585,12 +587,14 @@ Status Hello::DecodeFrom(const json& j) {
 
 void Welcome::EncodeTo(json* j) const {
   *j = {{"type", msg::kWelcome}, {"mac", mac}, {"job_id", job_id}, {"heartbeat_ms", heartbeat_ms}};
+  if (!node_token.empty()) (*j)["node_token"] = node_token;
 }
 Status Welcome::DecodeFrom(const json& j) {
   return Fields(j, msg::kWelcome)
       .Str("mac", &mac, 64)
       .Name("job_id", &job_id)
       .Int("heartbeat_ms", &heartbeat_ms, 10, 3600 * 1000)
+      .Str("node_token", &node_token, kSessionTokenBytes, /*required=*/false)
       .status();
 }
 

@@ -124,6 +124,11 @@ struct Challenge : Message<Challenge> {
   Status DecodeFrom(const nlohmann::json& j);
 };
 
+// Longest node name: the server names trainers "<node>-s<slot>-<seq>" (slot <= 65536, seq < 2^53),
+// so a node name of at most this many bytes keeps every trainer id within kMaxNameBytes.
+constexpr size_t kMaxNodeNameBytes = kMaxNameBytes - (sizeof("-s65536-9007199254740992") - 1);
+constexpr size_t kSessionTokenBytes = 64;  // hex of 32 random bytes
+
 struct Hello : Message<Hello> {
   std::string role;   // "client" or "ctl"
   std::string mac;    // net::HelloMac over every other field and the server's nonce
@@ -132,6 +137,7 @@ struct Hello : Message<Hello> {
   std::string node, host, mode;     // mode: "inplace" or "restart"
   std::vector<int> slots;           // slot / GPU indices this node offers
   std::vector<std::string> trainers;  // trainers this client still runs (after a reconnect)
+  std::string node_token;  // the node's session token from an earlier welcome (64 hex); empty at first join
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -140,6 +146,7 @@ struct Welcome : Message<Welcome> {
   std::string mac;          // net::WelcomeMac over every other field and the peer's nonce; empty on Unix sockets
   std::string job_id;
   int heartbeat_ms = 1000;  // how often the peer should send heartbeats
+  std::string node_token;   // client role: the node's session token (64 hex), to present on reconnect
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

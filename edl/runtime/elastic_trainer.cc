@@ -19,6 +19,8 @@
 
 #include <glog/logging.h>
 
+#include "edl/proto/rendezvous_key.h"
+
 namespace edl::runtime {
 namespace {
 
@@ -274,7 +276,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     co.rank = rank;
     co.world_size = target.world_size();
     co.generation = target.number;
-    co.key_prefix = "gen/" + std::to_string(target.number) + "/" + o_.backend;
+    co.key_prefix = proto::RendezvousPrefix(target.number, o_.backend);  // the server GCs these
     SupersedableKv kv(membership_->kv(), membership_, target.number);
     co.store = &kv;  // used during construction only
     co.timeout = o_.comm_timeout;

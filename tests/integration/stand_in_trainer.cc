@@ -19,6 +19,7 @@
 
 #include "edl/net/trainer_channel.h"
 #include "edl/runtime/env_contract.h"
+#include "edl/proto/rendezvous_key.h"
 
 namespace {
 
@@ -108,7 +109,7 @@ int main() {
     p.images_per_sec = 100;
     (void)ch.value()->ReportProgress(p);
     // A rendezvous round: rank 0 publishes, everyone reads it back.
-    const std::string key = "g" + std::to_string(g.generation) + "/root";
+    const std::string key = edl::proto::GenerationKeyPrefix(g.generation) + "root";  // GC'd as the runtime's
     if (rank == 0) (void)ch.value()->KvSet(key, std::to_string(::getpid()));
     std::string v;
     s = ch.value()->KvWait(key, milliseconds(5000), &v);

@@ -399,5 +399,52 @@ TEST(RocksDbStoreTest, WorksOnAnNfsMountOverLoopback) {
   ASSERT_EQ(mounted, 0) << "mount of " << spec << " failed";
 }
 
+// A store whose metadata says tensor 0 has `bytes` bytes, whatever is stored (damaged or forged
+// metadata); everything else goes to the real store.
+class InflatedMetaStore : public CheckpointStore {
+ public:
+  InflatedMetaStore(CheckpointStore* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
+  Status Save(const CheckpointMeta& meta, const std::vector<TensorView>& tensors, int64_t* id) override {
+    return base_->Save(meta, tensors, id);
+  }
+  Status List(std::vector<CheckpointMeta>* out) override {
+    EDL_RETURN_IF_ERROR(base_->List(out));
+    for (CheckpointMeta& m : *out) m.tensors[0].bytes = bytes_;
+    return Status::OK();
+  }
+  Status ReadTensors(const CheckpointMeta& meta, const std::function<void*(size_t)>& dst_for,
+                     const std::function<Status(size_t)>& done) override {
+    return base_->ReadTensors(meta, dst_for, done);
+  }
+  std::string Describe() const override { return base_->Describe(); }
+
+ private:
+  CheckpointStore* const base_;
+  const uint64_t bytes_;
+};
+
+TEST(RocksDbStoreTest, MetadataBytesAreNotTrustedForAnAllocation) {
+  ScratchDir dir("ckpt");
+  auto store = OpenRocksDbStore(Options(dir.path()));
+  TestState state = MakeState(3);
+  ASSERT_OK(store->Save(MakeMeta(10, 1), state.views, nullptr));
+  // Past any allocation (2^62), and one the allocator may grant but the store does not hold.
+  for (uint64_t bytes : {uint64_t{1} << 62, uint64_t{1} << 36, state.bytes[0].size() + 1}) {
+    SCOPED_TRACE(bytes);
+    InflatedMetaStore bad(store.get(), bytes);
+    LoadedCheckpoint out;
+    Status s = bad.Read(1, &out);
+    EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+    EXPECT_NE(s.message().find("conv1.weight"), std::string::npos) << s.ToString();
+    VerifyReport report;
+    ASSERT_OK(bad.Verify(1, &report));
+    ASSERT_FALSE(report.corrupt.empty());
+    EXPECT_NE(report.corrupt[0].find("conv1.weight"), std::string::npos) << report.corrupt[0];
+  }
+  LoadedCheckpoint out;
+  ASSERT_OK(store->Read(1, &out));  // the honest metadata still reads
+  ExpectSameState(state, out);
+}
+
 }  // namespace
 }  // namespace edl::ckpt
