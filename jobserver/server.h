@@ -125,7 +125,6 @@ class Server {
   std::map<Peer*, std::shared_ptr<Peer>> peers_;        // every open connection
   net::AdmissionControl admission_;                     // bounds pre-auth connections
   net::LogLimiter unauth_log_{20, std::chrono::seconds(10)};
-  std::map<std::string, proto::ProgressReport> progress_;  // by trainer id
   std::map<std::string, proto::ProgressReport> progress_;  // live trainers only, by id
   uint64_t next_peer_id_ = 1;  // Peer::id, the KV's waiter owner
   bool status_dirty_ = false;
