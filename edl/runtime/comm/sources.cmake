@@ -1,6 +1,5 @@
 # edl/runtime/comm: communicators and rendezvous stores (included by edl/CMakeLists.txt).
 list(APPEND EDL_SOURCES
-  runtime/comm/communicator.cc
   runtime/comm/memory_kv_store.cc
   runtime/comm/file_kv_store.cc
   runtime/comm/gloo/gloo_communicator.cc
