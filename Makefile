@@ -24,8 +24,8 @@ ASAN_TARGETS ?=
 # exercise no code the other suites leave uncovered, and under ASan they outlast their deadlines.
 ASAN_EXCLUDE ?= ^(demo_test|elastic_training_test)$$
 # Threads inside the test process: Asio channels, the async checkpoint writer, RocksDB store
-# concurrency, Gloo rings of thread-ranks, the elastic trainer's watcher, the server KV's waiters.
-TSAN_TESTS ?= ^(net_test|async_checkpointer_test|checkpoint_store_test|gloo_communicator_test|elastic_trainer_test|jobserver_test)$$
+# concurrency, Gloo rings of thread-ranks, the elastic trainer's watcher, the batch prefetch thread.
+TSAN_TESTS ?= ^(net_test|async_checkpointer_test|checkpoint_store_test|gloo_communicator_test|elastic_trainer_test|resnet50_data_test)$$
 
 ASAN_SANITIZERS := address,undefined
 CCACHE := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
