@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Fuzzing run (~10-30 minutes on 2 cores): every libFuzzer harness of tests/fuzz (wire frames,
 # message decoders, scaling script, --config INI, checkpoint metadata) under ASan+UBSan, starting
-# from its seed corpus, until TOTAL executions have run across them (TOTAL/5 each, JOBS harnesses at
-# a time). A crash, leak, sanitizer report or timeout is saved as
-# build-asan/fuzz/crashes/<harness>-crash-<sha1> (add it to tests/fuzz/corpus/<harness>/ once fixed,
-# so ctest replays it) and the harness resumes, at most MAX_CRASHES times per harness.
+# from its seed corpus, until TOTAL executions have run across them, JOBS harnesses at a time. Each
+# harness gets a share of TOTAL (percent, SHARES below) so that they take similar times: the config
+# harness goes through Boost.Program_options and a file per input, ~20x slower than the others.
+# A crash, leak, sanitizer report or timeout is saved as build-asan/fuzz/crashes/<harness>-<kind>-<sha1>
+# (add it to tests/fuzz/corpus/<harness>/ once fixed, so ctest replays it) and the harness resumes
+# with the corpus grown so far, at most MAX_CRASHES times per harness.
 # Prints one RESULT line for the executions (ref: 10 million) and one for the crashes (target 0).
 # Usage: bench/fuzz.sh [TOTAL]   env: JOBS (default nproc), ASAN_DIR (default build-asan)
 set -euo pipefail
@@ -14,6 +16,7 @@ JOBS=${JOBS:-$(nproc)}
 ASAN_DIR=${ASAN_DIR:-build-asan}
 MAX_CRASHES=${MAX_CRASHES:-3}
 HARNESSES=(frame messages scaling config ckpt_meta)
+SHARES=(30 20 30 3 17)
 
 targets=""
 for h in "${HARNESSES[@]}"; do targets="$targets fuzz_$h"; done
@@ -22,12 +25,10 @@ make --no-print-directory asan ASAN_DIR="$ASAN_DIR" ASAN_TARGETS="${targets# }" 
 OUT="$ASAN_DIR/fuzz"
 rm -rf "$OUT/work" "$OUT/logs"
 mkdir -p "$OUT/work" "$OUT/logs" "$OUT/crashes"
-per=$(( (TOTAL + ${#HARNESSES[@]} - 1) / ${#HARNESSES[@]} ))
-
 # One harness: libFuzzer runs until `per` executions are done; after a crash it resumes with the
 # corpus grown so far. Writes "<executions> <crashes>" to logs/<h>.result.
 fuzz_one() {
-  local h=$1 done_runs=0 crashes=0 log n
+  local h=$1 per=$2 done_runs=0 crashes=0 log n
   mkdir -p "$OUT/work/$h"
   cp tests/fuzz/corpus/"$h"/* "$OUT/work/$h/"
   while (( done_runs < per )); do
@@ -50,10 +51,12 @@ fuzz_one() {
   echo "fuzz: $h: $done_runs executions, $crashes crashes, corpus $(ls "$OUT/work/$h" | wc -l) inputs" >&2
 }
 export -f fuzz_one
-export OUT per MAX_CRASHES
+export OUT MAX_CRASHES
 
 start=$(date +%s)
-printf '%s\n' "${HARNESSES[@]}" | xargs -P "$JOBS" -I{} bash -c 'fuzz_one {}'
+for i in "${!HARNESSES[@]}"; do
+  echo "${HARNESSES[$i]} $(( (TOTAL * SHARES[i] + 99) / 100 ))"
+done | xargs -P "$JOBS" -L1 bash -c 'fuzz_one "$0" "$1"'
 secs=$(( $(date +%s) - start ))
 
 execs=0
