@@ -8,7 +8,8 @@
 # (add it to tests/fuzz/corpus/<harness>/ once fixed, so ctest replays it) and the harness resumes
 # with the corpus grown so far, at most MAX_CRASHES times per harness.
 # Prints one RESULT line for the executions (ref: 10 million) and one for the crashes (target 0).
-# Usage: bench/fuzz.sh [TOTAL]   env: JOBS (default nproc), ASAN_DIR (default build-asan)
+# Usage: bench/fuzz.sh [TOTAL]   env: JOBS (default nproc), ASAN_DIR (default build-asan),
+#        BUILD=0 (use the harnesses already built there instead of `make asan`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOTAL=${1:-10000000}
@@ -20,7 +21,9 @@ SHARES=(30 20 30 3 17)
 
 targets=""
 for h in "${HARNESSES[@]}"; do targets="$targets fuzz_$h"; done
-make --no-print-directory asan ASAN_DIR="$ASAN_DIR" ASAN_TARGETS="${targets# }" JOBS="$JOBS" >/dev/null
+if [ "${BUILD:-1}" != 0 ]; then
+  make --no-print-directory asan ASAN_DIR="$ASAN_DIR" ASAN_TARGETS="${targets# }" JOBS="$JOBS" >/dev/null
+fi
 
 OUT="$ASAN_DIR/fuzz"
 rm -rf "$OUT/work" "$OUT/logs"
