@@ -20,7 +20,7 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   Status s = WaitIdle(options_.wait_timeout);
   if (!s.ok() && s.IsTimeout()) LOG(ERROR) << "checkpoint writer still busy at shutdown: " << s.ToString();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -68,7 +68,7 @@ Status AsyncCheckpointer::Snapshot(const std::vector<TensorView>& tensors, const
                             .WithContext("snapshot of tensor '" + tensors[i].name + "'"));
     off += tensors[i].bytes;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   last_snapshot_seconds_ = MicrosToSeconds(Clock::Real()->NowMicros() - start);
   return Status::OK();
 }
@@ -77,7 +77,7 @@ bool AsyncCheckpointer::MaybeSave(const CheckpointMeta& meta,
                                   const std::vector<TensorView>& tensors, const CopyFn& copy) {
   if (!Due(meta.step)) return false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (pending_ || writing_) {
       ++saves_skipped_;
       return false;
@@ -86,14 +86,14 @@ bool AsyncCheckpointer::MaybeSave(const CheckpointMeta& meta,
   Status s = Snapshot(tensors, copy);
   if (!s.ok()) {
     LOG(ERROR) << "checkpoint at step " << meta.step << " not taken: " << s.ToString();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     last_status_ = s;
     return false;
   }
   last_trigger_step_ = meta.step;
   last_trigger_micros_ = options_.clock->NowMicros();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     pending_meta_ = meta;
     pending_ = true;
   }
@@ -116,8 +116,8 @@ Status AsyncCheckpointer::SaveNow(const CheckpointMeta& meta,
 }
 
 Status AsyncCheckpointer::WaitIdle(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [this] { return !pending_ && !writing_; })) {
+  MutexLock lock(&mu_);
+  if (!cv_.wait_for(lock.native(), timeout, [this]() REQUIRES(mu_) { return !pending_ && !writing_; })) {
     return Status::Timeout("checkpoint save still in flight after " +
                            std::to_string(timeout.count()) + " ms; is the checkpoint disk stuck?");
   }
@@ -129,19 +129,19 @@ void AsyncCheckpointer::WriterLoop() {
   if (setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 10) != 0) {
     PLOG(WARNING) << "could not lower the checkpoint writer's priority";
   }
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stop_ || pending_; });
+    cv_.wait(lock.native(), [this]() REQUIRES(mu_) { return stop_ || pending_; });
     if (!pending_) return;  // stop_ with nothing to write
     CheckpointMeta meta = pending_meta_;
     pending_ = false;
     writing_ = true;
-    lock.unlock();
+    lock.Unlock();
     const int64_t start = Clock::Real()->NowMicros();
     int64_t id = 0;
     Status s = store_->Save(meta, snapshot_views_, &id);
     RecordResult(s, meta.step, id, MicrosToSeconds(Clock::Real()->NowMicros() - start));
-    lock.lock();
+    lock.Lock();
     writing_ = false;
     cv_.notify_all();
   }
@@ -153,7 +153,7 @@ void AsyncCheckpointer::RecordResult(const Status& s, int64_t step, int64_t id, 
   } else {
     LOG(ERROR) << "checkpoint at step " << step << " failed: " << s.ToString();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   last_status_ = s;
   last_write_seconds_ = seconds;
   if (s.ok()) {
@@ -164,35 +164,35 @@ void AsyncCheckpointer::RecordResult(const Status& s, int64_t step, int64_t id, 
 }
 
 bool AsyncCheckpointer::busy() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return pending_ || writing_;
 }
 Status AsyncCheckpointer::last_status() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_status_;
 }
 int64_t AsyncCheckpointer::saves_completed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return saves_completed_;
 }
 int64_t AsyncCheckpointer::saves_skipped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return saves_skipped_;
 }
 int64_t AsyncCheckpointer::last_saved_step() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_saved_step_;
 }
 int64_t AsyncCheckpointer::last_saved_id() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_saved_id_;
 }
 double AsyncCheckpointer::last_snapshot_seconds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_snapshot_seconds_;
 }
 double AsyncCheckpointer::last_write_seconds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return last_write_seconds_;
 }
 

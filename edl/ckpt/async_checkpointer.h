@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "edl/base/clock.h"
+#include "edl/base/thread_annotations.h"
 #include "edl/base/status.h"
 #include "edl/ckpt/checkpoint_store.h"
 
@@ -104,19 +105,19 @@ class AsyncCheckpointer {
   int64_t last_trigger_step_ = -1;
   int64_t last_trigger_micros_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;             // GUARDED_BY(mu_)
-  bool pending_ = false;          // GUARDED_BY(mu_): a snapshot waits for the writer
-  bool writing_ = false;          // GUARDED_BY(mu_)
-  CheckpointMeta pending_meta_;   // GUARDED_BY(mu_)
-  Status last_status_;            // GUARDED_BY(mu_)
-  int64_t saves_completed_ = 0;   // GUARDED_BY(mu_)
-  int64_t saves_skipped_ = 0;     // GUARDED_BY(mu_)
-  int64_t last_saved_step_ = -1;  // GUARDED_BY(mu_)
-  int64_t last_saved_id_ = 0;     // GUARDED_BY(mu_)
-  double last_snapshot_seconds_ = 0;  // GUARDED_BY(mu_)
-  double last_write_seconds_ = 0;     // GUARDED_BY(mu_)
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool pending_ GUARDED_BY(mu_) = false;  // a snapshot waits for the writer
+  bool writing_ GUARDED_BY(mu_) = false;
+  CheckpointMeta pending_meta_ GUARDED_BY(mu_);
+  Status last_status_ GUARDED_BY(mu_);
+  int64_t saves_completed_ GUARDED_BY(mu_) = 0;
+  int64_t saves_skipped_ GUARDED_BY(mu_) = 0;
+  int64_t last_saved_step_ GUARDED_BY(mu_) = -1;
+  int64_t last_saved_id_ GUARDED_BY(mu_) = 0;
+  double last_snapshot_seconds_ GUARDED_BY(mu_) = 0;
+  double last_write_seconds_ GUARDED_BY(mu_) = 0;
 
   std::thread writer_;  // started last in the constructor
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <stdexcept>
 #include <mutex>
 #include <new>
 
@@ -16,6 +17,26 @@ namespace {
 
 constexpr const char* kMetaMagic = "edl-checkpoint";
 constexpr int kMetaVersion = 1;
+
+// Integer fields must be JSON integers within T's range: nlohmann's get<int>() of a float such as
+// 1e300 is undefined behaviour (found by tests/fuzz/ckpt_meta_fuzzer.cc). Throws std::out_of_range,
+// which DecodeJson turns into Corruption.
+template <typename T>
+T IntValue(const nlohmann::json& v, const char* key) {
+  using L = std::numeric_limits<T>;
+  if (v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0)) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u <= static_cast<uint64_t>(L::max())) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    if (L::is_signed && x >= static_cast<int64_t>(L::min())) return static_cast<T>(x);
+  }
+  throw std::out_of_range(std::string("field '") + key + "' is not an integer in range");
+}
+template <typename T>
+T IntField(const nlohmann::json& j, const char* key) {
+  return IntValue<T>(j.at(key), key);
+}
 
 struct DataTypeEntry {
   DataType type;
@@ -100,29 +121,31 @@ Status CheckpointMeta::DecodeJson(const std::string& json, CheckpointMeta* out) 
       return Status::Corruption("checkpoint metadata lacks the '" + std::string(kMetaMagic) +
                                 "' magic; not an EDL checkpoint store?");
     }
-    const int version = j.at("version").get<int>();
+    const int version = IntField<int>(j, "version");
     if (version != kMetaVersion) {
       return Status::Corruption("checkpoint metadata version " + std::to_string(version) +
                                 " is not supported (this edl reads version " +
                                 std::to_string(kMetaVersion) + "); use a matching edl build");
     }
     CheckpointMeta m;
-    m.id = j.at("id").get<int64_t>();
-    m.step = j.at("step").get<int64_t>();
-    m.epoch = j.at("epoch").get<int64_t>();
-    m.cursor = j.at("cursor").get<int64_t>();
-    m.generation = j.at("generation").get<int64_t>();
-    m.world_size = j.at("world_size").get<int>();
+    m.id = IntField<int64_t>(j, "id");
+    m.step = IntField<int64_t>(j, "step");
+    m.epoch = IntField<int64_t>(j, "epoch");
+    m.cursor = IntField<int64_t>(j, "cursor");
+    m.generation = IntField<int64_t>(j, "generation");
+    m.world_size = IntField<int>(j, "world_size");
     m.fingerprint = j.at("fingerprint").get<std::string>();
-    m.wall_time_micros = j.at("wall_time_micros").get<int64_t>();
+    m.wall_time_micros = IntField<int64_t>(j, "wall_time_micros");
     m.extra_json = j.at("extra").get<std::string>();
     for (const auto& jt : j.at("tensors")) {
       TensorRecord t;
       t.name = jt.at("name").get<std::string>();
       EDL_RETURN_IF_ERROR(ParseDataType(jt.at("dtype").get<std::string>(), &t.dtype)
                               .WithContext("checkpoint metadata, tensor " + t.name));
-      t.shape = jt.at("shape").get<std::vector<int64_t>>();
-      t.bytes = jt.at("bytes").get<uint64_t>();
+      const auto& shape = jt.at("shape");
+      if (!shape.is_array()) throw std::out_of_range("field 'shape' is not an array");
+      for (const auto& d : shape) t.shape.push_back(IntValue<int64_t>(d, "shape"));
+      t.bytes = IntField<uint64_t>(jt, "bytes");
       t.crc32c = static_cast<uint32_t>(std::stoul(jt.at("crc32c").get<std::string>(), nullptr, 16));
       m.tensors.push_back(std::move(t));
     }

@@ -30,12 +30,10 @@
 #include <string>
 #include <vector>
 
+#include "edl/base/dtype.h"
 #include "edl/base/status.h"
-#include "edl/runtime/comm/communicator.h"
 
 namespace edl::ckpt {
-
-using runtime::DataType;
 
 // "float32", "int64", ...; ParseDataType returns InvalidArgument for an unknown name.
 const char* DataTypeName(DataType t);

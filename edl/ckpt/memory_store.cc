@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "edl/base/clock.h"
+#include "edl/base/thread_annotations.h"
 #include "edl/ckpt/checkpoint_store.h"
 #include "edl/ckpt/crc32c.h"
 
@@ -26,7 +27,7 @@ class MemoryStore : public CheckpointStore {
           {v.name, v.dtype, v.shape, v.bytes, Crc32c(v.data, v.bytes)});
       entry.data.emplace_back(static_cast<const char*>(v.data), v.bytes);
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!entries_.empty()) {
       const CheckpointMeta& newest = entries_.rbegin()->second.meta;
       if (meta.generation < newest.generation) {
@@ -46,7 +47,7 @@ class MemoryStore : public CheckpointStore {
   }
 
   Status List(std::vector<CheckpointMeta>* out) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     out->clear();
     for (const auto& [id, e] : entries_) out->push_back(e.meta);
     return Status::OK();
@@ -54,7 +55,7 @@ class MemoryStore : public CheckpointStore {
 
   Status ReadTensors(const CheckpointMeta& meta, const std::function<void*(size_t)>& dst_for,
                      const std::function<Status(size_t)>& done) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = entries_.find(meta.id);
     if (it == entries_.end()) {
       return Status::NotFound("checkpoint " + std::to_string(meta.id) + " is not in " + Describe());
@@ -77,8 +78,8 @@ class MemoryStore : public CheckpointStore {
     std::vector<std::string> data;  // data[i]: bytes of meta.tensors[i]
   };
   const int keep_;
-  std::mutex mu_;
-  std::map<int64_t, Entry> entries_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::map<int64_t, Entry> entries_ GUARDED_BY(mu_);
 };
 
 }  // namespace

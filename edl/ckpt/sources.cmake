@@ -5,6 +5,5 @@ list(APPEND EDL_SOURCES
   ckpt/memory_store.cc
   ckpt/rocksdb_store.cc
   ckpt/async_checkpointer.cc
-  ckpt/ckpt_main.cc
 )
 list(APPEND EDL_LINK_LIBS ${ROCKSDB_LIBRARY})

@@ -139,7 +139,7 @@ class ElasticTrainer::Impl {
   const LrSchedule schedule_;
 
   std::mutex comm_mu_;  // guards comm_ and gen_number_ against the watcher
-  std::unique_ptr<Communicator> comm_;  // GUARDED_BY(comm_mu_) for swaps; used by this thread
+  std::unique_ptr<Communicator> comm_;  // swapped under comm_mu_; read unlocked by this thread
   std::atomic<int64_t> gen_number_{0};
   Generation gen_;  // the generation comm_ belongs to (training thread only)
   int rank_ = -1;

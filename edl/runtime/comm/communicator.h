@@ -17,15 +17,14 @@
 #include <memory>
 #include <string>
 
+#include "edl/base/dtype.h"
 #include "edl/base/status.h"
 
 namespace edl::runtime {
 
-enum class DataType { kFloat32, kFloat64, kInt64, kInt32, kBFloat16, kFloat16, kUInt8 };
+using ::edl::DataType;  // edl/base/dtype.h
+using ::edl::DataTypeSize;
 enum class ReduceOp { kSum, kMax };
-
-// Size in bytes of one element of `t`.
-size_t DataTypeSize(DataType t);
 
 // Rendezvous key-value store. In production the server's KV reached through the local client
 // (keys scoped by job and generation there); tests use an in-process one. Thread-safe.

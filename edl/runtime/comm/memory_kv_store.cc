@@ -4,7 +4,7 @@ namespace edl::runtime {
 
 Status MemoryKvStore::Set(const std::string& key, const std::string& value) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     map_[key] = value;
   }
   cv_.notify_all();
@@ -12,7 +12,7 @@ Status MemoryKvStore::Set(const std::string& key, const std::string& value) {
 }
 
 Status MemoryKvStore::Get(const std::string& key, std::string* value) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = map_.find(key);
   if (it == map_.end()) return Status::NotFound("rendezvous key '" + key + "' is not set");
   *value = it->second;
@@ -21,8 +21,8 @@ Status MemoryKvStore::Get(const std::string& key, std::string* value) {
 
 Status MemoryKvStore::Wait(const std::string& key, std::chrono::milliseconds timeout,
                            std::string* value) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return map_.count(key) > 0; })) {
+  MutexLock lock(&mu_);
+  if (!cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) { return map_.count(key) > 0; })) {
     return Status::Timeout("rendezvous key '" + key + "' did not appear within " +
                            std::to_string(timeout.count()) + " ms; is every peer running?");
   }
@@ -31,7 +31,7 @@ Status MemoryKvStore::Wait(const std::string& key, std::chrono::milliseconds tim
 }
 
 size_t MemoryKvStore::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return map_.size();
 }
 

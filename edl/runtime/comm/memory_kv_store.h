@@ -9,6 +9,7 @@
 #include <string>
 
 #include "edl/runtime/comm/communicator.h"
+#include "edl/base/thread_annotations.h"
 
 namespace edl::runtime {
 
@@ -27,9 +28,9 @@ class MemoryKvStore : public KvStore {
   size_t size() const;
 
  private:
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  std::map<std::string, std::string> map_;  // GUARDED_BY(mu_)
+  std::map<std::string, std::string> map_ GUARDED_BY(mu_);
 };
 
 }  // namespace edl::runtime

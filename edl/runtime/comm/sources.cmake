@@ -1,13 +1,12 @@
 # edl/runtime/comm: communicators and rendezvous stores (included by edl/CMakeLists.txt).
 list(APPEND EDL_SOURCES
-  runtime/comm/communicator.cc
   runtime/comm/memory_kv_store.cc
   runtime/comm/file_kv_store.cc
   runtime/comm/gloo/gloo_communicator.cc
 )
-# The NCCL communicator lives in comm/nccl/ (its own sources.cmake); until that folder exists, or
-# when NCCL is absent, CreateNcclCommunicator() is the stub that returns FailedPrecondition.
-if(EDL_HAVE_NCCL AND EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl/sources.cmake)
+# The NCCL communicator lives in comm/nccl/ (its own sources.cmake); when NCCL is absent,
+# CreateNcclCommunicator() is the stub that returns FailedPrecondition.
+if(EDL_HAVE_NCCL)
   include(${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl/sources.cmake)
 else()
   list(APPEND EDL_SOURCES runtime/comm/nccl_unavailable.cc)

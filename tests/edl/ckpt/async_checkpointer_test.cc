@@ -62,7 +62,7 @@ class GatedStore : public CheckpointStore {
 struct Model {
   std::vector<float> w = std::vector<float>(1000, 1.f);
   std::vector<TensorView> Views() {
-    return {{"w", runtime::DataType::kFloat32, {1000}, w.data(), w.size() * sizeof(float)}};
+    return {{"w", DataType::kFloat32, {1000}, w.data(), w.size() * sizeof(float)}};
   }
 };
 

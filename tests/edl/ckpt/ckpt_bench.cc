@@ -53,7 +53,7 @@ void AddTensor(State* s, const std::string& name, std::vector<int64_t> shape) {
   std::mt19937 rng(static_cast<uint32_t>(s->views.size() + 1));
   std::normal_distribution<float> dist(0.f, 0.05f);
   for (int64_t i = 0; i < n; ++i) p[i] = dist(rng);
-  s->views.push_back({name, edl::runtime::DataType::kFloat32, shape, p, n * sizeof(float)});
+  s->views.push_back({name, edl::DataType::kFloat32, shape, p, n * sizeof(float)});
   s->bytes += n * sizeof(float);
 }
 

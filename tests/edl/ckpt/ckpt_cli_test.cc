@@ -41,8 +41,8 @@ class CkptCliTest : public testing::Test {
       w.resize(300000);
       for (size_t k = 0; k < w.size(); ++k) w[k] = static_cast<float>(k * (i + 1)) * 0.5f;
       std::vector<TensorView> views = {
-          {"fc.weight", runtime::DataType::kFloat32, {600, 500}, w.data(), w.size() * 4},
-          {"fc.bias", runtime::DataType::kFloat32, {3}, bias_, sizeof(bias_)}};
+          {"fc.weight", DataType::kFloat32, {600, 500}, w.data(), w.size() * 4},
+          {"fc.bias", DataType::kFloat32, {3}, bias_, sizeof(bias_)}};
       CheckpointMeta m;
       m.step = 100 * (i + 1);
       m.generation = 4;

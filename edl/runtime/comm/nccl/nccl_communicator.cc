@@ -35,6 +35,7 @@
 #include <string>
 #include <thread>
 
+#include "edl/base/thread_annotations.h"
 #include "edl/runtime/comm/communicator.h"
 
 namespace edl::runtime {
@@ -208,9 +209,10 @@ class NcclCommunicator : public Communicator {
   const bool own_stream_;
 
   std::atomic<bool> aborted_{false};
-  std::mutex mu_;                // guards comm_ against Abort() and in_flight_
-  ncclComm_t comm_;              // GUARDED_BY(mu_) for writes; nullptr once aborted/destroyed
-  bool in_flight_ = false;       // GUARDED_BY(mu_): a collective thread owns comm_ right now
+  Mutex mu_;                     // guards comm_ against Abort() and in_flight_
+  ncclComm_t comm_;              // written under mu_; nullptr once aborted/destroyed. The
+                                 // collective thread reads it unlocked while in_flight_.
+  bool in_flight_ GUARDED_BY(mu_) = false;  // a collective thread owns comm_ right now
   Status failed_;                // first error; touched only by the collective thread
   void* staging_ = nullptr;      // device scratch for host pointers
   size_t staging_bytes_ = 0;
@@ -218,7 +220,7 @@ class NcclCommunicator : public Communicator {
 
 NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(device_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (comm_ != nullptr) {
     // A healthy communicator is finalised (flushes its work) and destroyed; one that failed, or
     // whose finalize does not complete in time (a dead peer), is aborted.
@@ -246,7 +248,7 @@ NcclCommunicator::~NcclCommunicator() {
 
 void NcclCommunicator::Abort() {
   aborted_.store(true);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!in_flight_ && comm_ != nullptr) {
     cudaSetDevice(device_);
     ncclCommAbort(comm_);
@@ -257,7 +259,7 @@ void NcclCommunicator::Abort() {
 
 Status NcclCommunicator::FailAndAbort(Status why) {
   if (failed_.ok()) failed_ = std::move(why);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   in_flight_ = false;
   if (comm_ != nullptr) {
     ncclCommAbort(comm_);
@@ -328,7 +330,7 @@ Status NcclCommunicator::Run(const char* what, void* data, size_t bytes, bool co
                              F&& enqueue) {
   if (!failed_.ok()) return failed_;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (aborted_.load() || comm_ == nullptr) {
       failed_ = Status::Aborted(Name() + " was aborted; build a new one");
       return failed_;
@@ -352,7 +354,7 @@ Status NcclCommunicator::Run(const char* what, void* data, size_t bytes, bool co
     return WaitStream(what, deadline);
   }();
   if (!s.ok()) return FailAndAbort(s);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   in_flight_ = false;
   if (aborted_.load() && comm_ != nullptr) {  // Abort() arrived just as we finished
     ncclCommAbort(comm_);

@@ -9,22 +9,11 @@
 #include <glog/logging.h>
 
 #include "edl/config.h"
-#if EDL_WITH_JOBSERVER
-#include "jobserver/server_main.h"
-#endif
-#if EDL_WITH_JOBCLIENT
 #include "jobclient/client_main.h"
-#endif
-#if EDL_WITH_LAUNCHER
+#include "jobserver/server_main.h"
 #include "launcher/launch_main.h"
-#endif
-#if EDL_WITH_RESNET50
 #include "resnet50/train_main.h"
-#endif
-#if __has_include("edl/ckpt/ckpt_main.h")
-#include "edl/ckpt/ckpt_main.h"
-#define EDL_WITH_CKPT 1
-#endif
+#include "tools/ckpt_main.h"
 
 namespace {
 
@@ -35,22 +24,12 @@ struct Subcommand {
 };
 
 const Subcommand kSubcommands[] = {
-#if EDL_WITH_JOBSERVER
     {"server", edl::jobserver::RunServerMain, "job server: membership, generations, rendezvous KV"},
     {"ctl", edl::jobserver::RunCtlMain, "talk to a server: status | scale N | watch | stop"},
-#endif
-#if EDL_WITH_JOBCLIENT
     {"client", edl::jobclient::RunClientMain, "per-node agent: starts and stops trainers"},
-#endif
-#if EDL_WITH_LAUNCHER
     {"launch", edl::launcher::RunLaunchMain, "run N local trainers with no server: launch -n N -- CMD"},
-#endif
-#if EDL_WITH_RESNET50
     {"train", edl::resnet50::RunTrainMain, "the reference ResNet trainer (CPU oneDNN / CUDA)"},
-#endif
-#if EDL_WITH_CKPT
     {"ckpt", edl::ckpt::RunCkptMain, "checkpoint store tools: ls | verify | export"},
-#endif
 };
 
 void PrintUsage(std::ostream& os) {

@@ -1,4 +1,4 @@
-#include "edl/ckpt/ckpt_main.h"
+#include "tools/ckpt_main.h"
 
 #include <cstring>
 #include <ctime>

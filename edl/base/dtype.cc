@@ -1,8 +1,8 @@
-#include "edl/runtime/comm/communicator.h"
+#include "edl/base/dtype.h"
 
 #include <glog/logging.h>
 
-namespace edl::runtime {
+namespace edl {
 
 size_t DataTypeSize(DataType t) {
   switch (t) {
@@ -18,4 +18,4 @@ size_t DataTypeSize(DataType t) {
   return 0;
 }
 
-}  // namespace edl::runtime
+}  // namespace edl
