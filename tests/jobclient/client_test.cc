@@ -245,7 +245,9 @@ class FakeServer {
     json j;
     proto::TrainerExit e;
     EXPECT_TRUE(Next(proto::msg::kTrainerExit, &j)) << "no trainer_exit from the client";
-    if (!j.is_null()) EXPECT_OK(e.DecodeFrom(j));
+    if (!j.is_null()) {
+      EXPECT_OK(e.DecodeFrom(j));
+    }
     return e;
   }
 
