@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -65,13 +66,15 @@ TEST(TrainTest, FashionMnistLossFalls) {
   EXPECT_GT(s.correct, 150);
 }
 
-// Runs `edl train ARGS` with a deadline; returns the exit code and the captured stderr.
-int RunEdlTrain(const std::vector<std::string>& args, std::string* err) {
+// Runs `edl train ARGS` with a deadline; returns the exit code and the captured stderr (and
+// stdout, when `out` is given).
+int RunEdlTrain(const std::vector<std::string>& args, std::string* err, std::string* out = nullptr) {
   test::ScratchDir dir("edltrain");
-  const std::string err_path = dir.Join("stderr");
+  const std::string err_path = dir.Join("stderr"), out_path = dir.Join("stdout");
   const pid_t pid = fork();
   if (pid == 0) {
     FILE* f = std::freopen(err_path.c_str(), "w", stderr);
+    if (out != nullptr) f = std::freopen(out_path.c_str(), "w", stdout);
     (void)f;
     std::vector<char*> argv;
     std::string bin = test::EdlBinary(), sub = "train";
@@ -84,7 +87,7 @@ int RunEdlTrain(const std::vector<std::string>& args, std::string* err) {
     _exit(127);
   }
   int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
   while (waitpid(pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       kill(pid, SIGKILL);
@@ -95,6 +98,10 @@ int RunEdlTrain(const std::vector<std::string>& args, std::string* err) {
   }
   std::ifstream in(err_path);
   *err = std::string((std::istreambuf_iterator<char>(in)), {});
+  if (out != nullptr) {
+    std::ifstream o(out_path);
+    *out = std::string((std::istreambuf_iterator<char>(o)), {});
+  }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
 }
 
@@ -119,14 +126,29 @@ TEST(TrainMainTest, BadInputIsExitCode2WithClearMessage) {
 }
 
 TEST(TrainMainTest, SyntheticRunPrintsProgressAndSummary) {
-  test::ScratchDir dir("edltrain");
-  // stdout is not captured by RunEdlTrain; a successful short run is enough here.
-  std::string err;
-  EXPECT_EQ(RunEdlTrain({"--data", "synthetic", "--image_size", "16", "--batch_size", "8",
+  std::string err, out;
+  ASSERT_EQ(RunEdlTrain({"--data", "synthetic", "--image_size", "16", "--batch_size", "8",
                          "--max_steps", "3", "--log_every", "1", "--threads", "1"},
-                        &err),
+                        &err, &out),
             0)
-      << err;
+      << err << out;
+  SCOPED_TRACE("stdout:\n" + out);
+  // The header names the run; one progress line per step (--log_every 1) with loss, rate, lr, the
+  // generation and world, and eta; then the final evaluation and the one-line summary.
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(^edl train: resnet20 on synthetic .*batch 8)")));
+  for (int step = 1; step <= 3; ++step) {
+    EXPECT_TRUE(std::regex_search(
+        out, std::regex("(^|\n)epoch 1/1 step " + std::to_string(step) +
+                        R"( loss [0-9.]+ acc [0-9.]+% images/s [0-9.]+ lr [0-9.]+ gen 1 world 1 eta \d+m\d+s)")))
+        << "no progress line for step " << step;
+  }
+  EXPECT_FALSE(std::regex_search(out, std::regex(R"(step 4 )"))) << "ran past --max_steps";
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(\neval epoch 0 step 3: test loss [0-9.]+ acc [0-9.]+%)")));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      out, m, std::regex(R"(\nsummary: resnet20 synthetic steps (\d+) .*final_train_loss ([0-9.]+) .*world 1 )")));
+  EXPECT_EQ(m[1], "3");
+  EXPECT_GT(std::stod(m[2]), 0.0);
 }
 
 }  // namespace
