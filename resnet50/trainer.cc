@@ -110,9 +110,13 @@ Status Trainer::ForwardBackward(const std::vector<int64_t>& indices, runtime::St
   if (indices.empty()) return Status::InvalidArgument("ForwardBackward: empty batch");
   EDL_RETURN_IF_ERROR(train_loader_->Get(indices, &batch_));
   EDL_RETURN_IF_ERROR(Upload(batch_));
+  const int64_t n = static_cast<int64_t>(indices.size());
+  // The labels as the loss will read them (back from the uploaded tensor), for the sample log.
+  fed_labels_.resize(static_cast<size_t>(n));
+  EDL_RETURN_IF_ERROR(backend_->CopyToHost(labels_, fed_labels_.data()));
+  stats->label_hash = runtime::LabelHash(fed_labels_.data(), fed_labels_.size());
   const Tensor* logits = nullptr;
   EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/true, &logits));
-  const int64_t n = static_cast<int64_t>(indices.size());
   double loss_sum = 0;
   int64_t correct = 0;
   EDL_RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(*logits, labels_, options_.label_smoothing,

@@ -93,6 +93,7 @@ class Trainer : public runtime::Trainable {
   std::unique_ptr<BatchLoader> train_loader_, test_loader_;
   std::vector<runtime::StateTensor> state_;  // built once in Init()
   HostBatch batch_;
+  std::vector<int32_t> fed_labels_;  // labels_ read back each step (StepStats::label_hash)
 };
 
 }  // namespace edl::resnet50

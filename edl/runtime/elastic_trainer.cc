@@ -126,7 +126,9 @@ class ElasticTrainer::Impl {
   }
   double StepLr(int64_t global_batch);
   // Appends the global step's indices (all ranks) to the sample log; loss NaN when unknown.
-  void LogSamples(int64_t step, int64_t epoch, const std::vector<int64_t>& indices, double loss);
+  // `fed`: this rank's slice and the StepStats of feeding it, when it applied the step itself.
+  void LogSamples(int64_t step, int64_t epoch, const std::vector<int64_t>& indices, double loss,
+                  const std::vector<int64_t>* fed = nullptr, const StepStats* fed_stats = nullptr);
   StepContext Context() const { return {gen_.number, gen_.world_size(), rank_}; }
   void Event(nlohmann::json e);
 
@@ -507,7 +509,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   state_.last_global_batch = global;
   state_.steps_since_reform++;
   if (inband[kSamples] > 0) last_loss_ = inband[kLossSum] / inband[kSamples];
-  LogSamples(state_.step, epoch, global_indices, last_loss_);
+  LogSamples(state_.step, epoch, global_indices, last_loss_, &indices, &stats);
   *switch_seen = inband[kNewerSeen] > 0;
   const int64_t now = clock_->NowMicros();
   if (after_reform_) {
@@ -631,12 +633,17 @@ bool ElasticTrainer::Impl::Done() const {
 }
 
 void ElasticTrainer::Impl::LogSamples(int64_t step, int64_t epoch,
-                                      const std::vector<int64_t>& indices, double loss) {
+                                      const std::vector<int64_t>& indices, double loss,
+                                      const std::vector<int64_t>* fed, const StepStats* fed_stats) {
   if (sample_log_fd_ < 0) return;
   nlohmann::json j = {{"trainer", me_}, {"generation", gen_.number}, {"rank", rank_},
-                      {"step", step}, {"epoch", epoch}, {"idx", indices},
-                      {"time", MicrosToSeconds(Clock::Real()->NowMicros())}};
+                      {"world", gen_.world_size()}, {"step", step}, {"epoch", epoch},
+                      {"idx", indices}, {"time", MicrosToSeconds(Clock::Real()->NowMicros())}};
   j["loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json();
+  if (fed != nullptr) j["fed_idx"] = *fed;
+  if (fed_stats != nullptr && fed_stats->label_hash != 0) {
+    j["label_hash"] = std::to_string(fed_stats->label_hash);
+  }
   const std::string line = j.dump() + "\n";
   // One write(2) with O_APPEND: lines of trainers sharing the file never interleave.
   if (::write(sample_log_fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {

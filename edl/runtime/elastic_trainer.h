@@ -122,8 +122,10 @@ struct ElasticOptions {
   int64_t eval_batch = 256;          // test samples per Evaluate call
   int progress_every = 10;           // ReportProgress every this many steps
   // Tests: append one JSON line per committed step with the GLOBAL step's indices (every rank's
-  // slice, which each rank derives from the DataPlan): {"trainer","generation","rank","step",
-  // "epoch","loss","hash"?,"idx":[...]}; one write(2) per line, so trainers may share the file.
+  // slice, which each rank derives from the DataPlan): {"trainer","generation","rank","world",
+  // "step","epoch","loss","idx":[...]}, plus what this rank fed its model in that step when it
+  // applied the step itself: "fed_idx" (its slice) and "label_hash" (StepStats::label_hash, when
+  // the Trainable computes one); one write(2) per line, so trainers may share the file.
   std::string sample_log_path;
   StateLoader* loader = nullptr;     // not owned; may be null (no checkpoints)
   TrainingObserver* observer = nullptr;  // not owned; may be null

@@ -42,7 +42,24 @@ struct StepStats {
   double loss_sum = 0;  // sum over samples of the per-sample loss
   int64_t correct = 0;  // top-1 correct predictions
   int64_t samples = 0;  // samples processed
+  // ForwardBackward: LabelHash of the labels in the batch the model was fed, read from that batch
+  // (0: the Trainable computes none). The runtime writes it to its sample log, so tests check the
+  // data each rank trained on, not only the indices the data plan gave it.
+  uint64_t label_hash = 0;
 };
+
+// FNV-1a over `n` labels (their int32 bytes, in batch order).
+inline uint64_t LabelHash(const int32_t* labels, size_t n) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < n; ++i) {
+    const auto v = static_cast<uint32_t>(labels[i]);
+    for (int b = 0; b < 4; ++b) {
+      h ^= (v >> (8 * b)) & 0xffu;
+      h *= 1099511628211ULL;
+    }
+  }
+  return h;
+}
 
 class Trainable {
  public:

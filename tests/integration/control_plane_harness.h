@@ -69,11 +69,7 @@ class ControlPlaneHarness : public ::testing::Test {
                                      "--heartbeat_timeout_ms", "3000", "--join_timeout_s", "20"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     server_ = std::make_unique<Proc>(Wrapped("server", argv), dir_.Join("server.log"));
-    for (int i = 0; i < 500 && port_.empty(); ++i) {
-      std::this_thread::sleep_for(milliseconds(20));
-      std::string p = Slurp(dir_.Join("port"));
-      if (!p.empty() && p.back() == '\n') port_ = p.substr(0, p.size() - 1);
-    }
+    port_ = WaitForPortFile(dir_.Join("port"), server_.get());
     ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
   }
 
@@ -159,7 +155,19 @@ class ControlPlaneHarness : public ::testing::Test {
         [](const json& g) { return g["reason"] == "grow_back" && g["world_size_after"] == 3; },
         milliseconds(60000)))
         << Diagnostics();
-    std::this_thread::sleep_for(milliseconds(1500));  // let the grown-back trainer record its view
+    // Every member of the grown-back generation (the joiner included) finished its KV round there.
+    int64_t grown = 0;
+    for (const json& g : Generations()) {
+      if (g["reason"] == "grow_back") grown = g["generation"].get<int64_t>();
+    }
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          int done = 0;
+          for (const json& r : ReadLines(records_)) done += r["event"] == "kv" && r["generation"] == grown;
+          return done >= 3;
+        },
+        milliseconds(60000)))
+        << Diagnostics();
     std::string out;
     ASSERT_EQ(Ctl({"status", "--json"}, &out), 0) << out;
     json st = json::parse(out.substr(out.find('{')), nullptr, false);

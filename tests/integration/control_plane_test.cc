@@ -1,14 +1,23 @@
 // Control-plane integration on loopback: a real `edl server`, two `edl client` processes and the
 // stand-in trainer (helpers in control_plane_harness.h). Assertions come from the stand-ins' own
 // records (pid, env, generations seen) and the server's events log.
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <fstream>
 #include <map>
+#include <iostream>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "edl/net/framed_socket.h"
+#include "edl/proto/frame.h"
 #include "tests/integration/control_plane_harness.h"
 
 namespace edl {
@@ -22,6 +31,79 @@ using itest::Proc;
 using itest::ReadLines;
 using itest::Slurp;
 
+// A raw TCP connection to the server on loopback, for bytes no well-behaved peer would send.
+class RawPeer {
+ public:
+  explicit RawPeer(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  ~RawPeer() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawPeer(const RawPeer&) = delete;
+  RawPeer& operator=(const RawPeer&) = delete;
+
+  bool Write(const std::string& bytes) {
+    size_t off = 0;
+    while (fd_ >= 0 && off < bytes.size()) {
+      const ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return fd_ >= 0;
+  }
+  // Reads one whole frame (the server's challenge).
+  bool ReadFrame(json* msg) {
+    std::string buf;
+    while (true) {
+      size_t used = 0;
+      if (proto::DecodeFrame(buf, msg, &used).ok()) return true;
+      if (!ReadSome(&buf, milliseconds(30000))) return false;
+    }
+  }
+  // Reads until the peer closes the connection (EOF or reset): true, with what came before the
+  // close in *got; false when it is still open after `timeout`.
+  bool ReadUntilClosed(std::string* got, milliseconds timeout) {
+    const auto end = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < end) {
+      if (!ReadSome(got, std::chrono::duration_cast<milliseconds>(end - std::chrono::steady_clock::now()))) {
+        return closed_;
+      }
+    }
+    return false;
+  }
+
+ private:
+  // Appends what arrives within `timeout`; false on timeout or once the connection is closed.
+  bool ReadSome(std::string* buf, milliseconds timeout) {
+    if (fd_ < 0) return false;
+    pollfd p{fd_, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(timeout.count(), 0)));
+    if (r <= 0) return false;
+    char tmp[4096];
+    const ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
+    if (n < 0 && errno == EINTR) return true;
+    if (n <= 0) {
+      closed_ = n == 0 || errno == ECONNRESET;
+      return false;
+    }
+    buf->append(tmp, static_cast<size_t>(n));
+    return true;
+  }
+
+  int fd_ = -1;
+  bool closed_ = false;
+};
+
 TEST_F(ControlPlaneTest, InPlaceScriptFourTwoThreeAndKill) { RunInPlaceFourTwoThreeAndKill(); }
 
 TEST_F(ControlPlaneTest, RestartModeRestartsEveryTrainerWithNewEnv) {
@@ -30,14 +112,29 @@ TEST_F(ControlPlaneTest, RestartModeRestartsEveryTrainerWithNewEnv) {
   auto c2 = StartClient("n2", "restart");
   ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["generation"] == 3; }, milliseconds(60000)))
       << Diagnostics();
-  std::this_thread::sleep_for(milliseconds(3000));  // replacements start once their slot is free
+  const std::map<int64_t, int> want = {{1, 4}, {2, 2}, {3, 3}};
   std::map<int64_t, std::vector<json>> starts;  // generation -> start records
   std::set<int> terminated;
-  for (const json& r : ReadLines(records_)) {
-    if (r["event"] == "start") starts[r["generation"].get<int64_t>()].push_back(r);
-    if (r["event"] == "term") terminated.insert(r["pid"].get<int>());
-  }
-  const std::map<int64_t, int> want = {{1, 4}, {2, 2}, {3, 3}};
+  // Replacements start once their slot is free: wait until generation 3's trainers all started
+  // and every trainer of generations 1 and 2 recorded its SIGTERM.
+  const bool settled = itest::WaitFor(
+      [&] {
+        starts.clear();
+        terminated.clear();
+        for (const json& r : ReadLines(records_)) {
+          if (r["event"] == "start") starts[r["generation"].get<int64_t>()].push_back(r);
+          if (r["event"] == "term") terminated.insert(r["pid"].get<int>());
+        }
+        if (starts[3].size() < 3) return false;
+        for (int64_t gen : {1, 2}) {
+          for (const json& s : starts[gen]) {
+            if (!terminated.count(s["pid"].get<int>())) return false;
+          }
+        }
+        return true;
+      },
+      milliseconds(60000));
+  EXPECT_TRUE(settled) << Diagnostics();
   for (auto [gen, world] : want) {
     ASSERT_EQ(starts[gen].size(), static_cast<size_t>(world)) << "generation " << gen << Diagnostics();
     std::set<int> ranks;
@@ -70,23 +167,44 @@ TEST_F(ControlPlaneTest, UnauthenticatedPeersAreRefusedAndTheServerKeepsServing)
   std::string out;
   EXPECT_EQ(Ctl({"scale", "3"}, &out, dir_.Join("wrong")), 1);
   EXPECT_NE(out.find("Unauthenticated"), std::string::npos) << out;
-  // Raw garbage, an oversize header, and a frame before hello: each connection is dropped.
-  std::string host = "127.0.0.1";
-  for (int kind = 0; kind < 3; ++kind) {
-    auto s = net::FramedSocket::ConnectTcp(host, std::stoi(port_), milliseconds(2000));
-    ASSERT_OK(s.status());
-    json m;
-    ASSERT_OK(s.value()->Receive(&m, milliseconds(2000)));  // the challenge
-    if (kind == 0) {
-      ASSERT_OK(s.value()->Send(json{{"type", "ctl"}, {"command", "stop"}}, milliseconds(2000)));
-    } else {
-      ASSERT_OK(s.value()->Send(json{{"type", "hello"}, {"role", "ctl"}, {"mac", std::string(64, '0')},
-                                     {"nonce", std::string(64, '1')}},
-                                milliseconds(2000)));
-    }
-    Status st = s.value()->Receive(&m, milliseconds(5000));
-    if (st.ok()) {
+  // Raw garbage, an oversize header, a frame before hello and a hello with a bad MAC: each
+  // connection is closed by the server (after at most an error frame), and nothing else happens.
+  const std::string hello_bad_mac =
+      proto::EncodeFrame(json{{"type", "hello"}, {"role", "ctl"}, {"mac", std::string(64, '0')},
+                              {"nonce", std::string(64, '1')}});
+  char oversize[proto::kFrameHeaderBytes];
+  proto::EncodeFrameHeader(proto::kMaxFrameBytes + 1, oversize);
+  // {what, bytes, the error the server must send first ("": none required, the close is enough)}
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"garbage", "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + std::string(64, '\xff'), ""},
+      {"oversize header", std::string(oversize, sizeof(oversize)) + std::string(1024, 'x'), ""},
+      {"frame before hello", proto::EncodeFrame(json{{"type", "ctl"}, {"command", "stop"}}),
+       "expected 'hello'"},
+      {"hello with a bad MAC", hello_bad_mac, "bad HMAC"}};
+  for (const auto& [what, bytes, must_say] : cases) {
+    SCOPED_TRACE(what);
+    RawPeer peer(std::stoi(port_));
+    json challenge;
+    ASSERT_TRUE(peer.ReadFrame(&challenge)) << "no challenge from the server";
+    EXPECT_EQ(challenge["type"], "challenge") << challenge.dump();
+    ASSERT_TRUE(peer.Write(bytes));
+    std::string rest;
+    ASSERT_TRUE(peer.ReadUntilClosed(&rest, milliseconds(30000)))
+        << "the server kept the connection open; received " << rest.size() << " bytes";
+    // Whatever came before the close is error frames only, naming the problem.
+    size_t off = 0;
+    std::string errors;
+    while (off < rest.size()) {
+      json m;
+      size_t used = 0;
+      ASSERT_OK(proto::DecodeFrame(rest.substr(off), &m, &used));
       EXPECT_EQ(m["type"], "error") << m.dump();
+      errors += m.dump();
+      off += used;
+    }
+    std::cout << what << ": closed after " << (errors.empty() ? "no error frame" : errors) << "\n";
+    if (!must_say.empty()) {
+      EXPECT_NE(errors.find(must_say), std::string::npos) << errors;
     }
   }
   // The server still serves an authenticated ctl, and no trainer was started by anybody.

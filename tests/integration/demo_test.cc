@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -165,16 +166,25 @@ TEST(DemoTest, ShortDemoChangesGenerationsAndTrainsToGoodAccuracy) {
   ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(generation changes: (\d+) \(failures: (\d+)\))")));
   EXPECT_GE(std::stoi(m[1]), 3) << "shrink, grow and failure each make a generation";
   EXPECT_GE(std::stoi(m[2]), 1) << "the scripted SIGKILL makes a failure generation";
-  // The summary names each change's kind, reason and stall; the script makes all three kinds.
+  // The summary names each change's kind, reason and stall; the script makes all three kinds, and
+  // each is formed by survivors that measure their stall (none is superseded before it forms: the
+  // script's changes are 20 s apart, and a failure's grow-back waits for a new process).
   for (const char* kind : {"shrink", "grow", "failure"}) {
-    EXPECT_TRUE(std::regex_search(
-        text, std::regex(std::string(R"(g\d+ +at [0-9.]+ s +)") + kind +
-                         R"( +\d+ -> \d+ +reason=\S+ +stall ([0-9.]+ s|n/a))")))
-        << "no " << kind << " line with reason and stall in the summary";
+    if (std::regex_search(text, m,
+                          std::regex(std::string(R"(g\d+ +at [0-9.]+ s +)") + kind +
+                                     R"( +\d+ -> \d+ +reason=\S+ +stall ([0-9.]+) s)"))) {
+      EXPECT_GT(std::stod(m[1]), 0.0) << kind;
+    } else {
+      ADD_FAILURE() << "no " << kind << " line with reason and a measured stall in the summary";
+    }
   }
   EXPECT_NE(text.find("training: finished"), std::string::npos);
   ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(final test accuracy: ([0-9.]+)%)")));
-  EXPECT_GT(std::stod(m[1]), 50.0) << "10 classes: chance is 10%";
+  // A correct short run (20000 samples x 2 epochs) ends at about 85% (84.3-84.6% on a loaded
+  // machine; the full demo reaches 90.7%, README); where the changes land moves it by a point or
+  // two. Chance is 10%.
+  std::cout << "final test accuracy " << m[1] << "%\n";
+  EXPECT_GT(std::stod(m[1]), 75.0);
   ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(timeline picture: (\S+\.png))")));
   EXPECT_GT(std::filesystem::file_size(m[1].str()), 10000u);
   EXPECT_NE(ReadFile(dir.Join("events/demo.events.jsonl")).find("\"type\":\"progress\""), std::string::npos)

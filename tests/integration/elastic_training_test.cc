@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "edl/ckpt/checkpoint_store.h"
+#include "resnet50/data/dataset.h"
 #include "tests/edl/runtime/sample_log_check.h"
 #include "tests/integration/process_util.h"
 #include "tests/testutil.h"
@@ -61,11 +64,7 @@ class ElasticTrainingTest : public ::testing::Test {
                                      dir_.Join("events"), "--join_timeout_s", "60"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     server_ = std::make_unique<Proc>(argv, dir_.Join("server.log"));
-    for (int i = 0; i < 500 && port_.empty(); ++i) {
-      std::this_thread::sleep_for(milliseconds(20));
-      std::string p = Slurp(dir_.Join("port"));
-      if (!p.empty() && p.back() == '\n') port_ = p.substr(0, p.size() - 1);
-    }
+    port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
     ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
   }
 
@@ -85,6 +84,73 @@ class ElasticTrainingTest : public ::testing::Test {
         "--sample_log", dir_.Join("samples.jsonl")};
     argv.insert(argv.end(), train_flags.begin(), train_flags.end());
     return std::make_unique<Proc>(argv, dir_.Join(node + ".log"));
+  }
+
+  // `edl ctl ARGS` against the server; its exit code.
+  int Ctl(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {test::EdlBinary(), "ctl", "--server", "127.0.0.1:" + port_,
+                                     "--secret_file", secret_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return itest::RunCommand(argv, dir_.Join("ctl.log"), milliseconds(60000));
+  }
+
+  // The newest committed step in the trainers' sample log (0 before the first).
+  int64_t MaxStep() {
+    int64_t max = 0;
+    for (const json& l : ReadLines(dir_.Join("samples.jsonl"))) max = std::max(max, l.value("step", int64_t{0}));
+    return max;
+  }
+
+  // Waits until the job has committed `n` more steps than now (bounded; the job must not finish).
+  bool WaitForMoreSteps(int64_t n) {
+    const int64_t from = MaxStep();
+    return WaitFor([&] { return MaxStep() >= from + n || Finished(); }, milliseconds(180000)) &&
+           !Finished();
+  }
+
+  // Waits until a generation of `world` trainers newer than `after` is committed and every
+  // member synced in it; returns its number (0 on timeout).
+  int64_t WaitForFormedGeneration(int world, int64_t after) {
+    int64_t formed = 0;
+    WaitFor(
+        [&] {
+          for (const json& g : Generations()) {
+            const int64_t n = g["generation"].get<int64_t>();
+            if (n <= after || g["world_size_after"] != world) continue;
+            int synced = 0;
+            for (const json& e : TrainerEvents("sync")) synced += e["generation"] == n;
+            if (synced >= world) formed = n;
+          }
+          return formed > 0;
+        },
+        milliseconds(180000));
+    return formed;
+  }
+
+  // Pids of the trainers that synced in generation `n`.
+  std::vector<pid_t> PidsOf(int64_t n) {
+    std::vector<pid_t> out;
+    for (const json& e : TrainerEvents("sync")) {
+      if (e["generation"] == n) out.push_back(static_cast<pid_t>(e["pid"].get<int64_t>()));
+    }
+    return out;
+  }
+
+  // What each rank fed its model (fed_idx, label_hash in the sample log) against the labels of
+  // the planned samples, read from the dataset (the first kSamples of the training split, as
+  // --train_samples takes them). Steps not every rank logged (a rank that died at that step)
+  // number at most `max_unconfirmed`.
+  void ExpectFedLabelsMatchThePlan(const std::map<int64_t, test::LoggedStep>& steps,
+                                   int64_t max_unconfirmed) {
+    std::vector<uint8_t> labels;
+    ASSERT_OK(resnet50::ReadIdxLabels(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz", &labels));
+    ASSERT_GE(labels.size(), static_cast<size_t>(kSamples));
+    int64_t unconfirmed = 0;
+    EXPECT_EQ(test::CheckFedBatches(
+                  steps, [&](int64_t i) { return static_cast<int32_t>(labels.at(i)); }, &unconfirmed),
+              "");
+    EXPECT_LE(unconfirmed, max_unconfirmed) << "of " << steps.size() << " steps";
+    std::cout << steps.size() << " steps, " << unconfirmed << " not confirmed by every rank\n";
   }
 
   std::vector<json> Events() { return ReadLines(dir_.Join("events/etest.events.jsonl")); }
@@ -155,11 +221,26 @@ class ElasticTrainingTest : public ::testing::Test {
 
 TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
   constexpr int kEpochs = 20;
-  // 4 at start; 2 at t=5 s; 3 at t=9 s (a hot joiner); at t=15 s one trainer is SIGKILLed and
-  // the job grows back to 3. 20 epochs take ~30 s on 2 cores.
-  StartServer("0 set 4\n5 set 2\n9 set 3\n15 kill 1\n", 4);
+  // 4 at start; 2 (`edl ctl scale 2`), then 3 (a hot joiner), then one trainer is SIGKILLed and
+  // the job grows back to 3: each change once the previous one has formed and trained 20 more
+  // steps (of ~400), so the changes land mid-run however fast the machine is.
+  StartServer("0 set 4\n", 4);
   auto c1 = StartClient("n1", kEpochs);
   auto c2 = StartClient("n2", kEpochs);
+  const int64_t g1 = WaitForFormedGeneration(4, 0);
+  ASSERT_GT(g1, 0) << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
+  ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+  const int64_t g2 = WaitForFormedGeneration(2, g1);
+  ASSERT_GT(g2, 0) << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
+  ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
+  const int64_t g3 = WaitForFormedGeneration(3, g2);
+  ASSERT_GT(g3, 0) << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
+  const std::vector<pid_t> members = PidsOf(g3);
+  ASSERT_EQ(members.size(), 3u);
+  ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
   ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
 
   std::vector<json> gens = Generations();
@@ -180,6 +261,7 @@ TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
   ASSERT_FALSE(steps.empty());
   EXPECT_EQ(steps.rbegin()->second.epoch, kEpochs - 1);
   EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  ExpectFedLabelsMatchThePlan(steps, 2);  // the killed trainer's last step
 
   // Loss fell: mean of the first 10 logged losses vs the last 10.
   std::vector<double> losses;
@@ -204,14 +286,35 @@ TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
 
 TEST_F(ElasticTrainingTest, KillEveryTrainerResumesFromTheLatestCheckpoint) {
   constexpr int kEpochs = 10;
-  // 2 trainers; at t=6 s both are SIGKILLed in one step (`kill all`: no survivor re-forms in
+  // 2 trainers; both are SIGKILLed in one step (`kill all` at t=30 s: no survivor re-forms in
   // between); the job grows back with fresh processes, which have no state: rank 0 loads the
-  // latest checkpoint and broadcasts it.
-  StartServer("0 set 2\n6 kill all\n", 2);
-  const std::vector<std::string> ckpt = {"--checkpoint_dir", dir_.Join("ckpt"),
-                                         "--checkpoint_steps", "10"};
-  auto c1 = StartClient("n1", kEpochs, ckpt);
-  auto c2 = StartClient("n2", kEpochs, ckpt);
+  // latest checkpoint and broadcasts it. So that the kill lands mid-run however fast the machine
+  // trains, the test freezes both trainers (SIGSTOP) once the store holds a checkpoint; the kill
+  // then finds them stopped (the clients wait 120 s before killing a silent trainer).
+  StartServer("0 set 2\n30 kill all\n", 2);
+  const std::vector<std::string> ckpt_flags = {"--checkpoint_dir", dir_.Join("ckpt"),
+                                               "--checkpoint_steps", "10"};
+  auto c1 = StartClient("n1", kEpochs, ckpt_flags, 120);
+  auto c2 = StartClient("n2", kEpochs, ckpt_flags, 120);
+  const int64_t g1 = WaitForFormedGeneration(2, 0);
+  ASSERT_GT(g1, 0) << Diagnostics();
+  ckpt::RocksDbStoreOptions so;
+  so.dir = dir_.Join("ckpt");
+  auto store = ckpt::OpenRocksDbStore(so);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::vector<ckpt::CheckpointMeta> all;
+        return (store->List(&all).ok() && !all.empty()) || Finished();
+      },
+      milliseconds(120000)))
+      << Diagnostics();
+  const std::vector<pid_t> first = PidsOf(g1);
+  bool killed_already = false;
+  for (const json& e : Events()) killed_already = killed_already || e.value("type", "") == "kill";
+  if (!killed_already) {
+    for (pid_t pid : first) ::kill(pid, SIGSTOP);
+  }
+  ASSERT_FALSE(Finished()) << "the job finished before a checkpoint was listed" << Diagnostics();
   ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(180000))) << Diagnostics();
 
   std::vector<json> cold = TrainerEvents("cold_start");
@@ -227,6 +330,7 @@ TEST_F(ElasticTrainingTest, KillEveryTrainerResumesFromTheLatestCheckpoint) {
   std::map<int64_t, test::LoggedStep> steps;
   ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
   EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  ExpectFedLabelsMatchThePlan(steps, 2);
   int64_t sync_gen = cold.back()["generation"].get<int64_t>();
   std::set<std::string> hashes;
   for (const json& e : TrainerEvents("sync")) {
@@ -254,7 +358,7 @@ TEST_F(ElasticTrainingTest, StoppedTrainerIsDroppedAndTheOthersReform) {
     victim = s[2]["pid"].get<int64_t>();
     return true;
   }, milliseconds(60000))) << Diagnostics();
-  std::this_thread::sleep_for(milliseconds(3000));
+  ASSERT_TRUE(WaitForMoreSteps(10)) << Diagnostics();  // the three train together
   ASSERT_EQ(::kill(static_cast<pid_t>(victim), SIGSTOP), 0);
   const bool finished = WaitFor([&] { return Finished(); }, milliseconds(180000));
   ::kill(static_cast<pid_t>(victim), SIGCONT);  // clean up whatever happened
@@ -271,6 +375,7 @@ TEST_F(ElasticTrainingTest, StoppedTrainerIsDroppedAndTheOthersReform) {
   std::map<int64_t, test::LoggedStep> steps;
   ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
   EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  ExpectFedLabelsMatchThePlan(steps, 2);  // the stopped trainer's last step
   c1->Stop();
   c2->Stop();
 }

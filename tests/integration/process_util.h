@@ -122,4 +122,19 @@ inline bool WaitFor(const std::function<bool()>& pred, milliseconds timeout) {
   }
 }
 
+// Waits (bounded) for a server's --port_file to hold a whole line; "" when `server` exits first
+// or nothing is written within `timeout`.
+inline std::string WaitForPortFile(const std::string& path, Proc* server,
+                                   milliseconds timeout = milliseconds(60000)) {
+  std::string port;
+  WaitFor(
+      [&] {
+        const std::string p = Slurp(path);
+        if (!p.empty() && p.back() == '\n') port = p.substr(0, p.size() - 1);
+        return !port.empty() || server->Wait(milliseconds(0)) >= 0;
+      },
+      timeout);
+  return port;
+}
+
 }  // namespace edl::itest

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <sstream>
 #include <thread>
 
@@ -68,14 +69,15 @@ TEST(TrainTest, FashionMnistLossFalls) {
 }
 
 // Runs `edl train ARGS` (with `env` added to the environment) with a deadline; returns the exit
-// code and the captured stderr.
-int RunEdlTrain(const std::vector<std::string>& args, std::string* err,
+// code and the captured stderr (and stdout, when `out` is given).
+int RunEdlTrain(const std::vector<std::string>& args, std::string* err, std::string* out = nullptr,
                 const std::map<std::string, std::string>& env = {}) {
   test::ScratchDir dir("edltrain");
-  const std::string err_path = dir.Join("stderr");
+  const std::string err_path = dir.Join("stderr"), out_path = dir.Join("stdout");
   const pid_t pid = fork();
   if (pid == 0) {
     FILE* f = std::freopen(err_path.c_str(), "w", stderr);
+    if (out != nullptr) f = std::freopen(out_path.c_str(), "w", stdout);
     (void)f;
     for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
     std::vector<char*> argv;
@@ -89,7 +91,7 @@ int RunEdlTrain(const std::vector<std::string>& args, std::string* err,
     _exit(127);
   }
   int status = 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(240);
   while (waitpid(pid, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {
       kill(pid, SIGKILL);
@@ -100,6 +102,10 @@ int RunEdlTrain(const std::vector<std::string>& args, std::string* err,
   }
   std::ifstream in(err_path);
   *err = std::string((std::istreambuf_iterator<char>(in)), {});
+  if (out != nullptr) {
+    std::ifstream o(out_path);
+    *out = std::string((std::istreambuf_iterator<char>(o)), {});
+  }
   return WIFEXITED(status) ? WEXITSTATUS(status) : -2;
 }
 
@@ -126,26 +132,41 @@ TEST(TrainMainTest, BadInputIsExitCode2WithClearMessage) {
 // The runtime checks the env contract before any data is loaded, and names the variable at fault.
 TEST(TrainMainTest, BadEnvironmentIsExitCode2NamingTheVariable) {
   std::string err;
-  EXPECT_EQ(RunEdlTrain({"--data_dir", "/nonexistent-dir"}, &err,
+  EXPECT_EQ(RunEdlTrain({"--data_dir", "/nonexistent-dir"}, &err, nullptr,
                         {{runtime::env::kRank, "3"}, {runtime::env::kWorldSize, "2"}}),
             2);
   EXPECT_NE(err.find("RANK=3"), std::string::npos) << err;
   EXPECT_EQ(err.find("/nonexistent-dir"), std::string::npos) << "checked before loading data: " << err;
-  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, {{runtime::env::kJoining, "1"}}), 2);
+  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, nullptr, {{runtime::env::kJoining, "1"}}), 2);
   EXPECT_NE(err.find("EDL_CLIENT_SOCKET"), std::string::npos) << err;
-  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, {{runtime::env::kGeneration, "two"}}), 2);
+  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, nullptr, {{runtime::env::kGeneration, "two"}}), 2);
   EXPECT_NE(err.find("EDL_GENERATION"), std::string::npos) << err;
 }
 
 TEST(TrainMainTest, SyntheticRunPrintsProgressAndSummary) {
-  test::ScratchDir dir("edltrain");
-  // stdout is not captured by RunEdlTrain; a successful short run is enough here.
-  std::string err;
-  EXPECT_EQ(RunEdlTrain({"--data", "synthetic", "--image_size", "16", "--batch_size", "8",
+  std::string err, out;
+  ASSERT_EQ(RunEdlTrain({"--data", "synthetic", "--image_size", "16", "--batch_size", "8",
                          "--max_steps", "3", "--log_every", "1", "--threads", "1"},
-                        &err),
+                        &err, &out),
             0)
-      << err;
+      << err << out;
+  SCOPED_TRACE("stdout:\n" + out);
+  // The header names the run; one progress line per step (--log_every 1) with loss, rate, lr, the
+  // generation and world, and eta; then the final evaluation and the one-line summary.
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(^edl train: resnet20 on synthetic .*batch 8)")));
+  for (int step = 1; step <= 3; ++step) {
+    EXPECT_TRUE(std::regex_search(
+        out, std::regex("(^|\n)epoch 1/1 step " + std::to_string(step) +
+                        R"( loss [0-9.]+ acc [0-9.]+% images/s [0-9.]+ lr [0-9.]+ gen 1 world 1 eta \d+m\d+s)")))
+        << "no progress line for step " << step;
+  }
+  EXPECT_FALSE(std::regex_search(out, std::regex(R"(step 4 )"))) << "ran past --max_steps";
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(\neval epoch 0 step 3: test loss [0-9.]+ acc [0-9.]+%)")));
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(
+      out, m, std::regex(R"(\nsummary: resnet20 synthetic steps (\d+) .*final_train_loss ([0-9.]+) .*world 1 )")));
+  EXPECT_EQ(m[1], "3");
+  EXPECT_GT(std::stod(m[2]), 0.0);
 }
 
 }  // namespace

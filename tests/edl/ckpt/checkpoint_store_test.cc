@@ -7,13 +7,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <mutex>
 #include <thread>
 
+#include <glog/logging.h>
 #include <rocksdb/db.h>
 
 #include "edl/ckpt/crc32c.h"
@@ -244,6 +247,33 @@ TEST(RocksDbStoreTest, FlippedByteIsNamedByVerifyAndLoadFallsBack) {
   ExpectSameState(first, out);
 }
 
+// Sees the store's "locked by another writer; waiting" log line (the observable sign that a save
+// is waiting for the LOCK).
+class LockWaitSink : public google::LogSink {
+ public:
+  void send(google::LogSeverity, const char*, const char*, int, const google::LogMessageTime&,
+            const char* message, size_t len) override {
+    if (std::string(message, len).find("locked by another writer; waiting") == std::string::npos) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    seen_ = true;
+    cv_.notify_all();
+  }
+  // Bounded: the save times out after its lock_timeout anyway.
+  void WaitForLockWait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(120), [&] { return seen_; });
+  }
+  bool seen() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool seen_ = false;
+};
+
 TEST(RocksDbStoreTest, WriterWaitsForTheLockThenTimesOutClearly) {
   ScratchDir dir("ckpt");
   auto store = OpenRocksDbStore(Options(dir.path()));
@@ -259,14 +289,19 @@ TEST(RocksDbStoreTest, WriterWaitsForTheLockThenTimesOutClearly) {
   std::vector<CheckpointMeta> all;
   ASSERT_OK(store->List(&all));
   EXPECT_EQ(all.size(), 1u);
-  // Released during a longer wait: the save goes through.
-  std::thread release([raw] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Released during a longer wait: the save goes through. The LOCK is released only once the
+  // save has logged that it waits for it.
+  LockWaitSink sink;
+  google::AddLogSink(&sink);
+  std::thread release([raw, &sink] {
+    sink.WaitForLockWait();
     raw->Close();
     delete raw;
   });
   EXPECT_OK(store->Save(MakeMeta(2, 1), MakeState(2).views, nullptr));
   release.join();
+  google::RemoveLogSink(&sink);
+  EXPECT_TRUE(sink.seen()) << "the save never waited for the LOCK";
 }
 
 TEST(RocksDbStoreTest, TakesBackDiskSpaceOfDroppedCheckpoints) {
@@ -295,7 +330,7 @@ pid_t StartWriter(const std::string& dir, int mb) {
     dup2(devnull, 1);
     dup2(devnull, 2);
     execl(CKPT_BENCH, CKPT_BENCH, "writer", "--dir", dir.c_str(), "--mb", std::to_string(mb).c_str(),
-          "--seconds", "60", static_cast<char*>(nullptr));
+          "--seconds", "600", static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
@@ -303,53 +338,87 @@ pid_t StartWriter(const std::string& dir, int mb) {
 
 // Waits until the store lists at least `n` checkpoints (bounded).
 bool WaitForCheckpoints(CheckpointStore* store, size_t n, int64_t* newest) {
-  for (int i = 0; i < 600; ++i) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < end) {
     std::vector<CheckpointMeta> all;
     if (store->List(&all).ok() && all.size() >= n) {
       *newest = all.back().id;
       return true;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return false;
 }
 
+// The id of the save whose data file in the store's ingest directory (FORMAT.md: a save writes
+// its SST files there before ingesting them) holds at least `min_bytes`; 0 when none does.
+int64_t SaveInFlight(const std::string& dir, uintmax_t min_bytes) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir + "/ingest", ec)) {
+    const std::string name = e.path().filename().string();
+    const size_t dash = name.find("-data.sst");
+    if (dash == std::string::npos || dash == 0) continue;
+    const uintmax_t size = fs::file_size(e.path(), ec);
+    if (!ec && size >= min_bytes) return std::stoll(name.substr(0, dash));
+  }
+  return 0;
+}
+
+// Rounds kill the writer while it writes the data file of a save, each at a later point of that
+// file (a size threshold), and prove it: after the kill the partial file of a save newer than
+// every listed checkpoint is still there. A kill that raced past the file (the save finished
+// between the look and the kill) is retried.
 void KillWriterMidSaveAndCheck(const std::string& dir) {
   RocksDbStoreOptions o = Options(dir);
-  o.lock_timeout = std::chrono::milliseconds(20000);
+  o.lock_timeout = std::chrono::milliseconds(60000);
   auto store = OpenRocksDbStore(o);
+  constexpr int kMb = 96;
   for (int round = 0; round < 3; ++round) {
-    pid_t pid = StartWriter(dir, 96);
-    ASSERT_GT(pid, 0);
-    int64_t newest = 0;
-    const bool saved = WaitForCheckpoints(store.get(), 1, &newest);
-    // Let the next save get under way (each takes ~0.1-0.5 s here), then kill at varying points.
-    std::this_thread::sleep_for(std::chrono::milliseconds(30 + 70 * round));
-    kill(pid, SIGKILL);
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(saved) << "writer saved nothing within 30 s";
-    ASSERT_TRUE(WIFSIGNALED(status));
-    std::error_code ec;
-    const bool mid_write = fs::exists(dir + "/ingest", ec) && !fs::is_empty(dir + "/ingest", ec);
-    std::cout << "round " << round << ": killed the writer "
-              << (mid_write ? "while it was writing SST files" : "between or inside other steps")
-              << " of a save after checkpoint " << newest << "\n";
+    const uintmax_t threshold = (round * kMb / 3 + 1) * (uintmax_t{1} << 20);
+    bool proven = false;
+    for (int attempt = 0; attempt < 10 && !proven; ++attempt) {
+      pid_t pid = StartWriter(dir, kMb);
+      ASSERT_GT(pid, 0);
+      int64_t newest = 0;
+      const bool saved = WaitForCheckpoints(store.get(), 1, &newest);
+      int64_t in_flight = 0;
+      const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (saved && in_flight <= newest && std::chrono::steady_clock::now() < end) {
+        in_flight = SaveInFlight(dir, threshold);
+        if (in_flight <= newest) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      kill(pid, SIGKILL);
+      int status = 0;
+      ASSERT_EQ(waitpid(pid, &status, 0), pid);
+      ASSERT_TRUE(saved) << "writer saved nothing within 120 s";
+      ASSERT_TRUE(WIFSIGNALED(status));
+      // Proof that the kill landed mid-write: the killed save's partial data file is still there
+      // (only the next writer's open clears it) and its id is newer than every checkpoint.
+      std::vector<CheckpointMeta> all;
+      ASSERT_OK(store->List(&all));
+      const int64_t committed = all.empty() ? 0 : all.back().id;
+      const int64_t left = SaveInFlight(dir, 1);
+      proven = left > committed && left == in_flight;
+      std::cout << "round " << round << " attempt " << attempt << ": killed the writer "
+                << (proven ? "while it was writing the data file of checkpoint " + std::to_string(left)
+                           : std::string("after its save finished (retrying)"))
+                << "; newest checkpoint " << committed << "\n";
 
-    LoadedCheckpoint out;
-    ASSERT_OK(store->LoadLatest("writer", &out));
-    EXPECT_GE(out.meta.id, newest);
-    std::vector<CheckpointMeta> all;
-    ASSERT_OK(store->List(&all));
-    for (const auto& m : all) {
-      VerifyReport report;
-      ASSERT_OK(store->Verify(m.id, &report));
-      EXPECT_TRUE(report.corrupt.empty()) << "checkpoint " << m.id << ": " << report.corrupt[0];
+      LoadedCheckpoint out;
+      ASSERT_OK(store->LoadLatest("writer", &out));
+      EXPECT_EQ(out.meta.id, committed);
+      EXPECT_GE(out.meta.id, newest);
+      for (const auto& m : all) {
+        VerifyReport report;
+        ASSERT_OK(store->Verify(m.id, &report));
+        EXPECT_TRUE(report.corrupt.empty()) << "checkpoint " << m.id << ": " << report.corrupt[0];
+      }
+      // The killed writer's LOCK is gone with it: a new writer opens the store at once.
+      CheckpointMeta meta = MakeMeta(1, out.meta.generation);
+      meta.fingerprint = "writer";
+      ASSERT_OK(store->Save(meta, MakeState(9).views, nullptr));
     }
-    // The killed writer's LOCK is gone with it: a new writer opens the store at once.
-    CheckpointMeta meta = MakeMeta(1, out.meta.generation);
-    meta.fingerprint = "writer";
-    ASSERT_OK(store->Save(meta, MakeState(9).views, nullptr));
+    EXPECT_TRUE(proven) << "round " << round << ": no kill landed while a data file was written";
   }
 }
 
@@ -360,18 +429,26 @@ TEST(RocksDbStoreTest, WriterKilledMidSaveLeavesThePreviousCheckpointWhole) {
 
 // ---- NFS over loopback, where the machine allows it
 
+// Why this machine cannot mount NFS over loopback, or "". The store must run on a kernel NFS
+// mount (RocksDB takes its LOCK with fcntl locks, which an NFS client forwards to the server's
+// lock manager); no userspace client can stand in for that, so without the kernel's NFS client
+// the test cannot run. The server side may be the kernel's nfsd (nfs-kernel-server).
 std::string NfsUnavailableReason() {
   if (geteuid() != 0) return "not root (mounting NFS needs root)";
   std::ifstream fsl("/proc/filesystems");
   std::string all((std::istreambuf_iterator<char>(fsl)), std::istreambuf_iterator<char>());
-  if (all.find("nfsd") == std::string::npos) {
-    return "the kernel has no nfsd filesystem (no NFS server support; /lib/modules absent)";
+  if (all.find("\tnfs4\n") == std::string::npos && all.find("\tnfs\n") == std::string::npos &&
+      system("modprobe nfs >/dev/null 2>&1") != 0) {
+    return "this kernel has no NFS client: /proc/filesystems lists no nfs/nfs4 and `modprobe nfs` "
+           "fails (built without CONFIG_NFS_FS, no loadable modules), so nothing can be mounted "
+           "over NFS here; a userspace NFS server (nfs-ganesha) would not help without the client";
   }
-  if (all.find("nfs4") == std::string::npos && all.find("\tnfs\n") == std::string::npos) {
-    return "the kernel has no NFS client filesystem";
+  if (all.find("nfsd") == std::string::npos && system("modprobe nfsd >/dev/null 2>&1") != 0) {
+    return "this kernel has no NFS server (no nfsd in /proc/filesystems and `modprobe nfsd` fails)";
   }
-  if (system("command -v exportfs >/dev/null 2>&1") != 0) {
-    return "exportfs not installed (apt-get install nfs-kernel-server nfs-common)";
+  if (system("command -v exportfs >/dev/null 2>&1") != 0 ||
+      system("command -v mount.nfs >/dev/null 2>&1") != 0) {
+    return "exportfs or mount.nfs not installed (apt-get install nfs-kernel-server nfs-common)";
   }
   return "";
 }
@@ -386,7 +463,7 @@ TEST(RocksDbStoreTest, WorksOnAnNfsMountOverLoopback) {
   const std::string spec = "127.0.0.1:" + exported.path();
   ASSERT_EQ(system(("exportfs -o rw,sync,no_root_squash,insecure,fsid=" +
                     std::to_string(getpid()) + " " + spec).c_str()), 0);
-  const int mounted = system(("mount -t nfs -o vers=4.2,soft,timeo=50 " + spec + " " +
+  const int mounted = system(("mount -t nfs -o vers=4.2,hard,timeo=50 " + spec + " " +
                               mnt.path()).c_str());
   if (mounted == 0) {
     auto store = OpenRocksDbStore(Options(mnt.Join("store")));

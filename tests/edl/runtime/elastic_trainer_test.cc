@@ -2,6 +2,7 @@
 // momentum on synthetic data) and an in-process membership fake standing in for the control
 // plane. Scenario: 4 -> 2 (script shrink) -> 3 (hot join) -> 2 (one trainer fails mid-step).
 #include <algorithm>
+#include <cstdint>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -54,9 +55,13 @@ class LinearModel : public Trainable {
   int64_t test_size() const override { return test_; }
   Status ForwardBackward(const std::vector<int64_t>& idx, StepStats* st) override {
     if (fail_next_) return Status::Internal("injected trainer crash");
-    std::this_thread::sleep_for(milliseconds(2));  // let the test's control plane keep up
     std::fill(grad_, grad_ + kDim + 1, 0.0f);
-    for (int64_t i : idx) Accumulate(i, 1.0f / idx.size(), st);
+    std::vector<int32_t> labels;
+    for (int64_t i : idx) {
+      Accumulate(i, 1.0f / idx.size(), st);
+      labels.push_back(Label(i));
+    }
+    st->label_hash = LabelHash(labels.data(), labels.size());
     return Status::OK();
   }
   Status ApplyUpdate(double lr) override {
@@ -83,6 +88,8 @@ class LinearModel : public Trainable {
     return Status::OK();
   }
   std::atomic<bool> fail_next_{false};
+  // A class per sample, for the fed-labels check of the sample log (the regression ignores it).
+  static int32_t Label(int64_t i) { return static_cast<int32_t>((i * 7) % 10); }
 
  private:
   static double Noise(uint64_t k) {  // deterministic in [-1, 1)
@@ -167,6 +174,17 @@ class FakeCluster {
     return cv_.wait_for(lock, timeout, [&] { return pred(); });
   }
   void Notify() { cv_.notify_all(); }
+  // Trainers block in ReportProgress once they committed step `step` (or later) until the next
+  // HoldAt moves the mark: the test commits generations at exact steps however fast they train.
+  void HoldAt(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_at_ = step;
+    cv_.notify_all();
+  }
+  void Hold(int64_t step) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, milliseconds(120000), [&] { return step < hold_at_; });
+  }
 
   MemoryKvStore kv;
   std::mutex mu_;
@@ -177,6 +195,7 @@ class FakeCluster {
   std::set<std::string> ready_;
   std::map<std::string, std::vector<double>> images_per_sec_;  // by trainer, as reported
   int64_t max_step_ = 0;
+  int64_t hold_at_ = INT64_MAX;
 };
 
 class FakeMembership : public MembershipSource {
@@ -191,8 +210,11 @@ class FakeMembership : public MembershipSource {
   Status ReportReady(int64_t) override { return c_->Ready(id_), Status::OK(); }
   Status ReportProgress(const ProgressInfo& p) override {
     c_->Progress(p);
-    std::lock_guard<std::mutex> lock(c_->mu_);
-    c_->images_per_sec_[id_].push_back(p.images_per_sec);
+    {
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      c_->images_per_sec_[id_].push_back(p.images_per_sec);
+    }
+    c_->Hold(p.step);
     return Status::OK();
   }
   Status ReportEvent(const nlohmann::json& e) override { return c_->Record(e), Status::OK(); }
@@ -256,6 +278,11 @@ void ExpectExactlyOnce(const test::ScratchDir& dir, const std::vector<std::strin
   ASSERT_FALSE(steps.empty());
   EXPECT_EQ(steps.rbegin()->second.epoch, epochs - 1);
   EXPECT_EQ(test::CheckExactlyOnce(steps, kTrain, epochs), "");
+  // And each rank fed its model exactly its planned slice, every step (in process nobody dies
+  // between two ranks' commits of a step, so every step is confirmed by all its ranks).
+  int64_t unconfirmed = 0;
+  EXPECT_EQ(test::CheckFedBatches(steps, LinearModel::Label, &unconfirmed), "");
+  EXPECT_EQ(unconfirmed, 0);
 }
 
 TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnce) {
@@ -263,24 +290,31 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
   FakeCluster c;
   TrainerThread t[5];
   for (int i = 0; i < 5; ++i) t[i].id = "t" + std::to_string(i);
+  const auto t_begin = std::chrono::steady_clock::now();
   c.Commit({"t0", "t1", "t2", "t3"}, false, "start");
+  c.HoldAt(10);
   for (int i = 0; i < 4; ++i) Start(&c, dir, &t[i], i + 1, false, &c);
 
   // 4 -> 2: t1 and t3 finish the switch step and leave.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 10; }));
   c.Commit({"t0", "t2"}, false, "script");
+  c.HoldAt(25);
   ASSERT_TRUE(c.WaitFor([&] { return t[1].finished && t[3].finished; }));
-  // 2 -> 3: t4 prepares while the others train, reports ready, then is committed.
+  // 2 -> 3: t4 prepares while the others wait at step 25, reports ready, then is committed.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 25; }));
   Start(&c, dir, &t[4], 99, true, &c);
   ASSERT_TRUE(c.WaitFor([&] { return c.ready_.count("t4") > 0; }));
   c.Commit({"t0", "t2", "t4"}, false, "script");
+  c.HoldAt(45);
   // 3 -> 2: t2 crashes inside a step; the control plane commits a failure generation.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 45; }));
   t[2].model->fail_next_ = true;
+  c.HoldAt(INT64_MAX);
   ASSERT_TRUE(c.WaitFor([&] { return t[2].finished.load(); }));
   c.Commit({"t0", "t4"}, true, "failure");
   for (auto& tt : t) tt.thread.join();
+  const double test_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_begin).count();
 
   EXPECT_OK(t[0].status);
   EXPECT_OK(t[4].status);
@@ -305,7 +339,19 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
     }
     if (e["event"] == "stall") {
       ++stalls;
-      EXPECT_GE(e["stall_s"].get<double>(), 0);
+      // A survivor's stall: from its last step in the old generation to the end of its first step
+      // in the new one (a re-form and a whole step: more than nothing, less than the whole run),
+      // labelled with the change it measured.
+      const int64_t g = e["generation"].get<int64_t>();
+      const double stall_s = e["stall_s"].get<double>();
+      EXPECT_GT(stall_s, 0) << e.dump();
+      EXPECT_LT(stall_s, test_s) << e.dump();
+      const int world_before[] = {0, 0, 4, 2, 3}, world_after[] = {0, 4, 2, 3, 2};
+      ASSERT_TRUE(g >= 2 && g <= 4) << e.dump();
+      EXPECT_EQ(e["from_generation"], g - 1) << e.dump();
+      EXPECT_EQ(e["world_before"], world_before[g]) << e.dump();
+      EXPECT_EQ(e["world_after"], world_after[g]) << e.dump();
+      EXPECT_EQ(e["failure"], g == 4) << e.dump();
       std::cout << "stall " << e.dump() << "\n";
     }
   }
