@@ -128,7 +128,6 @@ class Client {
   std::string server_nonce_;  // the server's, from the challenge (session key)
   bool ever_authenticated_ = false;
   int unproven_refusals_ = 0;  // errors before a welcome that the server could not prove
-  std::string nonce_;
   std::string session_;  // the node's session token (from session_path or the last welcome)
   std::string session_path_;  // options_.session_path while this client holds its lock, else ""
   int session_lock_fd_ = -1;

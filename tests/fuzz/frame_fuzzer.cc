@@ -10,11 +10,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace edl::proto;
   const std::string buf(reinterpret_cast<const char*>(data), size);
   if (size >= kFrameHeaderBytes) {
-    uint32_t length = 0;
-    if (DecodeFrameHeader(buf.data(), kMaxFrameBytes, &length).ok()) {
-      FUZZ_CHECK(length >= 1 && length <= kMaxFrameBytes);
+    for (bool sealed : {false, true}) {  // before and after the handshake (PROTOCOL.md)
+      uint32_t length = 0;
+      if (DecodeFrameHeader(buf.data(), kMaxFrameBytes, sealed, &length).ok()) {
+        FUZZ_CHECK(length >= 1 && length <= kMaxFrameBytes + (sealed ? kSealTagBytes : 0));
+      }
     }
   }
+  nlohmann::json payload;
+  (void)DecodePayload(buf.data(), buf.size(), &payload);  // any bytes: a Status, never a crash
   nlohmann::json msg;
   size_t consumed = 0;
   if (!DecodeFrame(buf, &msg, &consumed).ok()) return 0;

@@ -205,15 +205,20 @@ class FakeServer {
     EDL_RETURN_IF_ERROR(sock_->Send(j, kWait));
     EDL_RETURN_IF_ERROR(sock_->Receive(&j, kWait));
     EDL_RETURN_IF_ERROR(hello->DecodeFrom(j));
-    if (!net::MacEqual(hello->mac, net::PeerMac(kSecret, "client", ch.nonce))) {
+    if (!net::MacEqual(hello->mac, net::HelloMac(kSecret, ch.nonce, j))) {
       return Status::Unauthenticated("the client's MAC is wrong");
     }
     proto::Welcome w;
-    w.mac = net::ServerMac(kSecret, hello->nonce);
     w.job_id = "job7";
     w.heartbeat_ms = 5000;  // the client's idle timeout on us: 10 heartbeats, longer than a test
+    w.node_token = net::NewNonce();  // 64 hex, as the server hands out
     w.EncodeTo(&j);
-    return sock_->Send(j, kWait);
+    j["mac"] = net::WelcomeMac(kSecret, hello->nonce, j);
+    EDL_RETURN_IF_ERROR(sock_->Send(j, kWait));
+    // welcome and hello were the last unsealed frames (PROTOCOL.md "Sealed frames").
+    sock_->StartSession(std::make_unique<net::SessionMac>(kSecret, ch.nonce, hello->nonce,
+                                                          /*server_side=*/true));
+    return Status::OK();
   }
 
   void Send(const json& j) { ASSERT_OK(sock_->Send(j, kWait)); }
