@@ -270,7 +270,7 @@ void Start(FakeCluster* cluster, const test::ScratchDir& dir, TrainerThread* t, 
 // Every completed epoch consumed every sample exactly once, across all trainers' logs (each
 // logs the global step; the union is taken by step number).
 void ExpectExactlyOnce(const test::ScratchDir& dir, const std::vector<std::string>& ids,
-                       int64_t epochs) {
+                       int64_t epochs, int64_t failures = 0) {
   std::vector<std::string> paths;
   for (const std::string& id : ids) paths.push_back(dir.Join(id + ".samples"));
   std::map<int64_t, test::LoggedStep> steps;
@@ -278,11 +278,13 @@ void ExpectExactlyOnce(const test::ScratchDir& dir, const std::vector<std::strin
   ASSERT_FALSE(steps.empty());
   EXPECT_EQ(steps.rbegin()->second.epoch, epochs - 1);
   EXPECT_EQ(test::CheckExactlyOnce(steps, kTrain, epochs), "");
-  // And each rank fed its model exactly its planned slice, every step (in process nobody dies
-  // between two ranks' commits of a step, so every step is confirmed by all its ranks).
+  // And each rank fed its model exactly its planned slice, every step. Every step is confirmed
+  // by all its ranks, except that an injected failure may land after one rank committed the step
+  // in flight and before the others did (the step is then re-done by the next generation): at
+  // most one such step per failure.
   int64_t unconfirmed = 0;
   EXPECT_EQ(test::CheckFedBatches(steps, LinearModel::Label, &unconfirmed), "");
-  EXPECT_EQ(unconfirmed, 0);
+  EXPECT_LE(unconfirmed, failures);
 }
 
 TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnce) {
@@ -365,7 +367,7 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
   EXPECT_TRUE(broadcast[3]) << "the joiner must receive the survivors' state";
   EXPECT_GE(stalls, 3);  // t0 at each of the three switches, plus the others
 
-  ExpectExactlyOnce(dir, {"t0", "t1", "t2", "t3", "t4"}, 8);
+  ExpectExactlyOnce(dir, {"t0", "t1", "t2", "t3", "t4"}, 8, /*failures=*/1);
 
   // Training loss fell.
   ASSERT_GT(c.losses_.size(), 20u);
