@@ -12,7 +12,10 @@
 // waitpid(-1)) breaks this contract: Poll() then reports the child as lost (ExitInfo::lost).
 //
 // Thread-safety: a TrainerProcess is not thread-safe (one owner thread). ProcessLauncher::Start may
-// be called from several threads; BuildTrainerEnv is a pure function.
+// be called from several threads; BuildTrainerEnv is a pure function. A trainer is started with
+// PR_SET_PDEATHSIG(SIGKILL), which Linux ties to the *thread* that forked it: call Start from a
+// thread that lives as long as the trainers should (the client's io thread, edl launch's main
+// thread), never from a short-lived worker, or the trainer dies when that thread exits.
 #pragma once
 
 #include <chrono>
