@@ -51,40 +51,6 @@ std::map<std::string, std::string> ParseEnv(const std::string& text) {
   return env;
 }
 
-TEST(EnvContractTest, BuildsEveryVariable) {
-  EnvContract c;
-  c.job_id = "job1";
-  c.trainer_id = "node1-s2-7";
-  c.client_socket = "/tmp/edl-node1.sock";
-  c.generation = 5;
-  c.slot = 2;
-  c.cuda_visible_devices = "2";
-  c.rank = 3;
-  c.world_size = 8;
-  c.local_rank = 2;
-  c.local_world_size = 4;
-  c.master_addr = "10.0.0.1";
-  c.master_port = 29500;
-  c.joining = true;
-  const std::map<std::string, std::string> want = {
-      {"EDL_JOB_ID", "job1"}, {"EDL_TRAINER_ID", "node1-s2-7"},
-      {"EDL_CLIENT_SOCKET", "/tmp/edl-node1.sock"}, {"EDL_GENERATION", "5"}, {"EDL_SLOT", "2"},
-      {"CUDA_VISIBLE_DEVICES", "2"}, {"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"},
-      {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
-      {"EDL_JOINING", "1"}};
-  EXPECT_EQ(BuildTrainerEnv(c), want);
-}
-
-TEST(EnvContractTest, OptionalVariablesAreUnsetWhenEmpty) {
-  EnvContract c;  // no client socket, no GPU, not joining
-  const std::map<std::string, std::string> env = BuildTrainerEnv(c);
-  EXPECT_EQ(env.count("EDL_CLIENT_SOCKET"), 0u);
-  EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
-  EXPECT_EQ(env.count("EDL_JOINING"), 0u);
-  EXPECT_EQ(env.at("WORLD_SIZE"), "1");
-  EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
-}
-
 TEST(TrainerProcessTest, ChildSeesEnvContractOverParentEnv) {
   edl::test::ScratchDir dir("launcher");
   ::setenv("EDL_TEST_FROM_PARENT", "kept", 1);

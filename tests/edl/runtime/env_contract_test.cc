@@ -70,6 +70,31 @@ TEST(EnvContractTest, BuildThenParseRoundTrips) {
   ExpectSame(got.value(), c);
 }
 
+// The names are a contract with trainer scripts (torchrun's RANK, WORLD_SIZE, ...): pin them.
+TEST(EnvContractTest, WritesTheDocumentedNames) {
+  const Env env = BuildTrainerEnv(Full());
+  const Env want = {
+      {"EDL_JOB_ID", "job1"}, {"EDL_TRAINER_ID", "node1-s2-7"},
+      {"EDL_CLIENT_SOCKET", "/tmp/edl-node1.sock"}, {"EDL_GENERATION", "5"}, {"EDL_SLOT", "2"},
+      {"CUDA_VISIBLE_DEVICES", "2"}, {"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"},
+      {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
+      {"EDL_JOINING", "1"}};
+  for (const auto& [k, v] : want) {
+    ASSERT_EQ(env.count(k), 1u) << k;
+    EXPECT_EQ(env.at(k), v) << k;
+  }
+}
+
+TEST(EnvContractTest, OptionalVariablesAreUnsetWhenEmpty) {
+  EnvContract c;  // no client socket, no GPU, not joining
+  const Env env = BuildTrainerEnv(c);
+  EXPECT_EQ(env.count("EDL_CLIENT_SOCKET"), 0u);
+  EXPECT_EQ(env.count("CUDA_VISIBLE_DEVICES"), 0u);
+  EXPECT_EQ(env.count("EDL_JOINING"), 0u);
+  EXPECT_EQ(env.at("WORLD_SIZE"), "1");
+  EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
+}
+
 TEST(EnvContractTest, BuildUsesOnlyContractNames) {
   // A hot joiner and a restart-mode trainer (the two are exclusive) write every variable between
   // them, and nothing else.
