@@ -313,8 +313,9 @@ TEST_F(InsiderTest, TheSessionTokenReattachesAndReplacesAStaleConnection) {
 }
 
 // KV and waiter floods, and a watcher that never reads: refused with errors that name the bound,
-// the server's peak RSS stays under 64 MiB (about 35 measured) while the insider tries to make it
-// hold 100 MB.
+// the server's peak RSS grows by less than 64 MiB while the insider tries to make it hold 100 MB.
+// The bound is on the growth of the high-water mark during the attack, not its absolute value: a
+// server built with CUDA maps the CUDA libraries and starts near 175 MB (about 35 MB without).
 TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
   StartServer("", 1, {"--kv_max_keys", "100", "--kv_max_bytes", std::to_string(8 << 20),
                       "--kv_max_waiters_per_connection", "64", "--kv_max_waiters", "128",
@@ -324,6 +325,8 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
   ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 1; },
                                 milliseconds(60000)))
       << Diagnostics();
+  const int64_t before_kb = ProcKb(server_->pid(), "VmHWM");  // the peak before any flood
+  ASSERT_GT(before_kb, 0);
   std::unique_ptr<Insider> a;
   ASSERT_OK(Open("flood-a", 1, &a));
 
@@ -397,7 +400,8 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
 
   const int64_t peak_kb = ProcKb(server_->pid(), "VmHWM");
   ASSERT_GT(peak_kb, 0);
-  EXPECT_LT(peak_kb, 64 * 1024) << "server peak RSS " << peak_kb << " KiB";
+  EXPECT_LT(peak_kb - before_kb, 64 * 1024)
+      << "server peak RSS " << before_kb << " KiB before the floods, " << peak_kb << " KiB after";
   RecordProperty("server_peak_rss_kb", static_cast<int>(peak_kb));
   json st = Status_();
   EXPECT_EQ(st["world_size"], 1);
