@@ -197,10 +197,15 @@ class TensorBuffers {
  public:
   explicit TensorBuffers(const CheckpointMeta& meta) : meta_(meta), bufs_(meta.tensors.size()) {}
 
+  // No tensor of a real model is larger than any accelerator's memory: a `bytes` above this is
+  // damaged metadata, refused before anything is allocated (a sanitizer's allocator aborts on
+  // such a request even with std::nothrow).
+  static constexpr uint64_t kMaxTensorBytes = uint64_t{256} << 30;
+
   // For ReadTensors' dst_for: nullptr (the tensor is skipped) when the allocation fails.
   void* Allocate(size_t i) {
     const uint64_t bytes = std::max<uint64_t>(meta_.tensors[i].bytes, 1);
-    if (bytes <= std::numeric_limits<size_t>::max()) {
+    if (bytes <= kMaxTensorBytes && bytes <= std::numeric_limits<size_t>::max()) {
       bufs_[i].reset(new (std::nothrow) uint8_t[static_cast<size_t>(bytes)]);
     }
     if (bufs_[i] == nullptr) {
