@@ -33,11 +33,11 @@ SAN_CMAKE := -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DEDL_USE_CUD
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" $(CCACHE)
 # Reports name the source line; leaks of the test processes are findings too.
-# allocator_may_return_null: new(std::nothrow) returns null as the language says (the checkpoint
+# allocator_may_return_null (ASan and TSan): new(std::nothrow) returns null as the language says (the checkpoint
 # store relies on it for damaged sizes) instead of ASan aborting the process.
 export ASAN_OPTIONS  ?= detect_leaks=1:abort_on_error=1:allocator_may_return_null=1
 export UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
-export TSAN_OPTIONS  ?= halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp
+export TSAN_OPTIONS  ?= halt_on_error=1:allocator_may_return_null=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/tsan.supp
 
 # $(call cmake_tree,DIR,ARGS): configure DIR; the log stays inside DIR, its summary is printed.
 define cmake_tree
