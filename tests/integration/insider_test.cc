@@ -151,6 +151,16 @@ class InsiderTest : public ControlPlaneHarness {
               const std::string& session = "", const std::string& role = "client") {
     return Insider::Open(std::stoi(port_), Secret(), role, node, slots, session, out);
   }
+  // A server wanting 2 trainers and one in-place client "n1" whose two trainers formed generation
+  // world 2; *client is that client.
+  void StartOneNodeOfTwoTrainers(std::unique_ptr<Proc>* client) {
+    StartServer("", 2);
+    if (HasFatalFailure()) return;
+    *client = StartClient("n1", "inplace");
+    ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 2; },
+                                  milliseconds(60000)))
+        << Diagnostics();
+  }
   // `edl ctl status --json`, which must answer.
   json Status_() {
     std::string out;
@@ -178,12 +188,9 @@ class InsiderTest : public ControlPlaneHarness {
 // A node with the secret reports another node's trainers as exited (failed, then "finished"),
 // fakes their progress and readiness, and writes forbidden record types: nothing changes.
 TEST_F(InsiderTest, ANodeCannotSpeakForAnotherNodesTrainers) {
-  StartServer("", 2);
+  std::unique_ptr<Proc> n1;
+  StartOneNodeOfTwoTrainers(&n1);
   if (HasFatalFailure()) return;
-  auto n1 = StartClient("n1", "inplace");
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 2; },
-                                milliseconds(60000)))
-      << Diagnostics();
   ASSERT_TRUE(WaitFor([&] { return TrainerPids().size() == 2; }, milliseconds(30000))) << Diagnostics();
 
   std::unique_ptr<Insider> evil;
@@ -266,12 +273,9 @@ TEST_F(InsiderTest, ANodeCannotSpeakForAnotherNodesTrainers) {
 // A second client under a live node's name is refused with a retryable error, with or without a
 // guessed token; the real client keeps its place and is not told to exit.
 TEST_F(InsiderTest, ANameSquatterDoesNotDisplaceTheRealClient) {
-  StartServer("", 2);
+  std::unique_ptr<Proc> n1;
+  StartOneNodeOfTwoTrainers(&n1);
   if (HasFatalFailure()) return;
-  auto n1 = StartClient("n1", "inplace");
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 2; },
-                                milliseconds(60000)))
-      << Diagnostics();
   const size_t gens_before = Generations().size();
   for (const std::string& token : {std::string(), std::string(64, 'a')}) {
     std::unique_ptr<Insider> squatter;

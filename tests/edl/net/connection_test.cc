@@ -16,16 +16,25 @@ namespace {
 using nlohmann::json;
 using std::chrono::milliseconds;
 
+// A Connection on one end of a fresh AF_UNIX socket pair; *peer_fd receives the other end.
+std::shared_ptr<Connection> PairConnection(asio::io_context& io, int* peer_fd,
+                                           ConnectionOptions options = {}) {
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) return nullptr;
+  Connection::Socket s(io);
+  s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
+  *peer_fd = fds[1];
+  return Connection::Create(std::move(s), "pair", options);
+}
+
 // An Asio Connection on one end of a socket pair, a blocking FramedSocket on the other.
 class ConnectionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int fds[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-    Connection::Socket s(io_);
-    s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
-    conn_ = Connection::Create(std::move(s), "pair");
-    peer_ = std::make_unique<FramedSocket>(fds[1], "peer");
+    int fd = -1;
+    conn_ = PairConnection(io_, &fd);
+    ASSERT_NE(conn_, nullptr);
+    peer_ = std::make_unique<FramedSocket>(fd, "peer");
   }
   void StartEcho(ConnectionOptions opts = {}) {
     if (opts.idle_timeout.count() > 0) conn_->SetIdleTimeout(opts.idle_timeout);
@@ -66,11 +75,9 @@ TEST_F(ConnectionTest, IdleTimeoutCloses) {
 TEST(RawConnectionTest, BadFramesAreRejectedWithReason) {
   for (int kind = 0; kind < 3; ++kind) {
     asio::io_context io;
-    int fds[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-    Connection::Socket s(io);
-    s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
-    auto conn = Connection::Create(std::move(s), "pair");
+    int fds[2] = {-1, -1};
+    auto conn = PairConnection(io, &fds[1]);
+    ASSERT_NE(conn, nullptr);
     Status closed;
     int messages = 0;
     conn->Start([&](const json&) { ++messages; }, [&](const Status& st) { closed = st; });
@@ -109,14 +116,10 @@ class SealedConnectionTest : public ::testing::Test {
   const std::string ns_ = NewNonce(), np_ = NewNonce();
 
   void SetUp() override {
-    int fds[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-    Connection::Socket s(io_);
-    s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
-    conn_ = Connection::Create(std::move(s), "pair");
+    conn_ = PairConnection(io_, &fd_);
+    ASSERT_NE(conn_, nullptr);
     conn_->StartSession(std::make_unique<SessionMac>(secret_, ns_, np_, /*server_side=*/true),
                         proto::kMaxFrameBytes);
-    fd_ = fds[1];
     reader_ = std::make_unique<FramedSocket>(fd_, "peer");
     reader_->StartSession(std::make_unique<SessionMac>(secret_, ns_, np_, /*server_side=*/false));
     conn_->Start(
@@ -239,11 +242,9 @@ TEST_F(SealedConnectionTest, FramedSocketRejectsTamperedAndReplayedFrames) {
 
 TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
   asio::io_context io;
-  int fds[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  Connection::Socket s(io);
-  s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
-  auto conn = Connection::Create(std::move(s), "pair");
+  int fds[2] = {-1, -1};
+  auto conn = PairConnection(io, &fds[1]);
+  ASSERT_NE(conn, nullptr);
   std::vector<json> seen;
   conn->Start([&](const json& m) { seen.push_back(m); }, [](const Status&) {});
   // A 4 MiB frame announced, then sent slowly: the buffer follows what arrived.
@@ -281,13 +282,11 @@ TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
 
 TEST(PreAuthLimitTest, LargeFrameBeforeAuthenticationCloses) {
   asio::io_context io;
-  int fds[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-  Connection::Socket s(io);
-  s.assign(asio::generic::stream_protocol(AF_UNIX, 0), fds[0]);
+  int fds[2] = {-1, -1};
   ConnectionOptions o;
   o.max_frame_bytes = proto::kMaxPreAuthFrameBytes;
-  auto conn = Connection::Create(std::move(s), "pair", o);
+  auto conn = PairConnection(io, &fds[1], o);
+  ASSERT_NE(conn, nullptr);
   Status closed;
   conn->Start([](const json&) {}, [&](const Status& st) { closed = st; });
   char header[proto::kFrameHeaderBytes];
