@@ -130,11 +130,13 @@ def throughput(args):
 
 
 def pad_to(x, size):
-    """Centres 28x28 images in size x size zeros, as edl train --image_size does."""
+    """Centres normalised 28x28 images in a size x size frame of black pixels (raw value 0, so
+    (0 - mean) / std once normalised), as edl train --image_size does. Padding with 0 after
+    normalisation would frame each image in mean grey instead: a different input distribution."""
     if size <= x.shape[-1]:
         return x
     p = size - x.shape[-1]
-    return F.pad(x, (p // 2, p - p // 2, p // 2, p - p // 2))
+    return F.pad(x, (p // 2, p - p // 2, p // 2, p - p // 2), value=(0.0 - 0.2860) / 0.3530)
 
 
 def evaluate(model, xte, yte):
