@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -118,11 +119,14 @@ TEST(GlooCommunicatorTest, AbortUnblocksACollectiveWaitingOnAStalledPeer) {
   // Rank 1 never joins the all-reduce; rank 0 blocks until the abort from another thread.
   Status result;
   const auto start = std::chrono::steady_clock::now();
+  std::atomic<bool> entering{false};
   std::thread blocked([&] {
     std::vector<float> x(1 << 16, 1.0f);
+    entering.store(true);
     result = comms[0]->AllReduce(x.data(), x.size(), DataType::kFloat32, ReduceOp::kSum);
   });
-  std::this_thread::sleep_for(milliseconds(200));
+  // The abort lands just before or during the all-reduce: either way it must return Aborted.
+  while (!entering.load()) std::this_thread::yield();
   comms[0]->Abort();
   blocked.join();
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
