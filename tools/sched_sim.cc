@@ -187,7 +187,14 @@ Status Simulate(const std::vector<TraceJob>& trace, const SimOptions& o, SimResu
       ++next_arrival;
     }
     policy.Tick();
-    out->policy_events += static_cast<int64_t>(policy.TakeEvents().size());
+    for (const jobserver::PolicyEvent& e : policy.TakeEvents()) {
+      ++out->policy_events;
+      if (o.event_log != nullptr) {
+        nlohmann::json j = e.ToJson();
+        j["variant"] = VariantName(o.variant);
+        *o.event_log << j.dump() << "\n";
+      }
+    }
     EDL_RETURN_IF_ERROR(policy.CheckInvariants());
 
     // The simulated trainers follow the policy's targets.

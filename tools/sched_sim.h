@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,8 @@ struct SimOptions {
   int slots_per_node = 8;
   int64_t min_change_interval_us = 120'000'000;
   ThroughputModel model;
+  // When set, the policy's decision log as JSON lines (PolicyEvent::ToJson plus "variant").
+  std::ostream* event_log = nullptr;
 };
 
 struct JobOutcome {

@@ -5,6 +5,7 @@
 // bench/scheduler_trace.sh runs it with the benchmark's settings.
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   SimOptions sim;
   double interval_s = 120;
   bool print_trace = false;
+  std::string events_out;
   edl::po::options_description d;
   d.add_options()
       ("seed", edl::po::value<uint64_t>(&trace_options.seed)->default_value(trace_options.seed), "trace seed")
@@ -57,7 +59,8 @@ int main(int argc, char** argv) {
       ("alpha", edl::po::value<double>(&sim.model.alpha)->default_value(sim.model.alpha), "throughput exponent: n trainers give n^alpha")
       ("start_s", edl::po::value<double>(&sim.model.start_s)->default_value(sim.model.start_s), "seconds without progress after a start")
       ("reform_s", edl::po::value<double>(&sim.model.reform_s)->default_value(sim.model.reform_s), "seconds without progress after a resize")
-      ("print_trace", edl::po::bool_switch(&print_trace), "print the trace, one job per line");
+      ("print_trace", edl::po::bool_switch(&print_trace), "print the trace, one job per line")
+      ("events_out", edl::po::value<std::string>(&events_out), "write every variant's decision log here (JSON lines)");
   edl::ParsedFlags pf;
   edl::Status s = edl::ParseFlags("sched_trace", kUsage, d, argc, argv, &pf);
   if (!s.ok()) {
@@ -95,6 +98,15 @@ int main(int argc, char** argv) {
     }
   }
 
+  std::ofstream events;
+  if (!events_out.empty()) {
+    events.open(events_out);
+    if (!events) {
+      std::cerr << "edl_sched_trace: cannot write --events_out " << events_out << "\n";
+      return 2;
+    }
+    sim.event_log = &events;
+  }
   SimResult results[3];
   const Variant variants[3] = {Variant::kStatic, Variant::kElastic, Variant::kFull};
   for (int v = 0; v < 3; ++v) {
