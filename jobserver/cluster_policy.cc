@@ -28,7 +28,8 @@ std::string NameProblem(const std::string& what, const std::string& s) {
       return what + " '" + s + "' has a character other than letters, digits, '.', '_' or '-'";
     }
   }
-  if (s[0] == '.' || s[0] == '-') return what + " '" + s + "' must start with a letter, digit or '_'";
+  if (s[0] == '.' || s[0] == '-')
+    return what + " '" + s + "' must start with a letter, digit or '_'";
   return "";
 }
 
@@ -178,8 +179,9 @@ Status ClusterPolicy::Submit(const JobSubmission& job) {
                                    " is negative: give a time ahead, or 0 for none");
   }
   if (job.deadline_us > 0 && job.deadline_us <= clock_->NowMicros()) {
-    return Status::InvalidArgument(j + "the deadline has already passed: give a time ahead, or "
-                                       "none");
+    return Status::InvalidArgument(j +
+                                   "the deadline has already passed: give a time ahead, or "
+                                   "none");
   }
   if (known_types_.count(job.type) == 0) {
     return Status::InvalidArgument(
@@ -189,8 +191,9 @@ Status ClusterPolicy::Submit(const JobSubmission& job) {
         ". Add `job_type " + job.type + " = COMMAND` to a client's configuration");
   }
   if (jobs_.count(job.name) > 0) {
-    return Status::AlreadyExists(j + "a job of that name is already pending or running: pick "
-                                     "another name, or cancel the old job first");
+    return Status::AlreadyExists(j +
+                                 "a job of that name is already pending or running: pick "
+                                 "another name, or cancel the old job first");
   }
   if (jobs_.size() >= kMaxPolicyJobs) {
     return Status::Unavailable(j + "the cluster already holds " + std::to_string(jobs_.size()) +
@@ -225,10 +228,9 @@ Status ClusterPolicy::Scale(const std::string& name, int n) {
                                       " runs in restart mode at a fixed size; it cannot be scaled");
   }
   if (n < job.spec.min_trainers || n > job.spec.max_trainers) {
-    return Status::InvalidArgument("job " + name + ": scale to " + std::to_string(n) +
-                                   " is outside its min..max " +
-                                   std::to_string(job.spec.min_trainers) + ".." +
-                                   std::to_string(job.spec.max_trainers));
+    return Status::InvalidArgument(
+        "job " + name + ": scale to " + std::to_string(n) + " is outside its min..max " +
+        std::to_string(job.spec.min_trainers) + ".." + std::to_string(job.spec.max_trainers));
   }
   BeginPass();
   PolicyEvent e;
@@ -249,8 +251,8 @@ Status ClusterPolicy::Finish(const std::string& name) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("job " + name + " is not pending or running");
   if (it->second.state != JobState::kRunning) {
-    return Status::FailedPrecondition("job " + name +
-                                      " is pending: only a running job finishes (cancel it instead)");
+    return Status::FailedPrecondition(
+        "job " + name + " is pending: only a running job finishes (cancel it instead)");
   }
   BeginPass();
   PolicyEvent e;
@@ -402,8 +404,8 @@ bool ClusterPolicy::Repair(PolicyJob* job) {
   Note(job->spec.name, "a lost node left " + std::to_string(had) + " of the " +
                            std::to_string(Floor(*job)) + " trainers it needs, and " +
                            std::to_string(need) + " more could not be found");
-  SetPending(job, "requeued", "requeued after a node loss: waiting for " +
-                                  std::to_string(Floor(*job)) + " slots");
+  SetPending(job, "requeued",
+             "requeued after a node loss: waiting for " + std::to_string(Floor(*job)) + " slots");
   return false;
 }
 
@@ -538,7 +540,8 @@ void ClusterPolicy::FairShare() {
   };
   std::vector<Flex> flex;
   std::map<std::string, int> capacity;  // per node, for the flexible jobs
-  for (const auto& [n, node] : nodes_) capacity[n] = node.slots - (reserved_.count(n) ? reserved_.at(n) : 0);
+  for (const auto& [n, node] : nodes_)
+    capacity[n] = node.slots - (reserved_.count(n) ? reserved_.at(n) : 0);
   for (auto& [name, job] : jobs_) {
     if (job.state != JobState::kRunning) continue;
     auto b = before_.find(name);
@@ -659,7 +662,8 @@ void ClusterPolicy::FairShare() {
     int want = f.tent - f.job->size;
     for (const auto& [n, k] : f.on) {
       auto cur = f.job->placement.find(n);
-      const int add = std::min({want, FreeOn(n), k - (cur == f.job->placement.end() ? 0 : cur->second)});
+      const int add =
+          std::min({want, FreeOn(n), k - (cur == f.job->placement.end() ? 0 : cur->second)});
       if (add > 0) {
         PlaceOn(f.job, n, add);
         want -= add;
@@ -861,9 +865,7 @@ int ClusterPolicy::pending_jobs() const {
   return c;
 }
 
-int ClusterPolicy::running_jobs() const {
-  return static_cast<int>(jobs_.size()) - pending_jobs();
-}
+int ClusterPolicy::running_jobs() const { return static_cast<int>(jobs_.size()) - pending_jobs(); }
 
 std::string ClusterPolicy::RunningTrainers() const {
   std::vector<const PolicyJob*> all;
@@ -890,12 +892,9 @@ nlohmann::json ClusterPolicy::Summary() const {
                     {"placement", job.placement},
                     {"pending_reason", job.pending_reason}});
   }
-  return {{"submitted_jobs", jobs_.size()},
-          {"pending_jobs", pending_jobs()},
-          {"total_slots", total_slots()},
-          {"used_slots", used_slots()},
-          {"running_trainers", RunningTrainers()},
-          {"jobs", jobs}};
+  return {{"submitted_jobs", jobs_.size()},        {"pending_jobs", pending_jobs()},
+          {"total_slots", total_slots()},          {"used_slots", used_slots()},
+          {"running_trainers", RunningTrainers()}, {"jobs", jobs}};
 }
 
 Status ClusterPolicy::CheckInvariants() const {
@@ -909,7 +908,8 @@ Status ClusterPolicy::CheckInvariants() const {
         return Status::Internal("job " + name + " is on node " + n + ", which lacks type " +
                                 job.spec.type);
       }
-      if (k <= 0) return Status::Internal("job " + name + " holds " + std::to_string(k) + " on " + n);
+      if (k <= 0)
+        return Status::Internal("job " + name + " holds " + std::to_string(k) + " on " + n);
       size += k;
       used[n] += k;
     }

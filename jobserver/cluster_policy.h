@@ -64,12 +64,12 @@
 namespace edl::jobserver {
 
 // Bounds on what a submission or a node may declare (every field may come from a peer).
-constexpr size_t kMaxPolicyNameBytes = 128;   // job, node and job-type names
-constexpr int kMaxPolicyNodeSlots = 4096;     // as the Scheduler's kMaxSlotsPerNode
+constexpr size_t kMaxPolicyNameBytes = 128;  // job, node and job-type names
+constexpr int kMaxPolicyNodeSlots = 4096;    // as the Scheduler's kMaxSlotsPerNode
 constexpr size_t kMaxPolicyTypesPerNode = 64;
 constexpr int kMaxJobTrainers = 65536;
 constexpr int kMaxJobPriority = 1000;
-constexpr size_t kMaxPolicyJobs = 10000;      // live (pending or running) jobs
+constexpr size_t kMaxPolicyJobs = 10000;  // live (pending or running) jobs
 constexpr size_t kMaxPolicyNodes = 100000;
 
 struct ClusterPolicyOptions {
@@ -112,15 +112,15 @@ struct PolicyJob {
   JobSubmission spec;
   JobState state = JobState::kPending;
   Placement placement;
-  int size = 0;               // trainers in `placement`
-  int cap = 0;                // the scale request (min..max); starts at max
-  std::string pending_reason; // why a pending job is not running (empty while running)
+  int size = 0;                // trainers in `placement`
+  int cap = 0;                 // the scale request (min..max); starts at max
+  std::string pending_reason;  // why a pending job is not running (empty while running)
   int64_t submitted_us = 0;
-  int64_t started_us = -1;    // the latest start; -1 while never started
+  int64_t started_us = -1;  // the latest start; -1 while never started
   int64_t last_change_us = -1;
-  uint64_t seq = 0;           // submission order
+  uint64_t seq = 0;  // submission order
   bool deadline_reported = false;
-  std::string pending_code;   // the kind of pending_reason, so a repeat is not logged again
+  std::string pending_code;  // the kind of pending_reason, so a repeat is not logged again
 };
 
 struct PolicyEvent {
@@ -128,9 +128,9 @@ struct PolicyEvent {
   // submit, start, grow, shrink, requeue, pending, scale, finish, cancel, deadline_passed,
   // node_added, node_lost.
   std::string kind;
-  std::string job;  // empty for node events
-  std::string node; // node events
-  int from = 0;     // job size before and after
+  std::string job;   // empty for node events
+  std::string node;  // node events
+  int from = 0;      // job size before and after
   int to = 0;
   Placement placement;  // the job's placement after the change
   std::string reason;

@@ -74,9 +74,12 @@ double ThroughputModel::Speed(int n) const { return n <= 0 ? 0 : std::pow(n, alp
 
 const char* VariantName(Variant v) {
   switch (v) {
-    case Variant::kStatic: return "static";
-    case Variant::kElastic: return "elastic";
-    case Variant::kFull: return "full";
+    case Variant::kStatic:
+      return "static";
+    case Variant::kElastic:
+      return "elastic";
+    case Variant::kFull:
+      return "full";
   }
   return "?";
 }
@@ -93,7 +96,8 @@ Status Simulate(const std::vector<TraceJob>& trace, const SimOptions& o, SimResu
   *out = SimResult();
   for (size_t i = 1; i < trace.size(); ++i) {
     if (trace[i].arrival_us < trace[i - 1].arrival_us) {
-      return Status::InvalidArgument("trace arrivals must not decrease (job " + trace[i].name + ")");
+      return Status::InvalidArgument("trace arrivals must not decrease (job " + trace[i].name +
+                                     ")");
     }
   }
   ManualClock clock(0);
@@ -146,9 +150,9 @@ Status Simulate(const std::vector<TraceJob>& trace, const SimOptions& o, SimResu
     if (wake > now) next = std::min(next, wake);
     if (next == kNever) {
       return Status::FailedPrecondition(
-          "simulation stuck at t=" + std::to_string(now / 1e6) + " s: " +
-          std::to_string(n - done_jobs) + " jobs can never run; the first pending: " +
-          policy.Summary().dump());
+          "simulation stuck at t=" + std::to_string(now / 1e6) +
+          " s: " + std::to_string(n - done_jobs) +
+          " jobs can never run; the first pending: " + policy.Summary().dump());
     }
     // Progress and held slots from now to next.
     for (size_t i = 0; i < n; ++i) {

@@ -13,8 +13,8 @@
 // it holds its slots meanwhile, so re-forms cost utilisation too.
 //
 // Trace (GenerateTrace): the shape published cluster-trace studies report for shared GPU training
-// clusters (Microsoft's Philly, SenseTime's Helios): most jobs are small and short, and a few large,
-// long jobs take most of the trainer-time. Concretely, with a fixed seed:
+// clusters (Microsoft's Philly, SenseTime's Helios): most jobs are small and short, and a few
+// large, long jobs take most of the trainer-time. Concretely, with a fixed seed:
 //  - requested trainers: 1, 2, 4, 8, 16, 32, 64 with probabilities
 //    .32 .20 .16 .14 .09 .06 .03;
 //  - duration at the requested size: log-normal, median 15 min x (1 + log2(size) / 2) (larger jobs
@@ -93,7 +93,7 @@ struct SimResult {
   double utilisation = 0;        // slot-seconds held by jobs / (slots x makespan)
   int64_t resizes = 0;           // size changes of running jobs (each costs reform_s)
   int64_t policy_events = 0;
-  int64_t steps = 0;             // simulated instants at which something happened
+  int64_t steps = 0;  // simulated instants at which something happened
   int max_used_slots = 0;
 };
 

@@ -283,7 +283,7 @@ TEST_F(ClusterPolicyTest, NodeLossRequeuesJobThatCannotBeRepaired) {
   AddNode("a", 4);
   AddNode("b", 4);
   Submit(Job("R", 4, 4, 1, /*elastic=*/false));  // a:4
-  Submit(Job("E", 4, 4, 5));                      // b:4, priority 5
+  Submit(Job("E", 4, 4, 5));                     // b:4, priority 5
   ASSERT_EQ(policy_->Find("R")->placement, (Placement{{"a", 4}}));
   Take();
   ASSERT_OK(policy_->NodeLost("a"));
@@ -562,8 +562,10 @@ void RandomRun(uint64_t seed, ClusterPolicyOptions o, int steps) {
       for (const auto& [name, j] : p.jobs()) {
         if (!j.spec.elastic || j.size >= std::min(j.cap, j.spec.max_trainers)) continue;
         ASSERT_EQ(p.FreeSlots(j.spec.type), 0)
-            << name << " at " << j.size << " below its cap while slots of its type are free: "
-            << p.Summary().dump() << "\nafter:\n" << log;
+            << name << " at " << j.size
+            << " below its cap while slots of its type are free: " << p.Summary().dump()
+            << "\nafter:\n"
+            << log;
       }
     }
   }
