@@ -20,7 +20,9 @@
 //     size) fit at once on nodes offering its type. With `preempt` on, a pending job may shrink
 //     running elastic jobs of lower or equal priority toward their min to make room, never below
 //     min, and only jobs the rate limit lets change; lowest priority first, then the job furthest
-//     above its fair share. It shrinks nobody unless it then fits.
+//     above its fair share. It shrinks nobody unless it then fits. Equal priority counts so that a
+//     job arriving at a full cluster of its peers gets its min (and then its share) instead of
+//     waiting for one of them to finish; a lower-priority job never shrinks a higher one.
 //     A job that cannot start now but could on the live nodes blocks the queue behind it: later
 //     jobs that could use any of its nodes wait ("queued behind X"), and it reserves the free slots
 //     it will need, so neither they nor growth take them (no starvation of large jobs).
