@@ -7,6 +7,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
 
 #include "edl/base/flags.h"
 
@@ -196,11 +197,13 @@ Status ParseLaunchArgs(int argc, char** argv, LaunchOptions* opts, bool* help) {
 }
 
 std::vector<std::string> ClientArgv(const LaunchOptions& opts) {
+  std::ostringstream grace;
+  grace << opts.stop_grace_s;  // 10, 2.5: no trailing zeros
   std::vector<std::string> a = {"client",        "--server",      opts.rdzv_endpoint,
                                 "--secret_file", opts.secret_file, "--node_name",
                                 opts.node_name,  "--slots",       std::to_string(opts.num_trainers),
                                 "--mode",        "restart",       "--stop_grace_s",
-                                std::to_string(opts.stop_grace_s), "--exit_when_done"};
+                                grace.str(),     "--exit_when_done"};
   if (!opts.advertise_addr.empty()) {
     a.insert(a.end(), {"--advertise_addr", opts.advertise_addr});
   }
