@@ -35,7 +35,11 @@ using std::chrono::milliseconds;
 
 constexpr const char* kPython = "/usr/bin/python3";
 constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
-constexpr int kSteps = 40;
+// Long enough that the three changes land well before the end even where steps run several times
+// faster than a change takes to reach the trainers (a change is made once a step of the previous
+// world size is seen; each restart resumes from the last checkpoint, every 4 steps).
+constexpr int kSteps = 60;
+constexpr int kCheckpointEvery = 4;
 // Generous bounds: every restart imports torch in each trainer, on 2 shared cores.
 constexpr milliseconds kPhase{240000};
 
@@ -71,7 +75,7 @@ class PyTorchTest : public ::testing::Test {
   std::vector<std::string> Trainer() {
     return {kPython, Script(), "--train_samples", "1024", "--batch_size", "32", "--steps",
             std::to_string(kSteps), "--lr", "0.05", "--threads", "1", "--log_every", "1",
-            "--checkpoint_dir", dir_.Join("ckpt"), "--checkpoint_every", "4", "--metrics_file",
+            "--checkpoint_dir", dir_.Join("ckpt"), "--checkpoint_every", std::to_string(kCheckpointEvery), "--metrics_file",
             dir_.Join("metrics.jsonl"), "--test_samples", "500", "--timeout_s", "120",
             "--peer_failure_wait_s", "120"};
   }
@@ -149,16 +153,23 @@ class PyTorchRestartModeTest : public PyTorchTest {
     return out;
   }
 
-  // Waits until rank 0 logs a step from a start of `world` trainers newer than restart count
-  // `after`; returns that start's TORCHELASTIC_RESTART_COUNT (-1 on timeout or when done).
-  int WaitTrainingAt(int world, int after) {
+  // Waits until a start of `world` trainers newer than restart count `after` has trained past a
+  // checkpoint of its own (rank 0 logs a step after the first multiple of kCheckpointEvery above
+  // the step it resumed at), so the next start must resume from it; returns that start's
+  // TORCHELASTIC_RESTART_COUNT (-1 on timeout or when the job is done).
+  int WaitCheckpointedAt(int world, int after) {
     int seen = -1;
     WaitFor(
         [&] {
+          std::map<int, int> resumed;  // restart count -> step rank 0 resumed at
+          for (const json& s : Metrics("start")) {
+            if (s["rank"] == 0) resumed[s["restart_count"].get<int>()] = s["step"].get<int>();
+          }
           for (const json& s : Metrics("step")) {
-            if (s["world_size"] == world && s["restart_count"].get<int>() > after) {
-              seen = s["restart_count"].get<int>();
-            }
+            const int rc = s["restart_count"].get<int>();
+            if (s["world_size"] != world || rc <= after || !resumed.count(rc)) continue;
+            const int checkpoint = (resumed[rc] / kCheckpointEvery + 1) * kCheckpointEvery;
+            if (s["step"].get<int>() > checkpoint) seen = rc;
           }
           return seen >= 0 || !Metrics("done").empty();
         },
@@ -191,13 +202,13 @@ class PyTorchRestartModeTest : public PyTorchTest {
 
 TEST_F(PyTorchRestartModeTest, ShrinkGrowAndSigkillFinishWithTheExpectedStepsAndFallingLoss) {
   // 4 trainers train; shrink to 2; grow to 3; SIGKILL one of the 3.
-  const int at4 = WaitTrainingAt(4, -1);
+  const int at4 = WaitCheckpointedAt(4, -1);
   ASSERT_GE(at4, 0) << "never trained with 4 trainers" << Diagnostics();
   ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
-  const int at2 = WaitTrainingAt(2, at4);
+  const int at2 = WaitCheckpointedAt(2, at4);
   ASSERT_GE(at2, 0) << "never trained with 2 trainers after the shrink" << Diagnostics();
   ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
-  const int at3 = WaitTrainingAt(3, at2);
+  const int at3 = WaitCheckpointedAt(3, at2);
   ASSERT_GE(at3, 0) << "never trained with 3 trainers after the grow" << Diagnostics();
 
   // SIGKILL rank 1 of that start (a live train_ddp.py process: checked before the kill).
@@ -224,6 +235,15 @@ TEST_F(PyTorchRestartModeTest, ShrinkGrowAndSigkillFinishWithTheExpectedStepsAnd
     worlds.insert(g.value("world_size_after", 0));
   }
   EXPECT_GE(failures, 1) << Diagnostics();
+  std::cout << "generations (world size, reason):";
+  for (const json& g : Generations()) {
+    std::cout << " g" << g["generation"] << " " << g["world_size_after"] << " " << g["reason"];
+  }
+  std::cout << "\nstarts (restart count: world size, resumed at step):";
+  for (const json& s : Metrics("start")) {
+    if (s["rank"] == 0) std::cout << " " << s["restart_count"] << ": " << s["world_size"] << ", " << s["step"] << ";";
+  }
+  std::cout << std::endl;
   for (int w : {4, 2, 3}) EXPECT_EQ(worlds.count(w), 1u) << "world " << w;
 
   // Every start saw torchrun's variables consistent with its generation.
@@ -234,6 +254,22 @@ TEST_F(PyTorchRestartModeTest, ShrinkGrowAndSigkillFinishWithTheExpectedStepsAnd
     ranks[s["restart_count"].get<int>()].insert(s["rank"].get<int>());
   }
   EXPECT_GE(ranks.size(), 4u) << "starts: 4, 2, 3, after the kill";
+  // Each change came after a checkpoint of the start before it: every later start resumed from
+  // a later step (the trainer's own checkpoint, broadcast by rank 0), none from scratch.
+  std::map<int, int> resumed;  // restart count -> step
+  for (const json& s : Metrics("start")) {
+    if (s["rank"] == 0) resumed[s["restart_count"].get<int>()] = s["step"].get<int>();
+  }
+  ASSERT_TRUE(resumed.count(0) && resumed.count(at2) && resumed.count(at3)) << Diagnostics();
+  EXPECT_EQ(resumed[0], 0);
+  EXPECT_GT(resumed[at2], resumed[0]) << "the shrink's start did not resume from a checkpoint";
+  EXPECT_GT(resumed[at3], resumed[at2]) << "the grow's start did not resume from a checkpoint";
+  int last = 0;
+  for (const auto& [rc, step] : resumed) {
+    EXPECT_GE(step, last) << "restart " << rc << " went back before an earlier start's step";
+    if (rc > at3) EXPECT_GT(step, resumed[at3]) << "restart " << rc << " after the SIGKILL";
+    last = std::max(last, step);
+  }
   EXPECT_EQ(ranks.begin()->first, 0) << "the first start is restart 0";
 }
 
@@ -261,7 +297,11 @@ TEST_F(PyTorchTest, RunsUnderEdlLaunchAndTorchrun) {
   }
   std::filesystem::remove(dir_.Join("metrics.jsonl"));
   const std::vector<std::string> trainer = Trainer();
-  std::vector<std::string> tr = {"/usr/bin/torchrun", "--standalone", "--nproc_per_node", "2"};
+  // --redirects/--tee 1: Debian's torchrun 1.13 under Python 3.11 cannot parse their default "0"
+  // (Std.from_str iterates an IntFlag, which no longer yields the zero member) and fails at start.
+  std::vector<std::string> tr = {"/usr/bin/torchrun", "--standalone", "--nproc_per_node", "2",
+                                 "--redirects", "1", "--tee", "1", "--log_dir",
+                                 dir_.Join("torchrun-logs")};
   tr.insert(tr.end(), trainer.begin() + 1, trainer.end());  // the script and its flags
   ASSERT_EQ(itest::RunCommand(tr, dir_.Join("torchrun.log"), kPhase), 0)
       << Slurp(dir_.Join("torchrun.log"), 4000);
