@@ -197,10 +197,15 @@ TEST_F(LaunchTest, SetsTorchrunsVariablesAndTheRunId) {
 // --max_restarts: a failure restarts every trainer (restart count, MASTER_PORT fresh) until the
 // restarts run out.
 TEST_F(LaunchTest, MaxRestartsRestartsEveryTrainerAfterAFailure) {
-  // Rank 1 fails in its first two starts; the third start succeeds.
+  // Rank 1 fails in its first two starts, once rank 0 has recorded that start (bounded wait);
+  // the third start succeeds.
   const std::string script =
       "echo \"$TORCHELASTIC_RESTART_COUNT $MASTER_PORT\" >> starts.$RANK\n"
-      "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then exit 5; fi\n"
+      "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then\n"
+      "  i=0; while ! grep -q \"^$TORCHELASTIC_RESTART_COUNT \" starts.0 2>/dev/null && [ $i -lt 600 ]; do\n"
+      "    sleep 0.05; i=$((i+1)); done\n"
+      "  exit 5\n"
+      "fi\n"
       "exit 0\n";
   auto launch = StartLaunch({"-n", "2", "--max_restarts", "2", "--stop_grace_s", "0.5",
                              "--log_dir", D() + "/logs", "--", "/bin/sh", "-c", script});
