@@ -100,8 +100,8 @@ Status ParseLaunchArgs(int argc, char** argv, LaunchOptions* opts, bool* help) {
       ("max_restarts", po::value<int>(&opts->max_restarts)->default_value(0),
        "local job: restarts of every trainer after a failure before giving up")
       ("log_dir", po::value<std::string>(&opts->log_dir),
-       "trainer logs: D/trainer-<rank>.log (local), D/<trainer_id>.log (joined) (default "
-       "./edl-logs/launch-<time>)")
+       "trainer logs: D/trainer-<rank>.log (local; default ./edl-logs/launch-<time>), "
+       "D/<trainer_id>.log (joined; default ./edl-logs)")
       ("master_port", po::value<int>(&opts->master_port)->default_value(0),
        "local job: MASTER_PORT for the trainers; 0 picks a free port (per start)")
       ("stop_grace_s", po::value<double>(&opts->stop_grace_s)->default_value(10),
