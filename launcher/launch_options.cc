@@ -117,7 +117,8 @@ Status ParseLaunchArgs(int argc, char** argv, LaunchOptions* opts, bool* help) {
        "rank 0 is here)");
   ParsedFlags flags;
   Status s = ParseFlags("launch", kLaunchUsage, desc, split, argv, &flags);
-  if (!s.ok() && split == argc) {  // likely a trainer command given without `--`
+  if (!s.ok() && split == argc && s.message().find("config file") == std::string::npos) {
+    // likely a trainer command given without `--`
     return Status::InvalidArgument(s.message() +
                                    "; put the trainer command after `--`: edl launch -n N -- CMD ARGS...");
   }
