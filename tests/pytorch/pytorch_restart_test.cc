@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -33,7 +34,12 @@ using itest::WaitFor;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-constexpr const char* kPython = "/usr/bin/python3";
+// Debian's interpreter (python3-torch is installed for it); EDL_TEST_PYTHON overrides it, e.g. to
+// see the skip path with an interpreter that lacks torch.
+std::string Python() {
+  const char* p = std::getenv("EDL_TEST_PYTHON");
+  return p != nullptr && p[0] != '\0' ? p : "/usr/bin/python3";
+}
 constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
 // Long enough that the three changes land well before the end even where steps run several times
 // faster than a change takes to reach the trainers (a change is made once a step of the previous
@@ -52,10 +58,10 @@ std::string SkipReason(const std::string& scratch) {
            " (Debian: dataset-fashion-mnist, scripts/install_deps.sh)";
   }
   const int rc = itest::RunCommand(
-      {kPython, "-c", "import torch.distributed as d; assert d.is_gloo_available()"},
+      {Python(), "-c", "import torch.distributed as d; assert d.is_gloo_available()"},
       scratch + "/python-check.log", milliseconds(120000));
   if (rc != 0) {
-    return std::string(kPython) + " cannot import torch with Gloo (Debian: python3-torch, " +
+    return Python() + " cannot import torch with Gloo (Debian: python3-torch, " +
            "scripts/install_deps.sh): " + Slurp(scratch + "/python-check.log", 400);
   }
   return "";
@@ -73,7 +79,7 @@ class PyTorchTest : public ::testing::Test {
 
   // The trainer command: ResNet-20 on a 1024-sample slice, global batch 32, kSteps steps.
   std::vector<std::string> Trainer() {
-    return {kPython, Script(), "--train_samples", "1024", "--batch_size", "32", "--steps",
+    return {Python(), Script(), "--train_samples", "1024", "--batch_size", "32", "--steps",
             std::to_string(kSteps), "--lr", "0.05", "--threads", "1", "--log_every", "1",
             "--checkpoint_dir", dir_.Join("ckpt"), "--checkpoint_every", std::to_string(kCheckpointEvery), "--metrics_file",
             dir_.Join("metrics.jsonl"), "--test_samples", "500", "--timeout_s", "120",
