@@ -146,8 +146,9 @@ TEST_F(LaunchJoinTest, JoinsARealServerAndFinishesTheJob) {
         << "rank " << r << diag;
   }
   EXPECT_NE(ReadFile(dir_.Join("launch.log")).find("joining the edl server"), std::string::npos);
-  // The client keeps its session token next to its default socket path (/tmp).
+  // The client keeps its session token (and its lock) next to its default socket path (/tmp).
   std::filesystem::remove("/tmp/edl-" + node + ".session");
+  std::filesystem::remove("/tmp/edl-" + node + ".session.lock");
 }
 
 }  // namespace
