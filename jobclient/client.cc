@@ -7,10 +7,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include <csignal>
+#include <set>
 #include <thread>
 
 #include <glog/logging.h>
@@ -423,11 +425,20 @@ launcher::EnvContract Client::EnvFor(const proto::GenerationInfo& g, const proto
   c.rank = m.rank;
   c.world_size = g.world_size();
   c.local_world_size = 0;
+  std::set<std::string> nodes;  // torchrun's groups: nodes in the order their first rank appears
   for (const proto::MemberInfo& o : g.members) {
+    if (nodes.insert(o.node).second && o.node == options_.node_name) {
+      c.group_rank = static_cast<int>(nodes.size()) - 1;
+    }
     if (o.node != options_.node_name) continue;
     if (o.rank < m.rank) ++c.local_rank;
     ++c.local_world_size;
   }
+  c.group_world_size = std::max<int>(1, static_cast<int>(nodes.size()));
+  // Every generation change restarts a restart-mode trainer set (in place, the count of changes).
+  c.restart_count =
+      static_cast<int>(std::clamp<int64_t>(g.generation - 1, 0, launcher::EnvContract::kUnboundedRestarts));
+  c.max_restarts = launcher::EnvContract::kUnboundedRestarts;
   c.master_addr = g.master_addr.empty() ? "127.0.0.1" : g.master_addr;
   c.master_port = g.master_port;
   return c;

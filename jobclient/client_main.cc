@@ -89,7 +89,7 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
       ("advertise_addr", po::value<std::string>(&o->advertise_addr)->default_value("127.0.0.1"), "address of this node that trainers bind and advertise")
       ("socket_path", po::value<std::string>(&o->socket_path), "trainers' Unix socket (default /tmp/edl-<node>-<pid>.sock)")
       ("state_dir", po::value<std::string>(&state_dir), "where the node's session token is kept, <state_dir>/edl-<node>.session, mode 0600, so a restarted client re-attaches as its node (default: the directory of --socket_path)")
-      ("log_dir", po::value<std::string>(&o->log_dir)->default_value("./edl-logs"), "per-trainer logs <log_dir>/<trainer_id>.log")
+      ("log_dir", po::value<std::string>(&o->log_dir)->default_value("./edl-logs"), "this process's log files (stderr keeps every line) and each trainer's, <log_dir>/<trainer_id>.log")
       ("stop_grace_s", po::value<double>(&stop_grace)->default_value(10), "SIGTERM -> SIGKILL grace")
       ("leave_grace_s", po::value<double>(&leave_grace)->default_value(30), "time a leaving in-place trainer has to exit by itself")
       ("trainer_timeout_s", po::value<double>(&trainer_timeout)->default_value(20), "a trainer whose channel is silent this long is SIGKILLed")
@@ -131,7 +131,7 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
     return PosixError("--state_dir " + state_dir, errno);
   }
   o->session_path = state_dir + "/edl-" + o->node_name + ".session";
-  return Status::OK();
+  return UseLogDir(o->log_dir);  // last: a refused command line leaves no directory behind
 }
 
 }  // namespace

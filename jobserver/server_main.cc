@@ -66,16 +66,13 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("kv_max_waiters", po::value<int64_t>(&kv_waiters)->default_value(kv.max_waiters), "most pending KV waits in all")
       ("ctl_max_queue_bytes", po::value<int64_t>(&ctl_queue)->default_value(o->max_ctl_queue_bytes), "an `edl ctl` (watch) peer with more unread bytes queued is dropped")
       ("events_dir", po::value<std::string>(&o->events_dir)->default_value("./edl-events"), "directory of the events log")
-      ("log_dir", po::value<std::string>(), "glog directory (default: stderr)")
+      ("log_dir", po::value<std::string>(), "this process's log files (stderr keeps every line; default: stderr only)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished");
   ParsedFlags pf;
   EDL_RETURN_IF_ERROR(ParseFlags("server", kUsage, d, argc, argv, &pf));
   *help = pf.help;
   if (pf.help) return Status::OK();
-  if (pf.vm.count("log_dir")) {
-    FLAGS_logtostderr = false;
-    FLAGS_log_dir = pf.vm["log_dir"].as<std::string>();
-  }
+  if (pf.vm.count("log_dir")) EDL_RETURN_IF_ERROR(UseLogDir(pf.vm["log_dir"].as<std::string>()));
   EDL_RETURN_IF_ERROR(net::ReadSecretFile(secret_file, &o->secret));
   if (o->port < 0 || o->port > 65535) return Status::InvalidArgument("--server_port must be in 0..65535");
   if (!proto::IsValidName(o->scheduler.job_id)) {

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "edl/base/flags.h"
+#include "launcher/launch_options.h"
 #include "launcher/launcher.h"
 
 namespace edl::launcher {
@@ -27,83 +28,10 @@ namespace edl::launcher {
 namespace {
 
 constexpr int kUsageError = 2;
-constexpr int kMaxTrainers = 4096;
 // How often the wait loop wakes without a signal (to pump --tee output).
 constexpr std::chrono::milliseconds kTick{100};
 // Bound on the wait for a SIGKILLed trainer to become reapable.
 constexpr std::chrono::milliseconds kReapAfterKill{5000};
-
-const char kUsage[] =
-    "usage: edl launch -n N [--log_dir D] [--master_port P] [--stop_grace_s S] [--tee] -- CMD ARGS...\n"
-    "\n"
-    "Runs N local trainers with no server (static mode, like `torchrun --standalone`). Trainer r gets\n"
-    "RANK=r WORLD_SIZE=N LOCAL_RANK=r LOCAL_WORLD_SIZE=N MASTER_ADDR=127.0.0.1 MASTER_PORT=P\n"
-    "EDL_JOB_ID=local EDL_TRAINER_ID=local-r EDL_SLOT=r EDL_GENERATION=0, and logs to\n"
-    "D/trainer-r.log. If a trainer fails, the others are stopped (SIGTERM, then SIGKILL after\n"
-    "--stop_grace_s) and edl launch exits with that trainer's status (code, or 128+signal).";
-
-struct LaunchOptions {
-  int num_trainers = 0;
-  std::string log_dir;
-  int master_port = 0;
-  double stop_grace_s = 10;
-  bool tee = false;
-  std::vector<std::string> command;
-  std::string rendezvous_dir;  // fresh per run (EDL_RENDEZVOUS_DIR of the env contract)
-};
-
-// ---- flags
-
-// Parses argv into *opts. Returns InvalidArgument naming the bad flag; sets *help on --help.
-Status ParseLaunchArgs(int argc, char** argv, LaunchOptions* opts, bool* help) {
-  int split = argc;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--") == 0) {
-      split = i;
-      break;
-    }
-  }
-  for (int i = split + 1; i < argc; ++i) opts->command.emplace_back(argv[i]);
-
-  po::options_description desc("edl launch");
-  desc.add_options()
-      ("nproc_per_node,n", po::value<int>(&opts->num_trainers)->required(),
-       "number of local trainers to run (required)")
-      ("log_dir", po::value<std::string>(&opts->log_dir),
-       "directory for trainer-<rank>.log (default ./edl-logs/launch-<time>)")
-      ("master_port", po::value<int>(&opts->master_port)->default_value(0),
-       "MASTER_PORT for the trainers; 0 picks a free port")
-      ("stop_grace_s", po::value<double>(&opts->stop_grace_s)->default_value(10),
-       "seconds between SIGTERM and SIGKILL when stopping trainers")
-      ("tee", po::bool_switch(&opts->tee),
-       "also print every trainer's output on stdout, each line prefixed with [rank r]");
-  ParsedFlags flags;
-  Status s = ParseFlags("launch", kUsage, desc, split, argv, &flags);
-  if (!s.ok() && split == argc) {  // likely a trainer command given without `--`
-    return Status::InvalidArgument(s.message() +
-                                   "; put the trainer command after `--`: edl launch -n N -- CMD ARGS...");
-  }
-  EDL_RETURN_IF_ERROR(s);
-  *help = flags.help;
-  if (*help) return Status::OK();
-  if (opts->num_trainers < 1 || opts->num_trainers > kMaxTrainers) {
-    return Status::InvalidArgument("-n " + std::to_string(opts->num_trainers) +
-                                   ": give between 1 and " + std::to_string(kMaxTrainers) +
-                                   " trainers");
-  }
-  if (opts->master_port < 0 || opts->master_port > 65535) {
-    return Status::InvalidArgument("--master_port " + std::to_string(opts->master_port) +
-                                   ": give a TCP port in 1..65535, or 0 to pick a free one");
-  }
-  if (!(opts->stop_grace_s >= 0)) {
-    return Status::InvalidArgument("--stop_grace_s must be >= 0 seconds");
-  }
-  if (opts->command.empty()) {
-    return Status::InvalidArgument(
-        "no trainer command: put it after `--`, e.g. edl launch -n 2 -- python3 train.py");
-  }
-  return Status::OK();
-}
 
 // ---- helpers
 
@@ -214,7 +142,6 @@ struct Trainer {
   std::string log_path;
   std::unique_ptr<TrainerProcess> process;
   std::optional<ExitInfo> exit;  // set once reaped
-  std::unique_ptr<LogTailer> tee;
 };
 
 bool IsStopSignal(int sig) { return sig == SIGINT || sig == SIGTERM || sig == SIGHUP; }
@@ -240,11 +167,6 @@ bool AllDone(const std::vector<Trainer>& trainers) {
   return true;
 }
 
-void PumpTee(std::vector<Trainer>* trainers, bool final) {
-  for (Trainer& t : *trainers) {
-    if (t.tee) t.tee->Pump(final);
-  }
-}
 
 // Stops every trainer still running: SIGTERM to all at once, up to `grace` for them to exit (a
 // second SIGINT/SIGTERM cuts it short), then SIGKILL and reap (bounded, in Stop()).
@@ -272,19 +194,28 @@ void StopAll(std::vector<Trainer>* trainers, std::chrono::milliseconds grace,
   }
 }
 
+// One start of the whole trainer set: its restart count, MASTER_PORT and rendezvous directory.
+struct Attempt {
+  int restart_count = 0;
+  int port = 0;
+  std::string rendezvous_dir;
+};
+
 // Starts trainer `rank`; returns an error naming the command.
-Status StartTrainer(ProcessLauncher* launcher, const LaunchOptions& opts, int rank, int port,
-                    Trainer* t) {
+Status StartTrainer(ProcessLauncher* launcher, const LaunchOptions& opts, const Attempt& attempt,
+                    int rank, Trainer* t) {
   EnvContract c;
-  c.job_id = "local";
+  c.job_id = opts.rdzv_id;
   c.trainer_id = "local-" + std::to_string(rank);
   c.generation = 0;
   c.slot = rank;
   c.rank = c.local_rank = rank;
   c.world_size = c.local_world_size = opts.num_trainers;
   c.master_addr = "127.0.0.1";
-  c.master_port = port;
-  c.rendezvous_dir = opts.rendezvous_dir;
+  c.master_port = attempt.port;
+  c.rendezvous_dir = attempt.rendezvous_dir;
+  c.restart_count = attempt.restart_count;
+  c.max_restarts = opts.max_restarts;
   TrainerSpec spec;
   spec.argv = opts.command;
   spec.env = BuildTrainerEnv(c);
@@ -294,33 +225,43 @@ Status StartTrainer(ProcessLauncher* launcher, const LaunchOptions& opts, int ra
   StatusOr<std::unique_ptr<TrainerProcess>> p = launcher->Start(spec);
   if (!p.ok()) return p.status().WithContext("rank " + std::to_string(rank));
   t->process = std::move(p).value();
-  if (opts.tee) t->tee = std::make_unique<LogTailer>(spec.log_path, "[rank " + std::to_string(rank) + "] ");
   return Status::OK();
 }
 
-// Runs the trainers to completion. Returns the exit code.
-int Supervise(const LaunchOptions& opts, int port, const SignalBlock& signals) {
+// How one start of the trainer set ended.
+struct Outcome {
+  int code = 0;           // edl launch's exit code if nothing follows
+  bool failed = false;    // a trainer failed (a restart may follow)
+};
+
+// Runs one start of the trainers to its end. `tees` (one per rank, or empty) outlive the attempt,
+// so a restart's output continues where the last one's stopped (logs are appended to).
+Outcome Supervise(const LaunchOptions& opts, const Attempt& attempt, const SignalBlock& signals,
+                  std::vector<std::unique_ptr<LogTailer>>* tees) {
   const auto grace = std::chrono::milliseconds(static_cast<int64_t>(opts.stop_grace_s * 1000));
   std::unique_ptr<ProcessLauncher> launcher = NewProcessLauncher();
   std::vector<Trainer> trainers(static_cast<size_t>(opts.num_trainers));
+  auto pump = [&](bool final) {
+    for (auto& t : *tees) t->Pump(final);
+  };
   for (int r = 0; r < opts.num_trainers; ++r) {
-    Status s = StartTrainer(launcher.get(), opts, r, port, &trainers[r]);
+    Status s = StartTrainer(launcher.get(), opts, attempt, r, &trainers[r]);
     if (!s.ok()) {
       std::cerr << "edl launch: " << s.ToString() << std::endl;
       trainers.resize(static_cast<size_t>(r));
       StopAll(&trainers, grace, signals);
-      return 1;
+      return {1, false};  // a command that cannot start does not start on a retry either
     }
   }
   while (true) {
     const int sig = signals.Wait(kTick);
     const int failed = PollAll(&trainers);
-    PumpTee(&trainers, false);
+    pump(false);
     if (IsStopSignal(sig)) {
       std::cerr << "edl launch: got " << ::sigabbrev_np(sig) << "; stopping all trainers" << std::endl;
       StopAll(&trainers, grace, signals);
-      PumpTee(&trainers, true);
-      return 128 + sig;
+      pump(true);
+      return {128 + sig, false};
     }
     if (failed >= 0) {
       const Trainer& t = trainers[failed];
@@ -328,15 +269,92 @@ int Supervise(const LaunchOptions& opts, int port, const SignalBlock& signals) {
                 << t.exit->ToString() << "; stopping the other trainers. Its log: " << t.log_path
                 << std::endl;
       StopAll(&trainers, grace, signals);
-      PumpTee(&trainers, true);
-      return t.exit->ShellStatus() != 0 ? t.exit->ShellStatus() : 1;
+      pump(true);
+      return {t.exit->ShellStatus() != 0 ? t.exit->ShellStatus() : 1, true};
     }
     if (AllDone(trainers)) {
-      PumpTee(&trainers, true);
+      pump(true);
       std::cerr << "edl launch: all " << opts.num_trainers << " trainers exited 0" << std::endl;
-      return 0;
+      return {0, false};
     }
   }
+}
+
+// A local job: the trainer set, started again after a failure while --max_restarts allows.
+int RunLocal(LaunchOptions opts) {
+  if (opts.log_dir.empty()) opts.log_dir = DefaultLogDir();
+  // Static mode even when run from inside a trainer under an edl client: the child would inherit
+  // the variables that select elastic or restart mode (edl/runtime/run_mode.h).
+  for (const char* name : {env::kClientSocket, env::kRestartMode, env::kJoining}) ::unsetenv(name);
+  std::vector<std::unique_ptr<LogTailer>> tees;
+  if (opts.tee) {
+    for (int r = 0; r < opts.num_trainers; ++r) {
+      tees.push_back(std::make_unique<LogTailer>(opts.log_dir + "/trainer-" + std::to_string(r) + ".log",
+                                                 "[rank " + std::to_string(r) + "] "));
+    }
+  }
+  SignalBlock signals;
+  for (int restart = 0;; ++restart) {
+    Attempt attempt;
+    attempt.restart_count = restart;
+    attempt.port = opts.master_port;
+    if (attempt.port == 0) {  // a fresh one per start: the last start's may linger in TIME_WAIT
+      StatusOr<int> free_port = PickFreePort();
+      if (!free_port.ok()) {
+        std::cerr << "edl launch: " << free_port.status().ToString() << std::endl;
+        return 1;
+      }
+      attempt.port = free_port.value();
+    }
+    // A fresh rendezvous directory per start, so a static trainer never reads an earlier start's
+    // keys (edl/runtime/run_mode.h, static mode); removed when the start ends.
+    attempt.rendezvous_dir = "/tmp/edl-launch-rdzv-XXXXXX";
+    if (::mkdtemp(attempt.rendezvous_dir.data()) == nullptr) {
+      std::cerr << "edl launch: " << PosixError("mkdtemp " + attempt.rendezvous_dir, errno).ToString()
+                << std::endl;
+      return 1;
+    }
+    std::cerr << "edl launch: " << opts.num_trainers << " trainers (job " << opts.rdzv_id
+              << ", restart " << restart << " of at most " << opts.max_restarts
+              << "), MASTER_ADDR=127.0.0.1 MASTER_PORT=" << attempt.port << ", logs in "
+              << opts.log_dir << "/trainer-<rank>.log" << std::endl;
+    const Outcome out = Supervise(opts, attempt, signals, &tees);
+    std::error_code ec;
+    std::filesystem::remove_all(attempt.rendezvous_dir, ec);
+    if (!out.failed) return out.code;
+    if (restart >= opts.max_restarts) {
+      if (opts.max_restarts > 0) {
+        std::cerr << "edl launch: no restarts left (--max_restarts " << opts.max_restarts << ")"
+                  << std::endl;
+      }
+      return out.code;
+    }
+    std::cerr << "edl launch: restarting every trainer (" << restart + 1 << " of --max_restarts "
+              << opts.max_restarts << ")" << std::endl;
+  }
+}
+
+// Joining a server: this process becomes `edl client` (the same binary), so signals, exit codes
+// and logs are the client's own.
+int JoinServer(const LaunchOptions& opts) {
+  for (const std::string& note : JoinNotes(opts)) std::cerr << "edl launch: note: " << note << std::endl;
+  std::vector<std::string> args = ClientArgv(opts);
+  std::string self(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  if (n <= 0) {
+    std::cerr << "edl launch: " << PosixError("readlink /proc/self/exe", errno).ToString() << std::endl;
+    return 1;
+  }
+  self.resize(static_cast<size_t>(n));
+  std::cerr << "edl launch: joining the edl server at " << opts.rdzv_endpoint << " as node "
+            << opts.node_name << " with " << opts.num_trainers << " slots (restart mode)" << std::endl;
+  std::vector<char*> argv;
+  argv.push_back(self.data());
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(self.c_str(), argv.data());
+  std::cerr << "edl launch: " << PosixError("exec " + self + " client", errno).ToString() << std::endl;
+  return 1;
 }
 
 }  // namespace
@@ -346,38 +364,11 @@ int RunLaunchMain(int argc, char** argv) {
   bool help = false;
   Status s = ParseLaunchArgs(argc, argv, &opts, &help);
   if (!s.ok()) {
-    std::cerr << "edl launch: " << s.ToString() << "\n\n" << kUsage << std::endl;
+    std::cerr << "edl launch: " << s.ToString() << "\n\n" << kLaunchUsage << std::endl;
     return kUsageError;
   }
   if (help) return 0;
-  if (opts.log_dir.empty()) opts.log_dir = DefaultLogDir();
-  int port = opts.master_port;
-  if (port == 0) {
-    StatusOr<int> free_port = PickFreePort();
-    if (!free_port.ok()) {
-      std::cerr << "edl launch: " << free_port.status().ToString() << std::endl;
-      return 1;
-    }
-    port = free_port.value();
-  }
-  // Static mode even when run from inside a trainer under an edl client: the child would inherit
-  // the variables that select elastic or restart mode (edl/runtime/run_mode.h).
-  for (const char* name : {env::kClientSocket, env::kRestartMode, env::kJoining}) ::unsetenv(name);
-  // A fresh rendezvous directory per run, so a static trainer never reads a previous run's keys
-  // (edl/runtime/run_mode.h, static mode); removed when the run ends.
-  std::string rdzv = "/tmp/edl-launch-rdzv-XXXXXX";
-  if (::mkdtemp(rdzv.data()) == nullptr) {
-    std::cerr << "edl launch: " << PosixError("mkdtemp " + rdzv, errno).ToString() << std::endl;
-    return 1;
-  }
-  opts.rendezvous_dir = rdzv;
-  std::cerr << "edl launch: " << opts.num_trainers << " trainers, MASTER_ADDR=127.0.0.1 MASTER_PORT="
-            << port << ", logs in " << opts.log_dir << "/trainer-<rank>.log" << std::endl;
-  SignalBlock signals;
-  const int code = Supervise(opts, port, signals);
-  std::error_code ec;
-  std::filesystem::remove_all(rdzv, ec);
-  return code;
+  return opts.rdzv_endpoint.empty() ? RunLocal(std::move(opts)) : JoinServer(opts);
 }
 
 }  // namespace edl::launcher

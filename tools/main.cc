@@ -27,7 +27,7 @@ const Subcommand kSubcommands[] = {
     {"server", edl::jobserver::RunServerMain, "job server: membership, generations, rendezvous KV"},
     {"ctl", edl::jobserver::RunCtlMain, "talk to a server: status | scale N | watch | stop"},
     {"client", edl::jobclient::RunClientMain, "per-node agent: starts and stops trainers"},
-    {"launch", edl::launcher::RunLaunchMain, "run N local trainers with no server: launch -n N -- CMD"},
+    {"launch", edl::launcher::RunLaunchMain, "torchrun's flags: N local trainers, or join a server"},
     {"train", edl::resnet50::RunTrainMain, "the reference ResNet trainer (CPU oneDNN / CUDA)"},
     {"ckpt", edl::ckpt::RunCkptMain, "checkpoint store tools: ls | verify | export"},
 };

@@ -1,9 +1,12 @@
 #include "edl/base/flags.h"
 
 #include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+
+#include <glog/logging.h>
 
 namespace edl {
 namespace {
@@ -77,6 +80,22 @@ Status ParseFlags(const std::string& command, const std::string& usage,
   } catch (const po::error& e) {
     return Status::InvalidArgument(std::string(e.what()) + hint);
   }
+  return Status::OK();
+}
+
+Status UseLogDir(const std::string& dir) {
+  if (dir.empty()) return Status::InvalidArgument("--log_dir is empty: give a directory");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    return Status::InvalidArgument("--log_dir " + dir + ": cannot create the directory (" +
+                                   (ec ? ec.message() : std::string("not a directory")) +
+                                   "); choose a writable one");
+  }
+  FLAGS_log_dir = dir;
+  FLAGS_logtostderr = false;
+  FLAGS_alsologtostderr = true;
+  FLAGS_logbufsecs = 0;  // every line reaches the file at once (glog buffers INFO lines otherwise)
   return Status::OK();
 }
 

@@ -3,7 +3,8 @@
 // keys (`checkpoint_dir = /mnt/ckpt`); flags win over the file. An unknown flag or key, or a value
 // of the wrong type, is an InvalidArgument that names it and points at `--help`.
 //
-// Thread-safety: ParseFlags is reentrant; it touches no globals.
+// Thread-safety: ParseFlags is reentrant; it touches no globals. UseLogDir sets glog's flags: call
+// it from main's thread before other threads log.
 #pragma once
 
 #include <string>
@@ -28,5 +29,12 @@ struct ParsedFlags {
 Status ParseFlags(const std::string& command, const std::string& usage,
                   const po::options_description& desc, int argc, char** argv, ParsedFlags* out,
                   const po::positional_options_description* positional = nullptr);
+
+// `--log_dir DIR`, which means the same for every role (README.md, "Troubleshooting", "Logs"):
+// the directory of the log files this process writes. Its own glog files go there
+// (edl.<host>.<user>.log.<LEVEL>.<time>.<pid>, edl.<LEVEL> links to the newest) while stderr
+// still gets every line; a role that starts trainers (`edl client`, `edl launch`) also writes
+// each trainer's output there. Creates DIR if missing; InvalidArgument naming it otherwise.
+Status UseLogDir(const std::string& dir);
 
 }  // namespace edl

@@ -85,12 +85,21 @@ std::map<std::string, std::string> BuildTrainerEnv(const EnvContract& c) {
   if (c.joining) e[env::kJoining] = "1";
   if (!c.rendezvous_dir.empty()) e[env::kRendezvousDir] = c.rendezvous_dir;
   if (c.local_trainers > 0) e[env::kLocalTrainers] = std::to_string(c.local_trainers);
+  e[env::kGroupRank] = std::to_string(c.group_rank);
+  e[env::kGroupWorldSize] = std::to_string(c.group_world_size);
+  e[env::kRoleRank] = std::to_string(c.rank);
+  e[env::kRoleWorldSize] = std::to_string(c.world_size);
+  e[env::kRoleName] = env::kDefaultRoleName;
+  e[env::kRestartCount] = std::to_string(c.restart_count);
+  e[env::kMaxRestarts] = std::to_string(c.max_restarts);
+  e[env::kRunId] = c.job_id;
   return e;
 }
 
 StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& env) {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   EnvContract c;
+  SetString(env, env::kRunId, &c.job_id);  // torchrun's name for it; EDL_JOB_ID wins
   SetString(env, env::kJobId, &c.job_id);
   SetString(env, env::kTrainerId, &c.trainer_id);
   SetString(env, env::kClientSocket, &c.client_socket);
@@ -119,6 +128,12 @@ StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& 
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kRank, 0, c.world_size - 1, &c.rank));
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kLocalWorldSize, 1, kIntMax, &c.local_world_size));
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kLocalRank, 0, c.local_world_size - 1, &c.local_rank));
+  EDL_RETURN_IF_ERROR(ParseInt(env, env::kGroupWorldSize, 1, kIntMax, &c.group_world_size));
+  EDL_RETURN_IF_ERROR(ParseInt(env, env::kGroupRank, 0,
+                               Find(env, env::kGroupWorldSize) ? c.group_world_size - 1 : kIntMax,
+                               &c.group_rank));
+  EDL_RETURN_IF_ERROR(ParseInt(env, env::kMaxRestarts, 0, kIntMax, &c.max_restarts));
+  EDL_RETURN_IF_ERROR(ParseInt(env, env::kRestartCount, 0, kIntMax, &c.restart_count));
 
   if (c.client_socket.empty()) {
     if (c.joining) {

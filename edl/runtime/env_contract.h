@@ -18,6 +18,12 @@
 //   EDL_RENDEZVOUS_DIR               static mode: the FileKvStore directory of this run
 //   EDL_LOCAL_TRAINERS               user override of the trainers sharing this node's cores
 //   RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT   torchrun-style
+//   GROUP_RANK GROUP_WORLD_SIZE      torchrun's node ("group") index in the generation and count
+//   ROLE_RANK ROLE_WORLD_SIZE ROLE_NAME   torchrun's role: one role, "default" (= RANK, WORLD_SIZE)
+//   TORCHELASTIC_RESTART_COUNT       restarts of the trainer set before this start
+//   TORCHELASTIC_MAX_RESTARTS        restarts allowed (2147483647 under an edl client: no bound)
+//   TORCHELASTIC_RUN_ID              the job id (= EDL_JOB_ID; torchrun's --rdzv_id)
+//   (TORCHELASTIC_USE_AGENT_STORE is never set: rank 0's init_process_group hosts the TCPStore.)
 //   CUDA_VISIBLE_DEVICES             the slot's GPU (GPU slots)
 //   EDL_CUDA_PHASE_TIMES=1           diagnostics only: CUDA per-phase step times
 //
@@ -50,6 +56,16 @@ inline constexpr const char* kLocalRank = "LOCAL_RANK";
 inline constexpr const char* kLocalWorldSize = "LOCAL_WORLD_SIZE";
 inline constexpr const char* kMasterAddr = "MASTER_ADDR";
 inline constexpr const char* kMasterPort = "MASTER_PORT";
+inline constexpr const char* kGroupRank = "GROUP_RANK";
+inline constexpr const char* kGroupWorldSize = "GROUP_WORLD_SIZE";
+inline constexpr const char* kRoleRank = "ROLE_RANK";
+inline constexpr const char* kRoleWorldSize = "ROLE_WORLD_SIZE";
+inline constexpr const char* kRoleName = "ROLE_NAME";
+inline constexpr const char* kRestartCount = "TORCHELASTIC_RESTART_COUNT";
+inline constexpr const char* kMaxRestarts = "TORCHELASTIC_MAX_RESTARTS";
+inline constexpr const char* kRunId = "TORCHELASTIC_RUN_ID";
+// torchrun's one role name, ROLE_NAME's value.
+inline constexpr const char* kDefaultRoleName = "default";
 // Diagnostics a user sets by hand (no parent writes it; read where it is used, not parsed here):
 // "1" makes the CUDA backend print GPU time per step phase (resnet50/cuda/cuda_backend.h).
 inline constexpr const char* kCudaPhaseTimes = "EDL_CUDA_PHASE_TIMES";
@@ -57,7 +73,8 @@ inline constexpr const char* kCudaPhaseTimes = "EDL_CUDA_PHASE_TIMES";
 inline constexpr const char* kAll[] = {
     kJobId, kTrainerId, kClientSocket, kRestartMode, kGeneration, kSlot, kJoining,
     kRendezvousDir, kLocalTrainers, kCudaVisibleDevices, kRank, kWorldSize, kLocalRank,
-    kLocalWorldSize, kMasterAddr, kMasterPort};
+    kLocalWorldSize, kMasterAddr, kMasterPort, kGroupRank, kGroupWorldSize, kRoleRank,
+    kRoleWorldSize, kRoleName, kRestartCount, kMaxRestarts, kRunId};
 }  // namespace env
 
 struct EnvContract {
@@ -77,6 +94,17 @@ struct EnvContract {
   bool joining = false;        // EDL_JOINING=1 for a hot joiner (in-place mode); unset otherwise
   std::string rendezvous_dir;  // EDL_RENDEZVOUS_DIR (unset when empty)
   int local_trainers = 0;      // EDL_LOCAL_TRAINERS (unset when 0); never set by EDL itself
+  // torchrun's node ("group") view: this node's index among the generation's nodes (in the order
+  // their first rank appears) and how many nodes the generation spans. ROLE_RANK / ROLE_WORLD_SIZE
+  // / ROLE_NAME are written from rank / world_size / "default" (one role) and not read back.
+  int group_rank = 0, group_world_size = 1;  // GROUP_RANK, GROUP_WORLD_SIZE
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: restarts of the trainer set so far
+  int max_restarts = 0;   // TORCHELASTIC_MAX_RESTARTS (kUnboundedRestarts: no bound)
+  // TORCHELASTIC_RUN_ID is written from job_id; read back into job_id when EDL_JOB_ID is unset
+  // (a trainer started by torchrun itself).
+
+  // max_restarts under an edl client, which restarts trainers as often as the job changes.
+  static constexpr int kUnboundedRestarts = 2147483647;
 
   // Trainers sharing this node's cores: EDL_LOCAL_TRAINERS, else LOCAL_WORLD_SIZE, at least 1.
   int TrainersOnNode() const;

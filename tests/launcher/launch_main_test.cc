@@ -149,6 +149,18 @@ TEST_F(LaunchTest, UsageErrorsExit2WithAHint) {
       {{"--", "true"}, "nproc_per_node"},
       {{"-n", "1", "--no_such_flag", "--", "true"}, "no_such_flag"},
       {{"-n", "x", "--", "true"}, "nproc_per_node"},
+      // torchrun's flags
+      {{"-n", "1", "--nnodes", "2", "--", "true"}, "--rdzv_endpoint"},
+      {{"-n", "1", "--nnodes", "3:2", "--", "true"}, "--nnodes 3:2"},
+      {{"-n", "1", "--nnodes", "0:2", "--", "true"}, "--nnodes 0:2"},
+      {{"-n", "1", "--rdzv_endpoint", "node0", "--", "true"}, "HOST:PORT"},
+      {{"-n", "1", "--rdzv_endpoint", "node0:99999", "--", "true"}, "HOST:PORT"},
+      {{"-n", "1", "--standalone", "--rdzv_endpoint", "node0:8180", "--", "true"}, "--standalone"},
+      {{"-n", "1", "--rdzv_backend", "etcd", "--", "true"}, "--rdzv_backend etcd"},
+      {{"-n", "1", "--max_restarts", "-1", "--", "true"}, "--max_restarts -1"},
+      {{"-n", "1", "--secret_file", "s", "--", "true"}, "--rdzv_endpoint"},
+      {{"-n", "1", "--rdzv_endpoint", "node0:8180", "--master_port", "5", "--", "true"},
+       "--master_port"},
   };
   for (const Case& c : cases) {
     auto launch = StartLaunch(c.args);
@@ -160,6 +172,68 @@ TEST_F(LaunchTest, UsageErrorsExit2WithAHint) {
     EXPECT_NE(log.find(c.hint), std::string::npos) << c.hint << " not in:\n" << log;
     std::filesystem::remove(D() + "/launch.log");
   }
+}
+
+// What torchrun sets beyond RANK/WORLD_SIZE, with --rdzv_id naming the job.
+TEST_F(LaunchTest, SetsTorchrunsVariablesAndTheRunId) {
+  auto launch = StartLaunch({"--nnodes", "1:4", "--nproc_per_node", "2", "--rdzv_id", "job7",
+                             "--rdzv_backend", "c10d", "--max_restarts", "3", "--log_dir",
+                             D() + "/logs", "--", "/bin/sh", "-c",
+                             "echo \"$GROUP_RANK $GROUP_WORLD_SIZE $ROLE_RANK $ROLE_WORLD_SIZE "
+                             "$ROLE_NAME $TORCHELASTIC_RESTART_COUNT $TORCHELASTIC_MAX_RESTARTS "
+                             "$TORCHELASTIC_RUN_ID $EDL_JOB_ID "
+                             "${TORCHELASTIC_USE_AGENT_STORE-unset}\" > out.$RANK"});
+  ASSERT_NE(launch, nullptr);
+  auto info = WaitExit(launch.get());
+  ASSERT_TRUE(info.has_value());
+  EXPECT_TRUE(info->success()) << LaunchLog();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ReadFile(D() + "/out." + std::to_string(r)),
+              "0 1 " + std::to_string(r) + " 2 default 0 3 job7 job7 unset\n")
+        << "rank " << r;
+  }
+}
+
+// --max_restarts: a failure restarts every trainer (restart count, MASTER_PORT fresh) until the
+// restarts run out.
+TEST_F(LaunchTest, MaxRestartsRestartsEveryTrainerAfterAFailure) {
+  // Rank 1 fails in its first two starts, once rank 0 has recorded that start (bounded wait);
+  // the third start succeeds.
+  const std::string script =
+      "echo \"$TORCHELASTIC_RESTART_COUNT $MASTER_PORT\" >> starts.$RANK\n"
+      "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then\n"
+      "  i=0; while ! grep -q \"^$TORCHELASTIC_RESTART_COUNT \" starts.0 2>/dev/null && [ $i -lt 600 ]; do\n"
+      "    sleep 0.05; i=$((i+1)); done\n"
+      "  exit 5\n"
+      "fi\n"
+      "exit 0\n";
+  auto launch = StartLaunch({"-n", "2", "--max_restarts", "2", "--stop_grace_s", "0.5",
+                             "--log_dir", D() + "/logs", "--", "/bin/sh", "-c", script});
+  ASSERT_NE(launch, nullptr);
+  auto info = WaitExit(launch.get());
+  ASSERT_TRUE(info.has_value()) << "edl launch did not finish";
+  EXPECT_TRUE(info->success()) << info->ToString() << "\n" << LaunchLog();
+  for (int r = 0; r < 2; ++r) {
+    std::istringstream in(ReadFile(D() + "/starts." + std::to_string(r)));
+    std::vector<int> counts;
+    for (int count, port; in >> count >> port;) counts.push_back(count);
+    // Rank 0 may have exited 0 before rank 1 failed: it is started again all the same.
+    EXPECT_EQ(counts, (std::vector<int>{0, 1, 2})) << "rank " << r << "\n" << LaunchLog();
+  }
+  EXPECT_NE(LaunchLog().find("restarting every trainer (2 of --max_restarts 2)"), std::string::npos)
+      << LaunchLog();
+
+  // Out of restarts: the failed rank's status.
+  std::filesystem::remove(D() + "/launch.log");
+  auto again = StartLaunch({"-n", "2", "--max_restarts", "1", "--stop_grace_s", "0.5", "--log_dir",
+                            D() + "/logs2", "--", "/bin/sh", "-c",
+                            "echo $TORCHELASTIC_RESTART_COUNT >> fails.$RANK; [ $RANK = 1 ] && exit 4; exit 0"});
+  ASSERT_NE(again, nullptr);
+  info = WaitExit(again.get());
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->ShellStatus(), 4) << LaunchLog();
+  EXPECT_EQ(ReadFile(D() + "/fails.1"), "0\n1\n");
+  EXPECT_NE(LaunchLog().find("no restarts left"), std::string::npos) << LaunchLog();
 }
 
 TEST_F(LaunchTest, MissingTrainerCommandNamesIt) {

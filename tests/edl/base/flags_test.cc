@@ -46,6 +46,20 @@ TEST(FlagsTest, UnknownKeyInConfigIsNamed) {
   EXPECT_NE(s.message().find("server_prot"), std::string::npos) << s.ToString();
 }
 
+// --log_dir that cannot be a directory is refused naming it (the success path changes glog's
+// globals and is covered end to end by tests/integration/config_roles_test.cc).
+TEST(FlagsTest, UnusableLogDirIsNamed) {
+  edl::test::ScratchDir dir("flags-logdir");
+  std::ofstream(dir.Join("a-file")) << "x";
+  for (const std::string& bad : {dir.Join("a-file"), dir.Join("a-file/sub"), std::string()}) {
+    Status s = UseLogDir(bad);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+    EXPECT_NE(s.message().find("--log_dir"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find(bad), std::string::npos) << s.ToString();
+  }
+}
+
 TEST(FlagsTest, BadValueAndUnknownFlagAreNamed) {
   ParsedFlags f1, f2;
   Argv a({"server", "--server_port", "eighty"});

@@ -35,6 +35,10 @@ EnvContract Full() {
   c.joining = true;
   c.rendezvous_dir = "/tmp/rdzv";
   c.local_trainers = 3;
+  c.group_rank = 1;
+  c.group_world_size = 2;
+  c.restart_count = 4;
+  c.max_restarts = 9;
   return c;
 }
 
@@ -56,6 +60,10 @@ void ExpectSame(const EnvContract& a, const EnvContract& b) {
   EXPECT_EQ(a.joining, b.joining);
   EXPECT_EQ(a.rendezvous_dir, b.rendezvous_dir);
   EXPECT_EQ(a.local_trainers, b.local_trainers);
+  EXPECT_EQ(a.group_rank, b.group_rank);
+  EXPECT_EQ(a.group_world_size, b.group_world_size);
+  EXPECT_EQ(a.restart_count, b.restart_count);
+  EXPECT_EQ(a.max_restarts, b.max_restarts);
 }
 
 TEST(EnvContractTest, BuildThenParseRoundTrips) {
@@ -78,7 +86,11 @@ TEST(EnvContractTest, WritesTheDocumentedNames) {
       {"EDL_CLIENT_SOCKET", "/tmp/edl-node1.sock"}, {"EDL_GENERATION", "5"}, {"EDL_SLOT", "2"},
       {"CUDA_VISIBLE_DEVICES", "2"}, {"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"},
       {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
-      {"EDL_JOINING", "1"}};
+      {"EDL_JOINING", "1"},
+      // The rest of what torchrun sets, so unmodified torchrun scripts find it.
+      {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"ROLE_RANK", "3"}, {"ROLE_WORLD_SIZE", "8"},
+      {"ROLE_NAME", "default"}, {"TORCHELASTIC_RESTART_COUNT", "4"},
+      {"TORCHELASTIC_MAX_RESTARTS", "9"}, {"TORCHELASTIC_RUN_ID", "job1"}};
   for (const auto& [k, v] : want) {
     ASSERT_EQ(env.count(k), 1u) << k;
     EXPECT_EQ(env.at(k), v) << k;
@@ -93,6 +105,34 @@ TEST(EnvContractTest, OptionalVariablesAreUnsetWhenEmpty) {
   EXPECT_EQ(env.count("EDL_JOINING"), 0u);
   EXPECT_EQ(env.at("WORLD_SIZE"), "1");
   EXPECT_EQ(env.at("MASTER_ADDR"), "127.0.0.1");
+  // torchrun's agent store is never claimed: rank 0's init_process_group must host the TCPStore.
+  EXPECT_EQ(env.count("TORCHELASTIC_USE_AGENT_STORE"), 0u);
+}
+
+// What torchrun itself sets is read too: a trainer started by torchrun gets its job id from
+// TORCHELASTIC_RUN_ID (EDL_JOB_ID wins when both are there).
+TEST(EnvContractTest, ReadsTorchrunsVariables) {
+  Env env = {{"RANK", "5"},         {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "1"},
+             {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},   {"GROUP_WORLD_SIZE", "2"},
+             {"ROLE_RANK", "5"},    {"ROLE_WORLD_SIZE", "8"},    {"ROLE_NAME", "default"},
+             {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_MAX_RESTARTS", "3"},
+             {"TORCHELASTIC_RUN_ID", "run7"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29400"}};
+  auto got = ParseTrainerEnv(env);
+  ASSERT_OK(got.status());
+  EXPECT_EQ(got.value().job_id, "run7");
+  EXPECT_EQ(got.value().group_rank, 1);
+  EXPECT_EQ(got.value().group_world_size, 2);
+  EXPECT_EQ(got.value().restart_count, 2);
+  EXPECT_EQ(got.value().max_restarts, 3);
+  EXPECT_EQ(PlanRun(got.value()).mode, RunMode::kStatic);
+  env["EDL_JOB_ID"] = "edljob";
+  got = ParseTrainerEnv(env);
+  ASSERT_OK(got.status());
+  EXPECT_EQ(got.value().job_id, "edljob");
+  // GROUP_RANK alone (no GROUP_WORLD_SIZE) is only checked to be a rank.
+  got = ParseTrainerEnv({{"GROUP_RANK", "3"}});
+  ASSERT_OK(got.status());
+  EXPECT_EQ(got.value().group_rank, 3);
 }
 
 TEST(EnvContractTest, BuildUsesOnlyContractNames) {
@@ -135,6 +175,10 @@ TEST(EnvContractTest, BadValuesNameTheVariable) {
       {{{"LOCAL_RANK", "4"}, {"LOCAL_WORLD_SIZE", "4"}}, "LOCAL_RANK"},
       {{{"EDL_JOINING", "yes"}}, "EDL_JOINING"},
       {{{"EDL_LOCAL_TRAINERS", "two"}}, "EDL_LOCAL_TRAINERS"},
+      {{{"GROUP_RANK", "2"}, {"GROUP_WORLD_SIZE", "2"}}, "GROUP_RANK"},
+      {{{"GROUP_WORLD_SIZE", "0"}}, "GROUP_WORLD_SIZE"},
+      {{{"TORCHELASTIC_RESTART_COUNT", "-1"}}, "TORCHELASTIC_RESTART_COUNT"},
+      {{{"TORCHELASTIC_MAX_RESTARTS", "many"}}, "TORCHELASTIC_MAX_RESTARTS"},
       {{{"EDL_JOINING", "1"}}, "EDL_CLIENT_SOCKET"},
       {{{"EDL_RESTART_MODE", "1"}}, "EDL_CLIENT_SOCKET"},
       {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"}}, "EDL_TRAINER_ID"},
