@@ -240,7 +240,7 @@ Status StateStore::Open(const std::string& dir, bool* created) {
   if (!empty && !fs::exists(fs::path(dir) / "CURRENT", ec)) {
     return Status::Corruption(
         "--state_dir " + dir + " is not empty but holds no state database (no CURRENT file): it is "
-        "damaged or another program's directory. Move it aside (the server then starts a new job) "
+        "damaged or another program's directory: move it aside (the server then starts a new job) "
         "or restore it from a backup");
   }
   rocksdb::Options o;
