@@ -4,6 +4,8 @@
 //    new one, and the next change is numbered above every earlier one with a fresh trainer id;
 //  - in the middle of a grow (a joiner held before its ready report): the change is rolled back,
 //    its joiner killed, and a new grow with new numbers completes;
+//  - a new state directory next to an old checkpoint store (--checkpoint_dir) numbers generations
+//    above the store's newest, so the store's fence accepts the new rank 0's saves;
 //  - a damaged state directory is refused with an error naming it and the fix; an empty one starts
 //    a new job and says so.
 #include <signal.h>
@@ -14,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "edl/ckpt/checkpoint_store.h"
 #include "tests/integration/control_plane_harness.h"
 
 namespace edl {
@@ -215,6 +218,42 @@ TEST_F(ServerRestartTest, SigkillDuringAGrowRollsItBackAndTheNextGrowUsesNewNumb
   EXPECT_EQ(server_->Wait(milliseconds(10000)), 0);
   EXPECT_EQ(c1->Wait(milliseconds(15000)), 0);
   EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
+}
+
+TEST_F(ServerRestartTest, ANewStateDirNextToAnOldCheckpointStoreNumbersAboveTheStore) {
+  // The store holds a checkpoint of generation 5 from an earlier run whose state is gone.
+  ckpt::RocksDbStoreOptions so;
+  so.dir = dir_.Join("ckpt");
+  auto store = ckpt::OpenRocksDbStore(so);
+  ckpt::CheckpointMeta meta;
+  meta.step = 60;
+  meta.generation = 5;
+  meta.world_size = 2;
+  const float w[4] = {1, 2, 3, 4};
+  ckpt::TensorView v;
+  v.name = "w";
+  v.shape = {4};
+  v.data = w;
+  v.bytes = sizeof(w);
+  ASSERT_OK(store->Save(meta, {v}, nullptr));
+  std::vector<std::string> argv = ServerArgv("0");
+  argv.insert(argv.end(), {"--checkpoint_dir", dir_.Join("ckpt")});
+  server_ = std::make_unique<Proc>(argv, dir_.Join("server.log"));
+  port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  auto c1 = StartClient("n1", "inplace");
+  auto c2 = StartClient("n2", "inplace");
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; }, milliseconds(60000)))
+      << Diagnostics();
+  const std::vector<json> gens = Generations();
+  EXPECT_EQ(gens.front()["generation"], 6) << Diagnostics();
+  // Its rank 0 may save: the fence compares 6 with the stored 5.
+  meta.step = 70;
+  meta.generation = gens.front()["generation"].get<int64_t>();
+  EXPECT_OK(store->Save(meta, {v}, nullptr));
+  std::string out;
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(server_->Wait(milliseconds(10000)), 0);
 }
 
 TEST_F(ServerRestartTest, DamagedStateDirIsRefusedAndAnEmptyOneStartsANewJob) {
