@@ -69,6 +69,7 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
                                  it->second.host + "); give each client a unique --node_name");
   }
   if (first_node_us_ < 0) first_node_us_ = now;
+  const bool known = it != nodes_.end();  // false: a first join, or the node was lost meanwhile
   if (it == nodes_.end()) {
     Node n;
     n.name = name;
@@ -95,19 +96,25 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
     }
   }
   std::set<std::string> gone;
-  std::vector<std::string> stale;  // running here, but of no generation this server knows
-  for (size_t i = 0; i < running.size() && i < generations.size(); ++i) {
-    if (generations[i] <= current_.generation) continue;
+  // Stale trainers: running here but of a generation above the current one (a change the
+  // previous server had not completed), or run by a node this server does not know (it was lost,
+  // so the others re-formed without them; or the server started a new job).
+  std::vector<std::string> stale;
+  for (size_t i = 0; i < running.size(); ++i) {
+    const bool above = i < generations.size() && generations[i] > current_.generation;
     const MemberInfo* m = current_.Find(running[i]);
     if (m != nullptr && m->node != name) continue;  // not this node's to report
     if (pending_.joiner_ids.count(running[i]) > 0) continue;
+    if (!above && (known || m != nullptr)) continue;  // a member, or a leaver of a known node
     stale.push_back(running[i]);
     if (m != nullptr) gone.insert(running[i]);
   }
   if (!stale.empty()) {
     LOG(WARNING) << "job " << options_.job_id << ": node " << name << " runs " << stale.size()
-                 << " trainer(s) of generations above the current " << current_.generation
-                 << " (a change the previous server had not completed): killing them";
+                 << " trainer(s) that are in no generation of this job"
+                 << (known ? " (a change the previous server had not completed)"
+                           : " (the node had been dropped, or the server started a new job)")
+                 << ": killing them";
     EmitEvent({{"type", "stale_trainers"}, {"node", name}, {"trainer_ids", stale},
                {"generation", current_.generation}});
     Action a;

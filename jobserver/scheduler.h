@@ -80,7 +80,8 @@ class Scheduler {
   // treated as failed. `session` is kept as the node's token. `generations` (empty: unknown) is
   // parallel to `running`: the generation each trainer is in (a joiner: the one it was prepared
   // for). A reported trainer that is not a member and is in a generation above the current one
-  // (a joiner of a change rolled back by a server restart) is killed; a member that reports a
+  // (a joiner of a change rolled back by a server restart), or that a node unknown to the
+  // scheduler runs (the node was lost, or this is a new job), is killed; a member that reports a
   // generation above the current one is treated as failed (the stored state is older than it).
   Status AddNode(const std::string& name, const std::string& host, bool restart_mode,
                  const std::vector<int>& slots, const std::vector<std::string>& running,
