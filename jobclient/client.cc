@@ -343,8 +343,14 @@ void Client::OnChallenge(const json& msg) {
   h.mode = options_.restart_mode ? "restart" : "inplace";
   h.slots = options_.slots;
   h.node_token = session_;
+  // Members of the newest generation this client holds, and prepared joiners, each with its
+  // generation: a restarted server adopts the survivors and kills joiners of a change it rolled
+  // back (PROTOCOL.md "Authentication").
   for (const auto& [id, t] : trainers_) {
-    if (t.member) h.trainers.push_back(id);
+    if (t.leaving || (!t.member && t.joining_generation == 0)) continue;
+    h.trainers.push_back(id);
+    h.trainer_generations.push_back(t.member ? std::max(latest_.generation, t.generation_sent)
+                                             : t.joining_generation);
   }
   json j;
   h.EncodeTo(&j);

@@ -19,6 +19,7 @@
 // Thread-safety: none (one owner).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,6 +45,14 @@ class ScalingScript {
   // Events due at or before `elapsed_us` not returned before (a `repeat` is expanded, never returned).
   std::vector<ScaleEvent> Poll(int64_t elapsed_us);
   const std::vector<ScaleEvent>& events() const { return events_; }
+  // Where Poll stands, to resume it in a restarted server (jobserver/STATE.md): the next event's
+  // index and the shift of the current repetition. Resume clamps an index past the end.
+  uint64_t position() const { return next_; }
+  int64_t offset_us() const { return offset_us_; }
+  void Resume(uint64_t position, int64_t offset_us) {
+    next_ = static_cast<size_t>(std::min<uint64_t>(position, events_.size()));
+    offset_us_ = offset_us;
+  }
 
  private:
   std::vector<ScaleEvent> events_;
@@ -69,6 +78,13 @@ class DemoPolicy {
   int initial_size() const { return total_; }
   // At most one event per elapsed interval: kSet with the new size.
   std::vector<ScaleEvent> Poll(int64_t elapsed_us);
+  int size() const { return size_; }
+  int64_t steps_done() const { return steps_done_; }
+  // Resumes a saved policy (a size outside 1..start size is clamped).
+  void Resume(int size, int64_t steps_done) {
+    size_ = std::max(1, std::min(total_, size));
+    steps_done_ = std::max<int64_t>(0, steps_done);
+  }
 
  private:
   const DemoPolicyOptions options_;

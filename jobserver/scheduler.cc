@@ -52,7 +52,7 @@ std::string Scheduler::SessionOf(const std::string& name) const {
 
 Status Scheduler::AddNode(const std::string& name, const std::string& host, bool restart_mode,
                           const std::vector<int>& slots, const std::vector<std::string>& running,
-                          const std::string& session) {
+                          const std::string& session, const std::vector<int64_t>& generations) {
   if (slots.empty()) {
     return Status::InvalidArgument("node " + name + " offers no slots: start its client with "
                                    "--gpus 0,1,.. or --slots N");
@@ -69,6 +69,7 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
                                  it->second.host + "); give each client a unique --node_name");
   }
   if (first_node_us_ < 0) first_node_us_ = now;
+  const bool known = it != nodes_.end();  // false: a first join, or the node was lost meanwhile
   if (it == nodes_.end()) {
     Node n;
     n.name = name;
@@ -95,6 +96,33 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
     }
   }
   std::set<std::string> gone;
+  // Stale trainers: running here but of a generation above the current one (a change the
+  // previous server had not completed), or run by a node this server does not know (it was lost,
+  // so the others re-formed without them; or the server started a new job).
+  std::vector<std::string> stale;
+  for (size_t i = 0; i < running.size(); ++i) {
+    const bool above = i < generations.size() && generations[i] > current_.generation;
+    const MemberInfo* m = current_.Find(running[i]);
+    if (m != nullptr && m->node != name) continue;  // not this node's to report
+    if (pending_.joiner_ids.count(running[i]) > 0) continue;
+    if (!above && (known || m != nullptr)) continue;  // a member, or a leaver of a known node
+    stale.push_back(running[i]);
+    if (m != nullptr) gone.insert(running[i]);
+  }
+  if (!stale.empty()) {
+    LOG(WARNING) << "job " << options_.job_id << ": node " << name << " runs " << stale.size()
+                 << " trainer(s) that are in no generation of this job"
+                 << (known ? " (a change the previous server had not completed)"
+                           : " (the node had been dropped, or the server started a new job)")
+                 << ": killing them";
+    EmitEvent({{"type", "stale_trainers"}, {"node", name}, {"trainer_ids", stale},
+               {"generation", current_.generation}});
+    Action a;
+    a.kind = Action::Kind::kKill;
+    a.node = name;
+    a.trainer_ids = stale;
+    Emit(std::move(a));
+  }
   for (const MemberInfo& m : current_.members) {
     if (m.node == name && still.count(m.trainer_id) == 0 && finished_.count(m.trainer_id) == 0) {
       gone.insert(m.trainer_id);
@@ -104,6 +132,7 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
     RemoveMembers(gone, "failure", true);
     NoteFailure();
   }
+  UpdateRecovery();
   Reconcile();
   return Status::OK();
 }
@@ -214,6 +243,7 @@ void Scheduler::Tick() {
     LoseNode(&nodes_.at(name), "no heartbeat for " +
                                    std::to_string(options_.heartbeat_timeout_us / 1000) + " ms");
   }
+  UpdateRecovery();
   if (pending_.active && now - pending_.started_us >= options_.join_timeout_us) {
     MaybeCommitPending(true);
   }
@@ -250,7 +280,7 @@ int Scheduler::target() const {
 }
 
 void Scheduler::Reconcile() {
-  if (done_) return;
+  if (done_ || recovering_) return;
   if (!current_.members.empty() && !finished_.empty()) {
     for (const MemberInfo& m : current_.members) {
       if (finished_.count(m.trainer_id) == 0) return;  // finishing: no more changes
@@ -304,7 +334,7 @@ void Scheduler::Grow(int count) {
   }
   pending_ = Pending();
   pending_.active = true;
-  pending_.generation = current_.generation + 1;
+  pending_.generation = NextGeneration();
   pending_.started_us = clock_->NowMicros();
   pending_.reason = reason;
   std::map<std::string, proto::Prepare> by_node;
@@ -405,7 +435,7 @@ void Scheduler::MaybeCommitPending(bool timed_out) {
 void Scheduler::Commit(std::vector<MemberInfo> members, const std::string& reason, bool failure,
                        int64_t stall_us) {
   proto::GenerationInfo next;
-  next.generation = current_.generation + 1;
+  next.generation = NextGeneration();
   next.job_id = options_.job_id;
   next.reason = reason;
   next.failure = failure;
@@ -624,6 +654,86 @@ json Scheduler::Summary() const {
           {"done", done_},
           {"nodes", nodes},
           {"members", members}};
+}
+
+
+// ---- durable state (jobserver/STATE.md)
+
+int64_t Scheduler::max_generation() const {
+  return std::max({generation_floor_, current_.generation, pending_.active ? pending_.generation : 0});
+}
+
+void Scheduler::Snapshot(JobState* s) const {
+  s->job_id = options_.job_id;
+  s->max_generation = max_generation();
+  s->current = current_;
+  s->finished.assign(finished_.begin(), finished_.end());
+  s->done = done_;
+  s->next_trainer_seq = next_trainer_seq_;
+  s->desired = desired_;
+  s->desired_reason = desired_reason_;
+  s->need_grow_back = need_grow_back_;
+  s->nodes.clear();
+  for (const auto& [name, n] : nodes_) {
+    NodeState& ns = s->nodes[name];
+    ns.name = name;
+    ns.host = n.host;
+    ns.restart_mode = n.restart_mode;
+    ns.slots = n.slots;
+    ns.order = n.order;
+    ns.session = n.session;
+  }
+}
+
+void Scheduler::Restore(const JobState& s) {
+  const int64_t now = clock_->NowMicros();
+  current_ = s.current;
+  current_.job_id = options_.job_id;
+  finished_ = std::set<std::string>(s.finished.begin(), s.finished.end());
+  done_ = s.done;
+  next_trainer_seq_ = std::max(next_trainer_seq_, s.next_trainer_seq);
+  desired_ = s.desired;
+  desired_reason_ = s.desired_reason;
+  need_grow_back_ = s.need_grow_back;
+  RaiseGenerationFloor(s.max_generation);
+  pending_ = Pending();
+  nodes_.clear();
+  for (const auto& [name, ns] : s.nodes) {
+    Node n;
+    n.name = name;
+    n.host = ns.host;
+    n.restart_mode = ns.restart_mode;
+    n.slots = ns.slots;
+    n.order = ns.order;
+    n.session = ns.session;
+    n.connected = false;
+    // One heartbeat timeout of grace on top of the usual one: clients reconnect with backoff.
+    n.last_heard_us = now + options_.heartbeat_timeout_us;
+    next_node_order_ = std::max(next_node_order_, n.order + 1);
+    nodes_.emplace(name, std::move(n));
+  }
+  first_node_us_ = now;
+  recovering_ = !done_ && !current_.members.empty();
+  EmitEvent({{"type", "restored"}, {"generation", current_.generation},
+             {"world_size", current_.world_size()}, {"max_generation", s.max_generation},
+             {"nodes", nodes_.size()}, {"done", done_}});
+  LOG(INFO) << "job " << options_.job_id << ": resumed generation " << current_.generation << " (world size "
+            << current_.world_size() << ", " << nodes_.size() << " known nodes); new generations start above "
+            << max_generation() << (recovering_ ? "; waiting for the members' nodes to re-attach" : "");
+  UpdateRecovery();
+}
+
+void Scheduler::UpdateRecovery() {
+  if (!recovering_) return;
+  for (const MemberInfo& m : current_.members) {
+    auto it = nodes_.find(m.node);
+    if (it != nodes_.end() && !it->second.connected) return;  // still waiting for it
+  }
+  recovering_ = false;
+  EmitEvent({{"type", "recovered"}, {"generation", current_.generation},
+             {"world_size", current_.world_size()}});
+  LOG(INFO) << "job " << options_.job_id << ": every member's node re-attached or was lost; generation "
+            << current_.generation << " (world size " << current_.world_size() << ") goes on";
 }
 
 }  // namespace edl::jobserver

@@ -8,11 +8,14 @@
 //  - current().members are ordered by rank; a new generation keeps survivors in their order and
 //    appends new trainers (joiners, and restart-mode replacements) at the end.
 //  - a slot holds at most one member or pending joiner.
-//  - generation numbers grow by one per commit; a pending generation is current+1.
+//  - generation numbers grow by one per commit; a pending generation is current+1. After a
+//    Restore they continue above every number the previous server issued (max_generation()), so
+//    a restarted server never reuses one (jobserver/STATE.md).
 //
 // Thread-safety: none; the server calls it from its io_context thread only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <set>
@@ -25,6 +28,7 @@
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
 #include "edl/proto/messages.h"
+#include "jobserver/job_state.h"
 
 namespace edl::jobserver {
 
@@ -73,10 +77,15 @@ class Scheduler {
   std::string SessionOf(const std::string& name) const;
   // A client registered (after CheckAdmission). A node name whose client is still connected is
   // AlreadyExists. A known, disconnected node is re-attached: its members not in `running` are
-  // treated as failed. `session` is kept as the node's token.
+  // treated as failed. `session` is kept as the node's token. `generations` (empty: unknown) is
+  // parallel to `running`: the generation each trainer is in (a joiner: the one it was prepared
+  // for). A reported trainer that is not a member and is in a generation above the current one
+  // (a joiner of a change rolled back by a server restart), or that a node unknown to the
+  // scheduler runs (the node was lost, or this is a new job), is killed; a member that reports a
+  // generation above the current one is treated as failed (the stored state is older than it).
   Status AddNode(const std::string& name, const std::string& host, bool restart_mode,
                  const std::vector<int>& slots, const std::vector<std::string>& running,
-                 const std::string& session = "");
+                 const std::string& session = "", const std::vector<int64_t>& generations = {});
   void NodeDisconnected(const std::string& name);
   void Heartbeat(const std::string& name);
   void TrainerExited(const std::string& trainer_id, bool success, const std::string& how);
@@ -94,6 +103,22 @@ class Scheduler {
 
   // Takes the actions produced since the last call, in order.
   std::vector<Action> TakeActions();
+
+  // ---- durable state (jobserver/STATE.md)
+  // The job-level fields of `*s` and its nodes (the scaling fields are the server's).
+  void Snapshot(JobState* s) const;
+  // Resumes a job saved by an earlier server. Its nodes are known but disconnected; until every
+  // node holding a member of the current generation has re-attached or been lost (heartbeat
+  // timeout, counted from now plus one timeout of grace), membership does not change: survivors
+  // are adopted as they report. A change that was being prepared is rolled back (its joiners are
+  // killed when their nodes report them); numbers continue above s.max_generation.
+  void Restore(const JobState& s);
+  // Generations issued from now on are above `g` (e.g. the newest generation in the checkpoint
+  // store, so its fence accepts the new trainers' saves).
+  void RaiseGenerationFloor(int64_t g) { generation_floor_ = std::max(generation_floor_, g); }
+  // Highest generation number issued (committed, prepared or skipped).
+  int64_t max_generation() const;
+  bool recovering() const { return recovering_; }
 
   // ---- state
   const proto::GenerationInfo& current() const { return current_; }
@@ -154,6 +179,8 @@ class Scheduler {
   std::set<std::pair<std::string, int>> TakenSlots() const;
   void Emit(Action a) { actions_.push_back(std::move(a)); }
   void EmitEvent(nlohmann::json e);
+  int64_t NextGeneration() const { return std::max(current_.generation, generation_floor_) + 1; }
+  void UpdateRecovery();
 
   const SchedulerOptions options_;
   Clock* const clock_;  // not owned
@@ -172,6 +199,8 @@ class Scheduler {
   std::set<std::string> finished_;  // members that exited 0: training is complete for them
   bool done_ = false;
   uint64_t next_trainer_seq_ = 1;
+  int64_t generation_floor_ = 0;  // numbers issued by earlier servers (Restore) or seen in the store
+  bool recovering_ = false;       // restored; waiting for the current members' nodes (Restore)
   std::vector<Action> actions_;
 };
 

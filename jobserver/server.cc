@@ -4,6 +4,7 @@
 
 #include <glog/logging.h>
 
+#include "edl/ckpt/checkpoint_store.h"
 #include "edl/net/auth.h"
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
@@ -56,6 +57,7 @@ Status Server::Start() {
     scheduler_.SetDesired(demo_->initial_size(), "policy");
   }
   EDL_RETURN_IF_ERROR(events_.Open(options_.events_dir, options_.scheduler.job_id, clock_));
+  EDL_RETURN_IF_ERROR(OpenState());
   boost::system::error_code ec;
   const auto addr = asio::ip::make_address(options_.bind, ec);
   if (ec) return Status::InvalidArgument("--bind " + options_.bind + " is not an IP address");
@@ -83,6 +85,73 @@ Status Server::Start() {
   Accept();
   Tick();
   return Status::OK();
+}
+
+Status Server::OpenState() {
+  if (!options_.checkpoint_dir.empty()) {
+    ckpt::RocksDbStoreOptions co;
+    co.dir = options_.checkpoint_dir;
+    std::vector<ckpt::CheckpointMeta> metas;
+    Status s = ckpt::OpenRocksDbStore(co)->List(&metas);
+    if (s.ok() && !metas.empty()) {
+      int64_t newest = 0;
+      for (const auto& m : metas) newest = std::max(newest, m.generation);
+      scheduler_.RaiseGenerationFloor(newest);
+      LOG(INFO) << "checkpoint store " << options_.checkpoint_dir << " holds generations up to " << newest
+                << ": new generations are numbered above it (its fence then accepts their saves)";
+    } else if (!s.ok() && !s.IsNotFound()) {
+      return s.WithContext("--checkpoint_dir (read at start to number generations above its newest)");
+    }
+  }
+  if (options_.state_dir.empty()) {
+    LOG(WARNING) << "no --state_dir: the job's state is kept in memory only; a restarted server starts "
+                    "a new job and ignores the running trainers";
+    return Status::OK();
+  }
+  state_ = std::make_unique<StateStore>();
+  bool created = false;
+  EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
+  JobState st;
+  bool found = false;
+  EDL_RETURN_IF_ERROR(state_->Load(options_.scheduler.job_id, &st, &found));
+  if (!found) {
+    LOG(INFO) << "no state for job " << options_.scheduler.job_id << " in --state_dir " << options_.state_dir
+              << (created ? " (a new state directory)" : "") << ": starting a new job";
+    Record({{"type", "new_job"}, {"state_dir", options_.state_dir}});
+  } else {
+    LOG(INFO) << "resuming job " << options_.scheduler.job_id << " from --state_dir " << options_.state_dir;
+    scheduler_.Restore(st);
+    if (script_) script_->Resume(st.script_next, st.script_offset_us);
+    if (demo_) demo_->Resume(st.demo_size, st.demo_steps);
+    if (st.clock_started) first_generation_us_ = clock_->NowMicros() - st.scale_elapsed_us;
+  }
+  return Persist() ? Status::OK()
+                   : Status::IOError("cannot write the job state to --state_dir " + options_.state_dir);
+}
+
+bool Server::Persist() {
+  if (!state_) return true;
+  const int64_t now = clock_->NowMicros();
+  JobState st;
+  scheduler_.Snapshot(&st);
+  st.clock_started = first_generation_us_ >= 0;
+  st.scale_elapsed_us = st.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
+  if (script_) {
+    st.script_next = script_->position();
+    st.script_offset_us = script_->offset_us();
+  }
+  if (demo_) {
+    st.demo_size = demo_->size();
+    st.demo_steps = demo_->steps_done();
+  }
+  Status s = state_->Save(st);
+  last_persist_us_ = now;
+  if (s.ok()) return true;
+  LOG(ERROR) << "edl server: " << s.ToString()
+             << "; stopping without sending the change (the trainers keep running; restart the server "
+                "once --state_dir is writable and it resumes from the last state kept)";
+  Shutdown(/*stop_clients=*/false);
+  return false;
 }
 
 void Server::Shutdown(bool stop_clients) {
@@ -314,7 +383,8 @@ Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello&
     prev->conn->Close(Status::Aborted("replaced by a new connection of node " + hello.node));
   }
   EDL_RETURN_IF_ERROR(scheduler_.AddNode(hello.node, hello.host, hello.mode == "restart",
-                                         hello.slots, hello.trainers, token));
+                                         hello.slots, hello.trainers, token,
+                                         hello.trainer_generations));
   peer->state = Peer::State::kClient;
   peer->node = hello.node;
   peer->conn->SetIdleTimeout(milliseconds(options_.scheduler.heartbeat_timeout_us / 1000));
@@ -500,6 +570,10 @@ void Server::Tick() {
   scheduler_.Tick();
   kv_.Expire(now);
   Dispatch();
+  // The scaling clock moves between changes too: keep it about once a second.
+  if ((script_ || demo_) && first_generation_us_ >= 0 && now - last_persist_us_ >= 1'000'000 && !Persist()) {
+    return;
+  }
   // At most once a second: the progress record for the events log (the timeline picture needs it
   // whether or not anybody watches), and the status line for watchers.
   if (status_dirty_ && now - last_watch_push_us_ >= 1'000'000) {
@@ -530,7 +604,12 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
 }
 
 void Server::Dispatch() {
-  for (Action& a : scheduler_.TakeActions()) {
+  if (shutting_down_) return;
+  std::vector<Action> actions = scheduler_.TakeActions();
+  if (actions.empty()) return;
+  // Kept (synced) before any of it reaches a client: a restarted server resumes from here.
+  if (!Persist()) return;
+  for (Action& a : actions) {
     switch (a.kind) {
       case Action::Kind::kPrepare: {
         json j;

@@ -21,6 +21,7 @@
 #include "edl/net/admission.h"
 #include "edl/net/connection.h"
 #include "jobserver/events_log.h"
+#include "jobserver/job_state.h"
 #include "jobserver/kv_store.h"
 #include "jobserver/scaling.h"
 #include "jobserver/scheduler.h"
@@ -33,6 +34,12 @@ struct ServerOptions {
   std::string port_file;           // when set, the bound port is written here once listening
   std::string secret;              // the cluster secret (from --secret_file)
   std::string events_dir = "./edl-events";
+  // The job's durable state (jobserver/STATE.md); empty: kept in memory only (a restarted server
+  // starts a new job).
+  std::string state_dir;
+  // The trainers' checkpoint store, read once at start: new generations are numbered above the
+  // newest one it holds, so its generation fence accepts their saves. Empty: not read.
+  std::string checkpoint_dir;
   SchedulerOptions scheduler;
   std::string scale_script;        // path; empty: none
   bool demo_policy = false;        // the EDL demo's periodic policy
@@ -92,6 +99,12 @@ class Server {
   void Tick();
   void ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::string& reason);
   void Dispatch();
+  // Opens --state_dir and resumes the job saved there, or starts a new one (STATE.md).
+  Status OpenState();
+  // Writes the scheduler's and the scaling sources' state (synced) before anything derived from it
+  // is sent. False when it cannot: the server then stops (a restarted one resumes from the last
+  // state written) rather than push generations it has not kept.
+  bool Persist();
   void PushGeneration(const Action& a);
   void SendToNode(const std::string& node, const nlohmann::json& msg);
   void Record(nlohmann::json event);
@@ -120,6 +133,8 @@ class Server {
   // never aborts joiners that are still loading; these track the time spent paused.
   int64_t paused_us_ = 0;
   int64_t last_tick_us_ = -1;
+  std::unique_ptr<StateStore> state_;  // null without --state_dir
+  int64_t last_persist_us_ = 0;
 
   std::map<std::string, std::shared_ptr<Peer>> nodes_;  // connected clients by node name
   std::map<Peer*, std::shared_ptr<Peer>> peers_;        // every open connection

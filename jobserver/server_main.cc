@@ -66,6 +66,12 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("kv_max_waiters", po::value<int64_t>(&kv_waiters)->default_value(kv.max_waiters), "most pending KV waits in all")
       ("ctl_max_queue_bytes", po::value<int64_t>(&ctl_queue)->default_value(o->max_ctl_queue_bytes), "an `edl ctl` (watch) peer with more unread bytes queued is dropped")
       ("events_dir", po::value<std::string>(&o->events_dir)->default_value("./edl-events"), "directory of the events log")
+      ("state_dir", po::value<std::string>(&o->state_dir),
+       "directory of the job's durable state (RocksDB, see jobserver/STATE.md): a restarted server resumes "
+       "the job and its running trainers from it (created when missing; empty: state in memory only)")
+      ("checkpoint_dir", po::value<std::string>(&o->checkpoint_dir),
+       "the trainers' checkpoint store, read at start: generations are numbered above its newest, so "
+       "its fence accepts the new trainers' saves (needed only with a new --state_dir and an old store)")
       ("log_dir", po::value<std::string>(), "this process's log files (stderr keeps every line; default: stderr only)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished");
   ParsedFlags pf;

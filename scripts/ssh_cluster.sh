@@ -3,7 +3,8 @@
 # EDL_SERVER_HOST) and one `edl client` on every host, each as a daemon with a pid file (through
 # start_job_server.sh / start_job_client.sh --daemon on that host). Start takes a few seconds per
 # host; the cluster then runs until the job ends or `stop`. Resume after a stop or a crash: run
-# `start` again (clients reconnect, the server rebuilds the job from what they report).
+# `start` again (clients reconnect; the server resumes the job from its state directory,
+# $EDL_RUN_DIR/state on the server host, and adopts the trainers they report; jobserver/STATE.md).
 #
 #   scripts/ssh_cluster.sh start|stop|status HOSTS_FILE
 #
@@ -66,7 +67,7 @@ remote_env() {
   out+=" EDL_SERVER_PORT=$(printf '%q' "$EDL_SERVER_PORT")"
   if [ -n "$SECRET_GIVEN" ]; then out+=" EDL_SECRET_FILE=$(printf '%q' "$SECRET_GIVEN")"; fi
   for v in EDL_BIN EDL_JOB_ID EDL_BIND EDL_MIN_TRAINERS EDL_MAX_TRAINERS EDL_TRAINERS \
-    EDL_SCALE_SCRIPT EDL_GPUS EDL_SLOTS EDL_TRAINER_CMD EDL_MODE EDL_STOP_GRACE_S EDL_STOP_TIMEOUT_S; do
+    EDL_SCALE_SCRIPT EDL_STATE_DIR EDL_GPUS EDL_SLOTS EDL_TRAINER_CMD EDL_MODE EDL_STOP_GRACE_S EDL_STOP_TIMEOUT_S; do
     if [ -n "${!v:-}" ]; then out+=" $v=$(printf '%q' "${!v}")"; fi
   done
   echo "$out;"

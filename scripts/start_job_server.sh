@@ -8,8 +8,14 @@
 #
 # Foreground by default (stop with Ctrl-C). With --daemon it detaches, appends its output to
 # $EDL_RUN_DIR/logs/server.out and writes $EDL_RUN_DIR/server.pid; stop it with --stop.
-# Resume: run it again; clients reconnect with backoff and the server rebuilds the job from what
-# they report. Extra arguments go to `edl server` as they are (e.g. --scale_script config/x.txt).
+# Resume: run it again. The job's state (generation, trainer ids, desired size, scaling-script
+# position; jobserver/STATE.md) is kept in $EDL_RUN_DIR/state, synced before every change is sent,
+# so a restarted server resumes the job: clients reconnect with backoff and report their running
+# trainers, the server adopts the survivors of the stored generation (they keep training, nothing
+# restarts) and numbers every later generation above the ones it issued. A damaged state directory
+# is refused with the fix; moving it aside starts a new job. Extra arguments go to `edl server` as
+# they are (e.g. --scale_script config/x.txt, --checkpoint_dir DIR when a new state directory
+# meets an old checkpoint store).
 #
 # Environment (defaults in brackets):
 #   EDL_BIN            the edl binary [<repo>/build/edl, else edl in PATH]
@@ -18,7 +24,8 @@
 #   EDL_JOB_ID         job name [edl-job]
 #   EDL_MIN_TRAINERS   [1]   EDL_MAX_TRAINERS [0 = no bound]   EDL_TRAINERS initial size [0 = every free slot]
 #   EDL_SCALE_SCRIPT   scaling-script file (see config/) [none]
-#   EDL_RUN_DIR        pid file, events and logs go under it [./edl-run]
+#   EDL_RUN_DIR        pid file, events, logs and the job's state go under it [./edl-run]
+#   EDL_STATE_DIR      the job's durable state [$EDL_RUN_DIR/state]
 #   EDL_STOP_TIMEOUT_S seconds --stop waits after SIGTERM before SIGKILL [30]
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
@@ -50,6 +57,7 @@ args=(
   --trainers "${EDL_TRAINERS:-0}"
   --events_dir "$EDL_RUN_DIR/events"
   --log_dir "$EDL_RUN_DIR/logs"
+  --state_dir "${EDL_STATE_DIR:-$EDL_RUN_DIR/state}"
 )
 if [ -n "${EDL_SCALE_SCRIPT:-}" ]; then
   [ -f "$EDL_SCALE_SCRIPT" ] || edl_die "EDL_SCALE_SCRIPT=$EDL_SCALE_SCRIPT does not exist"

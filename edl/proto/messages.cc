@@ -548,6 +548,7 @@ void Hello::EncodeTo(json* j) const {
     (*j)["mode"] = mode;
     (*j)["slots"] = slots;
     (*j)["trainers"] = trainers;
+    if (!trainer_generations.empty()) (*j)["trainer_generations"] = trainer_generations;
     if (!node_token.empty()) (*j)["node_token"] = node_token;
   }
 }
@@ -562,6 +563,21 @@ Status Hello::DecodeFrom(const json& j) {
     f.Name("node", &h.node).Host("host", &h.host).Str("mode", &h.mode, 16).Arr("slots", &slots);
     f.NameList("trainers", &h.trainers);
     f.Str("node_token", &h.node_token, kSessionTokenBytes, /*required=*/false);
+    const auto gens = j.find("trainer_generations");
+    if (f.ok() && gens != j.end()) {
+      if (!gens->is_array() || gens->size() != h.trainers.size()) {
+        f.Fail("trainer_generations", "is not a list as long as 'trainers'");
+      } else {
+        for (const json& g : *gens) {
+          int64_t x = 0;
+          if (!GetInt(g, 0, kMaxI64, &x)) {
+            f.Fail("trainer_generations", "holds " + QuoteJson(g) + ", not a generation number");
+            break;
+          }
+          h.trainer_generations.push_back(x);
+        }
+      }
+    }
     if (f.ok() && h.mode != "inplace" && h.mode != "restart") {
       f.Fail("mode", "is not 'inplace' or 'restart'");
     }

@@ -137,6 +137,9 @@ struct Hello : Message<Hello> {
   std::string node, host, mode;     // mode: "inplace" or "restart"
   std::vector<int> slots;           // slot / GPU indices this node offers
   std::vector<std::string> trainers;  // trainers this client still runs (after a reconnect)
+  // Parallel to `trainers` (same length, or empty from an older client): the generation each is
+  // in, a prepared joiner's being the one it was prepared for (a server restart adopts survivors).
+  std::vector<int64_t> trainer_generations;
   std::string node_token;  // the node's session token from an earlier welcome (64 hex); empty at first join
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);

@@ -56,7 +56,7 @@ class ElasticTrainingTest : public ::testing::Test {
   void StartServer(const std::string& script, int trainers,
                    std::vector<std::string> extra = {}) {
     std::ofstream(dir_.Join("scale.script")) << script;
-    std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", "0", "--bind",
+    std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", server_port_, "--bind",
                                      "127.0.0.1", "--port_file", dir_.Join("port"),
                                      "--secret_file", secret_, "--job_id", "etest",
                                      "--min_trainers", "1", "--trainers", std::to_string(trainers),
@@ -216,6 +216,7 @@ class ElasticTrainingTest : public ::testing::Test {
 
   test::ScratchDir dir_{"edl-elastic"};
   std::string secret_, port_;
+  std::string server_port_ = "0";  // StartServer's --server_port (a restart keeps the port)
   std::unique_ptr<Proc> server_;
 };
 
@@ -280,6 +281,77 @@ TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
   EXPECT_GE(TrainerEvents("stall").size(), 3u) << Diagnostics();
   EXPECT_GE(TrainerEvents("joiner_ready").size(), 1u);
 
+  c1->Stop();
+  c2->Stop();
+}
+
+// jobserver/STATE.md: the server SIGKILLed and restarted on its --state_dir between changes. The
+// trainers train on while it is away (and save checkpoints); the restarted server adopts them
+// (no new generation, no trainer restarted); the next change re-forms them with a hot joiner;
+// every epoch's data is consumed exactly once and the saves keep landing after the restart.
+TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndNoStep) {
+  constexpr int kEpochs = 8;
+  StartServer("", 2, {"--state_dir", dir_.Join("state"), "--heartbeat_timeout_ms", "3000"});
+  const std::vector<std::string> ckpt_flags = {"--checkpoint_dir", dir_.Join("ckpt"),
+                                               "--checkpoint_steps", "10"};
+  auto c1 = StartClient("n1", kEpochs, ckpt_flags);
+  auto c2 = StartClient("n2", kEpochs, ckpt_flags);
+  const int64_t g1 = WaitForFormedGeneration(2, 0);
+  ASSERT_GT(g1, 0) << Diagnostics();
+  ckpt::RocksDbStoreOptions so;
+  so.dir = dir_.Join("ckpt");
+  auto store = ckpt::OpenRocksDbStore(so);
+  auto newest_saved_step = [&] {
+    std::vector<ckpt::CheckpointMeta> all;
+    int64_t step = -1;
+    if (store->List(&all).ok()) {
+      for (const auto& m : all) step = std::max(step, m.step);
+    }
+    return step;
+  };
+  ASSERT_TRUE(WaitFor([&] { return newest_saved_step() > 0 || Finished(); }, milliseconds(120000)))
+      << Diagnostics();
+  ASSERT_FALSE(Finished()) << "the job finished before the restart" << Diagnostics();
+
+  ASSERT_EQ(::kill(server_->pid(), SIGKILL), 0);
+  ASSERT_EQ(server_->Wait(milliseconds(10000)), 128 + SIGKILL);
+  // Away from the server the trainers keep training (it is needed only to change generations).
+  ASSERT_TRUE(WaitForMoreSteps(10)) << Diagnostics();
+  const int64_t saved_before = newest_saved_step();
+  server_port_ = port_;
+  StartServer("", 2, {"--state_dir", dir_.Join("state"), "--heartbeat_timeout_ms", "3000"});
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(port_, server_port_);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const json& e : Events()) {
+          if (e.value("type", "") == "recovered") return true;
+        }
+        return false;
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  // Saves keep landing (the fence accepts them: the generation is the one they were made in).
+  ASSERT_TRUE(WaitFor([&] { return newest_saved_step() > saved_before || Finished(); }, milliseconds(120000)))
+      << Diagnostics();
+  ASSERT_FALSE(Finished()) << "the job finished before a change after the restart" << Diagnostics();
+  ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
+  const int64_t g2 = WaitForFormedGeneration(3, g1);
+  ASSERT_EQ(g2, g1 + 1) << "the restart itself must not make a generation" << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+
+  for (const json& g : Generations()) EXPECT_FALSE(g.value("failure", false)) << g.dump() << Diagnostics();
+  EXPECT_TRUE(TrainerEvents("cold_start").empty()) << "no trainer restarted" << Diagnostics();
+  ExpectStablePids();
+  ExpectIdenticalStateAfterEveryReform();
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  ExpectFedLabelsMatchThePlan(steps, 0);
+  std::vector<ckpt::CheckpointMeta> all;
+  ASSERT_OK(store->List(&all));
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.back().generation, g2) << "the last saves come from the generation formed after the restart";
   c1->Stop();
   c2->Stop();
 }

@@ -3,7 +3,8 @@
 //  - STANDIN_MODE=restart: sleeps until SIGTERM (a torchrun-style program, restarted by the client);
 //  - otherwise (in-place): connects its TrainerChannel, reports ready when EDL_JOINING=1, follows
 //    generations, does a KV round per generation, and exits 0 once a generation no longer
-//    contains it, or, with STANDIN_EXIT_AFTER_MS=T, T ms after starting (training "finished").
+//    contains it, or, with STANDIN_EXIT_AFTER_MS=T, T ms after starting (training "finished");
+//    with STANDIN_HOLD_READY_FILE=F a joiner holds its ready report while F exists.
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -74,6 +75,13 @@ int main() {
     return 3;
   }
   const int64_t start_gen = g_env.generation;
+  // STANDIN_HOLD_READY_FILE=F: a joiner reports ready only once F no longer exists (a prepare
+  // phase that lasts as long as a test needs, e.g. to kill the server in the middle of a grow).
+  const std::string hold = Env("STANDIN_HOLD_READY_FILE");
+  if (g_env.joining && !hold.empty() && ::access(hold.c_str(), F_OK) == 0) {
+    Record({{"event", "holding"}, {"generation", start_gen}});
+    while (!g_term && ::access(hold.c_str(), F_OK) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   if (g_env.joining) (void)ch.value()->ReportReady(start_gen);
   int64_t seen = 0;
   const std::string exit_after = Env("STANDIN_EXIT_AFTER_MS");

@@ -124,6 +124,7 @@ TEST_F(ScriptsTest, ServerDaemonCreatesSecretRefusesTwiceAndStops) {
   EXPECT_EQ(Flag(inv[0], "--server_port"), "8180");
   EXPECT_EQ(Flag(inv[0], "--secret_file"), secret);
   EXPECT_EQ(Flag(inv[0], "--events_dir"), dir_.Join("run") + "/events");
+  EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run") + "/state") << "a restarted server resumes the job";
   EXPECT_EQ(inv[0].back(), "x.txt") << "extra flags are passed through";
 
   EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"}), 1) << "a second server must be refused";

@@ -1,0 +1,338 @@
+// Layout and encoding: jobserver/STATE.md.
+#include "jobserver/job_state.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <unordered_set>
+
+#include <glog/logging.h>
+#include <nlohmann/json.hpp>
+#include <rocksdb/db.h>
+#include <rocksdb/options.h>
+#include <rocksdb/write_batch.h>
+
+namespace edl::jobserver {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kMaxI64 = INT64_MAX;
+
+std::string Fix(const std::string& key) {
+  return " (state key '" + key + "'). The state directory is damaged or was written by another "
+         "program: move it aside (the server then starts a new job) or restore it from a backup";
+}
+
+// Parses `value` as a JSON object with the current format version.
+Status ParseValue(const std::string& key, const std::string& value, json* out) {
+  if (value.size() > kMaxStateValueBytes) {
+    return Status::Corruption("stored value is " + std::to_string(value.size()) + " bytes, over the " +
+                              std::to_string(kMaxStateValueBytes) + " limit" + Fix(key));
+  }
+  *out = json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (out->is_discarded() || !out->is_object()) {
+    return Status::Corruption("stored value is not a JSON object (truncated?)" + Fix(key));
+  }
+  const auto v = out->find("v");
+  if (v == out->end() || !v->is_number_integer()) {
+    return Status::Corruption("stored value has no format version 'v'" + Fix(key));
+  }
+  if (v->get<int64_t>() != kStateFormatVersion) {
+    return Status::FailedPrecondition(
+        "state key '" + key + "' has format version " + v->dump() + "; this edl server reads version " +
+        std::to_string(kStateFormatVersion) + ". Run the edl version that wrote it, or move the "
+        "state directory aside to start a new job");
+  }
+  return Status::OK();
+}
+
+// Typed field readers that fail with Corruption naming the key and field.
+class Reader {
+ public:
+  Reader(const json& j, const std::string& key) : j_(j), key_(key) {}
+  template <typename T>
+  Reader& Int(const char* f, T* out, int64_t lo, int64_t hi) {
+    const auto it = j_.find(f);
+    if (!ok()) return *this;
+    if (it == j_.end() || !it->is_number_integer()) return Fail(f, "is missing or not an integer");
+    const int64_t x = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(kMaxI64)
+                          ? -1
+                          : it->get<int64_t>();
+    if (x < lo || x > hi) return Fail(f, "is out of range");
+    *out = static_cast<T>(x);
+    return *this;
+  }
+  Reader& Bool(const char* f, bool* out) {
+    const auto it = j_.find(f);
+    if (!ok()) return *this;
+    if (it == j_.end() || !it->is_boolean()) return Fail(f, "is missing or not a boolean");
+    *out = it->get<bool>();
+    return *this;
+  }
+  Reader& Str(const char* f, std::string* out, size_t max) {
+    const auto it = j_.find(f);
+    if (!ok()) return *this;
+    if (it == j_.end() || !it->is_string()) return Fail(f, "is missing or not a string");
+    if (it->get_ref<const std::string&>().size() > max) return Fail(f, "is too long");
+    *out = it->get<std::string>();
+    return *this;
+  }
+  Reader& Fail(const char* f, const std::string& why) {
+    if (ok()) status_ = Status::Corruption(std::string("stored field '") + f + "' " + why + Fix(key_));
+    return *this;
+  }
+  bool ok() const { return status_.ok(); }
+  Status status() const { return status_; }
+
+ private:
+  const json& j_;
+  const std::string& key_;
+  Status status_;
+};
+
+std::string NodeKey(const std::string& name) { return kNodeKeyPrefix + name; }
+
+}  // namespace
+
+std::string JobKeyPrefix(const std::string& job_id) { return "job/" + job_id + "/"; }
+
+// ---- values
+
+std::string EncodeJobMeta(const JobState& s) {
+  json j = {{"v", kStateFormatVersion},
+            {"job_id", s.job_id},
+            {"max_generation", s.max_generation},
+            {"next_trainer_seq", s.next_trainer_seq},
+            {"desired", s.desired},
+            {"desired_reason", s.desired_reason},
+            {"need_grow_back", s.need_grow_back},
+            {"done", s.done},
+            {"clock_started", s.clock_started},
+            {"scale_elapsed_us", s.scale_elapsed_us},
+            {"script_next", s.script_next},
+            {"script_offset_us", s.script_offset_us},
+            {"demo_size", s.demo_size},
+            {"demo_steps", s.demo_steps}};
+  return j.dump();
+}
+
+Status DecodeJobMeta(const std::string& key, const std::string& value, JobState* s) {
+  json j;
+  EDL_RETURN_IF_ERROR(ParseValue(key, value, &j));
+  JobState t = *s;
+  Reader r(j, key);
+  r.Str("job_id", &t.job_id, proto::kMaxNameBytes)
+      .Int("max_generation", &t.max_generation, 0, kMaxI64)
+      .Int("next_trainer_seq", &t.next_trainer_seq, 1, kMaxI64)
+      .Int("desired", &t.desired, 0, INT32_MAX)
+      .Str("desired_reason", &t.desired_reason, 64)
+      .Bool("need_grow_back", &t.need_grow_back)
+      .Bool("done", &t.done)
+      .Bool("clock_started", &t.clock_started)
+      .Int("scale_elapsed_us", &t.scale_elapsed_us, 0, kMaxI64)
+      .Int("script_next", &t.script_next, 0, INT32_MAX)
+      .Int("script_offset_us", &t.script_offset_us, 0, kMaxI64)
+      .Int("demo_size", &t.demo_size, 0, INT32_MAX)
+      .Int("demo_steps", &t.demo_steps, 0, kMaxI64);
+  if (r.ok() && !proto::IsValidName(t.job_id)) r.Fail("job_id", "is not a valid job name");
+  EDL_RETURN_IF_ERROR(r.status());
+  *s = std::move(t);
+  return Status::OK();
+}
+
+std::string EncodeGeneration(const JobState& s) {
+  json j;
+  s.current.EncodeTo(&j);
+  j.erase("type");
+  j["v"] = kStateFormatVersion;
+  j["finished"] = s.finished;
+  return j.dump();
+}
+
+Status DecodeGeneration(const std::string& key, const std::string& value, JobState* s) {
+  json j;
+  EDL_RETURN_IF_ERROR(ParseValue(key, value, &j));
+  proto::GenerationInfo g;
+  Status st = g.DecodeFrom(j);
+  if (!st.ok()) return Status::Corruption("stored generation: " + st.message() + Fix(key));
+  const auto f = j.find("finished");
+  if (f == j.end() || !f->is_array() || f->size() > g.members.size()) {
+    return Status::Corruption("stored generation's 'finished' is not a list of its members" + Fix(key));
+  }
+  std::vector<std::string> finished;
+  for (const json& id : *f) {
+    if (!id.is_string() || g.Find(id.get<std::string>()) == nullptr) {
+      return Status::Corruption("stored generation's 'finished' names a non-member" + Fix(key));
+    }
+    finished.push_back(id.get<std::string>());
+  }
+  // Ranks are positions; ids unique (the scheduler relies on both).
+  std::unordered_set<std::string> ids;
+  for (size_t i = 0; i < g.members.size(); ++i) {
+    if (g.members[i].rank != static_cast<int>(i) || !ids.insert(g.members[i].trainer_id).second) {
+      return Status::Corruption("stored generation's members are not ranked 0..n-1 with unique ids" + Fix(key));
+    }
+  }
+  s->current = std::move(g);
+  s->finished = std::move(finished);
+  return Status::OK();
+}
+
+std::string EncodeNode(const NodeState& n) {
+  json j = {{"v", kStateFormatVersion}, {"name", n.name},   {"host", n.host},
+            {"mode", n.restart_mode ? "restart" : "inplace"}, {"slots", n.slots},
+            {"order", n.order},          {"session", n.session}};
+  return j.dump();
+}
+
+Status DecodeNode(const std::string& key, const std::string& value, NodeState* n) {
+  json j;
+  EDL_RETURN_IF_ERROR(ParseValue(key, value, &j));
+  NodeState t;
+  std::string mode;
+  Reader r(j, key);
+  r.Str("name", &t.name, proto::kMaxNameBytes)
+      .Str("host", &t.host, proto::kMaxHostBytes)
+      .Str("mode", &mode, 16)
+      .Int("order", &t.order, 0, INT32_MAX)
+      .Str("session", &t.session, proto::kSessionTokenBytes);
+  if (r.ok() && (!proto::IsValidName(t.name) || key != NodeKey(t.name))) r.Fail("name", "does not match its key");
+  if (r.ok() && !proto::IsValidHost(t.host)) r.Fail("host", "is not a host name or address");
+  if (r.ok() && mode != "inplace" && mode != "restart") r.Fail("mode", "is not 'inplace' or 'restart'");
+  const auto sl = j.find("slots");
+  if (r.ok() && (sl == j.end() || !sl->is_array() || sl->empty() || sl->size() > proto::kMaxSlotsPerNode)) {
+    r.Fail("slots", "is not a non-empty list of slots");
+  }
+  EDL_RETURN_IF_ERROR(r.status());
+  std::unordered_set<int> seen;
+  for (const json& x : *sl) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > 1'000'000 ||
+        !seen.insert(x.get<int>()).second) {
+      return Status::Corruption("stored field 'slots' holds an invalid or repeated slot" + Fix(key));
+    }
+    t.slots.push_back(x.get<int>());
+  }
+  t.restart_mode = mode == "restart";
+  *n = std::move(t);
+  return Status::OK();
+}
+
+// ---- the store
+
+StateStore::StateStore() = default;
+StateStore::~StateStore() = default;
+
+Status StateStore::Open(const std::string& dir, bool* created) {
+  dir_ = dir;
+  std::error_code ec;
+  const bool existed = fs::exists(dir, ec);
+  if (existed && !fs::is_directory(dir, ec)) {
+    return Status::FailedPrecondition("--state_dir " + dir + " is not a directory; give a directory "
+                                      "(it is created when missing)");
+  }
+  const bool empty = !existed || fs::is_empty(dir, ec);
+  if (!existed && ::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return PosixError("--state_dir " + dir, errno);
+  }
+  if (!empty && !fs::exists(fs::path(dir) / "CURRENT", ec)) {
+    return Status::Corruption(
+        "--state_dir " + dir + " is not empty but holds no state database (no CURRENT file): it is "
+        "damaged or another program's directory: move it aside (the server then starts a new job) "
+        "or restore it from a backup");
+  }
+  rocksdb::Options o;
+  o.create_if_missing = empty;
+  o.error_if_exists = false;
+  o.paranoid_checks = true;
+  o.max_open_files = 64;
+  o.keep_log_file_num = 2;
+  o.max_manifest_file_size = 4 << 20;
+  rocksdb::DB* db = nullptr;
+  const rocksdb::Status s = rocksdb::DB::Open(o, dir, &db);
+  if (!s.ok()) {
+    const std::string what = "state database in --state_dir " + dir + ": " + s.ToString();
+    if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
+      return Status::FailedPrecondition(what + ". Another edl server uses this state directory; "
+                                        "stop it first or give this one its own --state_dir");
+    }
+    return Status::Corruption(what + ". The state directory is damaged: move it aside (the server "
+                              "then starts a new job) or restore it from a backup");
+  }
+  db_.reset(db);
+  ::chmod(dir.c_str(), 0700);  // it holds the nodes' session tokens
+  *created = empty;
+  return Status::OK();
+}
+
+Status StateStore::Load(const std::string& job_id, JobState* out, bool* found) {
+  *found = false;
+  JobState s;
+  s.job_id = job_id;
+  const std::string prefix = JobKeyPrefix(job_id);
+  rocksdb::ReadOptions ro;
+  ro.verify_checksums = true;
+  std::string meta, gen;
+  rocksdb::Status rs = db_->Get(ro, prefix + "meta", &meta);
+  if (rs.IsNotFound()) {
+    // A new job (the nodes below may still be known from another job of this cluster).
+  } else if (!rs.ok()) {
+    return Status::Corruption("reading " + prefix + "meta in --state_dir " + dir_ + ": " + rs.ToString() +
+                              Fix(prefix + "meta"));
+  } else {
+    EDL_RETURN_IF_ERROR(DecodeJobMeta(prefix + "meta", meta, &s));
+    if (s.job_id != job_id) return Status::Corruption("stored job id differs from its key" + Fix(prefix + "meta"));
+    rs = db_->Get(ro, prefix + "generation", &gen);
+    if (!rs.ok()) {
+      return Status::Corruption("job '" + job_id + "' has metadata but its generation cannot be read (" +
+                                rs.ToString() + ")" + Fix(prefix + "generation"));
+    }
+    EDL_RETURN_IF_ERROR(DecodeGeneration(prefix + "generation", gen, &s));
+    if (s.current.generation > s.max_generation || s.current.job_id != job_id) {
+      return Status::Corruption("stored generation is above the issued maximum or of another job" +
+                                Fix(prefix + "generation"));
+    }
+    *found = true;
+  }
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+  for (it->Seek(kNodeKeyPrefix); it->Valid() && it->key().starts_with(kNodeKeyPrefix); it->Next()) {
+    NodeState n;
+    EDL_RETURN_IF_ERROR(DecodeNode(it->key().ToString(), it->value().ToString(), &n));
+    saved_nodes_[it->key().ToString()] = it->value().ToString();
+    s.nodes[n.name] = std::move(n);
+  }
+  if (!it->status().ok()) {
+    return Status::Corruption("scanning nodes in --state_dir " + dir_ + ": " + it->status().ToString() +
+                              Fix(kNodeKeyPrefix));
+  }
+  *out = std::move(s);
+  return Status::OK();
+}
+
+Status StateStore::Save(const JobState& s) {
+  const std::string prefix = JobKeyPrefix(s.job_id);
+  rocksdb::WriteBatch batch;
+  batch.Put(prefix + "meta", EncodeJobMeta(s));
+  batch.Put(prefix + "generation", EncodeGeneration(s));
+  std::map<std::string, std::string> nodes;
+  for (const auto& [name, n] : s.nodes) nodes[NodeKey(name)] = EncodeNode(n);
+  for (const auto& [key, value] : saved_nodes_) {
+    if (nodes.count(key) == 0) batch.Delete(key);
+  }
+  for (const auto& [key, value] : nodes) {
+    auto old = saved_nodes_.find(key);
+    if (old == saved_nodes_.end() || old->second != value) batch.Put(key, value);
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  const rocksdb::Status rs = db_->Write(wo, &batch);
+  if (!rs.ok()) {
+    return Status::IOError("writing the job state to --state_dir " + dir_ + ": " + rs.ToString());
+  }
+  saved_nodes_ = std::move(nodes);
+  return Status::OK();
+}
+
+}  // namespace edl::jobserver

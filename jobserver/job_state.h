@@ -1,0 +1,99 @@
+// The job server's durable state (jobserver/STATE.md): what `edl server` keeps under --state_dir so
+// that a restarted server resumes the running job instead of starting a new one. JobState and
+// NodeState are plain values with an encoding (JSON with a format version, validated on decode as
+// hostile bytes); StateStore keeps them in an embedded RocksDB, one key range per job
+// ("job/<job_id>/...") plus the cluster's nodes ("cluster/nodes/<name>"), written with synced
+// WriteBatches.
+//
+// Thread-safety: StateStore is not thread-safe (the server uses it from its io_context thread).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "edl/base/status.h"
+#include "edl/proto/messages.h"
+
+namespace rocksdb {
+class DB;
+}
+
+namespace edl::jobserver {
+
+// Version of every value's encoding (the "v" field); see STATE.md "Versions".
+constexpr int kStateFormatVersion = 1;
+// Largest stored value accepted on load (a generation of 100k members is ~10 MB).
+constexpr size_t kMaxStateValueBytes = size_t{64} << 20;
+
+// A node the scheduler knows (connected or not when saved).
+struct NodeState {
+  std::string name, host;
+  bool restart_mode = false;
+  std::vector<int> slots;
+  int order = 0;            // registration order (placement fills nodes in this order)
+  std::string session;      // the node's session token (64 hex), proves a re-attach
+};
+
+struct JobState {
+  std::string job_id;
+  // Highest generation number ever issued (committed or prepared): the next one is above it.
+  int64_t max_generation = 0;
+  // The committed generation (generation 0: none yet).
+  proto::GenerationInfo current;
+  std::vector<std::string> finished;  // members of `current` that exited 0
+  bool done = false;
+  uint64_t next_trainer_seq = 1;      // trainer ids "<node>-s<slot>-<seq>" use seqs below this
+  int desired = 0;
+  std::string desired_reason = "start";
+  bool need_grow_back = false;
+  // Scaling sources (scaling.h): the script's position and the policy's, and their clock.
+  bool clock_started = false;          // the first generation was committed
+  int64_t scale_elapsed_us = 0;        // script/policy time when saved
+  uint64_t script_next = 0;
+  int64_t script_offset_us = 0;
+  int demo_size = 0;
+  int64_t demo_steps = 0;
+  std::map<std::string, NodeState> nodes;  // by name
+};
+
+// Encoding of one value (STATE.md "Values"). Decode: Corruption for bytes that are not a value
+// of this kind (truncated, not JSON, a bad field), FailedPrecondition for another format version;
+// both name the key and the fix.
+std::string EncodeJobMeta(const JobState& s);
+std::string EncodeGeneration(const JobState& s);
+std::string EncodeNode(const NodeState& n);
+Status DecodeJobMeta(const std::string& key, const std::string& value, JobState* s);
+Status DecodeGeneration(const std::string& key, const std::string& value, JobState* s);
+Status DecodeNode(const std::string& key, const std::string& value, NodeState* n);
+
+// Keys (STATE.md "Keys").
+std::string JobKeyPrefix(const std::string& job_id);  // "job/<job_id>/"
+inline constexpr char kNodeKeyPrefix[] = "cluster/nodes/";
+
+class StateStore {
+ public:
+  StateStore();
+  ~StateStore();
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  // Opens (creating when missing or empty) the database in `dir`. *created: there was no state
+  // yet. Corruption / FailedPrecondition naming the directory and the fix when it holds something
+  // that is not a readable state database.
+  Status Open(const std::string& dir, bool* created);
+  // Loads job `job_id` and every node. *found: the job has state.
+  Status Load(const std::string& job_id, JobState* out, bool* found);
+  // Replaces the job's state and the node set in one synced write.
+  Status Save(const JobState& s);
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::unique_ptr<rocksdb::DB> db_;
+  std::map<std::string, std::string> saved_nodes_;  // last written node values, by key
+};
+
+}  // namespace edl::jobserver
