@@ -8,7 +8,8 @@
 # Prints per epoch mean ± half the min-max spread for each side, and one RESULT per recipe and epoch
 # (ratio of the means). Each run is one process at a time with THREADS threads.
 # Takes ~45 min on 2 idle cores for the defaults. Knobs: SEEDS ("1 2 3"), EPOCHS (3),
-# RECIPES ("cosine constant"), THREADS (2), EDL (build/edl).
+# RECIPES ("cosine constant"), THREADS (2), EDL (build/edl), KEEP (a directory that keeps each run's
+# per-epoch accuracies; default: a temporary one, removed at exit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EDL=${EDL:-build/edl}
@@ -17,8 +18,14 @@ SEEDS=${SEEDS:-1 2 3}
 EPOCHS=${EPOCHS:-3}
 RECIPES=${RECIPES:-cosine constant}
 PY=/usr/bin/python3
-OUT=$(mktemp -d /tmp/edl-accuracy-XXXXXX)
-trap 'rm -rf "$OUT"' EXIT
+if [ -n "${KEEP:-}" ]; then
+  OUT=$KEEP; mkdir -p "$OUT"
+else
+  OUT=$(mktemp -d /tmp/edl-accuracy-XXXXXX); trap 'rm -rf "$OUT"' EXIT
+fi
+# Nothing here is timed, so OpenMP threads sleep rather than spin while they wait: on a shared,
+# loaded machine spinning threads of both sides (GNU OpenMP) slow every run several-fold.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 echo "load average $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) on $(nproc) cores"
 
 edl_flags() {  # $1 recipe
