@@ -250,7 +250,7 @@ Status ClusterPolicy::Scale(const std::string& name, int n) {
 Status ClusterPolicy::Finish(const std::string& name) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("job " + name + " is not pending or running");
-  if (it->second.state != JobState::kRunning) {
+  if (it->second.state != JobPhase::kRunning) {
     return Status::FailedPrecondition(
         "job " + name + " is pending: only a running job finishes (cancel it instead)");
   }
@@ -278,7 +278,7 @@ Status ClusterPolicy::Cancel(const std::string& name) {
   e.kind = "cancel";
   e.job = name;
   e.from = it->second.size;
-  e.reason = it->second.state == JobState::kRunning ? "cancelled while running"
+  e.reason = it->second.state == JobPhase::kRunning ? "cancelled while running"
                                                     : "cancelled while pending";
   ReleaseAll(&it->second);
   jobs_.erase(it);
@@ -306,7 +306,7 @@ int64_t ClusterPolicy::NextWakeupMicros() const {
     if (t > now && (best < 0 || t < best)) best = t;
   };
   for (const auto& [name, job] : jobs_) {
-    if (options_.min_change_interval_us > 0 && job.state == JobState::kRunning &&
+    if (options_.min_change_interval_us > 0 && job.state == JobPhase::kRunning &&
         job.spec.elastic && job.last_change_us >= 0) {
       consider(job.last_change_us + options_.min_change_interval_us);
     }
@@ -323,13 +323,13 @@ void ClusterPolicy::BeginPass() {
   exempt_.clear();
   before_.clear();
   for (const auto& [name, job] : jobs_) {
-    before_[name] = {job.state == JobState::kRunning, job.size, job.placement};
+    before_[name] = {job.state == JobPhase::kRunning, job.size, job.placement};
   }
 }
 
 void ClusterPolicy::RunPass() {
   // 1. Repair jobs a lost node left below their floor.
-  for (PolicyJob* job : Ordered(JobState::kRunning)) {
+  for (PolicyJob* job : Ordered(JobPhase::kRunning)) {
     if (job->size < Floor(*job)) Repair(job);
   }
   // 2. Admission, 3-4. fair share and apply.
@@ -347,7 +347,7 @@ void ClusterPolicy::RunPass() {
       e.job = name;
       e.from = e.to = job.size;
       e.placement = job.placement;
-      e.reason = job.state == JobState::kRunning ? "still running" : "still pending";
+      e.reason = job.state == JobPhase::kRunning ? "still running" : "still pending";
       events_.push_back(std::move(e));
     }
   }
@@ -360,7 +360,7 @@ void ClusterPolicy::RunPass() {
     auto b = before_.find(job->spec.name);
     const bool was_running = b != before_.end() && b->second.running;
     const int from = b == before_.end() ? 0 : b->second.size;
-    const bool running = job->state == JobState::kRunning;
+    const bool running = job->state == JobPhase::kRunning;
     if (b != before_.end() && was_running == running && from == job->size &&
         b->second.placement == job->placement) {
       continue;
@@ -375,7 +375,7 @@ void ClusterPolicy::RunPass() {
     if (!was_running) {
       e.kind = "start";
       job->started_us = now;
-    } else if (job->state == JobState::kPending) {
+    } else if (job->state == JobPhase::kPending) {
       e.kind = "requeue";
     } else if (job->size > from) {
       e.kind = "grow";
@@ -400,7 +400,7 @@ bool ClusterPolicy::Repair(PolicyJob* job) {
   if (Acquire(job, need, options_.preempt, "repair after node loss")) return true;
   const int had = job->size;
   ReleaseAll(job);
-  job->state = JobState::kPending;
+  job->state = JobPhase::kPending;
   Note(job->spec.name, "a lost node left " + std::to_string(had) + " of the " +
                            std::to_string(Floor(*job)) + " trainers it needs, and " +
                            std::to_string(need) + " more could not be found");
@@ -411,7 +411,7 @@ bool ClusterPolicy::Repair(PolicyJob* job) {
 
 void ClusterPolicy::Admit() {
   std::map<std::string, std::string> blocked_by;  // node -> the blocked job holding it
-  for (PolicyJob* job : Ordered(JobState::kPending)) {
+  for (PolicyJob* job : Ordered(JobPhase::kPending)) {
     const std::string& type = job->spec.type;
     const int need = Floor(*job);
     std::vector<std::string> compat;
@@ -444,7 +444,7 @@ void ClusterPolicy::Admit() {
     }
     if (Acquire(job, need, options_.preempt,
                 "gang start at " + std::to_string(need) + " (min fits)")) {
-      job->state = JobState::kRunning;
+      job->state = JobPhase::kRunning;
       job->pending_reason.clear();
       job->pending_code.clear();
       continue;
@@ -501,7 +501,7 @@ bool ClusterPolicy::Acquire(PolicyJob* job, int need, bool may_reclaim, const st
 }
 
 int ClusterPolicy::Reclaimable(const PolicyJob& victim, const PolicyJob& beneficiary) const {
-  if (&victim == &beneficiary || !victim.spec.elastic || victim.state != JobState::kRunning) {
+  if (&victim == &beneficiary || !victim.spec.elastic || victim.state != JobPhase::kRunning) {
     return 0;
   }
   if (victim.spec.priority > beneficiary.spec.priority) return 0;
@@ -543,7 +543,7 @@ void ClusterPolicy::FairShare() {
   for (const auto& [n, node] : nodes_)
     capacity[n] = node.slots - (reserved_.count(n) ? reserved_.at(n) : 0);
   for (auto& [name, job] : jobs_) {
-    if (job.state != JobState::kRunning) continue;
+    if (job.state != JobPhase::kRunning) continue;
     auto b = before_.find(name);
     const bool started_now = b == before_.end() || !b->second.running;
     const bool movable = job.spec.elastic && (started_now || !RateLimited(job));
@@ -814,7 +814,7 @@ void ClusterPolicy::EmitNodeEvent(const std::string& kind, const std::string& no
   events_.push_back(std::move(e));
 }
 
-std::vector<PolicyJob*> ClusterPolicy::Ordered(JobState state) {
+std::vector<PolicyJob*> ClusterPolicy::Ordered(JobPhase state) {
   std::vector<PolicyJob*> out;
   for (auto& [name, job] : jobs_) {
     if (job.state == state) out.push_back(&job);
@@ -861,7 +861,7 @@ int ClusterPolicy::FreeSlots(const std::string& type) const {
 
 int ClusterPolicy::pending_jobs() const {
   int c = 0;
-  for (const auto& [n, job] : jobs_) c += job.state == JobState::kPending;
+  for (const auto& [n, job] : jobs_) c += job.state == JobPhase::kPending;
   return c;
 }
 
@@ -882,7 +882,7 @@ nlohmann::json ClusterPolicy::Summary() const {
   for (const auto& [name, job] : jobs_) {
     jobs.push_back({{"name", name},
                     {"type", job.spec.type},
-                    {"state", job.state == JobState::kRunning ? "running" : "pending"},
+                    {"state", job.state == JobPhase::kRunning ? "running" : "pending"},
                     {"size", job.size},
                     {"min", job.spec.min_trainers},
                     {"max", job.spec.max_trainers},
@@ -914,10 +914,10 @@ Status ClusterPolicy::CheckInvariants() const {
       used[n] += k;
     }
     if (size != job.size) return Status::Internal("job " + name + " size disagrees with placement");
-    if (job.state == JobState::kPending && job.size != 0) {
+    if (job.state == JobPhase::kPending && job.size != 0) {
       return Status::Internal("pending job " + name + " holds trainers");
     }
-    if (job.state == JobState::kRunning) {
+    if (job.state == JobPhase::kRunning) {
       if (!job.spec.elastic && job.size != job.spec.max_trainers) {
         return Status::Internal("restart-mode job " + name + " runs at " +
                                 std::to_string(job.size) + ", not its fixed " +

@@ -105,14 +105,14 @@ struct JobSubmission {
   int64_t deadline_us = 0;  // on the policy's clock; 0: none
 };
 
-enum class JobState { kPending, kRunning };
+enum class JobPhase { kPending, kRunning };
 
 // Trainers per node, only nodes with at least one.
 using Placement = std::map<std::string, int>;
 
 struct PolicyJob {
   JobSubmission spec;
-  JobState state = JobState::kPending;
+  JobPhase state = JobPhase::kPending;
   Placement placement;
   int size = 0;                // trainers in `placement`
   int cap = 0;                 // the scale request (min..max); starts at max
@@ -213,7 +213,7 @@ class ClusterPolicy {
   void SetPending(PolicyJob* job, const std::string& code, const std::string& reason);
   void Note(const std::string& job, const std::string& why);
   void EmitNodeEvent(const std::string& kind, const std::string& node, const std::string& reason);
-  std::vector<PolicyJob*> Ordered(JobState state);
+  std::vector<PolicyJob*> Ordered(JobPhase state);
 
   const ClusterPolicyOptions options_;
   Clock* const clock_;  // not owned

@@ -50,7 +50,7 @@ class ClusterPolicyTest : public ::testing::Test {
   }
   bool Running(const std::string& name) {
     const PolicyJob* j = policy_->Find(name);
-    return j != nullptr && j->state == JobState::kRunning;
+    return j != nullptr && j->state == JobPhase::kRunning;
   }
   std::string Reason(const std::string& name) {
     const PolicyJob* j = policy_->Find(name);
@@ -503,7 +503,7 @@ void RandomRun(uint64_t seed, ClusterPolicyOptions o, int steps) {
       specs[j.name] = j;
     } else if (what < 62 && !live.empty()) {
       const std::string& j = live[uni(0, static_cast<int>(live.size()) - 1)];
-      if (p.Find(j)->state == JobState::kRunning) {
+      if (p.Find(j)->state == JobPhase::kRunning) {
         ASSERT_OK(p.Finish(j));
       } else {
         ASSERT_OK(p.Cancel(j));
