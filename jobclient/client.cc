@@ -478,7 +478,7 @@ void Client::OnGeneration(const json& msg) {
       t.member = false;
       t.leaving = true;
       if (options_.restart_mode) {
-        TerminateTrainer(&t);
+        TerminateTrainer(&t, now);
       } else {
         t.leave_deadline_us = now + options_.leave_grace_ms * 1000;
       }
@@ -768,10 +768,13 @@ void Client::ReportExit(const std::string& id, const launcher::ExitInfo& info) {
   SendToServer(j, /*queue_if_offline=*/true);
 }
 
-void Client::TerminateTrainer(Trainer* t) {
+void Client::TerminateTrainer(Trainer* t, int64_t now_us) {
   if (t->kill_deadline_us > 0) return;
+  // The grace counts from the moment the decision was taken (the caller's `now`), and is recorded
+  // before the signal: reading the clock after Terminate() would start it late by however long
+  // the signal took, and a fake clock advanced in between would postpone the SIGKILL indefinitely.
+  t->kill_deadline_us = now_us + options_.stop_grace_ms * 1000;
   t->proc->Terminate();
-  t->kill_deadline_us = clock_->NowMicros() + options_.stop_grace_ms * 1000;
 }
 
 void Client::Tick() {
@@ -781,7 +784,7 @@ void Client::Tick() {
   for (auto& [id, t] : trainers_) {
     if (t.leaving && t.leave_deadline_us > 0 && now >= t.leave_deadline_us && t.kill_deadline_us == 0) {
       LOG(WARNING) << "leaving trainer " << id << " did not exit within --leave_grace_s; SIGTERM";
-      TerminateTrainer(&t);
+      TerminateTrainer(&t, now);
     }
     if (t.kill_deadline_us > 0 && now >= t.kill_deadline_us) {
       LOG(WARNING) << "trainer " << id << " ignored SIGTERM for --stop_grace_s; SIGKILL";

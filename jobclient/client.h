@@ -110,7 +110,7 @@ class Client {
   bool SlotBusy(int slot) const;
   void PollTrainers();
   void ReportExit(const std::string& id, const launcher::ExitInfo& info);
-  void TerminateTrainer(Trainer* t);
+  void TerminateTrainer(Trainer* t, int64_t now_us);
   void Tick();
   launcher::EnvContract EnvFor(const proto::GenerationInfo& g, const proto::MemberInfo& m) const;
 
