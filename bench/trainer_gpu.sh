@@ -1,23 +1,36 @@
 #!/bin/bash
 # bench/trainer_gpu.sh: `edl train --device cuda` next to PyTorch eager on the same GPU, in one
-# invocation: ResNet-50, 224x224 synthetic images uploaded from host memory every step, bf16
-# compute (ours: --precision bf16 with fp32 master weights; PyTorch: torchvision resnet50,
-# channels_last, torch.autocast(bfloat16), SGD momentum), the largest batch <= 256 that fits for
-# both. Prints images/s and the per-step breakdown (h2d data upload, forward, backward, update;
-# GPU time from CUDA events: EDL_CUDA_PHASE_TIMES=1 for edl, torch.cuda.Event for PyTorch).
+# invocation: ResNet-50, 224x224 synthetic images, bf16 compute (ours: --precision bf16 with fp32
+# master weights; PyTorch: torchvision resnet50, channels_last, torch.autocast(bfloat16), SGD
+# momentum), the largest batch <= 256 that fits for both. Prints images/s and the per-step
+# breakdown (forward, backward, update, and h2d, ~0 here; GPU time from CUDA events:
+# EDL_CUDA_PHASE_TIMES=1 for edl, torch.cuda.Event for PyTorch).
 #
-# Takes ~3-5 min on an H100 (cuDNN algorithm search on the first steps of each run).
+# Both sides time the same steady window on device-resident data:
+#   - data: one batch made once and kept on the device (ours: --resident_batch, which loads and
+#     uploads the first batch once and feeds it every step; PyTorch: tensors created on the GPU
+#     once), so neither side generates or uploads images inside the window;
+#   - window: steps WARMUP+1 .. WARMUP+STEPS. The WARMUP steps before it hold cuDNN's algorithm
+#     search (ours on the first step of each shape; PyTorch's cudnn.benchmark) and the allocator's
+#     growth. Ours is the progress line printed at step WARMUP+STEPS (--log_every STEPS, WARMUP a
+#     multiple of STEPS, so that line covers exactly the window), never the whole-run summary.
+#
+# Takes ~3-5 min on an H100 (the batch probe runs each side a few steps per candidate).
 # Without a visible GPU it prints one SKIP line and exits 0.
 # Knobs: EDL (default build/edl, or the wrapper of scripts/build_gpu_bundle.sh), PYTHON (a python
-# with CUDA PyTorch + torchvision, default python3), STEPS (timed steps, default 40),
-# BATCHES (candidates, default "256 192 128 96 64 32").
+# with CUDA PyTorch + torchvision, default python3), STEPS (timed steps, default 40), WARMUP
+# (default STEPS; must be a multiple of STEPS), BATCHES (candidates, default "256 192 128 96 64 32").
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 EDL=${EDL:-build/edl}
 PYTHON=${PYTHON:-python3}
 STEPS=${STEPS:-40}
+WARMUP=${WARMUP:-$STEPS}
 BATCHES=${BATCHES:-"256 192 128 96 64 32"}
-WARMUP=10
+if [ $((WARMUP % STEPS)) -ne 0 ] || [ "$WARMUP" -lt "$STEPS" ]; then
+  echo "WARMUP ($WARMUP) must be a positive multiple of STEPS ($STEPS): the progress line at step WARMUP+STEPS then covers exactly the timed window" >&2
+  exit 2
+fi
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${gpus:-0}" -eq 0 ]; then
@@ -32,17 +45,22 @@ echo "# GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader -i
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", (a > 0 && b > 0 ? a / b : 0) }'; }
 
-# edl run: prints the last progress line's images/s; phase times go to $1.phases.
+# edl run: WARMUP warm-up steps, then `steps` timed ones on the one device-resident batch; prints
+# every progress line (stdout). edl_window_ips picks the one that closes the timed window.
 edl_run() {  # batch steps [env...]
   local b=$1 steps=$2
   shift 2
   env "$@" "$EDL" train --device cuda --precision bf16 --model resnet50 --data synthetic \
-    --image_size 224 --channels 3 --batch_size "$b" --synthetic_train $((b * (steps + WARMUP + 2))) \
-    --max_steps $((steps + WARMUP)) --log_every "$steps" --eval false --lr 0.1 --base_batch 256 \
-    --lr_decay constant 2>/tmp/edl_gpu_bench.err
+    --image_size 224 --channels 3 --batch_size "$b" --synthetic_train "$b" --resident_batch true \
+    --epochs 1000000 --max_steps $((steps + WARMUP)) --log_every "$steps" --eval false --lr 0.1 \
+    --base_batch 256 --lr_decay constant 2>/tmp/edl_gpu_bench.err
+}
+# images/s of the progress line at step WARMUP+steps (it covers steps WARMUP+1 .. WARMUP+steps).
+edl_window_ips() {  # steps (reads edl_run's stdout)
+  awk -v s=$((WARMUP + $1)) '$1 == "epoch" && $4 == s { for (i = 1; i < NF; i++) if ($i == "images/s") print $(i + 1) }'
 }
 
-# ---- PyTorch reference (same model, batch, recipe; data uploaded from pinned host memory)
+# ---- PyTorch reference (same model, batch, recipe; one batch created on the GPU once)
 read -r -d '' PYREF <<'EOF'
 import sys, time, torch, torchvision
 b, steps, warmup = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
@@ -51,14 +69,13 @@ dev = torch.device("cuda")
 model = torchvision.models.resnet50(num_classes=10).to(dev).to(memory_format=torch.channels_last)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-4)
 lossf = torch.nn.CrossEntropyLoss()
-x_host = torch.randn(b, 3, 224, 224).pin_memory()
-y_host = torch.randint(0, 10, (b,)).pin_memory()
+x_dev = torch.randn(b, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last)
+y_dev = torch.randint(0, 10, (b,), device=dev)
 ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
 phase = [0.0] * 4
 def step(timed):
     ev[0].record()
-    x = x_host.to(dev, non_blocking=True).contiguous(memory_format=torch.channels_last)
-    y = y_host.to(dev, non_blocking=True)
+    x, y = x_dev, y_dev  # device-resident, as ours (--resident_batch): no h2d in the window
     ev[1].record()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = lossf(model(x), y)
@@ -105,12 +122,12 @@ fi
 echo "# batch $batch, $STEPS timed steps after $WARMUP warm-up"
 
 # ---- throughput (no event timing), then the breakdown run
-ours=$(edl_run "$batch" "$STEPS" | awk '$1 == "epoch" { for (i = 1; i < NF; i++) if ($i == "images/s") v = $(i + 1) } END { print v }')  # last progress line, never the summary
+ours=$(edl_run "$batch" "$STEPS" | edl_window_ips "$STEPS")  # the window's line, never the summary
 ref_line=$($PYTHON -c "$PYREF" "$batch" "$STEPS" "$WARMUP")
 ref=$(echo "$ref_line" | awk '{print $2}')
 echo "RESULT resnet50_224_bf16_b${batch}_images_per_s ours=${ours}img/s ref=${ref}img/s ratio=$(ratio "$ours" "$ref")"
 
-edl_run "$batch" 20 EDL_CUDA_PHASE_TIMES=1 >/dev/null
+edl_run "$batch" "$STEPS" EDL_CUDA_PHASE_TIMES=1 >/dev/null
 phases=$(grep EDL_CUDA_PHASE_TIMES /tmp/edl_gpu_bench.err | tail -1)
 for p in h2d forward backward update; do
   o=$(echo "$phases" | grep -o "${p}_ms=[0-9.]*" | cut -d= -f2)

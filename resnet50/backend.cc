@@ -4,6 +4,7 @@
 #include <sstream>
 #include <utility>
 
+#include "edl/runtime/cuda_plugin.h"
 
 namespace edl::resnet50 {
 
@@ -78,14 +79,18 @@ std::string Tensor::DebugString() const {
   return os.str();
 }
 
-// EDL_RESNET50_CUDA is set by resnet50/CMakeLists.txt when CUDA is found and resnet50/cuda/ exists.
-#if !defined(EDL_RESNET50_CUDA) || !EDL_RESNET50_CUDA
-StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions&) {
-  return Status::InvalidArgument(
-      "--device cuda: this edl binary was built without the CUDA backend (resnet50/cuda needs the "
-      "CUDA toolkit and cuDNN at configure time); rebuild with -DEDL_USE_CUDA=ON or use --device cpu");
+// The CUDA backend lives in the CUDA plugin (edl/runtime/cuda_plugin.h): load it, then call its
+// entry point (resnet50/cuda/cuda_backend.cc). Without the plugin: FailedPrecondition naming the
+// missing file or library and the fix.
+StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options) {
+  using Entry = void(const BackendOptions*, StatusOr<std::unique_ptr<Backend>>*);
+  auto fn = runtime::CudaPluginFunction<Entry>("edl_resnet50_new_cuda_backend_v1");
+  if (!fn.ok()) return Status::FailedPrecondition("--device cuda: " + fn.status().message());
+  StatusOr<std::unique_ptr<Backend>> out(
+      Status::Internal("the CUDA plugin's backend entry point returned nothing"));
+  fn.value()(&options, &out);
+  return out;
 }
-#endif
 
 Status CheckSgdRange(const Tensor& params, const Tensor& grads, const Tensor& momentum,
                      int64_t offset, int64_t count) {

@@ -23,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -148,6 +149,10 @@ class Backend {
   // Device allocation (aligned to at least 64 bytes); nullptr when out of memory.
   virtual void* Allocate(size_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
+  // Host memory for staging copies to and from the device (CUDA: page-locked, cudaMallocHost;
+  // CPU: ordinary memory); nullptr when out of memory. Freed with FreeHost.
+  virtual void* AllocateHost(size_t bytes) { return ::operator new(bytes, std::nothrow); }
+  virtual void FreeHost(void* ptr) { ::operator delete(ptr); }
   // Raw byte copies between host memory and a tensor's storage (bytes() bytes; no layout change).
   virtual Status CopyFromHost(const void* src, Tensor* dst) = 0;
   virtual Status CopyToHost(const Tensor& src, void* dst) = 0;
@@ -160,6 +165,9 @@ class Backend {
   virtual Status Scale(Tensor* x, float factor, int64_t offset = 0, int64_t count = -1) = 0;
   // Waits until every queued op has finished.
   virtual Status Synchronize() = 0;
+  // A training step starts on data already on the device (no CopyFromHost this step): CUDA's
+  // phase timing (EDL_CUDA_PHASE_TIMES) starts the step here with an empty h2d phase.
+  virtual void MarkResidentStep() {}
 
   // ---- convolution (no bias; ResNet convs are followed by BN)
   // x [N,C,H,W] (kNCHW or kNative), w [K,C,k,k] kNCHW, y [N,K,OH,OW] (kNative or kNCHW).
@@ -238,12 +246,14 @@ class Backend {
 Status CheckSgdRange(const Tensor& params, const Tensor& grads, const Tensor& momentum,
                      int64_t offset, int64_t count);
 
-// Creates the backend `name`: "cpu" (oneDNN) or "cuda" (cuDNN/cuBLAS; InvalidArgument when this
-// binary was built without CUDA, Unavailable when no GPU can be used).
+// Creates the backend `name`: "cpu" (oneDNN) or "cuda" (cuDNN/cuBLAS, from the CUDA plugin
+// libedl_cuda.so: FailedPrecondition when the plugin or a CUDA library it needs is missing,
+// Unavailable when no GPU can be used).
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,
                                                  const BackendOptions& options);
 
-// Implementations, called by CreateBackend. The CUDA one exists only in builds with EDL_HAVE_CUDA.
+// Implementations, called by CreateBackend. CreateCudaBackend loads the CUDA plugin
+// (edl/runtime/cuda_plugin.h) and calls the backend inside it.
 StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const BackendOptions& options);
 StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options);
 

@@ -41,7 +41,7 @@ struct Config {
   int image_size = 0, channels = 3;
   int64_t synthetic_train = 0, synthetic_test = 0, train_samples = 0;
   // parsed or converted by Finish()
-  std::string batch_policy, lr_milestones;
+  std::string batch_policy, lr_milestones, comm = "auto";
   double comm_timeout_s = 30, generation_wait_s = 120;
   bool augment = false;
   // benchmark baseline and accounting
@@ -81,6 +81,10 @@ po::options_description Flags(Config* c) {
        "linear scaling reference: lr * global_batch / base_batch; 0 disables scaling")
       ("rescale_ramp_steps", po::value(&c->loop.elastic.lr.rescale_ramp_steps)->default_value(0),
        "after a re-form that changes the global batch, move the LR linearly to its new value over N steps")
+      ("comm", po::value(&c->comm)->default_value("auto"),
+       "communicator: auto (nccl for --device cuda when the CUDA plugin has NCCL, else gloo) | "
+       "nccl (GPU memory, --device cuda only) | gloo (TCP; with --device cuda the gradients and "
+       "state are staged through pinned host buffers)")
       ("comm_timeout_s", po::value(&c->comm_timeout_s)->default_value(30, "30"),
        "bound on communicator rendezvous and every collective (a hung peer fails after this)")
       ("generation_wait_s", po::value(&c->generation_wait_s)->default_value(120, "120"),
@@ -95,6 +99,9 @@ po::options_description Flags(Config* c) {
       ("plain_allreduce", po::value(&c->plain_allreduce)->default_value(false),
        "benchmark baseline: a plain all-reduce loop without the elastic runtime (static world "
        "under `edl launch`; CPU only)")
+      ("resident_batch", po::value(&c->trainer.resident_batch)->default_value(false),
+       "benchmark flag: load and upload the first batch once and train on it every step "
+       "(device-resident data, no per-step loading; bench/trainer_gpu.sh)")
       ("usage_log", po::value(&c->usage_log)->default_value(""),
        "benchmark flag: at exit append {\"trainer\",\"steps\",\"cpu_s\",\"plain\"} (this process's "
        "user+system CPU seconds) as one JSON line to this file")
@@ -231,6 +238,14 @@ Status Validate(const Config& c) {
   if (t.device != "cpu" && t.device != "cuda" && t.device != "auto") {
     return Status::InvalidArgument("--device '" + t.device + "' is unknown; use cpu, cuda or auto");
   }
+  if (c.comm != "auto" && c.comm != "nccl" && c.comm != "gloo") {
+    return Status::InvalidArgument("--comm '" + c.comm + "' is unknown; use auto, nccl or gloo");
+  }
+  if (t.device == "cpu" && c.comm == "nccl") {  // checked again once --device auto is resolved
+    return Status::InvalidArgument(
+        "--comm nccl needs --device cuda: NCCL reduces GPU memory and a CPU trainer's tensors are "
+        "in host memory; use --comm gloo (or auto) with --device cpu");
+  }
   if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16") {
     return Status::InvalidArgument("--precision '" + t.precision + "' is unknown; use fp32, bf16 or fp16");
   }
@@ -315,6 +330,12 @@ int RunTrainMain(int argc, char** argv) {
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer* t = trainer.value().get();
   c.loop.threads = t->threads();
+  // --comm, now that the device is known (--device auto). A CPU trainer never asks about NCCL,
+  // which would load the CUDA plugin.
+  auto comm = runtime::SelectCommBackend(c.comm, t->on_device(),
+                                         t->on_device() && runtime::NcclAvailable());
+  if (!comm.ok()) return Fail(comm.status());
+  c.loop.elastic.backend = comm.value();
   auto membership = runtime::Connect(plan.value());
   if (!membership.ok()) return Fail(membership.status());
   std::unique_ptr<runtime::CheckpointLoader> loader;
@@ -327,7 +348,7 @@ int RunTrainMain(int argc, char** argv) {
   std::cout << "edl train: " << c.model() << " on " << t->train_data().name() << " ("
             << t->train_size() << " train / " << t->test_size() << " test, "
             << t->model()->num_params() << " parameters), device " << t->backend()->name()
-            << ", threads " << t->threads() << ", batch " << c.batch() << " ("
+            << ", comm " << c.loop.elastic.backend << ", threads " << t->threads() << ", batch " << c.batch() << " ("
             << c.batch_policy << "), " << runtime::RunModeName(plan.value().mode)
             << " mode, trainer " << membership.value()->trainer_id()
             << (plan.value().joining() ? " (joining)" : "") << std::endl;

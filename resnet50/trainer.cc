@@ -108,12 +108,17 @@ Status Trainer::Upload(const HostBatch& batch) {
 
 Status Trainer::ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) {
   if (indices.empty()) return Status::InvalidArgument("ForwardBackward: empty batch");
-  EDL_RETURN_IF_ERROR(train_loader_->Get(indices, &batch_));
-  EDL_RETURN_IF_ERROR(Upload(batch_));
   const int64_t n = static_cast<int64_t>(indices.size());
-  // The labels as the loss will read them (back from the uploaded tensor), for the sample log.
-  fed_labels_.resize(static_cast<size_t>(n));
-  EDL_RETURN_IF_ERROR(backend_->CopyToHost(labels_, fed_labels_.data()));
+  if (!options_.resident_batch || !resident_loaded_ || input_.dim(0) != n) {
+    EDL_RETURN_IF_ERROR(train_loader_->Get(indices, &batch_));
+    EDL_RETURN_IF_ERROR(Upload(batch_));
+    // The labels as the loss will read them (back from the uploaded tensor), for the sample log.
+    fed_labels_.resize(static_cast<size_t>(n));
+    EDL_RETURN_IF_ERROR(backend_->CopyToHost(labels_, fed_labels_.data()));
+    resident_loaded_ = true;
+  } else {
+    backend_->MarkResidentStep();
+  }
   stats->label_hash = runtime::LabelHash(fed_labels_.data(), fed_labels_.size());
   const Tensor* logits = nullptr;
   EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/true, &logits));

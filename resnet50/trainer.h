@@ -36,6 +36,10 @@ struct TrainerOptions {
   float label_smoothing = 0.0f;
   Augment augment;             // training-set augmentation
   uint64_t seed = 1;           // init and augmentation
+  // Benchmark only (--resident_batch): the first training batch is loaded and uploaded once and
+  // fed again every step, so a timed window measures compute on device-resident data (no
+  // per-step loading or host-to-device copy). Training then sees one batch, whatever the indices.
+  bool resident_batch = false;
 };
 
 // Cores of this machine divided by `trainers_on_node`, at least 1.
@@ -66,6 +70,9 @@ class Trainer : public runtime::Trainable {
   std::string Fingerprint() const override;
   Status CopyToHost(const runtime::StateTensor& t, void* dst) override;
   Status CopyFromHost(const runtime::StateTensor& t, const void* src) override;
+  // Pinned on CUDA (Backend::AllocateHost): the Gloo path's gradient and state staging buffer.
+  void* AllocateHostStaging(size_t bytes) override { return backend_->AllocateHost(bytes); }
+  void FreeHostStaging(void* ptr) override { backend_->FreeHost(ptr); }
 
   Model* model() { return model_.get(); }
   Backend* backend() { return backend_.get(); }
@@ -94,6 +101,7 @@ class Trainer : public runtime::Trainable {
   std::vector<runtime::StateTensor> state_;  // built once in Init()
   HostBatch batch_;
   std::vector<int32_t> fed_labels_;  // labels_ read back each step (StepStats::label_hash)
+  bool resident_loaded_ = false;     // resident_batch: input_ / labels_ hold the batch
 };
 
 }  // namespace edl::resnet50

@@ -11,7 +11,9 @@
 # Layout of the bundle:
 #   edl          wrapper: sets LD_LIBRARY_PATH and execs bin/edl
 #   bin/edl      the binary (rpath-free)
-#   lib/         every shared library edl needs except glibc and the CUDA libraries: libedl, glog,
+#   lib/         every shared library edl needs except glibc and the CUDA libraries: libedl, the CUDA
+#                plugin libedl_cuda.so (found next to libedl.so; only `edl train --device cuda`
+#                loads it, and with it the CUDA libraries), glog,
 #                gflags, Boost, oneDNN, gloo, libstdc++, ... copied from this machine (Debian 12
 #                ships them only as .so for oneDNN/gloo, and libedl is a shared library, so a bundle
 #                rather than a static link). The host's glibc must be >= 2.36 (Debian 12).
@@ -40,6 +42,8 @@ cmake --build "$BUILD_DIR" -j"$JOBS" --target edl_bin
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/lib"
 cp "$BUILD_DIR/edl" "$OUT/bin/edl"
+[ -f "$BUILD_DIR/libedl_cuda.so" ] || { echo "$BUILD_DIR/libedl_cuda.so missing: the build found no CUDA" >&2; exit 1; }
+cp "$BUILD_DIR/libedl_cuda.so" "$OUT/lib/libedl_cuda.so"
 
 # glibc and the dynamic loader come from the host; CUDA libraries from the host's PyTorch (or
 # cuda-lib/); the driver (libcuda, libnvidia-*) always from the host.
@@ -64,7 +68,7 @@ while read -r name arrow path _; do
   is_host_lib "$name" && continue
   is_cuda_lib "$name" && continue
   cp -L "$path" "$OUT/lib/$name"
-done < <(ldd "$BUILD_DIR/edl")
+done < <(ldd "$BUILD_DIR/edl"; ldd "$BUILD_DIR/libedl_cuda.so")
 [ "$missing" = 0 ] || { echo "some libraries are not found on this machine; fix the build first" >&2; exit 1; }
 
 if [ "${BUNDLE_CUDA:-0}" = 1 ]; then
@@ -104,8 +108,8 @@ fi
 export LD_LIBRARY_PATH="$here/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 if [ "${1:-}" = "--bundle-check" ]; then
   echo "CUDA library dirs: ${cuda_dirs:-<none found: set EDL_CUDA_LIB_DIRS or EDL_PYTHON>}"
-  ldd "$here/bin/edl"
-  if ldd "$here/bin/edl" | grep -q "not found"; then
+  ldd "$here/bin/edl" "$here/lib/libedl_cuda.so"
+  if ldd "$here/bin/edl" "$here/lib/libedl_cuda.so" | grep -q "not found"; then
     echo "MISSING libraries above: install a CUDA 13 PyTorch (cu130), set EDL_CUDA_LIB_DIRS, or rebuild the bundle with BUNDLE_CUDA=1" >&2
     exit 1
   fi

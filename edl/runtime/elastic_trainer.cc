@@ -20,6 +20,7 @@
 #include <glog/logging.h>
 
 #include "edl/proto/rendezvous_key.h"
+#include "edl/runtime/cuda_plugin.h"
 
 namespace edl::runtime {
 namespace {
@@ -67,7 +68,58 @@ class SupersedableKv : public KvStore {
   const int64_t target_;
 };
 
+// A host buffer from Trainable::AllocateHostStaging (page-locked on CUDA), grown on demand and
+// kept: every step and every re-form reuse it.
+class HostStaging {
+ public:
+  explicit HostStaging(Trainable* t) : t_(t) {}
+  ~HostStaging() { Release(); }
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  // At least `bytes` bytes; contents undefined after growing. nullptr when out of memory.
+  char* Get(size_t bytes) {
+    if (bytes > size_) {
+      Release();
+      data_ = static_cast<char*>(t_->AllocateHostStaging(bytes));
+      size_ = data_ != nullptr ? bytes : 0;
+    }
+    return data_;
+  }
+
+ private:
+  void Release() {
+    if (data_ != nullptr) t_->FreeHostStaging(data_);
+    data_ = nullptr;
+    size_ = 0;
+  }
+  Trainable* const t_;
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 }  // namespace
+
+StatusOr<std::string> SelectCommBackend(const std::string& comm, bool on_device,
+                                        bool nccl_available) {
+  if (comm == "auto") return std::string(on_device && nccl_available ? "nccl" : "gloo");
+  if (comm == "gloo") return comm;
+  if (comm == "nccl") {
+    if (!on_device) {
+      return Status::InvalidArgument(
+          "--comm nccl needs --device cuda: NCCL reduces GPU memory and this trainer's tensors "
+          "are in host memory; use --comm gloo (or auto) with --device cpu");
+    }
+    if (!nccl_available) {
+      return Status::FailedPrecondition(
+          "--comm nccl: the CUDA plugin here has no NCCL communicator (built without NCCL); "
+          "rebuild with NCCL installed (cmake -DEDL_USE_NCCL=ON) or use --comm gloo");
+    }
+    return comm;
+  }
+  return Status::InvalidArgument("--comm '" + comm + "' is unknown; use auto, nccl or gloo");
+}
+
+bool NcclAvailable() { return CudaPluginSymbol("edl_cuda_new_nccl_communicator_v1").ok(); }
 
 StatusOr<uint64_t> StateHash(Trainable* trainable) {
   uint64_t h = 0xcbf29ce484222325ULL;
@@ -166,7 +218,14 @@ class ElasticTrainer::Impl {
   bool reform_was_failure_ = false;
 
   double last_loss_ = 0, accuracy_ = -1;
-  std::vector<char> sync_buffer_;  // packed state for BroadcastTensors (kept: re-forms recur)
+  // The communicator reads device memory (NCCL); Gloo reads host memory.
+  bool DeviceComm() const { return comm_->backend() == std::string("nccl"); }
+  // The gradient all-reduce copies through host_ rather than handing GradientBuffer() to comm_.
+  bool StageGradients() const {
+    return o_.stage_through_host || (trainable_->on_device() && !DeviceComm());
+  }
+  Status AllReduceGradients(float* grad, size_t count);
+  HostStaging host_{trainable_};  // staged gradients and packed state (kept: steps and re-forms recur)
   int64_t progress_t0_us_ = 0, progress_samples_ = 0;
   int sample_log_fd_ = -1;
 
@@ -432,31 +491,54 @@ Status ElasticTrainer::Impl::BroadcastTensors(int root, bool per_rank_only) {
     tensors.push_back(std::move(t));
   }
   if (tensors.empty()) return Status::OK();
-  const bool in_place = trainable_->on_device() == (comm_->backend() == std::string("nccl"));
-  if (in_place && trainable_->on_device()) {  // device memory: one NCCL broadcast per tensor
+  if (trainable_->on_device() && DeviceComm()) {  // device memory: one NCCL broadcast per tensor
     for (const StateTensor& t : tensors) {
       EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(t.data, t.bytes, root)));
     }
     return Status::OK();
   }
-  // Host memory: one broadcast of everything packed (a Gloo broadcast per tensor costs a round
-  // trip each, which dominated the re-form of a ResNet with ~200 tensors).
-  sync_buffer_.resize(total);
+  // Host memory (Gloo; device tensors are copied out and back): one broadcast of everything
+  // packed into the host staging buffer (a Gloo broadcast per tensor costs a round trip each,
+  // which dominated the re-form of a ResNet with ~200 tensors). Never a device pointer to Gloo.
+  char* packed = host_.Get(total);
+  if (packed == nullptr) {
+    return Status::Internal("out of host memory for the " + std::to_string(total) +
+                            "-byte state broadcast buffer");
+  }
   if (rank_ == root) {
     size_t off = 0;
     for (const StateTensor& t : tensors) {
-      EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, sync_buffer_.data() + off));
+      EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, packed + off));
       off += t.bytes;
     }
   }
-  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(sync_buffer_.data(), total, root)));
+  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(packed, total, root)));
   if (rank_ == root) return Status::OK();
   size_t off = 0;
   for (const StateTensor& t : tensors) {
-    EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, sync_buffer_.data() + off));
+    EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, packed + off));
     off += t.bytes;
   }
   return Status::OK();
+}
+
+// The gradients and in-band words, SUM over the generation. NCCL (and Gloo on host tensors)
+// reduces GradientBuffer() in place; Gloo with device tensors reduces a host copy, copied back
+// (the result is bit-identical to the in-place path: same bytes, same reduction).
+Status ElasticTrainer::Impl::AllReduceGradients(float* grad, size_t count) {
+  const size_t n = count + Trainable::kInbandSlots;
+  if (!StageGradients()) {
+    return Comm(comm_->AllReduce(grad, n, DataType::kFloat32, ReduceOp::kSum));
+  }
+  const StateTensor view = trainable_->GradientTensor();
+  char* host = host_.Get(view.bytes);
+  if (host == nullptr) {
+    return Status::Internal("out of host memory for the " + std::to_string(view.bytes) +
+                            "-byte gradient staging buffer");
+  }
+  EDL_RETURN_IF_ERROR(trainable_->CopyToHost(view, host));
+  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(host, n, DataType::kFloat32, ReduceOp::kSum)));
+  return trainable_->CopyFromHost(view, host);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -494,8 +576,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
     for (const auto& slice : all) global_indices.insert(global_indices.end(), slice.begin(), slice.end());
   }
   pending_ = {state_.step + 1, state_.position.epoch, global_indices};
-  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(grad, count + Trainable::kInbandSlots,
-                                            DataType::kFloat32, ReduceOp::kSum)));
+  EDL_RETURN_IF_ERROR(AllReduceGradients(grad, count));
   EDL_RETURN_IF_ERROR(trainable_->ReadInband(inband));
   const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
   const double lr = StepLr(global);

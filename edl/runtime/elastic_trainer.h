@@ -109,9 +109,13 @@ struct ElasticOptions {
   int64_t join_generation = 0;  // the pending generation a joiner was started for
                                 // (EDL_GENERATION); 0: newest known + 1
   int64_t start_micros = 0;     // Clock time preparation began, for time-to-ready (0: Run())
-  std::string backend = "gloo";  // "gloo" or "nccl"
+  std::string backend = "gloo";  // "gloo" or "nccl" (SelectCommBackend resolves --comm)
   std::string host;      // address the communicator binds (empty: loopback)
   int cuda_device = -1;  // NCCL only
+  // Stage the gradient all-reduce through a host buffer even when the Trainable's memory is host
+  // memory (tests: the path a Gloo job with device tensors takes, checked on CPU). Staging is
+  // automatic whenever the Trainable is on_device() and the communicator reads host memory.
+  bool stage_through_host = false;
   std::chrono::milliseconds comm_timeout{30000};    // rendezvous and every collective
   std::chrono::milliseconds generation_wait{60000}; // wait for a new generation after a failure
                                                     // or, for a joiner, to be committed
@@ -140,6 +144,17 @@ struct ElasticResult {
   double accuracy = -1;     // last evaluation, -1 if none
   uint64_t state_hash = 0;  // StateHash() at return
 };
+
+// --comm: "auto" picks "nccl" for device tensors (Trainable::on_device()) and "gloo" for host
+// ones; "nccl" and "gloo" are taken as given. InvalidArgument for an unknown name or "nccl" with
+// host tensors (NCCL reduces device memory only); FailedPrecondition for "nccl" when
+// `nccl_available` is false (no CUDA plugin with NCCL), naming the fix. "auto" with device tensors
+// and no NCCL also picks "gloo" (its gradients are staged through host memory).
+StatusOr<std::string> SelectCommBackend(const std::string& comm, bool on_device,
+                                        bool nccl_available);
+
+// Whether the CUDA plugin (edl/runtime/cuda_plugin.h) loads and carries the NCCL communicator.
+bool NcclAvailable();
 
 // FNV-1a over every StateTensor's name and bytes (via CopyToHost): equal on two trainers iff their
 // states are bit-identical (up to hash collisions).

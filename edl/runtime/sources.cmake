@@ -10,6 +10,7 @@ list(APPEND EDL_SOURCES
 list(APPEND EDL_SOURCES
   runtime/channel_membership.cc
   runtime/checkpoint_loader.cc
+  runtime/cuda_plugin.cc
 )
 list(APPEND EDL_SOURCES
   runtime/env_contract.cc

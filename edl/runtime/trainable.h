@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,13 @@ class Trainable {
   virtual Status CopyToHost(const StateTensor& t, void* dst) = 0;
   virtual Status CopyFromHost(const StateTensor& t, const void* src) = 0;
 
+  // Host memory for staging device data through a communicator that reads host memory (Gloo with
+  // on_device()): the gradient all-reduce and the state broadcast copy through it. The CUDA
+  // trainer returns page-locked memory (faster, asynchronous copies); the default is ordinary
+  // memory. nullptr when out of memory. Freed with FreeHostStaging.
+  virtual void* AllocateHostStaging(size_t bytes) { return ::operator new(bytes, std::nothrow); }
+  virtual void FreeHostStaging(void* ptr) { ::operator delete(ptr); }
+
   // Device-safe access to GradientBuffer() for the runtime, which never dereferences that buffer
   // itself (it is device memory when on_device()): everything goes through CopyToHost /
   // CopyFromHost on a view of the buffer.
@@ -117,6 +125,9 @@ class Trainable {
     const std::vector<char> zeros(t.bytes, 0);
     return CopyFromHost(t, zeros.data());
   }
+  // The gradients and the in-band words as one tensor (what the runtime all-reduces), for copies
+  // to and from a host staging buffer.
+  StateTensor GradientTensor() { return GradientView(/*inband=*/false); }
 
  private:
   // A view of the in-band words, or of the gradients and the in-band words.

@@ -230,6 +230,22 @@ void CudaBackend::Free(void* ptr) {
   if (ptr != nullptr) cudaFreeAsync(ptr, stream_);
 }
 
+void* CudaBackend::AllocateHost(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    LOG(WARNING) << "CUDA backend: cannot allocate " << bytes
+                 << " bytes of pinned host memory: " << cudaGetErrorString(e);
+    return nullptr;
+  }
+  return p;
+}
+
+void CudaBackend::FreeHost(void* ptr) {
+  if (ptr != nullptr) cudaFreeHost(ptr);
+}
+
 Status CudaBackend::ScratchFor(Slot slot, size_t bytes, void** ptr) {
   EDL_RETURN_IF_ERROR(scratch_[slot].Reserve(bytes, stream_));
   *ptr = scratch_[slot].get();
@@ -568,11 +584,11 @@ Status CudaBackend::SgdUpdate(const SgdParams& p, Tensor* params, const Tensor& 
 }  // namespace edl::resnet50::cuda
 
 // ---------------------------------------------------------------------------------------------
-// Factory (declared in resnet50/backend.h).
+// Factory: the plugin's entry point behind CreateCudaBackend (resnet50/backend.cc).
 
 namespace edl::resnet50 {
 
-StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& options) {
+StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const BackendOptions& options) {
   cuda::Elem act;
   if (options.precision == "fp32") {
     act = cuda::Elem::kF32;
@@ -605,3 +621,9 @@ StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const BackendOptions& optio
 }
 
 }  // namespace edl::resnet50
+
+extern "C" __attribute__((visibility("default"))) void edl_resnet50_new_cuda_backend_v1(
+    const edl::resnet50::BackendOptions* options,
+    edl::StatusOr<std::unique_ptr<edl::resnet50::Backend>>* out) {
+  *out = edl::resnet50::NewCudaBackend(*options);
+}

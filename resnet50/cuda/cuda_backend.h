@@ -107,7 +107,7 @@ struct BnPlan {
 
 class CudaBackend : public Backend {
  public:
-  // Use Create(); REQUIRES: options validated by CreateCudaBackend.
+  // Use Create(); REQUIRES: options validated by NewCudaBackend.
   explicit CudaBackend(const BackendOptions& options, Elem act);
   ~CudaBackend() override;
   Status Init();
@@ -119,6 +119,12 @@ class CudaBackend : public Backend {
   size_t BytesFor(const Shape& shape, Layout layout, DataType dtype) const override;
   void* Allocate(size_t bytes) override;
   void Free(void* ptr) override;
+  void* AllocateHost(size_t bytes) override;  // cudaMallocHost (page-locked)
+  void FreeHost(void* ptr) override;
+  void MarkResidentStep() override {
+    RecordPhase(kUploadStart);
+    RecordPhase(kUploadEnd);
+  }
   Status CopyFromHost(const void* src, Tensor* dst) override;
   Status CopyToHost(const Tensor& src, void* dst) override;
   Status Copy(const Tensor& src, Tensor* dst) override;
@@ -246,3 +252,9 @@ class CudaBackend : public Backend {
 };
 
 }  // namespace edl::resnet50::cuda
+
+namespace edl::resnet50 {
+// The CUDA backend, inside the CUDA plugin; CreateCudaBackend (resnet50/backend.cc) reaches it
+// through the plugin's entry point edl_resnet50_new_cuda_backend_v1.
+StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const BackendOptions& options);
+}  // namespace edl::resnet50

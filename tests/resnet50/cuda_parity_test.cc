@@ -67,6 +67,8 @@ std::unique_ptr<Backend> MakeBackend(const std::string& device, const std::strin
   o.precision = precision;
   auto be = CreateBackend(device, o);
   if (!be.ok()) {
+    // Only "no GPU" skips: a plugin that does not load in this CUDA build is a failure.
+    EXPECT_EQ(be.status().code(), Status::Code::kUnavailable) << be.status().ToString();
     *skip = device + " backend unavailable: " + be.status().ToString();
     return nullptr;
   }

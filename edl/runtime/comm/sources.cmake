@@ -4,13 +4,10 @@ list(APPEND EDL_SOURCES
   runtime/comm/file_kv_store.cc
   runtime/comm/gloo/gloo_communicator.cc
 )
-# The NCCL communicator lives in comm/nccl/ (its own sources.cmake); when NCCL is absent,
-# CreateNcclCommunicator() is the stub that returns FailedPrecondition.
-if(EDL_HAVE_NCCL)
-  include(${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/nccl/sources.cmake)
-else()
-  list(APPEND EDL_SOURCES runtime/comm/nccl_unavailable.cc)
-endif()
+# The NCCL communicator lives in comm/nccl/ and is built into the CUDA plugin libedl_cuda.so (the
+# top-level CMakeLists.txt); libedl's CreateNcclCommunicator() loads the plugin, so libedl itself
+# never links NCCL or the CUDA runtime.
+list(APPEND EDL_SOURCES runtime/comm/nccl_plugin.cc)
 list(APPEND EDL_LINK_LIBS ${GLOO_LIBRARY})
 # GLOO_INCLUDE_DIR is /usr/include: already searched.
 # Debian's libgloo-dev lacks gloo/common/memory.h, which tcp/pair.h includes; see compat/.

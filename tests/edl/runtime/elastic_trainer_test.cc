@@ -497,6 +497,103 @@ TEST(TrainableTest, InbandWordsAndZeroingGoThroughHostCopies) {
   EXPECT_EQ(m.to_host, std::vector<std::string>{"gradients/inband"});
 }
 
+// "Device" memory on CPU: every pointer the runtime gets (state tensors, the gradient buffer) is
+// tagged into a non-canonical address, so handing one to Gloo (or any dereference) faults; only
+// CopyToHost / CopyFromHost untag it, as a CUDA trainer's copies would. With on_device() and Gloo
+// the runtime must stage the all-reduce and the state broadcast through host memory.
+class DeviceLikeModel : public LinearModel {
+ public:
+  using LinearModel::LinearModel;
+  bool on_device() const override { return true; }
+  std::vector<StateTensor> StateTensors() override {
+    std::vector<StateTensor> v = LinearModel::StateTensors();
+    for (StateTensor& t : v) t.data = Tag(t.data);
+    return v;
+  }
+  float* GradientBuffer(size_t* count) override {
+    return static_cast<float*>(Tag(LinearModel::GradientBuffer(count)));
+  }
+  Status CopyToHost(const StateTensor& t, void* dst) override {
+    StateTensor host = t;
+    host.data = Tag(t.data);
+    return LinearModel::CopyToHost(host, dst);
+  }
+  Status CopyFromHost(const StateTensor& t, const void* src) override {
+    StateTensor host = t;
+    host.data = Tag(t.data);
+    return LinearModel::CopyFromHost(host, src);
+  }
+  void* AllocateHostStaging(size_t bytes) override {
+    ++staging_allocations;
+    return LinearModel::AllocateHostStaging(bytes);
+  }
+  int staging_allocations = 0;
+
+ private:
+  static void* Tag(void* p) {  // an involution: tags host pointers, untags tagged ones
+    return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) ^ (uintptr_t{1} << 62));
+  }
+};
+
+// Two ranks over Gloo in static mode, one epoch; returns each rank's result.
+template <typename Model>
+void RunPair(const std::string& name, bool stage, std::unique_ptr<Model> models[2],
+             ElasticResult res[2]) {
+  test::ScratchDir dir(name);
+  std::vector<std::unique_ptr<MembershipSource>> m;
+  for (int r = 0; r < 2; ++r) {
+    m.push_back(NewStaticMembership(r, 2, 1, std::make_unique<FileKvStore>(dir.Join("rdzv"))));
+    models[r] = std::make_unique<Model>(kTrain, kTest, r + 3);
+  }
+  Status st[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ElasticOptions o = Options(dir, "r" + std::to_string(r), false);
+      o.epochs = 1;
+      o.stage_through_host = stage;
+      ElasticTrainer trainer(o, models[r].get(), m[r].get());
+      st[r] = trainer.Run(&res[r]);
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_OK(st[0]);
+  ASSERT_OK(st[1]);
+}
+
+int64_t Count(const std::vector<std::string>& names, const std::string& name) {
+  return std::count(names.begin(), names.end(), name);
+}
+
+TEST(ElasticTrainerTest, GlooWithDeviceTensorsStagesThroughHostWithIdenticalResults) {
+  std::unique_ptr<CopyCountingModel> direct[2], forced[2];
+  std::unique_ptr<DeviceLikeModel> device[2];
+  ElasticResult rd[2], rf[2], rv[2];
+  RunPair("direct", /*stage=*/false, direct, rd);
+  RunPair("forced", /*stage=*/true, forced, rf);
+  RunPair("device", /*stage=*/false, device, rv);  // staged because on_device() with Gloo
+  if (HasFatalFailure()) return;
+  const int64_t steps = kTrain / 16;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(rd[r].step, steps);
+    // Staging changes where the bytes are reduced, not the bytes: bit-identical state and loss.
+    EXPECT_EQ(rf[r].state_hash, rd[0].state_hash) << r;
+    EXPECT_EQ(rv[r].state_hash, rd[0].state_hash) << r;
+    EXPECT_EQ(rd[r].state_hash, rd[0].state_hash) << r;
+    EXPECT_EQ(rf[r].last_loss, rd[r].last_loss);
+    EXPECT_EQ(rv[r].last_loss, rd[r].last_loss);
+    EXPECT_EQ(rf[r].step, steps);
+    EXPECT_EQ(rv[r].step, steps);
+    // The direct path reduces the buffer in place; the staged one copies it out and back each step.
+    EXPECT_EQ(Count(direct[r]->to_host, "gradients"), 0) << r;
+    EXPECT_EQ(Count(forced[r]->to_host, "gradients"), steps) << r;
+    EXPECT_EQ(Count(forced[r]->from_host, "gradients"), steps) << r;
+    // One staging buffer, grown for the larger of the gradients and the packed state, then kept.
+    EXPECT_GE(device[r]->staging_allocations, 1) << r;
+    EXPECT_LE(device[r]->staging_allocations, 2) << r;
+  }
+}
+
 // A clock that moves one second each time a thread reads it, counted per thread: a trainer's
 // progress window between two reports then lasts exactly one of its reads.
 class PerThreadTickClock : public Clock {

@@ -1,4 +1,6 @@
-// NCCL implementation of Communicator (GPU data plane), built only with EDL_HAVE_NCCL.
+// NCCL implementation of Communicator (GPU data plane), built only with EDL_HAVE_NCCL, into the
+// CUDA plugin libedl_cuda.so (edl/runtime/cuda_plugin.h); libedl reaches it through
+// CreateNcclCommunicator (comm/nccl_plugin.cc), which loads the plugin.
 //
 // Rendezvous: rank 0 creates the ncclUniqueId and publishes it (hex) under
 // "<key_prefix>/nccl_unique_id" in options.store; the other ranks Wait() for it with
@@ -479,7 +481,7 @@ Status WaitInit(ncclComm_t comm, const CommOptions& o, const char* what) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommOptions& options) {
+StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(const CommOptions& options) {
   EDL_RETURN_IF_ERROR(ValidateOptions(options, /*need_store=*/true));
   CommOptions o = options;
   cudaStream_t stream = nullptr;
@@ -549,3 +551,10 @@ StatusOr<std::unique_ptr<Communicator>> ShrinkNcclCommunicator(
 }
 
 }  // namespace edl::runtime
+
+// The plugin's entry point for CreateNcclCommunicator (edl/runtime/comm/nccl_plugin.cc).
+extern "C" __attribute__((visibility("default"))) void edl_cuda_new_nccl_communicator_v1(
+    const edl::runtime::CommOptions* options,
+    edl::StatusOr<std::unique_ptr<edl::runtime::Communicator>>* out) {
+  *out = edl::runtime::NewNcclCommunicator(*options);
+}

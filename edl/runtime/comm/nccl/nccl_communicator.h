@@ -1,5 +1,7 @@
-// NCCL extras beyond the Communicator interface (communicator.h declares CreateNcclCommunicator).
-// Only in builds with EDL_HAVE_NCCL (edl/runtime/comm/nccl/sources.cmake).
+// NCCL extras beyond the Communicator interface (communicator.h declares CreateNcclCommunicator,
+// which loads the CUDA plugin and calls NewNcclCommunicator there). Only in the CUDA plugin
+// libedl_cuda.so of builds with EDL_HAVE_NCCL (edl/runtime/comm/nccl/sources.cmake); code that
+// calls these directly (the NCCL tests) links the plugin.
 //
 // Thread-safety: as Communicator.
 #pragma once
@@ -11,6 +13,9 @@
 #include "edl/runtime/comm/communicator.h"
 
 namespace edl::runtime {
+
+// The NCCL communicator itself (CreateNcclCommunicator's implementation inside the plugin).
+StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(const CommOptions& options);
 
 // Builds the communicator of a pure shrink (generation g+1 = the ranks of `parent` minus
 // `excluded_ranks`, survivors keeping their relative order) with ncclCommShrink instead of a fresh

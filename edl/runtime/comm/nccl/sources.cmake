@@ -1,4 +1,4 @@
-# edl/runtime/comm/nccl: the NCCL communicator. Included by edl/runtime/comm/sources.cmake only when
-# the top-level CMake found NCCL (EDL_HAVE_NCCL); otherwise nccl_unavailable.cc provides the stub.
-list(APPEND EDL_SOURCES runtime/comm/nccl/nccl_communicator.cc)
-list(APPEND EDL_LINK_LIBS ${NCCL_LIBRARY} CUDA::cudart)
+# edl/runtime/comm/nccl: the NCCL communicator. Included by the top-level CMakeLists.txt into the
+# CUDA plugin libedl_cuda.so only when it found NCCL (EDL_HAVE_NCCL); appends to its lists.
+list(APPEND EDL_CUDA_PLUGIN_SOURCES ${CMAKE_SOURCE_DIR}/edl/runtime/comm/nccl/nccl_communicator.cc)
+list(APPEND EDL_CUDA_PLUGIN_LIBS ${NCCL_LIBRARY} CUDA::cudart)
