@@ -254,38 +254,32 @@ Status ClusterPolicy::Finish(const std::string& name) {
     return Status::FailedPrecondition(
         "job " + name + " is pending: only a running job finishes (cancel it instead)");
   }
-  BeginPass();
-  PolicyEvent e;
-  e.time_us = clock_->NowMicros();
-  e.kind = "finish";
-  e.job = name;
-  e.from = it->second.size;
-  e.reason = "its trainers completed";
-  ReleaseAll(&it->second);
-  jobs_.erase(it);
-  before_.erase(name);
-  events_.push_back(std::move(e));
-  RunPass();
+  RemoveJob(name, "finish", "its trainers completed");
   return Status::OK();
 }
 
 Status ClusterPolicy::Cancel(const std::string& name) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("job " + name + " is not pending or running");
+  RemoveJob(name, "cancel",
+            it->second.state == JobPhase::kRunning ? "cancelled while running" : "cancelled while pending");
+  return Status::OK();
+}
+
+void ClusterPolicy::RemoveJob(const std::string& name, const char* kind, const char* reason) {
+  auto it = jobs_.find(name);
   BeginPass();
   PolicyEvent e;
   e.time_us = clock_->NowMicros();
-  e.kind = "cancel";
+  e.kind = kind;
   e.job = name;
   e.from = it->second.size;
-  e.reason = it->second.state == JobPhase::kRunning ? "cancelled while running"
-                                                    : "cancelled while pending";
+  e.reason = reason;
   ReleaseAll(&it->second);
   jobs_.erase(it);
   before_.erase(name);
   events_.push_back(std::move(e));
   RunPass();
-  return Status::OK();
 }
 
 void ClusterPolicy::Tick() {

@@ -186,6 +186,8 @@ class ClusterPolicy {
   };
 
   void BeginPass();  // snapshot sizes; clear the pass's reservations and notes
+  // Logs `kind` for job `name` (which must exist), frees its slots, forgets it and re-plans.
+  void RemoveJob(const std::string& name, const char* kind, const char* reason);
   void RunPass();    // steps 1-4, deadlines, then one event per changed job
   bool Repair(PolicyJob* job);
   void Admit();
