@@ -99,15 +99,6 @@ std::string Forged(const json& msg) {
   return Header(static_cast<uint32_t>(payload.size() + tag.size()), proto::kFrameSealed) + payload + tag;
 }
 
-int64_t StatusKb(int pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1);
-  }
-  return -1;
-}
-
 bool Alive(int pid) { return ::kill(pid, 0) == 0; }
 
 class HostileWireTest : public ControlPlaneHarness {
@@ -164,7 +155,7 @@ TEST_F(HostileWireTest, PreAuthBombsAndFloodsLeaveTheServerUpAndBounded) {
   const int pid = server_->pid();
   std::string out;
   ASSERT_EQ(Ctl({"status"}, &out), 0) << out;
-  const int64_t base_kb = StatusKb(pid, "VmRSS");
+  const int64_t base_kb = ProcStatusKb(pid, "VmRSS");
   ASSERT_GT(base_kb, 0);
 
   // Deeply nested hellos: one over the pre-auth frame limit (the header alone is refused), one
@@ -211,7 +202,7 @@ TEST_F(HostileWireTest, PreAuthBombsAndFloodsLeaveTheServerUpAndBounded) {
   EXPECT_EQ(server_->Wait(milliseconds(0)), -1) << "the server died\n" << Slurp(dir_.Join("server.log"), 4000);
   // Stated bound: the whole attack raised the server's peak RSS by less than 64 MiB (before the
   // fix, each announced 4 MiB frame was allocated up front: ~800 MiB for 200 connections).
-  const int64_t peak_kb = StatusKb(pid, "VmHWM");
+  const int64_t peak_kb = ProcStatusKb(pid, "VmHWM");
   std::cout << "server RSS before the attack " << base_kb << " kB, peak " << peak_kb << " kB\n";
   EXPECT_LT(peak_kb - base_kb, 64 * 1024) << "baseline " << base_kb << " kB, peak " << peak_kb << " kB";
   for (int fd : idle) ::close(fd);

@@ -130,16 +130,6 @@ bool Listening(const std::string& path) {
   return net::FramedSocket::ConnectUnix(path, milliseconds(2000)).ok();
 }
 
-// A field of /proc/<pid>/status in KiB ("VmHWM": the peak resident set).
-int64_t ProcKb(int pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1);
-  }
-  return -1;
-}
-
 class InsiderTest : public ControlPlaneHarness {
  protected:
   std::string Secret() {
@@ -343,7 +333,7 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
   ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 1; },
                                 milliseconds(60000)))
       << Diagnostics();
-  const int64_t before_kb = ProcKb(server_->pid(), "VmHWM");  // the peak before any flood
+  const int64_t before_kb = ProcStatusKb(server_->pid(), "VmHWM");  // the peak before any flood
   ASSERT_GT(before_kb, 0);
   std::unique_ptr<Insider> a;
   ASSERT_OK(Open("flood-a", 1, &a));
@@ -416,7 +406,7 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
       << Diagnostics();
   EXPECT_NE(Slurp(dir_.Join("server.log")).find("dropping watcher"), std::string::npos);
 
-  const int64_t peak_kb = ProcKb(server_->pid(), "VmHWM");
+  const int64_t peak_kb = ProcStatusKb(server_->pid(), "VmHWM");
   ASSERT_GT(peak_kb, 0);
   std::cout << "server peak RSS " << before_kb << " KiB before the floods, " << peak_kb
             << " KiB after\n";

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -110,6 +111,16 @@ inline std::string Slurp(const std::string& path, size_t max = std::string::npos
   ss << in.rdbuf();
   std::string s = ss.str();
   return s.size() > max ? s.substr(s.size() - max) : s;
+}
+
+// A field of /proc/<pid>/status in KiB ("VmRSS", "VmHWM": the peak resident set); -1 if absent.
+inline int64_t ProcStatusKb(int pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1);
+  }
+  return -1;
 }
 
 // Polls `pred` every 100 ms until it holds or `timeout` passes.

@@ -33,15 +33,6 @@ std::string CudaLibsIn(const std::string& text) {
   return found;
 }
 
-int64_t StatusKb(int pid, const std::string& field) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1);
-  }
-  return -1;
-}
-
 class CudaIsolationTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -73,10 +64,10 @@ TEST_F(CudaIsolationTest, IdleServerAndCtlMapNoCudaLibrary) {
   const std::string maps = Slurp("/proc/" + std::to_string(server.pid()) + "/maps");
   ASSERT_NE(maps.find("libedl.so"), std::string::npos) << "the maps were not read";
   EXPECT_EQ(CudaLibsIn(maps), "") << "an idle edl server maps CUDA";
-  const int64_t rss_kb = StatusKb(server.pid(), "VmRSS");
+  const int64_t rss_kb = itest::ProcStatusKb(server.pid(), "VmRSS");
   ASSERT_GT(rss_kb, 0);
   std::cout << "idle edl server: VmRSS " << rss_kb << " KiB (" << rss_kb / 1024 << " MiB), VmHWM "
-            << StatusKb(server.pid(), "VmHWM") << " KiB\n";
+            << itest::ProcStatusKb(server.pid(), "VmHWM") << " KiB\n";
   RecordProperty("idle_server_rss_kb", static_cast<int>(rss_kb));
 
   int rc = -1;
