@@ -434,22 +434,24 @@ TEST(ElasticTrainerTest, ColdStartLoadsOnOneRankAndBroadcasts) {
   EXPECT_EQ(first["idx"].size(), 3u * 8) << "the global step: every rank's slice";
 }
 
-TEST(ElasticTrainerTest, StaticModeTrainsAFixedWorldOverAFileStore) {
-  test::ScratchDir dir("static");
+// Two ranks over Gloo in static mode (rendezvous and logs under `dir`), one epoch; returns each
+// rank's result.
+template <typename Model>
+void RunPair(const test::ScratchDir& dir, bool stage, std::unique_ptr<Model> models[2],
+             ElasticResult res[2]) {
   std::vector<std::unique_ptr<MembershipSource>> m;
-  std::vector<std::unique_ptr<LinearModel>> models;
   for (int r = 0; r < 2; ++r) {
     m.push_back(NewStaticMembership(r, 2, 1, std::make_unique<FileKvStore>(dir.Join("rdzv"))));
-    models.push_back(std::make_unique<LinearModel>(kTrain, kTest, r + 3));
+    models[r] = std::make_unique<Model>(kTrain, kTest, r + 3);
   }
   EXPECT_EQ(m[1]->trainer_id(), "rank-1");
-  ElasticResult res[2];
   Status st[2];
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
       ElasticOptions o = Options(dir, "r" + std::to_string(r), false);
       o.epochs = 1;
+      o.stage_through_host = stage;
       ElasticTrainer trainer(o, models[r].get(), m[r].get());
       st[r] = trainer.Run(&res[r]);
     });
@@ -457,6 +459,14 @@ TEST(ElasticTrainerTest, StaticModeTrainsAFixedWorldOverAFileStore) {
   for (auto& th : threads) th.join();
   ASSERT_OK(st[0]);
   ASSERT_OK(st[1]);
+}
+
+TEST(ElasticTrainerTest, StaticModeTrainsAFixedWorldOverAFileStore) {
+  test::ScratchDir dir("static");
+  std::unique_ptr<LinearModel> models[2];
+  ElasticResult res[2];
+  RunPair(dir, /*stage=*/false, models, res);
+  if (HasFatalFailure()) return;
   EXPECT_EQ(res[0].state_hash, res[1].state_hash);
   EXPECT_EQ(res[0].step, kTrain / 16);
   ExpectExactlyOnce(dir, {"r0", "r1"}, 1);
@@ -535,32 +545,6 @@ class DeviceLikeModel : public LinearModel {
   }
 };
 
-// Two ranks over Gloo in static mode, one epoch; returns each rank's result.
-template <typename Model>
-void RunPair(const std::string& name, bool stage, std::unique_ptr<Model> models[2],
-             ElasticResult res[2]) {
-  test::ScratchDir dir(name);
-  std::vector<std::unique_ptr<MembershipSource>> m;
-  for (int r = 0; r < 2; ++r) {
-    m.push_back(NewStaticMembership(r, 2, 1, std::make_unique<FileKvStore>(dir.Join("rdzv"))));
-    models[r] = std::make_unique<Model>(kTrain, kTest, r + 3);
-  }
-  Status st[2];
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      ElasticOptions o = Options(dir, "r" + std::to_string(r), false);
-      o.epochs = 1;
-      o.stage_through_host = stage;
-      ElasticTrainer trainer(o, models[r].get(), m[r].get());
-      st[r] = trainer.Run(&res[r]);
-    });
-  }
-  for (auto& th : threads) th.join();
-  ASSERT_OK(st[0]);
-  ASSERT_OK(st[1]);
-}
-
 int64_t Count(const std::vector<std::string>& names, const std::string& name) {
   return std::count(names.begin(), names.end(), name);
 }
@@ -569,9 +553,10 @@ TEST(ElasticTrainerTest, GlooWithDeviceTensorsStagesThroughHostWithIdenticalResu
   std::unique_ptr<CopyCountingModel> direct[2], forced[2];
   std::unique_ptr<DeviceLikeModel> device[2];
   ElasticResult rd[2], rf[2], rv[2];
-  RunPair("direct", /*stage=*/false, direct, rd);
-  RunPair("forced", /*stage=*/true, forced, rf);
-  RunPair("device", /*stage=*/false, device, rv);  // staged because on_device() with Gloo
+  test::ScratchDir d1("direct"), d2("forced"), d3("device");
+  RunPair(d1, /*stage=*/false, direct, rd);
+  RunPair(d2, /*stage=*/true, forced, rf);
+  RunPair(d3, /*stage=*/false, device, rv);  // staged because on_device() with Gloo
   if (HasFatalFailure()) return;
   const int64_t steps = kTrain / 16;
   for (int r = 0; r < 2; ++r) {
