@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <regex>
 #include <set>
@@ -238,6 +239,8 @@ TEST_F(DistillTest, TeachersComeAndGoWhileStudentsTrainAndReform) {
     if (!std::regex_search(log, id, id_re) || !std::regex_search(log, counts, counts_re)) continue;
     const int64_t a = std::stoll(counts[1]), fb = std::stoll(counts[2]);
     EXPECT_EQ(a + fb, fed[id[1]]) << id[1] << Diagnostics();
+    std::cout << "student " << id[1] << ": " << a << " samples answered, " << fb
+              << " fell back to labels\n";
     answered += a;
     ++students;
   }
