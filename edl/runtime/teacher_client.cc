@@ -373,6 +373,13 @@ void TeacherClient::Impl::MaintenanceLoop() {
       const auto now = Clock::now();
       for (auto& b : order_) {
         if (b->done || b->teacher.empty() || now - b->sent < o_.resend_after) continue;
+        // Only to a live teacher that has not had it: asking the same slow teacher twice would
+        // only add to its queue.
+        bool other = false;
+        for (const auto& [name, t] : teachers_) {
+          other = other || (!t->dead && name != b->teacher && b->tried.count(name) == 0);
+        }
+        if (!other) continue;
         // The slow teacher keeps the request in its count until it answers (or is dropped).
         by_req_.erase(b->req_id);
         b->tried.insert(b->teacher);
