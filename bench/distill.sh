@@ -23,7 +23,11 @@
 # A short run (~15 min): TRAIN_SAMPLES=4096 TEACHER_EPOCHS=2 EPOCHS=1 SEEDS="1" bench/distill.sh
 # Knobs: BUILD (build), SEEDS ("1 2 3"), EPOCHS (3), TEACHER_EPOCHS (5), TRAIN_SAMPLES (0 = all
 # 60000), BATCH (128), STUDENT_CPUS (0), TEACHER_CPUS (1), N_TEACHERS (2), TEACHER_COUNTS
-# ("1 2 4"), T (4), ALPHA (0.5), KEEP (a directory to keep the teacher and the logs in).
+# ("1 2 4"), T (4), ALPHA (0.5), TEACHER_MODEL (resnet56), KEEP (a directory to keep the teacher
+# and the logs in).
+# A ResNet-56 forward costs about what a ResNet-20 forward + backward does, so one teacher core
+# keeps up with one student core only just: give the teachers more cores than the students (or a
+# smaller TEACHER_MODEL) for teacher answers to arrive ahead of every step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EDL=$(realpath "${BUILD:-build}/edl")
@@ -38,6 +42,7 @@ N_TEACHERS=${N_TEACHERS:-2}
 TEACHER_COUNTS=${TEACHER_COUNTS:-1 2 4}
 T=${T:-4}
 ALPHA=${ALPHA:-0.5}
+TEACHER_MODEL=${TEACHER_MODEL:-resnet56}
 if [ -n "${KEEP:-}" ]; then
   WORK=$(realpath -m "$KEEP"); mkdir -p "$WORK"
 else
@@ -64,8 +69,8 @@ STUDENT=(--model resnet20 "${DATA[@]}" --batch_size "$BATCH" --epochs "$EPOCHS" 
 
 # ---- the teacher (trained once; kept with KEEP)
 if [ ! -d "$WORK/teacher" ]; then
-  echo "training the ResNet-56 teacher ($TEACHER_EPOCHS epochs) ..."
-  taskset -c "$STUDENT_CPUS,$TEACHER_CPUS" "$EDL" train --model resnet56 "${DATA[@]}" \
+  echo "training the $TEACHER_MODEL teacher ($TEACHER_EPOCHS epochs) ..."
+  taskset -c "$STUDENT_CPUS,$TEACHER_CPUS" "$EDL" train --model "$TEACHER_MODEL" "${DATA[@]}" \
     --batch_size "$BATCH" --epochs "$TEACHER_EPOCHS" --augment true --log_every 0 \
     --checkpoint_dir "$WORK/teacher" | tee "$WORK/teacher.log" | grep summary
 fi
@@ -78,7 +83,7 @@ for _ in $(seq 100); do [ -s "$WORK/server.port" ] && break; sleep 0.1; done
 SERVER=127.0.0.1:$(cat "$WORK/server.port")
 TEACHER_PIDS=()
 start_teacher() {  # $1 name
-  taskset -c "$TEACHER_CPUS" "$EDL" teacher --service kd --name "$1" --model resnet56 "${DATA[@]}" \
+  taskset -c "$TEACHER_CPUS" "$EDL" teacher --service kd --name "$1" --model "$TEACHER_MODEL" "${DATA[@]}" \
     --checkpoint_dir "$WORK/teacher" --server "$SERVER" --secret_file "$SECRET" --bind 127.0.0.1 \
     --threads "$n_teacher_cpus" --port_file "$WORK/$1.port" > "$WORK/$1.log" 2>&1 &
   PIDS+=($!); TEACHER_PIDS+=($!)
@@ -100,7 +105,7 @@ student() {
 }
 DISTILL=(--distill kd --distill_server "$SERVER" --secret_file "$SECRET" --distill_temperature "$T"
          --distill_alpha "$ALPHA")
-LOCAL=(--distill_local "$WORK/teacher" --distill_local_model resnet56 --distill_temperature "$T"
+LOCAL=(--distill_local "$WORK/teacher" --distill_local_model "$TEACHER_MODEL" --distill_temperature "$T"
        --distill_alpha "$ALPHA")
 
 for i in $(seq "$N_TEACHERS"); do start_teacher "t$i"; done
