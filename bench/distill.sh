@@ -24,7 +24,7 @@
 # Knobs: BUILD (build), SEEDS ("1 2 3"), EPOCHS (3), TEACHER_EPOCHS (5), TRAIN_SAMPLES (0 = all
 # 60000), BATCH (128), STUDENT_CPUS (0), TEACHER_CPUS (1), N_TEACHERS (2), TEACHER_COUNTS
 # ("1 2 4"), T (4), ALPHA (0.5), TEACHER_MODEL (resnet56), KEEP (a directory to keep the teacher
-# and the logs in).
+# and the logs in), ONLY_KILL (set: only the teacher-kill run).
 # A ResNet-56 forward costs about what a ResNet-20 forward + backward does, so one teacher core
 # keeps up with one student core only just: give the teachers more cores than the students (or a
 # smaller TEACHER_MODEL) for teacher answers to arrive ahead of every step.
@@ -64,7 +64,7 @@ SECRET=$WORK/secret
 [ -f "$SECRET" ] || { head -c 32 /dev/urandom | base64 > "$SECRET"; }
 chmod 600 "$SECRET"
 DATA=(--data fashion-mnist --train_samples "$TRAIN_SAMPLES")
-STUDENT=(--model resnet20 "${DATA[@]}" --batch_size "$BATCH" --epochs "$EPOCHS" --log_every 0
+STUDENT=(--model resnet20 "${DATA[@]}" --batch_size "$BATCH" --epochs "$EPOCHS"
          --threads "$n_student_cpus")
 
 # ---- the teacher (trained once; kept with KEEP)
@@ -76,6 +76,7 @@ if [ ! -d "$WORK/teacher" ]; then
 fi
 
 # ---- the server and teachers of (b)
+rm -f "$WORK"/*.port  # from an earlier run kept with KEEP
 "$EDL" server --server_port 0 --bind 127.0.0.1 --port_file "$WORK/server.port" \
   --secret_file "$SECRET" --job_id distill --events_dir "$WORK/events" > "$WORK/server.log" 2>&1 &
 PIDS+=($!)
@@ -99,7 +100,7 @@ stop_teachers() {
 # Student: $1 log, rest: extra flags. Prints "acc images/s" from the summary line.
 student() {
   local log=$1; shift
-  taskset -c "$STUDENT_CPUS" "$EDL" train "${STUDENT[@]}" "$@" > "$log" 2>&1
+  taskset -c "$STUDENT_CPUS" "$EDL" train "${STUDENT[@]}" --log_every 0 "$@" > "$log" 2>&1
   awk '$1 == "summary:" { for (i = 1; i <= NF; i++) { if ($i == "test_acc") a = $(i+1);
        if ($i == "train_images/s") r = $(i+1) } } END { sub("%", "", a); print a, r }' "$log"
 }
@@ -108,6 +109,8 @@ DISTILL=(--distill kd --distill_server "$SERVER" --secret_file "$SECRET" --disti
 LOCAL=(--distill_local "$WORK/teacher" --distill_local_model "$TEACHER_MODEL" --distill_temperature "$T"
        --distill_alpha "$ALPHA")
 
+seed=${SEEDS%% *}
+if [ -z "${ONLY_KILL:-}" ]; then
 for i in $(seq "$N_TEACHERS"); do start_teacher "t$i"; done
 for seed in $SEEDS; do
   read -r acc ips < <(student "$WORK/a.$seed.log" --seed "$seed")
@@ -144,11 +147,12 @@ for n in $TEACHER_COUNTS; do
   echo "(b) with $n teachers: student images/s $ips, test acc $acc%" \
        "($(grep -o 'distill answered=.*' "$WORK/n$n.log"))"
 done
+fi  # ONLY_KILL
 
 # ---- a teacher SIGKILLed mid-epoch (2 teachers; a third one joins)
 stop_teachers
 start_teacher t1; start_teacher t2
-taskset -c "$STUDENT_CPUS" "$EDL" train "${STUDENT[@]}" --seed "$seed" "${DISTILL[@]}" --log_every 5 \
+taskset -c "$STUDENT_CPUS" "$EDL" train "${STUDENT[@]}" --seed "$seed" "${DISTILL[@]}" --log_every 2 \
   > "$WORK/kill.log" 2>&1 &
 student_pid=$!; PIDS+=($student_pid)
 steps_per_epoch=$(( ( ${TRAIN_SAMPLES/#0/60000} + BATCH - 1 ) / BATCH ))
