@@ -57,6 +57,23 @@ void PrintStatus(const json& b) {
             << Pad(p.value("reporting", 0) > 0 ? Fixed(p.value("loss", 0.0), 4) : "-", 9)
             << Pad(p.value("reporting", 0) > 0 ? Fixed(p.value("images_per_sec", 0.0), 1) : "-", 10)
             << state << "\n";
+  // Inference services (teachers of distilling students): one line per teacher.
+  const json services = b.value("services", json::object());
+  if (!services.is_object() || services.empty()) return;
+  std::cout << "\n" << Pad("SERVICE", 14) << Pad("TEACHER", 20) << Pad("ADDRESS", 22) << Pad("REQ/S", 9)
+            << Pad("SAMPLES/S", 11) << Pad("LATENCY-MS", 12) << "STUDENTS\n";
+  for (const auto& [name, s] : services.items()) {
+    const std::string students = std::to_string(s.value("students", 0));
+    const json teachers = s.value("teachers", json::array());
+    if (teachers.empty()) std::cout << Pad(name, 14) << Pad("-", 20) << Pad("-", 22) << Pad("-", 9) << Pad("-", 11) << Pad("-", 12) << students << "\n";
+    for (const json& t : teachers) {
+      std::cout << Pad(name, 14) << Pad(t.value("name", std::string("?")), 20)
+                << Pad(t.value("host", std::string("?")) + ":" + std::to_string(t.value("port", 0)), 22)
+                << Pad(Fixed(t.value("requests_per_sec", 0.0), 1), 9)
+                << Pad(Fixed(t.value("samples_per_sec", 0.0), 1), 11)
+                << Pad(Fixed(t.value("latency_ms", 0.0), 1), 12) << students << "\n";
+    }
+  }
 }
 
 std::string StatusLine(const json& b) {

@@ -17,7 +17,7 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 
 struct Server::Peer {
-  enum class State { kAuth, kClient, kCtl };
+  enum class State { kAuth, kClient, kCtl, kService };  // kService: a teacher or a student
   std::shared_ptr<net::Connection> conn;
   State state = State::kAuth;
   std::string nonce;           // ours, in the challenge
@@ -42,6 +42,12 @@ Server::Server(asio::io_context* io, ServerOptions options, Clock* clock)
       acceptor_(*io),
       tick_timer_(*io),
       scheduler_(options_.scheduler, clock),
+      services_(clock,
+                [this](uint64_t id, const json& m) {
+                  for (auto& [p, peer] : peers_) {
+                    if (peer->id == id) peer->conn->Send(m);
+                  }
+                }),
       kv_(options_.kv) {}
 
 Server::~Server() = default;
@@ -249,6 +255,7 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
                        why.ToString());
   }
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
+  services_.Remove(peer->id);
   const size_t waits = kv_.CancelOwner(peer->id);  // nobody left to answer
   if (waits > 0) VLOG(1) << "dropped " << waits << " kv waits of " << peer->conn->peer();
   peers_.erase(peer.get());
@@ -289,6 +296,9 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
       break;
     case Peer::State::kClient:
       OnClientMessage(peer, type, msg);
+      break;
+    case Peer::State::kService:
+      if (Status s = services_.OnMessage(peer->id, type, msg); !s.ok()) return Reject(peer, s);
       break;
     case Peer::State::kCtl:
       if (type != proto::msg::kCtl) {
@@ -341,6 +351,21 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
                                                                hello.nonce, /*server_side=*/true),
                              proto::kMaxFrameBytes);
   };
+  if (hello.role == "teacher" || hello.role == "student") {  // service_registry.h
+    uint64_t replaced = 0;
+    if (s = services_.Attach(peer->id, hello, &replaced); !s.ok()) return refuse(s);
+    peer->state = Peer::State::kService;
+    peer->conn->SetIdleTimeout(milliseconds(
+        hello.role == "teacher" ? options_.scheduler.heartbeat_timeout_us / 1000 : 0));
+    welcome();
+    services_.Welcomed(peer->id);
+    std::shared_ptr<Peer> old;  // a re-registered teacher's previous connection
+    for (auto& [p, other] : peers_) {
+      if (replaced != 0 && other->id == replaced) old = other;
+    }
+    if (old) old->conn->Close(Status::Aborted("replaced by a new registration of the teacher"));
+    return;
+  }
   if (hello.role == "ctl") {
     peer->state = Peer::State::kCtl;
     peer->conn->SetIdleTimeout(milliseconds(0));
@@ -756,6 +781,7 @@ json Server::StatusBody() const {
                    {"images_per_sec", ips}, {"accuracy", acc}};
   s["port"] = port_;
   s["events_log"] = events_.path();
+  s["services"] = services_.Summary();
   return s;
 }
 

@@ -25,6 +25,7 @@
 #include "jobserver/kv_store.h"
 #include "jobserver/scaling.h"
 #include "jobserver/scheduler.h"
+#include "jobserver/service_registry.h"
 
 namespace edl::jobserver {
 
@@ -124,6 +125,7 @@ class Server {
   bool shutting_down_ = false;
 
   Scheduler scheduler_;
+  ServiceRegistry services_;  // teachers and the students watching them
   KvStore kv_;
   EventsLog events_;
   std::optional<ScalingScript> script_;

@@ -21,7 +21,9 @@
 #include "edl/base/flags.h"
 #include "edl/runtime/checkpoint_loader.h"
 #include "edl/runtime/run_mode.h"
+#include "resnet50/data/data_flags.h"
 #include "resnet50/data/dataset.h"
+#include "resnet50/distill_main.h"
 #include "resnet50/train_loop.h"
 #include "resnet50/trainer.h"
 
@@ -36,10 +38,8 @@ struct Config {
   LoopOptions loop;  // loop.elastic: the runtime's options
   runtime::CheckpointLoaderOptions checkpoint;  // checkpoint.save: when to save
   ckpt::RocksDbStoreOptions store;              // store.dir empty: no checkpoints
-  // data
-  std::string data, data_dir;
-  int image_size = 0, channels = 3;
-  int64_t synthetic_train = 0, synthetic_test = 0, train_samples = 0;
+  DataFlags data;
+  DistillFlags distill;
   // parsed or converted by Finish()
   std::string batch_policy, lr_milestones, comm = "auto";
   double comm_timeout_s = 30, generation_wait_s = 120;
@@ -54,26 +54,15 @@ struct Config {
 
 po::options_description Flags(Config* c) {
   po::options_description d("edl train flags");
+  AddDataFlags(&d, &c->data);
+  AddDistillFlags(&d, &c->distill);
   d.add_options()
       ("model", po::value(&c->trainer.model.name)->default_value("resnet20"),
        "resnet20|resnet56 (28/32 px) or resnet18|resnet34|resnet50|resnet101 (224 px)")
-      ("data", po::value(&c->data)->default_value("fashion-mnist"), "fashion-mnist|synthetic")
-      ("data_dir", po::value(&c->data_dir)->default_value("/usr/share/datasets/fashion-mnist"),
-       "directory with the Fashion-MNIST IDX files (.gz or plain)")
-      ("image_size", po::value(&c->image_size)->default_value(0),
-       "image side in px; 0 = 28 for fashion-mnist, 32 (resnet20/56) or 224 for synthetic; "
-       "fashion-mnist images are zero-padded to it")
-      ("channels", po::value(&c->channels)->default_value(3, "3"), "synthetic image channels")
-      ("synthetic_train", po::value(&c->synthetic_train)->default_value(0),
-       "synthetic training samples; 0 = 100 batches")
-      ("synthetic_test", po::value(&c->synthetic_test)->default_value(0),
-       "synthetic test samples; 0 = 4 batches")
       ("batch_size", po::value(&c->loop.elastic.batch)->default_value(128, "128"),
        "samples per step: per trainer (fixed-local) or in total (fixed-global)")
       ("batch_policy", po::value(&c->batch_policy)->default_value("fixed-local"),
        "fixed-local (global batch = world x batch_size) | fixed-global (batch_size split across trainers)")
-      ("train_samples", po::value(&c->train_samples)->default_value(0),
-       "use only the first N training samples (fast tests and demos); 0 = all")
       ("epochs", po::value(&c->loop.elastic.epochs)->default_value(1, "1"), "training epochs")
       ("max_steps", po::value(&c->loop.elastic.max_steps)->default_value(0, "0"), "stop after this many steps; 0 = no limit")
       ("lr", po::value(&c->loop.elastic.lr.base_lr)->default_value(0.1, "0.1"), "learning rate at --base_batch samples per step")
@@ -150,74 +139,6 @@ Status ParseMilestones(const std::string& text, std::vector<double>* out) {
   return Status::OK();
 }
 
-bool IsCifarModel(const std::string& m) { return m == "resnet20" || m == "resnet56"; }
-
-Status LoadFullData(const Config& c, std::unique_ptr<Dataset>* train,
-                    std::unique_ptr<Dataset>* test);
-
-// The first `n` samples of another dataset (--train_samples).
-class PrefixDataset : public Dataset {
- public:
-  PrefixDataset(std::unique_ptr<Dataset> base, int64_t n) : base_(std::move(base)), n_(n) {}
-  int64_t size() const override { return n_; }
-  int channels() const override { return base_->channels(); }
-  int image_size() const override { return base_->image_size(); }
-  int num_classes() const override { return base_->num_classes(); }
-  std::string name() const override {
-    return base_->name() + " (first " + std::to_string(n_) + ")";
-  }
-  Status FillBatch(const std::vector<int64_t>& indices, const Augment& aug, uint64_t aug_seed,
-                   float* images, int32_t* labels) const override {
-    for (int64_t i : indices) {
-      if (i < 0 || i >= n_) {
-        return Status::InvalidArgument("sample " + std::to_string(i) + " outside the first " +
-                                       std::to_string(n_));
-      }
-    }
-    return base_->FillBatch(indices, aug, aug_seed, images, labels);
-  }
-
- private:
-  const std::unique_ptr<Dataset> base_;
-  const int64_t n_;
-};
-
-Status LoadData(const Config& c, std::unique_ptr<Dataset>* train, std::unique_ptr<Dataset>* test) {
-  EDL_RETURN_IF_ERROR(LoadFullData(c, train, test));
-  if (c.train_samples > 0 && c.train_samples < (*train)->size()) {
-    *train = std::make_unique<PrefixDataset>(std::move(*train), c.train_samples);
-  }
-  return Status::OK();
-}
-
-Status LoadFullData(const Config& c, std::unique_ptr<Dataset>* train,
-                    std::unique_ptr<Dataset>* test) {
-  if (c.data == "fashion-mnist") {
-    const int size = c.image_size == 0 ? 28 : c.image_size;
-    auto tr = LoadFashionMnist(c.data_dir, true, size);
-    if (!tr.ok()) return tr.status();
-    *train = std::move(tr.value());
-    if (c.loop.eval) {
-      auto te = LoadFashionMnist(c.data_dir, false, size);
-      if (!te.ok()) return te.status();
-      *test = std::move(te.value());
-    }
-    return Status::OK();
-  }
-  if (c.data == "synthetic") {
-    const int size = c.image_size != 0 ? c.image_size : (IsCifarModel(c.model()) ? 32 : 224);
-    if (c.channels != 1 && c.channels != 3) {
-      return Status::InvalidArgument("--channels must be 1 or 3");
-    }
-    const int64_t ntrain = c.synthetic_train > 0 ? c.synthetic_train : 100 * c.batch();
-    const int64_t ntest = c.synthetic_test > 0 ? c.synthetic_test : 4 * c.batch();
-    *train = MakeSyntheticDataset(ntrain, c.channels, size, 10, c.trainer.seed);
-    if (c.loop.eval) *test = MakeSyntheticDataset(ntest, c.channels, size, 10, c.trainer.seed + 1);
-    return Status::OK();
-  }
-  return Status::InvalidArgument("--data '" + c.data + "' is unknown; use fashion-mnist or synthetic");
-}
-
 Status Validate(const Config& c) {
   const runtime::ElasticOptions& e = c.loop.elastic;
   const TrainerOptions& t = c.trainer;
@@ -225,9 +146,9 @@ Status Validate(const Config& c) {
   if (e.epochs <= 0) return Status::InvalidArgument("--epochs must be > 0");
   if (e.max_steps < 0) return Status::InvalidArgument("--max_steps must be >= 0");
   if (t.threads < 0) return Status::InvalidArgument("--threads must be >= 0");
-  if (c.image_size < 0) return Status::InvalidArgument("--image_size must be >= 0");
   if (e.lr.base_lr <= 0) return Status::InvalidArgument("--lr must be > 0");
-  if (c.train_samples < 0) return Status::InvalidArgument("--train_samples must be >= 0");
+  EDL_RETURN_IF_ERROR(ValidateDataFlags(c.data));
+  EDL_RETURN_IF_ERROR(ValidateDistillFlags(c.distill));
   if (e.lr.rescale_ramp_steps < 0) return Status::InvalidArgument("--rescale_ramp_steps must be >= 0");
   if (c.comm_timeout_s <= 0) return Status::InvalidArgument("--comm_timeout_s must be > 0");
   if (c.generation_wait_s <= 0) return Status::InvalidArgument("--generation_wait_s must be > 0");
@@ -290,13 +211,14 @@ Status Finish(Config* c) {
   e.seed = c->trainer.seed;  // one --seed: init, augmentation and data order
   // Augmentation is seeded by (seed, batch indices) inside the loader: nothing to sync on re-form.
   c->trainer.augment.random_crop = c->trainer.augment.flip = c->augment;
-  c->loop.label = c->model() + " " + c->data;
+  c->loop.label = c->model() + " " + c->data.data;
   return Status::OK();
 }
 
 StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c) {
   std::unique_ptr<Dataset> train, test;
-  EDL_RETURN_IF_ERROR(LoadData(c, &train, &test));
+  EDL_RETURN_IF_ERROR(
+      LoadData(c.data, c.model(), c.batch(), c.trainer.seed, c.loop.eval, &train, &test));
   return Trainer::Create(c.trainer, std::move(train), std::move(test));
 }
 
@@ -329,6 +251,8 @@ int RunTrainMain(int argc, char** argv) {
   auto trainer = MakeTrainer(c);
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer* t = trainer.value().get();
+  auto teacher = SetUpDistillation(c.distill, c.data, c.trainer.seed, c.batch(), t);
+  if (!teacher.ok()) return Fail(teacher.status());
   c.loop.threads = t->threads();
   // --comm, now that the device is known (--device auto). A CPU trainer never asks about NCCL,
   // which would load the CUDA plugin.
@@ -355,6 +279,10 @@ int RunTrainMain(int argc, char** argv) {
   LoopResult result;
   s = c.plain_allreduce ? RunPlainAllReduce(t, c.loop, membership.value().get(), std::cout, &result)
                         : RunTraining(t, c.loop, membership.value().get(), std::cout, &result);
+  if (teacher.value()) {
+    // Every sample this process trained either had teacher logits or was counted as a fallback.
+    std::cout << "edl train: distill " << teacher.value()->CountersLine() << std::endl;
+  }
   if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
   AppendUsage(c, membership.value()->trainer_id(), result);
   return 0;

@@ -93,6 +93,69 @@ Status Trainer::ScaleGradients(float factor) {
 
 void Trainer::Prefetch(const std::vector<int64_t>& indices) { train_loader_->Prefetch(indices); }
 
+void Trainer::SetTeacher(runtime::TeacherSource* teacher, const DistillLossParams& params,
+                         int window) {
+  teacher_ = teacher;
+  distill_ = params;
+  distill_.label_smoothing = options_.label_smoothing;
+  window_ = std::max(1, window);
+}
+
+void Trainer::Lookahead(const std::vector<std::vector<int64_t>>& steps) {
+  if (teacher_ == nullptr) return;
+  // Teacher requests only: the data loader is left as without distillation, so a distilled run
+  // and a plain one differ by the teacher's cost alone (bench/distill.sh).
+  for (const std::vector<int64_t>& s : steps) {
+    if (!s.empty()) teacher_->Request(s, train_loader_->AugSeed(s));
+  }
+}
+
+uint64_t Trainer::AugSeed(const std::vector<int64_t>& indices) const {
+  return train_loader_->AugSeed(indices);
+}
+
+Status Trainer::InferTrain(const std::vector<TrainBatch>& batches, std::vector<float>* logits) {
+  int64_t n = 0;
+  for (const TrainBatch& b : batches) n += static_cast<int64_t>(b.indices->size());
+  if (n == 0) return Status::InvalidArgument("InferTrain: no samples");
+  const int64_t per = static_cast<int64_t>(train_->channels()) * train_->image_size() *
+                      train_->image_size();
+  HostBatch all;
+  all.images.resize(static_cast<size_t>(n * per));
+  all.labels.resize(static_cast<size_t>(n));
+  all.indices.resize(static_cast<size_t>(n));
+  int64_t at = 0;
+  for (const TrainBatch& b : batches) {
+    EDL_RETURN_IF_ERROR(train_->FillBatch(*b.indices, b.augment, b.aug_seed,
+                                          all.images.data() + at * per, all.labels.data() + at));
+    at += static_cast<int64_t>(b.indices->size());
+  }
+  EDL_RETURN_IF_ERROR(Upload(all));
+  const Tensor* out = nullptr;
+  EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/false, &out));
+  logits->resize(static_cast<size_t>(n * train_->num_classes()));
+  return backend_->CopyToHost(*out, logits->data());
+}
+
+// The distillation loss on host memory (resnet50/distill_loss.h): logits down, dlogits up.
+Status Trainer::DistillStep(const std::vector<int64_t>& indices, const Tensor& logits,
+                            double* loss_sum, int64_t* correct) {
+  const int64_t n = static_cast<int64_t>(indices.size());
+  const int64_t m = train_->num_classes();
+  host_logits_.resize(static_cast<size_t>(n * m));
+  host_teacher_.resize(host_logits_.size());
+  host_dlogits_.resize(host_logits_.size());
+  has_teacher_.resize(static_cast<size_t>(n));
+  EDL_RETURN_IF_ERROR(backend_->CopyToHost(logits, host_logits_.data()));
+  EDL_RETURN_IF_ERROR(teacher_->Get(indices, train_loader_->AugSeed(indices), static_cast<int>(m),
+                                    host_teacher_.data(), has_teacher_.data()));
+  EDL_RETURN_IF_ERROR(DistillLoss(distill_, host_logits_.data(), fed_labels_.data(),
+                                  host_teacher_.data(), has_teacher_.data(), n, m,
+                                  1.f / static_cast<float>(n), host_dlogits_.data(), loss_sum,
+                                  correct));
+  return backend_->CopyFromHost(host_dlogits_.data(), &dlogits_);
+}
+
 Status Trainer::Upload(const HostBatch& batch) {
   const int64_t n = static_cast<int64_t>(batch.indices.size());
   const int64_t s = train_->image_size();
@@ -124,9 +187,13 @@ Status Trainer::ForwardBackward(const std::vector<int64_t>& indices, runtime::St
   EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/true, &logits));
   double loss_sum = 0;
   int64_t correct = 0;
-  EDL_RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(*logits, labels_, options_.label_smoothing,
-                                                    1.f / static_cast<float>(n), &dlogits_,
-                                                    &loss_sum, &correct));
+  if (teacher_ != nullptr) {
+    EDL_RETURN_IF_ERROR(DistillStep(indices, *logits, &loss_sum, &correct));
+  } else {
+    EDL_RETURN_IF_ERROR(backend_->SoftmaxCrossEntropy(*logits, labels_, options_.label_smoothing,
+                                                      1.f / static_cast<float>(n), &dlogits_,
+                                                      &loss_sum, &correct));
+  }
   EDL_RETURN_IF_ERROR(model_->Backward(dlogits_));
   // In-band slots start at zero every step; the runtime writes its words after this.
   EDL_RETURN_IF_ERROR(backend_->Scale(&model_->grads(), 0.f, model_->num_params(),

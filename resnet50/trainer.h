@@ -15,10 +15,12 @@
 #include <vector>
 
 #include "edl/base/status.h"
+#include "edl/runtime/teacher_source.h"
 #include "edl/runtime/trainable.h"
 #include "resnet50/backend.h"
 #include "resnet50/data/batch_loader.h"
 #include "resnet50/data/dataset.h"
+#include "resnet50/distill_loss.h"
 #include "resnet50/model.h"
 
 namespace edl::resnet50 {
@@ -63,6 +65,9 @@ class Trainer : public runtime::Trainable {
   int64_t train_size() const override { return train_->size(); }
   int64_t test_size() const override { return test_ ? test_->size() : 0; }
   void Prefetch(const std::vector<int64_t>& indices) override;
+  // With a teacher: the window of steps whose teacher logits are asked for ahead.
+  int lookahead_steps() const override { return teacher_ ? window_ : 0; }
+  void Lookahead(const std::vector<std::vector<int64_t>>& steps) override;
   Status ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
   Status ApplyUpdate(double lr) override;
   Status Evaluate(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
@@ -73,6 +78,23 @@ class Trainer : public runtime::Trainable {
   // Pinned on CUDA (Backend::AllocateHost): the Gloo path's gradient and state staging buffer.
   void* AllocateHostStaging(size_t bytes) override { return backend_->AllocateHost(bytes); }
   void FreeHostStaging(void* ptr) override { backend_->FreeHost(ptr); }
+
+  // Distillation: from now on ForwardBackward trains on DistillLoss against `teacher`'s logits
+  // (not owned; must outlive the trainer, or be reset with nullptr), asking for them `window`
+  // steps ahead. REQUIRES: ValidateDistillLossParams(params).ok().
+  void SetTeacher(runtime::TeacherSource* teacher, const DistillLossParams& params, int window);
+
+  // Eval-mode logits of training samples as a teacher serves them: each batch's images filled as
+  // the training loader fills them (augmentation `augment` seeded by its aug_seed), all batches in
+  // one forward pass. *logits = [sum of the batch sizes, classes] row-major, batch after batch.
+  struct TrainBatch {
+    const std::vector<int64_t>* indices = nullptr;
+    uint64_t aug_seed = 0;
+    Augment augment;
+  };
+  Status InferTrain(const std::vector<TrainBatch>& batches, std::vector<float>* logits);
+  // The augmentation seed the training loader uses for a batch of `indices`.
+  uint64_t AugSeed(const std::vector<int64_t>& indices) const;
 
   Model* model() { return model_.get(); }
   Backend* backend() { return backend_.get(); }
@@ -89,6 +111,9 @@ class Trainer : public runtime::Trainable {
   Status Init();
   // Uploads a host batch into input_/labels_ (resized to its batch size).
   Status Upload(const HostBatch& batch);
+  // Distillation: the loss and dlogits_ of a step from the model's `logits` and the teacher's.
+  Status DistillStep(const std::vector<int64_t>& indices, const Tensor& logits, double* loss_sum,
+                     int64_t* correct);
 
   const TrainerOptions options_;
   int threads_ = 1;
@@ -102,6 +127,12 @@ class Trainer : public runtime::Trainable {
   HostBatch batch_;
   std::vector<int32_t> fed_labels_;  // labels_ read back each step (StepStats::label_hash)
   bool resident_loaded_ = false;     // resident_batch: input_ / labels_ hold the batch
+  // Distillation (SetTeacher); host buffers of one step: [n, classes] and [n].
+  runtime::TeacherSource* teacher_ = nullptr;
+  DistillLossParams distill_;
+  int window_ = 0;
+  std::vector<float> host_logits_, host_teacher_, host_dlogits_;
+  std::vector<uint8_t> has_teacher_;
 };
 
 }  // namespace edl::resnet50

@@ -16,7 +16,7 @@ grep -q '^<!-- flags:end -->$' "$README" || edl_die "$README has no <!-- flags:e
 
 gen="$(mktemp)"
 trap 'rm -f "$gen" "$gen.new"' EXIT
-for sub in server client ctl launch train ckpt; do
+for sub in server client ctl launch train teacher ckpt; do
   {
     echo
     echo "<details><summary><code>edl $sub</code></summary>"

@@ -13,6 +13,7 @@
 #include "jobserver/server_main.h"
 #include "launcher/launch_main.h"
 #include "resnet50/train_main.h"
+#include "teacher/teacher_main.h"
 #include "tools/ckpt_main.h"
 
 namespace {
@@ -29,6 +30,7 @@ const Subcommand kSubcommands[] = {
     {"client", edl::jobclient::RunClientMain, "per-node agent: starts and stops trainers"},
     {"launch", edl::launcher::RunLaunchMain, "torchrun's flags: N local trainers, or join a server"},
     {"train", edl::resnet50::RunTrainMain, "the reference ResNet trainer (CPU oneDNN / CUDA)"},
+    {"teacher", edl::teacher::RunTeacherMain, "serve a trained model's logits to distilling students"},
     {"ckpt", edl::ckpt::RunCkptMain, "checkpoint store tools: ls | verify | export"},
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include <glog/logging.h>
@@ -67,6 +68,11 @@ bool ReadUrandom(unsigned char* buf, size_t n) {
 }
 
 }  // namespace
+
+std::string DefaultSecretFile() {
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr ? home : ".") + "/.edl/secret";
+}
 
 Status ReadSecretFile(const std::string& path, std::string* secret) {
   if (path.empty()) {

@@ -40,6 +40,8 @@ constexpr size_t kMinSecretDistinctBytes = 8;
 // group or others, is shorter than kMinSecretBytes, or is not random-looking (fewer than
 // kMinSecretDistinctBytes distinct bytes).
 Status ReadSecretFile(const std::string& path, std::string* secret);
+// $HOME/.edl/secret (what scripts/ssh_cluster.sh creates): the default --secret_file.
+std::string DefaultSecretFile();
 
 // 32 random bytes from OpenSSL (else /dev/urandom), as 64 lowercase hex characters. Aborts the
 // process with a clear message when neither source gives randomness: without it every MAC is

@@ -260,4 +260,43 @@ Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto
   return Status::OK();
 }
 
+Status AuthenticatePeer(FramedSocket* sock, const std::string& secret, proto::Welcome welcome,
+                        std::chrono::milliseconds timeout, proto::Hello* hello,
+                        const std::function<Status(const proto::Hello&)>& admit) {
+  sock->set_max_frame_bytes(proto::kMaxPreAuthFrameBytes);
+  proto::Challenge ch;
+  ch.nonce = NewNonce();
+  nlohmann::json j;
+  ch.EncodeTo(&j);
+  EDL_RETURN_IF_ERROR(sock->Send(j, timeout));
+  EDL_RETURN_IF_ERROR(sock->Receive(&j, timeout).WithContext("waiting for the peer's hello"));
+  auto reject = [&](const Status& why, const std::string& peer_nonce) {
+    proto::ErrorMsg e = proto::ErrorMsg::From(why);
+    if (!peer_nonce.empty()) e.mac = ServerErrorMac(secret, peer_nonce, e.code, e.message);
+    nlohmann::json ej;
+    e.EncodeTo(&ej);
+    (void)sock->Send(ej, timeout);  // best effort: the peer may be gone
+    return why;
+  };
+  if (j["type"] != proto::msg::kHello) {
+    return reject(Status::Unauthenticated("expected 'hello' before anything else, got " +
+                                          proto::QuoteJson(j["type"])), "");
+  }
+  // The MAC first: a peer without the secret gets no further, whatever else it sent.
+  const auto mac = j.find("mac");
+  if (mac == j.end() || !mac->is_string() ||
+      !MacEqual(mac->get_ref<const std::string&>(), HelloMac(secret, ch.nonce, j))) {
+    return reject(Status::Unauthenticated("bad HMAC from " + sock->peer() +
+                                          ": the peer's --secret_file differs from ours"), "");
+  }
+  EDL_RETURN_IF_ERROR(hello->DecodeFrom(j));
+  if (Status s = admit(*hello); !s.ok()) return reject(s, hello->nonce);
+  welcome.EncodeTo(&j);
+  j["mac"] = WelcomeMac(secret, hello->nonce, j);
+  EDL_RETURN_IF_ERROR(sock->Send(j, timeout));
+  sock->StartSession(std::make_unique<SessionMac>(secret, ch.nonce, hello->nonce, /*server_side=*/true));
+  sock->set_max_frame_bytes(proto::kMaxFrameBytes);
+  return Status::OK();
+}
+
 }  // namespace edl::net

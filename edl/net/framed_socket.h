@@ -11,6 +11,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -73,5 +74,14 @@ class FramedSocket {
 // different one; an `error` the server cannot prove (ServerErrorMac) is reported as unverified.
 Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto::Hello hello,
                             std::chrono::milliseconds timeout, proto::Welcome* welcome);
+
+// Server side of the same handshake, for a blocking server (an `edl teacher`): sends a fresh
+// challenge, checks the hello's MAC before anything else in it, decodes it into *hello, asks
+// `admit` (whose non-OK status goes back to the peer as a proven `error`), then sends `welcome`
+// (its mac set here) and starts the sealed session. Unauthenticated for a bad MAC or a first frame
+// that is not a hello; Timeout when the peer is slower than `timeout` at any step.
+Status AuthenticatePeer(FramedSocket* sock, const std::string& secret, proto::Welcome welcome,
+                        std::chrono::milliseconds timeout, proto::Hello* hello,
+                        const std::function<Status(const proto::Hello&)>& admit);
 
 }  // namespace edl::net

@@ -6,147 +6,17 @@
 #include <limits>
 #include <unordered_set>
 
+#include "edl/proto/fields.h"
 #include "edl/proto/frame.h"
 
 namespace edl::proto {
 
 using nlohmann::json;
 
-// ---- field validation: the first error sticks and names the message and the field.
 namespace {
 
-// *out = v when v is an integer in [lo, hi] (unsigned values above INT64_MAX are out of range).
-bool GetInt(const json& v, int64_t lo, int64_t hi, int64_t* out) {
-  if (!v.is_number_integer()) return false;
-  int64_t x = 0;
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) return false;
-    x = static_cast<int64_t>(u);
-  } else {
-    x = v.get<int64_t>();
-  }
-  if (x < lo || x > hi) return false;
-  *out = x;
-  return true;
-}
-
-class Fields {
- public:
-  Fields(const json& j, const char* what) : j_(j), what_(what) {
-    if (!j.is_object()) Fail("", "is not a JSON object");
-  }
-
-  Fields& Str(const char* key, std::string* out, size_t max_len = kMaxNameBytes,
-              bool required = true) {
-    const json* v = Get(key, required);
-    if (v == nullptr) return *this;
-    if (!v->is_string()) return Fail(key, "is not a string");
-    const auto& s = v->get_ref<const std::string&>();
-    if (s.size() > max_len) return Fail(key, "is longer than " + std::to_string(max_len) + " bytes");
-    *out = s;
-    return *this;
-  }
-  Fields& Host(const char* key, std::string* out, bool required = true) {
-    std::string s;
-    Str(key, &s, kMaxHostBytes, required);
-    if (ok() && (required || !s.empty()) && j_.contains(key) && !IsValidHost(s)) {
-      return Fail(key, Quote(s) + " is not a host name or IP address");
-    }
-    if (ok()) *out = s;
-    return *this;
-  }
-  Fields& Name(const char* key, std::string* out, bool required = true) {
-    std::string s;
-    Str(key, &s, kMaxNameBytes, required);
-    if (ok() && (required || !s.empty()) && j_.contains(key) && !IsValidName(s)) {
-      return Fail(key, Quote(s) + " is not a valid name (use letters, digits, '.', '_', '-')");
-    }
-    if (ok()) *out = s;
-    return *this;
-  }
-  template <typename T>
-  Fields& Int(const char* key, T* out, int64_t lo, int64_t hi, bool required = true) {
-    const json* v = Get(key, required);
-    if (v == nullptr) return *this;
-    if (!v->is_number_integer()) return Fail(key, "is not an integer");
-    int64_t x = 0;
-    if (!GetInt(*v, lo, hi, &x)) return Range(key, lo, hi);
-    *out = static_cast<T>(x);
-    return *this;
-  }
-  Fields& Bool(const char* key, bool* out, bool required = true) {
-    const json* v = Get(key, required);
-    if (v == nullptr) return *this;
-    if (!v->is_boolean()) return Fail(key, "is not a boolean");
-    *out = v->get<bool>();
-    return *this;
-  }
-  Fields& Num(const char* key, double* out, bool required = true) {
-    const json* v = Get(key, required);
-    if (v == nullptr) return *this;
-    if (!v->is_number()) return Fail(key, "is not a number");
-    const double d = v->get<double>();
-    if (!std::isfinite(d)) return Fail(key, "is not finite");
-    *out = d;
-    return *this;
-  }
-  Fields& Obj(const char* key, json* out, bool required = true) {
-    const json* v = Get(key, required);
-    if (v == nullptr) return *this;
-    if (!v->is_object()) return Fail(key, "is not an object");
-    *out = *v;
-    return *this;
-  }
-  Fields& Arr(const char* key, const json** out, bool required = true) {
-    const json* v = Get(key, required);
-    if (v == nullptr) return *this;
-    if (!v->is_array()) return Fail(key, "is not an array");
-    if (v->size() > kMaxListItems) return Fail(key, "has too many items");
-    *out = v;
-    return *this;
-  }
-  Fields& NameList(const char* key, std::vector<std::string>* out, bool required = true) {
-    const json* a = nullptr;
-    Arr(key, &a, required);
-    if (a == nullptr || !ok()) return *this;
-    out->clear();
-    for (const json& e : *a) {
-      if (!e.is_string() || !IsValidName(e.get_ref<const std::string&>())) {
-        return Fail(key, "holds an item that is not a valid name");
-      }
-      out->push_back(e.get<std::string>());
-    }
-    return *this;
-  }
-  Fields& Fail(const std::string& key, const std::string& why) {
-    if (status_.ok()) {
-      status_ = Status::Corruption("message '" + std::string(what_) + "'" +
-                                   (key.empty() ? "" : " field '" + key + "'") + " " + why);
-    }
-    return *this;
-  }
-  bool ok() const { return status_.ok(); }
-  Status status() const { return status_; }
-
- private:
-  const json* Get(const char* key, bool required) {
-    if (!ok()) return nullptr;
-    auto it = j_.find(key);
-    if (it == j_.end() || it->is_null()) {
-      if (required) Fail(key, "is missing");
-      return nullptr;
-    }
-    return &*it;
-  }
-  Fields& Range(const char* key, int64_t lo, int64_t hi) {
-    return Fail(key, "is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-
-  const json& j_;
-  const char* what_;
-  Status status_;
-};
+using internal::Fields;
+using internal::GetInt;
 
 constexpr int64_t kMaxI64 = std::numeric_limits<int64_t>::max();
 constexpr int kMaxSlot = 1 << 16;
@@ -550,14 +420,27 @@ void Hello::EncodeTo(json* j) const {
     (*j)["trainers"] = trainers;
     if (!trainer_generations.empty()) (*j)["trainer_generations"] = trainer_generations;
     if (!node_token.empty()) (*j)["node_token"] = node_token;
+  } else if (role == "teacher") {
+    (*j)["node"] = node;
+    (*j)["host"] = host;
+    (*j)["service"] = service;
+    (*j)["port"] = port;
+  } else if (role == "student") {
+    (*j)["service"] = service;
   }
 }
 Status Hello::DecodeFrom(const json& j) {
   Hello h;
   Fields f(j, msg::kHello);
   f.Str("role", &h.role, 16).Str("mac", &h.mac, 64).Str("nonce", &h.nonce, 64);
-  if (f.ok() && h.role != "client" && h.role != "ctl") f.Fail("role", "is not 'client' or 'ctl'");
+  if (f.ok() && h.role != "client" && h.role != "ctl" && h.role != "teacher" && h.role != "student") {
+    f.Fail("role", "is not 'client', 'ctl', 'teacher' or 'student'");
+  }
   if (f.ok() && h.nonce.size() != 64) f.Fail("nonce", "is not 64 hex characters");
+  if (f.ok() && (h.role == "teacher" || h.role == "student")) f.Name("service", &h.service);
+  if (f.ok() && h.role == "teacher") {
+    f.Name("node", &h.node).Host("host", &h.host).Int("port", &h.port, 1, 65535);
+  }
   if (f.ok() && h.role == "client") {
     const json* slots = nullptr;
     f.Name("node", &h.node).Host("host", &h.host).Str("mode", &h.mode, 16).Arr("slots", &slots);

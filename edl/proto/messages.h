@@ -130,7 +130,9 @@ constexpr size_t kMaxNodeNameBytes = kMaxNameBytes - (sizeof("-s65536-9007199254
 constexpr size_t kSessionTokenBytes = 64;  // hex of 32 random bytes
 
 struct Hello : Message<Hello> {
-  std::string role;   // "client" or "ctl"
+  // "client", "ctl", "teacher" (a teacher registering its service with the server) or "student"
+  // (a student watching a service's teachers at the server, or asking a teacher for logits)
+  std::string role;
   std::string mac;    // net::HelloMac over every other field and the server's nonce
   std::string nonce;  // the peer's own nonce, for the server's proof in Welcome
   // role "client" only:
@@ -141,6 +143,10 @@ struct Hello : Message<Hello> {
   // in, a prepared joiner's being the one it was prepared for (a server restart adopts survivors).
   std::vector<int64_t> trainer_generations;
   std::string node_token;  // the node's session token from an earlier welcome (64 hex); empty at first join
+  // roles "teacher" and "student": the service name; "teacher" also fills `node` (the teacher's
+  // name, unique in its service), `host` and `port` (where it serves students)
+  std::string service;
+  int port = 0;
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

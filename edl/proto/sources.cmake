@@ -2,4 +2,5 @@
 list(APPEND EDL_SOURCES
   proto/frame.cc
   proto/messages.cc
+  proto/service_messages.cc
 )

@@ -557,6 +557,16 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   size_t count = 0;
   float* grad = trainable_->GradientBuffer(&count);  // device memory when on_device(): no access
   StepStats stats;
+  if (const int ahead = trainable_->lookahead_steps(); ahead > 0) {
+    std::vector<std::vector<int64_t>> next;
+    DataPosition pos = state_.position;
+    for (int k = 0; k < ahead; ++k) {
+      pos = plan_.Advance(pos, b);
+      if (plan_.EpochProgress(pos) >= o_.epochs) break;
+      next.push_back(plan_.Slice(pos, b, rank_));
+    }
+    trainable_->Lookahead(next);
+  }
   if (!indices.empty()) {
     EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats));
     EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(static_cast<float>(indices.size()) / total));

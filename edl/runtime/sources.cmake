@@ -16,4 +16,5 @@ list(APPEND EDL_SOURCES
   runtime/env_contract.cc
   runtime/run_mode.cc
   runtime/training_state.cc
+  runtime/teacher_client.cc
 )

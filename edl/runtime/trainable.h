@@ -89,6 +89,12 @@ class Trainable {
   virtual int64_t test_size() const = 0;
 
   virtual void Prefetch(const std::vector<int64_t>& indices) {}
+  // How many steps ahead the Trainable wants to see its indices (0: none, the default). When > 0
+  // the runtime calls Lookahead before each ForwardBackward with this rank's indices of the next
+  // steps (steps[0] is the step after the current one), assuming the current world and batch
+  // sizes: a hint (a distilling trainer asks its teachers ahead), wrong after a re-form.
+  virtual int lookahead_steps() const { return 0; }
+  virtual void Lookahead(const std::vector<std::vector<int64_t>>& steps) {}
   // Forward and backward over the training samples `indices`; leaves d(mean loss)/dθ in
   // GradientBuffer(). REQUIRES: !indices.empty().
   virtual Status ForwardBackward(const std::vector<int64_t>& indices, StepStats* stats) = 0;

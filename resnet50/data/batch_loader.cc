@@ -22,10 +22,14 @@ Status BatchLoader::Fill(HostBatch* b) const {
                       dataset_->image_size();
   b->images.resize(n * per);
   b->labels.resize(n);
-  // Augmentation seed: a hash of (seed, indices), the same whether prefetched or not.
+  return dataset_->FillBatch(b->indices, augment_, AugSeed(b->indices), b->images.data(),
+                             b->labels.data());
+}
+
+uint64_t BatchLoader::AugSeed(const std::vector<int64_t>& indices) const {
   uint64_t h = seed_ * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i : b->indices) h = (h ^ static_cast<uint64_t>(i)) * 0x100000001B3ull;
-  return dataset_->FillBatch(b->indices, augment_, h, b->images.data(), b->labels.data());
+  for (int64_t i : indices) h = (h ^ static_cast<uint64_t>(i)) * 0x100000001B3ull;
+  return h;
 }
 
 void BatchLoader::WorkerLoop() {

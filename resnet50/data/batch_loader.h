@@ -40,6 +40,10 @@ class BatchLoader {
   Status Get(const std::vector<int64_t>& indices, HostBatch* out,
              std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
+  // The augmentation seed of the batch `indices`: a hash of (seed, indices), so a batch is
+  // augmented the same whether prefetched or not, and a teacher can fill the same images.
+  uint64_t AugSeed(const std::vector<int64_t>& indices) const;
+
   // Gets whose batch had been queued with Prefetch.
   int64_t prefetch_hits() const { return hits_; }
 

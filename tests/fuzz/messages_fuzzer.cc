@@ -1,4 +1,4 @@
-// Message decoders (edl/proto/messages.h): a frame payload goes through DecodePayload, then through
+// Message decoders (edl/proto/messages.h, service_messages.h): a frame payload goes through DecodePayload, then through
 // every message's DecodeFrom (DecodeFrom does not look at "type", so each decoder sees every input).
 // A message a decoder accepts must encode to JSON that decodes again to the same encoding, and an
 // accepted GenerationUpdate is applied to a small current generation, as a client does.
@@ -6,6 +6,7 @@
 
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
+#include "edl/proto/service_messages.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {
@@ -68,6 +69,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RoundTrip<KvReply>(j);
   RoundTrip<CtlRequest>(j);
   RoundTrip<CtlReply>(j);
+  RoundTrip<ServiceStats>(j);
+  RoundTrip<ServiceMembers>(j);
+  RoundTrip<TeacherRequest>(j);
+  RoundTrip<TeacherReply>(j);
   ApplyUpdate(j);
   return 0;
 }

@@ -20,7 +20,7 @@ TEST(ConfigRolesTest, EveryRoleRefusesAnUnknownKeyNamingIt) {
   std::ofstream(ini) << "# a typo of a real key\nsecret_fiel = /tmp/x\n";
   for (const std::vector<std::string>& role :
        {std::vector<std::string>{"server"}, {"client"}, {"ctl"}, {"launch"}, {"train"},
-        {"ckpt", "ls"}}) {
+        {"teacher"}, {"ckpt", "ls"}}) {
     std::vector<std::string> argv = {test::EdlBinary()};
     argv.insert(argv.end(), role.begin(), role.end());
     argv.insert(argv.end(), {"--config", ini});

@@ -1,0 +1,285 @@
+// Distillation with elastic teacher services, end to end with real processes (README,
+// "Distillation"): a real `edl server`, `edl teacher`s registered with it under service "kd"
+// (serving a ResNet-20 checkpoint trained by `edl train` at the start of the test) and one
+// `edl client` whose 2 slots run distilling `edl train` students on a 1024-sample Fashion-MNIST
+// subset. During training a teacher is SIGKILLed and another one added, and the students re-form
+// (2 -> 1 -> 2). The students finish; every sample each student trained had a teacher answer or
+// was counted as a fallback; the students' states are identical after every re-form. Bad input:
+// a teacher whose checkpoint does not match the dataset's classes, a student naming an unknown
+// service: clear errors, exit codes, no crash.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <regex>
+#include <set>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "edl/ckpt/checkpoint_store.h"
+#include "tests/integration/process_util.h"
+#include "tests/testutil.h"
+
+namespace edl {
+namespace {
+
+using nlohmann::json;
+using std::chrono::milliseconds;
+using itest::Proc;
+using itest::ReadLines;
+using itest::Slurp;
+using itest::WaitFor;
+
+constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+constexpr const char* kSamples = "1024";
+
+class DistillTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!std::filesystem::exists(std::string(kFashionDir) + "/train-images-idx3-ubyte.gz")) {
+      GTEST_SKIP() << "Fashion-MNIST not installed at " << kFashionDir;
+    }
+    secret_ = dir_.Join("secret");
+    std::ofstream(secret_) << "distill-integration-secret-0123456789\n";
+    std::filesystem::permissions(secret_, std::filesystem::perms::owner_read |
+                                              std::filesystem::perms::owner_write);
+  }
+
+  // A few steps of ResNet-20 saved to `ckpt`: a teacher (quality does not matter here).
+  void TrainTeacherCheckpoint() {
+    const int rc = itest::RunCommand(
+        {test::EdlBinary(), "train", "--model", "resnet20", "--train_samples", kSamples,
+         "--batch_size", "16", "--max_steps", "3", "--threads", "1", "--eval", "false",
+         "--checkpoint_dir", dir_.Join("ckpt")},
+        dir_.Join("teacher-train.log"), milliseconds(300000));
+    ASSERT_EQ(rc, 0) << Slurp(dir_.Join("teacher-train.log"), 4000);
+  }
+
+  void StartServer() {
+    server_ = std::make_unique<Proc>(
+        std::vector<std::string>{test::EdlBinary(), "server", "--server_port", "0", "--bind",
+                                 "127.0.0.1", "--port_file", dir_.Join("port"), "--secret_file",
+                                 secret_, "--job_id", "dtest", "--min_trainers", "1", "--trainers",
+                                 "2", "--events_dir", dir_.Join("events"), "--join_timeout_s", "60",
+                                 "--heartbeat_timeout_ms", "3000"},
+        dir_.Join("server.log"));
+    port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
+    ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  }
+
+  std::unique_ptr<Proc> StartTeacher(const std::string& name, const std::string& ckpt) {
+    return std::make_unique<Proc>(
+        std::vector<std::string>{test::EdlBinary(), "teacher", "--service", "kd", "--name", name,
+                                 "--model", "resnet20", "--train_samples", kSamples,
+                                 "--checkpoint_dir", ckpt, "--server", "127.0.0.1:" + port_,
+                                 "--secret_file", secret_, "--bind", "127.0.0.1", "--threads", "1",
+                                 "--port_file", dir_.Join(name + ".port"), "--log_every_s", "1"},
+        dir_.Join(name + ".log"));
+  }
+
+  // Teachers of "kd" the server lists (`edl ctl status --json`).
+  std::set<std::string> ListedTeachers() {
+    std::set<std::string> out;
+    const std::string log = dir_.Join("status.json");
+    std::filesystem::remove(log);
+    if (itest::RunCommand({test::EdlBinary(), "ctl", "--server", "127.0.0.1:" + port_,
+                           "--secret_file", secret_, "status", "--json"},
+                          log, milliseconds(30000)) != 0) {
+      return out;
+    }
+    // The JSON body, whatever log lines surround it.
+    const std::string text = Slurp(log);
+    const size_t begin = text.find('{'), end = text.rfind('}');
+    if (begin == std::string::npos || end == std::string::npos || end < begin) return out;
+    try {
+      const json s = json::parse(text.substr(begin, end - begin + 1));
+      const json teachers = s.value("services", json::object())
+                                .value("kd", json::object())
+                                .value("teachers", json::array());
+      for (const json& t : teachers) out.insert(t.value("name", std::string()));
+    } catch (const std::exception&) {
+    }
+    return out;
+  }
+
+  int Ctl(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {test::EdlBinary(), "ctl", "--server", "127.0.0.1:" + port_,
+                                     "--secret_file", secret_};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return itest::RunCommand(argv, dir_.Join("ctl.log"), milliseconds(60000));
+  }
+
+  std::vector<json> Events() { return ReadLines(dir_.Join("events/dtest.events.jsonl")); }
+  std::vector<json> Typed(const std::string& type, const std::string& event = "") {
+    std::vector<json> out;
+    for (const json& e : Events()) {
+      if (e.value("type", "") == type && (event.empty() || e.value("event", "") == event)) out.push_back(e);
+    }
+    return out;
+  }
+  int64_t MaxStep() {
+    int64_t max = 0;
+    for (const json& l : ReadLines(dir_.Join("samples.jsonl"))) max = std::max(max, l.value("step", int64_t{0}));
+    return max;
+  }
+  bool Finished() { return !Typed("finished").empty(); }
+  bool WaitForMoreSteps(int64_t n) {
+    const int64_t from = MaxStep();
+    return WaitFor([&] { return MaxStep() >= from + n || Finished(); }, milliseconds(180000)) && !Finished();
+  }
+  // A generation of `world` members newer than `after` in which every member synced; 0: none.
+  int64_t WaitForFormed(int world, int64_t after) {
+    int64_t formed = 0;
+    WaitFor(
+        [&] {
+          for (const json& g : Typed("generation")) {
+            const int64_t n = g["generation"].get<int64_t>();
+            if (n <= after || g["world_size_after"] != world) continue;
+            int synced = 0;
+            for (const json& e : Typed("trainer_event", "sync")) synced += e["generation"] == n;
+            if (synced >= world) formed = n;
+          }
+          return formed > 0;
+        },
+        milliseconds(180000));
+    return formed;
+  }
+  std::string Diagnostics() {
+    std::string logs;
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(dir_.Join("logs"), ec)) {
+      logs += "\n--- " + f.path().filename().string() + "\n" + Slurp(f.path().string(), 3000);
+    }
+    for (const char* t : {"t1", "t2", "t3"}) logs += "\n--- " + std::string(t) + "\n" + Slurp(dir_.Join(std::string(t) + ".log"), 2000);
+    return "\n--- server\n" + Slurp(dir_.Join("server.log"), 6000) + logs;
+  }
+
+  test::ScratchDir dir_{"edl-distill"};
+  std::string secret_, port_;
+  std::unique_ptr<Proc> server_;
+};
+
+TEST_F(DistillTest, TeachersComeAndGoWhileStudentsTrainAndReform) {
+  TrainTeacherCheckpoint();
+  if (HasFatalFailure()) return;
+  StartServer();
+  if (HasFatalFailure()) return;
+  auto t1 = StartTeacher("t1", dir_.Join("ckpt"));
+  auto t2 = StartTeacher("t2", dir_.Join("ckpt"));
+  ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"t1", "t2"}; },
+                      milliseconds(120000)))
+      << Diagnostics();
+  auto client = std::make_unique<Proc>(
+      std::vector<std::string>{
+          test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file", secret_,
+          "--node_name", "n1", "--slots", "2", "--mode", "inplace", "--socket_path",
+          dir_.Join("n1.sock"), "--log_dir", dir_.Join("logs"), "--leave_grace_s", "30",
+          "--stop_grace_s", "2", "--trainer_timeout_s", "30", "--", test::EdlBinary(), "train",
+          "--model", "resnet20", "--train_samples", kSamples, "--batch_size", "16", "--lr", "0.05",
+          "--lr_decay", "constant", "--epochs", "3", "--threads", "1", "--log_every", "10",
+          "--eval", "false", "--comm_timeout_s", "20", "--sample_log", dir_.Join("samples.jsonl"),
+          "--distill", "kd", "--distill_server", "127.0.0.1:" + port_, "--secret_file", secret_,
+          "--distill_temperature", "4", "--distill_alpha", "0.5", "--distill_wait_s", "10",
+          "--distill_resend_s", "3"},
+      dir_.Join("client.log"));
+  const int64_t g1 = WaitForFormed(2, 0);
+  ASSERT_GT(g1, 0) << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(5)) << Diagnostics();
+  // A teacher dies mid-epoch; another one joins the service.
+  ASSERT_EQ(::kill(t1->pid(), SIGKILL), 0);
+  auto t3 = StartTeacher("t3", dir_.Join("ckpt"));
+  ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"t2", "t3"}; },
+                      milliseconds(120000)))
+      << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(5)) << Diagnostics();
+  // The students re-form on their own schedule: 2 -> 1 -> 2.
+  ASSERT_EQ(Ctl({"scale", "1"}), 0) << Slurp(dir_.Join("ctl.log"));
+  const int64_t g2 = WaitForFormed(1, g1);
+  ASSERT_GT(g2, 0) << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(3)) << Diagnostics();
+  ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+  ASSERT_GT(WaitForFormed(2, g2), 0) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(400000))) << Diagnostics();
+
+  // Identical student states after every re-form.
+  std::map<int64_t, std::set<std::string>> hashes;
+  for (const json& e : Typed("trainer_event", "sync")) {
+    hashes[e["generation"].get<int64_t>()].insert(e["state_hash"].get<std::string>());
+  }
+  ASSERT_GE(hashes.size(), 3u) << Diagnostics();
+  for (auto& [g, h] : hashes) EXPECT_EQ(h.size(), 1u) << "generation " << g << Diagnostics();
+
+  // Every sample a student trained got a teacher answer or was counted as a fallback: each
+  // student's "distill answered=A fallback=F" equals the samples it fed (its sample-log lines).
+  std::map<std::string, int64_t> fed;
+  for (const json& l : ReadLines(dir_.Join("samples.jsonl"))) {
+    if (l.contains("fed_idx")) fed[l["trainer"].get<std::string>()] += l["fed_idx"].size();
+  }
+  int64_t answered = 0, students = 0;
+  const std::regex id_re("mode, trainer (\\S+)"), counts_re("distill answered=(\\d+) fallback=(\\d+)");
+  std::error_code ec;
+  // Each student prints its counts as it exits, just after the job is marked finished.
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        for (const auto& f : std::filesystem::directory_iterator(dir_.Join("logs"), ec)) {
+          const std::string log = Slurp(f.path().string());
+          if (std::regex_search(log, id_re) && !std::regex_search(log, counts_re)) return false;
+        }
+        return true;
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  for (const auto& f : std::filesystem::directory_iterator(dir_.Join("logs"), ec)) {
+    const std::string log = Slurp(f.path().string());
+    std::smatch id, counts;
+    if (!std::regex_search(log, id, id_re) || !std::regex_search(log, counts, counts_re)) continue;
+    const int64_t a = std::stoll(counts[1]), fb = std::stoll(counts[2]);
+    EXPECT_EQ(a + fb, fed[id[1]]) << id[1] << Diagnostics();
+    std::cout << "student " << id[1] << ": " << a << " samples answered, " << fb
+              << " fell back to labels\n";
+    answered += a;
+    ++students;
+  }
+  EXPECT_GE(students, 2) << Diagnostics();
+  EXPECT_GT(answered, 0) << "no teacher ever answered" << Diagnostics();
+  client->Stop();
+}
+
+TEST_F(DistillTest, MismatchedTeacherAndUnknownServiceAreClearErrors) {
+  // A checkpoint of the same model family for 100 classes (real RocksDB store): the 10-class
+  // dataset cannot use it.
+  ckpt::RocksDbStoreOptions so;
+  so.dir = dir_.Join("ckpt100");
+  ckpt::CheckpointMeta meta;
+  meta.generation = 1;
+  meta.fingerprint = "resnet20:1x28:100:0123456789abcdef;seed=1;train=1024";
+  const float w = 0;
+  ASSERT_OK(ckpt::OpenRocksDbStore(so)->Save(meta, {{"fc.bias", DataType::kFloat32, {1}, &w, 4}}, nullptr));
+  StartServer();
+  if (HasFatalFailure()) return;
+  auto bad = StartTeacher("t100", dir_.Join("ckpt100"));
+  ASSERT_EQ(bad->Wait(milliseconds(120000)), 2) << Slurp(dir_.Join("t100.log"));
+  const std::string log = Slurp(dir_.Join("t100.log"));
+  EXPECT_NE(log.find("resnet20:1x28:100"), std::string::npos) << log;
+  EXPECT_NE(log.find("makes resnet20:1x28:10:"), std::string::npos) << log;
+
+  // A student naming a service nobody serves: a clear error after --distill_discovery_s.
+  const int rc = itest::RunCommand(
+      {test::EdlBinary(), "train", "--model", "resnet20", "--train_samples", kSamples,
+       "--batch_size", "16", "--max_steps", "2", "--threads", "1", "--eval", "false",
+       "--distill", "nosuch", "--distill_server", "127.0.0.1:" + port_, "--secret_file", secret_,
+       "--distill_discovery_s", "1", "--distill_wait_s", "1"},
+      dir_.Join("student.log"), milliseconds(120000));
+  const std::string out = Slurp(dir_.Join("student.log"));
+  EXPECT_EQ(rc, 1) << out;
+  EXPECT_NE(out.find("--distill nosuch: no teacher of that service"), std::string::npos) << out;
+  // The server is unharmed.
+  EXPECT_EQ(server_->Wait(milliseconds(0)), -1);
+}
+
+}  // namespace
+}  // namespace edl
