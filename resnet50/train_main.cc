@@ -22,6 +22,7 @@
 #include "edl/runtime/checkpoint_loader.h"
 #include "edl/runtime/run_mode.h"
 #include "resnet50/data/dataset.h"
+#include "resnet50/data/image_folder.h"
 #include "resnet50/train_loop.h"
 #include "resnet50/trainer.h"
 
@@ -38,7 +39,7 @@ struct Config {
   ckpt::RocksDbStoreOptions store;              // store.dir empty: no checkpoints
   // data
   std::string data, data_dir;
-  int image_size = 0, channels = 3;
+  int image_size = 0, channels = 3, data_threads = 1;
   int64_t synthetic_train = 0, synthetic_test = 0, train_samples = 0;
   // parsed or converted by Finish()
   std::string batch_policy, lr_milestones, comm = "auto";
@@ -57,12 +58,17 @@ po::options_description Flags(Config* c) {
   d.add_options()
       ("model", po::value(&c->trainer.model.name)->default_value("resnet20"),
        "resnet20|resnet56 (28/32 px) or resnet18|resnet34|resnet50|resnet101 (224 px)")
-      ("data", po::value(&c->data)->default_value("fashion-mnist"), "fashion-mnist|synthetic")
+      ("data", po::value(&c->data)->default_value("fashion-mnist"), "fashion-mnist|synthetic|imagefolder")
       ("data_dir", po::value(&c->data_dir)->default_value("/usr/share/datasets/fashion-mnist"),
-       "directory with the Fashion-MNIST IDX files (.gz or plain)")
+       "directory with the Fashion-MNIST IDX files (.gz or plain); imagefolder: the directory "
+       "holding train/<class>/*.jpg and val/<class>/*.jpg")
+      ("data_threads", po::value(&c->data_threads)->default_value(1),
+       "imagefolder: JPEG decode + augmentation threads per split, preparing the next batch while "
+       "the step runs")
       ("image_size", po::value(&c->image_size)->default_value(0),
-       "image side in px; 0 = 28 for fashion-mnist, 32 (resnet20/56) or 224 for synthetic; "
-       "fashion-mnist images are zero-padded to it")
+       "image side in px; 0 = 28 for fashion-mnist, 32 (resnet20/56) or 224 for synthetic and "
+       "imagefolder; fashion-mnist images are zero-padded to it; imagefolder crops to it "
+       "(evaluation resizes to image_size*256/224 first)")
       ("channels", po::value(&c->channels)->default_value(3, "3"), "synthetic image channels")
       ("synthetic_train", po::value(&c->synthetic_train)->default_value(0),
        "synthetic training samples; 0 = 100 batches")
@@ -121,7 +127,8 @@ po::options_description Flags(Config* c) {
       ("zero_init_residual", po::value(&c->trainer.model.zero_init_residual)->default_value(false),
        "start each block's last BN gamma at 0")
       ("augment", po::value(&c->augment)->default_value(false),
-       "random crop (pad 4) and horizontal flip of training images")
+       "random crop (pad 4) and horizontal flip of training images; imagefolder always trains with "
+       "RandomResizedCrop + flip")
       ("seed", po::value(&c->trainer.seed)->default_value(1, "1"), "init, data order and augmentation seed")
       ("threads", po::value(&c->trainer.threads)->default_value(0),
        "CPU compute threads; 0 = cores / trainers on this node (EDL_LOCAL_TRAINERS, else LOCAL_WORLD_SIZE)")
@@ -215,7 +222,13 @@ Status LoadFullData(const Config& c, std::unique_ptr<Dataset>* train,
     if (c.loop.eval) *test = MakeSyntheticDataset(ntest, c.channels, size, 10, c.trainer.seed + 1);
     return Status::OK();
   }
-  return Status::InvalidArgument("--data '" + c.data + "' is unknown; use fashion-mnist or synthetic");
+  if (c.data == "imagefolder") {
+    ImageFolderOptions o;
+    o.image_size = c.image_size != 0 ? c.image_size : (IsCifarModel(c.model()) ? 32 : 224);
+    o.threads = c.data_threads;
+    return LoadImageFolder(c.data_dir, o, c.loop.eval, train, test);
+  }
+  return Status::InvalidArgument("--data '" + c.data + "' is unknown; use fashion-mnist, synthetic or imagefolder");
 }
 
 Status Validate(const Config& c) {
@@ -226,6 +239,9 @@ Status Validate(const Config& c) {
   if (e.max_steps < 0) return Status::InvalidArgument("--max_steps must be >= 0");
   if (t.threads < 0) return Status::InvalidArgument("--threads must be >= 0");
   if (c.image_size < 0) return Status::InvalidArgument("--image_size must be >= 0");
+  if (c.data_threads < 1 || c.data_threads > 256) {
+    return Status::InvalidArgument("--data_threads must be in 1..256");
+  }
   if (e.lr.base_lr <= 0) return Status::InvalidArgument("--lr must be > 0");
   if (c.train_samples < 0) return Status::InvalidArgument("--train_samples must be >= 0");
   if (e.lr.rescale_ramp_steps < 0) return Status::InvalidArgument("--rescale_ramp_steps must be >= 0");
@@ -288,8 +304,9 @@ Status Finish(Config* c) {
   e.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(c->comm_timeout_s * 1000));
   e.generation_wait = std::chrono::milliseconds(static_cast<int64_t>(c->generation_wait_s * 1000));
   e.seed = c->trainer.seed;  // one --seed: init, augmentation and data order
-  // Augmentation is seeded by (seed, batch indices) inside the loader: nothing to sync on re-form.
-  c->trainer.augment.random_crop = c->trainer.augment.flip = c->augment;
+  // Augmentation is seeded by (seed, epoch, sample index) inside the loader: nothing to sync on
+  // re-form.
+  c->trainer.augment.random_crop = c->trainer.augment.flip = c->augment || c->data == "imagefolder";
   c->loop.label = c->model() + " " + c->data;
   return Status::OK();
 }
@@ -356,6 +373,10 @@ int RunTrainMain(int argc, char** argv) {
   s = c.plain_allreduce ? RunPlainAllReduce(t, c.loop, membership.value().get(), std::cout, &result)
                         : RunTraining(t, c.loop, membership.value().get(), std::cout, &result);
   if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
+  if (t->skipped_samples() > 0) {
+    std::cout << "data: " << t->skipped_samples() << " training samples skipped as unreadable by "
+              << "this trainer (each file is named in a warning)" << std::endl;
+  }
   AppendUsage(c, membership.value()->trainer_id(), result);
   return 0;
 }
