@@ -104,24 +104,6 @@ void InitJpeg(jpeg_decompress_struct* cinfo, JpegErrors* e) {
   e->progress.progress_monitor = OnJpegProgress;
 }
 
-// Reads the header: false (e->message says why) when it is not a JPEG.
-bool JpegHeader(const uint8_t* data, size_t size, JpegErrors* e, int64_t* w, int64_t* h) {
-  jpeg_decompress_struct cinfo;
-  InitJpeg(&cinfo, e);
-  if (setjmp(e->jump)) {
-    jpeg_destroy_decompress(&cinfo);
-    return false;
-  }
-  jpeg_create_decompress(&cinfo);
-  cinfo.progress = &e->progress;
-  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
-  jpeg_read_header(&cinfo, TRUE);
-  *w = cinfo.image_width;
-  *h = cinfo.image_height;
-  jpeg_destroy_decompress(&cinfo);
-  return true;
-}
-
 // What JpegDecode produced: [x0, x0 + width) x [y0, y0 + height) of the full_width x full_height
 // decoded image, `channels` (3 RGB or 4 CMYK as stored) per pixel.
 struct JpegOut {
@@ -129,7 +111,8 @@ struct JpegOut {
 };
 
 // Decodes at 1/denom, over `region` (+ margin) when given, into *buf (which lives in the caller's
-// frame). False (e->message says why) on a fatal error.
+// frame); with buf null, only reads the header (out->full_width, full_height: the full size).
+// False (e->message says why) on a fatal error, or bytes that are not a JPEG.
 bool JpegDecode(const uint8_t* data, size_t size, int denom, const SourceRegion* region,
                 int margin, JpegErrors* e, std::vector<uint8_t>* buf, JpegOut* out) {
   jpeg_decompress_struct cinfo;
@@ -142,6 +125,12 @@ bool JpegDecode(const uint8_t* data, size_t size, int denom, const SourceRegion*
   cinfo.progress = &e->progress;
   jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
+  if (buf == nullptr) {
+    out->full_width = static_cast<int>(cinfo.image_width);
+    out->full_height = static_cast<int>(cinfo.image_height);
+    jpeg_destroy_decompress(&cinfo);
+    return true;
+  }
   const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
   cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;  // libjpeg converts grey and YCbCr to RGB
   cinfo.scale_num = 1;
@@ -218,14 +207,14 @@ Status ImageDecoder::ReadHeader(const uint8_t* data, size_t size, const std::str
     return Status::OK();
   }
   JpegErrors e;
-  int64_t w = 0, h = 0;
-  if (!JpegHeader(data, size, &e, &w, &h)) {
+  JpegOut j{};
+  if (!JpegDecode(data, size, 1, nullptr, 0, &e, nullptr, &j)) {
     return Status::Corruption(what + ": neither a JPEG nor a PNG (" + e.message + ")");
   }
-  EDL_RETURN_IF_ERROR(CheckSize(what, w, h));
+  EDL_RETURN_IF_ERROR(CheckSize(what, j.full_width, j.full_height));
   *format = ImageFormat::kJpeg;
-  *width = static_cast<int>(w);
-  *height = static_cast<int>(h);
+  *width = j.full_width;
+  *height = j.full_height;
   return Status::OK();
 }
 

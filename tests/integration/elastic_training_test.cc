@@ -204,6 +204,32 @@ class ElasticTrainingTest : public ::testing::Test {
     }
   }
 
+  // 4 trainers at start (two clients of 2 slots, training with `train_flags`); 2 (`edl ctl scale
+  // 2`), then 3 (a hot joiner), then one trainer is SIGKILLed and the job grows back to 3: each
+  // change once the previous one has formed and trained `steps` more steps, so the changes land
+  // mid-run however fast the machine is. Returns once the job has finished; *c1, *c2 are the clients.
+  void FourTwoThreeAndKill(int epochs, int64_t steps, const std::vector<std::string>& train_flags,
+                           std::unique_ptr<Proc>* c1, std::unique_ptr<Proc>* c2) {
+    StartServer("0 set 4\n", 4);
+    *c1 = StartClient("n1", epochs, train_flags);
+    *c2 = StartClient("n2", epochs, train_flags);
+    const int64_t g1 = WaitForFormedGeneration(4, 0);
+    ASSERT_GT(g1, 0) << Diagnostics();
+    ASSERT_TRUE(WaitForMoreSteps(steps)) << Diagnostics();
+    ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+    const int64_t g2 = WaitForFormedGeneration(2, g1);
+    ASSERT_GT(g2, 0) << Diagnostics();
+    ASSERT_TRUE(WaitForMoreSteps(steps)) << Diagnostics();
+    ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
+    const int64_t g3 = WaitForFormedGeneration(3, g2);
+    ASSERT_GT(g3, 0) << Diagnostics();
+    ASSERT_TRUE(WaitForMoreSteps(steps)) << Diagnostics();
+    const std::vector<pid_t> members = PidsOf(g3);
+    ASSERT_EQ(members.size(), 3u);
+    ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
+    ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+  }
+
   // Every trainer id wrote all its events from one pid (in place: never restarted).
   void ExpectStablePids() {
     std::map<std::string, std::set<int64_t>> pids;
@@ -223,27 +249,10 @@ class ElasticTrainingTest : public ::testing::Test {
 
 TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
   constexpr int kEpochs = 20;
-  // 4 at start; 2 (`edl ctl scale 2`), then 3 (a hot joiner), then one trainer is SIGKILLed and
-  // the job grows back to 3: each change once the previous one has formed and trained 20 more
-  // steps (of ~400), so the changes land mid-run however fast the machine is.
-  StartServer("0 set 4\n", 4);
-  auto c1 = StartClient("n1", kEpochs);
-  auto c2 = StartClient("n2", kEpochs);
-  const int64_t g1 = WaitForFormedGeneration(4, 0);
-  ASSERT_GT(g1, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
-  ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
-  const int64_t g2 = WaitForFormedGeneration(2, g1);
-  ASSERT_GT(g2, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
-  ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
-  const int64_t g3 = WaitForFormedGeneration(3, g2);
-  ASSERT_GT(g3, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
-  const std::vector<pid_t> members = PidsOf(g3);
-  ASSERT_EQ(members.size(), 3u);
-  ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
-  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+  // Changes 20 steps (of ~400) apart.
+  std::unique_ptr<Proc> c1, c2;
+  FourTwoThreeAndKill(kEpochs, 20, {}, &c1, &c2);
+  if (HasFatalFailure()) return;
 
   std::vector<json> gens = Generations();
   ASSERT_GE(gens.size(), 4u) << Diagnostics();
@@ -312,26 +321,12 @@ TEST_F(ElasticTrainingTest, ImageFolderScaleAndKillKeepsDataExact) {
   ASSERT_OK(train.value()->FillBatch(all, resnet50::Augment{}, 0, images.data(), labels.data()));
   ASSERT_EQ(std::count(labels.begin(), labels.end(), resnet50::kSkippedLabel), 3);
 
-  const std::vector<std::string> flags = {"--data", "imagefolder", "--data_dir", set,
-                                          "--image_size", "32", "--data_threads", "2"};
-  StartServer("0 set 4\n", 4);
-  auto c1 = StartClient("n1", kEpochs, flags);
-  auto c2 = StartClient("n2", kEpochs, flags);
-  const int64_t g1 = WaitForFormedGeneration(4, 0);
-  ASSERT_GT(g1, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(8)) << Diagnostics();
-  ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
-  const int64_t g2 = WaitForFormedGeneration(2, g1);
-  ASSERT_GT(g2, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(8)) << Diagnostics();
-  ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
-  const int64_t g3 = WaitForFormedGeneration(3, g2);
-  ASSERT_GT(g3, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(8)) << Diagnostics();
-  const std::vector<pid_t> members = PidsOf(g3);
-  ASSERT_EQ(members.size(), 3u);
-  ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
-  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+  std::unique_ptr<Proc> c1, c2;
+  FourTwoThreeAndKill(kEpochs, 8,
+                      {"--data", "imagefolder", "--data_dir", set, "--image_size", "32",
+                       "--data_threads", "2"},
+                      &c1, &c2);
+  if (HasFatalFailure()) return;
 
   ExpectIdenticalStateAfterEveryReform();
   std::map<int64_t, test::LoggedStep> steps;
