@@ -26,7 +26,7 @@ ASAN_TARGETS ?=
 ASAN_EXCLUDE ?= ^(demo_test|elastic_training_test|distill_test|pytorch_restart_test)$$
 # Threads inside the test process: Asio channels, the async checkpoint writer, RocksDB store
 # concurrency, Gloo rings of thread-ranks, the elastic trainer's watcher, the batch prefetch thread.
-TSAN_TESTS ?= ^(net_test|teacher_service_test|async_checkpointer_test|checkpoint_store_test|gloo_communicator_test|elastic_trainer_test|resnet50_data_test)$$
+TSAN_TESTS ?= ^(net_test|teacher_service_test|async_checkpointer_test|checkpoint_store_test|gloo_communicator_test|elastic_trainer_test|resnet50_data_test|resnet50_image_folder_test)$$
 
 ASAN_SANITIZERS := address,undefined
 CCACHE := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)

@@ -53,11 +53,12 @@ class ProgressPrinter : public runtime::TrainingObserver {
     result_->test_accuracy.push_back(r.accuracy);
     result_->test_loss = r.loss;
     if (r.rank == 0) {
-      char line[256];
+      char line[256], top5[32] = "";
+      if (r.accuracy_top5 >= 0) std::snprintf(top5, sizeof(top5), " top5 %.2f%%", 100.0 * r.accuracy_top5);
       std::snprintf(line, sizeof(line),
-                    "eval epoch %ld step %ld: test loss %.4f acc %.2f%% (%ld images, %d ranks, %.1f s)",
+                    "eval epoch %ld step %ld: test loss %.4f acc %.2f%%%s (%ld images, %d ranks, %.1f s)",
                     static_cast<long>(r.epoch), static_cast<long>(r.step), r.loss, 100.0 * r.accuracy,
-                    static_cast<long>(r.samples), r.world_size, r.seconds);
+                    top5, static_cast<long>(r.samples), r.world_size, r.seconds);
       out_ << line << std::endl;
     }
     window_start_ = SteadyClock::now();  // evaluation time is not training throughput
@@ -199,6 +200,7 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
     const int64_t total = plan.StepSamples(pos, b);
     runtime::StepStats st;
     if (!idx.empty()) {
+      t->SetEpoch(pos.epoch);
       EDL_RETURN_IF_ERROR(t->ForwardBackward(idx, &st));
       EDL_RETURN_IF_ERROR(t->ScaleGradients(static_cast<float>(idx.size()) / total));
     } else {

@@ -110,7 +110,8 @@ po::options_description Flags(Config* c) {
       ("zero_init_residual", po::value(&c->trainer.model.zero_init_residual)->default_value(false),
        "start each block's last BN gamma at 0")
       ("augment", po::value(&c->augment)->default_value(false),
-       "random crop (pad 4) and horizontal flip of training images")
+       "random crop (pad 4) and horizontal flip of training images; imagefolder always trains with "
+       "RandomResizedCrop + flip")
       ("seed", po::value(&c->trainer.seed)->default_value(1, "1"), "init, data order and augmentation seed")
       ("threads", po::value(&c->trainer.threads)->default_value(0),
        "CPU compute threads; 0 = cores / trainers on this node (EDL_LOCAL_TRAINERS, else LOCAL_WORLD_SIZE)")
@@ -209,8 +210,9 @@ Status Finish(Config* c) {
   e.comm_timeout = std::chrono::milliseconds(static_cast<int64_t>(c->comm_timeout_s * 1000));
   e.generation_wait = std::chrono::milliseconds(static_cast<int64_t>(c->generation_wait_s * 1000));
   e.seed = c->trainer.seed;  // one --seed: init, augmentation and data order
-  // Augmentation is seeded by (seed, batch indices) inside the loader: nothing to sync on re-form.
-  c->trainer.augment.random_crop = c->trainer.augment.flip = c->augment;
+  // Augmentation is seeded by (seed, epoch, sample index) inside the loader: nothing to sync on
+  // re-form.
+  c->trainer.augment.random_crop = c->trainer.augment.flip = c->augment || c->data.data == "imagefolder";
   c->loop.label = c->model() + " " + c->data.data;
   return Status::OK();
 }
@@ -284,6 +286,10 @@ int RunTrainMain(int argc, char** argv) {
     std::cout << "edl train: distill " << teacher.value()->CountersLine() << std::endl;
   }
   if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
+  if (t->skipped_samples() > 0) {
+    std::cout << "data: " << t->skipped_samples() << " training samples skipped as unreadable by "
+              << "this trainer (each file is named in a warning)" << std::endl;
+  }
   AppendUsage(c, membership.value()->trainer_id(), result);
   return 0;
 }

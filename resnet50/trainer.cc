@@ -1,5 +1,7 @@
 #include "resnet50/trainer.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -91,7 +93,10 @@ Status Trainer::ScaleGradients(float factor) {
   return backend_->Scale(&model_->grads(), factor, 0, model_->num_params());
 }
 
-void Trainer::Prefetch(const std::vector<int64_t>& indices) { train_loader_->Prefetch(indices); }
+void Trainer::Prefetch(int64_t epoch, const std::vector<int64_t>& indices) {
+  if (options_.resident_batch && resident_loaded_) return;  // the batch is on the device already
+  train_loader_->Prefetch(epoch, indices);
+}
 
 void Trainer::SetTeacher(runtime::TeacherSource* teacher, const DistillLossParams& params,
                          int window) {
@@ -106,12 +111,8 @@ void Trainer::Lookahead(const std::vector<std::vector<int64_t>>& steps) {
   // Teacher requests only: the data loader is left as without distillation, so a distilled run
   // and a plain one differ by the teacher's cost alone (bench/distill.sh).
   for (const std::vector<int64_t>& s : steps) {
-    if (!s.empty()) teacher_->Request(s, train_loader_->AugSeed(s));
+    if (!s.empty()) teacher_->Request(s, train_loader_->AugSeed(epoch_));
   }
-}
-
-uint64_t Trainer::AugSeed(const std::vector<int64_t>& indices) const {
-  return train_loader_->AugSeed(indices);
 }
 
 Status Trainer::InferTrain(const std::vector<TrainBatch>& batches, std::vector<float>* logits) {
@@ -130,7 +131,12 @@ Status Trainer::InferTrain(const std::vector<TrainBatch>& batches, std::vector<f
                                           all.images.data() + at * per, all.labels.data() + at));
     at += static_cast<int64_t>(b.indices->size());
   }
-  EDL_RETURN_IF_ERROR(Upload(all));
+  int64_t fed = 0;
+  EDL_RETURN_IF_ERROR(Upload(all, &fed));
+  if (fed != n) {
+    return Status::InvalidArgument("InferTrain: " + std::to_string(n - fed) +
+                                   " samples could not be loaded; a teacher needs every sample");
+  }
   const Tensor* out = nullptr;
   EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/false, &out));
   logits->resize(static_cast<size_t>(n * train_->num_classes()));
@@ -142,12 +148,18 @@ Status Trainer::DistillStep(const std::vector<int64_t>& indices, const Tensor& l
                             double* loss_sum, int64_t* correct) {
   const int64_t n = static_cast<int64_t>(indices.size());
   const int64_t m = train_->num_classes();
+  if (fed_labels_.size() != indices.size() ||
+      std::find(fed_labels_.begin(), fed_labels_.end(), kSkippedLabel) != fed_labels_.end()) {
+    return Status::FailedPrecondition(
+        "distillation needs every sample of a batch, and this batch has unreadable ones "
+        "(--data imagefolder skips them); distil from a data set without broken files");
+  }
   host_logits_.resize(static_cast<size_t>(n * m));
   host_teacher_.resize(host_logits_.size());
   host_dlogits_.resize(host_logits_.size());
   has_teacher_.resize(static_cast<size_t>(n));
   EDL_RETURN_IF_ERROR(backend_->CopyToHost(logits, host_logits_.data()));
-  EDL_RETURN_IF_ERROR(teacher_->Get(indices, train_loader_->AugSeed(indices), static_cast<int>(m),
+  EDL_RETURN_IF_ERROR(teacher_->Get(indices, train_loader_->AugSeed(epoch_), static_cast<int>(m),
                                     host_teacher_.data(), has_teacher_.data()));
   EDL_RETURN_IF_ERROR(DistillLoss(distill_, host_logits_.data(), fed_labels_.data(),
                                   host_teacher_.data(), has_teacher_.data(), n, m,
@@ -156,8 +168,34 @@ Status Trainer::DistillStep(const std::vector<int64_t>& indices, const Tensor& l
   return backend_->CopyFromHost(host_dlogits_.data(), &dlogits_);
 }
 
-Status Trainer::Upload(const HostBatch& batch) {
-  const int64_t n = static_cast<int64_t>(batch.indices.size());
+void Trainer::SetEpoch(int64_t epoch) {
+  if (epoch != epoch_ && skipped_epoch_ > 0) {
+    LOG(WARNING) << "epoch " << epoch_ << ": " << skipped_epoch_ << " of " << loaded_epoch_
+                 << " training samples this trainer loaded were skipped as unreadable (each "
+                    "file is named in an earlier warning)";
+  }
+  if (epoch != epoch_) skipped_epoch_ = loaded_epoch_ = 0;
+  epoch_ = epoch;
+}
+
+Status Trainer::Upload(const HostBatch& full, int64_t* fed) {
+  const HostBatch* batch = &full;
+  const int64_t skipped = full.skipped();
+  if (skipped > 0) {  // keep the loaded samples only
+    const size_t per = full.images.size() / std::max<size_t>(full.labels.size(), 1);
+    compact_.images.clear();
+    compact_.labels.clear();
+    for (size_t i = 0; i < full.labels.size(); ++i) {
+      if (full.labels[i] == kSkippedLabel) continue;
+      compact_.labels.push_back(full.labels[i]);
+      compact_.images.insert(compact_.images.end(), full.images.begin() + i * per,
+                             full.images.begin() + (i + 1) * per);
+    }
+    batch = &compact_;
+  }
+  const int64_t n = static_cast<int64_t>(batch->labels.size());
+  *fed = n;
+  if (n == 0) return Status::OK();
   const int64_t s = train_->image_size();
   if (input_.rank() == 0 || input_.dim(0) != n) {
     input_ = Tensor(backend_.get(), {n, train_->channels(), s, s});
@@ -165,24 +203,40 @@ Status Trainer::Upload(const HostBatch& batch) {
     dlogits_ = Tensor(backend_.get(), {n, train_->num_classes()});
     if (!input_.ok() || !dlogits_.ok()) return Status::Internal("out of memory for the batch");
   }
-  EDL_RETURN_IF_ERROR(backend_->CopyFromHost(batch.images.data(), &input_));
-  return backend_->CopyFromHost(batch.labels.data(), &labels_);
+  EDL_RETURN_IF_ERROR(backend_->CopyFromHost(batch->images.data(), &input_));
+  return backend_->CopyFromHost(batch->labels.data(), &labels_);
 }
 
 Status Trainer::ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) {
   if (indices.empty()) return Status::InvalidArgument("ForwardBackward: empty batch");
   const int64_t n = static_cast<int64_t>(indices.size());
+  int64_t fed = n;
   if (!options_.resident_batch || !resident_loaded_ || input_.dim(0) != n) {
-    EDL_RETURN_IF_ERROR(train_loader_->Get(indices, &batch_));
-    EDL_RETURN_IF_ERROR(Upload(batch_));
-    // The labels as the loss will read them (back from the uploaded tensor), for the sample log.
-    fed_labels_.resize(static_cast<size_t>(n));
-    EDL_RETURN_IF_ERROR(backend_->CopyToHost(labels_, fed_labels_.data()));
-    resident_loaded_ = true;
+    EDL_RETURN_IF_ERROR(train_loader_->Get(epoch_, indices, &batch_));
+    EDL_RETURN_IF_ERROR(Upload(batch_, &fed));
+    skipped_epoch_ += n - fed;
+    skipped_total_ += n - fed;
+    loaded_epoch_ += n;
+    // The labels as the loss will read them (back from the uploaded tensor), for the sample log;
+    // a skipped sample shows as kSkippedLabel in its place.
+    fed_labels_.resize(static_cast<size_t>(fed));
+    if (fed > 0) EDL_RETURN_IF_ERROR(backend_->CopyToHost(labels_, fed_labels_.data()));
+    if (fed < n) {
+      std::vector<int32_t> all(batch_.labels);
+      for (size_t i = 0, j = 0; i < all.size(); ++i) {
+        if (all[i] != kSkippedLabel) all[i] = fed_labels_[j++];
+      }
+      fed_labels_ = std::move(all);
+    }
+    resident_loaded_ = fed == n;
   } else {
     backend_->MarkResidentStep();
   }
   stats->label_hash = runtime::LabelHash(fed_labels_.data(), fed_labels_.size());
+  if (fed == 0) {  // every sample unloadable: contribute nothing
+    stats->samples = 0;
+    return ZeroGradients();
+  }
   const Tensor* logits = nullptr;
   EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/true, &logits));
   double loss_sum = 0;
@@ -200,7 +254,7 @@ Status Trainer::ForwardBackward(const std::vector<int64_t>& indices, runtime::St
                                       runtime::Trainable::kInbandSlots));
   stats->loss_sum = loss_sum;
   stats->correct = correct;
-  stats->samples = n;
+  stats->samples = fed;
   return Status::OK();
 }
 
@@ -221,8 +275,10 @@ Status Trainer::Evaluate(const std::vector<int64_t>& indices, runtime::StepStats
   if (!test_loader_) return Status::FailedPrecondition("no test split loaded");
   if (indices.empty()) return Status::InvalidArgument("Evaluate: empty batch");
   HostBatch batch;
-  EDL_RETURN_IF_ERROR(test_loader_->Get(indices, &batch));
-  EDL_RETURN_IF_ERROR(Upload(batch));
+  EDL_RETURN_IF_ERROR(test_loader_->Get(0, indices, &batch));
+  int64_t fed = 0;
+  EDL_RETURN_IF_ERROR(Upload(batch, &fed));
+  if (fed == 0) return Status::OK();  // nothing loadable: stats stay zero
   const Tensor* logits = nullptr;
   EDL_RETURN_IF_ERROR(model_->Forward(input_, /*training=*/false, &logits));
   double loss_sum = 0;
@@ -231,7 +287,20 @@ Status Trainer::Evaluate(const std::vector<int64_t>& indices, runtime::StepStats
       backend_->SoftmaxCrossEntropy(*logits, labels_, 0.f, 1.f, nullptr, &loss_sum, &correct));
   stats->loss_sum = loss_sum;
   stats->correct = correct;
-  stats->samples = static_cast<int64_t>(indices.size());
+  stats->samples = fed;
+  // Top-5 from the logits on the host: the label's logit has fewer than 5 strictly greater ones.
+  const int64_t classes = train_->num_classes();
+  logits_host_.resize(static_cast<size_t>(fed * classes));
+  EDL_RETURN_IF_ERROR(backend_->CopyToHost(*logits, logits_host_.data()));
+  const std::vector<int32_t>& fed_labels = batch.skipped() > 0 ? compact_.labels : batch.labels;
+  stats->correct_top5 = 0;
+  for (int64_t i = 0; i < fed; ++i) {
+    const float* row = &logits_host_[static_cast<size_t>(i * classes)];
+    const float mine = row[fed_labels[i]];
+    int64_t above = 0;
+    for (int64_t k = 0; k < classes; ++k) above += row[k] > mine;
+    stats->correct_top5 += above < 5;
+  }
   return Status::OK();
 }
 

@@ -64,10 +64,16 @@ class Trainer : public runtime::Trainable {
   Status ScaleGradients(float factor) override;
   int64_t train_size() const override { return train_->size(); }
   int64_t test_size() const override { return test_ ? test_->size() : 0; }
-  void Prefetch(const std::vector<int64_t>& indices) override;
+  void Prefetch(int64_t epoch, const std::vector<int64_t>& indices) override;
+  // Also logs, when the epoch moves on, how many samples of the last one this trainer skipped
+  // as unloadable (Dataset::FillBatch, kSkippedLabel).
+  void SetEpoch(int64_t epoch) override;
   // With a teacher: the window of steps whose teacher logits are asked for ahead.
   int lookahead_steps() const override { return teacher_ ? window_ : 0; }
   void Lookahead(const std::vector<std::vector<int64_t>>& steps) override;
+  // Samples the dataset could not load are left out: the loss and its gradient are still divided
+  // by indices.size(), so a skipped sample adds nothing and the runtime's scaling by the slice size
+  // stays exact; stats->samples counts the samples fed.
   Status ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
   Status ApplyUpdate(double lr) override;
   Status Evaluate(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
@@ -93,14 +99,14 @@ class Trainer : public runtime::Trainable {
     Augment augment;
   };
   Status InferTrain(const std::vector<TrainBatch>& batches, std::vector<float>* logits);
-  // The augmentation seed the training loader uses for a batch of `indices`.
-  uint64_t AugSeed(const std::vector<int64_t>& indices) const;
 
   Model* model() { return model_.get(); }
   Backend* backend() { return backend_.get(); }
   const TrainerOptions& options() const { return options_; }
   const Dataset& train_data() const { return *train_; }
   int threads() const { return threads_; }
+  // Training samples skipped as unloadable since the start (this process).
+  int64_t skipped_samples() const { return skipped_total_; }
   // The model name, input and every state tensor's name and shape, e.g.
   // "resnet20:1x28:10;conv1.weight[16,1,3,3];...": what Fingerprint() hashes.
   std::string StateLayout() const;
@@ -109,8 +115,9 @@ class Trainer : public runtime::Trainable {
   Trainer(const TrainerOptions& options, std::unique_ptr<Dataset> train,
           std::unique_ptr<Dataset> test);
   Status Init();
-  // Uploads a host batch into input_/labels_ (resized to its batch size).
-  Status Upload(const HostBatch& batch);
+  // Uploads a host batch into input_/labels_ (resized to the number of samples it holds), leaving
+  // out samples labelled kSkippedLabel. *fed: samples uploaded.
+  Status Upload(const HostBatch& batch, int64_t* fed);
   // Distillation: the loss and dlogits_ of a step from the model's `logits` and the teacher's.
   Status DistillStep(const std::vector<int64_t>& indices, const Tensor& logits, double* loss_sum,
                      int64_t* correct);
@@ -127,6 +134,10 @@ class Trainer : public runtime::Trainable {
   HostBatch batch_;
   std::vector<int32_t> fed_labels_;  // labels_ read back each step (StepStats::label_hash)
   bool resident_loaded_ = false;     // resident_batch: input_ / labels_ hold the batch
+  HostBatch compact_;                // the loaded samples of a batch with skipped ones
+  std::vector<float> logits_host_;   // Evaluate: [n, classes] for top-5
+  int64_t epoch_ = 0;                // SetEpoch
+  int64_t skipped_epoch_ = 0, loaded_epoch_ = 0, skipped_total_ = 0;  // unloadable samples
   // Distillation (SetTeacher); host buffers of one step: [n, classes] and [n].
   runtime::TeacherSource* teacher_ = nullptr;
   DistillLossParams distill_;

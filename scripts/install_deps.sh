@@ -16,12 +16,13 @@ PACKAGES=(
   libdnnl-dev
   nlohmann-json3-dev
   libssl-dev
-  libturbojpeg0-dev
+  libjpeg62-turbo-dev libpng-dev   # --data imagefolder: JPEG (libjpeg-turbo) and PNG decoding
   zlib1g-dev
   dataset-fashion-mnist
   gnuplot-nox
   iproute2 procps psmisc shellcheck
   python3-torch python3-torchvision python3-numpy
+  python3-pil   # tests and bench only: scripts/make_imagefolder.sh, the PIL reference decoder
   jq
 )
 

@@ -556,6 +556,11 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   const std::vector<int64_t>& indices = all[rank_];
   size_t count = 0;
   float* grad = trainable_->GradientBuffer(&count);  // device memory when on_device(): no access
+  // Start loading this rank's next slice (as planned for the current world) while this step runs.
+  const DataPosition next = plan_.Advance(state_.position, b);
+  if (plan_.EpochProgress(next) < o_.epochs && (o_.max_steps == 0 || state_.step + 1 < o_.max_steps)) {
+    trainable_->Prefetch(next.epoch, plan_.Slice(next, b, rank_));
+  }
   StepStats stats;
   if (const int ahead = trainable_->lookahead_steps(); ahead > 0) {
     std::vector<std::vector<int64_t>> next;
@@ -568,6 +573,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
     trainable_->Lookahead(next);
   }
   if (!indices.empty()) {
+    trainable_->SetEpoch(state_.position.epoch);
     EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats));
     EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(static_cast<float>(indices.size()) / total));
   } else {
@@ -685,7 +691,7 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   int64_t begin = 0, end = 0;
   EvenShard(trainable_->test_size(), rank_, gen_.world_size(), &begin, &end);
   const int64_t t0 = clock_->NowMicros();
-  double v[3] = {0, 0, 0};  // loss sum, correct, samples
+  double v[4] = {0, 0, 0, 0};  // loss sum, correct, samples, top-5 correct (< 0: not computed)
   const int64_t chunk = std::max<int64_t>(1, o_.eval_batch);
   std::vector<int64_t> idx;
   for (int64_t b0 = begin; b0 < end; b0 += chunk) {
@@ -696,8 +702,9 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
     v[0] += stats.loss_sum;
     v[1] += static_cast<double>(stats.correct);
     v[2] += static_cast<double>(stats.samples);
+    v[3] += stats.correct_top5 >= 0 ? static_cast<double>(stats.correct_top5) : -1e18;
   }
-  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 3, DataType::kFloat64, ReduceOp::kSum)));
+  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 4, DataType::kFloat64, ReduceOp::kSum)));
   *accuracy = v[2] > 0 ? v[1] / v[2] : -1;
   last_eval_step_ = state_.step;
   if (o_.observer != nullptr) {
@@ -706,6 +713,7 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
     r.epoch = state_.position.epoch;
     r.loss = v[2] > 0 ? v[0] / v[2] : 0.0;
     r.accuracy = *accuracy;
+    r.accuracy_top5 = v[2] > 0 && v[3] >= 0 ? v[3] / v[2] : -1;
     r.samples = static_cast<int64_t>(v[2]);
     r.generation = gen_.number;
     r.world_size = gen_.world_size();

@@ -83,6 +83,7 @@ struct EvalReport {
   int64_t step = 0;
   int64_t epoch = 0;          // epochs completed when evaluated
   double loss = 0, accuracy = 0;
+  double accuracy_top5 = -1;  // -1 when the Trainable computes no top-5
   int64_t samples = 0;        // test samples evaluated, all ranks
   int64_t generation = 0;
   int world_size = 0;

@@ -4,8 +4,9 @@
 // Trainable owns the device, the model, the optimizer state and the data loader.
 //
 // One training step, as the runtime drives it:
-//   Prefetch(next step's indices)            hint: start loading the following batch
-//   ForwardBackward(indices, &stats)         gradient of the mean loss over `indices`
+//   Prefetch(epoch, next step's indices)     hint: start loading the following batch
+//   SetEpoch(epoch); ForwardBackward(indices, &stats)
+//                                            gradient of the mean loss over `indices`
 //   <gradient hook>                          runtime scales (ScaleGradients) and all-reduces the
 //                                            flat GradientBuffer, plus its in-band words
 //   ApplyUpdate(lr)                          SGD step from the (reduced) gradients
@@ -42,6 +43,7 @@ struct StateTensor {
 struct StepStats {
   double loss_sum = 0;  // sum over samples of the per-sample loss
   int64_t correct = 0;  // top-1 correct predictions
+  int64_t correct_top5 = -1;  // Evaluate: labels among the 5 highest logits (-1: not computed)
   int64_t samples = 0;  // samples processed
   // ForwardBackward: LabelHash of the labels in the batch the model was fed, read from that batch
   // (0: the Trainable computes none). The runtime writes it to its sample log, so tests check the
@@ -88,7 +90,14 @@ class Trainable {
   virtual int64_t train_size() const = 0;
   virtual int64_t test_size() const = 0;
 
-  virtual void Prefetch(const std::vector<int64_t>& indices) {}
+  // Hint: start loading training samples `indices` of data-plan epoch `epoch` (the next step's
+  // slice) so that ForwardBackward finds them ready. A hint that goes unused (the world changed
+  // before that step) costs only the loading.
+  virtual void Prefetch(int64_t epoch, const std::vector<int64_t>& indices) {}
+  // The data-plan epoch of the indices of the following ForwardBackward calls: random
+  // augmentation is seeded by (seed, epoch, sample index), so the same sample is augmented alike
+  // on any rank and in any world size.
+  virtual void SetEpoch(int64_t epoch) {}
   // How many steps ahead the Trainable wants to see its indices (0: none, the default). When > 0
   // the runtime calls Lookahead before each ForwardBackward with this rank's indices of the next
   // steps (steps[0] is the step after the current one), assuming the current world and batch

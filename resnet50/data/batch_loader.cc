@@ -1,6 +1,9 @@
 #include "resnet50/data/batch_loader.h"
 
+#include <algorithm>
 #include <utility>
+
+#include "resnet50/data/image_transform.h"
 
 namespace edl::resnet50 {
 
@@ -22,14 +25,13 @@ Status BatchLoader::Fill(HostBatch* b) const {
                       dataset_->image_size();
   b->images.resize(n * per);
   b->labels.resize(n);
-  return dataset_->FillBatch(b->indices, augment_, AugSeed(b->indices), b->images.data(),
+  return dataset_->FillBatch(b->indices, augment_, AugSeed(b->epoch), b->images.data(),
                              b->labels.data());
 }
 
-uint64_t BatchLoader::AugSeed(const std::vector<int64_t>& indices) const {
-  uint64_t h = seed_ * 0x9E3779B97F4A7C15ull + 1;
-  for (int64_t i : indices) h = (h ^ static_cast<uint64_t>(i)) * 0x100000001B3ull;
-  return h;
+// The dataset mixes each sample's index into this seed (MixSeed).
+uint64_t BatchLoader::AugSeed(int64_t epoch) const {
+  return MixSeed(seed_, static_cast<uint64_t>(epoch));
 }
 
 void BatchLoader::WorkerLoop() {
@@ -60,9 +62,14 @@ void BatchLoader::WorkerLoop() {
   }
 }
 
-void BatchLoader::Prefetch(const std::vector<int64_t>& indices) {
+int64_t HostBatch::skipped() const {
+  return std::count(labels.begin(), labels.end(), kSkippedLabel);
+}
+
+void BatchLoader::Prefetch(int64_t epoch, const std::vector<int64_t>& indices) {
   if (indices.empty()) return;
   auto job = std::make_shared<Job>();
+  job->batch.epoch = epoch;
   job->batch.indices = indices;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -72,19 +79,20 @@ void BatchLoader::Prefetch(const std::vector<int64_t>& indices) {
   cv_.notify_all();
 }
 
-Status BatchLoader::Get(const std::vector<int64_t>& indices, HostBatch* out,
+Status BatchLoader::Get(int64_t epoch, const std::vector<int64_t>& indices, HostBatch* out,
                         std::chrono::milliseconds timeout) {
   std::shared_ptr<Job> job;
   bool queued = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    while (!jobs_.empty()) {
-      std::shared_ptr<Job> front = jobs_.front();
-      jobs_.pop_front();
-      if (front->batch.indices == indices) {
-        job = std::move(front);
-        break;
-      }
+    // The matching job, if queued; jobs queued before it were skipped and are dropped. Jobs
+    // after it (or all, when none matches) stay: they are the following steps' prefetches.
+    auto it = std::find_if(jobs_.begin(), jobs_.end(), [&](const std::shared_ptr<Job>& j) {
+      return j->batch.epoch == epoch && j->batch.indices == indices;
+    });
+    if (it != jobs_.end()) {
+      job = *it;
+      jobs_.erase(jobs_.begin(), it + 1);
     }
     queued = job != nullptr;
     if (job && !job->started) {
@@ -104,6 +112,7 @@ Status BatchLoader::Get(const std::vector<int64_t>& indices, HostBatch* out,
     *out = std::move(job->batch);
     return Status::OK();
   }
+  out->epoch = epoch;
   out->indices = indices;
   return Fill(out);
 }

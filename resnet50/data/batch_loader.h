@@ -1,6 +1,9 @@
 // BatchLoader: fills host batches from a Dataset on one background thread, so the training step
-// finds the next batch ready. Prefetch(indices) queues a batch; Get(indices) returns it (waiting for
-// it if it is still being filled) or, when nothing matching was queued, fills it on the spot.
+// finds the next batch ready. Prefetch(epoch, indices) queues a batch; Get(epoch, indices) returns
+// it (waiting for it if it is still being filled) or, when nothing matching was queued, fills it on
+// the spot. Augmentation is seeded by (seed, epoch) and each sample's index (Dataset::FillBatch), so
+// a sample gets the same crop and flip whatever batch, thread or trainer loads it. A dataset may
+// spread one batch over several threads itself (ImageFolder's DecodePool).
 //
 // Thread-safety: Prefetch and Get are called from the training thread; the worker thread only
 // touches queued jobs under mu_. The destructor stops and joins the worker.
@@ -21,9 +24,11 @@
 namespace edl::resnet50 {
 
 struct HostBatch {
+  int64_t epoch = 0;
   std::vector<int64_t> indices;
   std::vector<float> images;   // [n, C, S, S]
-  std::vector<int32_t> labels;  // [n]
+  std::vector<int32_t> labels;  // [n]; kSkippedLabel for a sample the dataset could not load
+  int64_t skipped() const;      // samples labelled kSkippedLabel
 };
 
 class BatchLoader {
@@ -34,15 +39,18 @@ class BatchLoader {
   BatchLoader(const BatchLoader&) = delete;
   BatchLoader& operator=(const BatchLoader&) = delete;
 
-  // Queues `indices` for background loading (at most kMaxQueued batches; older ones are dropped).
-  void Prefetch(const std::vector<int64_t>& indices);
-  // Fills *out with the batch for `indices`. Timeout if a queued fill takes longer than `timeout`.
-  Status Get(const std::vector<int64_t>& indices, HostBatch* out,
+  // Queues `indices` of data-plan epoch `epoch` for background loading (at most kMaxQueued
+  // batches; older ones are dropped).
+  void Prefetch(int64_t epoch, const std::vector<int64_t>& indices);
+  // Fills *out with the batch for (epoch, indices). Timeout if a queued fill takes longer than
+  // `timeout`.
+  Status Get(int64_t epoch, const std::vector<int64_t>& indices, HostBatch* out,
              std::chrono::milliseconds timeout = std::chrono::seconds(120));
 
-  // The augmentation seed of the batch `indices`: a hash of (seed, indices), so a batch is
-  // augmented the same whether prefetched or not, and a teacher can fill the same images.
-  uint64_t AugSeed(const std::vector<int64_t>& indices) const;
+  // The augmentation seed of data-plan epoch `epoch`; FillBatch mixes in each sample's index, so
+  // a sample is augmented the same whether prefetched or not, on any rank, and a teacher given
+  // (indices, this seed) fills the same images.
+  uint64_t AugSeed(int64_t epoch) const;
 
   // Gets whose batch had been queued with Prefetch.
   int64_t prefetch_hits() const { return hits_; }

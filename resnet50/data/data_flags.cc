@@ -1,5 +1,7 @@
 #include "resnet50/data/data_flags.h"
 
+#include "resnet50/data/image_folder.h"
+
 #include <utility>
 #include <vector>
 
@@ -7,12 +9,17 @@ namespace edl::resnet50 {
 
 void AddDataFlags(po::options_description* desc, DataFlags* d) {
   desc->add_options()
-      ("data", po::value(&d->data)->default_value("fashion-mnist"), "fashion-mnist|synthetic")
+      ("data", po::value(&d->data)->default_value("fashion-mnist"), "fashion-mnist|synthetic|imagefolder")
       ("data_dir", po::value(&d->data_dir)->default_value("/usr/share/datasets/fashion-mnist"),
-       "directory with the Fashion-MNIST IDX files (.gz or plain)")
+       "directory with the Fashion-MNIST IDX files (.gz or plain); imagefolder: the directory "
+       "holding train/<class>/*.jpg and val/<class>/*.jpg")
+      ("data_threads", po::value(&d->data_threads)->default_value(1),
+       "imagefolder: JPEG decode + augmentation threads per split, preparing the next batch while "
+       "the step runs")
       ("image_size", po::value(&d->image_size)->default_value(0),
-       "image side in px; 0 = 28 for fashion-mnist, 32 (resnet20/56) or 224 for synthetic; "
-       "fashion-mnist images are zero-padded to it")
+       "image side in px; 0 = 28 for fashion-mnist, 32 (resnet20/56) or 224 for synthetic and "
+       "imagefolder; fashion-mnist images are zero-padded to it; imagefolder crops to it "
+       "(evaluation resizes to image_size*256/224 first)")
       ("channels", po::value(&d->channels)->default_value(3, "3"), "synthetic image channels")
       ("synthetic_train", po::value(&d->synthetic_train)->default_value(0),
        "synthetic training samples; 0 = 100 batches")
@@ -25,6 +32,9 @@ void AddDataFlags(po::options_description* desc, DataFlags* d) {
 Status ValidateDataFlags(const DataFlags& d) {
   if (d.image_size < 0) return Status::InvalidArgument("--image_size must be >= 0");
   if (d.train_samples < 0) return Status::InvalidArgument("--train_samples must be >= 0");
+  if (d.data_threads < 1 || d.data_threads > 256) {
+    return Status::InvalidArgument("--data_threads must be in 1..256");
+  }
   return Status::OK();
 }
 
@@ -85,7 +95,14 @@ Status LoadFullData(const DataFlags& d, const std::string& model, int64_t batch,
     if (load_test) *test = MakeSyntheticDataset(ntest, d.channels, size, 10, seed + 1);
     return Status::OK();
   }
-  return Status::InvalidArgument("--data '" + d.data + "' is unknown; use fashion-mnist or synthetic");
+  if (d.data == "imagefolder") {
+    ImageFolderOptions o;
+    o.image_size = d.image_size != 0 ? d.image_size : (IsCifarModel(model) ? 32 : 224);
+    o.threads = d.data_threads;
+    return LoadImageFolder(d.data_dir, o, load_test, train, test);
+  }
+  return Status::InvalidArgument("--data '" + d.data +
+                                 "' is unknown; use fashion-mnist, synthetic or imagefolder");
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <random>
 
+#include "resnet50/data/image_transform.h"
+
 namespace edl::resnet50 {
 
 namespace {
@@ -74,7 +76,6 @@ class FashionMnist : public Dataset {
     const int s = size_, r = images_.rows, c = images_.cols;
     const int off = (s - r) / 2;  // centre the 28x28 image when padded to s
     const float zero = (0.f - kFashionMean) / kFashionStd;
-    std::mt19937_64 gen(aug_seed);
     for (size_t i = 0; i < indices.size(); ++i) {
       const int64_t idx = indices[i];
       if (idx < 0 || idx >= images_.count) {
@@ -83,11 +84,14 @@ class FashionMnist : public Dataset {
       }
       int dy = 0, dx = 0;
       bool flip = false;
-      if (aug.random_crop) {
-        dy = static_cast<int>(gen() % (2 * aug.pad + 1)) - aug.pad;
-        dx = static_cast<int>(gen() % (2 * aug.pad + 1)) - aug.pad;
+      if (aug.random_crop || aug.flip) {
+        std::mt19937_64 gen(MixSeed(aug_seed, static_cast<uint64_t>(idx)));
+        if (aug.random_crop) {
+          dy = static_cast<int>(gen() % (2 * aug.pad + 1)) - aug.pad;
+          dx = static_cast<int>(gen() % (2 * aug.pad + 1)) - aug.pad;
+        }
+        if (aug.flip) flip = gen() & 1;
       }
-      if (aug.flip) flip = gen() & 1;
       const uint8_t* src = images_.pixels.data() + idx * r * c;
       float* dst = images + i * s * s;
       for (int y = 0; y < s; ++y) {

@@ -1,7 +1,7 @@
 // Datasets for the trainer: an interface that fills a batch of normalised fp32 images and int32
 // labels for a list of sample indices; fixed-seed synthetic tensors (speed runs); Fashion-MNIST
 // from IDX files, gzip-compressed or plain (the Debian package dataset-fashion-mnist installs them
-// at /usr/share/datasets/fashion-mnist).
+// at /usr/share/datasets/fashion-mnist). Folders of JPEG/PNG files: image_folder.h.
 //
 // Thread-safety: FillBatch is const and safe to call from several threads at once (the prefetch
 // thread and the training thread); a dataset is immutable after loading.
@@ -15,6 +15,10 @@
 #include "edl/base/status.h"
 
 namespace edl::resnet50 {
+
+// The label of a sample that could not be loaded (see Dataset::FillBatch): the trainer leaves it
+// out of the batch.
+constexpr int32_t kSkippedLabel = -1;
 
 struct Augment {
   bool random_crop = false;  // pad by `pad` pixels (zeros) and crop back at a random offset
@@ -31,8 +35,10 @@ class Dataset {
   virtual int num_classes() const = 0;
   virtual std::string name() const = 0;
   // Writes images [n, C, S, S] (row-major, normalised) and labels [n] for the n = indices.size()
-  // samples. `aug_seed` seeds the random augmentation (ignored when `aug` is all off).
-  // InvalidArgument when an index is out of range.
+  // samples. `aug_seed` seeds the random augmentation (ignored when `aug` is all off): sample i's
+  // draws depend only on (aug_seed, i), not on the rest of the batch. A sample the dataset cannot
+  // load (an undecodable image file) gets label kSkippedLabel and a zero image. InvalidArgument
+  // when an index is out of range.
   virtual Status FillBatch(const std::vector<int64_t>& indices, const Augment& aug,
                            uint64_t aug_seed, float* images, int32_t* labels) const = 0;
 };

@@ -22,6 +22,7 @@
 
 #include "edl/ckpt/checkpoint_store.h"
 #include "resnet50/data/dataset.h"
+#include "resnet50/data/image_folder.h"
 #include "tests/edl/runtime/sample_log_check.h"
 #include "tests/integration/process_util.h"
 #include "tests/testutil.h"
@@ -203,6 +204,32 @@ class ElasticTrainingTest : public ::testing::Test {
     }
   }
 
+  // 4 trainers at start (two clients of 2 slots, training with `train_flags`); 2 (`edl ctl scale
+  // 2`), then 3 (a hot joiner), then one trainer is SIGKILLed and the job grows back to 3: each
+  // change once the previous one has formed and trained `steps` more steps, so the changes land
+  // mid-run however fast the machine is. Returns once the job has finished; *c1, *c2 are the clients.
+  void FourTwoThreeAndKill(int epochs, int64_t steps, const std::vector<std::string>& train_flags,
+                           std::unique_ptr<Proc>* c1, std::unique_ptr<Proc>* c2) {
+    StartServer("0 set 4\n", 4);
+    *c1 = StartClient("n1", epochs, train_flags);
+    *c2 = StartClient("n2", epochs, train_flags);
+    const int64_t g1 = WaitForFormedGeneration(4, 0);
+    ASSERT_GT(g1, 0) << Diagnostics();
+    ASSERT_TRUE(WaitForMoreSteps(steps)) << Diagnostics();
+    ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+    const int64_t g2 = WaitForFormedGeneration(2, g1);
+    ASSERT_GT(g2, 0) << Diagnostics();
+    ASSERT_TRUE(WaitForMoreSteps(steps)) << Diagnostics();
+    ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
+    const int64_t g3 = WaitForFormedGeneration(3, g2);
+    ASSERT_GT(g3, 0) << Diagnostics();
+    ASSERT_TRUE(WaitForMoreSteps(steps)) << Diagnostics();
+    const std::vector<pid_t> members = PidsOf(g3);
+    ASSERT_EQ(members.size(), 3u);
+    ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
+    ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+  }
+
   // Every trainer id wrote all its events from one pid (in place: never restarted).
   void ExpectStablePids() {
     std::map<std::string, std::set<int64_t>> pids;
@@ -222,27 +249,10 @@ class ElasticTrainingTest : public ::testing::Test {
 
 TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
   constexpr int kEpochs = 20;
-  // 4 at start; 2 (`edl ctl scale 2`), then 3 (a hot joiner), then one trainer is SIGKILLed and
-  // the job grows back to 3: each change once the previous one has formed and trained 20 more
-  // steps (of ~400), so the changes land mid-run however fast the machine is.
-  StartServer("0 set 4\n", 4);
-  auto c1 = StartClient("n1", kEpochs);
-  auto c2 = StartClient("n2", kEpochs);
-  const int64_t g1 = WaitForFormedGeneration(4, 0);
-  ASSERT_GT(g1, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
-  ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
-  const int64_t g2 = WaitForFormedGeneration(2, g1);
-  ASSERT_GT(g2, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
-  ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
-  const int64_t g3 = WaitForFormedGeneration(3, g2);
-  ASSERT_GT(g3, 0) << Diagnostics();
-  ASSERT_TRUE(WaitForMoreSteps(20)) << Diagnostics();
-  const std::vector<pid_t> members = PidsOf(g3);
-  ASSERT_EQ(members.size(), 3u);
-  ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
-  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+  // Changes 20 steps (of ~400) apart.
+  std::unique_ptr<Proc> c1, c2;
+  FourTwoThreeAndKill(kEpochs, 20, {}, &c1, &c2);
+  if (HasFatalFailure()) return;
 
   std::vector<json> gens = Generations();
   ASSERT_GE(gens.size(), 4u) << Diagnostics();
@@ -281,6 +291,52 @@ TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
   EXPECT_GE(TrainerEvents("stall").size(), 3u) << Diagnostics();
   EXPECT_GE(TrainerEvents("joiner_ready").size(), 1u);
 
+  c1->Stop();
+  c2->Stop();
+}
+
+// --data imagefolder on a scripts/make_imagefolder.sh set (varied JPEGs plus grayscale, CMYK, PNG,
+// 1x1, truncated and three undecodable files), 32 px crops: 4 trainers, `edl ctl scale 2`, a hot
+// joiner to 3, a SIGKILL. Every epoch's samples are consumed exactly once, and every rank fed the
+// labels of exactly its planned samples, an undecodable file showing as skipped (kSkippedLabel).
+TEST_F(ElasticTrainingTest, ImageFolderScaleAndKillKeepsDataExact) {
+  constexpr int kEpochs = 12;
+  const std::string set = dir_.Join("set");
+  ASSERT_EQ(itest::RunCommand({"/bin/bash", test::SourceDir() + "/scripts/make_imagefolder.sh", set,
+                               "--classes", "10", "--train_per_class", "16", "--val_per_class", "1"},
+                              dir_.Join("make.log"), milliseconds(120000)),
+            0)
+      << Slurp(dir_.Join("make.log"));
+  // The labels every trainer must feed, from the dataset itself (kSkippedLabel where undecodable).
+  resnet50::ImageFolderOptions o;
+  o.image_size = 32;
+  std::vector<std::string> classes;
+  auto train = resnet50::OpenImageFolderSplit(set + "/train", o, &classes);
+  ASSERT_TRUE(train.ok()) << train.status().ToString();
+  const int64_t n = train.value()->size();
+  std::vector<int64_t> all(n);
+  for (int64_t i = 0; i < n; ++i) all[i] = i;
+  std::vector<float> images(n * 3 * 32 * 32);
+  std::vector<int32_t> labels(n);
+  ASSERT_OK(train.value()->FillBatch(all, resnet50::Augment{}, 0, images.data(), labels.data()));
+  ASSERT_EQ(std::count(labels.begin(), labels.end(), resnet50::kSkippedLabel), 3);
+
+  std::unique_ptr<Proc> c1, c2;
+  FourTwoThreeAndKill(kEpochs, 8,
+                      {"--data", "imagefolder", "--data_dir", set, "--image_size", "32",
+                       "--data_threads", "2"},
+                      &c1, &c2);
+  if (HasFatalFailure()) return;
+
+  ExpectIdenticalStateAfterEveryReform();
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.rbegin()->second.epoch, kEpochs - 1);
+  EXPECT_EQ(test::CheckExactlyOnce(steps, n, kEpochs), "") << Diagnostics();
+  int64_t unconfirmed = 0;
+  EXPECT_EQ(test::CheckFedBatches(steps, [&](int64_t i) { return labels.at(i); }, &unconfirmed), "");
+  EXPECT_LE(unconfirmed, 2) << "of " << steps.size() << " steps";
   c1->Stop();
   c2->Stop();
 }

@@ -1,16 +1,19 @@
 // IDX reader on the real Fashion-MNIST files and on corrupted copies; dataset normalisation,
-// padding and augmentation; synthetic determinism; the prefetching BatchLoader.
+// padding and augmentation; synthetic determinism; the prefetching BatchLoader; the DecodePool.
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "resnet50/data/batch_loader.h"
 #include "resnet50/data/dataset.h"
+#include "resnet50/data/decode_pool.h"
 #include "tests/testutil.h"
 
 namespace edl::resnet50 {
@@ -153,21 +156,87 @@ TEST(BatchLoaderTest, PrefetchedBatchEqualsDirectFill) {
   auto ds = MakeSyntheticDataset(1000, 1, 8, 10, 3);
   BatchLoader loader(ds.get(), Augment{}, 1);
   HostBatch direct, prefetched;
-  ASSERT_OK(loader.Get({1, 2, 3}, &direct));
+  ASSERT_OK(loader.Get(0, {1, 2, 3}, &direct));
   EXPECT_EQ(loader.prefetch_hits(), 0);
   for (int round = 0; round < 20; ++round) {
-    loader.Prefetch({1, 2, 3});
-    loader.Prefetch({4, 5});  // queued behind the first; still there after it is taken
-    ASSERT_OK(loader.Get({1, 2, 3}, &prefetched));
+    loader.Prefetch(0, {1, 2, 3});
+    loader.Prefetch(0, {4, 5});  // queued behind the first; still there after it is taken
+    ASSERT_OK(loader.Get(0, {1, 2, 3}, &prefetched));
     EXPECT_EQ(prefetched.images, direct.images);
     EXPECT_EQ(prefetched.labels, direct.labels);
-    ASSERT_OK(loader.Get({4, 5}, &prefetched));
+    ASSERT_OK(loader.Get(0, {4, 5}, &prefetched));
     EXPECT_EQ(prefetched.labels.size(), 2u);
   }
   EXPECT_EQ(loader.prefetch_hits(), 40);
   // A bad index surfaces as an error from Get, prefetched or not.
-  loader.Prefetch({5000});
-  EXPECT_FALSE(loader.Get({5000}, &prefetched).ok());
+  loader.Prefetch(0, {5000});
+  EXPECT_FALSE(loader.Get(0, {5000}, &prefetched).ok());
+}
+
+TEST(BatchLoaderTest, AMissKeepsTheNextStepsPrefetch) {
+  // The runtime queues step k+1 before it asks for step k; when k was not queued (the first step,
+  // or the first after a re-form) k is filled on the spot and k+1 stays queued for the next Get.
+  auto ds = MakeSyntheticDataset(100, 1, 4, 10, 3);
+  BatchLoader loader(ds.get(), Augment{}, 1);
+  HostBatch b;
+  loader.Prefetch(0, {7, 8});
+  ASSERT_OK(loader.Get(0, {5, 6}, &b));
+  EXPECT_EQ(loader.prefetch_hits(), 0);
+  ASSERT_OK(loader.Get(0, {7, 8}, &b));
+  EXPECT_EQ(loader.prefetch_hits(), 1);
+  EXPECT_EQ(b.indices, (std::vector<int64_t>{7, 8}));
+  // The same indices in another epoch are another batch.
+  loader.Prefetch(1, {1});
+  ASSERT_OK(loader.Get(2, {1}, &b));
+  EXPECT_EQ(loader.prefetch_hits(), 1);
+  EXPECT_EQ(b.epoch, 2);
+}
+
+TEST(DatasetTest, FashionAugmentationDependsOnTheSampleNotTheBatch) {
+  REQUIRE_FASHION_MNIST();
+  auto ds = LoadFashionMnist(kDir, false, 28);
+  ASSERT_TRUE(ds.ok()) << ds.status().ToString();
+  const Augment aug{true, 4, true};
+  std::vector<float> pair(2 * 28 * 28), single(28 * 28), other(28 * 28);
+  std::vector<int32_t> lab(2);
+  ASSERT_OK(ds.value()->FillBatch({5, 6}, aug, 77, pair.data(), lab.data()));
+  ASSERT_OK(ds.value()->FillBatch({6}, aug, 77, single.data(), lab.data()));
+  EXPECT_EQ(std::vector<float>(pair.begin() + 28 * 28, pair.end()), single);
+  // Another seed (another epoch) draws again: some of 8 seeds must differ from seed 77.
+  int differ = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    ASSERT_OK(ds.value()->FillBatch({6}, aug, seed, other.data(), lab.data()));
+    differ += other != single;
+  }
+  EXPECT_GT(differ, 0);
+}
+
+TEST(DecodePoolTest, EveryIndexOnceFromEveryThreadAndConcurrentCallers) {
+  DecodePool pool(4);
+  EXPECT_EQ(pool.threads(), 4);
+  // Two callers (a prefetch thread and the training thread) at once: their rounds queue up.
+  auto caller = [&](int rounds, int n, bool* ok) {
+    for (int r = 0; r < rounds; ++r) {
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<int> bad_worker{0};
+      pool.ParallelFor(n, [&](int64_t i, int worker) {
+        hits[i].fetch_add(1);
+        if (worker < 0 || worker >= 4) bad_worker.fetch_add(1);
+      });
+      for (auto& h : hits) *ok = *ok && h.load() == 1;
+      *ok = *ok && bad_worker.load() == 0;
+    }
+  };
+  bool ok1 = true, ok2 = true;
+  std::thread other(caller, 50, 97, &ok2);
+  caller(50, 300, &ok1);
+  other.join();
+  EXPECT_TRUE(ok1);
+  EXPECT_TRUE(ok2);
+  DecodePool single(1);  // no helper thread: the caller does everything
+  int64_t sum = 0;
+  single.ParallelFor(10, [&](int64_t i, int worker) { sum += i + worker; });
+  EXPECT_EQ(sum, 45);
 }
 
 }  // namespace

@@ -53,8 +53,11 @@ class LinearModel : public Trainable {
   }
   int64_t train_size() const override { return train_; }
   int64_t test_size() const override { return test_; }
+  void Prefetch(int64_t epoch, const std::vector<int64_t>& idx) override { hints_.insert({epoch, idx}); }
+  void SetEpoch(int64_t epoch) override { epoch_ = epoch; }
   Status ForwardBackward(const std::vector<int64_t>& idx, StepStats* st) override {
     if (fail_next_) return Status::Internal("injected trainer crash");
+    prefetch_hits_ += hints_.count({epoch_, idx});
     std::fill(grad_, grad_ + kDim + 1, 0.0f);
     std::vector<int32_t> labels;
     for (int64_t i : idx) {
@@ -88,6 +91,8 @@ class LinearModel : public Trainable {
     return Status::OK();
   }
   std::atomic<bool> fail_next_{false};
+  // Steps whose (epoch, indices) had been announced by a Prefetch.
+  int64_t prefetch_hits_ = 0;
   // A class per sample, for the fed-labels check of the sample log (the regression ignores it).
   static int32_t Label(int64_t i) { return static_cast<int32_t>((i * 7) % 10); }
 
@@ -117,6 +122,8 @@ class LinearModel : public Trainable {
   }
 
   const int64_t train_, test_;
+  int64_t epoch_ = -1;                                       // SetEpoch
+  std::set<std::pair<int64_t, std::vector<int64_t>>> hints_;  // every Prefetch
   float params_[kDim + 1];          // [kDim] weights, then the bias
   float momentum_[kDim + 1] = {};   // [kDim + 1]
   float grad_[kDim + 1 + kInbandSlots] = {};
@@ -470,6 +477,8 @@ TEST(ElasticTrainerTest, StaticModeTrainsAFixedWorldOverAFileStore) {
   EXPECT_EQ(res[0].state_hash, res[1].state_hash);
   EXPECT_EQ(res[0].step, kTrain / 16);
   ExpectExactlyOnce(dir, {"r0", "r1"}, 1);
+  // A fixed world: every step but the first was announced, with its epoch, by a Prefetch.
+  for (auto& m : models) EXPECT_EQ(m->prefetch_hits_, res[0].step - 1);
 }
 
 // The runtime reaches the gradient buffer only through CopyToHost / CopyFromHost (it is device
