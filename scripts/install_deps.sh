@@ -23,6 +23,7 @@ PACKAGES=(
   iproute2 procps psmisc shellcheck
   python3-torch python3-torchvision python3-numpy
   jq
+  slurm-wlm munge   # tests only: tests/integration/slurm_test starts a one-node Slurm of its own
 )
 
 missing=()
