@@ -26,10 +26,11 @@ ASAN_TARGETS ?=
 # PyTorch one trains in Python); they exercise no edl code the other suites leave uncovered, and
 # under ASan they outlast their deadlines. install_test checks packaging (paths, RUNPATH, the CMake
 # package), which sanitizers add nothing to, and its example would need the sanitizer runtime.
-ASAN_EXCLUDE ?= ^(demo_test|elastic_training_test|pytorch_restart_test|install_test)$$
+ASAN_EXCLUDE ?= ^(demo_test|elastic_training_test|pytorch_restart_test|install_test)\.
+# Both select test binaries: every case of binary B is a ctest entry "B.Suite.Case".
 # Threads inside the test process: Asio channels, the async checkpoint writer, RocksDB store
 # concurrency, Gloo rings of thread-ranks, the elastic trainer's watcher, the batch prefetch thread.
-TSAN_TESTS ?= ^(net_test|async_checkpointer_test|checkpoint_store_test|gloo_communicator_test|elastic_trainer_test|resnet50_data_test)$$
+TSAN_TESTS ?= ^(net_test|async_checkpointer_test|checkpoint_store_test|gloo_communicator_test|elastic_trainer_test|resnet50_data_test)\.
 
 ASAN_SANITIZERS := address,undefined
 CCACHE := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
