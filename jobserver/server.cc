@@ -33,6 +33,30 @@ struct Server::Peer {
 namespace {
 // Logs the 1st..10th, then every power of two: a flood cannot flood the log.
 bool LogThis(int64_t n) { return n <= 10 || (n & (n - 1)) == 0; }
+
+// True for an address of this machine only: 127.0.0.0/8, ::1 (also IPv4-mapped), "localhost".
+bool IsLoopback(const std::string& host) {
+  boost::system::error_code ec;
+  const asio::ip::address a = asio::ip::make_address(host, ec);
+  if (ec) return host == "localhost";
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) {
+    return asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6()).is_loopback();
+  }
+  return a.is_loopback();
+}
+
+// A client on another machine that advertises a loopback address would have every other node's
+// trainers dial themselves and the job hang in rendezvous (README, "Running on several machines"):
+// refused, naming the fix. `peer` is the connection's "address:port".
+Status CheckAdvertisedHost(const std::string& node, const std::string& host, const std::string& peer) {
+  const std::string source = peer.substr(0, peer.rfind(':'));
+  if (!IsLoopback(host) || IsLoopback(source)) return Status::OK();
+  return Status::InvalidArgument(
+      "node " + node + " advertises the loopback address " + host + " but connects from " + source +
+      ": trainers on other nodes could not reach its trainers; start its client with "
+      "--advertise_addr set to the node's address that the other nodes reach (EDL_ADVERTISE_ADDR "
+      "for scripts/start_job_client.sh)");
+}
 }  // namespace
 
 Server::Server(asio::io_context* io, ServerOptions options, Clock* clock)
@@ -372,7 +396,8 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     welcome();
     return;
   }
-  s = AttachNode(peer, hello, &w.node_token);
+  s = CheckAdvertisedHost(hello.node, hello.host, peer->conn->peer());
+  if (s.ok()) s = AttachNode(peer, hello, &w.node_token);
   if (!s.ok()) {
     refuse(s);
     return;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Helpers sourced by start_job_server.sh, start_job_client.sh and ssh_cluster.sh: find the `edl`
-# binary, create the cluster secret, and run a role in the foreground or as a daemon with a pid
-# file. Not meant to be run by itself.
+# binary, create or check the cluster secret, resolve the server and this node's address, and run
+# a role in the foreground or as a daemon with a pid file. Not meant to be run by itself.
 
 # Directory of the EDL checkout (this file lives in <repo>/scripts).
 EDL_REPO_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -45,6 +45,48 @@ edl_ensure_secret() {
   )
   chmod 600 "$EDL_SECRET_FILE"
   echo "$(basename "$0"): created cluster secret $EDL_SECRET_FILE (mode 0600); copy it to every node" >&2
+}
+
+# Sets EDL_SECRET_FILE (default $HOME/.edl/secret) and stops with the fix when it does not exist:
+# a client or a node must hold a copy of the server's secret, and a new one never matches it.
+edl_require_secret() {
+  EDL_SECRET_FILE="${EDL_SECRET_FILE:-$HOME/.edl/secret}"
+  export EDL_SECRET_FILE
+  [ -f "$EDL_SECRET_FILE" ] && return 0
+  edl_die "the cluster secret $EDL_SECRET_FILE does not exist; copy the server's file here, keeping its mode (scp -p SERVER:.edl/secret $EDL_SECRET_FILE), or set EDL_SECRET_FILE to its path (scripts/ssh_cluster.sh copies it for you)"
+}
+
+# True when ADDRESS names this machine only (127.0.0.0/8, ::1, localhost).
+edl_is_loopback() {
+  case "$1" in 127.* | ::1 | localhost | localhost.*) return 0 ;; esac
+  return 1
+}
+
+# Prints the IP address HOST:PORT's host resolves to here (IPv4 first); stops with the fix when it
+# does not resolve, since a client would retry "cannot resolve" forever.
+edl_resolve_server() {
+  local server="$1" host ip
+  host="${server%:*}"
+  host="${host#[}"
+  host="${host%]}"
+  ip="$(getent ahostsv4 "$host" 2>/dev/null | awk 'NR == 1 { print $1 }')"
+  [ -n "$ip" ] || ip="$(getent ahosts "$host" 2>/dev/null | awk 'NR == 1 { print $1 }')"
+  [ -n "$ip" ] || edl_die "cannot resolve the server host '$host' (EDL_SERVER=$server) on $(hostname): give the server's IP address, or a name every node resolves (an ssh alias from ~/.ssh/config is not one)"
+  echo "$ip"
+}
+
+# Prints the address this node's trainers should bind and advertise for a server at IP: 127.0.0.1
+# when the server is on loopback (one machine), else the source address of the route to it (the
+# interface the other nodes reach this one through). Stops with the fix when there is none.
+edl_default_advertise_addr() {
+  local ip="$1" src
+  if edl_is_loopback "$ip"; then
+    echo 127.0.0.1
+    return 0
+  fi
+  src="$(ip -o route get "$ip" 2>/dev/null | awk '{ for (i = 1; i < NF; i++) if ($i == "src") { print $(i + 1); exit } }')"
+  [ -n "$src" ] || edl_die "no route from $(hostname) to the server at $ip to take this node's address from: set EDL_ADVERTISE_ADDR to the address the other nodes reach this one at"
+  echo "$src"
 }
 
 # Prints the pid in PIDFILE if that process is alive, else nothing (and returns 1).

@@ -24,6 +24,7 @@ PACKAGES=(
   python3-torch python3-torchvision python3-numpy
   python3-pil   # tests and bench only: scripts/make_imagefolder.sh, the PIL reference decoder
   jq
+  slurm-wlm munge   # tests only: tests/integration/slurm_test starts a one-node Slurm of its own
 )
 
 missing=()

@@ -6,4 +6,4 @@ list(APPEND EDL_SOURCES
   ckpt/rocksdb_store.cc
   ckpt/async_checkpointer.cc
 )
-list(APPEND EDL_LINK_LIBS ${ROCKSDB_LIBRARY})
+list(APPEND EDL_LINK_LIBS PkgConfig::ROCKSDB)

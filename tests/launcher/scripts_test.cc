@@ -1,7 +1,8 @@
 // Tests of scripts/start_job_server.sh, start_job_client.sh and ssh_cluster.sh with a stand-in
-// `edl` (records its arguments, then sleeps) and stand-in ssh/scp that run the "remote" side
-// locally, each host with its own HOME. Nothing touches the real home directory; every daemon a
-// script starts is stopped through the script and then checked by pid.
+// `edl` (records its arguments and environment, then sleeps) and stand-in ssh/scp that run the
+// "remote" side locally, each host with its own HOME (a host named dead* does not answer, as an
+// unreachable one). Nothing touches the real home directory; every daemon a script starts is
+// stopped through the script and then checked by pid.
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -29,14 +30,17 @@ class ScriptsTest : public testing::Test {
   void SetUp() override {
     home_ = dir_.Join("home");
     std::filesystem::create_directories(home_);
-    // Stand-in edl: one argument per line (after a "--" line) into $FAKE_EDL_ARGS, then sleeps.
+    // Stand-in edl: one argument per line (after a "--" line) into $FAKE_EDL_ARGS, its environment
+    // into $FAKE_EDL_ARGS.env.<role>.<node name>, then sleeps.
     Exe("fake_edl",
         "#!/bin/sh\n{ echo --; for a in \"$@\"; do echo \"$a\"; done; } >> \"$FAKE_EDL_ARGS\"\n"
+        "env > \"$FAKE_EDL_ARGS.env.$1.${EDL_NODE_NAME:-}\"\n"
         "exec sleep 1000\n");
     // Stand-in ssh: drops -o options; runs the command in bash with HOME=$FAKE_REMOTE/<host> and,
     // like ssh, none of the caller's environment beyond PATH.
     Exe("fake_ssh",
         "#!/bin/bash\nwhile [ \"${1:-}\" = -o ]; do shift 2; done\nhost=\"$1\"; shift\n"
+        "case \"$host\" in dead*) echo \"ssh: connect to host $host port 22: No route to host\" >&2; exit 255;; esac\n"
         "h=\"$FAKE_REMOTE/${host#*@}\"; mkdir -p \"$h\"; cd \"$h\" &&\n"
         "exec env -i PATH=\"$PATH\" HOME=\"$h\" FAKE_EDL_ARGS=\"$FAKE_EDL_ARGS\" bash -c \"$*\"\n");
     Exe("fake_scp",
@@ -104,6 +108,33 @@ class ScriptsTest : public testing::Test {
 
   std::string Log() { return ReadFile(dir_.Join("script.log")); }
 
+  // The environment the stand-in edl ran `role` with (node: its EDL_NODE_NAME), as "K=V" lines.
+  std::string EnvOf(const std::string& role, const std::string& node = "") {
+    return ReadFile(dir_.Join("args") + ".env." + role + "." + node);
+  }
+
+  // A secret in the test's HOME, as a node that got the server's copy holds it.
+  void GiveSecret() {
+    std::filesystem::create_directories(home_ + "/.edl");
+    WriteFile(home_ + "/.edl/secret", std::string(64, 'a') + "0123456789abcdef");
+    ::chmod((home_ + "/.edl/secret").c_str(), 0600);
+  }
+
+  // Stops every daemon of `hosts_file` through ssh_cluster.sh and checks that `pid_files` (under
+  // the run directory) name no live process afterwards.
+  void StopCluster(const std::string& hosts_file, const std::vector<std::string>& pid_files) {
+    std::vector<int> pids;
+    for (const std::string& f : pid_files) {
+      pids.push_back(ReadPid(dir_.Join("run/" + f)));
+      EXPECT_TRUE(ProcessAlive(pids.back())) << f;
+    }
+    EXPECT_EQ(RunScript("ssh_cluster.sh", {"stop", hosts_file}), 0) << Log();
+    for (int pid : pids) {
+      EXPECT_FALSE(ProcessAlive(pid)) << pid;
+      if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+    }
+  }
+
   edl::test::ScratchDir dir_{"edl-scripts"};
   std::string home_;
 };
@@ -138,8 +169,10 @@ TEST_F(ScriptsTest, ServerDaemonCreatesSecretRefusesTwiceAndStops) {
 }
 
 TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
+  GiveSecret();
   ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
                       {{"EDL_SERVER", "10.1.1.1:9000"}, {"EDL_GPUS", "0,1"},
+                       {"EDL_ADVERTISE_ADDR", "10.1.1.2"},
                        {"EDL_TRAINER_CMD", "python3 train.py --lr 0.1"}, {"EDL_NODE_NAME", "n7"},
                        {"EDL_MODE", "restart"}}),
             0)
@@ -154,9 +187,59 @@ TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
   EXPECT_EQ(Flag(inv[0], "--trainer_cmd"), "python3 train.py --lr 0.1");
   EXPECT_EQ(Flag(inv[0], "--node_name"), "n7");
   EXPECT_EQ(Flag(inv[0], "--mode"), "restart");
+  EXPECT_EQ(Flag(inv[0], "--advertise_addr"), "10.1.1.2");
   EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "n7"}}), 0) << Log();
   EXPECT_FALSE(ProcessAlive(pid));
   if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+}
+
+// A client without the secret stops with the fix: a secret made here could never match the server's.
+TEST_F(ScriptsTest, ClientNeverCreatesASecret) {
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"}, {{"EDL_NODE_NAME", "n1"}}), 1) << Log();
+  EXPECT_NE(Log().find("does not exist"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("scp -p"), std::string::npos) << "the fix is named: " << Log();
+  EXPECT_FALSE(std::filesystem::exists(home_ + "/.edl/secret"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "edl was started";
+}
+
+// The advertise address follows the server: loopback for a server on this machine, the source
+// address of the route to a remote one (never a silent 127.0.0.1 towards another machine).
+TEST_F(ScriptsTest, ClientAdvertisesTheAddressItReachesTheServerFrom) {
+  GiveSecret();
+  ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_SERVER", "127.0.0.1:9000"}, {"EDL_NODE_NAME", "local"}}),
+            0)
+      << Log();
+  EXPECT_EQ(Flag(Invocations().at(0), "--advertise_addr"), "127.0.0.1");
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "local"}}), 0) << Log();
+
+  // The route to a documentation address (TEST-NET-3), if this machine has one.
+  TrainerSpec ip;
+  ip.argv = {"/bin/sh", "-c",
+             "ip -o route get 203.0.113.7 | awk '{for(i=1;i<NF;i++) if($i==\"src\"){print $(i+1); exit}}'"};
+  ip.log_path = dir_.Join("route.log");
+  auto p = NewProcessLauncher()->Start(ip);
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(WaitExit(p.value().get()).has_value());
+  std::string src = ReadFile(dir_.Join("route.log"));
+  while (!src.empty() && src.back() == '\n') src.pop_back();
+  if (src.empty()) GTEST_SKIP() << "this machine has no route to 203.0.113.7 to check the remote case";
+  ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_SERVER", "203.0.113.7:9000"}, {"EDL_NODE_NAME", "remote"}}),
+            0)
+      << Log();
+  EXPECT_EQ(Flag(Invocations().at(1), "--advertise_addr"), src);
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "remote"}}), 0) << Log();
+}
+
+TEST_F(ScriptsTest, ClientRefusesAServerItCannotResolve) {
+  GiveSecret();
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_SERVER", "nodeA.invalid:8180"}, {"EDL_NODE_NAME", "n1"}}),
+            1)
+      << Log();
+  EXPECT_NE(Log().find("cannot resolve the server host 'nodeA.invalid'"), std::string::npos) << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "edl was started";
 }
 
 TEST_F(ScriptsTest, SshClusterStartsEveryHostCopiesSecretAndStops) {
@@ -178,7 +261,9 @@ TEST_F(ScriptsTest, SshClusterStartsEveryHostCopiesSecretAndStops) {
   EXPECT_EQ(Flag(inv[0], "--secret_file"), dir_.Join("remote/nodeA/.edl/secret"));
   EXPECT_EQ(inv[1][0], "client");
   EXPECT_EQ(Flag(inv[1], "--node_name"), "nodeA");
-  EXPECT_EQ(Flag(inv[1], "--server"), "nodeA:8180");
+  // nodeA is an ssh alias without an address column: the clients get the address nodeA reports.
+  EXPECT_NE(Flag(inv[1], "--server"), "nodeA:8180");
+  EXPECT_EQ(Flag(inv[1], "--server"), Flag(inv[1], "--advertise_addr") + ":8180");
   EXPECT_EQ(Flag(inv[1], "--slots"), "3");
   EXPECT_EQ(Flag(inv[2], "--node_name"), "nodeB");
   EXPECT_EQ(Flag(inv[2], "--advertise_addr"), "10.0.0.2");
@@ -196,6 +281,67 @@ TEST_F(ScriptsTest, SshClusterStartsEveryHostCopiesSecretAndStops) {
   EXPECT_NE(RunScript("ssh_cluster.sh", {"status", dir_.Join("hosts")}), 0);
 }
 
+// The MPI / Horovod form (slots=N), node names, keyed columns, and EDL_PASS_ENV's variables.
+TEST_F(ScriptsTest, SshClusterReadsMpiFormNodeNamesAndPassesEnv) {
+  WriteFile(dir_.Join("hosts"),
+            "nodeA slots=4 addr=127.0.0.1 name=alpha  # MPI form plus keys\n"
+            "user@nodeB 127.0.0.1 beta slots=2 max_slots=8\n");
+  ASSERT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")},
+                      {{"NCCL_DEBUG", "INFO"}, {"GLOO_SOCKET_IFNAME", "lo"}, {"MY_DATA", "/d a"},
+                       {"UNPASSED", "x"}, {"EDL_PASS_ENV", "NCCL_* GLOO_* MY_DATA"}}),
+            0)
+      << Log();
+  auto inv = Invocations();
+  ASSERT_EQ(inv.size(), 3u) << ReadFile(dir_.Join("args"));
+  EXPECT_EQ(Flag(inv[1], "--node_name"), "alpha");
+  EXPECT_EQ(Flag(inv[1], "--slots"), "4");
+  EXPECT_EQ(Flag(inv[1], "--server"), "127.0.0.1:8180") << "the address column reaches the server";
+  EXPECT_EQ(Flag(inv[1], "--advertise_addr"), "127.0.0.1");
+  EXPECT_EQ(Flag(inv[2], "--node_name"), "beta");
+  EXPECT_EQ(Flag(inv[2], "--slots"), "2");
+  for (const std::string& env : {EnvOf("client", "alpha"), EnvOf("client", "beta"), EnvOf("server")}) {
+    EXPECT_NE(env.find("NCCL_DEBUG=INFO\n"), std::string::npos) << env;
+    EXPECT_NE(env.find("GLOO_SOCKET_IFNAME=lo\n"), std::string::npos) << env;
+    EXPECT_NE(env.find("MY_DATA=/d a\n"), std::string::npos) << env;
+    EXPECT_EQ(env.find("UNPASSED"), std::string::npos) << env;
+  }
+  StopCluster(dir_.Join("hosts"), {"server.pid", "client-alpha.pid", "client-beta.pid"});
+}
+
+// An unreachable host is named before anything is tried: no secret made or copied, nothing started.
+TEST_F(ScriptsTest, SshClusterNamesAnUnreachableHostAndStartsNothing) {
+  WriteFile(dir_.Join("hosts"), "nodeA 127.0.0.1\ndeadhost 10.0.0.9\n");
+  EXPECT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}), 1) << Log();
+  EXPECT_NE(Log().find("cannot reach these hosts over ssh"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("deadhost: ssh: connect to host deadhost"), std::string::npos) << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "something was started";
+  EXPECT_FALSE(std::filesystem::exists(home_ + "/.edl/secret"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("remote/nodeA/.edl/secret")));
+}
+
+// A server address that the clients cannot resolve (an ssh alias given as the address) is refused
+// at start instead of clients retrying "cannot resolve" forever.
+TEST_F(ScriptsTest, SshClusterRefusesAServerAddressClientsCannotResolve) {
+  WriteFile(dir_.Join("hosts"), "nodeA gpu-alias.invalid\nnodeB 127.0.0.1\n");
+  EXPECT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}), 1) << Log();
+  EXPECT_NE(Log().find("cannot resolve the server address gpu-alias.invalid"), std::string::npos) << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "something was started";
+}
+
+TEST_F(ScriptsTest, SshClusterRejectsMalformedHostsLines) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"nodeA slots=x\n", "line 1: slots=x is not a positive number"},
+      {"# c\nnodeA colour=red\n", "line 2: unknown key 'colour'"},
+      {"nodeA 10.0.0.1 a b\n", "line 1: too many columns"},
+      {"nodeA name=x\nnodeB name=x\n", "node name x is used twice"}};
+  for (const auto& [hosts, error] : cases) {
+    WriteFile(dir_.Join("hosts"), hosts);
+    EXPECT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}), 1) << hosts << Log();
+    EXPECT_NE(Log().find(error), std::string::npos) << hosts << "\n" << Log();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "something was started";
+}
+
 TEST_F(ScriptsTest, SshClusterRejectsBadUsage) {
   EXPECT_EQ(RunScript("ssh_cluster.sh", {"launch", dir_.Join("hosts")}), 2);
   EXPECT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("no-such-hosts")}), 1);
@@ -208,7 +354,7 @@ TEST(ScriptsLintTest, ShellcheckClean) {
   }
   const std::string cmd = "cd " + edl::test::SourceDir() +
                           " && shellcheck -x scripts/start_job_server.sh scripts/start_job_client.sh "
-                          "scripts/ssh_cluster.sh scripts/edl_common.sh";
+                          "scripts/ssh_cluster.sh scripts/edl_common.sh scripts/slurm/edl.sbatch";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 

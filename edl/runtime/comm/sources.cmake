@@ -8,8 +8,7 @@ list(APPEND EDL_SOURCES
 # top-level CMakeLists.txt); libedl's CreateNcclCommunicator() loads the plugin, so libedl itself
 # never links NCCL or the CUDA runtime.
 list(APPEND EDL_SOURCES runtime/comm/nccl_plugin.cc)
-list(APPEND EDL_LINK_LIBS ${GLOO_LIBRARY})
-# GLOO_INCLUDE_DIR is /usr/include: already searched.
+list(APPEND EDL_LINK_LIBS gloo)  # GlooConfig.cmake's imported target
 # Debian's libgloo-dev lacks gloo/common/memory.h, which tcp/pair.h includes; see compat/.
 set_source_files_properties(runtime/comm/gloo/gloo_communicator.cc PROPERTIES
   INCLUDE_DIRECTORIES ${CMAKE_CURRENT_SOURCE_DIR}/runtime/comm/gloo/compat)

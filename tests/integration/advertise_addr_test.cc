@@ -1,0 +1,88 @@
+// A client that advertises a loopback address while connecting from another machine is refused
+// by the server with the fix, and exits (README, "Running on several machines"). A real server
+// and real clients; "another machine" is this machine's own non-loopback address, which the
+// server sees as the connection's source.
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "tests/integration/process_util.h"
+#include "tests/testutil.h"
+
+namespace edl {
+namespace {
+
+using itest::Proc;
+using itest::Slurp;
+using itest::WaitFor;
+using std::chrono::milliseconds;
+
+// The first IPv4 address of an up, non-loopback interface; "" when there is none.
+std::string NonLoopbackAddress() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char buf[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) found = buf;
+  }
+  ::freeifaddrs(list);
+  return found;
+}
+
+TEST(AdvertiseAddrTest, LoopbackAdvertisedFromAnotherAddressIsRefusedWithTheFix) {
+  const std::string addr = NonLoopbackAddress();
+  if (addr.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address to connect from";
+  test::ScratchDir dir("advertise");
+  const std::string secret = dir.Join("secret");
+  std::ofstream(secret) << "advertise-addr-test-secret-0123456789abcdef\n";
+  std::filesystem::permissions(secret, std::filesystem::perms::owner_read |
+                                           std::filesystem::perms::owner_write);
+  Proc server({test::EdlBinary(), "server", "--server_port", "0", "--bind", "0.0.0.0", "--port_file",
+               dir.Join("port"), "--secret_file", secret, "--job_id", "adv", "--trainers", "1",
+               "--min_trainers", "1", "--events_dir", dir.Join("events")},
+              dir.Join("server.log"));
+  const std::string port = itest::WaitForPortFile(dir.Join("port"), &server);
+  ASSERT_FALSE(port.empty()) << Slurp(dir.Join("server.log"));
+  auto client = [&](const std::string& name, const std::string& server_addr, const std::string& advertise) {
+    return std::make_unique<Proc>(
+        std::vector<std::string>{test::EdlBinary(), "client", "--server", server_addr + ":" + port,
+                                 "--secret_file", secret, "--node_name", name, "--slots", "1",
+                                 "--advertise_addr", advertise, "--socket_path", dir.Join(name + ".sock"),
+                                 "--log_dir", dir.Join("logs"), "--", "/bin/sleep", "1000"},
+        dir.Join(name + ".log"));
+  };
+
+  // From the non-loopback address with 127.0.0.1 advertised: refused, and the client stops.
+  auto bad = client("remote", addr, "127.0.0.1");
+  EXPECT_EQ(bad->Wait(milliseconds(60000)), 2) << Slurp(dir.Join("remote.log"), 4000);
+  const std::string why = Slurp(dir.Join("remote.log"));
+  EXPECT_NE(why.find("node remote advertises the loopback address 127.0.0.1 but connects from " + addr),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("--advertise_addr"), std::string::npos) << "the fix is named: " << why;
+
+  // The same address advertised as it is reached, and loopback over loopback: both join.
+  auto good = client("remote2", addr, addr);
+  auto local = client("local", "127.0.0.1", "127.0.0.1");
+  ASSERT_TRUE(WaitFor([&] {
+    const std::string log = Slurp(dir.Join("server.log"));
+    return log.find("node remote2 registered") != std::string::npos &&
+           log.find("node local registered") != std::string::npos;
+  }, milliseconds(60000)))
+      << Slurp(dir.Join("server.log"), 4000);
+  EXPECT_LT(good->Wait(milliseconds(0)), 0) << "a correctly configured client exited";
+}
+
+}  // namespace
+}  // namespace edl
