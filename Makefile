@@ -23,7 +23,7 @@ ASAN_TARGETS ?=
 # Left out under ASan: the end-to-end runs that train ResNets in several processes at once (the
 # PyTorch one trains in Python); they exercise no edl code the other suites leave uncovered, and
 # under ASan they outlast their deadlines.
-ASAN_EXCLUDE ?= ^(demo_test|elastic_training_test|pytorch_restart_test)$$
+ASAN_EXCLUDE ?= ^(demo_test|elastic_training_test|pytorch_restart_test|cluster_tutorial_test)$$
 # Threads inside the test process: Asio channels, the async checkpoint writer, RocksDB store
 # concurrency, Gloo rings of thread-ranks, the elastic trainer's watcher, the batch prefetch thread.
 TSAN_TESTS ?= ^(net_test|async_checkpointer_test|checkpoint_store_test|gloo_communicator_test|elastic_trainer_test|resnet50_data_test)$$
