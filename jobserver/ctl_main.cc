@@ -236,7 +236,7 @@ int RunCtlMain(int argc, char** argv) {
       ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT")
       ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
       ("json", po::bool_switch(&as_json), "status: print the raw JSON")
-      ("command", po::value<std::string>(&command), "status | scale | watch | stop")
+      ("command", po::value<std::string>(&command), "status | scale | watch | stop | submit | jobs | cancel")
       ("args", po::value<std::vector<std::string>>(&args), "the command's arguments");
   po::positional_options_description pos;
   pos.add("command", 1).add("args", -1);

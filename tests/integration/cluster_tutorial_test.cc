@@ -138,7 +138,7 @@ class ClusterTutorialTest : public ::testing::Test {
 
 TEST_F(ClusterTutorialTest, JobsShrinkForAHigherPriorityJobAndGrowBack) {
   // A and B run long enough to see C through; C is short.
-  constexpr int kLongEpochs = 60, kShortEpochs = 3;
+  constexpr int kLongEpochs = 24, kShortEpochs = 3;
   ASSERT_EQ(Submit("A", 1, 4, 1, kLongEpochs), 0) << Slurp(dir_.Join("ctl.log"));
   ASSERT_TRUE(WaitFormed("A", 4)) << Diagnostics();
 
