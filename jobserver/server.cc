@@ -606,7 +606,11 @@ void Server::Tick() {
     last_watch_push_us_ = now;
     const json status = StatusBody();
     if (HasWatchers()) NotifyWatchers(json{{"status", status}});
-    if (!cluster_) RecordProgress(status);
+    if (cluster_) {
+      RecordJobsProgress();
+    } else {
+      RecordProgress(status);
+    }
   }
   tick_timer_.expires_after(milliseconds(options_.tick_ms));
   tick_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -714,6 +718,27 @@ void Server::Record(json event) {
   NotifyWatchers(json{{"event", rec}});
 }
 
+json Server::ProgressSummary(const proto::GenerationInfo& g,
+                             const std::map<std::string, proto::ProgressReport>& reports) {
+  int64_t step = 0, epoch = 0;
+  double loss = 0, ips = 0, acc = -1;
+  int reporting = 0;
+  for (const proto::MemberInfo& m : g.members) {
+    auto it = reports.find(m.trainer_id);
+    if (it == reports.end()) continue;
+    ++reporting;
+    step = std::max(step, it->second.step);
+    epoch = std::max(epoch, it->second.epoch);
+    ips += it->second.images_per_sec;
+    if (m.rank == 0) {
+      loss = it->second.loss;
+      acc = it->second.accuracy;
+    }
+  }
+  return {{"reporting", reporting}, {"step", step}, {"epoch", epoch}, {"loss", loss},
+          {"images_per_sec", ips}, {"accuracy", acc}};
+}
+
 void Server::RecordProgress(const json& status) {
   const json& p = status["progress"];
   if (p.value("reporting", 0) == 0) return;
@@ -766,24 +791,7 @@ void Server::NotifyWatchers(const json& body) {
 json Server::StatusBody() const {
   if (cluster_) return ClusterStatusBody();
   json s = scheduler_.Summary();
-  const auto& g = scheduler_.current();
-  int64_t step = 0, epoch = 0;
-  double loss = 0, ips = 0, acc = -1;
-  int reporting = 0;
-  for (const proto::MemberInfo& m : g.members) {
-    auto it = progress_.find(m.trainer_id);
-    if (it == progress_.end()) continue;
-    ++reporting;
-    step = std::max(step, it->second.step);
-    epoch = std::max(epoch, it->second.epoch);
-    ips += it->second.images_per_sec;
-    if (m.rank == 0) {
-      loss = it->second.loss;
-      acc = it->second.accuracy;
-    }
-  }
-  s["progress"] = {{"reporting", reporting}, {"step", step}, {"epoch", epoch}, {"loss", loss},
-                   {"images_per_sec", ips}, {"accuracy", acc}};
+  s["progress"] = ProgressSummary(scheduler_.current(), progress_);
   s["port"] = port_;
   s["events_log"] = events_.path();
   return s;

@@ -123,6 +123,10 @@ class Server {
   // images/s, step, epoch, world size) in the events log, for plots of the run.
   void RecordProgress(const nlohmann::json& status);
   nlohmann::json StatusBody() const;
+  // Progress of generation `g` from its members' reports: how many report, the highest step and
+  // epoch, rank 0's loss and accuracy, the sum of images/s.
+  static nlohmann::json ProgressSummary(const proto::GenerationInfo& g,
+                                        const std::map<std::string, proto::ProgressReport>& reports);
 
   // ---- cluster mode (server_cluster.cc)
   Status AttachClusterNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello,
@@ -141,6 +145,8 @@ class Server {
   // submit, jobs, cancel, scale: the reply's status.
   Status OnClusterCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r);
   nlohmann::json ClusterStatusBody() const;
+  // RecordProgress for each running job, in its own events log (the timeline picture reads it).
+  void RecordJobsProgress();
 
   boost::asio::io_context* const io_;  // not owned
   const ServerOptions options_;

@@ -260,19 +260,15 @@ json Server::ClusterStatusBody() const {
   double total_ips = 0;
   for (json& j : s["jobs"]) {
     const std::string name = j["name"].get<std::string>();
-    double ips = 0;
-    int64_t step = 0, epoch = 0;
+    const Scheduler* sched = cluster_->FindJob(name);
     auto p = job_progress_.find(name);
-    if (p != job_progress_.end()) {
-      for (const auto& [id, rep] : p->second) {
-        ips += rep.images_per_sec;
-        step = std::max(step, rep.step);
-        epoch = std::max(epoch, rep.epoch);
-      }
-    }
+    const json progress = sched != nullptr && p != job_progress_.end() ? ProgressSummary(sched->current(), p->second)
+                                                                       : json::object();
+    const double ips = progress.value("images_per_sec", 0.0);
     j["images_per_sec"] = ips;
-    j["step"] = step;
-    j["epoch"] = epoch;
+    j["step"] = progress.value("step", 0);
+    j["epoch"] = progress.value("epoch", 0);
+    j["loss"] = progress.value("loss", 0.0);
     total_ips += ips;
     running += (running.empty() ? "" : "|") + name + ":" + std::to_string(j.value("trainers", 0));
   }
@@ -299,6 +295,20 @@ json Server::ClusterStatusBody() const {
   s["port"] = port_;
   s["events_log"] = events_.path();
   return s;
+}
+
+void Server::RecordJobsProgress() {
+  for (const auto& [job, reports] : job_progress_) {
+    const Scheduler* s = cluster_->FindJob(job);
+    auto log = job_events_.find(job);
+    if (s == nullptr || log == job_events_.end()) continue;
+    json rec = ProgressSummary(s->current(), reports);
+    if (rec.value("reporting", 0) == 0) continue;
+    rec["type"] = "progress";
+    rec["generation"] = s->current().generation;
+    rec["world_size"] = s->current().world_size();
+    log->second->Append(std::move(rec));  // not to watchers: they get the status it comes from
+  }
 }
 
 }  // namespace edl::jobserver
