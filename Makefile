@@ -26,7 +26,7 @@ ASAN_TARGETS ?=
 # PyTorch one trains in Python); they exercise no edl code the other suites leave uncovered, and
 # under ASan they outlast their deadlines. install_test checks packaging (paths, RUNPATH, the CMake
 # package), which sanitizers add nothing to, and its example would need the sanitizer runtime.
-ASAN_EXCLUDE ?= ^(demo_test|elastic_training_test|distill_test|pytorch_restart_test|install_test)\.
+ASAN_EXCLUDE ?= ^(demo_test|elastic_training_test|distill_test|pytorch_restart_test|install_test|cluster_tutorial_test)\.
 # Both select test binaries: every case of binary B is a ctest entry "B.Suite.Case".
 # Threads inside the test process: Asio channels, the async checkpoint writer, RocksDB store
 # concurrency, Gloo rings of thread-ranks, the elastic trainer's watcher, the batch prefetch thread.

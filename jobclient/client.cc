@@ -12,7 +12,9 @@
 #include <cstring>
 
 #include <csignal>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <glog/logging.h>
@@ -113,6 +115,31 @@ std::string LockSessionFile(const std::string& path, const std::string& node, in
   if (*fd >= 0) ::close(*fd);
   *fd = -1;
   return "";
+}
+
+// CPU time since boot from /proc/stat's "cpu" line, in clock ticks: busy (everything but idle and
+// iowait) and total (user..steal); and the number of "cpuN" lines. False when unreadable.
+bool ReadCpuTimes(uint64_t* busy, uint64_t* total, int* cores) {
+  std::ifstream in("/proc/stat");
+  std::string line;
+  bool got = false;
+  *cores = 0;
+  while (std::getline(in, line) && line.rfind("cpu", 0) == 0) {
+    if (line.size() > 3 && line[3] >= '0' && line[3] <= '9') {
+      ++*cores;
+      continue;
+    }
+    std::istringstream ss(line.substr(3));
+    uint64_t v = 0, sum = 0, idle = 0;
+    for (int i = 0; i < 8 && (ss >> v); ++i) {
+      sum += v;
+      if (i == 3 || i == 4) idle += v;
+    }
+    *busy = sum - idle;
+    *total = sum;
+    got = sum > 0;
+  }
+  return got && *cores > 0;
 }
 
 }  // namespace
@@ -319,6 +346,7 @@ void Client::OnServerMessage(const json& msg) {
   if (type == proto::msg::kGeneration) return OnGeneration(msg);
   if (type == proto::msg::kPrepare) return OnPrepare(msg);
   if (type == proto::msg::kKill) return OnKill(msg);
+  if (type == proto::msg::kJobInfo) return OnJobInfo(msg);
   if (type == proto::msg::kKvReply) return OnKvReply(msg);
   if (type == proto::msg::kStop) return Shutdown(0, "the server asked to stop (edl ctl stop)");
   if (type == proto::msg::kDone) {
@@ -343,14 +371,16 @@ void Client::OnChallenge(const json& msg) {
   h.mode = options_.restart_mode ? "restart" : "inplace";
   h.slots = options_.slots;
   h.node_token = session_;
+  for (const auto& [name, type] : options_.job_types) h.job_types.push_back({name, type.settable});
   // Members of the newest generation this client holds, and prepared joiners, each with its
   // generation: a restarted server adopts the survivors and kills joiners of a change it rolled
   // back (PROTOCOL.md "Authentication").
   for (const auto& [id, t] : trainers_) {
     if (t.leaving || (!t.member && t.joining_generation == 0)) continue;
     h.trainers.push_back(id);
-    h.trainer_generations.push_back(t.member ? std::max(latest_.generation, t.generation_sent)
-                                             : t.joining_generation);
+    auto run = runs_.find(t.job);
+    const int64_t held = run == runs_.end() ? 0 : run->second.latest.generation;
+    h.trainer_generations.push_back(t.member ? std::max(held, t.generation_sent) : t.joining_generation);
   }
   json j;
   h.EncodeTo(&j);
@@ -381,8 +411,10 @@ void Client::OnWelcome(const json& msg) {
   job_id_ = w.job_id;
   heartbeat_ms_ = w.heartbeat_ms;
   server_->SetIdleTimeout(milliseconds(std::max(10000, 10 * heartbeat_ms_)));
-  latest_ = proto::GenerationInfo();  // the server sends the newest generation in full next
-  prev_ = latest_;
+  for (auto& [name, run] : runs_) {  // the server sends the newest generations in full next
+    run.latest = run.prev = proto::GenerationInfo();
+  }
+  if (!options_.trainer_argv.empty()) runs_[job_id_].argv = options_.trainer_argv;
   LOG(INFO) << "edl client " << options_.node_name << ": registered with job " << job_id_;
   while (!outbox_.empty()) {
     server_->Send(outbox_.front());
@@ -407,8 +439,26 @@ void Client::Heartbeat() {
   heartbeat_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || shutting_down_) return;
     if (server_ && authenticated_) server_->Send(json{{"type", proto::msg::kHeartbeat}});
+    if (server_ && authenticated_ && !options_.job_types.empty()) SendNodeStats();
     Heartbeat();
   });
+}
+
+void Client::SendNodeStats() {
+  uint64_t busy = 0, total = 0;
+  int cores = 0;
+  if (!ReadCpuTimes(&busy, &total, &cores)) return;
+  if (cpu_total_prev_ > 0 && total > cpu_total_prev_ && busy >= cpu_busy_prev_) {
+    proto::NodeStats st;
+    st.cpu_cores = std::min<int>(cores, static_cast<int>(proto::kMaxSlotsPerNode) * 16);
+    const double share = static_cast<double>(busy - cpu_busy_prev_) / static_cast<double>(total - cpu_total_prev_);
+    st.cpu_busy = std::clamp(share, 0.0, 1.0) * st.cpu_cores;
+    json j;
+    st.EncodeTo(&j);
+    server_->Send(j);
+  }
+  cpu_busy_prev_ = busy;
+  cpu_total_prev_ = total;
 }
 
 void Client::SendToServer(const json& msg, bool queue_if_offline) {
@@ -419,9 +469,10 @@ void Client::SendToServer(const json& msg, bool queue_if_offline) {
   }
 }
 
-launcher::EnvContract Client::EnvFor(const proto::GenerationInfo& g, const proto::MemberInfo& m) const {
+launcher::EnvContract Client::EnvFor(const std::string& job, const proto::GenerationInfo& g,
+                                     const proto::MemberInfo& m) const {
   launcher::EnvContract c;
-  c.job_id = job_id_;
+  c.job_id = job;
   c.trainer_id = m.trainer_id;
   c.client_socket = options_.socket_path;
   c.restart_mode = options_.restart_mode;
@@ -453,20 +504,29 @@ launcher::EnvContract Client::EnvFor(const proto::GenerationInfo& g, const proto
 void Client::OnGeneration(const json& msg) {
   proto::GenerationUpdate u;
   Status s = u.DecodeFrom(msg);
-  proto::GenerationInfo next = latest_;
+  const std::string job = u.header.job_id.empty() ? job_id_ : u.header.job_id;
+  auto run = runs_.find(job);
+  if (s.ok() && run == runs_.end()) {
+    LOG(ERROR) << "generation of job " << job << ", whose type this node was not told (no job_info); ignored";
+    return;
+  }
+  proto::GenerationInfo next = s.ok() ? run->second.latest : proto::GenerationInfo();
   if (s.ok()) s = u.ApplyTo(&next);
   if (!s.ok()) {
     LOG(ERROR) << "bad generation from the server: " << s.ToString() << "; reconnecting for a full one";
     return server_->Close(s);
   }
-  if (next.generation <= latest_.generation && latest_.generation > 0) return;  // already held
-  prev_ = latest_;
-  latest_ = std::move(next);
-  const proto::GenerationInfo& g = latest_;
+  JobRun& r = run->second;
+  if (next.generation <= r.latest.generation && r.latest.generation > 0) return;  // already held
+  r.prev = r.latest;
+  r.latest = std::move(next);
+  const proto::GenerationInfo& g = r.latest;
   const int64_t now = clock_->NowMicros();
-  LOG(INFO) << "generation " << g.generation << " (" << g.reason << "): world size " << g.world_size();
+  LOG(INFO) << "job " << job << ": generation " << g.generation << " (" << g.reason << "): world size "
+            << g.world_size();
   std::vector<std::string> kill_now;
   for (auto& [id, t] : trainers_) {
+    if (t.job != job) continue;
     if (g.RankOf(id) >= 0) {
       t.member = true;
       t.joining_generation = 0;
@@ -494,15 +554,16 @@ void Client::OnGeneration(const json& msg) {
     bool queued = false;
     for (const StartRequest& w : waiting_) queued |= w.id == m.trainer_id;
     if (queued) continue;
-    StartRequest r;
-    r.id = m.trainer_id;
-    r.slot = m.slot;
-    r.env = EnvFor(g, m);
-    StartTrainer(std::move(r));
+    StartRequest sr;
+    sr.id = m.trainer_id;
+    sr.job = job;
+    sr.slot = m.slot;
+    sr.env = EnvFor(job, g, m);
+    StartTrainer(std::move(sr));
   }
   // Queued starts the commit no longer wants (e.g. replaced again) are dropped.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    const bool wanted = g.RankOf(it->id) >= 0 || it->joining_generation > g.generation;
+    const bool wanted = it->job != job || g.RankOf(it->id) >= 0 || it->joining_generation > g.generation;
     it = wanted ? std::next(it) : waiting_.erase(it);
   }
 }
@@ -511,6 +572,7 @@ void Client::OnPrepare(const json& msg) {
   proto::Prepare p;
   Status s = p.DecodeFrom(msg);
   if (!s.ok()) return server_->Close(s);
+  const std::string job = p.job_id.empty() ? job_id_ : p.job_id;
   for (const proto::MemberInfo& j : p.joiners) {
     if (j.node != options_.node_name ||
         std::find(options_.slots.begin(), options_.slots.end(), j.slot) == options_.slots.end()) {
@@ -521,13 +583,14 @@ void Client::OnPrepare(const json& msg) {
     if (trainers_.count(j.trainer_id)) continue;
     StartRequest r;
     r.id = j.trainer_id;
+    r.job = job;
     r.slot = j.slot;
     proto::GenerationInfo pending;
     pending.generation = p.generation;
     pending.master_addr = p.master_addr;
     pending.master_port = p.master_port;
     pending.members.assign(static_cast<size_t>(p.world_size), j);  // sizes and this member
-    r.env = EnvFor(pending, j);
+    r.env = EnvFor(job, pending, j);
     r.env.local_rank = 0;
     r.env.local_world_size = 1;
     r.env.joining = true;
@@ -547,6 +610,34 @@ void Client::OnKill(const json& msg) {
     it->second.proc->Kill();
   }
   PollTrainers();
+}
+
+void Client::OnJobInfo(const json& msg) {
+  proto::JobInfo info;
+  Status s = info.DecodeFrom(msg);
+  if (!s.ok()) return server_->Close(s);
+  // The server proposes; this node's own configuration decides what runs.
+  auto type = options_.job_types.find(info.job_type);
+  std::string why;
+  if (type == options_.job_types.end()) why = "this node offers no job type " + info.job_type;
+  for (const auto& [flag, value] : info.flags) {
+    if (!why.empty()) break;
+    const auto& settable = type->second.settable;
+    if (std::find(settable.begin(), settable.end(), flag) == settable.end()) {
+      why = "flag '" + flag + "' is not settable for job type " + info.job_type + " on this node";
+    } else if (flag == proto::kCheckpointDirFlag) {
+      why = proto::CheckpointDirProblem(value, options_.checkpoint_root);
+    }
+  }
+  if (!why.empty()) {
+    LOG(ERROR) << "refusing job " << info.job_id << ": " << why << "; its trainers will not start here";
+    runs_.erase(info.job_id);
+    return;
+  }
+  JobRun& run = runs_[info.job_id];
+  run.argv = info.Argv(type->second.argv);
+  LOG(INFO) << "job " << info.job_id << " of type " << info.job_type << " may run here (" << info.flags.size()
+            << " flags set)";
 }
 
 void Client::OnKvReply(const json& msg) {
@@ -622,7 +713,7 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
     t.generation_sent = 0;
     conn->SetIdleTimeout(milliseconds(0));  // liveness is judged in Tick (trainer_timeout)
     proto::Welcome w;
-    w.job_id = job_id_;
+    w.job_id = t.job;
     w.heartbeat_ms = 500;
     json j;
     w.EncodeTo(&j);
@@ -670,6 +761,7 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
       const uint64_t ours = next_req_id_++;
       kv_routes_[ours] = {t.id, r.req_id};
       r.req_id = ours;
+      r.job = t.job == job_id_ ? "" : t.job;  // the server's own job keeps the unscoped form
       r.EncodeTo(&out);
       server_->Send(out);
     }
@@ -683,15 +775,19 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
 }
 
 void Client::PushGeneration(Trainer* t) {
-  if (!t->channel || latest_.generation == 0 || t->generation_sent >= latest_.generation) return;
+  auto run = runs_.find(t->job);
+  if (run == runs_.end()) return;
+  const proto::GenerationInfo& prev = run->second.prev;
+  const proto::GenerationInfo& latest = run->second.latest;
+  if (!t->channel || latest.generation == 0 || t->generation_sent >= latest.generation) return;
   json j;
-  if (t->generation_sent > 0 && t->generation_sent == prev_.generation) {
-    proto::GenerationUpdate::Between(prev_, latest_).EncodeTo(&j);
+  if (t->generation_sent > 0 && t->generation_sent == prev.generation) {
+    proto::GenerationUpdate::Between(prev, latest).EncodeTo(&j);
   } else {
-    proto::GenerationUpdate::Full(latest_).EncodeTo(&j);
+    proto::GenerationUpdate::Full(latest).EncodeTo(&j);
   }
   t->channel->Send(j);
-  t->generation_sent = latest_.generation;
+  t->generation_sent = latest.generation;
 }
 
 bool Client::SlotBusy(int slot) const {
@@ -707,11 +803,15 @@ void Client::StartTrainer(StartRequest req) {
     waiting_.push_back(std::move(req));  // starts once the slot's previous trainer has exited
     return;
   }
+  auto run = runs_.find(req.job);
   launcher::TrainerSpec spec;
-  spec.argv = options_.trainer_argv;
+  if (run != runs_.end()) spec.argv = run->second.argv;
   spec.env = launcher::BuildTrainerEnv(req.env);
   spec.log_path = options_.log_dir + "/" + req.id + ".log";
-  auto proc = launcher_->Start(spec);
+  auto proc = spec.argv.empty()
+                  ? StatusOr<std::unique_ptr<launcher::TrainerProcess>>(Status::FailedPrecondition(
+                        "this node has no command for job " + req.job + " (no job_info accepted)"))
+                  : launcher_->Start(spec);
   if (!proc.ok()) {
     LOG(ERROR) << "cannot start trainer " << req.id << ": " << proc.status().ToString();
     proto::TrainerExit e;
@@ -728,6 +828,7 @@ void Client::StartTrainer(StartRequest req) {
             << "), log " << spec.log_path;
   Trainer t;
   t.id = req.id;
+  t.job = req.job;
   t.slot = req.slot;
   t.proc = std::move(proc.value());
   t.joining_generation = req.joining_generation;

@@ -43,7 +43,16 @@ struct ClientOptions {
   int64_t stop_grace_ms = 10000;      // SIGTERM -> SIGKILL
   int64_t leave_grace_ms = 30000;     // a leaving in-place trainer's time to exit by itself
   int64_t trainer_timeout_ms = 20000; // a channel silent this long: SIGKILL, reported as failed
-  std::vector<std::string> trainer_argv;
+  std::vector<std::string> trainer_argv;  // the server's own job; empty: only cluster jobs
+  // Cluster mode: the job types this node runs (`job_type = NAME = COMMAND...`), each with the
+  // flags a submission may set (`job_flags = NAME = a,b,..`), and the directory a submission's
+  // checkpoint_dir must lie under (empty: none may be set).
+  struct JobType {
+    std::vector<std::string> argv;
+    std::vector<std::string> settable;
+  };
+  std::map<std::string, JobType> job_types;
+  std::string checkpoint_root;
   bool exit_when_done = false;
   int64_t tick_ms = 200;
 };
@@ -64,8 +73,14 @@ class Client {
   int exit_code() const { return exit_code_; }
 
  private:
+  // One job this node runs trainers of: its command and the generations the node holds.
+  struct JobRun {
+    std::vector<std::string> argv;
+    proto::GenerationInfo prev, latest;
+  };
   struct Trainer {
     std::string id;
+    std::string job;
     int slot = 0;
     std::unique_ptr<launcher::TrainerProcess> proc;
     int64_t joining_generation = 0;  // >0: a prepared joiner not yet in a committed generation
@@ -80,6 +95,7 @@ class Client {
   };
   struct StartRequest {
     std::string id;
+    std::string job;
     int slot = 0;
     launcher::EnvContract env;
     int64_t joining_generation = 0;
@@ -96,9 +112,12 @@ class Client {
   void OnGeneration(const nlohmann::json& msg);
   void OnPrepare(const nlohmann::json& msg);
   void OnKill(const nlohmann::json& msg);
+  void OnJobInfo(const nlohmann::json& msg);
   void OnKvReply(const nlohmann::json& msg);
   void SendToServer(const nlohmann::json& msg, bool queue_if_offline);
   void Heartbeat();
+  // Cluster mode: the node's CPU use since the previous call (/proc/stat), as node_stats.
+  void SendNodeStats();
 
   // ---- trainers
   void AcceptTrainer();
@@ -112,7 +131,8 @@ class Client {
   void ReportExit(const std::string& id, const launcher::ExitInfo& info);
   void TerminateTrainer(Trainer* t, int64_t now_us);
   void Tick();
-  launcher::EnvContract EnvFor(const proto::GenerationInfo& g, const proto::MemberInfo& m) const;
+  launcher::EnvContract EnvFor(const std::string& job, const proto::GenerationInfo& g,
+                               const proto::MemberInfo& m) const;
 
   boost::asio::io_context* const io_;  // not owned
   const ClientOptions options_;
@@ -135,9 +155,10 @@ class Client {
   std::string job_id_ = "edl-job";
   int heartbeat_ms_ = 1000;
   int64_t backoff_ms_ = 200;
+  uint64_t cpu_busy_prev_ = 0, cpu_total_prev_ = 0;  // /proc/stat at the previous node_stats
   std::deque<nlohmann::json> outbox_;  // exit reports and readiness while disconnected
 
-  proto::GenerationInfo prev_, latest_;
+  std::map<std::string, JobRun> runs_;  // by job id: the server's own job, and cluster jobs
   std::map<std::string, Trainer> trainers_;
   std::deque<StartRequest> waiting_;  // starts waiting for their slot to free up
   uint64_t next_req_id_ = 1;

@@ -71,12 +71,63 @@ Status ParseSlots(const std::string& gpus, int slots, ClientOptions* o) {
   return Status::OK();
 }
 
+std::string Trim(const std::string& s) {
+  const size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+// `job_type = NAME = COMMAND...` and `job_flags = NAME = flag,flag,..` (README, "Many jobs on one
+// cluster"): the job types this node runs for a cluster server, each with its settable flags.
+Status ParseJobTypes(const std::vector<std::string>& types, const std::vector<std::string>& flags,
+                     ClientOptions* o) {
+  auto split = [](const std::string& item, const char* what, std::string* name, std::string* rest) {
+    const size_t eq = item.find('=');
+    *name = Trim(item.substr(0, eq));
+    *rest = eq == std::string::npos ? "" : Trim(item.substr(eq + 1));
+    if (eq == std::string::npos || !proto::IsValidName(*name) || rest->empty()) {
+      return Status::InvalidArgument(std::string("--") + what + " '" + item + "': write NAME = " +
+                                     (std::string(what) == "job_type" ? "COMMAND ARGS..." : "flag,flag,..") +
+                                     " with NAME of letters, digits, '.', '_', '-'");
+    }
+    return Status::OK();
+  };
+  if (types.size() > proto::kMaxJobTypesPerNode) {
+    return Status::InvalidArgument("at most " + std::to_string(proto::kMaxJobTypesPerNode) + " --job_type");
+  }
+  for (const std::string& item : types) {
+    std::string name, command;
+    EDL_RETURN_IF_ERROR(split(item, "job_type", &name, &command));
+    if (o->job_types.count(name)) return Status::InvalidArgument("--job_type " + name + " is given twice");
+    o->job_types[name].argv = SplitCommand(command);
+  }
+  for (const std::string& item : flags) {
+    std::string name, list;
+    EDL_RETURN_IF_ERROR(split(item, "job_flags", &name, &list));
+    auto it = o->job_types.find(name);
+    if (it == o->job_types.end()) {
+      return Status::InvalidArgument("--job_flags " + name + ": no --job_type " + name + " = COMMAND... is given");
+    }
+    std::stringstream ss(list);
+    std::string flag;
+    while (std::getline(ss, flag, ',')) {
+      flag = Trim(flag);
+      if (!proto::IsValidFlagName(flag) || it->second.settable.size() >= proto::kMaxSettableFlags) {
+        return Status::InvalidArgument("--job_flags " + name + ": '" + flag + "' is not a flag name (a-z, 0-9, "
+                                       "'_', starting with a letter), or more than " +
+                                       std::to_string(proto::kMaxSettableFlags) + " flags");
+      }
+      it->second.settable.push_back(flag);
+    }
+  }
+  return Status::OK();
+}
+
 Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   po::options_description d("client");
   std::string server, secret_file, gpus, mode, trainer_cmd, state_dir;
   int slots = 0;
   double stop_grace = 10, leave_grace = 30, trainer_timeout = 20;
-  std::vector<std::string> rest;
+  std::vector<std::string> rest, job_types, job_flags;
   char host[256] = "node";
   ::gethostname(host, sizeof(host) - 1);
   d.add_options()
@@ -95,6 +146,12 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
       ("trainer_timeout_s", po::value<double>(&trainer_timeout)->default_value(20), "a trainer whose channel is silent this long is SIGKILLed")
       ("trainer_cmd", po::value<std::string>(&trainer_cmd), "the trainer command line (or give it after --)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once the job finished")
+      ("job_type", po::value<std::vector<std::string>>(&job_types)->composing(),
+       "a job type this node runs for a cluster server (`edl server --cluster`): NAME = COMMAND ARGS... (repeat per type)")
+      ("job_flags", po::value<std::vector<std::string>>(&job_flags)->composing(),
+       "NAME = flag,flag,..: the flags of job type NAME a submission may set (passed as --flag=value)")
+      ("checkpoint_root", po::value<std::string>(&o->checkpoint_root),
+       "a submission's checkpoint_dir flag must lie under this directory (unset: it may not be set)")
       ("trainer_args", po::value<std::vector<std::string>>(&rest), "the trainer command after --");
   po::positional_options_description pos;
   pos.add("trainer_args", -1);
@@ -118,7 +175,11 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   o->restart_mode = mode == "restart";
   o->trainer_argv = !rest.empty() ? rest : SplitCommand(trainer_cmd);
   if (!rest.empty() && !trainer_cmd.empty()) return Status::InvalidArgument("give the trainer command with --trainer_cmd or after --, not both");
-  if (o->trainer_argv.empty()) return Status::InvalidArgument("no trainer command: give --trainer_cmd \"CMD ARGS\" or `-- CMD ARGS`");
+  EDL_RETURN_IF_ERROR(ParseJobTypes(job_types, job_flags, o));
+  if (o->trainer_argv.empty() && o->job_types.empty()) {
+    return Status::InvalidArgument("no trainer command: give --trainer_cmd \"CMD ARGS\" or `-- CMD ARGS` "
+                                   "(or, for a cluster server, --job_type NAME = COMMAND...)");
+  }
   if (stop_grace < 0 || leave_grace < 0 || trainer_timeout <= 0) return Status::InvalidArgument("grace periods must be >= 0 and --trainer_timeout_s > 0");
   o->stop_grace_ms = static_cast<int64_t>(stop_grace * 1000);
   o->leave_grace_ms = static_cast<int64_t>(leave_grace * 1000);

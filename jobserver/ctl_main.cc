@@ -1,6 +1,7 @@
 #include "jobserver/ctl_main.h"
 
 #include <cstdio>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "edl/net/auth.h"
 #include "edl/net/framed_socket.h"
 #include "edl/proto/messages.h"
+#include "jobserver/job_spec.h"
 
 namespace edl::jobserver {
 namespace {
@@ -22,7 +24,12 @@ constexpr char kUsage[] =
     "  status [--json]   the job the way EDL's monitor showed it, plus generation and progress\n"
     "  scale N           set the job's desired number of trainers\n"
     "  watch             print a line per change and every events-log record, until the server exits\n"
-    "  stop              stop every trainer and the server";
+    "  stop              stop every trainer and the server\n"
+    "a cluster server (`edl server --cluster`) also takes:\n"
+    "  submit JOB.ini    submit a job (name, type, min, max, priority, deadline_s, mode, [flags])\n"
+    "  jobs [--json]     list the jobs: state, trainers, pending reason\n"
+    "  cancel NAME       stop a job's trainers and forget it\n"
+    "  scale NAME N      ask for N trainers of job NAME (within its min..max)";
 
 std::string Pad(const std::string& s, size_t w) { return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' '); }
 
@@ -32,7 +39,47 @@ std::string Fixed(double v, int prec) {
   return os.str();
 }
 
+// The cluster monitor line: the original EDL monitor's columns plus slot use and images/s.
+std::string ClusterLine(const json& b) {
+  const int total = b.value("total_slots", 0), used = b.value("used_slots", 0);
+  const std::string running = b.value("running_trainers", std::string());
+  auto pct = [&](const char* key) {
+    const json v = b.value(key, json("n/a"));
+    return v.is_number() ? Fixed(v.get<double>(), 2) + "%" : std::string("n/a");
+  };
+  return Pad(std::to_string(b.value("submitted_jobs", 0)), 16) + Pad(std::to_string(b.value("pending_jobs", 0)), 14) +
+         Pad(running.empty() ? "-" : running, 32) + Pad(pct("cpu_utils"), 11) + Pad(pct("gpu_utils"), 11) +
+         Pad(std::to_string(used) + "/" + std::to_string(total), 8) + Fixed(b.value("images_per_sec", 0.0), 1);
+}
+
+std::string ClusterHeader() {
+  return Pad("SUBMITTED-JOBS", 16) + Pad("PENDING-JOBS", 14) + Pad("RUNNING-TRAINERS", 32) + Pad("CPU-UTILS", 11) +
+         Pad("GPU-UTILS", 11) + Pad("SLOTS", 8) + "IMAGES/S";
+}
+
+void PrintJobs(const json& b) {
+  std::cout << Pad("JOB", 16) << Pad("TYPE", 12) << Pad("STATE", 9) << Pad("TRAINERS", 10) << Pad("MIN..MAX", 10)
+            << Pad("PRIO", 6) << Pad("GEN", 6) << Pad("IMAGES/S", 10) << "PENDING-REASON\n";
+  for (const json& j : b.value("jobs", json::array())) {
+    std::cout << Pad(j.value("name", std::string()), 16) << Pad(j.value("type", std::string()), 12)
+              << Pad(j.value("state", std::string()), 9) << Pad(std::to_string(j.value("trainers", 0)), 10)
+              << Pad(std::to_string(j.value("min", 0)) + ".." + std::to_string(j.value("max", 0)), 10)
+              << Pad(std::to_string(j.value("priority", 0)), 6) << Pad(std::to_string(j.value("generation", 0)), 6)
+              << Pad(Fixed(j.value("images_per_sec", 0.0), 1), 10) << j.value("pending_reason", std::string("-"))
+              << "\n";
+  }
+  for (const json& j : b.value("ended", json::array())) {
+    std::cout << Pad(j.value("name", std::string()), 16) << Pad(j.value("type", std::string()), 12)
+              << j.value("state", std::string()) << "\n";
+  }
+}
+
 void PrintStatus(const json& b) {
+  if (b.value("cluster", false)) {
+    std::cout << ClusterHeader() << "\n" << ClusterLine(b) << "\n\n";
+    PrintJobs(b);
+    return;
+  }
   const int world = b.value("world_size", 0);
   const bool done = b.value("done", false);
   const int total = b.value("total_slots", 0), used = b.value("used_slots", 0);
@@ -77,6 +124,7 @@ void PrintStatus(const json& b) {
 }
 
 std::string StatusLine(const json& b) {
+  if (b.value("cluster", false)) return ClusterLine(b);
   const json p = b.value("progress", json::object());
   return "generation=" + std::to_string(b.value("generation", 0)) + " reason=" +
          b.value("reason", std::string("-")) + " world=" + std::to_string(b.value("world_size", 0)) +
@@ -148,21 +196,67 @@ int Watch(net::FramedSocket* sock) {
   }
 }
 
+// Reads JOB.ini for `submit` (at most 64 KiB: a job description, not data).
+Status ReadJobFile(const std::string& path, JobSpec* spec) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("cannot read job file " + path);
+  std::string text(64 * 1024 + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > 64 * 1024) return Status::InvalidArgument("job file " + path + " is over 64 KiB");
+  return ParseJobIni(text, spec).WithContext(path);
+}
+
+// Fills `req` (command already set) from the positional arguments.
+Status BuildRequest(const std::vector<std::string>& args, proto::CtlRequest* req) {
+  const std::string& c = req->command;
+  auto count = [&](size_t lo, size_t hi, const char* usage) {
+    return args.size() >= lo && args.size() <= hi ? Status::OK()
+                                                  : Status::InvalidArgument(std::string("usage: edl ctl ") + usage);
+  };
+  auto number = [](const std::string& v, int64_t* n) {
+    char* end = nullptr;
+    *n = std::strtoll(v.c_str(), &end, 10);
+    return !v.empty() && *end == '\0' && *n >= 1 && *n <= 65536
+               ? Status::OK()
+               : Status::InvalidArgument("'" + v + "' is not a number of trainers in 1..65536");
+  };
+  if (c == "status" || c == "watch" || c == "stop" || c == "jobs") return count(0, 0, c.c_str());
+  if (c == "scale") {
+    EDL_RETURN_IF_ERROR(count(1, 2, "scale N  |  scale NAME N (cluster)"));
+    if (args.size() == 2) req->job = args[0];
+    return number(args.back(), &req->n);
+  }
+  if (c == "cancel") {
+    EDL_RETURN_IF_ERROR(count(1, 1, "cancel NAME"));
+    req->job = args[0];
+    return Status::OK();
+  }
+  if (c == "submit") {
+    EDL_RETURN_IF_ERROR(count(1, 1, "submit JOB.ini"));
+    JobSpec spec;
+    EDL_RETURN_IF_ERROR(ReadJobFile(args[0], &spec));
+    req->spec = EncodeJobSpec(spec);
+    return Status::OK();
+  }
+  return Status::InvalidArgument(c.empty() ? "no command" : "unknown command '" + c + "'");
+}
+
 }  // namespace
 
 int RunCtlMain(int argc, char** argv) {
   po::options_description d("ctl");
   std::string server, secret_file, command;
-  int64_t n = -1;
+  std::vector<std::string> args;
   bool as_json = false;
   d.add_options()
       ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT")
       ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
       ("json", po::bool_switch(&as_json), "status: print the raw JSON")
-      ("command", po::value<std::string>(&command), "status | scale | watch | stop")
-      ("n", po::value<int64_t>(&n), "scale: the new desired number of trainers");
+      ("command", po::value<std::string>(&command), "status | scale | watch | stop | submit | jobs | cancel")
+      ("args", po::value<std::vector<std::string>>(&args), "the command's arguments");
   po::positional_options_description pos;
-  pos.add("command", 1).add("n", 1);
+  pos.add("command", 1).add("args", -1);
   ParsedFlags pf;
   Status s = ParseFlags("ctl", kUsage, d, argc, argv, &pf, &pos);
   if (!s.ok()) {
@@ -170,13 +264,11 @@ int RunCtlMain(int argc, char** argv) {
     return 2;
   }
   if (pf.help) return 0;
-  if (command != "status" && command != "scale" && command != "watch" && command != "stop") {
-    std::cerr << "edl ctl: " << (command.empty() ? "no command" : "unknown command '" + command + "'")
-              << "\n\n" << kUsage << "\n";
-    return 2;
-  }
-  if (command == "scale" && n < 1) {
-    std::cerr << "edl ctl: scale needs a number of trainers >= 1, e.g. `edl ctl scale 4`\n";
+  proto::CtlRequest req;
+  req.command = command;
+  s = BuildRequest(args, &req);
+  if (!s.ok()) {
+    std::cerr << "edl ctl: " << s.message() << "\n\n" << kUsage << "\n";
     return 2;
   }
   std::unique_ptr<net::FramedSocket> sock;
@@ -186,23 +278,32 @@ int RunCtlMain(int argc, char** argv) {
     return s.code() == Status::Code::kInvalidArgument ? 2 : 1;
   }
   if (command == "watch") return Watch(sock.get());
-  proto::CtlRequest req;
-  req.command = command;
-  req.n = command == "scale" ? n : 0;
   proto::CtlReply rep;
   s = Call(sock.get(), req, &rep);
   if (!s.ok()) {
     std::cerr << "edl ctl " << command << ": " << s.ToString() << "\n";
     return 1;
   }
-  if (command == "status") {
+  if (command == "jobs") {
+    if (as_json) {
+      std::cout << rep.body.dump(2) << "\n";
+    } else {
+      PrintJobs(rep.body);
+    }
+  } else if (command == "submit") {
+    std::cout << "submitted job " << req.spec.value("name", std::string()) << "\n";
+  } else if (command == "cancel") {
+    std::cout << "cancelled job " << req.job << "\n";
+  } else if (command == "scale" && !req.job.empty()) {
+    std::cout << "job " << req.job << " asked for " << req.n << " trainers\n";
+  } else if (command == "status") {
     if (as_json) {
       std::cout << rep.body.dump(2) << "\n";
     } else {
       PrintStatus(rep.body);
     }
   } else if (command == "scale") {
-    std::cout << "desired size set to " << n << "; now " << StatusLine(rep.body) << "\n";
+    std::cout << "desired size set to " << req.n << "; now " << StatusLine(rep.body) << "\n";
   } else {
     std::cout << "stopping job " << rep.body.value("job_id", std::string()) << " and its server\n";
   }

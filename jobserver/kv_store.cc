@@ -104,11 +104,12 @@ void KvStore::Expire(int64_t now_us) {
   }
 }
 
-size_t KvStore::CollectGarbage(int64_t current_generation) {
+size_t KvStore::CollectGarbage(int64_t current_generation, const std::string& job) {
   size_t erased = 0;
-  for (auto it = values_.begin(); it != values_.end();) {
+  for (auto it = job.empty() ? values_.begin() : values_.lower_bound(job + "/"); it != values_.end();) {
     const std::string& k = it->first;
     const size_t slash = k.find('/');  // after the job scope
+    if (!job.empty() && k.compare(0, slash, job) != 0) break;  // past the job's keys (sorted)
     const int64_t g = slash == std::string::npos
                           ? -1
                           : proto::GenerationOfKey(std::string_view(k).substr(slash + 1));

@@ -49,8 +49,9 @@ class KvStore {
   size_t CancelOwner(Owner owner);
   // Replies Timeout to every waiter whose deadline is at or before `now_us`.
   void Expire(int64_t now_us);
-  // Erases keys "<job>/gen/<N>/..." with N < current_generation - 2. Returns how many.
-  size_t CollectGarbage(int64_t current_generation);
+  // Erases keys "<job>/gen/<N>/..." with N < current_generation - 2, of job `job` only when it is
+  // not empty (each job of a cluster numbers its own generations). Returns how many.
+  size_t CollectGarbage(int64_t current_generation, const std::string& job = "");
   size_t size() const { return values_.size(); }
   size_t bytes() const { return bytes_; }
   size_t waiters() const { return waiters_.size(); }

@@ -96,7 +96,8 @@ std::vector<ScaleEvent> ScalingScript::Poll(int64_t elapsed_us) {
 
 DemoPolicy::DemoPolicy(const DemoPolicyOptions& o)
     : options_(o),
-      total_(std::max<int>(1, static_cast<int>(o.node_ips.size()) * o.pod_num_of_node)),
+      per_pod_(std::max(1, o.gpu_num_of_node / std::max(1, o.pod_num_of_node))),
+      total_(std::max<int>(1, static_cast<int>(o.node_ips.size()) * std::max(1, o.pod_num_of_node)) * per_pod_),
       size_(total_) {}
 
 std::vector<ScaleEvent> DemoPolicy::Poll(int64_t elapsed_us) {
@@ -105,8 +106,8 @@ std::vector<ScaleEvent> DemoPolicy::Poll(int64_t elapsed_us) {
   while ((steps_done_ + 1) * interval <= elapsed_us) {
     ++steps_done_;
     const bool remove = steps_done_ % 2 == 1;  // remove first, then add back
-    size_ = remove ? std::max(1, size_ - options_.del_pods_one_step)
-                   : std::min(total_, size_ + options_.add_pods_one_step);
+    size_ = remove ? std::max(per_pod_, size_ - options_.del_pods_one_step * per_pod_)
+                   : std::min(total_, size_ + options_.add_pods_one_step * per_pod_);
     ScaleEvent e;
     e.op = ScaleEvent::Op::kSet;
     e.n = size_;

@@ -60,9 +60,12 @@ class ScalingScript {
   int64_t offset_us_ = 0;
 };
 
-// PaddlePaddle EDL demo policy: starts at len(node_ips) * pod_num_of_node trainers; every
-// `time_interval_to_change` seconds it alternately removes `del_pods_one_step` trainers and adds
-// `add_pods_one_step` back (never below 1 nor above the start size).
+// PaddlePaddle EDL demo policy, with the meaning its collective demo's job server gave the flags:
+// each of the `node_ips` holds `pod_num_of_node` pods, and a node's `gpu_num_of_node` GPUs are split
+// among its pods, gpu_num_of_node / pod_num_of_node per pod, one trainer per GPU. So the job starts
+// at len(node_ips) * gpu_num_of_node trainers (8 per node with the defaults), and every
+// `time_interval_to_change` seconds it alternately removes `del_pods_one_step` pods and adds
+// `add_pods_one_step` back, a pod's trainers at a time (never below one pod nor above the start).
 struct DemoPolicyOptions {
   std::vector<std::string> node_ips;
   int gpu_num_of_node = 8;
@@ -76,18 +79,20 @@ class DemoPolicy {
  public:
   explicit DemoPolicy(const DemoPolicyOptions& o);
   int initial_size() const { return total_; }
+  int trainers_per_pod() const { return per_pod_; }
   // At most one event per elapsed interval: kSet with the new size.
   std::vector<ScaleEvent> Poll(int64_t elapsed_us);
   int size() const { return size_; }
   int64_t steps_done() const { return steps_done_; }
   // Resumes a saved policy (a size outside 1..start size is clamped).
   void Resume(int size, int64_t steps_done) {
-    size_ = std::max(1, std::min(total_, size));
+    size_ = std::max(per_pod_, std::min(total_, size));
     steps_done_ = std::max<int64_t>(0, steps_done);
   }
 
  private:
   const DemoPolicyOptions options_;
+  const int per_pod_;  // gpu_num_of_node / pod_num_of_node
   const int total_;
   int size_;
   int64_t steps_done_ = 0;

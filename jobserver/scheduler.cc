@@ -233,6 +233,47 @@ void Scheduler::KillAllTrainers() {
   Reconcile();
 }
 
+void Scheduler::SetAllocation(const std::vector<SlotGrant>& grants, const std::string& reason) {
+  const int64_t now = clock_->NowMicros();
+  std::set<std::pair<std::string, int>> allowed;
+  int total = 0;
+  for (auto& [name, n] : nodes_) n.slots.clear();
+  for (const SlotGrant& g : grants) {
+    auto it = nodes_.find(g.node);
+    if (it == nodes_.end()) {
+      Node n;
+      n.name = g.node;
+      n.order = next_node_order_++;
+      n.connected = true;
+      n.last_heard_us = now;
+      if (first_node_us_ < 0) first_node_us_ = now;
+      it = nodes_.emplace(g.node, n).first;
+    }
+    it->second.host = g.host;
+    it->second.restart_mode = g.restart_mode;
+    it->second.slots = g.slots;
+    for (int s : g.slots) allowed.emplace(g.node, s);
+    total += static_cast<int>(g.slots.size());
+  }
+  if (pending_.active) {
+    for (const MemberInfo& j : pending_.joiners) {
+      if (!allowed.count({j.node, j.slot})) {
+        AbortPending("its slots were given to another job");
+        break;
+      }
+    }
+  }
+  std::set<std::string> gone;
+  for (const MemberInfo& m : current_.members) {
+    if (!allowed.count({m.node, m.slot}) && !finished_.count(m.trainer_id)) gone.insert(m.trainer_id);
+  }
+  desired_ = total;
+  desired_reason_ = reason;
+  EmitEvent({{"type", "desired"}, {"desired", desired_}, {"reason", reason}});
+  if (!gone.empty()) RemoveMembers(gone, reason, false);
+  Reconcile();
+}
+
 void Scheduler::Tick() {
   const int64_t now = clock_->NowMicros();
   std::vector<std::string> lost;
@@ -542,7 +583,7 @@ std::vector<MemberInfo> Scheduler::FreeSlots(int count) const {
 }
 
 std::string Scheduler::NewTrainerId(const std::string& node, int slot) {
-  std::string id = node + "-s" + std::to_string(slot) + "-" + std::to_string(next_trainer_seq_++);
+  std::string id = node + "-s" + std::to_string(slot) + "-" + std::to_string(TrainerSeq()++);
   // AddNode bounds node names (kMaxNodeNameBytes) and slots so that every id passes IsValidName.
   DCHECK(proto::IsValidName(id)) << id;
   return id;
@@ -612,7 +653,7 @@ bool Scheduler::PlacedOn(const std::string& trainer_id, const std::string& node)
   };
   uint64_t slot = 0, seq = 0;
   if (!digits(&slot) || *p++ != '-' || !digits(&seq) || *p != '\0') return false;
-  return seq >= 1 && seq < next_trainer_seq_;
+  return seq >= 1 && seq < TrainerSeq();
 }
 
 std::vector<std::string> Scheduler::NodeNames() const {

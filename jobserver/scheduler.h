@@ -47,6 +47,16 @@ struct SchedulerOptions {
   int master_port_base = 29500;              // MASTER_PORT = base + generation % 1000
   int64_t backoff_min_us = 1'000'000;        // grow-back delay after a failure, doubling...
   int64_t backoff_max_us = 30'000'000;       // ...up to this; reset after a quiet minute
+  // Cluster mode (jobserver/cluster.h): the trainer-id counter shared by every job of the server,
+  // so ids are unique across jobs. Not owned; null: the scheduler's own counter.
+  uint64_t* shared_trainer_seq = nullptr;
+};
+
+// Cluster mode: the slots one job may use on one node (Scheduler::SetAllocation).
+struct SlotGrant {
+  std::string node, host;
+  bool restart_mode = false;
+  std::vector<int> slots;
 };
 
 struct Action {
@@ -87,6 +97,11 @@ class Scheduler {
                  const std::vector<int>& slots, const std::vector<std::string>& running,
                  const std::string& session = "", const std::vector<int64_t>& generations = {});
   void NodeDisconnected(const std::string& name);
+  // The node is gone (cluster mode: the cluster's heartbeat timeout): as a heartbeat loss.
+  void NodeLost(const std::string& name, const std::string& why) {
+    auto it = nodes_.find(name);
+    if (it != nodes_.end()) LoseNode(&it->second, why);
+  }
   void Heartbeat(const std::string& name);
   void TrainerExited(const std::string& trainer_id, bool success, const std::string& how);
   void TrainerReady(const std::string& trainer_id, int64_t generation);
@@ -98,6 +113,11 @@ class Scheduler {
   // no survivor re-forms in between (their exits then count as expected). After the failure
   // backoff the job restarts from scratch: the trainers cold-start from the latest checkpoint.
   void KillAllTrainers();
+  // Cluster mode: the slots this job may use, per node (nodes not named keep none; a named node
+  // the scheduler does not know is added, connected). Members and joiners on slots no longer
+  // granted leave in place, in one commit with `reason`; the desired size becomes the granted
+  // total, so the job then grows into its granted free slots.
+  void SetAllocation(const std::vector<SlotGrant>& grants, const std::string& reason);
   // Heartbeat loss, join timeout, grow-back, then reconciles membership with the desired size.
   void Tick();
 
@@ -180,6 +200,10 @@ class Scheduler {
   void Emit(Action a) { actions_.push_back(std::move(a)); }
   void EmitEvent(nlohmann::json e);
   int64_t NextGeneration() const { return std::max(current_.generation, generation_floor_) + 1; }
+  uint64_t& TrainerSeq() { return options_.shared_trainer_seq ? *options_.shared_trainer_seq : next_trainer_seq_; }
+  uint64_t TrainerSeq() const {
+    return options_.shared_trainer_seq ? *options_.shared_trainer_seq : next_trainer_seq_;
+  }
   void UpdateRecovery();
 
   const SchedulerOptions options_;

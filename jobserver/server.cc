@@ -8,6 +8,7 @@
 #include "edl/net/auth.h"
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
+#include "jobserver/server_peer.h"
 
 namespace edl::jobserver {
 
@@ -16,24 +17,7 @@ using asio::ip::tcp;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-struct Server::Peer {
-  enum class State { kAuth, kClient, kCtl, kService };  // kService: a teacher or a student
-  std::shared_ptr<net::Connection> conn;
-  State state = State::kAuth;
-  std::string nonce;           // ours, in the challenge
-  std::string node;            // kClient
-  int64_t last_generation = 0; // newest generation this client holds (for deltas)
-  bool watch = false;          // kCtl after `watch`
-  uint64_t id = 0;             // owner of its KV waits
-  int64_t refused = 0;         // frames refused as not its node's (for rate-limited logging)
-  double event_tokens = -1;    // trainer-event token bucket (-1: full, not yet used)
-  int64_t event_tokens_us = 0; // when event_tokens was last refilled
-};
-
 namespace {
-// Logs the 1st..10th, then every power of two: a flood cannot flood the log.
-bool LogThis(int64_t n) { return n <= 10 || (n & (n - 1)) == 0; }
-
 // True for an address of this machine only: 127.0.0.0/8, ::1 (also IPv4-mapped), "localhost".
 bool IsLoopback(const std::string& host) {
   boost::system::error_code ec;
@@ -81,6 +65,13 @@ Status Server::Start() {
     ScalingScript s;
     EDL_RETURN_IF_ERROR(ScalingScript::Load(options_.scale_script, &s));
     script_ = std::move(s);
+  }
+  if (options_.cluster) {
+    if (!options_.state_dir.empty() || script_ || options_.demo_policy) {
+      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_dir, --scale_script and "
+                                     "the demo policy belong to the single-job server");
+    }
+    cluster_ = std::make_unique<Cluster>(options_.cluster_options, clock_);
   }
   if (options_.demo_policy) {
     demo_.emplace(options_.demo);
@@ -271,7 +262,9 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
     auto it = nodes_.find(peer->node);
     if (it != nodes_.end() && it->second == peer) {
       nodes_.erase(it);
+      node_stats_.erase(peer->node);
       scheduler_.NodeDisconnected(peer->node);
+      if (cluster_) cluster_->NodeDisconnected(peer->node);
       Record({{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
     }
   } else if (peer->state == Peer::State::kAuth && !why.IsAborted()) {
@@ -397,12 +390,15 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     return;
   }
   s = CheckAdvertisedHost(hello.node, hello.host, peer->conn->peer());
-  if (s.ok()) s = AttachNode(peer, hello, &w.node_token);
+  if (s.ok()) {
+    s = cluster_ ? AttachClusterNode(peer, hello, &w.node_token) : AttachNode(peer, hello, &w.node_token);
+  }
   if (!s.ok()) {
     refuse(s);
     return;
   }
   welcome();
+  if (cluster_) SendJobsTo(peer);
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
             << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
   // The newest generation, in full, unless a commit queued by AddNode is about to carry it.
@@ -457,8 +453,7 @@ bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& wh
   return false;
 }
 
-void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e) {
-  if (!Authorized(peer, proto::msg::kEvent, e.trainer_id)) return;
+void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, const std::string& job) {
   // Nodes write trainer events only: no other record type, a bounded payload, a bounded rate.
   std::string why;
   const auto t = e.event.find("type");
@@ -496,11 +491,16 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e) {
   rec["node"] = peer->node;
   rec.erase("time");  // the log's own fields (EventsLog::Append)
   rec.erase("job");
-  Record(std::move(rec));
+  if (job.empty()) {
+    Record(std::move(rec));
+  } else {
+    RecordJob(job, std::move(rec));
+  }
 }
 
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                              const json& msg) {
+  if (cluster_) return OnClusterClientMessage(peer, type, msg);
   scheduler_.Heartbeat(peer->node);  // any frame proves the node alive
   if (type == proto::msg::kHeartbeat) {
     peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});  // proves the server alive
@@ -532,19 +532,28 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
     proto::Event e;
     Status s = e.DecodeFrom(msg);
     if (!s.ok()) return Reject(peer, s);
-    OnEvent(peer, e);
+    if (!Authorized(peer, type, e.trainer_id)) return;
+    OnEvent(peer, e, "");
   } else if (type == proto::msg::kKv) {
     OnKv(peer, msg);
+  } else if (type == proto::msg::kNodeStats) {
+    OnNodeStats(peer, msg);
   } else {
     Reject(peer, Status::InvalidArgument("unexpected message '" + type + "' from a client"));
   }
+}
+
+void Server::OnNodeStats(const std::shared_ptr<Peer>& peer, const json& msg) {
+  proto::NodeStats st;
+  Status s = st.DecodeFrom(msg);
+  if (!s.ok()) return Reject(peer, s);
+  node_stats_[peer->node] = st;
 }
 
 void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
   proto::KvRequest r;
   Status s = r.DecodeFrom(msg);
   if (!s.ok()) return Reject(peer, s);
-  const std::string key = options_.scheduler.job_id + "/" + r.key;
   std::weak_ptr<net::Connection> weak = peer->conn;
   const uint64_t req_id = r.req_id;
   auto reply = [weak, req_id](const Status& st, const std::string& value) {
@@ -558,6 +567,19 @@ void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
     rep.EncodeTo(&j);
     conn->Send(j);
   };
+  // Keys are scoped by job; in cluster mode by the trainer's job, which must run on this node.
+  std::string scope = options_.scheduler.job_id;
+  if (cluster_) {
+    if (r.job.empty() || !cluster_->Hosts(peer->node, r.job)) {
+      if (LogThis(++peer->refused)) {
+        LOG(WARNING) << "kv " << r.op << " from node " << peer->node << " refused: job '" << r.job
+                     << "' has no slot on that node";
+      }
+      return reply(Status::FailedPrecondition("kv: job '" + r.job + "' has no slot on node " + peer->node), "");
+    }
+    scope = r.job;
+  }
+  const std::string key = scope + "/" + r.key;
   Status st;
   if (r.op == "set") {
     st = kv_.Set(key, r.value);
@@ -581,7 +603,13 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
   Status s = r.DecodeFrom(msg);
   if (!s.ok()) return Reject(peer, s);
   proto::CtlReply rep;
-  if (r.command == "scale") {
+  if (cluster_ && (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || r.command == "scale")) {
+    rep.status = OnClusterCtl(peer, r);
+  } else if (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || !r.job.empty()) {
+    rep.status = Status::FailedPrecondition("'" + r.command + "' with jobs needs a cluster server: start "
+                                            "`edl server --cluster` (this one runs the single job " +
+                                            options_.scheduler.job_id + ")");
+  } else if (r.command == "scale") {
     if (r.n < 1) {
       rep.status = Status::InvalidArgument("scale N needs N >= 1");
     } else {
@@ -618,6 +646,7 @@ void Server::Tick() {
     if (demo_) ApplyScaleEvents(demo_->Poll(elapsed), "policy");
   }
   scheduler_.Tick();
+  if (cluster_) cluster_->Tick();
   kv_.Expire(now);
   Dispatch();
   // The scaling clock moves between changes too: keep it about once a second.
@@ -631,7 +660,11 @@ void Server::Tick() {
     last_watch_push_us_ = now;
     const json status = StatusBody();
     if (HasWatchers()) NotifyWatchers(json{{"status", status}});
-    RecordProgress(status);
+    if (cluster_) {
+      RecordJobsProgress();
+    } else {
+      RecordProgress(status);
+    }
   }
   tick_timer_.expires_after(milliseconds(options_.tick_ms));
   tick_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -655,6 +688,7 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
 
 void Server::Dispatch() {
   if (shutting_down_) return;
+  if (cluster_) DispatchCluster();
   std::vector<Action> actions = scheduler_.TakeActions();
   if (actions.empty()) return;
   // Kept (synced) before any of it reaches a client: a restarted server resumes from here.
@@ -676,14 +710,9 @@ void Server::Dispatch() {
         status_dirty_ = true;
         if (HasWatchers()) NotifyWatchers(json{{"status", StatusBody()}});
         break;
-      case Action::Kind::kKill: {
-        proto::Kill k;
-        k.trainer_ids = a.trainer_ids;
-        json j;
-        k.EncodeTo(&j);
-        SendToNode(a.node, j);
+      case Action::Kind::kKill:
+        SendKill(a);
         break;
-      }
       case Action::Kind::kDone:
         LOG(INFO) << "job " << options_.scheduler.job_id << " finished: every member exited 0";
         for (auto& [name, peer] : nodes_) peer->conn->Send(json{{"type", proto::msg::kDone}});
@@ -694,6 +723,14 @@ void Server::Dispatch() {
         break;
     }
   }
+}
+
+void Server::SendKill(const Action& a) {
+  proto::Kill k;
+  k.trainer_ids = a.trainer_ids;
+  json j;
+  k.EncodeTo(&j);
+  SendToNode(a.node, j);
 }
 
 void Server::PushGeneration(const Action& a) {
@@ -733,6 +770,27 @@ void Server::SendToNode(const std::string& node, const json& msg) {
 void Server::Record(json event) {
   json rec = events_.Append(std::move(event));
   NotifyWatchers(json{{"event", rec}});
+}
+
+json Server::ProgressSummary(const proto::GenerationInfo& g,
+                             const std::map<std::string, proto::ProgressReport>& reports) {
+  int64_t step = 0, epoch = 0;
+  double loss = 0, ips = 0, acc = -1;
+  int reporting = 0;
+  for (const proto::MemberInfo& m : g.members) {
+    auto it = reports.find(m.trainer_id);
+    if (it == reports.end()) continue;
+    ++reporting;
+    step = std::max(step, it->second.step);
+    epoch = std::max(epoch, it->second.epoch);
+    ips += it->second.images_per_sec;
+    if (m.rank == 0) {
+      loss = it->second.loss;
+      acc = it->second.accuracy;
+    }
+  }
+  return {{"reporting", reporting}, {"step", step}, {"epoch", epoch}, {"loss", loss},
+          {"images_per_sec", ips}, {"accuracy", acc}};
 }
 
 void Server::RecordProgress(const json& status) {
@@ -785,25 +843,9 @@ void Server::NotifyWatchers(const json& body) {
 }
 
 json Server::StatusBody() const {
+  if (cluster_) return ClusterStatusBody();
   json s = scheduler_.Summary();
-  const auto& g = scheduler_.current();
-  int64_t step = 0, epoch = 0;
-  double loss = 0, ips = 0, acc = -1;
-  int reporting = 0;
-  for (const proto::MemberInfo& m : g.members) {
-    auto it = progress_.find(m.trainer_id);
-    if (it == progress_.end()) continue;
-    ++reporting;
-    step = std::max(step, it->second.step);
-    epoch = std::max(epoch, it->second.epoch);
-    ips += it->second.images_per_sec;
-    if (m.rank == 0) {
-      loss = it->second.loss;
-      acc = it->second.accuracy;
-    }
-  }
-  s["progress"] = {{"reporting", reporting}, {"step", step}, {"epoch", epoch}, {"loss", loss},
-                   {"images_per_sec", ips}, {"accuracy", acc}};
+  s["progress"] = ProgressSummary(scheduler_.current(), progress_);
   s["port"] = port_;
   s["events_log"] = events_.path();
   s["services"] = services_.Summary();

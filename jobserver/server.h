@@ -20,6 +20,7 @@
 #include "edl/base/status.h"
 #include "edl/net/admission.h"
 #include "edl/net/connection.h"
+#include "jobserver/cluster.h"
 #include "jobserver/events_log.h"
 #include "jobserver/job_state.h"
 #include "jobserver/kv_store.h"
@@ -46,6 +47,10 @@ struct ServerOptions {
   bool demo_policy = false;        // the EDL demo's periodic policy
   DemoPolicyOptions demo;
   bool exit_when_done = false;     // shut down once the job finished
+  // Cluster mode (`--cluster`; README, "Many jobs on one cluster"): no job of the server's own;
+  // jobs are submitted with `edl ctl submit` and share the nodes under the cluster policy.
+  bool cluster = false;
+  ClusterOptions cluster_options;
   int64_t handshake_timeout_ms = 5000;
   int64_t tick_ms = 100;
   // Per-peer bounds (PROTOCOL.md "Limits").
@@ -87,11 +92,14 @@ class Server {
   // is logged (rate-limited per connection) and the frame has no effect.
   bool Authorized(const std::shared_ptr<Peer>& peer, const std::string& what,
                   const std::string& trainer_id);
-  void OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e);
+  // Records a trainer's event in the events log of `job` (empty: the server's own job).
+  void OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, const std::string& job);
   // True (and the peer is closed with a logged reason) when a ctl/watch peer does not read.
   bool DropIfNotReading(const std::shared_ptr<Peer>& peer);
   void OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                        const nlohmann::json& msg);
+  // Keeps a node's measured utilisation (one entry per connected node).
+  void OnNodeStats(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void OnCtl(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void OnKv(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void Reject(const std::shared_ptr<Peer>& peer, const Status& why);
@@ -107,6 +115,7 @@ class Server {
   // state written) rather than push generations it has not kept.
   bool Persist();
   void PushGeneration(const Action& a);
+  void SendKill(const Action& a);  // a kKill action, to its node
   void SendToNode(const std::string& node, const nlohmann::json& msg);
   void Record(nlohmann::json event);
   bool HasWatchers() const;  // O(peers); cheap next to the status body it saves building
@@ -115,6 +124,30 @@ class Server {
   // images/s, step, epoch, world size) in the events log, for plots of the run.
   void RecordProgress(const nlohmann::json& status);
   nlohmann::json StatusBody() const;
+  // Progress of generation `g` from its members' reports: how many report, the highest step and
+  // epoch, rank 0's loss and accuracy, the sum of images/s.
+  static nlohmann::json ProgressSummary(const proto::GenerationInfo& g,
+                                        const std::map<std::string, proto::ProgressReport>& reports);
+
+  // ---- cluster mode (server_cluster.cc)
+  Status AttachClusterNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello,
+                           std::string* session);
+  // After the welcome: every live job the node may run, with its newest generation in full.
+  void SendJobsTo(const std::shared_ptr<Peer>& peer);
+  // Sends job_info for `job` to `peer` unless it has it already.
+  void TellJob(const std::shared_ptr<Peer>& peer, const std::string& job);
+  void DispatchCluster();
+  void PushJobGeneration(const std::string& job, const Action& a);
+  void RecordJob(const std::string& job, nlohmann::json event);
+  bool ClusterAuthorized(const std::shared_ptr<Peer>& peer, const std::string& what,
+                         const std::string& trainer_id);
+  void OnClusterClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
+                              const nlohmann::json& msg);
+  // submit, jobs, cancel, scale: the reply's status.
+  Status OnClusterCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r);
+  nlohmann::json ClusterStatusBody() const;
+  // RecordProgress for each running job, in its own events log (the timeline picture reads it).
+  void RecordJobsProgress();
 
   boost::asio::io_context* const io_;  // not owned
   const ServerOptions options_;
@@ -146,6 +179,14 @@ class Server {
   uint64_t next_peer_id_ = 1;  // Peer::id, the KV's waiter owner
   bool status_dirty_ = false;
   int64_t last_watch_push_us_ = 0;
+
+  // Cluster mode only.
+  std::unique_ptr<Cluster> cluster_;
+  std::map<std::string, std::string> cluster_sessions_;  // node -> its session token
+  std::map<std::string, std::unique_ptr<EventsLog>> job_events_;  // live jobs' events logs
+  std::map<std::string, proto::NodeStats> node_stats_;  // connected nodes' latest report
+  // Live trainers' progress, by job then trainer id.
+  std::map<std::string, std::map<std::string, proto::ProgressReport>> job_progress_;
 };
 
 }  // namespace edl::jobserver

@@ -32,7 +32,8 @@ std::vector<std::string> SplitCommas(const std::string& s) {
 
 Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   po::options_description d("server");
-  std::string secret_file, node_ips;
+  std::string secret_file, node_ips, job_types;
+  double min_change_s = 0;
   int hb_ms = 5000, join_s = 60;
   double backoff_min_s = 1, backoff_max_s = 30;
   int64_t kv_value = 0, kv_keys = 0, kv_bytes = 0, kv_waiters_conn = 0, kv_waiters = 0, ctl_queue = 0;
@@ -48,11 +49,11 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("trainers", po::value<int>(&o->scheduler.initial_trainers)->default_value(0), "initial desired size (0: every free slot)")
       ("scale_script", po::value<std::string>(&o->scale_script), "scaling script of timed events (see config/*.script)")
       ("node_ips", po::value<std::string>(&node_ips), "EDL demo policy: comma-separated node addresses")
-      ("gpu_num_of_node", po::value<int>(&o->demo.gpu_num_of_node)->default_value(8), "EDL demo policy: GPUs per node")
-      ("pod_num_of_node", po::value<int>(&o->demo.pod_num_of_node)->default_value(1), "EDL demo policy: trainers per node at start")
-      ("time_interval_to_change", po::value<int>(&o->demo.time_interval_to_change_s)->default_value(0), "EDL demo policy: seconds between changes (0: policy off)")
-      ("del_pods_one_step", po::value<int>(&o->demo.del_pods_one_step)->default_value(1), "EDL demo policy: trainers removed per change")
-      ("add_pods_one_step", po::value<int>(&o->demo.add_pods_one_step)->default_value(1), "EDL demo policy: trainers added per change")
+      ("gpu_num_of_node", po::value<int>(&o->demo.gpu_num_of_node)->default_value(8), "EDL demo policy: GPUs per node, split among its pods, one trainer per GPU")
+      ("pod_num_of_node", po::value<int>(&o->demo.pod_num_of_node)->default_value(1), "EDL demo policy: pods per node (gpu_num_of_node / pod_num_of_node trainers each)")
+      ("time_interval_to_change", po::value<int>(&o->demo.time_interval_to_change_s)->default_value(900), "EDL demo policy: seconds between changes (the policy runs only with --node_ips; 0: off)")
+      ("del_pods_one_step", po::value<int>(&o->demo.del_pods_one_step)->default_value(1), "EDL demo policy: pods removed per change")
+      ("add_pods_one_step", po::value<int>(&o->demo.add_pods_one_step)->default_value(1), "EDL demo policy: pods added per change")
       ("heartbeat_timeout_ms", po::value<int>(&hb_ms)->default_value(5000), "a node silent this long is lost")
       ("join_timeout_s", po::value<int>(&join_s)->default_value(60), "joiners not ready by then are dropped")
       ("backoff_min_s", po::value<double>(&backoff_min_s)->default_value(1, "1"),
@@ -73,7 +74,17 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
        "the trainers' checkpoint store, read at start: generations are numbered above its newest, so "
        "its fence accepts the new trainers' saves (needed only with a new --state_dir and an old store)")
       ("log_dir", po::value<std::string>(), "this process's log files (stderr keeps every line; default: stderr only)")
-      ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished");
+      ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished")
+      ("cluster", po::bool_switch(&o->cluster),
+       "run many jobs on the nodes (README, \"Many jobs on one cluster\"): jobs come from `edl ctl submit`, "
+       "not from this server's own job flags")
+      ("job_types", po::value<std::string>(&job_types),
+       "--cluster: comma-separated job types a submission may name before any node offering them has joined "
+       "(such a job stays pending until one does)")
+      ("job_checkpoint_root", po::value<std::string>(&o->cluster_options.checkpoint_root),
+       "--cluster: a submission's checkpoint_dir flag must lie under this absolute directory (unset: it may not be set)")
+      ("min_change_interval_s", po::value<double>(&min_change_s)->default_value(0, "0"),
+       "--cluster: the policy resizes a job at most once per this many seconds (0: no limit)");
   ParsedFlags pf;
   EDL_RETURN_IF_ERROR(ParseFlags("server", kUsage, d, argc, argv, &pf));
   *help = pf.help;
@@ -113,15 +124,31 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   o->scheduler.heartbeat_timeout_us = int64_t{hb_ms} * 1000;
   o->scheduler.join_timeout_us = int64_t{join_s} * 1'000'000;
   o->demo.node_ips = SplitCommas(node_ips);
-  o->demo_policy = o->demo.time_interval_to_change_s > 0;
-  if (o->demo_policy && o->demo.node_ips.empty()) {
-    return Status::InvalidArgument("--time_interval_to_change needs --node_ips (the demo policy's nodes)");
+  if (!(min_change_s >= 0 && min_change_s <= 86400)) {
+    return Status::InvalidArgument("--min_change_interval_s must be in 0..86400");
   }
+  for (const std::string& t : SplitCommas(job_types)) {
+    if (!proto::IsValidName(t)) return Status::InvalidArgument("--job_types: '" + t + "' is not a name");
+    o->cluster_options.policy.known_types.insert(t);
+  }
+  const std::string& root = o->cluster_options.checkpoint_root;
+  if (!root.empty() && root[0] != '/') {
+    return Status::InvalidArgument("--job_checkpoint_root '" + root + "' is not an absolute path");
+  }
+  o->cluster_options.policy.min_change_interval_us = static_cast<int64_t>(min_change_s * 1e6);
+  o->cluster_options.job_defaults = o->scheduler;
+  // As the original demo's job server: the policy runs on the given nodes; without --node_ips
+  // (the original's 127.0.0.1 default is not taken) it is off.
+  o->demo_policy = !o->demo.node_ips.empty() && o->demo.time_interval_to_change_s > 0;
+  if (o->demo.time_interval_to_change_s < 0) return Status::InvalidArgument("--time_interval_to_change must be >= 0");
   if (o->demo_policy && !o->scale_script.empty()) {
     return Status::InvalidArgument("use either --scale_script or the demo policy (--time_interval_to_change), not both");
   }
-  if (o->demo.del_pods_one_step < 0 || o->demo.add_pods_one_step < 0 || o->demo.pod_num_of_node < 1) {
-    return Status::InvalidArgument("--del_pods_one_step/--add_pods_one_step must be >= 0, --pod_num_of_node >= 1");
+  if (o->demo.del_pods_one_step < 0 || o->demo.add_pods_one_step < 0 || o->demo.pod_num_of_node < 1 ||
+      o->demo.gpu_num_of_node < 1 || o->demo.gpu_num_of_node % o->demo.pod_num_of_node != 0) {
+    return Status::InvalidArgument("--del_pods_one_step/--add_pods_one_step must be >= 0, --pod_num_of_node >= 1 and "
+                                   "--gpu_num_of_node a multiple of it (each pod gets gpu_num_of_node / "
+                                   "pod_num_of_node GPUs, one trainer per GPU)");
   }
   return Status::OK();
 }

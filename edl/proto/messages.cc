@@ -2,8 +2,11 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <sstream>
 #include <unordered_set>
 
 #include "edl/proto/fields.h"
@@ -420,6 +423,11 @@ void Hello::EncodeTo(json* j) const {
     (*j)["trainers"] = trainers;
     if (!trainer_generations.empty()) (*j)["trainer_generations"] = trainer_generations;
     if (!node_token.empty()) (*j)["node_token"] = node_token;
+    if (!job_types.empty()) {
+      json a = json::array();
+      for (const JobTypeDecl& t : job_types) a.push_back({{"name", t.name}, {"settable", t.settable}});
+      (*j)["job_types"] = std::move(a);
+    }
   } else if (role == "teacher") {
     (*j)["node"] = node;
     (*j)["host"] = host;
@@ -463,6 +471,30 @@ Status Hello::DecodeFrom(const json& j) {
     }
     if (f.ok() && h.mode != "inplace" && h.mode != "restart") {
       f.Fail("mode", "is not 'inplace' or 'restart'");
+    }
+    const json* types = nullptr;
+    f.Arr("job_types", &types, /*required=*/false);
+    if (f.ok() && types != nullptr && types->size() > kMaxJobTypesPerNode) {
+      f.Fail("job_types", "has more than " + std::to_string(kMaxJobTypesPerNode) + " items");
+    }
+    for (size_t i = 0; f.ok() && types != nullptr && i < types->size(); ++i) {
+      JobTypeDecl t;
+      Fields tf((*types)[i], msg::kHello);
+      const json* settable = nullptr;
+      tf.Name("name", &t.name).Arr("settable", &settable);
+      if (tf.ok() && settable->size() > kMaxSettableFlags) {
+        tf.Fail("settable", "has more than " + std::to_string(kMaxSettableFlags) + " items");
+      }
+      for (size_t k = 0; tf.ok() && k < settable->size(); ++k) {
+        const json& e = (*settable)[k];
+        if (!e.is_string() || !IsValidFlagName(e.get_ref<const std::string&>())) {
+          tf.Fail("settable", "holds " + QuoteJson(e) + ", not a flag name (a-z, 0-9, '_')");
+        } else {
+          t.settable.push_back(e.get<std::string>());
+        }
+      }
+      if (!tf.ok()) f.Fail("job_types", "item " + std::to_string(i) + ": " + tf.status().message());
+      h.job_types.push_back(std::move(t));
     }
     if (f.ok() && slots->size() > kMaxSlotsPerNode) {
       f.Fail("slots", "has more than " + std::to_string(kMaxSlotsPerNode) + " items");
@@ -531,6 +563,91 @@ Status TrainerHello::DecodeFrom(const json& j) {
 }
 
 // ---- scaling
+
+bool IsValidFlagName(const std::string& s) {
+  if (s.empty() || s.size() > kMaxFlagNameBytes || s[0] < 'a' || s[0] > 'z') return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+
+bool IsValidFlagValue(const std::string& s) {
+  if (s.size() > kMaxFlagValueBytes) return false;
+  for (char c : s) {
+    if (c < 0x20 || c >= 0x7f) return false;
+  }
+  return true;
+}
+
+std::string CheckpointDirProblem(const std::string& path, const std::string& root) {
+  if (root.empty()) {
+    return "checkpoint_dir is set but no checkpoint root is configured (the server's "
+           "--job_checkpoint_root, the client's checkpoint_root): configure one, or leave "
+           "checkpoint_dir to the job type's own command";
+  }
+  if (path.empty() || path[0] != '/') return "checkpoint_dir " + Quote(path) + " is not an absolute path";
+  std::stringstream ss(path);
+  std::string part;
+  while (std::getline(ss, part, '/')) {
+    if (part == "." || part == "..") {
+      return "checkpoint_dir " + Quote(path) + " has a '.' or '..' component; give a plain absolute path";
+    }
+  }
+  std::string r = root;
+  while (r.size() > 1 && r.back() == '/') r.pop_back();
+  const bool under = path.size() > r.size() && path.compare(0, r.size(), r) == 0 &&
+                     (r == "/" || path[r.size()] == '/');
+  if (!under) {
+    return "checkpoint_dir " + Quote(path) + " is outside the checkpoint root " + Quote(r) +
+           "; give a directory under it, e.g. " + r + "/<job>";
+  }
+  return "";
+}
+
+std::vector<std::string> JobInfo::Argv(const std::vector<std::string>& command) const {
+  std::vector<std::string> argv = command;
+  for (const auto& [k, v] : flags) argv.push_back("--" + k + "=" + v);
+  return argv;
+}
+
+void NodeStats::EncodeTo(json* j) const {
+  *j = {{"type", msg::kNodeStats}, {"cpu_busy", cpu_busy}, {"cpu_cores", cpu_cores}, {"gpu_util", gpu_util}};
+}
+Status NodeStats::DecodeFrom(const json& j) {
+  NodeStats r;
+  Fields f(j, msg::kNodeStats);
+  f.Num("cpu_busy", &r.cpu_busy).Int("cpu_cores", &r.cpu_cores, 1, static_cast<int64_t>(kMaxSlotsPerNode) * 16)
+      .Num("gpu_util", &r.gpu_util);
+  if (f.ok() && (r.cpu_busy < 0 || r.cpu_busy > r.cpu_cores)) f.Fail("cpu_busy", "is not in 0..cpu_cores");
+  if (f.ok() && r.gpu_util != -1 && (r.gpu_util < 0 || r.gpu_util > 100)) f.Fail("gpu_util", "is not -1 or 0..100");
+  if (!f.ok()) return f.status();
+  *this = r;
+  return Status::OK();
+}
+
+void JobInfo::EncodeTo(json* j) const {
+  *j = {{"type", msg::kJobInfo}, {"job_id", job_id}, {"job_type", job_type}, {"flags", flags}};
+}
+Status JobInfo::DecodeFrom(const json& j) {
+  JobInfo r;
+  json flags;
+  Fields f(j, msg::kJobInfo);
+  f.Name("job_id", &r.job_id).Name("job_type", &r.job_type).Obj("flags", &flags);
+  if (f.ok() && flags.size() > kMaxSettableFlags) {
+    f.Fail("flags", "has more than " + std::to_string(kMaxSettableFlags) + " items");
+  }
+  for (auto it = flags.begin(); f.ok() && it != flags.end(); ++it) {
+    if (!IsValidFlagName(it.key()) || !it->is_string() || !IsValidFlagValue(it->get_ref<const std::string&>())) {
+      f.Fail("flags", "holds an invalid flag name or value");
+    } else {
+      r.flags[it.key()] = it->get<std::string>();
+    }
+  }
+  if (!f.ok()) return f.status();
+  *this = std::move(r);
+  return Status::OK();
+}
 
 void Prepare::EncodeTo(json* j) const {
   *j = {{"type", msg::kPrepare},      {"generation", generation},   {"job_id", job_id},
@@ -637,11 +754,13 @@ void KvRequest::EncodeTo(json* j) const {
   *j = {{"type", msg::kKv}, {"req_id", req_id}, {"op", op}, {"key", key}};
   if (op == "set") (*j)["value"] = value;
   if (op == "wait") (*j)["timeout_ms"] = timeout_ms;
+  if (!job.empty()) (*j)["job"] = job;
 }
 Status KvRequest::DecodeFrom(const json& j) {
   KvRequest r;
   Fields f(j, msg::kKv);
   f.Int("req_id", &r.req_id, 0, kMaxI64).Str("op", &r.op, 8).Str("key", &r.key, kMaxKeyBytes);
+  f.Name("job", &r.job, /*required=*/false);
   if (f.ok() && r.key.empty()) f.Fail("key", "is empty");
   if (f.ok() && r.op == "set") f.Str("value", &r.value, kMaxValueBytes);
   else if (f.ok() && r.op == "wait") f.Int("timeout_ms", &r.timeout_ms, 0, 3600 * 1000);
@@ -671,15 +790,21 @@ Status KvReply::DecodeFrom(const json& j) {
 
 // ---- ctl
 
-void CtlRequest::EncodeTo(json* j) const { *j = {{"type", msg::kCtl}, {"command", command}, {"n", n}}; }
+void CtlRequest::EncodeTo(json* j) const {
+  *j = {{"type", msg::kCtl}, {"command", command}, {"n", n}};
+  if (!job.empty()) (*j)["job"] = job;
+  if (spec.is_object()) (*j)["spec"] = spec;
+}
 Status CtlRequest::DecodeFrom(const json& j) {
   CtlRequest r;
   Fields f(j, msg::kCtl);
   f.Str("command", &r.command, 16).Int("n", &r.n, 0, kMaxListItems, /*required=*/false);
-  if (f.ok() && r.command != "status" && r.command != "scale" && r.command != "watch" &&
-      r.command != "stop") {
-    f.Fail("command", Quote(r.command) + " is not status, scale, watch or stop");
+  f.Name("job", &r.job, /*required=*/false).Obj("spec", &r.spec, /*required=*/r.command == "submit");
+  static const char* const kCommands[] = {"status", "scale", "watch", "stop", "submit", "jobs", "cancel"};
+  if (f.ok() && std::find(std::begin(kCommands), std::end(kCommands), r.command) == std::end(kCommands)) {
+    f.Fail("command", Quote(r.command) + " is not status, scale, watch, stop, submit, jobs or cancel");
   }
+  if (f.ok() && r.command == "cancel" && r.job.empty()) f.Fail("job", "is missing (cancel names a job)");
   if (!f.ok()) return f.status();
   *this = std::move(r);
   return Status::OK();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,8 @@ inline constexpr char kCtlReply[] = "ctl_reply";         // server -> ctl
 inline constexpr char kStop[] = "stop";                  // server -> client: stop trainers, exit
 inline constexpr char kDone[] = "done";                  // server -> client: job finished
 inline constexpr char kTrainerHello[] = "trainer_hello"; // trainer -> client, first frame
+inline constexpr char kJobInfo[] = "job_info";            // server -> client: a job's type and flags
+inline constexpr char kNodeStats[] = "node_stats";        // client -> server: measured utilisation
 }  // namespace msg
 
 // Largest id / name / key accepted on the wire.
@@ -129,6 +132,23 @@ struct Challenge : Message<Challenge> {
 constexpr size_t kMaxNodeNameBytes = kMaxNameBytes - (sizeof("-s65536-9007199254740992") - 1);
 constexpr size_t kSessionTokenBytes = 64;  // hex of 32 random bytes
 
+// A job type a node's own configuration offers (cluster mode): its name and the flags a
+// submission may set. The command stays on the node.
+constexpr size_t kMaxJobTypesPerNode = 64;
+constexpr size_t kMaxSettableFlags = 32;
+constexpr size_t kMaxFlagNameBytes = 32;
+constexpr size_t kMaxFlagValueBytes = 256;
+struct JobTypeDecl {
+  std::string name;
+  std::vector<std::string> settable;  // flag names: a-z, 0-9, '_', starting with a letter
+};
+// A flag name as above; a flag value: printable ASCII, at most kMaxFlagValueBytes.
+bool IsValidFlagName(const std::string& s);
+bool IsValidFlagValue(const std::string& s);
+// Empty when `path` is an absolute path without '.' or '..' components under `root` (absolute);
+// otherwise the problem and the fix. An empty root allows no checkpoint_dir.
+std::string CheckpointDirProblem(const std::string& path, const std::string& root);
+
 struct Hello : Message<Hello> {
   // "client", "ctl", "teacher" (a teacher registering its service with the server) or "student"
   // (a student watching a service's teachers at the server, or asking a teacher for logits)
@@ -147,6 +167,7 @@ struct Hello : Message<Hello> {
   // name, unique in its service), `host` and `port` (where it serves students)
   std::string service;
   int port = 0;
+  std::vector<JobTypeDecl> job_types;  // cluster mode: the job types this node runs (may be empty)
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -186,6 +207,29 @@ struct Prepare : Message<Prepare> {
   std::string master_addr;
   int master_port = 0;
   std::vector<MemberInfo> joiners;  // with their ranks in the pending generation
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// Server -> client, before any prepare or generation of a job of the cluster: the job's type and
+// the flags its submission set (the client runs the type's command from its own configuration).
+constexpr char kCheckpointDirFlag[] = "checkpoint_dir";
+struct JobInfo : Message<JobInfo> {
+  std::string job_id, job_type;
+  std::map<std::string, std::string> flags;
+  // The trainer's argv for this job on a node whose type runs `command`: the command, then
+  // `--flag=value` for every flag, in name order (one argv element each: no shell sees them).
+  std::vector<std::string> Argv(const std::vector<std::string>& command) const;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// Client -> server, about every heartbeat: the node's measured utilisation since the previous
+// report (CPU from /proc/stat). The server sums them for `edl ctl status` (CPU-UTILS, GPU-UTILS).
+struct NodeStats : Message<NodeStats> {
+  double cpu_busy = 0;    // CPUs busy on average over the interval, 0..cpu_cores
+  int cpu_cores = 0;      // 1..kMaxSlotsPerNode*16
+  double gpu_util = -1;   // mean GPU utilisation in percent, 0..100; -1: not measured
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -241,6 +285,7 @@ struct KvRequest : Message<KvRequest> {
   std::string op;          // "set", "get" or "wait"
   std::string key, value;  // value: set only
   int64_t timeout_ms = 0;  // wait only, 0 .. 1 hour
+  std::string job;         // client -> server: the trainer's job (cluster mode); empty: the default job
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -256,8 +301,11 @@ struct KvReply : Message<KvReply> {
 // ---- ctl
 
 struct CtlRequest : Message<CtlRequest> {
-  std::string command;  // "status", "scale", "watch" or "stop"
+  // "status", "scale", "watch", "stop", and for a cluster "submit", "jobs", "cancel"
+  std::string command;
   int64_t n = 0;        // scale only
+  std::string job;      // scale, cancel: the job (cluster mode)
+  nlohmann::json spec;  // submit: the job (jobserver/job_spec.h decodes it)
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

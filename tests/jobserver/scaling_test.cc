@@ -59,6 +59,7 @@ TEST(ScalingScriptTest, RejectsBadLinesNamingThem) {
 TEST(DemoPolicyTest, RemovesThenAddsEveryInterval) {
   DemoPolicyOptions o;
   o.node_ips = {"10.0.0.1", "10.0.0.2"};
+  o.gpu_num_of_node = 2;  // one GPU, so one trainer, per pod
   o.pod_num_of_node = 2;
   o.time_interval_to_change_s = 10;
   o.del_pods_one_step = 2;
@@ -78,6 +79,30 @@ TEST(DemoPolicyTest, RemovesThenAddsEveryInterval) {
     EXPECT_GE(e.n, 1);
     EXPECT_LE(e.n, 4);
   }
+}
+
+// The original demo's meaning: a node's GPUs are split among its pods, one trainer per GPU; steps
+// add and remove whole pods. Its defaults (8 GPUs, 1 pod per node) give 8 trainers a node.
+TEST(DemoPolicyTest, PodsSplitTheNodesGpusAsInTheOriginalDemo) {
+  DemoPolicyOptions o;
+  o.node_ips = {"10.0.0.1", "10.0.0.2"};
+  o.time_interval_to_change_s = 10;
+  DemoPolicy defaults(o);
+  EXPECT_EQ(defaults.trainers_per_pod(), 8);
+  EXPECT_EQ(defaults.initial_size(), 16);
+  auto due = defaults.Poll(10'000'000);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].n, 8);  // one pod of 8 removed
+  due = defaults.Poll(20'000'000);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].n, 16);
+  o.pod_num_of_node = 4;  // 2 GPUs per pod
+  DemoPolicy pods(o);
+  EXPECT_EQ(pods.trainers_per_pod(), 2);
+  EXPECT_EQ(pods.initial_size(), 16);
+  due = pods.Poll(10'000'000);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].n, 14);
 }
 
 }  // namespace

@@ -411,5 +411,88 @@ TEST(MessagesTest, PeerTextInErrorsIsEscapedAndCut) {
   EXPECT_EQ(e2.mac, e.mac);
 }
 
+// Cluster mode: a node's job types in its hello, a job's type and flags for the client, the
+// trainer's job on a KV request, and the cluster's ctl commands.
+TEST(MessagesTest, ClusterFieldsRoundTripAndAreBounded) {
+  Hello h;
+  h.role = "client";
+  h.nonce = std::string(64, 'a');
+  h.node = "n1";
+  h.host = "127.0.0.1";
+  h.mode = "inplace";
+  h.slots = {0, 1};
+  h.job_types = {{"resnet", {"epochs", "lr"}}, {"bert", {}}};
+  Hello back = RoundTrip(h);
+  ASSERT_EQ(back.job_types.size(), 2u);
+  EXPECT_EQ(back.job_types[0].name, "resnet");
+  EXPECT_EQ(back.job_types[0].settable, (std::vector<std::string>{"epochs", "lr"}));
+
+  JobInfo info;
+  info.job_id = "a";
+  info.job_type = "resnet";
+  info.flags = {{"epochs", "3"}, {"checkpoint_dir", "/ckpt/a"}};
+  EXPECT_EQ(RoundTrip(info).flags, info.flags);
+
+  KvRequest kv;
+  kv.op = "get";
+  kv.key = "gen/1/x";
+  kv.job = "a";
+  EXPECT_EQ(RoundTrip(kv).job, "a");
+
+  CtlRequest c;
+  c.command = "submit";
+  c.spec = {{"name", "a"}};
+  EXPECT_EQ(RoundTrip(c).spec, c.spec);
+
+  auto refused = [](const json& j, auto* msg, const std::string& field) {
+    Status s = msg->DecodeFrom(j);
+    EXPECT_TRUE(s.IsCorruption()) << j.dump();
+    EXPECT_NE(s.message().find(field), std::string::npos) << s.ToString();
+  };
+  json hj;
+  h.EncodeTo(&hj);
+  json bad = hj;
+  bad["job_types"][0]["settable"] = json::array({"Not-A-Flag"});
+  refused(bad, &back, "job_types");
+  bad = hj;
+  bad["job_types"] = json::array();
+  for (int i = 0; i < 65; ++i) bad["job_types"].push_back({{"name", "t" + std::to_string(i)}, {"settable", json::array()}});
+  refused(bad, &back, "job_types");
+  bad = hj;
+  bad["job_types"][0]["name"] = "../x";
+  refused(bad, &back, "job_types");
+
+  json ij;
+  info.EncodeTo(&ij);
+  JobInfo info_back;
+  json ibad = ij;
+  ibad["flags"]["epochs"] = std::string(300, '1');
+  refused(ibad, &info_back, "flags");
+  ibad = ij;
+  ibad["flags"]["epochs"] = 3;
+  refused(ibad, &info_back, "flags");
+  ibad = ij;
+  ibad["job_type"] = "a b";
+  refused(ibad, &info_back, "job_type");
+
+  CtlRequest c_back;
+  refused(json{{"type", "ctl"}, {"command", "submit"}}, &c_back, "spec");
+  refused(json{{"type", "ctl"}, {"command", "cancel"}}, &c_back, "job");
+  refused(json{{"type", "ctl"}, {"command", "reboot"}}, &c_back, "command");
+  KvRequest kv_back;
+  refused(json{{"type", "kv"}, {"req_id", 1}, {"op", "get"}, {"key", "k"}, {"job", "../a"}}, &kv_back, "job");
+}
+
+TEST(MessagesTest, CheckpointDirMustLieUnderTheRoot) {
+  EXPECT_EQ(CheckpointDirProblem("/ckpt/a", "/ckpt"), "");
+  EXPECT_EQ(CheckpointDirProblem("/ckpt/a/b", "/ckpt/"), "");
+  EXPECT_NE(CheckpointDirProblem("/ckpt", "/ckpt"), "");
+  EXPECT_NE(CheckpointDirProblem("/ckptx/a", "/ckpt"), "");
+  EXPECT_NE(CheckpointDirProblem("/ckpt/../etc", "/ckpt"), "");
+  EXPECT_NE(CheckpointDirProblem("/ckpt/./a", "/ckpt"), "");
+  EXPECT_NE(CheckpointDirProblem("ckpt/a", "/ckpt"), "");
+  EXPECT_NE(CheckpointDirProblem("/ckpt/a", ""), "");
+}
+
 }  // namespace
 }  // namespace edl::proto

@@ -1,0 +1,35 @@
+// The server's per-connection state, shared by server.cc and server_cluster.cc. Internal to the
+// server: include it from those two files only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "edl/net/connection.h"
+#include "jobserver/server.h"
+
+namespace edl::jobserver {
+
+struct Server::Peer {
+  enum class State { kAuth, kClient, kCtl, kService };  // kService: a teacher or a student
+  std::shared_ptr<net::Connection> conn;
+  State state = State::kAuth;
+  std::string nonce;           // ours, in the challenge
+  std::string node;            // kClient
+  int64_t last_generation = 0; // newest generation this client holds (for deltas)
+  // Cluster mode: the jobs this client was told (job_info), each with the newest generation it
+  // holds (0: none yet).
+  std::map<std::string, int64_t> job_generation;
+  bool watch = false;          // kCtl after `watch`
+  uint64_t id = 0;             // owner of its KV waits
+  int64_t refused = 0;         // frames refused as not its node's (for rate-limited logging)
+  double event_tokens = -1;    // trainer-event token bucket (-1: full, not yet used)
+  int64_t event_tokens_us = 0; // when event_tokens was last refilled
+};
+
+// Logs the 1st..10th, then every power of two: a flood cannot flood the log.
+inline bool LogThis(int64_t n) { return n <= 10 || (n & (n - 1)) == 0; }
+
+}  // namespace edl::jobserver

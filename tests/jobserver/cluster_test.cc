@@ -1,0 +1,250 @@
+// Cluster: the policy's decisions carried out by one Scheduler per job, with a ManualClock and no
+// processes (the integration test runs the same scenario with real trainers).
+#include "jobserver/cluster.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "tests/testutil.h"
+
+namespace edl::jobserver {
+namespace {
+
+constexpr int64_t kSec = 1'000'000;
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  void Make(ClusterOptions o = {}) {
+    o.job_defaults.heartbeat_timeout_us = 5 * kSec;
+    o.checkpoint_root = "/ckpt";
+    cluster_ = std::make_unique<Cluster>(o, &clock_);
+  }
+  void AddNode(const std::string& name, int slots, std::set<std::string> flags = {"epochs"}) {
+    ClusterNode n;
+    n.name = name;
+    n.host = "127.0.0.1";
+    for (int i = 0; i < slots; ++i) n.slots.push_back(i);
+    n.types.push_back({"t", flags});
+    ASSERT_OK(cluster_->AddNode(n, {}));
+    Drain();
+  }
+  static JobSpec Job(const std::string& name, int min, int max, int priority = 1) {
+    JobSpec s;
+    s.job.name = name;
+    s.job.type = "t";
+    s.job.min_trainers = min;
+    s.job.max_trainers = max;
+    s.job.priority = priority;
+    return s;
+  }
+  // Takes the cluster's actions and keeps what a client would see: each job's newest generation
+  // and the joiners prepared for it.
+  void Drain() {
+    for (JobAction& ja : cluster_->TakeActions()) {
+      const Action& a = ja.action;
+      if (a.kind == Action::Kind::kCommit) {
+        gens_[ja.job].push_back(a.next);
+        for (const proto::MemberInfo& m : a.next.members) joiners_[ja.job].erase(m.trainer_id);
+      } else if (a.kind == Action::Kind::kPrepare) {
+        for (const proto::MemberInfo& m : a.prepare.joiners) {
+          joiners_[ja.job][m.trainer_id] = {m.node, a.prepare.generation};
+        }
+      } else if (a.kind == Action::Kind::kKill) {
+        for (const std::string& id : a.trainer_ids) killed_.insert(id);
+      } else if (a.kind == Action::Kind::kEvent && ja.job.empty()) {
+        cluster_events_.push_back(a.event);
+      }
+    }
+    CheckSlotsExclusive();
+  }
+  // Every prepared joiner reports ready.
+  void AllReady() {
+    auto joiners = joiners_;
+    for (auto& [job, js] : joiners) {
+      for (auto& [id, where] : js) cluster_->TrainerReady(id, where.first, where.second);
+    }
+    Drain();
+  }
+  int World(const std::string& job) {
+    auto it = gens_.find(job);
+    return it == gens_.end() ? 0 : it->second.back().world_size();
+  }
+  std::set<std::string> Ids(const std::string& job) {
+    std::set<std::string> out;
+    for (const proto::MemberInfo& m : gens_[job].back().members) out.insert(m.trainer_id);
+    return out;
+  }
+  // No slot holds members of two jobs' current generations.
+  void CheckSlotsExclusive() {
+    std::map<std::pair<std::string, int>, std::string> owner;
+    for (auto& [job, gens] : gens_) {
+      if (cluster_->FindJob(job) == nullptr) continue;
+      for (const proto::MemberInfo& m : gens.back().members) {
+        auto [it, fresh] = owner.emplace(std::make_pair(m.node, m.slot), job);
+        EXPECT_TRUE(fresh) << m.node << " slot " << m.slot << " holds members of " << it->second << " and " << job;
+      }
+    }
+  }
+
+  ManualClock clock_;
+  std::unique_ptr<Cluster> cluster_;
+  std::map<std::string, std::vector<proto::GenerationInfo>> gens_;
+  std::map<std::string, std::map<std::string, std::pair<std::string, int64_t>>> joiners_;
+  std::set<std::string> killed_;
+  std::vector<nlohmann::json> cluster_events_;
+};
+
+// The tutorial's scenario: A alone at its max; B arrives and A shrinks in place; C of higher
+// priority arrives at a full cluster and the others shrink toward their min; C finishes and the
+// others grow back. Every shrink keeps only trainers that were members before (in place).
+TEST_F(ClusterTest, SharesNodesAmongJobsByPriority) {
+  Make();
+  AddNode("n1", 2);
+  AddNode("n2", 2);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 4)));
+  Drain();
+  ASSERT_EQ(World("A"), 4);
+  auto subset = [](const std::set<std::string>& part, const std::set<std::string>& whole) {
+    for (const std::string& id : part) {
+      if (!whole.count(id)) return false;
+    }
+    return true;
+  };
+  const std::set<std::string> a4 = Ids("A");
+
+  ASSERT_OK(cluster_->Submit(Job("B", 1, 4)));
+  Drain();
+  EXPECT_EQ(World("A"), 2);
+  EXPECT_EQ(World("B"), 2);
+  EXPECT_EQ(gens_["A"].back().reason, "shrink");
+  EXPECT_FALSE(gens_["A"].back().failure);  // in place: survivors re-form
+  EXPECT_TRUE(subset(Ids("A"), a4));
+  const std::set<std::string> a2 = Ids("A"), b_ids = Ids("B");
+
+  ASSERT_OK(cluster_->Submit(Job("C", 2, 2, /*priority=*/5)));
+  Drain();
+  EXPECT_EQ(World("A"), 1);
+  EXPECT_EQ(World("B"), 1);
+  EXPECT_EQ(World("C"), 2);
+  EXPECT_TRUE(subset(Ids("A"), a2));
+  EXPECT_TRUE(subset(Ids("B"), b_ids));
+  const std::set<std::string> a1 = Ids("A");
+  EXPECT_TRUE(killed_.empty());  // nobody was killed: shrinking is leaving in place
+
+  for (const std::string& id : Ids("C")) {
+    cluster_->TrainerExited(id, gens_["C"].back().Find(id)->node, /*success=*/true, "exit 0");
+  }
+  Drain();
+  EXPECT_EQ(cluster_->FindJob("C"), nullptr);
+  AllReady();  // A and B grow back through a prepare phase
+  EXPECT_EQ(World("A"), 2);
+  EXPECT_EQ(World("B"), 2);
+  EXPECT_TRUE(subset(a1, Ids("A")));  // growing keeps the survivor
+  const nlohmann::json jobs = cluster_->JobsJson();
+  ASSERT_EQ(jobs["ended"].size(), 1u);
+  EXPECT_EQ(jobs["ended"][0]["state"], "finished");
+}
+
+TEST_F(ClusterTest, RefusedSubmissionsChangeNothing) {
+  Make();
+  AddNode("n1", 2);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 2)));
+  Drain();
+  const nlohmann::json before = cluster_->JobsJson();
+  JobSpec s = Job("B", 3, 2);
+  EXPECT_NE(cluster_->Submit(s).message().find("min 3 > max 2"), std::string::npos);
+  s = Job("B", 1, 2);
+  s.job.type = "nope";
+  EXPECT_NE(cluster_->Submit(s).message().find("no node offers job type 'nope'"), std::string::npos);
+  s = Job("B", 1, 2);
+  s.flags["lr"] = "1";
+  EXPECT_NE(cluster_->Submit(s).message().find("does not declare flag 'lr'"), std::string::npos);
+  EXPECT_NE(cluster_->Submit(Job("A", 1, 2)).message().find("already submitted"), std::string::npos);
+  EXPECT_TRUE(cluster_->TakeActions().empty());
+  EXPECT_EQ(cluster_->JobsJson(), before);
+  EXPECT_EQ(cluster_->submitted_jobs(), 1);
+}
+
+TEST_F(ClusterTest, AJobWhoseTypeNoNodeOffersStaysPending) {
+  ClusterOptions o;
+  o.policy.known_types = {"bert"};
+  Make(o);
+  AddNode("n1", 2);
+  JobSpec s = Job("X", 1, 1);
+  s.job.type = "bert";
+  ASSERT_OK(cluster_->Submit(s));
+  Drain();
+  const nlohmann::json j = cluster_->JobsJson()["jobs"][0];
+  EXPECT_EQ(j["state"], "pending");
+  EXPECT_NE(j.value("pending_reason", "").find("bert"), std::string::npos) << j.dump();
+  EXPECT_EQ(World("X"), 0);
+}
+
+TEST_F(ClusterTest, NodeLossShrinksEveryJobOnItAndTheyRepair) {
+  Make();
+  AddNode("n1", 2);
+  AddNode("n2", 2);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 2)));
+  ASSERT_OK(cluster_->Submit(Job("B", 1, 2)));
+  Drain();
+  ASSERT_EQ(World("A") + World("B"), 4);
+  std::set<std::string> on_n2;
+  for (const std::string& job : {"A", "B"}) {
+    for (const proto::MemberInfo& m : gens_[job].back().members) {
+      if (m.node == "n2") on_n2.insert(job);
+    }
+  }
+  for (int i = 0; i < 10; ++i) {  // n1 keeps talking, n2 went silent
+    clock_.Advance(kSec);
+    cluster_->Heartbeat("n1");
+    cluster_->Tick();
+    Drain();
+  }
+  AllReady();
+  EXPECT_FALSE(cluster_->HasNode("n2"));
+  for (const std::string& job : on_n2) {
+    bool failed = false;
+    for (const proto::GenerationInfo& g : gens_[job]) failed |= g.failure;
+    EXPECT_TRUE(failed) << job << " lost trainers on n2 without a failure generation";
+  }
+  for (const std::string& job : {"A", "B"}) {
+    for (const proto::MemberInfo& m : gens_[job].back().members) EXPECT_NE(m.node, "n2") << job;
+    EXPECT_GE(World(job), 1) << job;
+  }
+}
+
+TEST_F(ClusterTest, CancelKillsTheJobAndOthersGrowIntoItsSlots) {
+  Make();
+  AddNode("n1", 2);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 2)));
+  ASSERT_OK(cluster_->Submit(Job("B", 1, 2)));
+  Drain();
+  ASSERT_EQ(World("A"), 1);
+  ASSERT_EQ(World("B"), 1);
+  const std::set<std::string> b_ids = Ids("B");
+  ASSERT_OK(cluster_->Cancel("B"));
+  Drain();
+  for (const std::string& id : b_ids) EXPECT_TRUE(killed_.count(id)) << id;
+  AllReady();
+  EXPECT_EQ(World("A"), 2);
+  EXPECT_TRUE(cluster_->Cancel("B").IsNotFound());
+  EXPECT_EQ(cluster_->JobsJson()["ended"][0]["state"], "cancelled");
+}
+
+TEST_F(ClusterTest, ScaleCapsAJobWithinItsBounds) {
+  Make();
+  AddNode("n1", 4);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 4)));
+  Drain();
+  ASSERT_EQ(World("A"), 4);
+  ASSERT_OK(cluster_->Scale("A", 2));
+  Drain();
+  EXPECT_EQ(World("A"), 2);
+  EXPECT_FALSE(cluster_->Scale("A", 9).ok());
+  EXPECT_TRUE(cluster_->Scale("Z", 1).IsNotFound());
+}
+
+}  // namespace
+}  // namespace edl::jobserver
