@@ -191,7 +191,7 @@ if tr["stalls"]:
     print(f"torchrun {tr['torch']} restart-all stalls {[round(x, 2) for x in tr['stalls']]} s, median "
           f"{tref:.2f} s; its steady step {tr['steady_step_s']:.4f} s; worker start to first step "
           f"{[round(x, 2) for x in tr['start_to_first_step_s']]} s; monitor_interval "
-          f"{tr['monitor_interval_s']}")
+          f"{tr['monitor_interval_s']}, rendezvous last_call_timeout {tr.get('last_call_s')} s")
 # The breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): the trainer's additive phases,
 # plus detection (failure: the server's `kill` to its failure generation record) and decision and
 # push (the generation record to the trainer's seen_time), joined on the generation number.

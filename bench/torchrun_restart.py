@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """The restart-all reference of bench/rescale.sh: examples/pytorch/train_ddp.py (ResNet-20, the
 same data subset, global batch and threads as the EDL run) under Debian's own torchrun
-(`python3 -m torch.distributed.run`, c10d rendezvous, one agent with 4 workers, --nnodes 1:4),
+(`python3 -m torch.distributed.run`, c10d rendezvous, one agent with 4 workers, --nnodes 1:4,
+its last-call wait lowered to --last_call_s),
 checkpointing every --checkpoint_every steps. Once the workers of a start have trained --warm_steps
 steps, it SIGKILLs one worker (rank 1, by the pid of its "start" metrics line); torchrun notices,
 stops every worker and restarts them all, which resume from the checkpoint. Repeated --kills times.
@@ -59,6 +60,10 @@ def main():
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--monitor_interval", type=float, default=0,
                    help="torchrun --monitor_interval (0: torchrun's default)")
+    p.add_argument("--last_call_s", type=float, default=1,
+                   help="c10d rendezvous last_call_timeout: how long a (re)start with fewer than "
+                        "--nnodes' maximum of 4 agents waits for more (torchrun's default, 30 s, "
+                        "would add 30 s to every restart here: the default keeps the reference low)")
     p.add_argument("--timeout_s", type=float, default=300, help="bound on each phase")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then train_ddp.py's flags")
     a = p.parse_args()
@@ -72,6 +77,7 @@ def main():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:4", "--nproc_per_node",
            str(a.workers), "--max_restarts", str(a.kills + 2), "--rdzv_backend", "c10d",
            "--rdzv_endpoint", "127.0.0.1:%d" % port, "--rdzv_id", "edl-bench",
+           "--rdzv_conf", "last_call_timeout=%g" % a.last_call_s,
            # Debian's torch 1.13 on Python 3.11 fails at launch without non-zero single values.
            "--redirects", "1", "--tee", "1", "--log_dir", a.work + "/logs"]
     if a.monitor_interval > 0:
@@ -122,7 +128,8 @@ def main():
             start_to_step.append(min(t) - min(starts))
     json.dump({"stalls": stalls, "steady_step_s": statistics.median(gaps) if gaps else None,
                "start_to_first_step_s": start_to_step,
-               "monitor_interval_s": a.monitor_interval or "default", "torch": torch.__version__},
+               "monitor_interval_s": a.monitor_interval or "default", "last_call_s": a.last_call_s,
+               "torch": torch.__version__},
               open(a.out, "w"))
 
 

@@ -131,9 +131,18 @@ bool NcclAvailable() { return CudaPluginSymbol("edl_cuda_new_nccl_communicator_v
 
 StatusOr<uint64_t> StateHash(Trainable* trainable) {
   uint64_t h = 0xcbf29ce484222325ULL;
+  // FNV-1a-style over 8-byte words, then the tail bytes: a fraction of the byte-wise cost, which every
+  // re-form pays on its critical path (the sync event carries the hash).
   auto mix = [&h](const void* p, size_t n) {
     const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, b + i, 8);
+      h = (h ^ w) * 0x100000001b3ULL;
+      h ^= h >> 29;  // the product carries low bits up only: fold the high ones back down
+    }
+    for (; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
   };
   std::vector<char> host;
   for (const StateTensor& t : trainable->StateTensors()) {
@@ -172,6 +181,8 @@ class ElasticTrainer::Impl {
   // prepared build of `*target` starts afterwards.
   bool TakePrepared(Generation* target, StatusOr<std::unique_ptr<Communicator>>* comm);
   void JoinPrepared();  // waits for a prepared build in flight (shutdown)
+  void Retire(std::unique_ptr<Communicator> old);  // destroys `old`, in the background for Gloo
+  Status WarmUp(int world);  // a joiner's first forward/backward, before it reports ready
   void InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen, int rank);
   void StartWatcher();
   void StopWatcher();
@@ -279,6 +290,7 @@ class ElasticTrainer::Impl {
   std::thread prep_thread_;
   bool prep_done_ = false;
   StatusOr<std::unique_ptr<Communicator>> prep_comm_{Status::Unavailable("not built")};
+  std::thread retire_thread_;  // training thread only
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -342,6 +354,7 @@ Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
   if (!membership_->Latest(&known)) known.number = 0;
   if (o_.joining) {
     const int64_t pending = o_.join_generation > 0 ? o_.join_generation : known.number + 1;
+    EDL_RETURN_IF_ERROR(WarmUp(std::max(1, known.world_size() + 1)));  // joiners come last
     EDL_RETURN_IF_ERROR(membership_->ReportReady(pending));
     Event({{"event", "joiner_ready"}, {"generation", pending}, {"after_generation", known.number},
            {"ready_s", MicrosToSeconds(clock_->NowMicros() - start_us_)}});
@@ -356,6 +369,41 @@ Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
     if (gen->RankOf(me_) >= 0) return Status::OK();
     after = gen->number;
   }
+}
+
+// A trainer's first step is its slowest (buffers allocated, kernels chosen and primitives built
+// on first use): a joiner's made the survivors wait in the first step after a grow for several
+// steady steps' time. So a joiner runs one forward/backward on a batch of its own before
+// reporting ready, and puts its state back as it was (the re-form overwrites it anyway, unless
+// nobody holds state and this trainer cold-starts with its own initialisation).
+// `world`: the size this joiner expects to join at (its batch under a fixed global batch).
+Status ElasticTrainer::Impl::WarmUp(int world) {
+  const int64_t n = std::min<int64_t>(trainable_->train_size(),
+                                      BatchSizes(o_.batch_policy, o_.batch, world)[world - 1]);
+  if (n <= 0) return Status::OK();
+  std::vector<StateTensor> tensors = trainable_->StateTensors();
+  size_t total = 0;
+  for (const StateTensor& t : tensors) total += t.bytes;
+  std::vector<char> saved(total);
+  size_t off = 0;
+  for (const StateTensor& t : tensors) {
+    EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, saved.data() + off));
+    off += t.bytes;
+  }
+  std::vector<int64_t> indices(static_cast<size_t>(n));
+  std::iota(indices.begin(), indices.end(), int64_t{0});
+  StepStats stats;
+  const int64_t t0 = clock_->NowMicros();
+  EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats).WithContext("joiner warm-up"));
+  const int64_t took = clock_->NowMicros() - t0;
+  off = 0;
+  for (const StateTensor& t : tensors) {
+    EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, saved.data() + off));
+    off += t.bytes;
+  }
+  EDL_RETURN_IF_ERROR(trainable_->ZeroGradients());
+  Event({{"event", "joiner_warm_up"}, {"samples", n}, {"seconds", MicrosToSeconds(took)}});
+  return Status::OK();
 }
 
 Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {
@@ -506,6 +554,7 @@ void ElasticTrainer::Impl::JoinPrepared() {
     t = std::move(prep_thread_);
   }
   if (t.joinable()) t.join();
+  if (retire_thread_.joinable()) retire_thread_.join();
   std::lock_guard<std::mutex> lock(prep_mu_);
   prep_comm_ = Status::Unavailable("shut down");
 }
@@ -528,7 +577,17 @@ void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const
       gen_number_ = gen.number;
     }
   }
-  old.reset();  // outside the lock: closing sockets may take a moment
+  Retire(std::move(old));  // outside the lock: closing sockets may take a moment
+}
+
+// A Gloo communicator's teardown (closing every pair, joining its device's loop thread) took
+// 20-40 ms of each re-form on a loaded machine: it runs on a helper thread, off the critical path.
+// An NCCL one is destroyed at once (its device memory goes before the next one is made).
+void ElasticTrainer::Impl::Retire(std::unique_ptr<Communicator> old) {
+  if (!old) return;
+  if (retire_thread_.joinable()) retire_thread_.join();  // at most one teardown in flight
+  if (old->backend() != std::string("gloo")) return;     // `old` goes here
+  retire_thread_ = std::thread([c = std::move(old)]() mutable { c.reset(); });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -159,8 +159,8 @@ StatusOr<std::string> SelectCommBackend(const std::string& comm, bool on_device,
 // Whether the CUDA plugin (edl/runtime/cuda_plugin.h) loads and carries the NCCL communicator.
 bool NcclAvailable();
 
-// FNV-1a over every StateTensor's name and bytes (via CopyToHost): equal on two trainers iff their
-// states are bit-identical (up to hash collisions).
+// An FNV-1a-style hash (over 8-byte words) of every StateTensor's name and bytes (via
+// CopyToHost): equal on two trainers iff their states are bit-identical (up to hash collisions).
 StatusOr<uint64_t> StateHash(Trainable* trainable);
 
 class ElasticTrainer {

@@ -402,6 +402,16 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
   EXPECT_FALSE(broadcast[2]) << "a pure shrink needs no state broadcast";
   EXPECT_TRUE(broadcast[3]) << "the joiner must receive the survivors' state";
   EXPECT_GE(stalls, 3);  // t0 at each of the three switches, plus the others
+  // The joiner ran its first, cold step before reporting ready, on its own batch.
+  int warm_ups = 0;
+  for (const auto& e : c.events_) {
+    if (e["event"] == "joiner_warm_up") {
+      ++warm_ups;
+      EXPECT_EQ(e["trainer"], "t4") << e.dump();
+      EXPECT_EQ(e["samples"], 8) << e.dump();  // --batch, fixed per rank
+    }
+  }
+  EXPECT_EQ(warm_ups, 1);
 
   ExpectExactlyOnce(dir, {"t0", "t1", "t2", "t3", "t4"}, 8, /*failures=*/1);
 
