@@ -442,6 +442,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     const int64_t t_built = clock_->NowMicros();
     phases_.reform_us += t_built - t_build;
     phases_.attempts++;
+    int64_t t_wait = t_built;  // a failed attempt's logging counts as waiting for the next one
     if (comm.ok()) {
       InstallComm(std::move(comm.value()), target, rank);
       comm_failed_ = false;
@@ -449,6 +450,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       Status s = SyncState(&newest);
       phases_.sync_end_us = clock_->NowMicros();
       phases_.sync_us += phases_.sync_end_us - t_built;
+      t_wait = phases_.sync_end_us;
       if (s.ok() && newest <= target.number) return Status::OK();
       if (!s.ok() && !comm_failed_) return s;
       LOG(INFO) << me_ << ": generation " << target.number << " superseded or failed during sync ("
@@ -461,7 +463,6 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     }
     Generation next;
     Generation latest;
-    const int64_t t_wait = clock_->NowMicros();
     if (membership_->Latest(&latest) && latest.number > target.number) {
       next = latest;
     } else {
@@ -886,7 +887,6 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
   Status s = Comm(comm_->AllReduce(&target, 1, DataType::kInt64, ReduceOp::kMax));
   if (!s.ok()) return Recover(s);
   const int64_t agreed = clock_->NowMicros();
-  phases_.agree_us = agreed - last_step_end_us_;
   if (latest.number < target) {
     EDL_RETURN_IF_ERROR(WaitNewer(target - 1, &latest));
     phases_.wait_gen_us += clock_->NowMicros() - agreed;
@@ -895,6 +895,9 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
   reform_was_failure_ = false;
   LOG(INFO) << me_ << ": switching from generation " << gen_.number << " to " << latest.number
             << " after step " << state_.step;
+  // Everything up to the re-form but the wait (the log line included: it may block on a loaded
+  // machine, and the phases must cover the stall).
+  phases_.agree_us = clock_->NowMicros() - last_step_end_us_ - phases_.wait_gen_us;
   return Reform(latest);
 }
 
