@@ -19,7 +19,11 @@
 # (`edl server` and both `edl client`s for the runtime; `edl launch` for the launch runs; user +
 # system from /proc, sampled while they run) are reported too. The machine's load average is
 # printed at the start and the end, next to the figures.
-# Takes ~8 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
+# Then the real reference, torchrun restarting every worker (bench/torchrun_restart.py; needs
+# python3-torch, TORCHRUN_KILLS=0 skips it): RESULT stall_<kind>_vs_torchrun_s lines. Each kind
+# also prints the median of each phase of its stall (docs/ARCHITECTURE.md, "The stall and its
+# phases").
+# Takes ~10 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
 set -euo pipefail
 BUILD=${1:-build}
 EDL=$(realpath "$BUILD/edl")
@@ -96,6 +100,21 @@ sr=""; t=15
 for _ in $(seq 3); do sr+="$t kill all\n"; t=$((t + 35)); done
 run_job stopresume "0 set 4\n$sr" 4 24 --checkpoint_dir "$WORK/ckpt" --checkpoint_steps 5
 
+# The real reference: what users would otherwise run. The same model, data subset, global batch
+# (4 x 16) and threads under Debian's torchrun, checkpoint every 5 steps, a worker SIGKILLed
+# TORCHRUN_KILLS times; torchrun restarts every worker (bench/torchrun_restart.py).
+if [ "${TORCHRUN_KILLS:-3}" -gt 0 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "torchrun restart-all reference: ${TORCHRUN_KILLS:-3} kills" >&2
+  mkdir -p "$WORK/torchrun"
+  /usr/bin/python3 "$(dirname "$0")/torchrun_restart.py" --work "$WORK/torchrun" --out "$WORK/torchrun/result.json" \
+    --script "$(dirname "$0")/../examples/pytorch/train_ddp.py" --kills "${TORCHRUN_KILLS:-3}" \
+    --monitor_interval "${TORCHRUN_MONITOR_S:-0}" -- --train_samples 2048 --batch_size 64 \
+    --lr_decay constant --threads 1 --test_samples 0 --steps 100000 --checkpoint_every 5 \
+    || echo "torchrun reference failed: $(tail -5 "$WORK/torchrun/torchrun.log" 2>/dev/null)" >&2
+else
+  echo "torchrun reference skipped (TORCHRUN_KILLS=0 or no python3-torch)" >&2
+fi
+
 echo "overhead: $OVERHEAD_RUNS x (runtime at fixed size 4, plain all-reduce under edl launch)" >&2
 for i in $(seq "$OVERHEAD_RUNS"); do
   run_job "rt$i" "0 set 4\n" 4 1000 --max_steps "$OVERHEAD_STEPS" --usage_log "$WORK/rt$i/usage.jsonl"
@@ -163,15 +182,50 @@ resume = adj
 base = statistics.median(resume) if resume else float("nan")
 print(f"steady step {step_s:.4f} s; stop-resume events without backoff {len(resume)}: "
       f"{[round(r, 2) for r in resume]} (steps redone after the checkpoint: {redone})")
+try:
+    tr = json.load(open(f"{work}/torchrun/result.json"))
+except (FileNotFoundError, ValueError):
+    tr = {"stalls": []}
+tref = statistics.median(tr["stalls"]) if tr["stalls"] else float("nan")
+if tr["stalls"]:
+    print(f"torchrun {tr['torch']} restart-all stalls {[round(x, 2) for x in tr['stalls']]} s, median "
+          f"{tref:.2f} s; its steady step {tr['steady_step_s']:.4f} s; worker start to first step "
+          f"{[round(x, 2) for x in tr['start_to_first_step_s']]} s; monitor_interval "
+          f"{tr['monitor_interval_s']}, rendezvous last_call_timeout {tr.get('last_call_s')} s")
+# The breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): the trainer's additive phases,
+# plus detection (failure: the server's `kill` to its failure generation record) and decision and
+# push (the generation record to the trainer's seen_time), joined on the generation number.
+gtime_el = {e["generation"]: e["time"] for e in ev if e.get("type") == "generation"}
+kills = sorted(e["time"] for e in ev if e.get("type") == "kill")
+PHASES = ["detection_s", "decision_push_s", "wait_switch_s", "lost_s", "wait_generation_s", "agree_s",
+          "reform_s", "sync_s", "first_step_s"]
+phases = {k: {p: [] for p in PHASES} for k in stalls}
+for e in ev:
+    if e.get("type") != "trainer_event" or e.get("event") != "stall" or "reform_s" not in e:
+        continue
+    kind = "failure" if e["failure"] else ("shrink" if e["world_after"] < e["world_before"] else "grow")
+    g = gtime_el.get(e["generation"])
+    for p in PHASES[2:]:
+        phases[kind][p].append(e[p])
+    if g is not None:
+        phases[kind]["decision_push_s"].append(e["seen_time"] - g)
+        before = [k for k in kills if k <= g]
+        if e["failure"] and before:
+            phases[kind]["detection_s"].append(g - before[-1])
 for kind in ("shrink", "grow", "failure"):
     v = stalls[kind]
     if not v:
         print(f"RESULT stall_{kind}_s ours=nan ref={base:.3f}s ratio=nan"); continue
     m = statistics.median(v)
+    target = {"shrink": 1.2, "grow": 1.5, "failure": 2.5}[kind]
     print(f"# {kind}: {len(reforms[kind])} re-forms, {len(v)} survivor stalls, median {m:.3f} s = "
-          f"{m / step_s:.1f} steady steps (target <= 2 steps + 1 s = {2 * step_s + 1:.2f} s), max {max(v):.3f} s")
+          f"{m / step_s:.2f} steady steps (target <= {target} steps), max {max(v):.3f} s")
+    med = {p: statistics.median(x) for p, x in phases[kind].items() if x}
+    print(f"# {kind} phases, median s (the last six add up to the stall; the first three precede it): " +
+          " ".join(f"{p[:-2]}={med[p]:.4f}" for p in PHASES if p in med))
     print(f"RESULT stall_{kind}_s ours={m:.3f}s ref={base:.3f}s ratio={base / m:.1f}")
     print(f"RESULT stall_{kind}_steps ours={m / step_s:.2f}steps ref={base / step_s:.2f}steps ratio={base / m:.1f}")
+    print(f"RESULT stall_{kind}_vs_torchrun_s ours={m:.3f}s ref={tref:.3f}s ratio={tref / m:.1f}")
 
 def images_per_s(path, first_step=6):
     t = {}

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -39,8 +40,10 @@ static_assert(Trainable::kInbandSlots >= 4, "the runtime uses four in-band slots
 // key is present, so giving up while a key is missing never strands a peer mid-connect.
 class SupersedableKv : public KvStore {
  public:
-  SupersedableKv(KvStore* base, MembershipSource* membership, int64_t target)
-      : base_(base), membership_(membership), target_(target) {}
+  // `cancel` (may be null): gives up at the next slice once it is true (shutdown).
+  SupersedableKv(KvStore* base, MembershipSource* membership, int64_t target,
+                 const std::atomic<bool>* cancel = nullptr)
+      : base_(base), membership_(membership), target_(target), cancel_(cancel) {}
   Status Set(const std::string& key, const std::string& value) override {
     return base_->Set(key, value);
   }
@@ -53,6 +56,10 @@ class SupersedableKv : public KvStore {
                                                                  std::chrono::steady_clock::now());
       Status s = base_->Wait(key, std::max(milliseconds(1), std::min(left, kSlice)), value);
       if (!s.IsTimeout() || left <= kSlice) return s;
+      if (cancel_ != nullptr && cancel_->load()) {
+        return Status::Aborted("rendezvous for generation " + std::to_string(target_) +
+                               " cancelled: the trainer is shutting down");
+      }
       Generation g;
       if (membership_->Latest(&g) && g.number > target_) {
         return Status::Aborted("generation " + std::to_string(target_) + " was superseded by " +
@@ -66,6 +73,7 @@ class SupersedableKv : public KvStore {
   KvStore* const base_;
   MembershipSource* const membership_;
   const int64_t target_;
+  const std::atomic<bool>* const cancel_;
 };
 
 // A host buffer from Trainable::AllocateHostStaging (page-locked on CUDA), grown on demand and
@@ -123,9 +131,18 @@ bool NcclAvailable() { return CudaPluginSymbol("edl_cuda_new_nccl_communicator_v
 
 StatusOr<uint64_t> StateHash(Trainable* trainable) {
   uint64_t h = 0xcbf29ce484222325ULL;
+  // FNV-1a-style over 8-byte words, then the tail bytes: a fraction of the byte-wise cost, which every
+  // re-form pays on its critical path (the sync event carries the hash).
   auto mix = [&h](const void* p, size_t n) {
     const auto* b = static_cast<const unsigned char*>(p);
-    for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, b + i, 8);
+      h = (h ^ w) * 0x100000001b3ULL;
+      h ^= h >> 29;  // the product carries low bits up only: fold the high ones back down
+    }
+    for (; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
   };
   std::vector<char> host;
   for (const StateTensor& t : trainable->StateTensors()) {
@@ -145,6 +162,7 @@ class ElasticTrainer::Impl {
         schedule_(o_.lr) {}
   ~Impl() {
     StopWatcher();
+    JoinPrepared();
     if (sample_log_fd_ >= 0) ::close(sample_log_fd_);
   }
 
@@ -155,6 +173,16 @@ class ElasticTrainer::Impl {
   Status FirstGeneration(Generation* gen);
   Status WaitNewer(int64_t after, Generation* out);
   Status Reform(Generation target);
+  StatusOr<std::unique_ptr<Communicator>> BuildComm(const Generation& target, int rank);
+  // Make-before-break: see "Prepared communicators" below.
+  void MaybePrepare(const Generation& g);  // watcher thread
+  // Training thread: true and the communicator built ahead for `*target` (or for a newer
+  // generation, which then replaces *target), or false when there is none; either way no
+  // prepared build of `*target` starts afterwards.
+  bool TakePrepared(Generation* target, StatusOr<std::unique_ptr<Communicator>>* comm);
+  void JoinPrepared();  // waits for a prepared build in flight (shutdown)
+  void Retire(std::unique_ptr<Communicator> old);  // destroys `old`, in the background for Gloo
+  Status WarmUp(int world);  // a joiner's first forward/backward, before it reports ready
   void InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen, int rank);
   void StartWatcher();
   void StopWatcher();
@@ -216,6 +244,27 @@ class ElasticTrainer::Impl {
   int reform_from_world_ = 0;
   int64_t switch_step_ = 0;
   bool reform_was_failure_ = false;
+  // The stall's breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): microseconds this
+  // survivor spent in each phase of the re-form in progress, each measured between its own
+  // readings, so time outside every phase shows up as a gap between their sum and the stall.
+  struct Phases {
+    int64_t lost_us = 0;      // failure: end of the last step to the failed collective (the
+                              // step in flight, lost), per-step hooks included
+    int64_t wait_gen_us = 0;  // waiting for the next (or a newer) generation to arrive
+    int64_t agree_us = 0;     // planned: end of the switch step to the agreed target, hooks included
+    int64_t reform_us = 0;    // closing the old communicator and building the new one(s)
+    int64_t sync_us = 0;      // state sync: the root's agreement and the broadcasts
+    int64_t sync_end_us = 0;  // when the last sync ended (the first step starts there)
+    int attempts = 0;         // communicators built (> 1: superseded or failed meanwhile)
+    bool prepared = false;    // the last one was built ahead, while training (make-before-break)
+  } phases_;
+  // When this trainer first saw each generation newer than gen_ (monotonic and wall-clock
+  // micros), recorded by the watcher; bounded: entries up to gen_ are dropped at each re-form.
+  std::mutex seen_mu_;
+  std::map<int64_t, std::pair<int64_t, int64_t>> seen_at_;
+  void NoteSeen(int64_t number);
+  std::pair<int64_t, int64_t> SeenAt(int64_t number);
+  nlohmann::json StallEvent(int64_t now);
 
   double last_loss_ = 0, accuracy_ = -1;
   // The communicator reads device memory (NCCL); Gloo reads host memory.
@@ -231,6 +280,17 @@ class ElasticTrainer::Impl {
 
   std::thread watcher_;
   std::atomic<bool> stop_watcher_{false};
+
+  // Prepared communicators (gloo). Guarded by prep_mu_; prep_thread_ is started by the watcher
+  // and joined by the training thread (or at shutdown).
+  std::mutex prep_mu_;
+  std::atomic<bool> cancel_prep_{false};  // shutdown: rendezvous waits give up
+  int64_t claimed_ = 0;      // highest generation a communicator build was started for
+  Generation prep_gen_;      // number 0: no prepared build
+  std::thread prep_thread_;
+  bool prep_done_ = false;
+  StatusOr<std::unique_ptr<Communicator>> prep_comm_{Status::Unavailable("not built")};
+  std::thread retire_thread_;  // training thread only
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -273,6 +333,7 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
     if (!e.ok() && !comm_failed_) return e;
   }
   StopWatcher();
+  JoinPrepared();
   if (!left_ && rank_ == 0 && o_.loader != nullptr) {
     EDL_RETURN_IF_ERROR(o_.loader->Finish(trainable_, state_, Context()));
   }
@@ -293,6 +354,7 @@ Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
   if (!membership_->Latest(&known)) known.number = 0;
   if (o_.joining) {
     const int64_t pending = o_.join_generation > 0 ? o_.join_generation : known.number + 1;
+    EDL_RETURN_IF_ERROR(WarmUp(std::max(1, known.world_size() + 1)));  // joiners come last
     EDL_RETURN_IF_ERROR(membership_->ReportReady(pending));
     Event({{"event", "joiner_ready"}, {"generation", pending}, {"after_generation", known.number},
            {"ready_s", MicrosToSeconds(clock_->NowMicros() - start_us_)}});
@@ -309,8 +371,44 @@ Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
   }
 }
 
+// A trainer's first step is its slowest (buffers allocated, kernels chosen and primitives built
+// on first use): a joiner's made the survivors wait in the first step after a grow for several
+// steady steps' time. So a joiner runs one forward/backward on a batch of its own before
+// reporting ready, and puts its state back as it was (the re-form overwrites it anyway, unless
+// nobody holds state and this trainer cold-starts with its own initialisation).
+// `world`: the size this joiner expects to join at (its batch under a fixed global batch).
+Status ElasticTrainer::Impl::WarmUp(int world) {
+  const int64_t n = std::min<int64_t>(trainable_->train_size(),
+                                      BatchSizes(o_.batch_policy, o_.batch, world)[world - 1]);
+  if (n <= 0) return Status::OK();
+  std::vector<StateTensor> tensors = trainable_->StateTensors();
+  size_t total = 0;
+  for (const StateTensor& t : tensors) total += t.bytes;
+  std::vector<char> saved(total);
+  size_t off = 0;
+  for (const StateTensor& t : tensors) {
+    EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, saved.data() + off));
+    off += t.bytes;
+  }
+  std::vector<int64_t> indices(static_cast<size_t>(n));
+  std::iota(indices.begin(), indices.end(), int64_t{0});
+  StepStats stats;
+  const int64_t t0 = clock_->NowMicros();
+  EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats).WithContext("joiner warm-up"));
+  const int64_t took = clock_->NowMicros() - t0;
+  off = 0;
+  for (const StateTensor& t : tensors) {
+    EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, saved.data() + off));
+    off += t.bytes;
+  }
+  EDL_RETURN_IF_ERROR(trainable_->ZeroGradients());
+  Event({{"event", "joiner_warm_up"}, {"samples", n}, {"seconds", MicrosToSeconds(took)}});
+  return Status::OK();
+}
+
 Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {
   Status s = membership_->WaitGeneration(after, o_.generation_wait, out);
+  if (s.ok()) NoteSeen(out->number);
   if (s.IsTimeout()) {
     return Status::Timeout("trainer " + me_ + ": no committed generation after " +
                            std::to_string(after) + " within " +
@@ -325,32 +423,34 @@ Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {
 
 Status ElasticTrainer::Impl::Reform(Generation target) {
   for (;;) {
-    const int rank = target.RankOf(me_);
+    int rank = target.RankOf(me_);
     if (rank < 0) {
       left_ = true;
       InstallComm(nullptr, target, -1);
       Event({{"event", "leave"}, {"generation", target.number}, {"step", state_.step}});
       return Status::OK();
     }
+    const int64_t t_build = clock_->NowMicros();
     InstallComm(nullptr, gen_, rank_);  // the old communicator goes first (its sockets, too)
-    CommOptions co;
-    co.rank = rank;
-    co.world_size = target.world_size();
-    co.generation = target.number;
-    co.key_prefix = proto::RendezvousPrefix(target.number, o_.backend);  // the server GCs these
-    SupersedableKv kv(membership_->kv(), membership_, target.number);
-    co.store = &kv;  // used during construction only
-    co.timeout = o_.comm_timeout;
-    co.host = o_.host;
-    if (co.host.empty() && rank < static_cast<int>(target.hosts.size())) co.host = target.hosts[rank];
-    co.cuda_device = o_.cuda_device;
-    co.cuda_stream = trainable_->stream();
-    auto comm = o_.backend == "nccl" ? CreateNcclCommunicator(co) : CreateGlooCommunicator(co);
+    StatusOr<std::unique_ptr<Communicator>> comm{Status::Unavailable("not built")};
+    phases_.prepared = TakePrepared(&target, &comm);
+    if (phases_.prepared) {
+      rank = target.RankOf(me_);  // the prepared one may be of a newer generation
+    } else {
+      comm = BuildComm(target, rank);
+    }
+    const int64_t t_built = clock_->NowMicros();
+    phases_.reform_us += t_built - t_build;
+    phases_.attempts++;
+    int64_t t_wait = t_built;  // a failed attempt's logging counts as waiting for the next one
     if (comm.ok()) {
       InstallComm(std::move(comm.value()), target, rank);
       comm_failed_ = false;
       int64_t newest = 0;
       Status s = SyncState(&newest);
+      phases_.sync_end_us = clock_->NowMicros();
+      phases_.sync_us += phases_.sync_end_us - t_built;
+      t_wait = phases_.sync_end_us;
       if (s.ok() && newest <= target.number) return Status::OK();
       if (!s.ok() && !comm_failed_) return s;
       LOG(INFO) << me_ << ": generation " << target.number << " superseded or failed during sync ("
@@ -368,8 +468,96 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     } else {
       EDL_RETURN_IF_ERROR(WaitNewer(target.number, &next));
     }
+    phases_.wait_gen_us += clock_->NowMicros() - t_wait;
     target = next;
   }
+}
+
+StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::BuildComm(const Generation& target,
+                                                                        int rank) {
+  CommOptions co;
+  co.rank = rank;
+  co.world_size = target.world_size();
+  co.generation = target.number;
+  co.key_prefix = proto::RendezvousPrefix(target.number, o_.backend);  // the server GCs these
+  SupersedableKv kv(membership_->kv(), membership_, target.number, &cancel_prep_);
+  co.store = &kv;  // used during construction only
+  co.timeout = o_.comm_timeout;
+  co.host = o_.host;
+  if (co.host.empty() && rank < static_cast<int>(target.hosts.size())) co.host = target.hosts[rank];
+  co.cuda_device = o_.cuda_device;
+  co.cuda_stream = trainable_->stream();
+  return o_.backend == "nccl" ? CreateNcclCommunicator(co) : CreateGlooCommunicator(co);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prepared communicators (make-before-break). When a planned generation (not a failure) that
+// includes this trainer is committed, its members know the next membership before the switch
+// step: the watcher starts building that communicator on a helper thread while training goes on
+// over the current one, and the switch then takes it instead of building one on the critical path.
+// Every member does the same, so the rendezvous completes in the background; a member that never
+// saw that generation (it went straight to a newer one) leaves the others' builds waiting until
+// SupersedableKv gives up on them, which is then the same as a failed build in Reform.
+//
+// A generation's communicator is built at most once per trainer (its rendezvous keys are written
+// once): `claimed_` is the highest number a build was started for, by either thread. Gloo only:
+// an NCCL communicator is built on the stream the current one uses.
+
+void ElasticTrainer::Impl::MaybePrepare(const Generation& g) {
+  if (o_.backend != "gloo" || g.failure) return;
+  const int rank = g.RankOf(me_);
+  if (rank < 0) return;
+  std::lock_guard<std::mutex> lock(prep_mu_);
+  if (g.number <= claimed_ || g.number <= gen_number_) return;
+  if (prep_thread_.joinable()) {
+    if (!prep_done_) return;  // one build at a time; the one in flight gives way if superseded
+    prep_thread_.join();      // finished and never taken: superseded
+  }
+  claimed_ = g.number;
+  prep_gen_ = g;
+  prep_done_ = false;
+  prep_comm_ = Status::Unavailable("not built");
+  prep_thread_ = std::thread([this, g, rank] {
+    auto comm = BuildComm(g, rank);
+    std::lock_guard<std::mutex> lock(prep_mu_);
+    prep_comm_ = std::move(comm);
+    prep_done_ = true;
+  });
+}
+
+bool ElasticTrainer::Impl::TakePrepared(Generation* target,
+                                        StatusOr<std::unique_ptr<Communicator>>* comm) {
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(prep_mu_);
+    if (!prep_thread_.joinable() || prep_gen_.number < target->number) {
+      // None, or an older one still in flight (it gives way: a newer generation exists) or done.
+      claimed_ = std::max(claimed_, target->number);
+      if (prep_thread_.joinable() && prep_done_) prep_thread_.join();
+      return false;
+    }
+    t = std::move(prep_thread_);
+  }
+  t.join();  // the other members build the same generation (or give up on it soon)
+  std::lock_guard<std::mutex> lock(prep_mu_);
+  *target = prep_gen_;
+  *comm = std::move(prep_comm_);
+  prep_comm_ = Status::Unavailable("taken");
+  prep_gen_ = Generation();
+  return true;
+}
+
+void ElasticTrainer::Impl::JoinPrepared() {
+  cancel_prep_ = true;
+  std::thread t;
+  {
+    std::lock_guard<std::mutex> lock(prep_mu_);
+    t = std::move(prep_thread_);
+  }
+  if (t.joinable()) t.join();
+  if (retire_thread_.joinable()) retire_thread_.join();
+  std::lock_guard<std::mutex> lock(prep_mu_);
+  prep_comm_ = Status::Unavailable("shut down");
 }
 
 void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen,
@@ -390,7 +578,17 @@ void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const
       gen_number_ = gen.number;
     }
   }
-  old.reset();  // outside the lock: closing sockets may take a moment
+  Retire(std::move(old));  // outside the lock: closing sockets may take a moment
+}
+
+// A Gloo communicator's teardown (closing every pair, joining its device's loop thread) took
+// 20-40 ms of each re-form on a loaded machine: it runs on a helper thread, off the critical path.
+// An NCCL one is destroyed at once (its device memory goes before the next one is made).
+void ElasticTrainer::Impl::Retire(std::unique_ptr<Communicator> old) {
+  if (!old) return;
+  if (retire_thread_.joinable()) retire_thread_.join();  // at most one teardown in flight
+  if (old->backend() != std::string("gloo")) return;     // `old` goes here
+  retire_thread_ = std::thread([c = std::move(old)]() mutable { c.reset(); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -413,6 +611,8 @@ void ElasticTrainer::Impl::WatchLoop() {
     Generation g;
     if (!membership_->WaitGeneration(seen, milliseconds(100), &g).ok()) continue;
     seen = g.number;
+    NoteSeen(g.number);
+    MaybePrepare(g);
     if (!g.failure) continue;
     std::lock_guard<std::mutex> lock(comm_mu_);
     if (comm_ && g.number > gen_number_) {
@@ -421,6 +621,47 @@ void ElasticTrainer::Impl::WatchLoop() {
       comm_->Abort();
     }
   }
+}
+
+void ElasticTrainer::Impl::NoteSeen(int64_t number) {
+  const int64_t mono = clock_->NowMicros(), wall = clock_->WallMicros();
+  std::lock_guard<std::mutex> lock(seen_mu_);
+  seen_at_.emplace(number, std::make_pair(mono, wall));  // keeps the first sighting
+}
+
+std::pair<int64_t, int64_t> ElasticTrainer::Impl::SeenAt(int64_t number) {
+  std::lock_guard<std::mutex> lock(seen_mu_);
+  auto it = seen_at_.find(number);
+  if (it == seen_at_.end()) {  // the training thread got it before the watcher: now is close
+    it = seen_at_.emplace(number, std::make_pair(clock_->NowMicros(), clock_->WallMicros())).first;
+  }
+  const auto at = it->second;
+  seen_at_.erase(seen_at_.begin(), seen_at_.upper_bound(number));
+  return at;
+}
+
+// A survivor's stall: from the end of its last step in the old generation to the end of its
+// first step in the new one. The additive phases (lost, wait_generation, agree, reform, sync,
+// first_step) cover it; seen_time (wall clock, seconds) is when this trainer first saw the
+// generation it re-formed into, from which, with the server's generation record, the events log
+// yields detection and decision-and-push; wait_switch is how long it trained on after seeing a
+// planned change before the agreed switch step ended (not part of the stall).
+nlohmann::json ElasticTrainer::Impl::StallEvent(int64_t now) {
+  const auto [seen_us, seen_wall_us] = SeenAt(gen_.number);
+  const int64_t wait_switch = reform_was_failure_ ? 0 : std::max<int64_t>(0, last_step_end_us_ - seen_us);
+  return {{"event", "stall"}, {"generation", gen_.number}, {"from_generation", reform_from_gen_},
+          {"world_before", reform_from_world_}, {"world_after", gen_.world_size()},
+          {"switch_step", switch_step_}, {"failure", reform_was_failure_},
+          {"stall_s", MicrosToSeconds(now - last_step_end_us_)},
+          {"lost_s", MicrosToSeconds(phases_.lost_us)},
+          {"wait_generation_s", MicrosToSeconds(phases_.wait_gen_us)},
+          {"agree_s", MicrosToSeconds(phases_.agree_us)},
+          {"reform_s", MicrosToSeconds(phases_.reform_us)},
+          {"sync_s", MicrosToSeconds(phases_.sync_us)},
+          {"first_step_s", MicrosToSeconds(now - phases_.sync_end_us)},
+          {"attempts", phases_.attempts}, {"prepared", phases_.prepared},
+          {"wait_switch_s", MicrosToSeconds(wait_switch)},
+          {"seen_time", MicrosToSeconds(seen_wall_us)}};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -583,6 +824,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   membership_->Latest(&latest);
   float inband[Trainable::kInbandSlots] = {};
   inband[kNewerSeen] = latest.number > gen_.number ? 1.0f : 0.0f;
+  if (latest.number > gen_.number) NoteSeen(latest.number);
   inband[kLossSum] = static_cast<float>(stats.loss_sum);
   inband[kCorrect] = static_cast<float>(stats.correct);
   inband[kSamples] = static_cast<float>(stats.samples);
@@ -611,10 +853,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   const int64_t now = clock_->NowMicros();
   if (after_reform_) {
     after_reform_ = false;
-    Event({{"event", "stall"}, {"generation", gen_.number}, {"from_generation", reform_from_gen_},
-           {"world_before", reform_from_world_}, {"world_after", gen_.world_size()},
-           {"switch_step", switch_step_}, {"failure", reform_was_failure_},
-           {"stall_s", MicrosToSeconds(now - last_step_end_us_)}});
+    Event(StallEvent(now));
   } else if (last_step_end_us_ == 0 && o_.joining) {
     Event({{"event", "joiner_first_step"}, {"generation", gen_.number},
            {"since_start_s", MicrosToSeconds(now - start_us_)}});
@@ -657,23 +896,34 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
 }
 
 Status ElasticTrainer::Impl::SwitchGeneration() {
+  phases_ = Phases();
   Generation latest;
   membership_->Latest(&latest);
   int64_t target = latest.number;
   Status s = Comm(comm_->AllReduce(&target, 1, DataType::kInt64, ReduceOp::kMax));
   if (!s.ok()) return Recover(s);
-  if (latest.number < target) EDL_RETURN_IF_ERROR(WaitNewer(target - 1, &latest));
+  const int64_t agreed = clock_->NowMicros();
+  if (latest.number < target) {
+    EDL_RETURN_IF_ERROR(WaitNewer(target - 1, &latest));
+    phases_.wait_gen_us += clock_->NowMicros() - agreed;
+  }
   switch_step_ = state_.step;
   reform_was_failure_ = false;
   LOG(INFO) << me_ << ": switching from generation " << gen_.number << " to " << latest.number
             << " after step " << state_.step;
+  // Everything up to the re-form but the wait (the log line included: it may block on a loaded
+  // machine, and the phases must cover the stall).
+  phases_.agree_us = clock_->NowMicros() - last_step_end_us_ - phases_.wait_gen_us;
   return Reform(latest);
 }
 
 Status ElasticTrainer::Impl::Recover(const Status& cause) {
+  const int64_t failed_at = clock_->NowMicros();
   LOG(WARNING) << me_ << ": generation " << gen_.number << " failed at step " << state_.step + 1
                << " (" << cause.ToString() << "); discarding the step and re-forming";
   const int64_t failed_gen = gen_.number;
+  phases_ = Phases();
+  phases_.lost_us = failed_at - last_step_end_us_;
   switch_step_ = state_.step;
   reform_was_failure_ = true;
   {
@@ -684,6 +934,7 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   if (!membership_->Latest(&next) || next.number <= failed_gen) {
     EDL_RETURN_IF_ERROR(WaitNewer(failed_gen, &next));
   }
+  phases_.wait_gen_us += clock_->NowMicros() - failed_at;
   return Reform(next);
 }
 

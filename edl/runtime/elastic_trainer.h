@@ -7,7 +7,9 @@
 //     it is > 0 is the switch step on every rank; one tiny MAX all-reduce then fixes the target
 //     generation number;
 //   - re-form: a new communicator under "gen/<n>/<backend>"; a trainer that is not a member of
-//     the target finishes the switch step and returns (left = true, exit 0);
+//     the target finishes the switch step and returns (left = true, exit 0); for a planned
+//     change (not a failure) the members build it ahead, on a helper thread while they train on
+//     the current one (make-before-break, Gloo), and switch to it at the agreed step;
 //   - failure: a generation marked failure aborts the communicator (from a watcher thread), the
 //     step in flight is discarded where it did not complete, and the survivors re-form;
 //   - state sync: MAX-reduce the committed step; the lowest rank holding it broadcasts every
@@ -20,7 +22,8 @@
 // LrSchedule with linear scaling against the current global batch and a ramp after re-forms.
 //
 // Thread-safety: Run() is called once, from the thread that owns the Trainable. Internally a
-// watcher thread reads the MembershipSource and may Abort() the current communicator.
+// watcher thread reads the MembershipSource and may Abort() the current communicator, and a
+// helper thread builds the next generation's communicator ahead of the switch.
 #pragma once
 
 #include <chrono>
@@ -157,8 +160,8 @@ StatusOr<std::string> SelectCommBackend(const std::string& comm, bool on_device,
 // Whether the CUDA plugin (edl/runtime/cuda_plugin.h) loads and carries the NCCL communicator.
 bool NcclAvailable();
 
-// FNV-1a over every StateTensor's name and bytes (via CopyToHost): equal on two trainers iff their
-// states are bit-identical (up to hash collisions).
+// An FNV-1a-style hash (over 8-byte words) of every StateTensor's name and bytes (via
+// CopyToHost): equal on two trainers iff their states are bit-identical (up to hash collisions).
 StatusOr<uint64_t> StateHash(Trainable* trainable);
 
 class ElasticTrainer {

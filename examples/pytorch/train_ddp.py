@@ -36,7 +36,9 @@ import struct
 import sys
 import time
 
-import torch
+STARTED = time.time()  # before importing torch: a start's time to first step includes the import
+
+import torch  # noqa: E402
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
@@ -295,7 +297,7 @@ def main(argv):
         opt.load_state_dict(state[0]["optimizer"])
         step = state[0]["step"]
     state = None
-    metrics.write(event="start", pid=os.getpid(), rank=rank, world_size=world,
+    metrics.write(event="start", pid=os.getpid(), rank=rank, world_size=world, wall_time=STARTED,
                   restart_count=restart_count, run_id=run_id, step=step, threads=threads)
     log(rank, "world %d, restart %d, run %r, starting at step %d of %d (%d samples, global "
               "batch %d, %d threads)" % (world, restart_count, run_id, step, total, n,
@@ -332,7 +334,7 @@ def main(argv):
                 rate = (step - started_step) * args.batch_size / max(1e-9, time.monotonic() - started)
                 log(rank, "step %d/%d loss %.4f lr %.4f %.0f images/s" % (step, total, loss, lr, rate))
                 metrics.write(event="step", step=step, loss=loss, world_size=world,
-                              restart_count=restart_count, pid=os.getpid())
+                              restart_count=restart_count, pid=os.getpid(), time=time.time())
             if rank == 0 and args.checkpoint_dir and (step % args.checkpoint_every == 0 or step == total):
                 checkpoint()
         if distributed:

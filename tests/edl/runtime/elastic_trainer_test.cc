@@ -20,6 +20,7 @@
 #include "edl/runtime/comm/memory_kv_store.h"
 #include "edl/runtime/elastic_trainer.h"
 #include "tests/edl/runtime/sample_log_check.h"
+#include "tests/edl/runtime/stall_check.h"
 #include "tests/testutil.h"
 
 namespace edl::runtime {
@@ -193,7 +194,33 @@ class FakeCluster {
     cv_.wait_for(lock, milliseconds(120000), [&] { return step < hold_at_; });
   }
 
-  MemoryKvStore kv;
+  // The rendezvous store, counting writes (a rendezvous key per rank and communicator) and waking
+  // WaitFor at each.
+  class CountingKv : public KvStore {
+   public:
+    explicit CountingKv(FakeCluster* c) : c_(c) {}
+    Status Set(const std::string& key, const std::string& value) override {
+      Status s = kv_.Set(key, value);
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      c_->kv_sets_++;
+      c_->cv_.notify_all();
+      return s;
+    }
+    Status Get(const std::string& key, std::string* value) override { return kv_.Get(key, value); }
+    Status Wait(const std::string& key, milliseconds timeout, std::string* value) override {
+      return kv_.Wait(key, timeout, value);
+    }
+
+   private:
+    FakeCluster* const c_;
+    MemoryKvStore kv_;
+  };
+  int64_t KvSets() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return kv_sets_;
+  }
+  CountingKv kv{this};
+  int64_t kv_sets_ = 0;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Generation> gens_;
@@ -306,14 +333,20 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
 
   // 4 -> 2: t1 and t3 finish the switch step and leave.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 10; }));
+  // Make-before-break: while every trainer is held at step 10, the survivors' rendezvous keys
+  // for generation 2 can only come from communicators built ahead, beside the training thread.
+  const int64_t keys_before_shrink = c.KvSets();
   c.Commit({"t0", "t2"}, false, "script");
+  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys_before_shrink + 2; }));
   c.HoldAt(25);
   ASSERT_TRUE(c.WaitFor([&] { return t[1].finished && t[3].finished; }));
   // 2 -> 3: t4 prepares while the others wait at step 25, reports ready, then is committed.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 25; }));
   Start(&c, dir, &t[4], 99, true, &c);
   ASSERT_TRUE(c.WaitFor([&] { return c.ready_.count("t4") > 0; }));
+  const int64_t keys_before_grow = c.KvSets();
   c.Commit({"t0", "t2", "t4"}, false, "script");
+  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys_before_grow + 3; }));
   c.HoldAt(45);
   // 3 -> 2: t2 crashes inside a step; the control plane commits a failure generation.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 45; }));
@@ -361,6 +394,9 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
       EXPECT_EQ(e["world_before"], world_before[g]) << e.dump();
       EXPECT_EQ(e["world_after"], world_after[g]) << e.dump();
       EXPECT_EQ(e["failure"], g == 4) << e.dump();
+      EXPECT_EQ(test::CheckStallBreakdown(e), "");
+      // The planned changes switched to a communicator built while training on the old one.
+      EXPECT_EQ(e["prepared"], g != 4) << e.dump();
       std::cout << "stall " << e.dump() << "\n";
     }
   }
@@ -373,6 +409,16 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
   EXPECT_FALSE(broadcast[2]) << "a pure shrink needs no state broadcast";
   EXPECT_TRUE(broadcast[3]) << "the joiner must receive the survivors' state";
   EXPECT_GE(stalls, 3);  // t0 at each of the three switches, plus the others
+  // The joiner ran its first, cold step before reporting ready, on its own batch.
+  int warm_ups = 0;
+  for (const auto& e : c.events_) {
+    if (e["event"] == "joiner_warm_up") {
+      ++warm_ups;
+      EXPECT_EQ(e["trainer"], "t4") << e.dump();
+      EXPECT_EQ(e["samples"], 8) << e.dump();  // --batch, fixed per rank
+    }
+  }
+  EXPECT_EQ(warm_ups, 1);
 
   ExpectExactlyOnce(dir, {"t0", "t1", "t2", "t3", "t4"}, 8, /*failures=*/1);
 

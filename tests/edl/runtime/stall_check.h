@@ -1,0 +1,53 @@
+// Checks a `stall` event's breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): every
+// additive phase is present and non-negative, and the phases cover the stall: they are disjoint
+// parts of it, so their sum may not exceed it, and what they leave out (the few statements
+// between their clock readings, plus whatever preemption lands there) stays within a tolerance
+// relative to the stall. Shared by the in-process runtime test and the multi-process one.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace edl::test {
+
+inline constexpr const char* kStallPhases[] = {"lost_s",  "wait_generation_s", "agree_s",
+                                               "reform_s", "sync_s",           "first_step_s"};
+
+// "" when `e` is a well-formed stall breakdown, else what is wrong with it. `gap_fraction` of the
+// stall (or `gap_floor_s`, whichever is larger) may be unaccounted for.
+inline std::string CheckStallBreakdown(const nlohmann::json& e, double gap_fraction = 0.25,
+                                       double gap_floor_s = 0.02) {
+  if (!e.contains("stall_s") || !e["stall_s"].is_number()) return "no stall_s in " + e.dump();
+  const double stall = e["stall_s"].get<double>();
+  double sum = 0;
+  for (const char* f : kStallPhases) {
+    if (!e.contains(f) || !e[f].is_number()) return std::string("no ") + f + " in " + e.dump();
+    const double v = e[f].get<double>();
+    if (v < 0) return std::string(f) + " < 0 in " + e.dump();
+    sum += v;
+  }
+  const bool failure = e.value("failure", false);
+  if (failure && e["agree_s"].get<double>() != 0) return "agree_s of a failure in " + e.dump();
+  if (!failure && e["lost_s"].get<double>() != 0) return "lost_s of a planned change in " + e.dump();
+  if (e["reform_s"].get<double>() <= 0 || e["first_step_s"].get<double>() <= 0) {
+    return "a re-form without reform_s or first_step_s in " + e.dump();
+  }
+  for (const char* f : {"seen_time", "wait_switch_s", "attempts"}) {
+    if (!e.contains(f) || !e[f].is_number()) return std::string("no ") + f + " in " + e.dump();
+  }
+  if (e["attempts"].get<int>() < 1) return "attempts < 1 in " + e.dump();
+  constexpr double kRounding = 1e-5;  // six fields rounded to microseconds
+  if (sum > stall + kRounding) {
+    return "phases add up to " + std::to_string(sum) + " s, more than the stall: " + e.dump();
+  }
+  if (stall - sum > std::max(gap_fraction * stall, gap_floor_s)) {
+    return "phases add up to " + std::to_string(sum) + " s, leaving too much of the stall out: " +
+           e.dump();
+  }
+  return "";
+}
+
+}  // namespace edl::test
