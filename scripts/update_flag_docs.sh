@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# Regenerates the flag reference in README.md (between <!-- flags:begin --> and <!-- flags:end -->)
-# from `edl <subcommand> --help` of the built binary, so the README never drifts from the code.
-# Takes a second. Run it after adding or changing a flag, then commit README.md.
+# Regenerates the flag reference in docs/FLAGS.md (between <!-- flags:begin --> and <!-- flags:end -->)
+# from `edl <subcommand> --help` of the built binary, so the flag docs never drift from the code.
+# Takes a second. Run it after adding or changing a flag, then commit docs/FLAGS.md.
 #
-#   scripts/update_readme_flags.sh [EDL_BINARY]     (default: build/edl)
+#   scripts/update_flag_docs.sh [EDL_BINARY]     (default: build/edl)
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
 
 EDL_BIN="${1:-${EDL_BIN:-}}"
 edl_find_bin
-README="$EDL_REPO_DIR/README.md"
+README="$EDL_REPO_DIR/docs/FLAGS.md"
 grep -q '^<!-- flags:begin -->$' "$README" || edl_die "$README has no <!-- flags:begin --> marker"
 grep -q '^<!-- flags:end -->$' "$README" || edl_die "$README has no <!-- flags:end --> marker"
 
@@ -34,4 +34,4 @@ awk -v gen="$gen" '
   !skip { print }
 ' "$README" >"$gen.new"
 mv "$gen.new" "$README"
-echo "update_readme_flags: README.md flag reference regenerated from $EDL_BIN"
+echo "update_flag_docs: docs/FLAGS.md flag reference regenerated from $EDL_BIN"
