@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -257,24 +258,37 @@ TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
   for (int i = 0; i < 500 && conn->read_buffer_bytes() == 0; ++i) io.run_for(milliseconds(10));
   EXPECT_GT(conn->read_buffer_bytes(), 0u);
   EXPECT_LE(conn->read_buffer_bytes(), 128u << 10) << "allocated before the bytes came";
-  // Now the rest, from a thread (the socket buffer is smaller than 4 MiB).
-  size_t sent = 0;
-  size_t max_seen = 0;
+  // Now the rest, from a thread (the socket buffer is smaller than 4 MiB): the first half, then
+  // (once the test has seen the buffer hold it) the second. The frame cannot complete before the
+  // second half is written, so the grown buffer is observed however fast the machine is.
+  const size_t half = payload.size() / 2;
+  std::atomic<bool> go{false};
+  std::atomic<size_t> sent{0};
   std::thread rest([&] {
-    while (sent < payload.size()) {
-      const ssize_t n = ::write(fds[1], payload.data() + sent, std::min<size_t>(payload.size() - sent, 65536));
-      if (n <= 0) return;
-      sent += static_cast<size_t>(n);
-    }
+    auto write_to = [&](size_t end) {
+      while (sent < end) {
+        const ssize_t n = ::write(fds[1], payload.data() + sent, std::min<size_t>(end - sent, 65536));
+        if (n <= 0) return false;
+        sent += static_cast<size_t>(n);
+      }
+      return true;
+    };
+    if (!write_to(half)) return;
+    while (!go) std::this_thread::sleep_for(milliseconds(1));
+    write_to(payload.size());
   });
-  for (int i = 0; i < 3000 && seen.empty(); ++i) {
+  size_t max_seen = 0;
+  for (int i = 0; i < 12000 && max_seen < half; ++i) {
     io.run_for(milliseconds(5));
     max_seen = std::max(max_seen, conn->read_buffer_bytes());
   }
+  EXPECT_TRUE(seen.empty()) << "a frame was delivered before its second half was sent";
+  go = true;
+  for (int i = 0; i < 12000 && seen.empty(); ++i) io.run_for(milliseconds(5));
   rest.join();
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0]["pad"].get_ref<const std::string&>().size(), proto::kMaxFrameBytes - 21);
-  EXPECT_GE(max_seen, 1u << 20);  // it did grow to the frame
+  EXPECT_GE(max_seen, half);  // it grew with the bytes that came
   EXPECT_LT(conn->read_buffer_bytes(), 128u << 10) << "the large buffer is released after the frame";
   conn->Close(Status::Aborted("test over"));
   ::close(fds[1]);
