@@ -258,6 +258,20 @@ Status Trainer::ForwardBackward(const std::vector<int64_t>& indices, runtime::St
   return Status::OK();
 }
 
+Status Trainer::WarmUpStep(const std::vector<int64_t>& indices) {
+  runtime::TeacherSource* const teacher = teacher_;
+  const int64_t skipped_epoch = skipped_epoch_, skipped_total = skipped_total_,
+                loaded_epoch = loaded_epoch_;
+  teacher_ = nullptr;
+  runtime::StepStats stats;
+  const Status s = ForwardBackward(indices, &stats);
+  teacher_ = teacher;
+  skipped_epoch_ = skipped_epoch;
+  skipped_total_ = skipped_total;
+  loaded_epoch_ = loaded_epoch;
+  return s;
+}
+
 Status Trainer::ApplyUpdate(double lr) {
   SgdParams p;
   p.lr = static_cast<float>(lr);

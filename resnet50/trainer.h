@@ -75,6 +75,9 @@ class Trainer : public runtime::Trainable {
   // by indices.size(), so a skipped sample adds nothing and the runtime's scaling by the slice size
   // stays exact; stats->samples counts the samples fed.
   Status ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
+  // ForwardBackward without the teacher (labels only) and without counting skipped samples: the
+  // warm-up trains nothing, so a distilling student must not count its samples as answered.
+  Status WarmUpStep(const std::vector<int64_t>& indices) override;
   Status ApplyUpdate(double lr) override;
   Status Evaluate(const std::vector<int64_t>& indices, runtime::StepStats* stats) override;
   // "<model>:<channels>x<size>:<classes>:<16 hex digits>", the digits hashing StateLayout().

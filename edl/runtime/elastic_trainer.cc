@@ -392,9 +392,8 @@ Status ElasticTrainer::Impl::WarmUp(int world) {
   }
   std::vector<int64_t> indices(static_cast<size_t>(n));
   std::iota(indices.begin(), indices.end(), int64_t{0});
-  StepStats stats;
   const int64_t t0 = clock_->NowMicros();
-  EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats).WithContext("joiner warm-up"));
+  EDL_RETURN_IF_ERROR(trainable_->WarmUpStep(indices).WithContext("joiner warm-up"));
   const int64_t took = clock_->NowMicros() - t0;
   off = 0;
   for (const StateTensor& t : tensors) {

@@ -107,6 +107,14 @@ class Trainable {
   // Forward and backward over the training samples `indices`; leaves d(mean loss)/dθ in
   // GradientBuffer(). REQUIRES: !indices.empty().
   virtual Status ForwardBackward(const std::vector<int64_t>& indices, StepStats* stats) = 0;
+  // A joiner's warm-up pass (ElasticTrainer: first use of the kernels before it reports ready):
+  // like ForwardBackward, but not a training step, so a Trainable that counts or fetches per
+  // trained sample (a distilling student's teacher answers, skipped-file counts) leaves that out.
+  // The runtime restores the state and zeroes the gradients afterwards.
+  virtual Status WarmUpStep(const std::vector<int64_t>& indices) {
+    StepStats stats;
+    return ForwardBackward(indices, &stats);
+  }
   // One optimizer step with learning rate `lr` using the gradients in GradientBuffer().
   virtual Status ApplyUpdate(double lr) = 0;
   // Eval-mode forward over the test samples `indices` (no state changes).
