@@ -39,7 +39,7 @@ for recipe in $RECIPES; do
     # shellcheck disable=SC2046
     "$EDL" train --threads "$THREADS" --log_every 0 --model resnet20 --data fashion-mnist \
       --batch_size 128 --base_batch 128 --lr 0.1 --weight_decay 5e-4 --epochs "$EPOCHS" --seed "$seed" \
-      $(edl_flags "$recipe") | awk '$1 == "eval" { a = $(NF - 6); sub("%", "", a); print $3, a }' \
+      $(edl_flags "$recipe") | awk '$1 == "eval" { for (i = 1; i < NF; ++i) if ($i == "acc") { a = $(i + 1); sub("%", "", a); print $3, a } }' \
       > "$OUT/edl.$recipe.$seed"
     size=28; [ "$recipe" = constant ] && size=32
     $PY bench/pytorch_reference.py accuracy --model resnet20 --batch 128 --threads "$THREADS" \
