@@ -25,6 +25,7 @@ PACKAGES=(
   python3-pil   # tests and bench only: scripts/make_imagefolder.sh, the PIL reference decoder
   jq
   slurm-wlm munge   # tests only: tests/integration/slurm_test starts a one-node Slurm of its own
+  nfs-kernel-server nfs-common   # tests only: the checkpoint store on an NFS mount over loopback
 )
 
 missing=()
