@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -262,7 +264,9 @@ TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
   // (once the test has seen the buffer hold it) the second. The frame cannot complete before the
   // second half is written, so the grown buffer is observed however fast the machine is.
   const size_t half = payload.size() / 2;
-  std::atomic<bool> go{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;  // guarded by mu
   std::atomic<size_t> sent{0};
   std::thread rest([&] {
     auto write_to = [&](size_t end) {
@@ -274,7 +278,10 @@ TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
       return true;
     };
     if (!write_to(half)) return;
-    while (!go) std::this_thread::sleep_for(milliseconds(1));
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return go; });
+    }
     write_to(payload.size());
   });
   size_t max_seen = 0;
@@ -283,7 +290,11 @@ TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
     max_seen = std::max(max_seen, conn->read_buffer_bytes());
   }
   EXPECT_TRUE(seen.empty()) << "a frame was delivered before its second half was sent";
-  go = true;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    go = true;
+  }
+  cv.notify_one();
   for (int i = 0; i < 12000 && seen.empty(); ++i) io.run_for(milliseconds(5));
   rest.join();
   ASSERT_EQ(seen.size(), 1u);
