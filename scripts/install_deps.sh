@@ -13,7 +13,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   librocksdb-dev
   libgloo-dev
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev   # oneDNN, and the OpenCL headers its CMake package needs
   nlohmann-json3-dev
   libssl-dev
   libjpeg62-turbo-dev libpng-dev   # --data imagefolder: JPEG (libjpeg-turbo) and PNG decoding
