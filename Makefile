@@ -35,6 +35,8 @@ TSAN_TESTS ?= ^(net_test|async_checkpointer_test|checkpoint_store_test|gloo_comm
 TSAN_TARGETS := $(subst |, ,$(patsubst ^(%)\.,%,$(TSAN_TESTS)))
 
 ASAN_SANITIZERS := address,undefined
+# The ASan tree does not build the binaries it does not run (EDL_SKIP_TESTS).
+ASAN_SKIP := $(subst |,;,$(patsubst ^(%)\.,%,$(ASAN_EXCLUDE)))
 CCACHE := $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 SAN_CMAKE := -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DEDL_USE_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
@@ -91,7 +93,7 @@ endif
 
 # ASAN_TARGETS: build only these (bench/fuzz.sh builds just the harnesses); empty builds all.
 asan: deps
-	$(call cmake_tree,$(ASAN_DIR),$(SAN_CMAKE) -DEDL_SANITIZE=$(ASAN_SANITIZERS) -DEDL_FUZZ=ON)
+	$(call cmake_tree,$(ASAN_DIR),$(SAN_CMAKE) -DEDL_SANITIZE=$(ASAN_SANITIZERS) -DEDL_FUZZ=ON "-DEDL_SKIP_TESTS=$(ASAN_SKIP)")
 	$(call timed,build ($(ASAN_DIR)),cmake --build $(ASAN_DIR) -j $(JOBS) $(if $(ASAN_TARGETS),--target $(ASAN_TARGETS)))
 
 test-asan: asan
