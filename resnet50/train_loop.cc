@@ -1,5 +1,6 @@
 #include "resnet50/train_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +40,19 @@ class ProgressPrinter : public runtime::TrainingObserver {
       started_ = true;
       result_->first_loss = r.loss;
       window_epochs0_ = r.epochs_done;
+    }
+    // Skipped samples of the whole job (each trainer's own warning names its files), summed over
+    // the epoch and printed on rank 0 when its last step (a step never spans two epochs) commits.
+    const int64_t skipped = std::max<int64_t>(r.planned - r.samples, 0);
+    epoch_skipped_ += skipped;
+    epoch_planned_ += r.planned;
+    result_->skipped += skipped;
+    if (r.position.cursor == 0) {
+      if (epoch_skipped_ > 0 && r.rank == 0) {
+        out_ << "epoch " << r.position.epoch << ": " << epoch_skipped_ << " of " << epoch_planned_
+             << " training samples were skipped as unreadable, all ranks together" << std::endl;
+      }
+      epoch_skipped_ = epoch_planned_ = 0;
     }
     window_loss_ += r.loss * r.samples;
     window_correct_ += r.correct;
@@ -104,6 +118,7 @@ class ProgressPrinter : public runtime::TrainingObserver {
   SteadyClock::time_point window_start_ = SteadyClock::now();
   double window_epochs0_ = 0, window_loss_ = 0, eval_seconds_ = 0;
   int64_t window_correct_ = 0, window_samples_ = 0, window_steps_ = 0, samples_total_ = 0;
+  int64_t epoch_skipped_ = 0, epoch_planned_ = 0;
 };
 
 }  // namespace

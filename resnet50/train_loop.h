@@ -38,6 +38,7 @@ struct LoopResult {
   double first_loss = 0;        // mean loss of the first step this process took
   double last_window_loss = 0;  // mean training loss over the last log window
   double train_images_per_sec = 0;  // all ranks, while this process trained
+  int64_t skipped = 0;          // unreadable samples skipped, all ranks, while this process trained
   double seconds = 0;
   std::vector<double> test_accuracy;  // after each evaluation (fractions)
   double test_loss = 0;               // last evaluation

@@ -290,6 +290,10 @@ int RunTrainMain(int argc, char** argv) {
     std::cout << "data: " << t->skipped_samples() << " training samples skipped as unreadable by "
               << "this trainer (each file is named in a warning)" << std::endl;
   }
+  if (result.skipped > 0) {
+    std::cout << "data: " << result.skipped << " training samples skipped as unreadable by all "
+              << "ranks together, in the steps this trainer took part in" << std::endl;
+  }
   AppendUsage(c, membership.value()->trainer_id(), result);
   return 0;
 }

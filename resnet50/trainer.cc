@@ -170,7 +170,7 @@ Status Trainer::DistillStep(const std::vector<int64_t>& indices, const Tensor& l
 
 void Trainer::SetEpoch(int64_t epoch) {
   if (epoch != epoch_ && skipped_epoch_ > 0) {
-    LOG(WARNING) << "epoch " << epoch_ << ": " << skipped_epoch_ << " of " << loaded_epoch_
+    LOG(WARNING) << "epoch " << epoch_ + 1 << ": " << skipped_epoch_ << " of " << loaded_epoch_
                  << " training samples this trainer loaded were skipped as unreadable (each "
                     "file is named in an earlier warning)";
   }

@@ -866,6 +866,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
     r.loss = last_loss_;
     r.correct = static_cast<int64_t>(inband[kCorrect]);
     r.samples = static_cast<int64_t>(inband[kSamples]);
+    r.planned = total;
     r.lr = lr;
     r.generation = gen_.number;
     r.world_size = gen_.world_size();

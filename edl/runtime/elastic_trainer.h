@@ -76,6 +76,9 @@ struct StepReport {
   double loss = 0;            // mean training loss of the step over all ranks' samples
   int64_t correct = 0;        // top-1 correct of the step, all ranks
   int64_t samples = 0;        // samples of the step, all ranks
+  // Samples the data plan gave the step, all ranks: more than `samples` when some could not be
+  // loaded and were skipped (--data imagefolder skips unreadable files).
+  int64_t planned = 0;
   double lr = 0;
   int64_t generation = 0;
   int world_size = 0;

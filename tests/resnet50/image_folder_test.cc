@@ -358,10 +358,41 @@ TEST_F(ImageFolderTest, TrainerSkipsBrokenFilesWithOneWarningEachAndCountsThem) 
     for (size_t at = out.find(path); at != std::string::npos; at = out.find(path, at + 1)) ++count;
     EXPECT_EQ(count, Undecodable(kind) || kind == "truncated" ? 1u : 0u) << path << " (" << kind << ")\n" << out;
   }
-  EXPECT_NE(out.find("epoch 0: 3 of 33 training samples"), std::string::npos) << out;
-  EXPECT_NE(out.find("6 training samples skipped as unreadable"), std::string::npos) << out;
+  // Per trainer (epochs counted from 1, as in the progress and eval lines) and for the whole job.
+  EXPECT_NE(out.find("epoch 1: 3 of 33 training samples this trainer loaded"), std::string::npos) << out;
+  EXPECT_NE(out.find("6 training samples skipped as unreadable by this trainer"), std::string::npos) << out;
+  EXPECT_NE(out.find("epoch 1: 3 of 33 training samples were skipped as unreadable, all ranks"), std::string::npos) << out;
+  EXPECT_NE(out.find("epoch 2: 3 of 33 training samples were skipped as unreadable, all ranks"), std::string::npos) << out;
+  EXPECT_NE(out.find("data: 6 training samples skipped as unreadable by all ranks"), std::string::npos) << out;
   EXPECT_TRUE(std::regex_search(out, std::regex(R"(eval epoch 2 step \d+: test loss [0-9.]+ acc [0-9.]+% top5 100.00% \(12 images)")))
       << out;  // 4 classes: the label is always among the top 5
+}
+
+TEST_F(ImageFolderTest, TwoRanksSumTheirSkippedSamplesForTheJob) {
+  // Two trainers under `edl launch` share every step: each warns about the files it loaded, and
+  // rank 0 prints the whole job's count per epoch (3 broken files of 33 per epoch), which neither
+  // trainer's own count reaches alone unless one of them loaded all three.
+  const std::string logs = dir_->Join("launch2");
+  const int rc = itest::RunCommand(
+      {test::EdlBinary(), "launch", "--nproc_per_node", "2", "--log_dir", logs, "--", test::EdlBinary(),
+       "train", "--model", "resnet20", "--data", "imagefolder", "--data_dir", Set(), "--image_size",
+       "32", "--batch_size", "4", "--epochs", "2", "--threads", "1", "--data_threads", "1",
+       "--log_every", "1", "--lr", "0.05"},
+      dir_->Join("launch2.log"), milliseconds(240000));
+  const std::string rank0 = itest::Slurp(logs + "/trainer-0.log");
+  const std::string rank1 = itest::Slurp(logs + "/trainer-1.log");
+  ASSERT_EQ(rc, 0) << itest::Slurp(dir_->Join("launch2.log")) << rank0 << rank1;
+  EXPECT_NE(rank0.find("epoch 1: 3 of 33 training samples were skipped as unreadable, all ranks"), std::string::npos) << rank0;
+  EXPECT_NE(rank0.find("epoch 2: 3 of 33 training samples were skipped as unreadable, all ranks"), std::string::npos) << rank0;
+  EXPECT_EQ(rank1.find("were skipped as unreadable, all ranks"), std::string::npos) << "rank 0 only\n" << rank1;
+  for (const std::string* log : {&rank0, &rank1}) {
+    EXPECT_NE(log->find("data: 6 training samples skipped as unreadable by all ranks"), std::string::npos) << *log;
+  }
+  // Each trainer's own counts add up to the job's.
+  std::smatch m0, m1;
+  const std::regex own(R"(data: (\d+) training samples skipped as unreadable by this trainer)");
+  const bool has0 = std::regex_search(rank0, m0, own), has1 = std::regex_search(rank1, m1, own);
+  EXPECT_EQ((has0 ? std::stoi(m0[1]) : 0) + (has1 ? std::stoi(m1[1]) : 0), 6) << rank0 << rank1;
 }
 
 TEST_F(ImageFolderTest, EmptyClassAndMismatchedSplitsAreClearErrors) {
