@@ -211,6 +211,22 @@ TEST_F(InstallTest, DebianPackageNamesItsDependenciesAndRuns) {
   EXPECT_TRUE(fs::exists(root + "/usr/include/edl/runtime/elastic_trainer.h"));
   EXPECT_EQ(Run({root + "/usr/bin/edl", "ckpt", "--help"}, "deb-edl", &out), 0) << out;
   EXPECT_NE(out.find("usage: edl ckpt"), std::string::npos) << out;
+  if (!EDL_HAVE_CUDA) return;
+  // The CUDA plugin's package: it depends on this exact edl, and unpacked over it, `edl train
+  // --device cuda` loads the plugin from the package's lib directory and gets as far as asking the
+  // driver for a GPU (on a machine without one: the clear "no usable GPU" error, not a missing or
+  // mismatched plugin).
+  const std::string cuda_deb = pkgs + "/" + fs::path(deb).filename().string().replace(0, 4, "edl-cuda_");
+  ASSERT_EQ(Run({EDL_DPKG_DEB, "-f", cuda_deb, "Package", "Depends"}, "cuda-deb-fields", &out), 0) << out;
+  EXPECT_NE(out.find("Package: edl-cuda"), std::string::npos) << out;
+  EXPECT_NE(out.find("edl (= "), std::string::npos) << "edl-cuda must depend on its own edl:\n" << out;
+  ASSERT_EQ(Run({EDL_DPKG_DEB, "-x", cuda_deb, root}, "cuda-deb-extract", &out), 0) << out;
+  const int rc = Run({root + "/usr/bin/edl", "train", "--device", "cuda", "--model", "resnet20", "--data",
+                      "synthetic", "--max_steps", "1"},
+                     "deb-edl-cuda", &out);
+  if (rc == 0) return;  // a machine with a GPU: it trained
+  EXPECT_EQ(out.find("CUDA plugin"), std::string::npos) << "the packaged plugin did not load:\n" << out;
+  EXPECT_NE(out.find("--device cuda"), std::string::npos) << out;
 }
 
 }  // namespace
