@@ -24,6 +24,7 @@
 namespace edl {
 namespace {
 
+using itest::FreePort;
 using itest::json;
 using itest::milliseconds;
 using itest::Proc;
@@ -32,21 +33,6 @@ using itest::Slurp;
 using itest::WaitFor;
 using jobserver::EtcdClient;
 using jobserver::EtcdKv;
-
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 std::string FindEtcd() {
   for (const char* d : {"/usr/bin", "/usr/local/bin", "/usr/sbin"}) {
