@@ -4,6 +4,7 @@
 //  - one server leads and listens, the other waits without listening;
 //  - the leader SIGKILLed: the standby takes over, resumes the job from etcd, adopts the running
 //    trainers (same pids), and the next change is numbered above every earlier generation;
+//  - a leader paused (SIGSTOP) past its lease is replaced and, once resumed, stops with exit 1;
 //  - fencing: a backend whose leader key was replaced cannot write, and one whose lease was revoked
 //    reports the loss.
 // Skipped, with the reason printed, where etcd is not installed (Debian: etcd-server).
@@ -190,6 +191,24 @@ TEST_F(StandbyTest, TheStandbyTakesOverAfterTheLeaderIsKilledAndAdoptsTheTrainer
   EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
   // A clean stop resigns: the leader key is gone at once, not after the TTL.
   EXPECT_EQ(LeaderValue(), "");
+}
+
+TEST_F(StandbyTest, ALeaderPausedPastItsLeaseStopsWhenItWakes) {
+  const int port_a = FreePort(), port_b = FreePort();
+  servers_.push_back(StartEtcdServer("a", port_a));
+  ASSERT_FALSE(itest::WaitForPortFile(dir_.Join("a.port"), servers_[0].get()).empty()) << Logs();
+  servers_.push_back(StartEtcdServer("b", port_b));
+  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("b.log")).find("standby for job itest") != std::string::npos; },
+                      milliseconds(30000)))
+      << Logs();
+  ASSERT_EQ(::kill(servers_[0]->pid(), SIGSTOP), 0);
+  ASSERT_FALSE(itest::WaitForPortFile(dir_.Join("b.port"), servers_[1].get()).empty()) << Logs();
+  ASSERT_EQ(::kill(servers_[0]->pid(), SIGCONT), 0);
+  // a finds its lease gone and stops (fail-stop, exit 1) with the reason; b goes on leading.
+  EXPECT_EQ(servers_[0]->Wait(milliseconds(30000)), 1) << Logs();
+  EXPECT_NE(Slurp(dir_.Join("a.log")).find("lost the leadership of job itest"), std::string::npos) << Logs();
+  EXPECT_NE(LeaderValue().find(std::to_string(port_b)), std::string::npos) << LeaderValue();
+  EXPECT_TRUE(Listens(port_b));
 }
 
 TEST_F(StandbyTest, ADeposedLeaderCannotWriteAndALostLeaseIsReported) {
