@@ -71,8 +71,8 @@ Status Server::Start() {
   }
   if (options_.cluster) {
     if (!options_.state_dir.empty() || !options_.state_store.empty() || script_ || options_.demo_policy) {
-      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_dir, --scale_script and "
-                                     "the demo policy belong to the single-job server");
+      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_dir, --state_store, "
+                                     "--scale_script and the demo policy belong to the single-job server");
     }
     cluster_ = std::make_unique<Cluster>(options_.cluster_options, clock_);
   }
