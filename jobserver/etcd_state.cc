@@ -1,5 +1,6 @@
 #include "jobserver/etcd_state.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
