@@ -248,5 +248,23 @@ TEST_F(StandbyTest, ADeposedLeaderCannotWriteAndALostLeaseIsReported) {
   EXPECT_EQ(s.code(), Status::Code::kFailedPrecondition) << s.ToString();
 }
 
+// Needs no etcd: nothing listens at the address given.
+TEST(StandbyFlagsTest, AnUnreachableEtcdOrTwoStoresAreRefusedAtStart) {
+  test::ScratchDir dir("edl-standby");
+  const std::string secret = dir.Join("secret");
+  std::ofstream(secret) << "integration-test-secret-0123456789\n";
+  std::filesystem::permissions(secret, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  const std::string store = "etcd://127.0.0.1:" + std::to_string(FreePort());
+  std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1",
+                                   "--secret_file", secret, "--events_dir", dir.Join("events"), "--state_store", store};
+  EXPECT_EQ(itest::RunCommand(argv, dir.Join("a.log"), milliseconds(30000)), 1);
+  const std::string log = Slurp(dir.Join("a.log"));
+  EXPECT_NE(log.find("cannot reach etcd at " + store), std::string::npos) << log;
+  argv.push_back("--state_dir");
+  argv.push_back(dir.Join("state"));
+  EXPECT_EQ(itest::RunCommand(argv, dir.Join("b.log"), milliseconds(30000)), 2);
+  EXPECT_NE(Slurp(dir.Join("b.log")).find("not both"), std::string::npos) << Slurp(dir.Join("b.log"));
+}
+
 }  // namespace
 }  // namespace edl
