@@ -138,8 +138,11 @@ Status Server::OpenState() {
     EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
   } else {
     // A standby waits here, not listening, until it leads (STATE.md "Standby servers").
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
     EtcdStateOptions eo{options_.state_store, options_.scheduler.job_id, options_.lease_ttl_s,
-                        options_.bind + ":" + std::to_string(options_.port) + " pid " + std::to_string(::getpid())};
+                        std::string(host) + " " + options_.bind + ":" + std::to_string(options_.port) + " pid " +
+                            std::to_string(::getpid())};
     std::unique_ptr<StateBackend> backend;
     EDL_RETURN_IF_ERROR(BecomeEtcdLeader(eo, [this](const Status& why) {
       asio::post(*io_, [this, why] {
