@@ -38,7 +38,10 @@ Client::Client(asio::io_context* io, ClientOptions options,
       sigchld_(*io, SIGCHLD),
       tick_timer_(*io),
       heartbeat_timer_(*io),
-      reconnect_timer_(*io) {}
+      reconnect_timer_(*io),
+      servers_(options_.servers) {
+  if (servers_.empty()) servers_.emplace_back(options_.server_host, options_.server_port);
+}
 
 namespace {
 
@@ -193,7 +196,8 @@ Status Client::Start() {
   sigchld_.async_wait(Rearm{this});
   LOG(INFO) << "edl client node " << options_.node_name << ": " << options_.slots.size()
             << " slots, " << (options_.restart_mode ? "restart" : "inplace") << " mode, trainers on "
-            << options_.socket_path << ", server " << options_.server_host << ":" << options_.server_port;
+            << options_.socket_path << ", server " << ServerAddr()
+            << (servers_.size() > 1 ? " (first of " + std::to_string(servers_.size()) + ")" : "");
   Connect();
   Tick();
   return Status::OK();
@@ -239,10 +243,15 @@ void Client::Shutdown(int exit_code, const std::string& why) {
 
 // ---- server connection
 
+std::string Client::ServerAddr() const {
+  return servers_[server_index_].first + ":" + std::to_string(servers_[server_index_].second);
+}
+
 void Client::Connect() {
   if (shutting_down_) return;
   auto resolver = std::make_shared<asio::ip::tcp::resolver>(*io_);
   auto socket = std::make_shared<asio::ip::tcp::socket>(*io_);
+  const auto& [host, port] = servers_[server_index_];
   auto timer = std::make_shared<asio::steady_timer>(*io_, milliseconds(5000));
   timer->async_wait([socket](const boost::system::error_code& ec) {
     if (!ec) {
@@ -251,12 +260,12 @@ void Client::Connect() {
     }
   });
   resolver->async_resolve(
-      options_.server_host, std::to_string(options_.server_port),
+      host, std::to_string(port),
       [this, resolver, socket, timer](const boost::system::error_code& ec,
                                       asio::ip::tcp::resolver::results_type results) {
         if (ec) {
           timer->cancel();
-          return ScheduleReconnect("cannot resolve " + options_.server_host + ": " + ec.message());
+          return ScheduleReconnect("cannot resolve " + ServerAddr() + ": " + ec.message());
         }
         asio::async_connect(*socket, results,
                             [this, socket, timer](const boost::system::error_code& ec2,
@@ -264,9 +273,7 @@ void Client::Connect() {
                               timer->cancel();
                               if (shutting_down_) return;
                               if (ec2) {
-                                return ScheduleReconnect("connect to " + options_.server_host + ":" +
-                                                         std::to_string(options_.server_port) + ": " +
-                                                         ec2.message());
+                                return ScheduleReconnect("connect to " + ServerAddr() + ": " + ec2.message());
                               }
                               boost::system::error_code ignored;
                               socket->set_option(asio::ip::tcp::no_delay(true), ignored);
@@ -274,8 +281,7 @@ void Client::Connect() {
                               o.idle_timeout = milliseconds(10000);
                               o.max_frame_bytes = proto::kMaxPreAuthFrameBytes;  // until welcomed
                               server_ = net::Connection::Create(
-                                  net::ToGeneric(std::move(*socket)),
-                                  options_.server_host + ":" + std::to_string(options_.server_port), o);
+                                  net::ToGeneric(std::move(*socket)), ServerAddr(), o);
                               authenticated_ = false;
                               nonce_.clear();  // an error before our hello proves nothing
                               auto conn = server_;
@@ -292,10 +298,13 @@ void Client::Connect() {
 
 void Client::ScheduleReconnect(const std::string& why) {
   if (shutting_down_) return;
-  LOG(WARNING) << "edl client " << options_.node_name << ": server connection: " << why
-               << "; retrying in " << backoff_ms_ << " ms";
+  // With several servers (a leader and standbys) the next one is tried; the delay grows once per
+  // round over all of them.
+  server_index_ = (server_index_ + 1) % servers_.size();
+  LOG(WARNING) << "edl client " << options_.node_name << ": server connection: " << why << "; trying "
+               << ServerAddr() << " in " << backoff_ms_ << " ms";
   reconnect_timer_.expires_after(milliseconds(backoff_ms_));
-  backoff_ms_ = std::min<int64_t>(backoff_ms_ * 2, 5000);
+  if (server_index_ == 0) backoff_ms_ = std::min<int64_t>(backoff_ms_ * 2, 5000);
   reconnect_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) Connect();
   });

@@ -28,6 +28,9 @@ namespace edl::jobclient {
 struct ClientOptions {
   std::string server_host = "127.0.0.1";
   int server_port = 8180;
+  // Every server of --server (a leader and its standbys); empty: server_host:server_port alone.
+  // The client tries them in turn (README "Standby servers").
+  std::vector<std::pair<std::string, int>> servers;
   std::string secret;                 // from --secret_file
   std::string node_name;              // unique in the cluster
   std::vector<int> slots;             // slot indices offered
@@ -155,6 +158,9 @@ class Client {
   std::string job_id_ = "edl-job";
   int heartbeat_ms_ = 1000;
   int64_t backoff_ms_ = 200;
+  std::vector<std::pair<std::string, int>> servers_;  // options_.servers, or server_host:server_port
+  size_t server_index_ = 0;                            // the one tried now
+  std::string ServerAddr() const;                      // its "host:port"
   uint64_t cpu_busy_prev_ = 0, cpu_total_prev_ = 0;  // /proc/stat at the previous node_stats
   std::deque<nlohmann::json> outbox_;  // exit reports and readiness while disconnected
 

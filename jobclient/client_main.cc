@@ -131,7 +131,7 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   char host[256] = "node";
   ::gethostname(host, sizeof(host) - 1);
   d.add_options()
-      ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT")
+      ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT, or a comma-separated list of a leader and its standbys (tried in turn)")
       ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
       ("node_name", po::value<std::string>(&o->node_name)->default_value(host), "this node's unique name")
       ("gpus", po::value<std::string>(&gpus), "GPU slots, e.g. 0,1,2,3 (sets CUDA_VISIBLE_DEVICES per trainer)")
@@ -160,7 +160,9 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   *help = pf.help;
   if (pf.help) return Status::OK();
   EDL_RETURN_IF_ERROR(net::ReadSecretFile(secret_file, &o->secret));
-  EDL_RETURN_IF_ERROR(net::ParseHostPort(server, "--server", &o->server_host, &o->server_port));
+  EDL_RETURN_IF_ERROR(net::ParseHostPortList(server, "--server", &o->servers));
+  o->server_host = o->servers[0].first;
+  o->server_port = o->servers[0].second;
   if (!proto::IsValidName(o->node_name)) {
     return Status::InvalidArgument("--node_name '" + o->node_name + "': use letters, digits, '.', '_', '-'");
   }

@@ -136,20 +136,32 @@ std::string StatusLine(const json& b) {
          (b.value("done", false) ? " finished" : "");
 }
 
+// Connects to the first server of the comma-separated `server` list that accepts and
+// authenticates us (a leader and its standbys: standbys do not listen; README "Standby servers").
 Status Connect(const std::string& server, const std::string& secret_file,
                std::unique_ptr<net::FramedSocket>* out) {
-  std::string host, secret;
-  int port = 0;
-  EDL_RETURN_IF_ERROR(net::ParseHostPort(server, "--server", &host, &port));
+  std::vector<std::pair<std::string, int>> servers;
+  std::string secret;
+  EDL_RETURN_IF_ERROR(net::ParseHostPortList(server, "--server", &servers));
   EDL_RETURN_IF_ERROR(net::ReadSecretFile(secret_file, &secret));
-  auto sock = net::FramedSocket::ConnectTcp(host, port, milliseconds(5000));
-  if (!sock.ok()) return sock.status();
-  proto::Hello hello;
-  hello.role = "ctl";
-  proto::Welcome w;
-  EDL_RETURN_IF_ERROR(net::AuthenticateToServer(sock.value().get(), secret, hello, milliseconds(5000), &w));
-  *out = std::move(sock.value());
-  return Status::OK();
+  Status last;
+  for (const auto& [host, port] : servers) {
+    auto sock = net::FramedSocket::ConnectTcp(host, port, milliseconds(5000));
+    if (!sock.ok()) {
+      last = sock.status();
+      continue;
+    }
+    proto::Hello hello;
+    hello.role = "ctl";
+    proto::Welcome w;
+    last = net::AuthenticateToServer(sock.value().get(), secret, hello, milliseconds(5000), &w);
+    if (last.ok()) {
+      *out = std::move(sock.value());
+      return Status::OK();
+    }
+    if (last.code() == Status::Code::kUnauthenticated) break;  // the same secret fails everywhere
+  }
+  return servers.size() == 1 ? last : last.WithContext("no server of --server " + server + " answered; the last");
 }
 
 Status Call(net::FramedSocket* sock, const proto::CtlRequest& req, proto::CtlReply* rep) {
@@ -250,7 +262,7 @@ int RunCtlMain(int argc, char** argv) {
   std::vector<std::string> args;
   bool as_json = false;
   d.add_options()
-      ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT")
+      ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT, or a comma-separated list of a leader and its standbys (the first that answers)")
       ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
       ("json", po::bool_switch(&as_json), "status: print the raw JSON")
       ("command", po::value<std::string>(&command), "status | scale | watch | stop | submit | jobs | cancel")

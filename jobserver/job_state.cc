@@ -22,8 +22,9 @@ namespace {
 constexpr int64_t kMaxI64 = INT64_MAX;
 
 std::string Fix(const std::string& key) {
-  return " (state key '" + key + "'). The state directory is damaged or was written by another "
-         "program: move it aside (the server then starts a new job) or restore it from a backup";
+  return " (state key '" + key + "'). The stored state is damaged or was written by another "
+         "program: move it aside (the --state_dir directory, or the job's keys in etcd) and the server "
+         "starts a new job, or restore it from a backup";
 }
 
 // Parses `value` as a JSON object with the current format version.
@@ -220,13 +221,59 @@ Status DecodeNode(const std::string& key, const std::string& value, NodeState* n
   return Status::OK();
 }
 
-// ---- the store
+// ---- the RocksDB backend
 
-StateStore::StateStore() = default;
-StateStore::~StateStore() = default;
+namespace {
 
-Status StateStore::Open(const std::string& dir, bool* created) {
-  dir_ = dir;
+class RocksDbBackend : public StateBackend {
+ public:
+  RocksDbBackend(std::string dir, rocksdb::DB* db) : dir_(std::move(dir)), db_(db) {}
+
+  Status Get(const std::string& key, std::string* value, bool* found) override {
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    const rocksdb::Status rs = db_->Get(ro, key, value);
+    *found = rs.ok();
+    if (rs.ok() || rs.IsNotFound()) return Status::OK();
+    return Status::Corruption("reading " + key + " in " + Describe() + ": " + rs.ToString() + Fix(key));
+  }
+
+  Status Scan(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out) override {
+    out->clear();
+    rocksdb::ReadOptions ro;
+    ro.verify_checksums = true;
+    std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
+    for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+      out->emplace_back(it->key().ToString(), it->value().ToString());
+    }
+    if (!it->status().ok()) {
+      return Status::Corruption("scanning " + prefix + " in " + Describe() + ": " + it->status().ToString() +
+                                Fix(prefix));
+    }
+    return Status::OK();
+  }
+
+  Status Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes) override {
+    rocksdb::WriteBatch batch;
+    for (const std::string& key : deletes) batch.Delete(key);
+    for (const auto& [key, value] : puts) batch.Put(key, value);
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    const rocksdb::Status rs = db_->Write(wo, &batch);
+    if (!rs.ok()) return Status::IOError("writing the job state to " + Describe() + ": " + rs.ToString());
+    return Status::OK();
+  }
+
+  std::string Describe() const override { return "--state_dir " + dir_; }
+
+ private:
+  const std::string dir_;
+  const std::unique_ptr<rocksdb::DB> db_;
+};
+
+}  // namespace
+
+Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBackend>* out, bool* created) {
   std::error_code ec;
   const bool existed = fs::exists(dir, ec);
   if (existed && !fs::is_directory(dir, ec)) {
@@ -261,10 +308,27 @@ Status StateStore::Open(const std::string& dir, bool* created) {
     return Status::Corruption(what + ". The state directory is damaged: move it aside (the server "
                               "then starts a new job) or restore it from a backup");
   }
-  db_.reset(db);
+  *out = std::make_unique<RocksDbBackend>(dir, db);
   ::chmod(dir.c_str(), 0700);  // it holds the nodes' session tokens
   *created = empty;
   return Status::OK();
+}
+
+// ---- the store
+
+StateStore::StateStore() = default;
+StateStore::~StateStore() = default;
+
+Status StateStore::Open(const std::string& dir, bool* created) {
+  std::unique_ptr<StateBackend> b;
+  EDL_RETURN_IF_ERROR(OpenRocksDbStateBackend(dir, &b, created));
+  Open(std::move(b));
+  return Status::OK();
+}
+
+void StateStore::Open(std::unique_ptr<StateBackend> backend) {
+  backend_ = std::move(backend);
+  dir_ = backend_->Describe();
 }
 
 Status StateStore::Load(const std::string& job_id, JobState* out, bool* found) {
@@ -272,22 +336,17 @@ Status StateStore::Load(const std::string& job_id, JobState* out, bool* found) {
   JobState s;
   s.job_id = job_id;
   const std::string prefix = JobKeyPrefix(job_id);
-  rocksdb::ReadOptions ro;
-  ro.verify_checksums = true;
   std::string meta, gen;
-  rocksdb::Status rs = db_->Get(ro, prefix + "meta", &meta);
-  if (rs.IsNotFound()) {
-    // A new job (the nodes below may still be known from another job of this cluster).
-  } else if (!rs.ok()) {
-    return Status::Corruption("reading " + prefix + "meta in --state_dir " + dir_ + ": " + rs.ToString() +
-                              Fix(prefix + "meta"));
-  } else {
+  bool has_meta = false, has_gen = false;
+  EDL_RETURN_IF_ERROR(backend_->Get(prefix + "meta", &meta, &has_meta));
+  if (has_meta) {
+    // (Without it: a new job; the nodes below may still be known from another job of this cluster.)
     EDL_RETURN_IF_ERROR(DecodeJobMeta(prefix + "meta", meta, &s));
     if (s.job_id != job_id) return Status::Corruption("stored job id differs from its key" + Fix(prefix + "meta"));
-    rs = db_->Get(ro, prefix + "generation", &gen);
-    if (!rs.ok()) {
-      return Status::Corruption("job '" + job_id + "' has metadata but its generation cannot be read (" +
-                                rs.ToString() + ")" + Fix(prefix + "generation"));
+    EDL_RETURN_IF_ERROR(backend_->Get(prefix + "generation", &gen, &has_gen));
+    if (!has_gen) {
+      return Status::Corruption("job '" + job_id + "' has metadata but no generation in " + dir_ +
+                                Fix(prefix + "generation"));
     }
     EDL_RETURN_IF_ERROR(DecodeGeneration(prefix + "generation", gen, &s));
     if (s.current.generation > s.max_generation || s.current.job_id != job_id) {
@@ -296,16 +355,13 @@ Status StateStore::Load(const std::string& job_id, JobState* out, bool* found) {
     }
     *found = true;
   }
-  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro));
-  for (it->Seek(kNodeKeyPrefix); it->Valid() && it->key().starts_with(kNodeKeyPrefix); it->Next()) {
+  std::vector<std::pair<std::string, std::string>> nodes;
+  EDL_RETURN_IF_ERROR(backend_->Scan(kNodeKeyPrefix, &nodes));
+  for (const auto& [key, value] : nodes) {
     NodeState n;
-    EDL_RETURN_IF_ERROR(DecodeNode(it->key().ToString(), it->value().ToString(), &n));
-    saved_nodes_[it->key().ToString()] = it->value().ToString();
+    EDL_RETURN_IF_ERROR(DecodeNode(key, value, &n));
+    saved_nodes_[key] = value;
     s.nodes[n.name] = std::move(n);
-  }
-  if (!it->status().ok()) {
-    return Status::Corruption("scanning nodes in --state_dir " + dir_ + ": " + it->status().ToString() +
-                              Fix(kNodeKeyPrefix));
   }
   *out = std::move(s);
   return Status::OK();
@@ -313,24 +369,20 @@ Status StateStore::Load(const std::string& job_id, JobState* out, bool* found) {
 
 Status StateStore::Save(const JobState& s) {
   const std::string prefix = JobKeyPrefix(s.job_id);
-  rocksdb::WriteBatch batch;
-  batch.Put(prefix + "meta", EncodeJobMeta(s));
-  batch.Put(prefix + "generation", EncodeGeneration(s));
+  std::map<std::string, std::string> puts;
+  std::vector<std::string> deletes;
+  puts[prefix + "meta"] = EncodeJobMeta(s);
+  puts[prefix + "generation"] = EncodeGeneration(s);
   std::map<std::string, std::string> nodes;
   for (const auto& [name, n] : s.nodes) nodes[NodeKey(name)] = EncodeNode(n);
   for (const auto& [key, value] : saved_nodes_) {
-    if (nodes.count(key) == 0) batch.Delete(key);
+    if (nodes.count(key) == 0) deletes.push_back(key);
   }
   for (const auto& [key, value] : nodes) {
     auto old = saved_nodes_.find(key);
-    if (old == saved_nodes_.end() || old->second != value) batch.Put(key, value);
+    if (old == saved_nodes_.end() || old->second != value) puts[key] = value;
   }
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  const rocksdb::Status rs = db_->Write(wo, &batch);
-  if (!rs.ok()) {
-    return Status::IOError("writing the job state to --state_dir " + dir_ + ": " + rs.ToString());
-  }
+  EDL_RETURN_IF_ERROR(backend_->Write(puts, deletes));
   saved_nodes_ = std::move(nodes);
   return Status::OK();
 }

@@ -1,9 +1,10 @@
 // The job server's durable state (jobserver/STATE.md): what `edl server` keeps under --state_dir so
 // that a restarted server resumes the running job instead of starting a new one. JobState and
 // NodeState are plain values with an encoding (JSON with a format version, validated on decode as
-// hostile bytes); StateStore keeps them in an embedded RocksDB, one key range per job
-// ("job/<job_id>/...") plus the cluster's nodes ("cluster/nodes/<name>"), written with synced
-// WriteBatches.
+// hostile bytes); StateStore keeps them in a StateBackend, one key range per job
+// ("job/<job_id>/...") plus the cluster's nodes ("cluster/nodes/<name>"), each save one atomic,
+// durable write: an embedded RocksDB under --state_dir (the default) or etcd
+// (--state_store etcd://..., jobserver/etcd_state.h; STATE.md "Backends").
 //
 // Thread-safety: StateStore is not thread-safe (the server uses it from its io_context thread).
 #pragma once
@@ -16,10 +17,6 @@
 
 #include "edl/base/status.h"
 #include "edl/proto/messages.h"
-
-namespace rocksdb {
-class DB;
-}
 
 namespace edl::jobserver {
 
@@ -73,6 +70,25 @@ Status DecodeNode(const std::string& key, const std::string& value, NodeState* n
 std::string JobKeyPrefix(const std::string& job_id);  // "job/<job_id>/"
 inline constexpr char kNodeKeyPrefix[] = "cluster/nodes/";
 
+// Where StateStore keeps its keys. Implementations: RocksDB (job_state.cc), etcd (etcd_state.h).
+class StateBackend {
+ public:
+  virtual ~StateBackend() = default;
+  // *found false (and OK) when the key is absent.
+  virtual Status Get(const std::string& key, std::string* value, bool* found) = 0;
+  // Every key that starts with `prefix`, in key order.
+  virtual Status Scan(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out) = 0;
+  // Applies every put and delete together and durably, or none of them.
+  virtual Status Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes) = 0;
+  // Names the store in messages: "--state_dir DIR", "--state_store etcd://...".
+  virtual std::string Describe() const = 0;
+};
+
+// The RocksDB backend in `dir` (created when missing or empty). *created: there was no state yet.
+// Corruption / FailedPrecondition naming the directory and the fix when it holds something that
+// is not a readable state database.
+Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBackend>* out, bool* created);
+
 class StateStore {
  public:
   StateStore();
@@ -84,15 +100,18 @@ class StateStore {
   // yet. Corruption / FailedPrecondition naming the directory and the fix when it holds something
   // that is not a readable state database.
   Status Open(const std::string& dir, bool* created);
+  // Uses `backend` (another engine than the local RocksDB).
+  void Open(std::unique_ptr<StateBackend> backend);
   // Loads job `job_id` and every node. *found: the job has state.
   Status Load(const std::string& job_id, JobState* out, bool* found);
   // Replaces the job's state and the node set in one synced write.
   Status Save(const JobState& s);
+  // "--state_dir DIR" or "--state_store etcd://...", for messages.
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
-  std::unique_ptr<rocksdb::DB> db_;
+  std::unique_ptr<StateBackend> backend_;
   std::map<std::string, std::string> saved_nodes_;  // last written node values, by key
 };
 

@@ -1,5 +1,7 @@
 #include "jobserver/server.h"
 
+#include <unistd.h>
+
 #include <fstream>
 
 #include <glog/logging.h>
@@ -8,6 +10,7 @@
 #include "edl/net/auth.h"
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
+#include "jobserver/etcd_state.h"
 #include "jobserver/server_peer.h"
 
 namespace edl::jobserver {
@@ -67,9 +70,9 @@ Status Server::Start() {
     script_ = std::move(s);
   }
   if (options_.cluster) {
-    if (!options_.state_dir.empty() || script_ || options_.demo_policy) {
-      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_dir, --scale_script and "
-                                     "the demo policy belong to the single-job server");
+    if (!options_.state_dir.empty() || !options_.state_store.empty() || script_ || options_.demo_policy) {
+      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_dir, --state_store, "
+                                     "--scale_script and the demo policy belong to the single-job server");
     }
     cluster_ = std::make_unique<Cluster>(options_.cluster_options, clock_);
   }
@@ -124,30 +127,48 @@ Status Server::OpenState() {
       return s.WithContext("--checkpoint_dir (read at start to number generations above its newest)");
     }
   }
-  if (options_.state_dir.empty()) {
+  if (options_.state_dir.empty() && options_.state_store.empty()) {
     LOG(WARNING) << "no --state_dir: the job's state is kept in memory only; a restarted server starts "
                     "a new job and ignores the running trainers";
     return Status::OK();
   }
   state_ = std::make_unique<StateStore>();
   bool created = false;
-  EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
+  if (options_.state_store.empty()) {
+    EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
+  } else {
+    // A standby waits here, not listening, until it leads (STATE.md "Standby servers").
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    EtcdStateOptions eo{options_.state_store, options_.scheduler.job_id, options_.lease_ttl_s,
+                        std::string(host) + " " + options_.bind + ":" + std::to_string(options_.port) + " pid " +
+                            std::to_string(::getpid())};
+    std::unique_ptr<StateBackend> backend;
+    EDL_RETURN_IF_ERROR(BecomeEtcdLeader(eo, [this](const Status& why) {
+      asio::post(*io_, [this, why] {
+        LOG(ERROR) << "edl server: lost the leadership of job " << options_.scheduler.job_id << ": " << why.ToString()
+                   << "; stopping (fail-stop; the trainers keep running and the new leader adopts them)";
+        failed_ = true;
+        Shutdown(/*stop_clients=*/false);
+      });
+    }, &backend));
+    state_->Open(std::move(backend));
+  }
   JobState st;
   bool found = false;
   EDL_RETURN_IF_ERROR(state_->Load(options_.scheduler.job_id, &st, &found));
   if (!found) {
-    LOG(INFO) << "no state for job " << options_.scheduler.job_id << " in --state_dir " << options_.state_dir
+    LOG(INFO) << "no state for job " << options_.scheduler.job_id << " in " << state_->dir()
               << (created ? " (a new state directory)" : "") << ": starting a new job";
-    Record({{"type", "new_job"}, {"state_dir", options_.state_dir}});
+    Record({{"type", "new_job"}, {"state_dir", options_.state_dir}, {"state_store", options_.state_store}});
   } else {
-    LOG(INFO) << "resuming job " << options_.scheduler.job_id << " from --state_dir " << options_.state_dir;
+    LOG(INFO) << "resuming job " << options_.scheduler.job_id << " from " << state_->dir();
     scheduler_.Restore(st);
     if (script_) script_->Resume(st.script_next, st.script_offset_us);
     if (demo_) demo_->Resume(st.demo_size, st.demo_steps);
     if (st.clock_started) first_generation_us_ = clock_->NowMicros() - st.scale_elapsed_us;
   }
-  return Persist() ? Status::OK()
-                   : Status::IOError("cannot write the job state to --state_dir " + options_.state_dir);
+  return Persist() ? Status::OK() : Status::IOError("cannot write the job state to " + state_->dir());
 }
 
 bool Server::Persist() {
@@ -170,7 +191,8 @@ bool Server::Persist() {
   if (s.ok()) return true;
   LOG(ERROR) << "edl server: " << s.ToString()
              << "; stopping without sending the change (the trainers keep running; restart the server "
-                "once --state_dir is writable and it resumes from the last state kept)";
+                "once " << state_->dir() << " is writable and it resumes from the last state kept)";
+  failed_ = true;
   Shutdown(/*stop_clients=*/false);
   return false;
 }

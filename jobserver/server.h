@@ -39,6 +39,11 @@ struct ServerOptions {
   // The job's durable state (jobserver/STATE.md); empty: kept in memory only (a restarted server
   // starts a new job).
   std::string state_dir;
+  // The same state in etcd instead ("etcd://HOST:PORT[,...]"; STATE.md "Backends"), with leader
+  // election among the servers of the job: Start() waits as a standby, not listening, until this
+  // server leads.
+  std::string state_store;
+  int64_t lease_ttl_s = 5;         // the leader's etcd lease; a standby takes over within 2x this
   // The trainers' checkpoint store, read once at start: new generations are numbered above the
   // newest one it holds, so its generation fence accepts their saves. Empty: not read.
   std::string checkpoint_dir;
@@ -74,6 +79,9 @@ class Server {
   // the port is taken.
   Status Start();
   int port() const { return port_; }
+  // True once the server stopped because it can no longer keep its state (a failed write, a lost
+  // leader lease): `edl server` then exits 1.
+  bool failed() const { return failed_; }
   // Stops accepting, closes every connection, stops the io_context. `stop_clients`: first tell
   // every client to stop its trainers and exit.
   void Shutdown(bool stop_clients);
@@ -156,6 +164,7 @@ class Server {
   boost::asio::steady_timer tick_timer_;
   int port_ = 0;
   bool shutting_down_ = false;
+  bool failed_ = false;
 
   Scheduler scheduler_;
   ServiceRegistry services_;  // teachers and the students watching them
@@ -168,7 +177,7 @@ class Server {
   // never aborts joiners that are still loading; these track the time spent paused.
   int64_t paused_us_ = 0;
   int64_t last_tick_us_ = -1;
-  std::unique_ptr<StateStore> state_;  // null without --state_dir
+  std::unique_ptr<StateStore> state_;  // null without --state_dir / --state_store
   int64_t last_persist_us_ = 0;
 
   std::map<std::string, std::shared_ptr<Peer>> nodes_;  // connected clients by node name

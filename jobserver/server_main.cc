@@ -9,6 +9,7 @@
 
 #include "edl/base/flags.h"
 #include "edl/net/auth.h"
+#include "jobserver/etcd_client.h"
 #include "jobserver/server.h"
 
 namespace edl::jobserver {
@@ -70,6 +71,13 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("state_dir", po::value<std::string>(&o->state_dir),
        "directory of the job's durable state (RocksDB, see jobserver/STATE.md): a restarted server resumes "
        "the job and its running trainers from it (created when missing; empty: state in memory only)")
+      ("state_store", po::value<std::string>(&o->state_store),
+       "etcd://HOST:PORT[,HOST:PORT...]: keep the job's state in etcd (v3) instead of --state_dir, with "
+       "leader election: several servers of one job (each with its own --server_port) run, one leads, the "
+       "others wait as standbys without listening and take over when the leader's lease ends (jobserver/STATE.md)")
+      ("lease_ttl_s", po::value<int64_t>(&o->lease_ttl_s)->default_value(5),
+       "--state_store: TTL of the leader's etcd lease in seconds; a standby takes over within twice this, a "
+       "leader that cannot renew it within this stops")
       ("checkpoint_dir", po::value<std::string>(&o->checkpoint_dir),
        "the trainers' checkpoint store, read at start: generations are numbered above its newest, so "
        "its fence accepts the new trainers' saves (needed only with a new --state_dir and an old store)")
@@ -113,6 +121,14 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
         ", --kv_max_bytes >= --kv_max_value_bytes, --kv_max_keys >= 1, 1 <= "
         "--kv_max_waiters_per_connection <= --kv_max_waiters, --ctl_max_queue_bytes >= 65536");
   }
+  if (!o->state_store.empty() && !o->state_dir.empty()) {
+    return Status::InvalidArgument("give either --state_dir (local RocksDB) or --state_store (etcd), not both");
+  }
+  if (!o->state_store.empty()) {
+    std::vector<EtcdEndpoint> endpoints;
+    EDL_RETURN_IF_ERROR(ParseEtcdUrl(o->state_store, &endpoints));
+  }
+  if (o->lease_ttl_s < 1 || o->lease_ttl_s > 3600) return Status::InvalidArgument("--lease_ttl_s must be in 1..3600");
   o->kv.max_value_bytes = static_cast<size_t>(kv_value);
   o->kv.max_keys = static_cast<size_t>(kv_keys);
   o->kv.max_total_bytes = static_cast<size_t>(kv_bytes);
@@ -184,7 +200,7 @@ int RunServerMain(int argc, char** argv) {
     LOG(ERROR) << "edl server: unexpected exception: " << e.what();
     return 1;
   }
-  return 0;
+  return server.failed() ? 1 : 0;
 }
 
 }  // namespace edl::jobserver

@@ -26,6 +26,7 @@ PACKAGES=(
   jq
   slurm-wlm munge   # tests only: tests/integration/slurm_test starts a one-node Slurm of its own
   nfs-kernel-server nfs-common   # tests only: the checkpoint store on an NFS mount over loopback
+  etcd-server etcd-client   # tests only: standby_test runs its own etcd (edl server --state_store etcd://...)
 )
 
 missing=()

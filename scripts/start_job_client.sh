@@ -16,7 +16,8 @@
 #   EDL_BIN            the edl binary [<repo>/build/edl, else edl in PATH]
 #   EDL_SECRET_FILE    cluster secret: a copy of the server's file, never created here (a new one
 #                      could never match the server's) [$HOME/.edl/secret]
-#   EDL_SERVER         host:port of `edl server`, as THIS node reaches it [127.0.0.1:${EDL_SERVER_PORT:-8180}]
+#   EDL_SERVER         host:port of `edl server`, as THIS node reaches it, or a comma-separated list
+#                      of a leader and its standbys [127.0.0.1:${EDL_SERVER_PORT:-8180}]
 #   EDL_ADVERTISE_ADDR this node's address that the other nodes' trainers reach; trainers bind it
 #                      [127.0.0.1 when EDL_SERVER is on this machine, else the source address of
 #                      this node's route to the server (`ip route get`)]
@@ -56,7 +57,7 @@ case "${EDL_SLOTS:-}" in
 esac
 SERVER="${EDL_SERVER:-127.0.0.1:${EDL_SERVER_PORT:-8180}}"
 # Checked before anything starts: a client that cannot resolve the server would retry forever.
-server_ip="$(edl_resolve_server "$SERVER")"
+server_ip="$(edl_resolve_server "${SERVER%%,*}")"
 ADVERTISE_ADDR="${EDL_ADVERTISE_ADDR:-}"
 if [ -z "$ADVERTISE_ADDR" ]; then ADVERTISE_ADDR="$(edl_default_advertise_addr "$server_ip")"; fi
 mkdir -p "$EDL_RUN_DIR/logs"

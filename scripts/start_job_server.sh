@@ -26,6 +26,10 @@
 #   EDL_SCALE_SCRIPT   scaling-script file (see config/) [none]
 #   EDL_RUN_DIR        pid file, events, logs and the job's state go under it [./edl-run]
 #   EDL_STATE_DIR      the job's durable state [$EDL_RUN_DIR/state]
+#   EDL_STATE_STORE    etcd://HOST:PORT[,...]: keep the state in etcd instead of EDL_STATE_DIR; run
+#                      this script on two or three machines and one server leads, the others wait
+#                      as standbys (README "Standby servers") [unset]
+#   EDL_LEASE_TTL_S    with EDL_STATE_STORE: the leader's lease [5]
 #   EDL_STOP_TIMEOUT_S seconds --stop waits after SIGTERM before SIGKILL [30]
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
@@ -57,8 +61,12 @@ args=(
   --trainers "${EDL_TRAINERS:-0}"
   --events_dir "$EDL_RUN_DIR/events"
   --log_dir "$EDL_RUN_DIR/logs"
-  --state_dir "${EDL_STATE_DIR:-$EDL_RUN_DIR/state}"
 )
+if [ -n "${EDL_STATE_STORE:-}" ]; then
+  args+=(--state_store "$EDL_STATE_STORE" --lease_ttl_s "${EDL_LEASE_TTL_S:-5}")
+else
+  args+=(--state_dir "${EDL_STATE_DIR:-$EDL_RUN_DIR/state}")
+fi
 if [ -n "${EDL_SCALE_SCRIPT:-}" ]; then
   [ -f "$EDL_SCALE_SCRIPT" ] || edl_die "EDL_SCALE_SCRIPT=$EDL_SCALE_SCRIPT does not exist"
   args+=(--scale_script "$EDL_SCALE_SCRIPT")

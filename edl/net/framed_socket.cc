@@ -71,6 +71,21 @@ Status ParseHostPort(const std::string& s, const std::string& what, std::string*
   return Status::OK();
 }
 
+Status ParseHostPortList(const std::string& s, const std::string& what,
+                         std::vector<std::pair<std::string, int>>* out) {
+  out->clear();
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = std::min(s.find(',', pos), s.size());
+    std::pair<std::string, int> hp;
+    EDL_RETURN_IF_ERROR(ParseHostPort(s.substr(pos, comma - pos), what, &hp.first, &hp.second));
+    if (out->size() == 16) return Status::InvalidArgument(what + ": at most 16 servers");
+    out->push_back(std::move(hp));
+    pos = comma + 1;
+  }
+  return Status::OK();
+}
+
 FramedSocket::FramedSocket(int fd, std::string peer)
     : fd_(fd), peer_(std::move(peer)), max_frame_bytes_(proto::kMaxFrameBytes) {}
 

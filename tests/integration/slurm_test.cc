@@ -27,26 +27,11 @@ namespace fs = std::filesystem;
 using itest::json;
 using itest::Proc;
 using itest::ReadLines;
+using itest::FreePort;
 using itest::RunCommand;
 using itest::Slurp;
 using itest::WaitFor;
 using std::chrono::milliseconds;
-
-// A TCP port free right now (bound to 0, then released).
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
 
 std::string ShortHostName() {
   char buf[256] = {};
