@@ -67,9 +67,9 @@ Status Server::Start() {
     script_ = std::move(s);
   }
   if (options_.cluster) {
-    if (!options_.state_dir.empty() || script_ || options_.demo_policy) {
-      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_dir, --scale_script and "
-                                     "the demo policy belong to the single-job server");
+    if (script_ || options_.demo_policy) {
+      return Status::InvalidArgument("--cluster runs submitted jobs only: --scale_script and the demo "
+                                     "policy belong to the single-job server");
     }
     cluster_ = std::make_unique<Cluster>(options_.cluster_options, clock_);
   }
@@ -129,6 +129,7 @@ Status Server::OpenState() {
                     "a new job and ignores the running trainers";
     return Status::OK();
   }
+  if (cluster_) return OpenClusterState();
   state_ = std::make_unique<StateStore>();
   bool created = false;
   EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
@@ -153,19 +154,24 @@ Status Server::OpenState() {
 bool Server::Persist() {
   if (!state_) return true;
   const int64_t now = clock_->NowMicros();
-  JobState st;
-  scheduler_.Snapshot(&st);
-  st.clock_started = first_generation_us_ >= 0;
-  st.scale_elapsed_us = st.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
-  if (script_) {
-    st.script_next = script_->position();
-    st.script_offset_us = script_->offset_us();
+  Status s;
+  if (cluster_) {
+    s = SaveClusterState();
+  } else {
+    JobState st;
+    scheduler_.Snapshot(&st);
+    st.clock_started = first_generation_us_ >= 0;
+    st.scale_elapsed_us = st.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
+    if (script_) {
+      st.script_next = script_->position();
+      st.script_offset_us = script_->offset_us();
+    }
+    if (demo_) {
+      st.demo_size = demo_->size();
+      st.demo_steps = demo_->steps_done();
+    }
+    s = state_->Save(st);
   }
-  if (demo_) {
-    st.demo_size = demo_->size();
-    st.demo_steps = demo_->steps_done();
-  }
-  Status s = state_->Save(st);
   last_persist_us_ = now;
   if (s.ok()) return true;
   LOG(ERROR) << "edl server: " << s.ToString()

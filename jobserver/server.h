@@ -148,6 +148,10 @@ class Server {
   nlohmann::json ClusterStatusBody() const;
   // RecordProgress for each running job, in its own events log (the timeline picture reads it).
   void RecordJobsProgress();
+  // OpenState / Persist of a cluster server: every submitted job and the nodes (STATE.md, "A
+  // cluster server").
+  Status OpenClusterState();
+  Status SaveClusterState();
 
   boost::asio::io_context* const io_;  // not owned
   const ServerOptions options_;
@@ -183,6 +187,7 @@ class Server {
   // Cluster mode only.
   std::unique_ptr<Cluster> cluster_;
   std::map<std::string, std::string> cluster_sessions_;  // node -> its session token
+  std::unique_ptr<ClusterStateWriter> cluster_state_;    // null without --state_dir
   std::map<std::string, std::unique_ptr<EventsLog>> job_events_;  // live jobs' events logs
   std::map<std::string, proto::NodeStats> node_stats_;  // connected nodes' latest report
   // Live trainers' progress, by job then trainer id.

@@ -88,8 +88,43 @@ void Server::TellJob(const std::shared_ptr<Peer>& peer, const std::string& job) 
   peer->job_generation[job] = 0;
 }
 
+Status Server::OpenClusterState() {
+  state_ = std::make_unique<StateStore>();
+  bool created = false;
+  EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
+  cluster_state_ = std::make_unique<ClusterStateWriter>(state_.get());
+  ClusterState st;
+  bool found = false;
+  EDL_RETURN_IF_ERROR(cluster_state_->Load(&st, &found));
+  if (!found) {
+    LOG(INFO) << "no cluster state in --state_dir " << options_.state_dir << (created ? " (a new state directory)" : "")
+              << ": starting with no jobs";
+    Record({{"type", "new_cluster"}, {"state_dir", options_.state_dir}});
+  } else {
+    LOG(INFO) << "resuming the cluster from --state_dir " << options_.state_dir << ": " << st.jobs.size()
+              << " live job(s), " << st.nodes.size() << " node(s), " << st.ended.size() << " ended job(s)";
+    EDL_RETURN_IF_ERROR(cluster_->Restore(st));
+    for (const auto& [name, n] : st.nodes) cluster_sessions_[name] = n.node.session;
+  }
+  return Persist() ? Status::OK()
+                   : Status::IOError("cannot write the cluster state to --state_dir " + options_.state_dir);
+}
+
+Status Server::SaveClusterState() {
+  ClusterState st;
+  cluster_->Snapshot(&st);
+  for (auto& [name, n] : st.nodes) {
+    auto it = cluster_sessions_.find(name);
+    if (it != cluster_sessions_.end()) n.node.session = it->second;
+  }
+  return cluster_state_->Save(st);
+}
+
 void Server::DispatchCluster() {
-  for (JobAction& ja : cluster_->TakeActions()) {
+  std::vector<JobAction> actions = cluster_->TakeActions();
+  // Kept (synced) before any of it reaches a client: a restarted server resumes from here.
+  if (!actions.empty() && !Persist()) return;
+  for (JobAction& ja : actions) {
     Action& a = ja.action;
     auto node = nodes_.find(a.node);
     switch (a.kind) {
