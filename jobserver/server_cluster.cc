@@ -212,57 +212,6 @@ void Server::RecordJob(const std::string& job, json event) {
   NotifyWatchers(json{{"event", rec}});
 }
 
-bool Server::ClusterAuthorized(const std::shared_ptr<Peer>& peer, const std::string& what,
-                               const std::string& trainer_id) {
-  if (!cluster_->JobOfTrainer(trainer_id, peer->node).empty()) return true;
-  if (LogThis(++peer->refused)) {
-    VLOG(1) << "dropped '" << what << "' from node " << peer->node << " about trainer " << trainer_id
-            << ": no live job placed it on that node (a leaving trainer, or an ended job's)";
-  }
-  return false;
-}
-
-void Server::OnClusterClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
-                                    const json& msg) {
-  cluster_->Heartbeat(peer->node);  // any frame proves the node alive
-  if (type == proto::msg::kHeartbeat) {
-    peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});
-    return;
-  }
-  if (type == proto::msg::kTrainerExit) {
-    proto::TrainerExit e;
-    Status s = e.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    const std::string how = e.exited ? "exit " + std::to_string(e.code) : "signal " + std::to_string(e.signal);
-    cluster_->TrainerExited(e.trainer_id, peer->node, e.success(), how);  // routed by id; others ignored
-    status_dirty_ = true;
-  } else if (type == proto::msg::kReady) {
-    proto::Ready r;
-    Status s = r.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    cluster_->TrainerReady(r.trainer_id, peer->node, r.generation);
-  } else if (type == proto::msg::kProgress) {
-    proto::Progress p;
-    Status s = p.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    if (!ClusterAuthorized(peer, type, p.trainer_id)) return;
-    job_progress_[cluster_->JobOfTrainer(p.trainer_id, peer->node)][p.trainer_id] = p.report;
-    status_dirty_ = true;
-  } else if (type == proto::msg::kEvent) {
-    proto::Event e;
-    Status s = e.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    if (!ClusterAuthorized(peer, type, e.trainer_id)) return;
-    OnEvent(peer, e, cluster_->JobOfTrainer(e.trainer_id, peer->node));
-  } else if (type == proto::msg::kKv) {
-    OnKv(peer, msg);
-  } else if (type == proto::msg::kNodeStats) {
-    OnNodeStats(peer, msg);
-  } else {
-    Reject(peer, Status::InvalidArgument("unexpected message '" + type + "' from a client"));
-  }
-}
-
 Status Server::OnClusterCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r) {
   if (r.command == "jobs") return Status::OK();  // the reply's body lists them
   if (r.command == "submit") {
