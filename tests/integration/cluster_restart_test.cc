@@ -2,7 +2,8 @@
 // `edl server --cluster --state_dir` with two submitted jobs on two real `edl client`s (stand-in
 // trainers) is SIGKILLed and started again on the same --state_dir and port. Both jobs are listed
 // again, their trainers keep their pids, no generation is made by the restart, and the next change
-// is numbered above every earlier one. A cancelled job stays ended across a restart.
+// is numbered above every earlier one. Cancelling a job stops it in one generation (its trainers
+// exit 0, no failure), and it stays ended across a restart.
 #include <signal.h>
 
 #include <fstream>
@@ -157,8 +158,35 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
     EXPECT_EQ(pids_after.at(id).size(), 1u) << id;
   }
 
-  // A cancelled job stays ended across a restart, and is not run again.
+  // Cancelling b is one stop decision: one generation without its trainers (reason cancel, not a
+  // failure); they leave it and exit 0, nobody is killed.
+  std::set<std::string> b_members = KvDone("b", gen["b"]);
   ASSERT_EQ(Ctl({"cancel", "b"}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::set<std::string> left;
+        for (const json& r : ReadLines(records_)) {
+          if (r["event"] == "leave" && r.value("job_id", "") == "b") left.insert(r["trainer_id"].get<std::string>());
+        }
+        return left == b_members;
+      },
+      milliseconds(60000)))
+      << Diag();
+  std::vector<json> b_gens;
+  for (const json& e : JobEvents("b")) {
+    if (e.value("type", "") == "generation") b_gens.push_back(e);
+  }
+  ASSERT_FALSE(b_gens.empty());
+  EXPECT_EQ(b_gens.back()["reason"], "cancel") << b_gens.back().dump();
+  EXPECT_EQ(b_gens.back()["world_size_after"], 0) << b_gens.back().dump();
+  for (const json& g : b_gens) EXPECT_FALSE(g["failure"].get<bool>()) << g.dump();
+  for (const json& e : JobEvents("b")) EXPECT_NE(e.value("type", ""), "kill") << e.dump();
+  for (const std::string& node : {"n1", "n2"}) {
+    const std::string log = Slurp(dir_.Join(node + ".log"));
+    EXPECT_EQ(log.find("SIGKILL"), std::string::npos) << log;
+  }
+
+  // A cancelled job stays ended across a restart, and is not run again.
   KillServer();
   if (HasFatalFailure()) return;
   StartServerOn(port_);

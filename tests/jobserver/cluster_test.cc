@@ -219,7 +219,7 @@ TEST_F(ClusterTest, NodeLossShrinksEveryJobOnItAndTheyRepair) {
   }
 }
 
-TEST_F(ClusterTest, CancelKillsTheJobAndOthersGrowIntoItsSlots) {
+TEST_F(ClusterTest, CancelStopsTheJobInOneGenerationAndOthersGrowIntoItsSlots) {
   Make();
   AddNode("n1", 2);
   ASSERT_OK(cluster_->Submit(Job("A", 1, 2)));
@@ -228,9 +228,16 @@ TEST_F(ClusterTest, CancelKillsTheJobAndOthersGrowIntoItsSlots) {
   ASSERT_EQ(World("A"), 1);
   ASSERT_EQ(World("B"), 1);
   const std::set<std::string> b_ids = Ids("B");
+  const int64_t b_gen = gens_["B"].back().generation;
   ASSERT_OK(cluster_->Cancel("B"));
   Drain();
-  for (const std::string& id : b_ids) EXPECT_TRUE(killed_.count(id)) << id;
+  // One stop generation: no trainer left, not a failure, nobody killed.
+  ASSERT_EQ(gens_["B"].size(), 2u);
+  EXPECT_EQ(gens_["B"].back().generation, b_gen + 1);
+  EXPECT_EQ(gens_["B"].back().world_size(), 0);
+  EXPECT_EQ(gens_["B"].back().reason, "cancel");
+  EXPECT_FALSE(gens_["B"].back().failure);
+  for (const std::string& id : b_ids) EXPECT_FALSE(killed_.count(id)) << id;
   AllReady();
   EXPECT_EQ(World("A"), 2);
   EXPECT_TRUE(cluster_->Cancel("B").IsNotFound());
