@@ -218,5 +218,88 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
   EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
 }
 
+// A node's client stopped (SIGSTOP) past the heartbeat timeout: the cluster loses the node and
+// every job on it re-forms without its trainers (a failure generation; the other node's trainers
+// keep their pids). After SIGCONT the client re-attaches: the node is new to the cluster, so the
+// trainers it still runs are in no live generation and are killed (`stale_trainers`), and the job
+// grows back onto the node with new trainers (jobserver/STATE.md, "Resuming").
+TEST_F(ClusterRestartTest, ANodeLostAndReattachedHasItsStaleTrainersKilledAndIsUsedAgain) {
+  StartServerOn("0");
+  if (HasFatalFailure()) return;
+  auto c1 = Client("n1");
+  auto c2 = Client("n2");
+  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("node n2 registered") != std::string::npos; },
+                      milliseconds(30000)))
+      << Diag();
+  const std::string path = dir_.Join("a.ini");
+  std::ofstream(path) << "name = a\ntype = standin\nmin = 1\nmax = 4\n";
+  std::string out;
+  ASSERT_EQ(Ctl({"submit", path}, &out), 0) << out;
+  int64_t g0 = 0;
+  ASSERT_TRUE(WaitFor([&] { return (g0 = LastGeneration("a")) > 0 && KvDone("a", g0).size() == 4; },
+                      milliseconds(60000)))
+      << Diag();
+  const std::set<std::string> first = KvDone("a", g0);
+  std::set<std::string> on_n1, on_n2;
+  for (const std::string& id : first) (id.rfind("n1-", 0) == 0 ? on_n1 : on_n2).insert(id);
+  ASSERT_EQ(on_n1.size(), 2u);
+  ASSERT_EQ(on_n2.size(), 2u);
+  const auto pids_before = Pids();
+
+  ASSERT_EQ(::kill(c2->pid(), SIGSTOP), 0);
+  json lost;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const json& e : JobEvents("a")) {
+          if (e.value("type", "") == "generation" && e["generation"] > g0 && e["failure"] == true) lost = e;
+        }
+        return !lost.is_null();
+      },
+      milliseconds(60000)))
+      << Diag();
+  EXPECT_EQ(lost["world_size_after"], 2) << lost.dump();
+  // n1's trainers re-formed without n2's.
+  ASSERT_TRUE(WaitFor([&] { return KvDone("a", lost["generation"].get<int64_t>()) == on_n1; }, milliseconds(60000)))
+      << Diag();
+  ASSERT_EQ(::kill(c2->pid(), SIGCONT), 0);
+
+  // Re-attached: n2's old trainers are killed as stale, and a grows back to 4 with new ones there.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const json& e : ReadLines(dir_.Join("events/itest.events.jsonl"))) {
+          if (e.value("type", "") != "stale_trainers") continue;
+          std::set<std::string> ids;
+          for (const json& id : e["trainer_ids"]) ids.insert(id.get<std::string>());
+          return ids == on_n2;
+        }
+        return false;
+      },
+      milliseconds(60000)))
+      << Diag();
+  int64_t grown = 0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        grown = LastGeneration("a");
+        return grown > lost["generation"].get<int64_t>() && KvDone("a", grown).size() == 4;
+      },
+      milliseconds(60000)))
+      << Diag();
+  const std::set<std::string> now = KvDone("a", grown);
+  const auto pids_after = Pids();
+  for (const std::string& id : on_n1) {
+    EXPECT_TRUE(now.count(id)) << id << " is no longer a member";
+    EXPECT_EQ(pids_after.at(id), pids_before.at(id)) << id << " was restarted";
+  }
+  for (const std::string& id : on_n2) EXPECT_FALSE(now.count(id)) << id << " was adopted after its node was lost";
+  int fresh_on_n2 = 0;
+  for (const std::string& id : now) fresh_on_n2 += id.rfind("n2-", 0) == 0 && !first.count(id);
+  EXPECT_EQ(fresh_on_n2, 2) << Diag();
+
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(server_->Wait(milliseconds(10000)), 0);
+  EXPECT_EQ(c1->Wait(milliseconds(15000)), 0);
+  EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
+}
+
 }  // namespace
 }  // namespace edl
