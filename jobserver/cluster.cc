@@ -124,9 +124,10 @@ Status Cluster::Cancel(const std::string& name) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
   EDL_RETURN_IF_ERROR(policy_.Cancel(name));
-  // One stop decision: a generation without the job's trainers, reason "cancel", not a failure.
-  // In-place trainers leave it and exit 0; restart-mode ones are stopped by their clients (TERM).
-  it->second.scheduler->SetAllocation({}, "cancel");
+  // One stop decision: the job's stop generation (no members, reason "stop", not a failure, as
+  // for `edl ctl stop` of a single job): in-place trainers leave it at an agreed step and exit 0,
+  // restart-mode ones are stopped by their clients (TERM).
+  it->second.scheduler->SetAllocation({}, "stop");
   Collect(name, &it->second);
   Forget(name, "cancelled");
   AfterPolicy();

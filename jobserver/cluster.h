@@ -77,8 +77,8 @@ class Cluster {
   // ---- jobs (ctl)
   // Checks the spec (CheckJobSpec against the live nodes' offers) and submits it to the policy.
   Status Submit(const JobSpec& spec);
-  // Stops the job in one generation without its trainers (reason "cancel", no failure); its
-  // slots go to the other jobs; it is listed as cancelled.
+  // Stops the job in one generation without its trainers (reason "stop", no failure); its slots
+  // go to the other jobs; it is listed as cancelled.
   Status Cancel(const std::string& name);
   Status Scale(const std::string& name, int n);
 

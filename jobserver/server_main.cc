@@ -69,7 +69,8 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("events_dir", po::value<std::string>(&o->events_dir)->default_value("./edl-events"), "directory of the events log")
       ("state_dir", po::value<std::string>(&o->state_dir),
        "directory of the job's durable state (RocksDB, see jobserver/STATE.md): a restarted server resumes "
-       "the job and its running trainers from it (created when missing; empty: state in memory only)")
+       "the job and its running trainers from it (with --cluster: every submitted job; created when missing; "
+       "empty: state in memory only)")
       ("checkpoint_dir", po::value<std::string>(&o->checkpoint_dir),
        "the trainers' checkpoint store, read at start: generations are numbered above its newest, so "
        "its fence accepts the new trainers' saves (needed only with a new --state_dir and an old store)")

@@ -158,8 +158,8 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
     EXPECT_EQ(pids_after.at(id).size(), 1u) << id;
   }
 
-  // Cancelling b is one stop decision: one generation without its trainers (reason cancel, not a
-  // failure); they leave it and exit 0, nobody is killed.
+  // Cancelling b is one stop decision: its stop generation (no members, reason stop, not a
+  // failure); its trainers leave it and exit 0, nobody is killed.
   std::set<std::string> b_members = KvDone("b", gen["b"]);
   ASSERT_EQ(Ctl({"cancel", "b"}, &out), 0) << out;
   ASSERT_TRUE(WaitFor(
@@ -177,7 +177,7 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
     if (e.value("type", "") == "generation") b_gens.push_back(e);
   }
   ASSERT_FALSE(b_gens.empty());
-  EXPECT_EQ(b_gens.back()["reason"], "cancel") << b_gens.back().dump();
+  EXPECT_EQ(b_gens.back()["reason"], "stop") << b_gens.back().dump();
   EXPECT_EQ(b_gens.back()["world_size_after"], 0) << b_gens.back().dump();
   for (const json& g : b_gens) EXPECT_FALSE(g["failure"].get<bool>()) << g.dump();
   for (const json& e : JobEvents("b")) EXPECT_NE(e.value("type", ""), "kill") << e.dump();

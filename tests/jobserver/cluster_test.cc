@@ -235,7 +235,7 @@ TEST_F(ClusterTest, CancelStopsTheJobInOneGenerationAndOthersGrowIntoItsSlots) {
   ASSERT_EQ(gens_["B"].size(), 2u);
   EXPECT_EQ(gens_["B"].back().generation, b_gen + 1);
   EXPECT_EQ(gens_["B"].back().world_size(), 0);
-  EXPECT_EQ(gens_["B"].back().reason, "cancel");
+  EXPECT_EQ(gens_["B"].back().reason, "stop");
   EXPECT_FALSE(gens_["B"].back().failure);
   for (const std::string& id : b_ids) EXPECT_FALSE(killed_.count(id)) << id;
   AllReady();
