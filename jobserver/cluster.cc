@@ -91,7 +91,7 @@ Status Cluster::Submit(const JobSpec& spec) {
   job.spec = spec;
   // MASTER_PORT (restart-mode programs) is base + generation % 1000: jobs numbering the same
   // generations on one host get disjoint ranges.
-  job.port_index = submitted_ % 20;
+  job.port_index = submitted_ % kJobPortRanges;
   job.scheduler = NewScheduler(spec.job.name, job.port_index);
   // A name used before numbers its generations above the ended job's, so a checkpoint store the
   // two share keeps accepting saves (edl/ckpt/FORMAT.md).
@@ -400,7 +400,8 @@ void Cluster::Snapshot(ClusterState* s) const {
       js.seq = pj->seq;
       js.cap = pj->cap;
       js.running = pj->state == JobPhase::kRunning;
-      js.deadline_left_us = pj->spec.deadline_us > 0 ? std::max<int64_t>(1, pj->spec.deadline_us - now) : 0;
+      js.deadline_left_us =
+        pj->spec.deadline_us > 0 ? std::clamp<int64_t>(pj->spec.deadline_us - now, 1, kMaxDeadlineLeftUs) : 0;
       js.deadline_reported = pj->deadline_reported;
     }
     job.scheduler->Snapshot(&js.sched);

@@ -97,6 +97,7 @@ Status DecodeTypes(const std::string& key, const std::string& value, ClusterNode
     JobTypeOffer o;
     if (!t.is_object()) return Bad(key, "job type that is not an object");
     EDL_RETURN_IF_ERROR(Reader(t, key).Str("name", &o.name, kMaxPolicyNameBytes).status());
+    if (!proto::IsValidName(o.name)) return Bad(key, "job type name is not a valid name");
     const auto settable = t.find("settable");
     if (settable == t.end() || !settable->is_array() || settable->size() > 64) {
       return Bad(key, "job type's 'settable' is not a list of flags");
@@ -119,7 +120,7 @@ std::string EncodeSpec(const ClusterJobState& j) {
 Status DecodeSpec(const std::string& key, const std::string& value, ClusterJobState* out) {
   json j;
   EDL_RETURN_IF_ERROR(ParseValue(key, value, &j));
-  EDL_RETURN_IF_ERROR(Reader(j, key).Int("seq", &out->seq, 1, kMaxI64).Int("port_index", &out->port_index, 0, 1000).status());
+  EDL_RETURN_IF_ERROR(Reader(j, key).Int("seq", &out->seq, 1, kMaxI64).Int("port_index", &out->port_index, 0, kJobPortRanges - 1).status());
   const auto spec = j.find("spec");
   if (spec == j.end()) return Bad(key, "job has no 'spec'");
   Status st = DecodeJobSpec(*spec, &out->spec);
@@ -139,7 +140,7 @@ Status DecodePlacement(const std::string& key, const std::string& value, Cluster
   EDL_RETURN_IF_ERROR(Reader(j, key)
                           .Bool("running", &out->running)
                           .Int("cap", &out->cap, 0, kMaxJobTrainers)
-                          .Int("deadline_left_us", &out->deadline_left_us, 0, kMaxI64)
+                          .Int("deadline_left_us", &out->deadline_left_us, 0, kMaxDeadlineLeftUs)
                           .Bool("deadline_reported", &out->deadline_reported)
                           .status());
   const auto slots = j.find("slots");

@@ -22,6 +22,11 @@
 
 namespace edl::jobserver {
 
+// Jobs take MASTER_PORT ranges base + 1000 * i for i in 0..kJobPortRanges-1, by submission.
+constexpr int kJobPortRanges = 20;
+// Longest deadline kept (100 years): bounds what a stored value may add to the clock.
+constexpr int64_t kMaxDeadlineLeftUs = int64_t{100} * 365 * 24 * 3600 * 1'000'000;
+
 // One live (pending or running) submitted job.
 struct ClusterJobState {
   JobSpec spec;

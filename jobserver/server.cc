@@ -133,6 +133,12 @@ Status Server::OpenState() {
   state_ = std::make_unique<StateStore>();
   bool created = false;
   EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
+  std::map<std::string, std::string> cluster_keys;
+  EDL_RETURN_IF_ERROR(state_->Scan("cluster/meta", &cluster_keys));
+  if (!cluster_keys.empty()) {
+    return Status::FailedPrecondition("--state_dir " + options_.state_dir + " holds a cluster server's state "
+                                      "(`edl server --cluster`): give each server its own --state_dir");
+  }
   JobState st;
   bool found = false;
   EDL_RETURN_IF_ERROR(state_->Load(options_.scheduler.job_id, &st, &found));

@@ -216,6 +216,14 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
   EXPECT_EQ(server_->Wait(milliseconds(10000)), 0);
   EXPECT_EQ(c1->Wait(milliseconds(15000)), 0);
   EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
+
+  // A single-job server refuses the cluster's state directory (it would take the cluster's nodes).
+  Proc single({test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1", "--secret_file", secret_,
+               "--job_id", "itest", "--events_dir", dir_.Join("events"), "--state_dir", dir_.Join("state")},
+              dir_.Join("single.log"));
+  EXPECT_EQ(single.Wait(milliseconds(20000)), 1);
+  EXPECT_NE(Slurp(dir_.Join("single.log")).find("holds a cluster server's state"), std::string::npos)
+      << Slurp(dir_.Join("single.log"));
 }
 
 // A node's client stopped (SIGSTOP) past the heartbeat timeout: the cluster loses the node and

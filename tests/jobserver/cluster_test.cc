@@ -379,6 +379,12 @@ TEST_F(ClusterTest, DamagedClusterStateIsRefusedNamingTheKey) {
   kv = good;
   kv.erase("cluster/meta");
   refused(kv, "single-job server");
+  kv = good;
+  kv["job/A/spec"] = nlohmann::json{{"v", 1}, {"spec", EncodeJobSpec(Job("A", 1, 2))}, {"seq", 1}, {"port_index", 20}}.dump();
+  refused(kv, "port_index");
+  kv = good;
+  kv["cluster/node_types/n1"] = R"({"v":1,"name":"n1","types":[{"name":"../x","settable":[]}]})";
+  refused(kv, "cluster/node_types/n1");
 
   // Slots the node does not offer: the restore refuses them.
   st.jobs["A"].slots["n1"] = {0, 7};
