@@ -13,7 +13,8 @@ Cluster::Cluster(ClusterOptions options, Clock* clock)
 
 // ---- nodes
 
-Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>& running) {
+Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>& running,
+                       const std::vector<int64_t>& generations) {
   const int64_t now = clock_->NowMicros();
   auto it = nodes_.find(node.name);
   std::vector<std::string> stale;
@@ -35,19 +36,22 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
     n.connected = true;
     n.last_heard_us = now;
     std::map<std::string, std::vector<std::string>> by_job;
-    for (const std::string& id : running) {
-      const std::string job = JobOfTrainer(id, node.name);
+    std::map<std::string, std::vector<int64_t>> gens_by_job;
+    const bool gens = generations.size() == running.size();
+    for (size_t i = 0; i < running.size(); ++i) {
+      const std::string job = JobOfTrainer(running[i], node.name);
       if (job.empty()) {
-        stale.push_back(id);
+        stale.push_back(running[i]);
       } else {
-        by_job[job].push_back(id);
+        by_job[job].push_back(running[i]);
+        if (gens) gens_by_job[job].push_back(generations[i]);
       }
     }
     for (auto& [name, job] : jobs_) {
       auto slots = job.slots.find(node.name);
       if (slots == job.slots.end() || slots->second.empty()) continue;
       Status s = job.scheduler->AddNode(node.name, n.info.host, n.info.restart_mode, slots->second,
-                                        by_job[name]);
+                                        by_job[name], "", gens_by_job[name]);
       if (!s.ok()) LOG(WARNING) << "job " << name << ": re-attaching node " << node.name << ": " << s.ToString();
     }
   }

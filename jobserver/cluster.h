@@ -68,8 +68,11 @@ class Cluster {
   // ---- nodes
   // A node's client registered (after the server authenticated it). A node the cluster still
   // holds (a re-attach) keeps its slots; `running` (ids) are the trainers its client still runs:
-  // those of no live job are killed, each job's missing members count as failed.
-  Status AddNode(const ClusterNode& node, const std::vector<std::string>& running);
+  // those of no live job are killed, each job's missing members count as failed. `generations`
+  // (empty: unknown) is parallel to `running`: the generation each trainer is in, as in
+  // Scheduler::AddNode.
+  Status AddNode(const ClusterNode& node, const std::vector<std::string>& running,
+                 const std::vector<int64_t>& generations = {});
   void NodeDisconnected(const std::string& name);
   void Heartbeat(const std::string& name);
   bool HasNode(const std::string& name) const { return nodes_.count(name) > 0; }

@@ -50,7 +50,7 @@ Status Server::AttachClusterNode(const std::shared_ptr<Peer>& peer, const proto:
   for (const proto::JobTypeDecl& t : hello.job_types) {
     n.types.push_back({t.name, std::set<std::string>(t.settable.begin(), t.settable.end())});
   }
-  EDL_RETURN_IF_ERROR(cluster_->AddNode(n, hello.trainers));
+  EDL_RETURN_IF_ERROR(cluster_->AddNode(n, hello.trainers, hello.trainer_generations));
   cluster_sessions_[hello.node] = token;
   peer->state = Peer::State::kClient;
   peer->node = hello.node;

@@ -345,6 +345,32 @@ TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {
   }
 }
 
+// A restored job's member that its node reports in a generation above the stored one: the stored
+// state is older than what the trainers saw (e.g. a directory restored from a backup), so that
+// member counts as failed; the others are adopted.
+TEST_F(ClusterTest, AMemberAheadOfTheRestoredGenerationCountsAsFailed) {
+  Make();
+  AddNode("n1", 2);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 2)));
+  Drain();
+  ASSERT_EQ(World("A"), 2);
+  const proto::GenerationInfo g = gens_["A"].back();
+  ClusterState st;
+  cluster_->Snapshot(&st);
+  gens_.clear();
+  Make();
+  ASSERT_OK(cluster_->Restore(st));
+  Drain();
+  ASSERT_OK(cluster_->AddNode(Node("n1", 2), {g.members[0].trainer_id, g.members[1].trainer_id},
+                              {g.generation, g.generation + 5}));
+  Drain();
+  ASSERT_EQ(gens_["A"].size(), 1u);
+  EXPECT_TRUE(gens_["A"][0].failure);
+  ASSERT_EQ(gens_["A"][0].world_size(), 1);
+  EXPECT_EQ(gens_["A"][0].members[0].trainer_id, g.members[0].trainer_id);
+  EXPECT_GT(gens_["A"][0].generation, g.generation);
+}
+
 // Damaged or foreign state is refused with the key and the fix; nothing is restored from it.
 TEST_F(ClusterTest, DamagedClusterStateIsRefusedNamingTheKey) {
   Make();
