@@ -44,9 +44,19 @@ class ClusterRestartTest : public itest::ControlPlaneHarness {
   std::unique_ptr<Proc> Client(const std::string& node) {
     return StartClient(node, "inplace", "", {{"job_type", std::string("standin = ") + STAND_IN_TRAINER}});
   }
-  void Submit(const std::string& name) {
+  // A server and clients of nodes n1 and n2 (2 slots each), both registered.
+  void StartServerAndTwoNodes(std::unique_ptr<Proc>* c1, std::unique_ptr<Proc>* c2) {
+    StartServerOn("0");
+    if (HasFatalFailure()) return;
+    *c1 = Client("n1");
+    *c2 = Client("n2");
+    ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("node n2 registered") != std::string::npos; },
+                        milliseconds(30000)))
+        << Diag();
+  }
+  void Submit(const std::string& name, int max = 2) {
     const std::string path = dir_.Join(name + ".ini");
-    std::ofstream(path) << "name = " << name << "\ntype = standin\nmin = 1\nmax = 2\n";
+    std::ofstream(path) << "name = " << name << "\ntype = standin\nmin = 1\nmax = " << max << "\n";
     std::string out;
     ASSERT_EQ(Ctl({"submit", path}, &out), 0) << out;
   }
@@ -78,13 +88,6 @@ class ClusterRestartTest : public itest::ControlPlaneHarness {
     for (const json& r : ReadLines(records_)) out[r["trainer_id"]].insert(r["pid"].get<int>());
     return out;
   }
-  json Jobs() {
-    std::string out;
-    EXPECT_EQ(Ctl({"jobs", "--json"}, &out), 0) << out;
-    const size_t brace = out.find('{');
-    json j = json::parse(brace == std::string::npos ? "" : out.substr(brace), nullptr, false);
-    return j.is_object() ? j : json{{"jobs", json::array()}, {"unparsed", out}};
-  }
   std::string Diag() {
     return "\n--- server\n" + Slurp(dir_.Join("server.log")).substr(0, 30000) + "\n--- a\n" +
            Slurp(dir_.Join("events/a.events.jsonl")) + "\n--- b\n" + Slurp(dir_.Join("events/b.events.jsonl"));
@@ -92,13 +95,9 @@ class ClusterRestartTest : public itest::ControlPlaneHarness {
 };
 
 TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
-  StartServerOn("0");
+  std::unique_ptr<Proc> c1, c2;
+  StartServerAndTwoNodes(&c1, &c2);
   if (HasFatalFailure()) return;
-  auto c1 = Client("n1");
-  auto c2 = Client("n2");
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("node n2 registered") != std::string::npos; },
-                      milliseconds(30000)))
-      << Diag();
   Submit("a");
   Submit("b");
   if (HasFatalFailure()) return;
@@ -232,17 +231,12 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
 // trainers it still runs are in no live generation and are killed (`stale_trainers`), and the job
 // grows back onto the node with new trainers (jobserver/STATE.md, "Resuming").
 TEST_F(ClusterRestartTest, ANodeLostAndReattachedHasItsStaleTrainersKilledAndIsUsedAgain) {
-  StartServerOn("0");
+  std::unique_ptr<Proc> c1, c2;
+  StartServerAndTwoNodes(&c1, &c2);
   if (HasFatalFailure()) return;
-  auto c1 = Client("n1");
-  auto c2 = Client("n2");
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("node n2 registered") != std::string::npos; },
-                      milliseconds(30000)))
-      << Diag();
-  const std::string path = dir_.Join("a.ini");
-  std::ofstream(path) << "name = a\ntype = standin\nmin = 1\nmax = 4\n";
+  Submit("a", 4);
+  if (HasFatalFailure()) return;
   std::string out;
-  ASSERT_EQ(Ctl({"submit", path}, &out), 0) << out;
   int64_t g0 = 0;
   ASSERT_TRUE(WaitFor([&] { return (g0 = LastGeneration("a")) > 0 && KvDone("a", g0).size() == 4; },
                       milliseconds(60000)))
