@@ -198,6 +198,14 @@ Status Client::Start() {
             << " slots, " << (options_.restart_mode ? "restart" : "inplace") << " mode, trainers on "
             << options_.socket_path << ", server " << ServerAddr()
             << (servers_.size() > 1 ? " (first of " + std::to_string(servers_.size()) + ")" : "");
+  if (!options_.job_types.empty()) {  // a cluster's node: it reports utilisation (node_stats)
+    Status g = gpu_.Open(options_.gpu_slots ? options_.slots : std::vector<int>{});
+    if (g.ok()) {
+      LOG(INFO) << "GPU utilisation of " << gpu_.devices() << " GPU(s) through NVML";
+    } else {
+      LOG(INFO) << g.message();
+    }
+  }
   Connect();
   Tick();
   return Status::OK();
@@ -462,6 +470,7 @@ void Client::SendNodeStats() {
     st.cpu_cores = std::min<int>(cores, static_cast<int>(proto::kMaxSlotsPerNode) * 16);
     const double share = static_cast<double>(busy - cpu_busy_prev_) / static_cast<double>(total - cpu_total_prev_);
     st.cpu_busy = std::clamp(share, 0.0, 1.0) * st.cpu_cores;
+    st.gpu_util = gpu_.Sample();
     json j;
     st.EncodeTo(&j);
     server_->Send(j);

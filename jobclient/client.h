@@ -21,6 +21,7 @@
 #include "edl/base/status.h"
 #include "edl/net/connection.h"
 #include "edl/proto/messages.h"
+#include "jobclient/gpu_utilization.h"
 #include "launcher/launcher.h"
 
 namespace edl::jobclient {
@@ -162,6 +163,7 @@ class Client {
   size_t server_index_ = 0;                            // the one tried now
   std::string ServerAddr() const;                      // its "host:port"
   uint64_t cpu_busy_prev_ = 0, cpu_total_prev_ = 0;  // /proc/stat at the previous node_stats
+  GpuUtilization gpu_;  // NVML when the driver is there (cluster clients only)
   std::deque<nlohmann::json> outbox_;  // exit reports and readiness while disconnected
 
   std::map<std::string, JobRun> runs_;  // by job id: the server's own job, and cluster jobs

@@ -13,7 +13,8 @@ Cluster::Cluster(ClusterOptions options, Clock* clock)
 
 // ---- nodes
 
-Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>& running) {
+Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>& running,
+                       const std::vector<int64_t>& generations) {
   const int64_t now = clock_->NowMicros();
   auto it = nodes_.find(node.name);
   std::vector<std::string> stale;
@@ -26,6 +27,7 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
     Node n;
     n.info = node;
     n.last_heard_us = now;
+    n.order = next_node_order_++;
     nodes_.emplace(node.name, std::move(n));
     stale = running;  // a node new to the cluster runs nothing of its jobs
   } else {
@@ -34,19 +36,22 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
     n.connected = true;
     n.last_heard_us = now;
     std::map<std::string, std::vector<std::string>> by_job;
-    for (const std::string& id : running) {
-      const std::string job = JobOfTrainer(id, node.name);
+    std::map<std::string, std::vector<int64_t>> gens_by_job;
+    const bool gens = generations.size() == running.size();
+    for (size_t i = 0; i < running.size(); ++i) {
+      const std::string job = JobOfTrainer(running[i], node.name);
       if (job.empty()) {
-        stale.push_back(id);
+        stale.push_back(running[i]);
       } else {
-        by_job[job].push_back(id);
+        by_job[job].push_back(running[i]);
+        if (gens) gens_by_job[job].push_back(generations[i]);
       }
     }
     for (auto& [name, job] : jobs_) {
       auto slots = job.slots.find(node.name);
       if (slots == job.slots.end() || slots->second.empty()) continue;
       Status s = job.scheduler->AddNode(node.name, n.info.host, n.info.restart_mode, slots->second,
-                                        by_job[name]);
+                                        by_job[name], "", gens_by_job[name]);
       if (!s.ok()) LOG(WARNING) << "job " << name << ": re-attaching node " << node.name << ": " << s.ToString();
     }
   }
@@ -86,18 +91,17 @@ Status Cluster::Submit(const JobSpec& spec) {
   }
   JobSubmission sub = spec.job;
   sub.deadline_us = spec.deadline_s > 0 ? clock_->NowMicros() + spec.deadline_s * 1'000'000 : 0;
-  SchedulerOptions so = options_.job_defaults;
-  so.job_id = spec.job.name;
-  so.min_trainers = 1;  // the policy holds the job's bounds; the scheduler follows its grants
-  so.max_trainers = 0;
-  so.initial_trainers = 0;
-  so.shared_trainer_seq = &trainer_seq_;
-  // MASTER_PORT (restart-mode programs) is base + generation % 1000: jobs numbering the same
-  // generations on one host get disjoint ranges.
-  so.master_port_base = options_.job_defaults.master_port_base + 1000 * (submitted_ % 20);
   Job job;
   job.spec = spec;
-  job.scheduler = std::make_unique<Scheduler>(so, clock_);
+  // MASTER_PORT (restart-mode programs) is base + generation % 1000: jobs numbering the same
+  // generations on one host get disjoint ranges.
+  job.port_index = submitted_ % kJobPortRanges;
+  job.scheduler = NewScheduler(spec.job.name, job.port_index);
+  // A name used before numbers its generations above the ended job's, so a checkpoint store the
+  // two share keeps accepting saves (edl/ckpt/FORMAT.md).
+  for (const json& e : finished_) {
+    if (e.value("name", "") == spec.job.name) job.scheduler->RaiseGenerationFloor(e.value("generation", int64_t{0}));
+  }
   jobs_.emplace(spec.job.name, std::move(job));
   Status s = policy_.Submit(sub);
   if (!s.ok()) {
@@ -109,11 +113,25 @@ Status Cluster::Submit(const JobSpec& spec) {
   return Status::OK();
 }
 
+std::unique_ptr<Scheduler> Cluster::NewScheduler(const std::string& name, int port_index) {
+  SchedulerOptions so = options_.job_defaults;
+  so.job_id = name;
+  so.min_trainers = 1;  // the policy holds the job's bounds; the scheduler follows its grants
+  so.max_trainers = 0;
+  so.initial_trainers = 0;
+  so.shared_trainer_seq = &trainer_seq_;
+  so.master_port_base = options_.job_defaults.master_port_base + 1000 * port_index;
+  return std::make_unique<Scheduler>(so, clock_);
+}
+
 Status Cluster::Cancel(const std::string& name) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
   EDL_RETURN_IF_ERROR(policy_.Cancel(name));
-  it->second.scheduler->KillAllTrainers();
+  // One stop decision: the job's stop generation (no members, reason "stop", not a failure, as
+  // for `edl ctl stop` of a single job): in-place trainers leave it at an agreed step and exit 0,
+  // restart-mode ones are stopped by their clients (TERM).
+  it->second.scheduler->SetAllocation({}, "stop");
   Collect(name, &it->second);
   Forget(name, "cancelled");
   AfterPolicy();
@@ -358,6 +376,119 @@ json Cluster::JobsJson() const {
     live.push_back(std::move(j));
   }
   return {{"jobs", live}, {"ended", json(std::vector<json>(finished_.begin(), finished_.end()))}};
+}
+
+// ---- durable state
+
+void Cluster::Snapshot(ClusterState* s) const {
+  const int64_t now = clock_->NowMicros();
+  s->trainer_seq = trainer_seq_;
+  s->submitted = submitted_;
+  s->nodes.clear();
+  for (const auto& [name, n] : nodes_) {
+    ClusterNodeState& ns = s->nodes[name];
+    ns.node.name = name;
+    ns.node.host = n.info.host;
+    ns.node.restart_mode = n.info.restart_mode;
+    ns.node.slots = n.info.slots;
+    ns.node.order = n.order;
+    ns.types = n.info.types;
+  }
+  s->jobs.clear();
+  for (const auto& [name, job] : jobs_) {
+    ClusterJobState& js = s->jobs[name];
+    js.spec = job.spec;
+    js.port_index = job.port_index;
+    js.slots = job.slots;
+    if (const PolicyJob* pj = policy_.Find(name)) {
+      js.seq = pj->seq;
+      js.cap = pj->cap;
+      js.running = pj->state == JobPhase::kRunning;
+      js.deadline_left_us =
+        pj->spec.deadline_us > 0 ? std::clamp<int64_t>(pj->spec.deadline_us - now, 1, kMaxDeadlineLeftUs) : 0;
+      js.deadline_reported = pj->deadline_reported;
+    }
+    job.scheduler->Snapshot(&js.sched);
+    js.sched.nodes.clear();  // they follow from js.slots and the cluster's nodes
+  }
+  s->ended.clear();
+  for (const json& e : finished_) {
+    s->ended.push_back({e.value("name", ""), e.value("type", ""), e.value("state", ""),
+                        e.value("generation", int64_t{0})});
+  }
+}
+
+Status Cluster::Restore(const ClusterState& s) {
+  const int64_t now = clock_->NowMicros();
+  auto corrupt = [](const std::string& why) {
+    return Status::Corruption("saved cluster state: " + why + ". Move --state_dir aside (the server then starts "
+                              "with no jobs) or restore it from a backup");
+  };
+  trainer_seq_ = s.trainer_seq;
+  submitted_ = s.submitted;
+  std::vector<std::pair<int, std::string>> order;
+  for (const auto& [name, ns] : s.nodes) order.emplace_back(ns.node.order, name);
+  std::sort(order.begin(), order.end());
+  std::vector<PolicyNode> policy_nodes;
+  for (const auto& [ord, name] : order) {
+    const ClusterNodeState& ns = s.nodes.at(name);
+    Node n;
+    n.info = {name, ns.node.host, ns.node.restart_mode, ns.node.slots, ns.types};
+    n.connected = false;
+    // Clients reconnect with backoff: one heartbeat timeout of grace on top of the usual one.
+    n.last_heard_us = now + options_.job_defaults.heartbeat_timeout_us;
+    n.order = ord;
+    next_node_order_ = std::max(next_node_order_, ord + 1);
+    PolicyNode pn{name, static_cast<int>(ns.node.slots.size()), {}};
+    for (const JobTypeOffer& t : ns.types) pn.job_types.insert(t.name);
+    policy_nodes.push_back(std::move(pn));
+    nodes_.emplace(name, std::move(n));
+  }
+  std::vector<PolicyJob> policy_jobs;
+  for (const auto& [name, js] : s.jobs) {
+    Job job;
+    job.spec = js.spec;
+    job.port_index = js.port_index;
+    job.slots = js.slots;
+    PolicyJob pj;
+    pj.spec = js.spec.job;
+    pj.spec.deadline_us = js.deadline_left_us > 0 ? now + js.deadline_left_us : 0;
+    pj.deadline_reported = js.deadline_reported;
+    pj.state = js.running ? JobPhase::kRunning : JobPhase::kPending;
+    pj.cap = js.cap;
+    pj.seq = js.seq;
+    JobState st = js.sched;
+    for (const auto& [node_name, slots] : js.slots) {
+      auto n = nodes_.find(node_name);
+      if (n == nodes_.end()) return corrupt("job " + name + " holds slots on unknown node " + node_name);
+      for (int slot : slots) {
+        const std::vector<int>& offered = n->second.info.slots;
+        if (std::find(offered.begin(), offered.end(), slot) == offered.end() || n->second.owner.count(slot)) {
+          return corrupt("job " + name + " holds slot " + std::to_string(slot) + " of node " + node_name +
+                         ", which the node does not offer or another job holds");
+        }
+        n->second.owner[slot] = name;
+      }
+      pj.placement[node_name] = static_cast<int>(slots.size());
+      NodeState& ns = st.nodes[node_name];
+      ns.name = node_name;
+      ns.host = n->second.info.host;
+      ns.restart_mode = n->second.info.restart_mode;
+      ns.slots = slots;
+      ns.order = n->second.order;
+    }
+    job.scheduler = NewScheduler(name, job.port_index);
+    job.scheduler->Restore(st);
+    policy_jobs.push_back(std::move(pj));
+    jobs_.emplace(name, std::move(job));
+  }
+  EDL_RETURN_IF_ERROR(policy_.Restore(policy_nodes, policy_jobs));
+  for (const EndedJob& e : s.ended) {
+    finished_.push_back({{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
+  }
+  for (auto& [name, job] : jobs_) Collect(name, &job);  // each job's "restored" record
+  Record({{"type", "restored"}, {"jobs", jobs_.size()}, {"nodes", nodes_.size()}, {"ended", finished_.size()}});
+  return Status::OK();
 }
 
 }  // namespace edl::jobserver

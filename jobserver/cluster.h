@@ -31,6 +31,7 @@
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
 #include "jobserver/cluster_policy.h"
+#include "jobserver/cluster_state.h"
 #include "jobserver/job_spec.h"
 #include "jobserver/scheduler.h"
 
@@ -67,8 +68,11 @@ class Cluster {
   // ---- nodes
   // A node's client registered (after the server authenticated it). A node the cluster still
   // holds (a re-attach) keeps its slots; `running` (ids) are the trainers its client still runs:
-  // those of no live job are killed, each job's missing members count as failed.
-  Status AddNode(const ClusterNode& node, const std::vector<std::string>& running);
+  // those of no live job are killed, each job's missing members count as failed. `generations`
+  // (empty: unknown) is parallel to `running`: the generation each trainer is in, as in
+  // Scheduler::AddNode.
+  Status AddNode(const ClusterNode& node, const std::vector<std::string>& running,
+                 const std::vector<int64_t>& generations = {});
   void NodeDisconnected(const std::string& name);
   void Heartbeat(const std::string& name);
   bool HasNode(const std::string& name) const { return nodes_.count(name) > 0; }
@@ -76,6 +80,8 @@ class Cluster {
   // ---- jobs (ctl)
   // Checks the spec (CheckJobSpec against the live nodes' offers) and submits it to the policy.
   Status Submit(const JobSpec& spec);
+  // Stops the job in one generation without its trainers (reason "stop", no failure); its slots
+  // go to the other jobs; it is listed as cancelled.
   Status Cancel(const std::string& name);
   Status Scale(const std::string& name, int n);
 
@@ -110,18 +116,32 @@ class Cluster {
   int submitted_jobs() const { return submitted_; }
   nlohmann::json JobsJson() const;  // for `edl ctl jobs`
 
+  // ---- durable state (jobserver/STATE.md, "A cluster server")
+  // Everything a restarted server needs to resume every job (the nodes' session tokens are the
+  // server's: left empty).
+  void Snapshot(ClusterState* s) const;
+  // Resumes a saved cluster on a fresh Cluster: its nodes known but disconnected (one heartbeat
+  // timeout of grace on top of the usual one), each job at its placement with its Scheduler
+  // restored (Scheduler::Restore: survivors are adopted as their nodes re-attach, numbers go on
+  // above the saved ones). Corruption when the jobs' slots do not fit the nodes.
+  Status Restore(const ClusterState& s);
+
  private:
   struct Job {
     JobSpec spec;
     std::unique_ptr<Scheduler> scheduler;
     std::map<std::string, std::vector<int>> slots;  // node -> the slots it holds there
+    int port_index = 0;  // MASTER_PORT range: job_defaults.master_port_base + 1000 * port_index
   };
   struct Node {
     ClusterNode info;
     bool connected = true;
     int64_t last_heard_us = 0;
     std::map<int, std::string> owner;  // slot -> job holding it
+    int order = 0;                     // join order
   };
+
+  std::unique_ptr<Scheduler> NewScheduler(const std::string& name, int port_index);
 
   // Runs after every policy input: applies the decisions, then collects every scheduler's actions.
   void AfterPolicy();
@@ -142,6 +162,7 @@ class Cluster {
   std::vector<JobAction> actions_;
   std::map<std::string, std::string> reasons_;  // job -> the reason of this pass's change
   int submitted_ = 0;
+  int next_node_order_ = 0;
 };
 
 }  // namespace edl::jobserver

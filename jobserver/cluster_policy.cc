@@ -287,6 +287,36 @@ void ClusterPolicy::Tick() {
   RunPass();
 }
 
+Status ClusterPolicy::Restore(const std::vector<PolicyNode>& nodes, const std::vector<PolicyJob>& jobs) {
+  const int64_t now = clock_->NowMicros();
+  for (const PolicyNode& pn : nodes) {
+    Node& n = nodes_[pn.name];
+    n.slots = pn.slots;
+    n.types = pn.job_types;
+    n.order = next_node_order_++;
+    known_types_.insert(pn.job_types.begin(), pn.job_types.end());
+  }
+  for (PolicyJob j : jobs) {
+    j.size = 0;
+    for (const auto& [node, k] : j.placement) {
+      j.size += k;
+      if (auto it = nodes_.find(node); it != nodes_.end()) it->second.used += k;
+    }
+    j.cap = std::clamp(j.cap, j.spec.min_trainers, j.spec.max_trainers);
+    j.submitted_us = now;
+    j.started_us = j.last_change_us = j.state == JobPhase::kRunning ? now : -1;
+    next_seq_ = std::max(next_seq_, j.seq + 1);
+    jobs_[j.spec.name] = std::move(j);
+  }
+  Status s = CheckInvariants();
+  if (s.ok()) return s;
+  nodes_.clear();
+  jobs_.clear();
+  return Status::Corruption("the saved jobs do not fit the saved nodes: " + s.message() +
+                            ". Move --state_dir aside (the server then starts with no jobs) or restore it "
+                            "from a backup");
+}
+
 std::vector<PolicyEvent> ClusterPolicy::TakeEvents() {
   std::vector<PolicyEvent> out;
   out.swap(events_);

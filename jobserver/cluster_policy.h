@@ -161,6 +161,13 @@ class ClusterPolicy {
   // would resize, a deadline); -1 when nothing is waiting on time.
   int64_t NextWakeupMicros() const;
 
+  // ---- durable state (jobserver/STATE.md, "A cluster server")
+  // Resumes a policy saved by an earlier server, without a pass: `nodes` in their join order;
+  // `jobs` with spec, state, placement, cap and seq (size and times are recomputed: a running job
+  // counts as changed now, so the rate limit starts over). Corruption, and nothing kept, when they
+  // break an invariant below (e.g. more trainers on a node than its slots).
+  Status Restore(const std::vector<PolicyNode>& nodes, const std::vector<PolicyJob>& jobs);
+
   // ---- state
   const PolicyJob* Find(const std::string& name) const;
   const std::map<std::string, PolicyJob>& jobs() const { return jobs_; }

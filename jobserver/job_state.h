@@ -106,6 +106,10 @@ class StateStore {
   Status Load(const std::string& job_id, JobState* out, bool* found);
   // Replaces the job's state and the node set in one synced write.
   Status Save(const JobState& s);
+  // Every key starting with `prefix` and its value (the cluster layout, cluster_state.h).
+  Status Scan(const std::string& prefix, std::map<std::string, std::string>* out);
+  // Puts and deletes in one synced write.
+  Status Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes);
   // "--state_dir DIR" or "--state_store etcd://...", for messages.
   const std::string& dir() const { return dir_; }
 

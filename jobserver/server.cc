@@ -70,9 +70,10 @@ Status Server::Start() {
     script_ = std::move(s);
   }
   if (options_.cluster) {
-    if (!options_.state_dir.empty() || !options_.state_store.empty() || script_ || options_.demo_policy) {
-      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_dir, --state_store, "
-                                     "--scale_script and the demo policy belong to the single-job server");
+    if (!options_.state_store.empty() || script_ || options_.demo_policy) {
+      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_store (standby servers), "
+                                     "--scale_script and the demo policy belong to the single-job server; "
+                                     "a cluster server keeps its state under --state_dir");
     }
     cluster_ = std::make_unique<Cluster>(options_.cluster_options, clock_);
   }
@@ -132,6 +133,7 @@ Status Server::OpenState() {
                     "a new job and ignores the running trainers";
     return Status::OK();
   }
+  if (cluster_) return OpenClusterState();
   state_ = std::make_unique<StateStore>();
   bool created = false;
   if (options_.state_store.empty()) {
@@ -154,6 +156,12 @@ Status Server::OpenState() {
     }, &backend));
     state_->Open(std::move(backend));
   }
+  std::map<std::string, std::string> cluster_keys;
+  EDL_RETURN_IF_ERROR(state_->Scan("cluster/meta", &cluster_keys));
+  if (!cluster_keys.empty()) {
+    return Status::FailedPrecondition("the state store holds a cluster server's state "
+                                      "(`edl server --cluster`): give each server its own --state_dir");
+  }
   JobState st;
   bool found = false;
   EDL_RETURN_IF_ERROR(state_->Load(options_.scheduler.job_id, &st, &found));
@@ -174,19 +182,24 @@ Status Server::OpenState() {
 bool Server::Persist() {
   if (!state_) return true;
   const int64_t now = clock_->NowMicros();
-  JobState st;
-  scheduler_.Snapshot(&st);
-  st.clock_started = first_generation_us_ >= 0;
-  st.scale_elapsed_us = st.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
-  if (script_) {
-    st.script_next = script_->position();
-    st.script_offset_us = script_->offset_us();
+  Status s;
+  if (cluster_) {
+    s = SaveClusterState();
+  } else {
+    JobState st;
+    scheduler_.Snapshot(&st);
+    st.clock_started = first_generation_us_ >= 0;
+    st.scale_elapsed_us = st.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
+    if (script_) {
+      st.script_next = script_->position();
+      st.script_offset_us = script_->offset_us();
+    }
+    if (demo_) {
+      st.demo_size = demo_->size();
+      st.demo_steps = demo_->steps_done();
+    }
+    s = state_->Save(st);
   }
-  if (demo_) {
-    st.demo_size = demo_->size();
-    st.demo_steps = demo_->steps_done();
-  }
-  Status s = state_->Save(st);
   last_persist_us_ = now;
   if (s.ok()) return true;
   LOG(ERROR) << "edl server: " << s.ToString()
@@ -462,7 +475,16 @@ Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello&
 }
 
 bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& what,
-                        const std::string& trainer_id) {
+                        const std::string& trainer_id, std::string* job) {
+  if (cluster_) {
+    *job = cluster_->JobOfTrainer(trainer_id, peer->node);
+    if (!job->empty()) return true;
+    if (LogThis(++peer->refused)) {
+      VLOG(1) << "dropped '" << what << "' from node " << peer->node << " about trainer " << trainer_id
+              << ": no live job placed it on that node (a leaving trainer, or an ended job's)";
+    }
+    return false;
+  }
   if (scheduler_.PlacedOn(trainer_id, peer->node)) return true;
   // Not closed: an honest client may still hold a report queued across a server restart (ids of
   // the previous server); dropping the frame costs nothing, closing would make it reconnect.
@@ -522,46 +544,67 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
 
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                              const json& msg) {
-  if (cluster_) return OnClusterClientMessage(peer, type, msg);
-  scheduler_.Heartbeat(peer->node);  // any frame proves the node alive
+  // Any frame proves the node alive.
+  if (cluster_) {
+    cluster_->Heartbeat(peer->node);
+  } else {
+    scheduler_.Heartbeat(peer->node);
+  }
   if (type == proto::msg::kHeartbeat) {
     peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});  // proves the server alive
     return;
   }
+  if (type == proto::msg::kKv) return OnKv(peer, msg);
+  if (type == proto::msg::kNodeStats) return OnNodeStats(peer, msg);
+  // A report about one trainer: decoded, authorised (its job placed it on this node), acted on.
+  proto::TrainerExit exit;
+  proto::Ready ready;
+  proto::Progress progress;
+  proto::Event event;
+  Status s;
+  const std::string* trainer_id = nullptr;
   if (type == proto::msg::kTrainerExit) {
-    proto::TrainerExit e;
-    Status s = e.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    if (!Authorized(peer, type, e.trainer_id)) return;
-    const std::string how = e.exited ? "exit " + std::to_string(e.code) : "signal " + std::to_string(e.signal);
-    scheduler_.TrainerExited(e.trainer_id, e.success(), how);
+    s = exit.DecodeFrom(msg);
+    trainer_id = &exit.trainer_id;
+  } else if (type == proto::msg::kReady) {
+    s = ready.DecodeFrom(msg);
+    trainer_id = &ready.trainer_id;
+  } else if (type == proto::msg::kProgress) {
+    s = progress.DecodeFrom(msg);
+    trainer_id = &progress.trainer_id;
+  } else if (type == proto::msg::kEvent) {
+    s = event.DecodeFrom(msg);
+    trainer_id = &event.trainer_id;
+  } else {
+    s = Status::InvalidArgument("unexpected message '" + type + "' from a client");
+  }
+  if (!s.ok()) return Reject(peer, s);
+  std::string job;  // cluster mode: the trainer's job
+  if (!Authorized(peer, type, *trainer_id, &job)) return;
+  if (type == proto::msg::kTrainerExit) {
+    const std::string how =
+        exit.exited ? "exit " + std::to_string(exit.code) : "signal " + std::to_string(exit.signal);
+    if (cluster_) {
+      cluster_->TrainerExited(exit.trainer_id, peer->node, exit.success(), how);
+    } else {
+      scheduler_.TrainerExited(exit.trainer_id, exit.success(), how);
+    }
     status_dirty_ = true;
   } else if (type == proto::msg::kReady) {
-    proto::Ready r;
-    Status s = r.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    if (!Authorized(peer, type, r.trainer_id)) return;
-    scheduler_.TrainerReady(r.trainer_id, r.generation);
+    if (cluster_) {
+      cluster_->TrainerReady(ready.trainer_id, peer->node, ready.generation);
+    } else {
+      scheduler_.TrainerReady(ready.trainer_id, ready.generation);
+    }
   } else if (type == proto::msg::kProgress) {
-    proto::Progress p;
-    Status s = p.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    if (!Authorized(peer, type, p.trainer_id)) return;
-    if (!scheduler_.IsLiveTrainerOf(p.trainer_id, peer->node)) return;  // a leaving trainer
-    progress_[p.trainer_id] = p.report;
+    if (cluster_) {
+      job_progress_[job][progress.trainer_id] = progress.report;
+    } else if (scheduler_.IsLiveTrainerOf(progress.trainer_id, peer->node)) {  // not a leaving one
+      progress_[progress.trainer_id] = progress.report;
+    }
     status_dirty_ = true;
-  } else if (type == proto::msg::kEvent) {
-    proto::Event e;
-    Status s = e.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    if (!Authorized(peer, type, e.trainer_id)) return;
-    OnEvent(peer, e, "");
-  } else if (type == proto::msg::kKv) {
-    OnKv(peer, msg);
-  } else if (type == proto::msg::kNodeStats) {
-    OnNodeStats(peer, msg);
   } else {
-    Reject(peer, Status::InvalidArgument("unexpected message '" + type + "' from a client"));
+    OnEvent(peer, event, job);
   }
 }
 

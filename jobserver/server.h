@@ -96,10 +96,11 @@ class Server {
   // Registers the node of an authenticated client hello (session check, re-attach) and sets
   // *session to the node's token for the welcome.
   Status AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello, std::string* session);
-  // Whether `peer`'s node may report about `trainer_id` (the scheduler placed it there). A refusal
-  // is logged (rate-limited per connection) and the frame has no effect.
+  // Whether `peer`'s node may report about `trainer_id`: the scheduler placed it there (in cluster
+  // mode: a live job, whose name *job gets; a leaving trainer's reports are dropped). A refusal is
+  // logged (rate-limited per connection) and the frame has no effect.
   bool Authorized(const std::shared_ptr<Peer>& peer, const std::string& what,
-                  const std::string& trainer_id);
+                  const std::string& trainer_id, std::string* job);
   // Records a trainer's event in the events log of `job` (empty: the server's own job).
   void OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, const std::string& job);
   // True (and the peer is closed with a logged reason) when a ctl/watch peer does not read.
@@ -147,15 +148,15 @@ class Server {
   void DispatchCluster();
   void PushJobGeneration(const std::string& job, const Action& a);
   void RecordJob(const std::string& job, nlohmann::json event);
-  bool ClusterAuthorized(const std::shared_ptr<Peer>& peer, const std::string& what,
-                         const std::string& trainer_id);
-  void OnClusterClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
-                              const nlohmann::json& msg);
   // submit, jobs, cancel, scale: the reply's status.
   Status OnClusterCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r);
   nlohmann::json ClusterStatusBody() const;
   // RecordProgress for each running job, in its own events log (the timeline picture reads it).
   void RecordJobsProgress();
+  // OpenState / Persist of a cluster server: every submitted job and the nodes (STATE.md, "A
+  // cluster server").
+  Status OpenClusterState();
+  Status SaveClusterState();
 
   boost::asio::io_context* const io_;  // not owned
   const ServerOptions options_;
@@ -192,6 +193,7 @@ class Server {
   // Cluster mode only.
   std::unique_ptr<Cluster> cluster_;
   std::map<std::string, std::string> cluster_sessions_;  // node -> its session token
+  std::unique_ptr<ClusterStateWriter> cluster_state_;    // null without --state_dir
   std::map<std::string, std::unique_ptr<EventsLog>> job_events_;  // live jobs' events logs
   std::map<std::string, proto::NodeStats> node_stats_;  // connected nodes' latest report
   // Live trainers' progress, by job then trainer id.

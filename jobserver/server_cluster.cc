@@ -50,7 +50,7 @@ Status Server::AttachClusterNode(const std::shared_ptr<Peer>& peer, const proto:
   for (const proto::JobTypeDecl& t : hello.job_types) {
     n.types.push_back({t.name, std::set<std::string>(t.settable.begin(), t.settable.end())});
   }
-  EDL_RETURN_IF_ERROR(cluster_->AddNode(n, hello.trainers));
+  EDL_RETURN_IF_ERROR(cluster_->AddNode(n, hello.trainers, hello.trainer_generations));
   cluster_sessions_[hello.node] = token;
   peer->state = Peer::State::kClient;
   peer->node = hello.node;
@@ -88,8 +88,43 @@ void Server::TellJob(const std::shared_ptr<Peer>& peer, const std::string& job) 
   peer->job_generation[job] = 0;
 }
 
+Status Server::OpenClusterState() {
+  state_ = std::make_unique<StateStore>();
+  bool created = false;
+  EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
+  cluster_state_ = std::make_unique<ClusterStateWriter>(state_.get());
+  ClusterState st;
+  bool found = false;
+  EDL_RETURN_IF_ERROR(cluster_state_->Load(&st, &found));
+  if (!found) {
+    LOG(INFO) << "no cluster state in --state_dir " << options_.state_dir << (created ? " (a new state directory)" : "")
+              << ": starting with no jobs";
+    Record({{"type", "new_cluster"}, {"state_dir", options_.state_dir}});
+  } else {
+    LOG(INFO) << "resuming the cluster from --state_dir " << options_.state_dir << ": " << st.jobs.size()
+              << " live job(s), " << st.nodes.size() << " node(s), " << st.ended.size() << " ended job(s)";
+    EDL_RETURN_IF_ERROR(cluster_->Restore(st));
+    for (const auto& [name, n] : st.nodes) cluster_sessions_[name] = n.node.session;
+  }
+  return Persist() ? Status::OK()
+                   : Status::IOError("cannot write the cluster state to --state_dir " + options_.state_dir);
+}
+
+Status Server::SaveClusterState() {
+  ClusterState st;
+  cluster_->Snapshot(&st);
+  for (auto& [name, n] : st.nodes) {
+    auto it = cluster_sessions_.find(name);
+    if (it != cluster_sessions_.end()) n.node.session = it->second;
+  }
+  return cluster_state_->Save(st);
+}
+
 void Server::DispatchCluster() {
-  for (JobAction& ja : cluster_->TakeActions()) {
+  std::vector<JobAction> actions = cluster_->TakeActions();
+  // Kept (synced) before any of it reaches a client: a restarted server resumes from here.
+  if (!actions.empty() && !Persist()) return;
+  for (JobAction& ja : actions) {
     Action& a = ja.action;
     auto node = nodes_.find(a.node);
     switch (a.kind) {
@@ -175,57 +210,6 @@ void Server::RecordJob(const std::string& job, json event) {
   }
   json rec = it->second->Append(std::move(event));
   NotifyWatchers(json{{"event", rec}});
-}
-
-bool Server::ClusterAuthorized(const std::shared_ptr<Peer>& peer, const std::string& what,
-                               const std::string& trainer_id) {
-  if (!cluster_->JobOfTrainer(trainer_id, peer->node).empty()) return true;
-  if (LogThis(++peer->refused)) {
-    VLOG(1) << "dropped '" << what << "' from node " << peer->node << " about trainer " << trainer_id
-            << ": no live job placed it on that node (a leaving trainer, or an ended job's)";
-  }
-  return false;
-}
-
-void Server::OnClusterClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
-                                    const json& msg) {
-  cluster_->Heartbeat(peer->node);  // any frame proves the node alive
-  if (type == proto::msg::kHeartbeat) {
-    peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});
-    return;
-  }
-  if (type == proto::msg::kTrainerExit) {
-    proto::TrainerExit e;
-    Status s = e.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    const std::string how = e.exited ? "exit " + std::to_string(e.code) : "signal " + std::to_string(e.signal);
-    cluster_->TrainerExited(e.trainer_id, peer->node, e.success(), how);  // routed by id; others ignored
-    status_dirty_ = true;
-  } else if (type == proto::msg::kReady) {
-    proto::Ready r;
-    Status s = r.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    cluster_->TrainerReady(r.trainer_id, peer->node, r.generation);
-  } else if (type == proto::msg::kProgress) {
-    proto::Progress p;
-    Status s = p.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    if (!ClusterAuthorized(peer, type, p.trainer_id)) return;
-    job_progress_[cluster_->JobOfTrainer(p.trainer_id, peer->node)][p.trainer_id] = p.report;
-    status_dirty_ = true;
-  } else if (type == proto::msg::kEvent) {
-    proto::Event e;
-    Status s = e.DecodeFrom(msg);
-    if (!s.ok()) return Reject(peer, s);
-    if (!ClusterAuthorized(peer, type, e.trainer_id)) return;
-    OnEvent(peer, e, cluster_->JobOfTrainer(e.trainer_id, peer->node));
-  } else if (type == proto::msg::kKv) {
-    OnKv(peer, msg);
-  } else if (type == proto::msg::kNodeStats) {
-    OnNodeStats(peer, msg);
-  } else {
-    Reject(peer, Status::InvalidArgument("unexpected message '" + type + "' from a client"));
-  }
 }
 
 Status Server::OnClusterCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r) {

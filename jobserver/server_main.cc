@@ -70,7 +70,8 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("events_dir", po::value<std::string>(&o->events_dir)->default_value("./edl-events"), "directory of the events log")
       ("state_dir", po::value<std::string>(&o->state_dir),
        "directory of the job's durable state (RocksDB, see jobserver/STATE.md): a restarted server resumes "
-       "the job and its running trainers from it (created when missing; empty: state in memory only)")
+       "the job and its running trainers from it (with --cluster: every submitted job; created when missing; "
+       "empty: state in memory only)")
       ("state_store", po::value<std::string>(&o->state_store),
        "etcd://HOST:PORT[,HOST:PORT...]: keep the job's state in etcd (v3) instead of --state_dir, with "
        "leader election: several servers of one job (each with its own --server_port) run, one leads, the "

@@ -34,13 +34,6 @@ class ClusterCtlTest : public itest::ControlPlaneHarness {
     std::ofstream(path) << body;
     return path;
   }
-  json Jobs() {
-    std::string out;
-    EXPECT_EQ(Ctl({"jobs", "--json"}, &out), 0) << out;
-    const size_t brace = out.find('{');
-    json j = json::parse(brace == std::string::npos ? "" : out.substr(brace), nullptr, false);
-    return j.is_object() ? j : json{{"jobs", json::array()}, {"unparsed", out}};
-  }
 };
 
 TEST_F(ClusterCtlTest, BadSubmissionsAreRefusedWithTheFixAndChangeNothing) {

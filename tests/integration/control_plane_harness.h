@@ -115,6 +115,15 @@ class ControlPlaneHarness : public ::testing::Test {
     return rc;
   }
 
+  // `edl ctl jobs --json` of a cluster server (its "jobs" empty when the reply is not JSON).
+  json Jobs() {
+    std::string out;
+    EXPECT_EQ(Ctl({"jobs", "--json"}, &out), 0) << out;
+    const size_t brace = out.find('{');
+    json j = json::parse(brace == std::string::npos ? "" : out.substr(brace), nullptr, false);
+    return j.is_object() ? j : json{{"jobs", json::array()}, {"unparsed", out}};
+  }
+
   std::vector<json> Events() { return ReadLines(dir_.Join("events/itest.events.jsonl")); }
 
   std::vector<json> Generations() {

@@ -35,6 +35,7 @@ std::string Env(const char* k) {
 void Record(nlohmann::json j) {
   j["pid"] = ::getpid();
   j["trainer_id"] = g_env.trainer_id;
+  j["job_id"] = g_env.job_id;
   const std::string line = j.dump() + "\n";
   const int fd = ::open(Env("STANDIN_RECORD").c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
   if (fd < 0) return;

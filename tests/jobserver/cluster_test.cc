@@ -1,6 +1,7 @@
 // Cluster: the policy's decisions carried out by one Scheduler per job, with a ManualClock and no
 // processes (the integration test runs the same scenario with real trainers).
 #include "jobserver/cluster.h"
+#include "jobserver/cluster_state.h"
 
 #include <gtest/gtest.h>
 
@@ -21,13 +22,16 @@ class ClusterTest : public ::testing::Test {
     o.checkpoint_root = "/ckpt";
     cluster_ = std::make_unique<Cluster>(o, &clock_);
   }
-  void AddNode(const std::string& name, int slots, std::set<std::string> flags = {"epochs"}) {
+  static ClusterNode Node(const std::string& name, int slots, std::set<std::string> flags = {"epochs"}) {
     ClusterNode n;
     n.name = name;
     n.host = "127.0.0.1";
     for (int i = 0; i < slots; ++i) n.slots.push_back(i);
     n.types.push_back({"t", flags});
-    ASSERT_OK(cluster_->AddNode(n, {}));
+    return n;
+  }
+  void AddNode(const std::string& name, int slots, std::set<std::string> flags = {"epochs"}) {
+    ASSERT_OK(cluster_->AddNode(Node(name, slots, flags), {}));
     Drain();
   }
   static JobSpec Job(const std::string& name, int min, int max, int priority = 1) {
@@ -215,7 +219,7 @@ TEST_F(ClusterTest, NodeLossShrinksEveryJobOnItAndTheyRepair) {
   }
 }
 
-TEST_F(ClusterTest, CancelKillsTheJobAndOthersGrowIntoItsSlots) {
+TEST_F(ClusterTest, CancelStopsTheJobInOneGenerationAndOthersGrowIntoItsSlots) {
   Make();
   AddNode("n1", 2);
   ASSERT_OK(cluster_->Submit(Job("A", 1, 2)));
@@ -224,9 +228,16 @@ TEST_F(ClusterTest, CancelKillsTheJobAndOthersGrowIntoItsSlots) {
   ASSERT_EQ(World("A"), 1);
   ASSERT_EQ(World("B"), 1);
   const std::set<std::string> b_ids = Ids("B");
+  const int64_t b_gen = gens_["B"].back().generation;
   ASSERT_OK(cluster_->Cancel("B"));
   Drain();
-  for (const std::string& id : b_ids) EXPECT_TRUE(killed_.count(id)) << id;
+  // One stop generation: no trainer left, not a failure, nobody killed.
+  ASSERT_EQ(gens_["B"].size(), 2u);
+  EXPECT_EQ(gens_["B"].back().generation, b_gen + 1);
+  EXPECT_EQ(gens_["B"].back().world_size(), 0);
+  EXPECT_EQ(gens_["B"].back().reason, "stop");
+  EXPECT_FALSE(gens_["B"].back().failure);
+  for (const std::string& id : b_ids) EXPECT_FALSE(killed_.count(id)) << id;
   AllReady();
   EXPECT_EQ(World("A"), 2);
   EXPECT_TRUE(cluster_->Cancel("B").IsNotFound());
@@ -244,6 +255,169 @@ TEST_F(ClusterTest, ScaleCapsAJobWithinItsBounds) {
   EXPECT_EQ(World("A"), 2);
   EXPECT_FALSE(cluster_->Scale("A", 9).ok());
   EXPECT_TRUE(cluster_->Scale("Z", 1).IsNotFound());
+}
+
+// A restarted cluster server (jobserver/STATE.md, "A cluster server"): the whole cluster saved
+// through a real RocksDB StateStore, restored into a new Cluster; as the nodes re-attach with their
+// trainers every job goes on without a new generation, and the next change is numbered above.
+TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {
+  Make();
+  AddNode("n1", 2);
+  AddNode("n2", 2);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 4)));
+  Drain();
+  ASSERT_OK(cluster_->Submit(Job("B", 1, 4)));
+  Drain();
+  ASSERT_OK(cluster_->Submit(Job("C", 1, 1)));
+  Drain();
+  ASSERT_OK(cluster_->Cancel("C"));
+  Drain();
+  AllReady();
+  ASSERT_GE(World("A"), 1);
+  ASSERT_GE(World("B"), 1);
+  std::map<std::string, int64_t> gen;
+  std::map<std::string, std::vector<std::string>> running;  // node -> the trainers its client runs
+  uint64_t max_seq = 0;
+  for (const std::string job : {"A", "B"}) {
+    gen[job] = cluster_->FindJob(job)->current().generation;
+    for (const proto::MemberInfo& m : cluster_->FindJob(job)->current().members) {
+      running[m.node].push_back(m.trainer_id);
+      max_seq = std::max<uint64_t>(max_seq, std::stoull(m.trainer_id.substr(m.trainer_id.rfind('-') + 1)));
+    }
+  }
+  running["n1"].push_back("n1-s1-99999");  // a joiner of a change the old server never committed
+  test::ScratchDir dir("edl-cluster-state");
+  ClusterState saved;
+  {
+    StateStore store;
+    bool created = false, found = true;
+    ASSERT_OK(store.Open(dir.Join("state"), &created));
+    ClusterStateWriter w(&store);
+    ClusterState none;
+    ASSERT_OK(w.Load(&none, &found));
+    EXPECT_FALSE(found);
+    cluster_->Snapshot(&saved);
+    ASSERT_OK(w.Save(saved));
+  }
+  StateStore store;
+  bool created = true, found = false;
+  ASSERT_OK(store.Open(dir.Join("state"), &created));
+  EXPECT_FALSE(created);
+  ClusterStateWriter w(&store);
+  ClusterState st;
+  ASSERT_OK(w.Load(&st, &found));
+  ASSERT_TRUE(found);
+  EXPECT_EQ(EncodeClusterState(st), EncodeClusterState(saved));
+
+  gens_.clear();
+  killed_.clear();
+  cluster_events_.clear();
+  Make();
+  ASSERT_OK(cluster_->Restore(st));
+  Drain();
+  EXPECT_EQ(cluster_->JobNames(), (std::vector<std::string>{"A", "B"}));
+  const nlohmann::json jobs = cluster_->JobsJson();
+  ASSERT_EQ(jobs["ended"].size(), 1u);
+  EXPECT_EQ(jobs["ended"][0]["name"], "C");
+  EXPECT_EQ(jobs["ended"][0]["state"], "cancelled");
+  for (const std::string node : {"n1", "n2"}) {
+    ASSERT_OK(cluster_->AddNode(Node(node, 2), running[node]));
+    Drain();
+  }
+  EXPECT_TRUE(gens_.empty()) << "a restart between changes made a generation";
+  EXPECT_EQ(killed_, (std::set<std::string>{"n1-s1-99999"}));
+  for (const std::string job : {"A", "B"}) {
+    EXPECT_EQ(cluster_->FindJob(job)->current().generation, gen[job]) << job;
+    EXPECT_FALSE(cluster_->FindJob(job)->recovering()) << job;
+  }
+  // The next change: above the old numbers, with trainer ids above the old ones.
+  ASSERT_OK(cluster_->Scale("A", 1));
+  Drain();
+  AllReady();
+  ASSERT_FALSE(gens_["A"].empty());
+  EXPECT_GT(gens_["A"].back().generation, gen["A"]);
+  ASSERT_FALSE(gens_["B"].empty()) << "B grows into the slots A gave up";
+  EXPECT_GT(gens_["B"].back().generation, gen["B"]);
+  for (const proto::MemberInfo& m : gens_["B"].back().members) {
+    const uint64_t seq = std::stoull(m.trainer_id.substr(m.trainer_id.rfind('-') + 1));
+    const auto& old = running[m.node];
+    if (std::find(old.begin(), old.end(), m.trainer_id) == old.end()) EXPECT_GT(seq, max_seq) << m.trainer_id;
+  }
+}
+
+// A restored job's member that its node reports in a generation above the stored one: the stored
+// state is older than what the trainers saw (e.g. a directory restored from a backup), so that
+// member counts as failed; the others are adopted.
+TEST_F(ClusterTest, AMemberAheadOfTheRestoredGenerationCountsAsFailed) {
+  Make();
+  AddNode("n1", 2);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 2)));
+  Drain();
+  ASSERT_EQ(World("A"), 2);
+  const proto::GenerationInfo g = gens_["A"].back();
+  ClusterState st;
+  cluster_->Snapshot(&st);
+  gens_.clear();
+  Make();
+  ASSERT_OK(cluster_->Restore(st));
+  Drain();
+  ASSERT_OK(cluster_->AddNode(Node("n1", 2), {g.members[0].trainer_id, g.members[1].trainer_id},
+                              {g.generation, g.generation + 5}));
+  Drain();
+  ASSERT_EQ(gens_["A"].size(), 1u);
+  EXPECT_TRUE(gens_["A"][0].failure);
+  ASSERT_EQ(gens_["A"][0].world_size(), 1);
+  EXPECT_EQ(gens_["A"][0].members[0].trainer_id, g.members[0].trainer_id);
+  EXPECT_GT(gens_["A"][0].generation, g.generation);
+}
+
+// Damaged or foreign state is refused with the key and the fix; nothing is restored from it.
+TEST_F(ClusterTest, DamagedClusterStateIsRefusedNamingTheKey) {
+  Make();
+  AddNode("n1", 2);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 2)));
+  Drain();
+  ClusterState st;
+  cluster_->Snapshot(&st);
+  const std::map<std::string, std::string> good = EncodeClusterState(st);
+  ASSERT_TRUE(good.count("job/A/generation"));
+  ClusterState out;
+  bool found = false;
+  ASSERT_OK(DecodeClusterState(good, &out, &found));
+  EXPECT_TRUE(found);
+
+  auto refused = [&](std::map<std::string, std::string> kv, const std::string& expect) {
+    ClusterState o;
+    bool f = false;
+    const Status s = DecodeClusterState(kv, &o, &f);
+    EXPECT_TRUE(s.IsCorruption()) << expect << ": " << s.ToString();
+    EXPECT_NE(s.message().find(expect), std::string::npos) << s.message();
+  };
+  auto kv = good;
+  kv.erase("job/A/generation");
+  refused(kv, "job/A/generation");
+  kv = good;
+  kv["job/A/placement"] = kv["job/A/placement"].substr(0, 10);
+  refused(kv, "job/A/placement");
+  kv = good;
+  kv["job/A/placement"] = R"({"v":1,"running":true,"cap":2,"slots":{"n9":[0]},"deadline_left_us":0,"deadline_reported":false})";
+  refused(kv, "does not hold");
+  kv = good;
+  kv.erase("cluster/meta");
+  refused(kv, "single-job server");
+  kv = good;
+  kv["job/A/spec"] = nlohmann::json{{"v", 1}, {"spec", EncodeJobSpec(Job("A", 1, 2))}, {"seq", 1}, {"port_index", 20}}.dump();
+  refused(kv, "port_index");
+  kv = good;
+  kv["cluster/node_types/n1"] = R"({"v":1,"name":"n1","types":[{"name":"../x","settable":[]}]})";
+  refused(kv, "cluster/node_types/n1");
+
+  // Slots the node does not offer: the restore refuses them.
+  st.jobs["A"].slots["n1"] = {0, 7};
+  Make();
+  const Status s = cluster_->Restore(st);
+  EXPECT_TRUE(s.IsCorruption()) << s.ToString();
+  EXPECT_NE(s.message().find("slot 7"), std::string::npos) << s.message();
 }
 
 }  // namespace
