@@ -38,7 +38,11 @@ Client::Client(asio::io_context* io, ClientOptions options,
       sigchld_(*io, SIGCHLD),
       tick_timer_(*io),
       heartbeat_timer_(*io),
-      reconnect_timer_(*io) {}
+      reconnect_timer_(*io) {
+  if (!options_.teachers.commands.empty()) {
+    teacher_runner_ = std::make_unique<TeacherRunner>(launcher_.get(), options_.teachers);
+  }
+}
 
 namespace {
 
@@ -223,6 +227,7 @@ void Client::Shutdown(int exit_code, const std::string& why) {
     if (server_ && authenticated_) server_->Send(j);
   }
   trainers_.clear();
+  if (teacher_runner_) teacher_runner_->StopAll(milliseconds(options_.stop_grace_ms));
   boost::system::error_code ec;
   trainer_acceptor_.close(ec);
   RemoveSocket();
@@ -348,6 +353,7 @@ void Client::OnServerMessage(const json& msg) {
   if (type == proto::msg::kKill) return OnKill(msg);
   if (type == proto::msg::kJobInfo) return OnJobInfo(msg);
   if (type == proto::msg::kKvReply) return OnKvReply(msg);
+  if (type == proto::msg::kTeacherStart || type == proto::msg::kTeacherStop) return OnTeacherOrder(msg);
   if (type == proto::msg::kStop) return Shutdown(0, "the server asked to stop (edl ctl stop)");
   if (type == proto::msg::kDone) {
     done_ = true;
@@ -372,6 +378,11 @@ void Client::OnChallenge(const json& msg) {
   h.slots = options_.slots;
   h.node_token = session_;
   for (const auto& [name, type] : options_.job_types) h.job_types.push_back({name, type.settable});
+  if (teacher_runner_) {
+    h.services = teacher_runner_->Services();
+    h.teacher_slots = teacher_runner_->slots();
+    h.teachers = teacher_runner_->Running();
+  }
   // Members of the newest generation this client holds, and prepared joiners, each with its
   // generation: a restarted server adopts the survivors and kills joiners of a change it rolled
   // back (PROTOCOL.md "Authentication").
@@ -881,6 +892,7 @@ void Client::TerminateTrainer(Trainer* t, int64_t now_us) {
 void Client::Tick() {
   if (shutting_down_) return;
   PollTrainers();
+  PollTeachers();
   const int64_t now = clock_->NowMicros();
   for (auto& [id, t] : trainers_) {
     if (t.leaving && t.leave_deadline_us > 0 && now >= t.leave_deadline_us && t.kill_deadline_us == 0) {

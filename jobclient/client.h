@@ -21,6 +21,7 @@
 #include "edl/base/status.h"
 #include "edl/net/connection.h"
 #include "edl/proto/messages.h"
+#include "jobclient/teacher_runner.h"
 #include "launcher/launcher.h"
 
 namespace edl::jobclient {
@@ -53,6 +54,9 @@ struct ClientOptions {
   };
   std::map<std::string, JobType> job_types;
   std::string checkpoint_root;
+  // The services whose teachers this node runs (`--service NAME = COMMAND...`, `--teacher_slots`);
+  // no commands: none. Client::Start fills in server, secret and log dir when left empty.
+  TeacherRunnerOptions teachers;
   bool exit_when_done = false;
   int64_t tick_ms = 200;
 };
@@ -118,6 +122,11 @@ class Client {
   void Heartbeat();
   // Cluster mode: the node's CPU use since the previous call (/proc/stat), as node_stats.
   void SendNodeStats();
+  // teacher_start / teacher_stop from the server (client_teachers.cc); a refused order is
+  // answered with a teacher_exit saying why.
+  void OnTeacherOrder(const nlohmann::json& msg);
+  // Reports teachers that ended (every tick).
+  void PollTeachers();
 
   // ---- trainers
   void AcceptTrainer();
@@ -137,6 +146,7 @@ class Client {
   boost::asio::io_context* const io_;  // not owned
   const ClientOptions options_;
   const std::unique_ptr<launcher::ProcessLauncher> launcher_;
+  std::unique_ptr<TeacherRunner> teacher_runner_;  // null: this node offers no service
   Clock* const clock_;  // not owned
   boost::asio::local::stream_protocol::acceptor trainer_acceptor_;
   boost::asio::signal_set sigchld_;
