@@ -354,6 +354,7 @@ void Client::OnServerMessage(const json& msg) {
   if (type == proto::msg::kJobInfo) return OnJobInfo(msg);
   if (type == proto::msg::kKvReply) return OnKvReply(msg);
   if (type == proto::msg::kTeacherStart || type == proto::msg::kTeacherStop) return OnTeacherOrder(msg);
+  if (type == proto::msg::kServiceMembers) return OnServiceMembers(msg);
   if (type == proto::msg::kStop) return Shutdown(0, "the server asked to stop (edl ctl stop)");
   if (type == proto::msg::kDone) {
     done_ = true;
@@ -431,6 +432,7 @@ void Client::OnWelcome(const json& msg) {
     server_->Send(outbox_.front());
     outbox_.pop_front();
   }
+  ResendServiceWatches();
   Heartbeat();
 }
 
@@ -776,6 +778,8 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
       r.EncodeTo(&out);
       server_->Send(out);
     }
+  } else if (type == proto::msg::kServiceWatch) {
+    s = OnServiceWatch(&t, msg);
   } else {
     s = Status::InvalidArgument("unexpected message '" + type + "' from a trainer");
   }

@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,12 @@ class Client {
   void OnTeacherOrder(const nlohmann::json& msg);
   // Reports teachers that ended (every tick).
   void PollTeachers();
+  // A distilling trainer's service_watch (client_teachers.cc): asks the server once per service
+  // and hands the trainer the newest member list at once when there is one.
+  Status OnServiceWatch(Trainer* t, const nlohmann::json& msg);
+  // The server's service_members: kept and relayed to every trainer watching that service.
+  void OnServiceMembers(const nlohmann::json& msg);
+  void ResendServiceWatches();  // after a welcome: the new connection watches nothing yet
 
   // ---- trainers
   void AcceptTrainer();
@@ -173,6 +180,8 @@ class Client {
   std::deque<StartRequest> waiting_;  // starts waiting for their slot to free up
   uint64_t next_req_id_ = 1;
   std::map<uint64_t, std::pair<std::string, uint64_t>> kv_routes_;  // ours -> (trainer, theirs)
+  std::map<std::string, std::set<std::string>> service_watchers_;  // service -> trainer ids
+  std::map<std::string, nlohmann::json> service_members_;         // service -> newest list
   bool done_ = false;
   bool shutting_down_ = false;
   int exit_code_ = 0;

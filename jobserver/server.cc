@@ -503,6 +503,14 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                              const json& msg) {
   if (type == proto::msg::kTeacherExit) return OnTeacherExit(peer, msg);
+  if (type == proto::msg::kServiceWatch) {  // for the node's distilling trainers
+    proto::ServiceWatch w;
+    if (Status s = w.DecodeFrom(msg); !s.ok()) return Reject(peer, s);
+    if (Status s = services_.Watch(peer->id, w.service); !s.ok() && LogThis(++peer->refused)) {
+      LOG(WARNING) << "service_watch from node " << peer->node << " refused: " << s.ToString();
+    }
+    return;
+  }
   if (cluster_) return OnClusterClientMessage(peer, type, msg);
   scheduler_.Heartbeat(peer->node);  // any frame proves the node alive
   if (type == proto::msg::kHeartbeat) {

@@ -156,7 +156,8 @@ int RunTeacherMain(int argc, char** argv) {
       const TeacherStats tot = server.Totals();
       LOG(INFO) << "edl teacher: " << tot.requests << " requests, " << tot.samples << " samples in "
                 << tot.passes << " passes, mean latency "
-                << (tot.requests ? tot.latency_ms_sum / tot.requests : 0) << " ms";
+                << (tot.requests ? tot.latency_ms_sum / tot.requests : 0) << " ms, dropped unanswered "
+                << tot.cancelled << " cancelled + " << tot.orphaned << " of closed connections";
     }
   }
   server.Stop();

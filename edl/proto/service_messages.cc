@@ -195,6 +195,32 @@ Status TeacherReply::DecodeFrom(const json& j) {
   return Status::OK();
 }
 
+// ---- teacher_cancel
+
+void TeacherCancel::EncodeTo(json* j) const { *j = {{"type", msg::kTeacherCancel}, {"req_id", req_id}}; }
+Status TeacherCancel::DecodeFrom(const json& j) {
+  TeacherCancel c;
+  Fields f(j, msg::kTeacherCancel);
+  int64_t id = 0;
+  f.Int("req_id", &id, 0, kMaxI64);
+  if (!f.ok()) return f.status();
+  c.req_id = static_cast<uint64_t>(id);
+  *this = c;
+  return Status::OK();
+}
+
+// ---- service_watch
+
+void ServiceWatch::EncodeTo(json* j) const { *j = {{"type", msg::kServiceWatch}, {"service", service}}; }
+Status ServiceWatch::DecodeFrom(const json& j) {
+  ServiceWatch w;
+  Fields f(j, msg::kServiceWatch);
+  f.Name("service", &w.service);
+  if (!f.ok()) return f.status();
+  *this = std::move(w);
+  return Status::OK();
+}
+
 // ---- teacher_start / teacher_stop / teacher_exit
 
 void TeacherOrder::EncodeTo(json* j) const {

@@ -23,6 +23,8 @@ inline constexpr char kServiceStats[] = "service_stats";      // teacher -> serv
 inline constexpr char kServiceMembers[] = "service_members";  // server -> student (watching)
 inline constexpr char kTeacherRequest[] = "teacher_request";  // student -> teacher
 inline constexpr char kTeacherReply[] = "teacher_reply";      // teacher -> student
+inline constexpr char kTeacherCancel[] = "teacher_cancel";    // student -> teacher: gave up on one
+inline constexpr char kServiceWatch[] = "service_watch";      // trainer -> client -> server
 inline constexpr char kTeacherStart[] = "teacher_start";      // server -> client: run a teacher
 inline constexpr char kTeacherStop[] = "teacher_stop";        // server -> client: stop one
 inline constexpr char kTeacherExit[] = "teacher_exit";        // client -> server: one ended
@@ -37,6 +39,22 @@ constexpr size_t kMaxTeacherValues = 160000;
 // Teacher processes one client runs at once (its --teacher_slots).
 constexpr int kMaxTeacherSlots = 64;
 constexpr size_t kMaxTeacherWhyBytes = 256;
+
+// The student gave up on request `req_id` (answered elsewhere, or its step went on without it):
+// a teacher that has not started it drops it and answers Aborted at once.
+struct TeacherCancel : Message<TeacherCancel> {
+  uint64_t req_id = 0;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// A trainer asks its node's client for a service's member lists; the client asks the server once
+// for all its trainers and relays each service_members push to every trainer watching.
+struct ServiceWatch : Message<ServiceWatch> {
+  std::string service;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
 
 // A client's teachers (PROTOCOL.md, "Services: teachers run by clients"): the server orders a
 // start or a stop, the client reports each teacher that ended. One shape for the three types.

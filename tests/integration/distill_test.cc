@@ -273,6 +273,8 @@ std::map<std::string, int> TeacherPids(const std::string& secret) {
 // service kd (`--service kd = edl teacher ...`, the command stays on the node), `edl ctl scale kd
 // N` makes the server place N teachers there, 1 -> 2 -> 1, while a student trains through them; a
 // SIGKILLed teacher is replaced, answers keep coming, and the client's exit stops its teachers.
+// The student has no server address (no --distill_server): its client relays the teacher lists,
+// so every teacher it reaches it learned from a push.
 TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
   TrainTeacherCheckpoint();
   if (HasFatalFailure()) return;
@@ -294,8 +296,8 @@ TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
           dir_.Join("logs"), "--stop_grace_s", "5", "--service", teacher_cmd, "--teacher_slots", "2",
           "--", test::EdlBinary(), "train", "--model", "resnet20", "--train_samples", kSamples,
           "--batch_size", "16", "--epochs", "50", "--threads", "1", "--log_every", "10", "--eval",
-          "false", "--sample_log", dir_.Join("samples.jsonl"), "--distill", "kd", "--distill_server",
-          "127.0.0.1:" + port_, "--secret_file", secret_, "--distill_wait_s", "5",
+          "false", "--sample_log", dir_.Join("samples.jsonl"), "--distill", "kd", "--secret_file",
+          secret_, "--distill_wait_s", "5",
           "--distill_resend_s", "2", "--distill_discovery_s", "300"},
       dir_.Join("client.log"));
   // Refused until a client offering kd is connected; then one teacher, n1-t1.
