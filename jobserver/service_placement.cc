@@ -19,6 +19,7 @@ constexpr int64_t kHoldMaxUs = 30'000'000;
 void ServicePlacer::NodeUp(const std::string& node, const std::vector<std::string>& services, int slots,
                            const std::vector<std::pair<std::string, std::string>>& running, int64_t now_us) {
   NodeDown(node);
+  dirty_ = true;
   if (services.empty()) return;
   Node& n = nodes_[node];
   n.services.insert(services.begin(), services.end());
@@ -32,6 +33,7 @@ void ServicePlacer::NodeUp(const std::string& node, const std::vector<std::strin
 
 void ServicePlacer::NodeDown(const std::string& node) {
   if (nodes_.erase(node) == 0) return;
+  dirty_ = true;
   for (auto it = placed_.begin(); it != placed_.end();) {
     if (it->second.node == node) {
       LOG(WARNING) << "service " << it->second.service << ": teacher " << it->first << " lost with node " << node;
@@ -64,6 +66,7 @@ Status ServicePlacer::SetDesired(const std::string& service, int n) {
                             "); start a client with --service " + service + " = 'edl teacher ...'");
   }
   desired_[service] = n;
+  dirty_ = true;
   LOG(INFO) << "service " << service << ": desired teachers " << n;
   return Status::OK();
 }
@@ -74,6 +77,7 @@ void ServicePlacer::Exited(const std::string& node, const std::string& name, con
   if (it == placed_.end() || it->second.node != node) return;
   const Placed p = it->second;
   placed_.erase(it);
+  dirty_ = true;
   auto n = nodes_.find(node);
   if (p.stopping || n == nodes_.end()) {
     LOG(INFO) << "service " << p.service << ": teacher " << name << " on node " << node << " stopped (" << why << ")";
@@ -101,6 +105,9 @@ int ServicePlacer::Live(const std::string& service) const {
 
 std::vector<ServicePlacer::Order> ServicePlacer::Reconcile(int64_t now_us) {
   std::vector<Order> orders;
+  if (!dirty_ && (retry_at_us_ == 0 || now_us < retry_at_us_)) return orders;
+  dirty_ = false;
+  retry_at_us_ = 0;
   for (const auto& [service, want] : desired_) {
     int live = Live(service);
     while (live < want) {
@@ -116,7 +123,15 @@ std::vector<ServicePlacer::Order> ServicePlacer::Reconcile(int64_t now_us) {
         const std::pair<int, int> key{mine, Used(name)};
         if (best == nullptr || key < best_key) best = &name, best_key = key;
       }
-      if (best == nullptr) break;  // no free teacher slot offers it now; retried every tick
+      if (best == nullptr) {  // no free slot offers it now: try again after the next change, or soon
+        int64_t retry = now_us + 1'000'000;
+        for (const auto& [name, n] : nodes_) {
+          auto h = n.hold.find(service);
+          if (h != n.hold.end() && h->second.second > now_us) retry = std::min(retry, h->second.second);
+        }
+        retry_at_us_ = retry_at_us_ == 0 ? retry : std::min(retry_at_us_, retry);
+        break;
+      }
       std::string name;
       do {  // adopted teachers of an earlier server may hold low numbers
         name = *best + "-t" + std::to_string(next_seq_++);

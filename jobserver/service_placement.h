@@ -73,6 +73,10 @@ class ServicePlacer {
   std::map<std::string, Placed> placed_;          // by teacher name
   std::map<std::string, int64_t> restarts_;       // replacements per service
   uint64_t next_seq_ = 1;
+  // Reconcile runs on every server event: it works only after a change, or once a held-back
+  // start may go ahead (a service short of teachers retries at least every second).
+  bool dirty_ = false;
+  int64_t retry_at_us_ = 0;
 };
 
 }  // namespace edl::jobserver
