@@ -180,7 +180,7 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
       ("service", po::value<std::vector<std::string>>(&services)->composing(),
        "a distillation service whose teachers this node runs when the server asks (`edl ctl scale SERVICE N`): "
        "NAME = COMMAND ARGS... (an `edl teacher` command without --service, --name, --server, --secret_file, "
-       "--advertise_host: the client adds them; repeat per service)")
+       "--advertise_host, --exit_with_parent: the client adds them; repeat per service)")
       ("teacher_slots", po::value<int>(&teacher_slots)->default_value(1), "teachers this node runs at once (1..64)")
       ("trainer_args", po::value<std::vector<std::string>>(&rest), "the trainer command after --");
   po::positional_options_description pos;

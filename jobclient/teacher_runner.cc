@@ -1,5 +1,7 @@
 #include "jobclient/teacher_runner.h"
 
+#include <unistd.h>
+
 #include <thread>
 
 #include <glog/logging.h>
@@ -7,7 +9,8 @@
 namespace edl::jobclient {
 
 namespace {
-constexpr const char* kAppended[] = {"--service", "--name", "--server", "--secret_file", "--advertise_host"};
+constexpr const char* kAppended[] = {"--service", "--name", "--server", "--secret_file", "--advertise_host",
+                                     "--exit_with_parent"};
 }  // namespace
 
 Status CheckServiceCommand(const std::string& service, const std::vector<std::string>& argv) {
@@ -18,7 +21,7 @@ Status CheckServiceCommand(const std::string& service, const std::vector<std::st
       if (a == f || a.rfind(f + "=", 0) == 0) {
         return Status::InvalidArgument("--service " + service + ": the command sets " + f +
                                        "; leave it out, the client adds --service, --name, --server, "
-                                       "--secret_file and --advertise_host itself");
+                                       "--secret_file, --advertise_host and --exit_with_parent itself");
       }
     }
   }
@@ -49,7 +52,8 @@ Status TeacherRunner::Start(const std::string& service, const std::string& name)
   spec.argv = cmd->second;
   spec.argv.insert(spec.argv.end(), {"--service", service, "--name", name, "--server", options_.server,
                                      "--secret_file", options_.secret_file, "--advertise_host",
-                                     options_.advertise_host});
+                                     options_.advertise_host, "--exit_with_parent",
+                                     std::to_string(::getpid())});
   spec.log_path = options_.log_dir + "/teacher-" + name + ".log";
   auto proc = launcher_->Start(spec);
   if (!proc.ok()) return proc.status();

@@ -2,8 +2,9 @@
 // "Distillation"; PROTOCOL.md, "Services: teachers run by clients"). The command of each service
 // comes from the client's own configuration (`--service NAME = COMMAND...`), never from the
 // network: the server only names the service and the teacher. The runner appends what ties the
-// teacher to this server and node (--service, --name, --server, --secret_file, --advertise_host),
-// so the configured command must not set those itself (CheckServiceCommand).
+// teacher to this server and node (--service, --name, --server, --secret_file, --advertise_host,
+// and --exit_with_parent: a client killed outright leaves no teacher behind), so the configured
+// command must not set those itself (CheckServiceCommand).
 //
 // Thread-safety: none; used from the client's io_context thread.
 #pragma once

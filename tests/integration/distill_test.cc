@@ -272,7 +272,8 @@ std::map<std::string, int> TeacherPids(const std::string& secret) {
 // Teachers as elastic services run by the clients (README, "Distillation"): the client offers
 // service kd (`--service kd = edl teacher ...`, the command stays on the node), `edl ctl scale kd
 // N` makes the server place N teachers there, 1 -> 2 -> 1, while a student trains through them; a
-// SIGKILLed teacher is replaced, answers keep coming, and the client's exit stops its teachers.
+// SIGKILLed teacher is replaced, answers keep coming, a SIGKILLed client's teachers stop and are
+// placed elsewhere, and a client's exit stops its teachers.
 // The student has no server address (no --distill_server): its client relays the teacher lists,
 // so every teacher it reaches it learned from a push.
 TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
@@ -342,6 +343,29 @@ TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
   ASSERT_EQ(Ctl({"status"}), 0);
   EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("service kd: desired 1, placed 1 (n1-t2), replaced 1"), std::string::npos)
       << Slurp(dir_.Join("ctl.log"));
+  // A client killed outright leaves no teacher behind (its teachers stop once their parent is
+  // gone), and the server places the lost teacher elsewhere.
+  auto client2 = std::make_unique<Proc>(
+      std::vector<std::string>{test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file",
+                               secret_, "--node_name", "n2", "--slots", "1", "--socket_path", dir_.Join("n2.sock"),
+                               "--log_dir", dir_.Join("logs2"), "--service", teacher_cmd, "--", "/bin/sleep", "600"},
+      dir_.Join("client2.log"));
+  ASSERT_TRUE(WaitFor([&] { return KdStatus().value("nodes", json::array()).size() == 2; }, milliseconds(60000)))
+      << Slurp(dir_.Join("client2.log"));
+  ASSERT_EQ(Ctl({"scale", "kd", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+  auto on_n2 = [&] {
+    for (const auto& [name, pid] : TeacherPids(secret_)) {
+      if (name.rfind("n2-", 0) == 0) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitFor(on_n2, milliseconds(60000))) << Diagnostics();
+  ASSERT_EQ(::kill(client2->pid(), SIGKILL), 0);
+  EXPECT_TRUE(WaitFor([&] { return !on_n2(); }, milliseconds(60000))) << "the killed client's teacher still runs";
+  EXPECT_TRUE(WaitFor([&] { return TeacherPids(secret_).size() == 2 && ListedTeachers().size() == 2; },
+                      milliseconds(60000)))
+      << Diagnostics();
+
   // An unknown service is a clear error.
   EXPECT_NE(Ctl({"scale", "nosuch", "1"}), 0);
   EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("--service nosuch"), std::string::npos) << Slurp(dir_.Join("ctl.log"));

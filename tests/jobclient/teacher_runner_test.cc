@@ -4,6 +4,8 @@
 // appends is refused by name.
 #include "jobclient/teacher_runner.h"
 
+#include <unistd.h>
+
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -55,7 +57,8 @@ TEST(TeacherRunnerTest, RunsStopsAndReportsTeachers) {
   ASSERT_TRUE(itest::WaitFor([&] { return itest::Slurp(log).find("10.0.0.2") != std::string::npos; },
                              milliseconds(30000)));
   EXPECT_NE(itest::Slurp(log).find("--service kd --name n1-t1 --server 10.0.0.1:8180 --secret_file "
-                                   "/etc/edl/secret --advertise_host 10.0.0.2"),
+                                   "/etc/edl/secret --advertise_host 10.0.0.2 --exit_with_parent " +
+                                   std::to_string(::getpid())),
             std::string::npos)
       << itest::Slurp(log);
   EXPECT_FALSE(r.Stop("n1-t9", NowUs()));
@@ -72,7 +75,7 @@ TEST(TeacherRunnerTest, RunsStopsAndReportsTeachers) {
 
 TEST(TeacherRunnerTest, CommandsSettingTheAppendedFlagsAreRefused) {
   EXPECT_OK(CheckServiceCommand("kd", {"edl", "teacher", "--model", "resnet56"}));
-  for (const char* bad : {"--name", "--server=1.2.3.4:5", "--service", "--secret_file", "--advertise_host"}) {
+  for (const char* bad : {"--name", "--server=1.2.3.4:5", "--service", "--secret_file", "--advertise_host", "--exit_with_parent"}) {
     Status s = CheckServiceCommand("kd", {"edl", "teacher", bad, "x"});
     EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("the client adds"), std::string::npos) << s.ToString();
