@@ -75,10 +75,13 @@ void PrintJobs(const json& b) {
   }
 }
 
+void PrintServices(const json& b);
+
 void PrintStatus(const json& b) {
   if (b.value("cluster", false)) {
     std::cout << ClusterHeader() << "\n" << ClusterLine(b) << "\n\n";
     PrintJobs(b);
+    PrintServices(b);
     return;
   }
   const int world = b.value("world_size", 0);
@@ -105,7 +108,12 @@ void PrintStatus(const json& b) {
             << Pad(p.value("reporting", 0) > 0 ? Fixed(p.value("loss", 0.0), 4) : "-", 9)
             << Pad(p.value("reporting", 0) > 0 ? Fixed(p.value("images_per_sec", 0.0), 1) : "-", 10)
             << state << "\n";
-  // Inference services (teachers of distilling students): one line per teacher.
+  PrintServices(b);
+}
+
+// Inference services (teachers of distilling students): one line per teacher, then the teachers
+// the clients run per service (`scale SERVICE N`).
+void PrintServices(const json& b) {
   const json services = b.value("services", json::object());
   if (!services.is_object() || services.empty()) return;
   std::cout << "\n" << Pad("SERVICE", 14) << Pad("TEACHER", 20) << Pad("ADDRESS", 22) << Pad("REQ/S", 9)

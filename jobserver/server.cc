@@ -623,6 +623,10 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     rep.status = placer_.SetDesired(r.job, static_cast<int>(r.n));
   } else if (cluster_ && (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || r.command == "scale")) {
     rep.status = OnClusterCtl(peer, r);
+    if (r.command == "scale" && rep.status.code() == Status::Code::kNotFound) {
+      rep.status = Status::NotFound(rep.status.message() + "; nor does a client offer a service '" + r.job +
+                                    "' (start one with --service " + r.job + " = 'edl teacher ...')");
+    }
   } else if (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || !r.job.empty()) {
     rep.status = Status::FailedPrecondition("'" + r.command + "' with jobs needs a cluster server: start "
                                             "`edl server --cluster` (this one runs the single job " +

@@ -376,6 +376,45 @@ TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
   EXPECT_TRUE(WaitFor([&] { return ListedTeachers().empty(); }, milliseconds(60000))) << Diagnostics();
 }
 
+// The same on a cluster server (`edl server --cluster`): services are scaled beside the jobs, a
+// name that is neither a job nor an offered service is a clear error naming both.
+TEST_F(DistillTest, ClusterServerScalesServicesBesideJobs) {
+  TrainTeacherCheckpoint();
+  if (HasFatalFailure()) return;
+  server_ = std::make_unique<Proc>(
+      std::vector<std::string>{test::EdlBinary(), "server", "--cluster", "--server_port", "0", "--bind", "127.0.0.1",
+                               "--port_file", dir_.Join("port"), "--secret_file", secret_, "--events_dir",
+                               dir_.Join("events")},
+      dir_.Join("server.log"));
+  port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  auto client = std::make_unique<Proc>(
+      std::vector<std::string>{test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file",
+                               secret_, "--node_name", "n1", "--slots", "1", "--socket_path", dir_.Join("n1.sock"),
+                               "--log_dir", dir_.Join("logs"), "--job_type", "sleeper = /bin/sleep 600",
+                               "--service",
+                               "kd = " + test::EdlBinary() + " teacher --model resnet20 --train_samples " +
+                                   kSamples + " --checkpoint_dir " + dir_.Join("ckpt") +
+                                   " --bind 127.0.0.1 --threads 1",
+                               "--teacher_slots", "1"},
+      dir_.Join("client.log"));
+  ASSERT_TRUE(WaitFor([&] { return Ctl({"scale", "kd", "1"}) == 0; }, milliseconds(60000)))
+      << Slurp(dir_.Join("ctl.log")) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t1"}; }, milliseconds(120000)))
+      << Diagnostics();
+  ASSERT_EQ(Ctl({"status"}), 0);
+  EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("service kd: desired 1, placed 1 (n1-t1)"), std::string::npos)
+      << Slurp(dir_.Join("ctl.log"));
+  EXPECT_NE(Ctl({"scale", "nosuch", "1"}), 0);
+  const std::string err = Slurp(dir_.Join("ctl.log"));
+  EXPECT_NE(err.find("no live job named nosuch"), std::string::npos) << err;
+  EXPECT_NE(err.find("--service nosuch"), std::string::npos) << err;
+  ASSERT_EQ(Ctl({"scale", "kd", "0"}), 0) << Slurp(dir_.Join("ctl.log"));
+  EXPECT_TRUE(WaitFor([&] { return TeacherPids(secret_).empty() && ListedTeachers().empty(); }, milliseconds(60000)))
+      << Diagnostics();
+  client->Stop(milliseconds(60000));
+}
+
 TEST_F(DistillTest, MismatchedTeacherAndUnknownServiceAreClearErrors) {
   // A checkpoint of the same model family for 100 classes (real RocksDB store): the 10-class
   // dataset cannot use it.
