@@ -38,11 +38,7 @@ Client::Client(asio::io_context* io, ClientOptions options,
       sigchld_(*io, SIGCHLD),
       tick_timer_(*io),
       heartbeat_timer_(*io),
-      reconnect_timer_(*io) {
-  if (!options_.teachers.commands.empty()) {
-    teacher_runner_ = std::make_unique<TeacherRunner>(launcher_.get(), options_.teachers);
-  }
-}
+      reconnect_timer_(*io) {}
 
 namespace {
 
@@ -379,10 +375,10 @@ void Client::OnChallenge(const json& msg) {
   h.slots = options_.slots;
   h.node_token = session_;
   for (const auto& [name, type] : options_.job_types) h.job_types.push_back({name, type.settable});
-  if (teacher_runner_) {
-    h.services = teacher_runner_->Services();
-    h.teacher_slots = teacher_runner_->slots();
-    h.teachers = teacher_runner_->Running();
+  if (TeacherRunner* r = Teachers()) {
+    h.services = r->Services();
+    h.teacher_slots = r->slots();
+    h.teachers = r->Running();
   }
   // Members of the newest generation this client holds, and prepared joiners, each with its
   // generation: a restarted server adopts the survivors and kills joiners of a change it rolled

@@ -56,7 +56,7 @@ struct ClientOptions {
   std::map<std::string, JobType> job_types;
   std::string checkpoint_root;
   // The services whose teachers this node runs (`--service NAME = COMMAND...`, `--teacher_slots`);
-  // no commands: none. Client::Start fills in server, secret and log dir when left empty.
+  // no commands: none.
   TeacherRunnerOptions teachers;
   bool exit_when_done = false;
   int64_t tick_ms = 200;
@@ -128,6 +128,8 @@ class Client {
   void OnTeacherOrder(const nlohmann::json& msg);
   // Reports teachers that ended (every tick).
   void PollTeachers();
+  // The node's teachers; null when it offers no service (made at first use).
+  TeacherRunner* Teachers();
   // A distilling trainer's service_watch (client_teachers.cc): asks the server once per service
   // and hands the trainer the newest member list at once when there is one.
   Status OnServiceWatch(Trainer* t, const nlohmann::json& msg);
@@ -153,7 +155,7 @@ class Client {
   boost::asio::io_context* const io_;  // not owned
   const ClientOptions options_;
   const std::unique_ptr<launcher::ProcessLauncher> launcher_;
-  std::unique_ptr<TeacherRunner> teacher_runner_;  // null: this node offers no service
+  std::unique_ptr<TeacherRunner> teacher_runner_;  // see Teachers()
   Clock* const clock_;  // not owned
   boost::asio::local::stream_protocol::acceptor trainer_acceptor_;
   boost::asio::signal_set sigchld_;

@@ -207,7 +207,6 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   if (!rest.empty() && !trainer_cmd.empty()) return Status::InvalidArgument("give the trainer command with --trainer_cmd or after --, not both");
   EDL_RETURN_IF_ERROR(ParseJobTypes(job_types, job_flags, o));
   EDL_RETURN_IF_ERROR(ParseServices(services, teacher_slots, o));
-  o->teachers.server = server;
   o->teachers.secret_file = secret_file;
   o->teachers.advertise_host = o->advertise_addr;
   o->teachers.log_dir = o->log_dir;

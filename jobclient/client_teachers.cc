@@ -12,6 +12,13 @@ namespace {
 constexpr size_t kMaxWatchedServices = 64;  // per client, whatever its trainers ask
 }  // namespace
 
+TeacherRunner* Client::Teachers() {
+  if (!teacher_runner_ && !options_.teachers.commands.empty()) {
+    teacher_runner_ = std::make_unique<TeacherRunner>(launcher_.get(), options_.teachers);
+  }
+  return teacher_runner_.get();
+}
+
 void Client::OnTeacherOrder(const json& msg) {
   proto::TeacherOrder o;
   Status s = o.DecodeFrom(msg);
@@ -30,16 +37,18 @@ void Client::OnTeacherOrder(const json& msg) {
     e.EncodeTo(&j);
     SendToServer(j, /*queue_if_offline=*/false);
   };
-  if (!teacher_runner_) return refuse("this node offers no service (start its client with --service NAME = COMMAND)");
+  TeacherRunner* r = Teachers();
+  if (r == nullptr) return refuse("this node offers no service (start its client with --service NAME = COMMAND)");
   if (o.type == proto::msg::kTeacherStart) {
-    if (s = teacher_runner_->Start(o.service, o.name); !s.ok()) refuse(s.ToString());
-  } else if (!teacher_runner_->Stop(o.name, clock_->NowMicros())) {
+    // The teacher registers with the server this client is connected to now.
+    if (s = r->Start(o.service, o.name, server_->peer()); !s.ok()) refuse(s.ToString());
+  } else if (!r->Stop(o.name, clock_->NowMicros())) {
     refuse("not running");
   }
 }
 
 void Client::PollTeachers() {
-  if (!teacher_runner_) return;
+  if (!teacher_runner_) return;  // none started yet
   for (const proto::TeacherOrder& e : teacher_runner_->Poll(clock_->NowMicros())) {
     json j;
     e.EncodeTo(&j);

@@ -39,7 +39,7 @@ std::vector<std::string> TeacherRunner::Services() const {
   return out;
 }
 
-Status TeacherRunner::Start(const std::string& service, const std::string& name) {
+Status TeacherRunner::Start(const std::string& service, const std::string& name, const std::string& server) {
   auto cmd = options_.commands.find(service);
   if (cmd == options_.commands.end()) {
     return Status::FailedPrecondition("this node offers no service '" + service + "'");
@@ -50,7 +50,7 @@ Status TeacherRunner::Start(const std::string& service, const std::string& name)
   }
   launcher::TrainerSpec spec;
   spec.argv = cmd->second;
-  spec.argv.insert(spec.argv.end(), {"--service", service, "--name", name, "--server", options_.server,
+  spec.argv.insert(spec.argv.end(), {"--service", service, "--name", name, "--server", server,
                                      "--secret_file", options_.secret_file, "--advertise_host",
                                      options_.advertise_host, "--exit_with_parent",
                                      std::to_string(::getpid())});

@@ -31,18 +31,17 @@ TEST(TeacherRunnerTest, RunsStopsAndReportsTeachers) {
   o.commands["kd"] = {"/bin/sh", "-c", "echo \"$@\"; exec sleep 600", "sh"};
   o.commands["quick"] = {"/bin/sh", "-c", "exit 3", "sh"};
   o.slots = 2;
-  o.server = "10.0.0.1:8180";
   o.secret_file = "/etc/edl/secret";
   o.advertise_host = "10.0.0.2";
   o.log_dir = dir.path();
   o.stop_grace_ms = 5000;
   TeacherRunner r(launcher.get(), o);
   EXPECT_EQ(r.Services(), std::vector<std::string>({"kd", "quick"}));
-  ASSERT_OK(r.Start("kd", "n1-t1"));
-  EXPECT_EQ(r.Start("kd", "n1-t1").code(), Status::Code::kFailedPrecondition);  // runs already
-  EXPECT_EQ(r.Start("nope", "n1-t2").code(), Status::Code::kFailedPrecondition);
-  ASSERT_OK(r.Start("quick", "n1-t3"));
-  EXPECT_EQ(r.Start("kd", "n1-t4").code(), Status::Code::kFailedPrecondition);  // both slots taken
+  ASSERT_OK(r.Start("kd", "n1-t1", "10.0.0.1:8180"));
+  EXPECT_EQ(r.Start("kd", "n1-t1", "10.0.0.1:8180").code(), Status::Code::kFailedPrecondition);  // runs already
+  EXPECT_EQ(r.Start("nope", "n1-t2", "10.0.0.1:8180").code(), Status::Code::kFailedPrecondition);
+  ASSERT_OK(r.Start("quick", "n1-t3", "10.0.0.1:8180"));
+  EXPECT_EQ(r.Start("kd", "n1-t4", "10.0.0.1:8180").code(), Status::Code::kFailedPrecondition);  // both slots taken
   std::vector<proto::TeacherOrder> ended;
   ASSERT_TRUE(itest::WaitFor([&] {
     for (auto& e : r.Poll(NowUs())) ended.push_back(e);
