@@ -235,6 +235,7 @@ void Client::Shutdown(int exit_code, const std::string& why) {
     if (server_ && authenticated_) server_->Send(j);
   }
   trainers_.clear();
+  if (teacher_runner_) teacher_runner_->StopAll(milliseconds(options_.stop_grace_ms));
   boost::system::error_code ec;
   trainer_acceptor_.close(ec);
   RemoveSocket();
@@ -365,6 +366,8 @@ void Client::OnServerMessage(const json& msg) {
   if (type == proto::msg::kKill) return OnKill(msg);
   if (type == proto::msg::kJobInfo) return OnJobInfo(msg);
   if (type == proto::msg::kKvReply) return OnKvReply(msg);
+  if (type == proto::msg::kTeacherStart || type == proto::msg::kTeacherStop) return OnTeacherOrder(msg);
+  if (type == proto::msg::kServiceMembers) return OnServiceMembers(msg);
   if (type == proto::msg::kStop) return Shutdown(0, "the server asked to stop (edl ctl stop)");
   if (type == proto::msg::kDone) {
     done_ = true;
@@ -389,6 +392,11 @@ void Client::OnChallenge(const json& msg) {
   h.slots = options_.slots;
   h.node_token = session_;
   for (const auto& [name, type] : options_.job_types) h.job_types.push_back({name, type.settable});
+  if (TeacherRunner* r = Teachers()) {
+    h.services = r->Services();
+    h.teacher_slots = r->slots();
+    h.teachers = r->Running();
+  }
   // Members of the newest generation this client holds, and prepared joiners, each with its
   // generation: a restarted server adopts the survivors and kills joiners of a change it rolled
   // back (PROTOCOL.md "Authentication").
@@ -437,6 +445,7 @@ void Client::OnWelcome(const json& msg) {
     server_->Send(outbox_.front());
     outbox_.pop_front();
   }
+  ResendServiceWatches();
   Heartbeat();
 }
 
@@ -783,6 +792,8 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
       r.EncodeTo(&out);
       server_->Send(out);
     }
+  } else if (type == proto::msg::kServiceWatch) {
+    s = OnServiceWatch(&t, msg);
   } else {
     s = Status::InvalidArgument("unexpected message '" + type + "' from a trainer");
   }
@@ -899,6 +910,7 @@ void Client::TerminateTrainer(Trainer* t, int64_t now_us) {
 void Client::Tick() {
   if (shutting_down_) return;
   PollTrainers();
+  PollTeachers();
   const int64_t now = clock_->NowMicros();
   for (auto& [id, t] : trainers_) {
     if (t.leaving && t.leave_deadline_us > 0 && now >= t.leave_deadline_us && t.kill_deadline_us == 0) {

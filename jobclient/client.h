@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "edl/net/connection.h"
 #include "edl/proto/messages.h"
 #include "jobclient/gpu_utilization.h"
+#include "jobclient/teacher_runner.h"
 #include "launcher/launcher.h"
 
 namespace edl::jobclient {
@@ -57,6 +59,9 @@ struct ClientOptions {
   };
   std::map<std::string, JobType> job_types;
   std::string checkpoint_root;
+  // The services whose teachers this node runs (`--service NAME = COMMAND...`, `--teacher_slots`);
+  // no commands: none.
+  TeacherRunnerOptions teachers;
   bool exit_when_done = false;
   int64_t tick_ms = 200;
 };
@@ -122,6 +127,19 @@ class Client {
   void Heartbeat();
   // Cluster mode: the node's CPU use since the previous call (/proc/stat), as node_stats.
   void SendNodeStats();
+  // teacher_start / teacher_stop from the server (client_teachers.cc); a refused order is
+  // answered with a teacher_exit saying why.
+  void OnTeacherOrder(const nlohmann::json& msg);
+  // Reports teachers that ended (every tick).
+  void PollTeachers();
+  // The node's teachers; null when it offers no service (made at first use).
+  TeacherRunner* Teachers();
+  // A distilling trainer's service_watch (client_teachers.cc): asks the server once per service
+  // and hands the trainer the newest member list at once when there is one.
+  Status OnServiceWatch(Trainer* t, const nlohmann::json& msg);
+  // The server's service_members: kept and relayed to every trainer watching that service.
+  void OnServiceMembers(const nlohmann::json& msg);
+  void ResendServiceWatches();  // after a welcome: the new connection watches nothing yet
 
   // ---- trainers
   void AcceptTrainer();
@@ -141,6 +159,7 @@ class Client {
   boost::asio::io_context* const io_;  // not owned
   const ClientOptions options_;
   const std::unique_ptr<launcher::ProcessLauncher> launcher_;
+  std::unique_ptr<TeacherRunner> teacher_runner_;  // see Teachers()
   Clock* const clock_;  // not owned
   boost::asio::local::stream_protocol::acceptor trainer_acceptor_;
   boost::asio::signal_set sigchld_;
@@ -171,6 +190,8 @@ class Client {
   std::deque<StartRequest> waiting_;  // starts waiting for their slot to free up
   uint64_t next_req_id_ = 1;
   std::map<uint64_t, std::pair<std::string, uint64_t>> kv_routes_;  // ours -> (trainer, theirs)
+  std::map<std::string, std::set<std::string>> service_watchers_;  // service -> trainer ids
+  std::map<std::string, nlohmann::json> service_members_;         // service -> newest list
   bool done_ = false;
   bool shutting_down_ = false;
   int exit_code_ = 0;

@@ -122,12 +122,37 @@ Status ParseJobTypes(const std::vector<std::string>& types, const std::vector<st
   return Status::OK();
 }
 
+// `service = NAME = COMMAND...` (README, "Distillation"): the teachers this node runs.
+Status ParseServices(const std::vector<std::string>& items, int slots, ClientOptions* o) {
+  if (items.size() > proto::kMaxJobTypesPerNode) {
+    return Status::InvalidArgument("at most " + std::to_string(proto::kMaxJobTypesPerNode) + " --service");
+  }
+  if (slots < 1 || slots > proto::kMaxTeacherSlots) {
+    return Status::InvalidArgument("--teacher_slots must be in 1.." + std::to_string(proto::kMaxTeacherSlots));
+  }
+  o->teachers.slots = slots;
+  for (const std::string& item : items) {
+    const size_t eq = item.find('=');
+    const std::string name = Trim(item.substr(0, eq));
+    if (eq == std::string::npos || !proto::IsValidName(name)) {
+      return Status::InvalidArgument("--service '" + item + "': write NAME = COMMAND ARGS... with NAME of "
+                                     "letters, digits, '.', '_', '-'");
+    }
+    if (o->teachers.commands.count(name)) return Status::InvalidArgument("--service " + name + " is given twice");
+    std::vector<std::string> argv = SplitCommand(Trim(item.substr(eq + 1)));
+    EDL_RETURN_IF_ERROR(CheckServiceCommand(name, argv));
+    o->teachers.commands[name] = std::move(argv);
+  }
+  return Status::OK();
+}
+
 Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   po::options_description d("client");
   std::string server, secret_file, gpus, mode, trainer_cmd, state_dir;
   int slots = 0;
   double stop_grace = 10, leave_grace = 30, trainer_timeout = 20;
-  std::vector<std::string> rest, job_types, job_flags;
+  std::vector<std::string> rest, job_types, job_flags, services;
+  int teacher_slots = 1;
   char host[256] = "node";
   ::gethostname(host, sizeof(host) - 1);
   d.add_options()
@@ -152,6 +177,11 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
        "NAME = flag,flag,..: the flags of job type NAME a submission may set (passed as --flag=value)")
       ("checkpoint_root", po::value<std::string>(&o->checkpoint_root),
        "a submission's checkpoint_dir flag must lie under this directory (unset: it may not be set)")
+      ("service", po::value<std::vector<std::string>>(&services)->composing(),
+       "a distillation service whose teachers this node runs when the server asks (`edl ctl scale SERVICE N`): "
+       "NAME = COMMAND ARGS... (an `edl teacher` command without --service, --name, --server, --secret_file, "
+       "--advertise_host, --exit_with_parent: the client adds them; repeat per service)")
+      ("teacher_slots", po::value<int>(&teacher_slots)->default_value(1), "teachers this node runs at once (1..64)")
       ("trainer_args", po::value<std::vector<std::string>>(&rest), "the trainer command after --");
   po::positional_options_description pos;
   pos.add("trainer_args", -1);
@@ -178,12 +208,17 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   o->trainer_argv = !rest.empty() ? rest : SplitCommand(trainer_cmd);
   if (!rest.empty() && !trainer_cmd.empty()) return Status::InvalidArgument("give the trainer command with --trainer_cmd or after --, not both");
   EDL_RETURN_IF_ERROR(ParseJobTypes(job_types, job_flags, o));
-  if (o->trainer_argv.empty() && o->job_types.empty()) {
+  EDL_RETURN_IF_ERROR(ParseServices(services, teacher_slots, o));
+  o->teachers.secret_file = secret_file;
+  o->teachers.advertise_host = o->advertise_addr;
+  o->teachers.log_dir = o->log_dir;
+  if (o->trainer_argv.empty() && o->job_types.empty() && o->teachers.commands.empty()) {
     return Status::InvalidArgument("no trainer command: give --trainer_cmd \"CMD ARGS\" or `-- CMD ARGS` "
                                    "(or, for a cluster server, --job_type NAME = COMMAND...)");
   }
   if (stop_grace < 0 || leave_grace < 0 || trainer_timeout <= 0) return Status::InvalidArgument("grace periods must be >= 0 and --trainer_timeout_s > 0");
   o->stop_grace_ms = static_cast<int64_t>(stop_grace * 1000);
+  o->teachers.stop_grace_ms = o->stop_grace_ms;
   o->leave_grace_ms = static_cast<int64_t>(leave_grace * 1000);
   o->trainer_timeout_ms = static_cast<int64_t>(trainer_timeout * 1000);
   if (o->socket_path.empty()) o->socket_path = "/tmp/edl-" + o->node_name + "-" + std::to_string(::getpid()) + ".sock";

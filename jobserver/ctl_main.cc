@@ -23,6 +23,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  status [--json]   the job the way EDL's monitor showed it, plus generation and progress\n"
     "  scale N           set the job's desired number of trainers\n"
+    "  scale SERVICE N   run N teachers of a distillation service on the clients offering it (--service)\n"
     "  watch             print a line per change and every events-log record, until the server exits\n"
     "  stop              stop every trainer and the server\n"
     "a cluster server (`edl server --cluster`) also takes:\n"
@@ -74,10 +75,13 @@ void PrintJobs(const json& b) {
   }
 }
 
+void PrintServices(const json& b);
+
 void PrintStatus(const json& b) {
   if (b.value("cluster", false)) {
     std::cout << ClusterHeader() << "\n" << ClusterLine(b) << "\n\n";
     PrintJobs(b);
+    PrintServices(b);
     return;
   }
   const int world = b.value("world_size", 0);
@@ -104,7 +108,12 @@ void PrintStatus(const json& b) {
             << Pad(p.value("reporting", 0) > 0 ? Fixed(p.value("loss", 0.0), 4) : "-", 9)
             << Pad(p.value("reporting", 0) > 0 ? Fixed(p.value("images_per_sec", 0.0), 1) : "-", 10)
             << state << "\n";
-  // Inference services (teachers of distilling students): one line per teacher.
+  PrintServices(b);
+}
+
+// Inference services (teachers of distilling students): one line per teacher, then the teachers
+// the clients run per service (`scale SERVICE N`).
+void PrintServices(const json& b) {
   const json services = b.value("services", json::object());
   if (!services.is_object() || services.empty()) return;
   std::cout << "\n" << Pad("SERVICE", 14) << Pad("TEACHER", 20) << Pad("ADDRESS", 22) << Pad("REQ/S", 9)
@@ -120,6 +129,19 @@ void PrintStatus(const json& b) {
                 << Pad(Fixed(t.value("samples_per_sec", 0.0), 1), 11)
                 << Pad(Fixed(t.value("latency_ms", 0.0), 1), 12) << students << "\n";
     }
+  }
+  // Teachers the clients run (`scale SERVICE N`): desired count, placed teachers, replacements.
+  for (const auto& [name, s] : services.items()) {
+    if (!s.contains("placed")) continue;
+    std::string placed;
+    for (const json& p : s.value("placed", json::array())) {
+      placed += (placed.empty() ? "" : ", ") + p.value("name", std::string("?")) +
+                (p.value("stopping", false) ? " (stopping)" : "");
+    }
+    const json d = s.value("desired", json());
+    std::cout << "service " << name << ": desired " << (d.is_number() ? std::to_string(d.get<int>()) : "-")
+              << ", placed " << s["placed"].size() << (placed.empty() ? "" : " (" + placed + ")") << ", replaced "
+              << s.value("restarts", 0) << ", offered by " << s.value("nodes", json::array()).size() << " node(s)\n";
   }
 }
 
@@ -226,18 +248,18 @@ Status BuildRequest(const std::vector<std::string>& args, proto::CtlRequest* req
     return args.size() >= lo && args.size() <= hi ? Status::OK()
                                                   : Status::InvalidArgument(std::string("usage: edl ctl ") + usage);
   };
-  auto number = [](const std::string& v, int64_t* n) {
+  auto number = [](const std::string& v, int64_t* n, int64_t lo) {
     char* end = nullptr;
     *n = std::strtoll(v.c_str(), &end, 10);
-    return !v.empty() && *end == '\0' && *n >= 1 && *n <= 65536
+    return !v.empty() && *end == '\0' && *n >= lo && *n <= 65536
                ? Status::OK()
-               : Status::InvalidArgument("'" + v + "' is not a number of trainers in 1..65536");
+               : Status::InvalidArgument("'" + v + "' is not a number in " + std::to_string(lo) + "..65536");
   };
   if (c == "status" || c == "watch" || c == "stop" || c == "jobs") return count(0, 0, c.c_str());
   if (c == "scale") {
-    EDL_RETURN_IF_ERROR(count(1, 2, "scale N  |  scale NAME N (cluster)"));
+    EDL_RETURN_IF_ERROR(count(1, 2, "scale N  |  scale SERVICE N  |  scale NAME N (cluster)"));
     if (args.size() == 2) req->job = args[0];
-    return number(args.back(), &req->n);
+    return number(args.back(), &req->n, args.size() == 2 ? 0 : 1);  // a service may go to 0
   }
   if (c == "cancel") {
     EDL_RETURN_IF_ERROR(count(1, 1, "cancel NAME"));
@@ -306,6 +328,8 @@ int RunCtlMain(int argc, char** argv) {
     std::cout << "submitted job " << req.spec.value("name", std::string()) << "\n";
   } else if (command == "cancel") {
     std::cout << "cancelled job " << req.job << "\n";
+  } else if (command == "scale" && rep.body.value("services", json::object()).value(req.job, json::object()).contains("placed")) {
+    std::cout << "service " << req.job << ": desired teachers set to " << req.n << "\n";
   } else if (command == "scale" && !req.job.empty()) {
     std::cout << "job " << req.job << " asked for " << req.n << " trainers\n";
   } else if (command == "status") {

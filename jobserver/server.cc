@@ -297,6 +297,7 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
     auto it = nodes_.find(peer->node);
     if (it != nodes_.end() && it->second == peer) {
       nodes_.erase(it);
+      placer_.NodeDown(peer->node);
       node_stats_.erase(peer->node);
       scheduler_.NodeDisconnected(peer->node);
       if (cluster_) cluster_->NodeDisconnected(peer->node);
@@ -433,6 +434,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     return;
   }
   welcome();
+  placer_.NodeUp(hello.node, hello.services, hello.teacher_slots, hello.teachers, clock_->NowMicros());
   if (cluster_) SendJobsTo(peer);
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
             << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
@@ -549,6 +551,15 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
     cluster_->Heartbeat(peer->node);
   } else {
     scheduler_.Heartbeat(peer->node);
+  }
+  if (type == proto::msg::kTeacherExit) return OnTeacherExit(peer, msg);
+  if (type == proto::msg::kServiceWatch) {  // for the node's distilling trainers
+    proto::ServiceWatch w;
+    if (Status s = w.DecodeFrom(msg); !s.ok()) return Reject(peer, s);
+    if (Status s = services_.Watch(peer->id, w.service); !s.ok() && LogThis(++peer->refused)) {
+      LOG(WARNING) << "service_watch from node " << peer->node << " refused: " << s.ToString();
+    }
+    return;
   }
   if (type == proto::msg::kHeartbeat) {
     peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});  // proves the server alive
@@ -668,12 +679,24 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
   Status s = r.DecodeFrom(msg);
   if (!s.ok()) return Reject(peer, s);
   proto::CtlReply rep;
-  if (cluster_ && (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || r.command == "scale")) {
+  // `scale NAME N` names a service when a client offers NAME or it has a desired count, and no
+  // cluster job is called NAME.
+  const bool service_scale = r.command == "scale" && !r.job.empty() && placer_.Knows(r.job) &&
+                             !(cluster_ && cluster_->FindJob(r.job) != nullptr);
+  if (service_scale) {
+    LOG(INFO) << "ctl " << peer->conn->peer() << ": scale service " << r.job << " to " << r.n;
+    rep.status = placer_.SetDesired(r.job, static_cast<int>(r.n));
+  } else if (cluster_ && (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || r.command == "scale")) {
     rep.status = OnClusterCtl(peer, r);
+    if (r.command == "scale" && rep.status.code() == Status::Code::kNotFound) {
+      rep.status = Status::NotFound(rep.status.message() + "; nor does a client offer a service '" + r.job +
+                                    "' (start one with --service " + r.job + " = 'edl teacher ...')");
+    }
   } else if (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || !r.job.empty()) {
     rep.status = Status::FailedPrecondition("'" + r.command + "' with jobs needs a cluster server: start "
                                             "`edl server --cluster` (this one runs the single job " +
-                                            options_.scheduler.job_id + ")");
+                                            options_.scheduler.job_id + "); or, for a service, start a client with "
+                                            "--service " + (r.job.empty() ? "NAME" : r.job) + " = 'edl teacher ...'");
   } else if (r.command == "scale") {
     if (r.n < 1) {
       rep.status = Status::InvalidArgument("scale N needs N >= 1");
@@ -753,6 +776,7 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
 
 void Server::Dispatch() {
   if (shutting_down_) return;
+  PlaceTeachers();
   if (cluster_) DispatchCluster();
   std::vector<Action> actions = scheduler_.TakeActions();
   if (actions.empty()) return;
@@ -908,12 +932,53 @@ void Server::NotifyWatchers(const json& body) {
 }
 
 json Server::StatusBody() const {
-  if (cluster_) return ClusterStatusBody();
-  json s = scheduler_.Summary();
-  s["progress"] = ProgressSummary(scheduler_.current(), progress_);
-  s["port"] = port_;
-  s["events_log"] = events_.path();
-  s["services"] = services_.Summary();
+  json s;
+  if (cluster_) {
+    s = ClusterStatusBody();
+  } else {
+    s = scheduler_.Summary();
+    s["progress"] = ProgressSummary(scheduler_.current(), progress_);
+    s["port"] = port_;
+    s["events_log"] = events_.path();
+  }
+  s["services"] = ServicesSummary();
+  return s;
+}
+
+// ---- teachers run by clients (service_placement.h)
+
+void Server::PlaceTeachers() {
+  for (const ServicePlacer::Order& o : placer_.Reconcile(clock_->NowMicros())) {
+    proto::TeacherOrder t;
+    t.type = o.start ? proto::msg::kTeacherStart : proto::msg::kTeacherStop;
+    t.service = o.service;
+    t.name = o.name;
+    json j;
+    t.EncodeTo(&j);
+    LOG(INFO) << "service " << o.service << ": " << (o.start ? "start" : "stop") << " teacher " << o.name
+              << " on node " << o.node;
+    SendToNode(o.node, j);
+    status_dirty_ = true;
+  }
+}
+
+void Server::OnTeacherExit(const std::shared_ptr<Peer>& peer, const json& msg) {
+  proto::TeacherOrder e;
+  if (Status s = e.DecodeFrom(msg); !s.ok() || e.type != proto::msg::kTeacherExit) {
+    return Reject(peer, s.ok() ? Status::InvalidArgument("expected teacher_exit") : s);
+  }
+  placer_.Exited(peer->node, e.name, e.why, clock_->NowMicros());  // only the node's own teachers
+  status_dirty_ = true;
+}
+
+json Server::ServicesSummary() const {
+  json s = services_.Summary();
+  const json placement = placer_.Summary(clock_->NowMicros());
+  for (const auto& [service, placed] : placement.items()) {
+    json& e = s[service];
+    if (!e.contains("teachers")) e = {{"students", 0}, {"teachers", json::array()}};
+    for (const auto& [k, v] : placed.items()) e[k] = v;
+  }
   return s;
 }
 

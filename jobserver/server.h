@@ -26,6 +26,7 @@
 #include "jobserver/kv_store.h"
 #include "jobserver/scaling.h"
 #include "jobserver/scheduler.h"
+#include "jobserver/service_placement.h"
 #include "jobserver/service_registry.h"
 
 namespace edl::jobserver {
@@ -133,6 +134,12 @@ class Server {
   // images/s, step, epoch, world size) in the events log, for plots of the run.
   void RecordProgress(const nlohmann::json& status);
   nlohmann::json StatusBody() const;
+  // Sends the placer's teacher starts and stops to the nodes (service_placement.h).
+  void PlaceTeachers();
+  // A client's teacher_exit: the placer replaces the teacher.
+  void OnTeacherExit(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  // services_.Summary() with each service's desired count and placed teachers.
+  nlohmann::json ServicesSummary() const;
   // Progress of generation `g` from its members' reports: how many report, the highest step and
   // epoch, rank 0's loss and accuracy, the sum of images/s.
   static nlohmann::json ProgressSummary(const proto::GenerationInfo& g,
@@ -169,6 +176,7 @@ class Server {
 
   Scheduler scheduler_;
   ServiceRegistry services_;  // teachers and the students watching them
+  ServicePlacer placer_;      // teachers the clients run for `edl ctl scale SERVICE N`
   KvStore kv_;
   EventsLog events_;
   std::optional<ScalingScript> script_;

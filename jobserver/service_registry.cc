@@ -25,7 +25,7 @@ Status ServiceRegistry::Attach(uint64_t peer, const proto::Hello& hello, uint64_
                                      std::to_string(limits_.max_watchers_per_service) + " students");
     }
     s.watchers.insert(peer);
-    watcher_of_[peer] = hello.service;
+    watcher_of_[peer].insert(hello.service);
     return Status::OK();
   }
   auto old = s.teachers.find(hello.node);
@@ -67,23 +67,45 @@ Status ServiceRegistry::OnMessage(uint64_t peer, const std::string& type, const 
   return Status::OK();
 }
 
+Status ServiceRegistry::Watch(uint64_t peer, const std::string& service) {
+  if (teacher_of_.count(peer)) return Status::InvalidArgument("a teacher does not watch services");
+  if (services_.count(service) == 0 && services_.size() >= limits_.max_services) {
+    return Status::InvalidArgument("the server already tracks " + std::to_string(limits_.max_services) +
+                                   " services; service '" + service + "' is one too many");
+  }
+  Service& s = services_[service];
+  if (s.watchers.count(peer)) return Status::OK();
+  if (s.watchers.size() >= limits_.max_watchers_per_service) {
+    return Status::InvalidArgument("service '" + service + "' already has " +
+                                   std::to_string(limits_.max_watchers_per_service) + " students");
+  }
+  s.watchers.insert(peer);
+  watcher_of_[peer].insert(service);
+  json j;
+  Members(service).EncodeTo(&j);
+  send_(peer, j);
+  return Status::OK();
+}
+
 void ServiceRegistry::Welcomed(uint64_t peer) {
   auto w = watcher_of_.find(peer);
   if (w == watcher_of_.end()) return;
-  json j;
-  Members(w->second).EncodeTo(&j);
-  send_(peer, j);
+  for (const std::string& service : w->second) {
+    json j;
+    Members(service).EncodeTo(&j);
+    send_(peer, j);
+  }
 }
 
 void ServiceRegistry::Remove(uint64_t peer) {
-  std::string service;
+  std::set<std::string> touched;
   if (auto w = watcher_of_.find(peer); w != watcher_of_.end()) {
-    service = w->second;
-    services_[service].watchers.erase(peer);
+    for (const std::string& service : w->second) services_[service].watchers.erase(peer);
+    touched = std::move(w->second);
     watcher_of_.erase(w);
   }
   if (auto t = teacher_of_.find(peer); t != teacher_of_.end()) {
-    service = t->second.first;
+    const std::string service = t->second.first;
     const std::string name = t->second.second;
     teacher_of_.erase(t);
     Service& s = services_[service];
@@ -91,11 +113,14 @@ void ServiceRegistry::Remove(uint64_t peer) {
     LOG(WARNING) << "service " << service << ": teacher " << name << " lost ("
                  << s.teachers.size() << " left)";
     Push(service);
+    touched.insert(service);
   }
   // A service nobody serves or watches any more is forgotten (the limit counts live ones).
-  auto it = services_.find(service);
-  if (it != services_.end() && it->second.teachers.empty() && it->second.watchers.empty()) {
-    services_.erase(it);
+  for (const std::string& service : touched) {
+    auto it = services_.find(service);
+    if (it != services_.end() && it->second.teachers.empty() && it->second.watchers.empty()) {
+      services_.erase(it);
+    }
   }
 }
 

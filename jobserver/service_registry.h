@@ -46,6 +46,10 @@ class ServiceRegistry {
   // the caller closes it; 0 otherwise) and its watchers get the new list; a student starts
   // watching its service. InvalidArgument naming the limit when one is reached.
   Status Attach(uint64_t peer, const proto::Hello& hello, uint64_t* replaced);
+  // A client's service_watch on behalf of its trainers (connection `peer`, already a client):
+  // it watches `service` too and gets its member list now and after every change. Limits as for
+  // students; watching again is a no-op.
+  Status Watch(uint64_t peer, const std::string& service);
   // The welcome of an attached peer is out: a student now gets its service's member list.
   void Welcomed(uint64_t peer);
   // A message from an attached peer. Teachers send service_stats (and heartbeats); students only
@@ -79,7 +83,7 @@ class ServiceRegistry {
   const ServiceLimits limits_;
   std::map<std::string, Service> services_;
   std::map<uint64_t, std::pair<std::string, std::string>> teacher_of_;  // peer -> service, name
-  std::map<uint64_t, std::string> watcher_of_;                          // peer -> service
+  std::map<uint64_t, std::set<std::string>> watcher_of_;               // peer -> services
 };
 
 }  // namespace edl::jobserver

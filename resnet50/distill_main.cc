@@ -22,7 +22,8 @@ void AddDistillFlags(po::options_description* desc, DistillFlags* d) {
        "T: loss = A*CE(labels) + (1-A)*T^2*KL(teacher_T || student_T)")
       ("distill_alpha", po::value(&d->loss.alpha)->default_value(0.5f, "0.5"), "A, in [0, 1]")
       ("distill_server", po::value(&d->server)->default_value(""),
-       "HOST:PORT of the edl server the teachers register with (their list follows it)")
+       "HOST:PORT of the edl server the teachers register with (their list follows it); "
+       "not needed under `edl client`, which relays the list")
       ("distill_teachers", po::value(&d->teachers)->default_value(""),
        "HOST:PORT,... of teachers, when they run without a server")
       ("secret_file", po::value(&d->secret_file)->default_value(""),
@@ -151,7 +152,8 @@ StatusOr<std::unique_ptr<Trainer>> LoadTeacherModel(const TeacherModelOptions& o
 StatusOr<std::unique_ptr<runtime::TeacherSource>> SetUpDistillation(const DistillFlags& d,
                                                                     const DataFlags& data,
                                                                     uint64_t seed, int64_t batch,
-                                                                    Trainer* student) {
+                                                                    Trainer* student,
+                                                                    runtime::ServiceFeed* feed) {
   std::unique_ptr<runtime::TeacherSource> source;
   const Augment& aug = student->options().augment;
   if (!d.local_checkpoint.empty()) {
@@ -174,6 +176,7 @@ StatusOr<std::unique_ptr<runtime::TeacherSource>> SetUpDistillation(const Distil
     for (std::string item; std::getline(ss, item, ',');) {
       if (!item.empty()) co.teachers.push_back(item);
     }
+    if (co.server.empty() && co.teachers.empty()) co.feed = feed;
     EDL_RETURN_IF_ERROR(net::ReadSecretFile(
         d.secret_file.empty() ? net::DefaultSecretFile() : d.secret_file, &co.secret));
     co.classes = student->train_data().num_classes();

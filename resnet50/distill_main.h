@@ -12,6 +12,7 @@
 
 #include "edl/base/flags.h"
 #include "edl/base/status.h"
+#include "edl/runtime/membership.h"
 #include "edl/runtime/teacher_source.h"
 #include "resnet50/data/data_flags.h"
 #include "resnet50/distill_loss.h"
@@ -22,7 +23,8 @@ namespace edl::resnet50 {
 struct DistillFlags {
   std::string service;          // --distill: the teacher service; empty: no distillation
   DistillLossParams loss;       // --distill_temperature, --distill_alpha
-  std::string server;           // --distill_server HOST:PORT (the edl server of the teachers)
+  std::string server;           // --distill_server HOST:PORT (the edl server of the teachers;
+                                // unset under `edl client`: it relays the teacher list)
   std::string teachers;         // --distill_teachers HOST:PORT,... (no server)
   std::string secret_file;      // --secret_file
   int top_k = 0;                // --distill_top_k
@@ -56,10 +58,13 @@ StatusOr<std::unique_ptr<Trainer>> LoadTeacherModel(const TeacherModelOptions& o
 
 // The source a student trains against, or nullptr when --distill and --distill_local are unset;
 // the student's trainer is then set up to use it (Trainer::SetTeacher). `data`, `seed`, `batch`
-// describe the student's data (the local teacher loads the same).
+// describe the student's data (the local teacher loads the same). `feed`: the teacher lists the
+// node's client relays (null outside a client), used unless --distill_server or
+// --distill_teachers is given; must outlive the returned source.
 StatusOr<std::unique_ptr<runtime::TeacherSource>> SetUpDistillation(const DistillFlags& d,
                                                                     const DataFlags& data,
                                                                     uint64_t seed, int64_t batch,
-                                                                    Trainer* student);
+                                                                    Trainer* student,
+                                                                    runtime::ServiceFeed* feed);
 
 }  // namespace edl::resnet50

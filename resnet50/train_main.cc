@@ -253,8 +253,6 @@ int RunTrainMain(int argc, char** argv) {
   auto trainer = MakeTrainer(c);
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer* t = trainer.value().get();
-  auto teacher = SetUpDistillation(c.distill, c.data, c.trainer.seed, c.batch(), t);
-  if (!teacher.ok()) return Fail(teacher.status());
   c.loop.threads = t->threads();
   // --comm, now that the device is known (--device auto). A CPU trainer never asks about NCCL,
   // which would load the CUDA plugin.
@@ -264,6 +262,11 @@ int RunTrainMain(int argc, char** argv) {
   c.loop.elastic.backend = comm.value();
   auto membership = runtime::Connect(plan.value());
   if (!membership.ok()) return Fail(membership.status());
+  // After the membership: under a client, the teacher list comes over its channel (declared after
+  // the membership, the teacher source is destroyed first).
+  auto teacher = SetUpDistillation(c.distill, c.data, c.trainer.seed, c.batch(), t,
+                                   membership.value()->service_feed());
+  if (!teacher.ok()) return Fail(teacher.status());
   std::unique_ptr<runtime::CheckpointLoader> loader;
   if (!c.store.dir.empty()) {
     c.checkpoint.config_fingerprint = "seed=" + std::to_string(c.trainer.seed) +

@@ -30,6 +30,7 @@ struct Config {
   TeacherServerOptions server;
   std::string register_with, advertise_host = "127.0.0.1", secret_file, port_file;
   double log_every_s = 30;
+  int64_t exit_with_parent = 0;  // > 0: stop once our parent is no longer this pid
 };
 
 po::options_description Flags(Config* c) {
@@ -60,6 +61,9 @@ po::options_description Flags(Config* c) {
       ("max_batch", po::value(&c->server.max_batch)->default_value(1024),
        "most samples in one forward pass (concurrent requests are batched up to it)")
       ("max_students", po::value(&c->server.max_students)->default_value(64), "concurrent students")
+      ("exit_with_parent", po::value(&c->exit_with_parent)->default_value(0),
+       "PID: stop when the parent process is no longer PID (the edl client that started this teacher "
+       "sets it, so a killed client leaves no teacher behind); 0 = never")
       ("log_every_s", po::value(&c->log_every_s)->default_value(30, "30"),
        "log the request rate and latency this often; 0 = never");
   return d;
@@ -151,12 +155,17 @@ int RunTeacherMain(int argc, char** argv) {
       LOG(INFO) << "edl teacher: signal " << sig << ", stopping";
       break;
     }
+    if (c.exit_with_parent > 0 && ::getppid() != c.exit_with_parent) {
+      LOG(WARNING) << "edl teacher: parent " << c.exit_with_parent << " (its edl client) is gone; stopping";
+      break;
+    }
     if (c.log_every_s > 0 && ++since_log >= c.log_every_s) {
       since_log = 0;
       const TeacherStats tot = server.Totals();
       LOG(INFO) << "edl teacher: " << tot.requests << " requests, " << tot.samples << " samples in "
                 << tot.passes << " passes, mean latency "
-                << (tot.requests ? tot.latency_ms_sum / tot.requests : 0) << " ms";
+                << (tot.requests ? tot.latency_ms_sum / tot.requests : 0) << " ms, dropped unanswered "
+                << tot.cancelled << " cancelled + " << tot.orphaned << " of closed connections";
     }
   }
   server.Stop();

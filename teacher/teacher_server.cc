@@ -72,6 +72,9 @@ class TeacherServer::Impl {
                                                              const proto::Hello& hello,
                                                              int* heartbeat_ms);
   void Reply(Student* s, const proto::TeacherReply& r);
+  // Drops the queued (not yet running) requests of `s`: the one numbered *req_id, or all when
+  // req_id is null. True when one was dropped.
+  bool DropQueued(Student* s, const uint64_t* req_id);
   // The reply to `r` from its rows [n, classes] of logits.
   proto::TeacherReply Answer(const proto::TeacherRequest& r, const float* rows) const;
   bool stopping() const {
@@ -234,6 +237,18 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
     if (!st.ok()) break;
     const std::string type = j["type"].get<std::string>();
     if (type == proto::msg::kHeartbeat) continue;
+    if (type == proto::msg::kTeacherCancel) {
+      proto::TeacherCancel c;
+      if (st = c.DecodeFrom(j); !st.ok()) break;
+      if (DropQueued(s.get(), &c.req_id)) {
+        proto::TeacherReply reply;
+        reply.req_id = c.req_id;
+        reply.status = Status::Aborted("cancelled by the student before its forward pass");
+        reply.classes = classes_;
+        Reply(s.get(), reply);
+      }
+      continue;
+    }
     proto::TeacherRequest r;
     if (type != proto::msg::kTeacherRequest) {
       st = Status::InvalidArgument("a teacher accepts only 'teacher_request', got " + proto::QuoteJson(j["type"]));
@@ -276,8 +291,31 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
     cv_.notify_all();
   }
   s->sock->Shutdown();
+  DropQueued(s.get(), nullptr);  // nobody reads their answers any more
   MutexLock l(&mu_);
   s->done = true;
+}
+
+bool TeacherServer::Impl::DropQueued(Student* s, const uint64_t* req_id) {
+  MutexLock l(&mu_);
+  size_t dropped = 0;
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->student.get() == s && (req_id == nullptr || it->request.req_id == *req_id)) {
+      it = jobs_.erase(it);
+      s->queued--;
+      ++dropped;
+    } else {
+      ++it;
+    }
+  }
+  int64_t& counter = req_id == nullptr ? totals_.orphaned : totals_.cancelled;
+  counter += static_cast<int64_t>(dropped);
+  (req_id == nullptr ? period_.orphaned : period_.cancelled) += static_cast<int64_t>(dropped);
+  if (dropped > 0 && req_id == nullptr) {
+    LOG(INFO) << "teacher: dropped " << dropped << " queued requests of " << s->sock->peer()
+              << " (connection closed)";
+  }
+  return dropped > 0;
 }
 
 void TeacherServer::Impl::Reply(Student* s, const proto::TeacherReply& r) {

@@ -11,7 +11,9 @@
 //
 // Every per-peer resource is capped: connections (`max_students`), requests queued per student
 // (`max_queued_per_student`, beyond which a request is answered Unavailable), the frame size of
-// requests, and the handshake time.
+// requests, and the handshake time. No answer is computed for nobody: a request its student
+// cancels (teacher_cancel) before its forward pass is dropped and answered Aborted, and the queued
+// requests of a student whose connection closed are dropped.
 //
 // Thread-safety: Start / Stop / port / TakeStats from one thread (main); internally one accept
 // thread, one thread per student connection, one inference thread and, when registered, one
@@ -51,6 +53,9 @@ using CheckFn = std::function<Status(const proto::TeacherRequest& r)>;
 
 struct TeacherStats {
   int64_t requests = 0, samples = 0, passes = 0;
+  // Queued requests dropped unanswered-by-the-model: cancelled by their student (teacher_cancel),
+  // or whose student's connection closed.
+  int64_t cancelled = 0, orphaned = 0;
   double latency_ms_sum = 0;  // receive -> answer sent, summed over requests
 };
 

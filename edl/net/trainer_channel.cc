@@ -104,9 +104,49 @@ void TrainerChannel::HandleMessage(const json& msg) {
     std::lock_guard<std::mutex> lock(mu_);
     replies_[r.req_id] = std::move(r);
     cv_.notify_all();
+  } else if (type == proto::msg::kServiceMembers) {
+    proto::ServiceMembers m;
+    Status s = m.DecodeFrom(msg);
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!s.ok() || members_.count(m.service) == 0) {
+      LOG(ERROR) << "trainer " << trainer_id_ << ": bad or unasked member list from client: "
+                 << (s.ok() ? "service '" + m.service + "' is not watched" : s.ToString());
+      return;
+    }
+    const std::string service = m.service;  // the right side is evaluated (and moved) first
+    members_[service] = {++members_seq_, std::move(m)};
+    cv_.notify_all();
   } else {
     LOG(WARNING) << "trainer " << trainer_id_ << ": ignoring unexpected message '" << type << "'";
   }
+}
+
+Status TrainerChannel::WatchService(const std::string& service) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    members_.emplace(service, std::make_pair(uint64_t{0}, proto::ServiceMembers()));
+  }
+  proto::ServiceWatch w;
+  w.service = service;
+  return SendProto(w);
+}
+
+Status TrainerChannel::WaitServiceMembers(const std::string& service, uint64_t* version,
+                                          std::chrono::milliseconds timeout, proto::ServiceMembers* out) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto newer = [&] {
+    auto it = members_.find(service);
+    return it != members_.end() && it->second.first > *version;
+  };
+  cv_.wait_for(lock, timeout, [&] { return stop_ || broken_ || newer(); });
+  if (newer()) {
+    const auto& [seq, m] = members_.at(service);
+    *version = seq;
+    *out = m;
+    return Status::OK();
+  }
+  if (broken_ || stop_) return Status::Unavailable("the channel to the node's client broke");
+  return Status::Timeout("no member list of service '" + service + "' yet");
 }
 
 void TrainerChannel::HeartbeatLoop() {

@@ -21,6 +21,7 @@
 #include "edl/base/status.h"
 #include "edl/net/framed_socket.h"
 #include "edl/proto/messages.h"
+#include "edl/proto/service_messages.h"
 
 namespace edl::net {
 
@@ -55,6 +56,14 @@ class TrainerChannel {
   Status ReportEvent(const nlohmann::json& event);        // appended to the job's events log
   bool connected() const;
 
+  // Distillation (PROTOCOL.md, "Services"): asks the client for the member lists of `service`
+  // (the client watches it at the server and relays every list).
+  Status WatchService(const std::string& service);
+  // Waits up to `timeout` for a member list of `service` newer than *version (0: none seen yet)
+  // and sets *version to its number. Timeout when none came; Unavailable when the channel broke.
+  Status WaitServiceMembers(const std::string& service, uint64_t* version, std::chrono::milliseconds timeout,
+                            proto::ServiceMembers* out);
+
  private:
   TrainerChannel(std::unique_ptr<FramedSocket> sock, std::string trainer_id,
                  std::chrono::milliseconds heartbeat);
@@ -85,6 +94,9 @@ class TrainerChannel {
   proto::GenerationInfo latest_;
   uint64_t next_req_id_ = 1;
   std::map<uint64_t, proto::KvReply> replies_;  // arrived replies, taken by the waiting caller
+  // Newest member list of each watched service, with its number (counting every list received).
+  std::map<std::string, std::pair<uint64_t, proto::ServiceMembers>> members_;
+  uint64_t members_seq_ = 0;
 
   std::thread reader_;
   std::thread heartbeater_;

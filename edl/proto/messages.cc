@@ -413,6 +413,32 @@ Status Challenge::DecodeFrom(const json& j) {
   return f.status();
 }
 
+namespace {
+// The client hello's services, teacher_slots and teachers (see Hello): all or nothing.
+void DecodeHelloServices(const json& j, Fields* f, Hello* h) {
+  if (!f->ok() || !j.contains("services")) return;
+  constexpr int kMaxSlots = 64;  // service_messages.h: kMaxTeacherSlots
+  const json* teachers = nullptr;
+  f->NameList("services", &h->services).Int("teacher_slots", &h->teacher_slots, 1, kMaxSlots);
+  f->Arr("teachers", &teachers);
+  if (f->ok() && (h->services.empty() || h->services.size() > kMaxJobTypesPerNode)) {
+    f->Fail("services", "holds 0 or more than " + std::to_string(kMaxJobTypesPerNode) + " names");
+  }
+  if (f->ok() && teachers->size() > static_cast<size_t>(h->teacher_slots)) {
+    f->Fail("teachers", "lists more teachers than teacher_slots");
+  }
+  for (size_t i = 0; f->ok() && teachers != nullptr && i < teachers->size(); ++i) {
+    const json& t = (*teachers)[i];
+    if (!t.is_array() || t.size() != 2 || !t[0].is_string() || !t[1].is_string() ||
+        !IsValidName(t[0].get_ref<const std::string&>()) || !IsValidName(t[1].get_ref<const std::string&>())) {
+      f->Fail("teachers", "item " + std::to_string(i) + " is not a [service, name] pair of names");
+      break;
+    }
+    h->teachers.emplace_back(t[0].get<std::string>(), t[1].get<std::string>());
+  }
+}
+}  // namespace
+
 void Hello::EncodeTo(json* j) const {
   *j = {{"type", msg::kHello}, {"role", role}, {"mac", mac}, {"nonce", nonce}};
   if (role == "client") {
@@ -427,6 +453,13 @@ void Hello::EncodeTo(json* j) const {
       json a = json::array();
       for (const JobTypeDecl& t : job_types) a.push_back({{"name", t.name}, {"settable", t.settable}});
       (*j)["job_types"] = std::move(a);
+    }
+    if (!services.empty()) {
+      (*j)["services"] = services;
+      (*j)["teacher_slots"] = teacher_slots;
+      json a = json::array();
+      for (const auto& [service, name] : teachers) a.push_back(json::array({service, name}));
+      (*j)["teachers"] = std::move(a);
     }
   } else if (role == "teacher") {
     (*j)["node"] = node;
@@ -496,6 +529,7 @@ Status Hello::DecodeFrom(const json& j) {
       if (!tf.ok()) f.Fail("job_types", "item " + std::to_string(i) + ": " + tf.status().message());
       h.job_types.push_back(std::move(t));
     }
+    DecodeHelloServices(j, &f, &h);
     if (f.ok() && slots->size() > kMaxSlotsPerNode) {
       f.Fail("slots", "has more than " + std::to_string(kMaxSlotsPerNode) + " items");
     }

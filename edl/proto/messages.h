@@ -168,6 +168,12 @@ struct Hello : Message<Hello> {
   std::string service;
   int port = 0;
   std::vector<JobTypeDecl> job_types;  // cluster mode: the job types this node runs (may be empty)
+  // Role "client": the services whose teachers this node runs (its --service NAME = COMMAND),
+  // how many teachers at once (1..64 when services is not empty), and, after a reconnect, the
+  // teachers it still runs as [service, name] pairs (at most teacher_slots).
+  std::vector<std::string> services;
+  int teacher_slots = 0;
+  std::vector<std::pair<std::string, std::string>> teachers;
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

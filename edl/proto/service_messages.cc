@@ -195,4 +195,61 @@ Status TeacherReply::DecodeFrom(const json& j) {
   return Status::OK();
 }
 
+// ---- teacher_cancel
+
+void TeacherCancel::EncodeTo(json* j) const { *j = {{"type", msg::kTeacherCancel}, {"req_id", req_id}}; }
+Status TeacherCancel::DecodeFrom(const json& j) {
+  TeacherCancel c;
+  Fields f(j, msg::kTeacherCancel);
+  int64_t id = 0;
+  f.Int("req_id", &id, 0, kMaxI64);
+  if (!f.ok()) return f.status();
+  c.req_id = static_cast<uint64_t>(id);
+  *this = c;
+  return Status::OK();
+}
+
+// ---- service_watch
+
+void ServiceWatch::EncodeTo(json* j) const { *j = {{"type", msg::kServiceWatch}, {"service", service}}; }
+Status ServiceWatch::DecodeFrom(const json& j) {
+  ServiceWatch w;
+  Fields f(j, msg::kServiceWatch);
+  f.Name("service", &w.service);
+  if (!f.ok()) return f.status();
+  *this = std::move(w);
+  return Status::OK();
+}
+
+// ---- teacher_start / teacher_stop / teacher_exit
+
+void TeacherOrder::EncodeTo(json* j) const {
+  *j = {{"type", type}, {"service", service}, {"name", name}};
+  if (type == msg::kTeacherExit) (*j)["why"] = why;
+}
+Status TeacherOrder::DecodeFrom(const json& j) {
+  TeacherOrder o;
+  const auto t = j.find("type");
+  if (t == j.end() || !t->is_string()) return Status::Corruption("teacher order: no 'type'");
+  o.type = t->get<std::string>();
+  if (o.type != msg::kTeacherStart && o.type != msg::kTeacherStop && o.type != msg::kTeacherExit) {
+    return Status::Corruption("teacher order: type " + Quote(o.type) + " is not " + msg::kTeacherStart +
+                              ", " + msg::kTeacherStop + " or " + msg::kTeacherExit);
+  }
+  Fields f(j, o.type.c_str());
+  f.Name("service", &o.service).Name("name", &o.name);
+  if (o.type == msg::kTeacherExit) f.Str("why", &o.why, kMaxTeacherWhyBytes);
+  if (f.ok()) {
+    for (char c : o.why) {
+      if (c < 0x20 || c > 0x7e) {
+        f.Fail("why", "holds a byte that is not printable ASCII");
+        break;
+      }
+    }
+  }
+  if (!f.ok()) return f.status();
+  *this = std::move(o);
+  return Status::OK();
+}
+
 }  // namespace edl::proto

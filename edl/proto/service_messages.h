@@ -23,6 +23,11 @@ inline constexpr char kServiceStats[] = "service_stats";      // teacher -> serv
 inline constexpr char kServiceMembers[] = "service_members";  // server -> student (watching)
 inline constexpr char kTeacherRequest[] = "teacher_request";  // student -> teacher
 inline constexpr char kTeacherReply[] = "teacher_reply";      // teacher -> student
+inline constexpr char kTeacherCancel[] = "teacher_cancel";    // student -> teacher: gave up on one
+inline constexpr char kServiceWatch[] = "service_watch";      // trainer -> client -> server
+inline constexpr char kTeacherStart[] = "teacher_start";      // server -> client: run a teacher
+inline constexpr char kTeacherStop[] = "teacher_stop";        // server -> client: stop one
+inline constexpr char kTeacherExit[] = "teacher_exit";        // client -> server: one ended
 }  // namespace msg
 
 constexpr size_t kMaxTeacherBatch = 4096;   // samples per teacher_request
@@ -31,6 +36,37 @@ constexpr size_t kMaxServiceMembers = 1024; // teachers listed per service
 // A reply of kMaxTeacherBatch x kMaxTeacherClasses floats would not fit a frame: a teacher refuses
 // a request whose answer would exceed this many values (students ask top-k or smaller batches).
 constexpr size_t kMaxTeacherValues = 160000;
+// Teacher processes one client runs at once (its --teacher_slots).
+constexpr int kMaxTeacherSlots = 64;
+constexpr size_t kMaxTeacherWhyBytes = 256;
+
+// The student gave up on request `req_id` (answered elsewhere, or its step went on without it):
+// a teacher that has not started it drops it and answers Aborted at once.
+struct TeacherCancel : Message<TeacherCancel> {
+  uint64_t req_id = 0;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// A trainer asks its node's client for a service's member lists; the client asks the server once
+// for all its trainers and relays each service_members push to every trainer watching.
+struct ServiceWatch : Message<ServiceWatch> {
+  std::string service;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// A client's teachers (PROTOCOL.md, "Services: teachers run by clients"): the server orders a
+// start or a stop, the client reports each teacher that ended. One shape for the three types.
+struct TeacherOrder : Message<TeacherOrder> {
+  std::string type = msg::kTeacherStart;  // kTeacherStart, kTeacherStop or kTeacherExit
+  std::string service;                    // the service's name (the client's --service NAME)
+  std::string name;                       // the teacher's name in its service
+  std::string why;                        // kTeacherExit: how it ended ("exit 1", ...)
+  void EncodeTo(nlohmann::json* j) const;
+  // Accepts any of the three types; `why` only in kTeacherExit, printable, bounded.
+  Status DecodeFrom(const nlohmann::json& j);
+};
 
 // A teacher's load since its previous report.
 struct ServiceStats : Message<ServiceStats> {

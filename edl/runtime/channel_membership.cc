@@ -77,7 +77,7 @@ class ChannelKvStore : public KvStore {
   net::TrainerChannel* const channel_;  // not owned; the ChannelMembership owning both outlives us
 };
 
-class ChannelMembership : public MembershipSource {
+class ChannelMembership : public MembershipSource, public ServiceFeed {
  public:
   ChannelMembership(std::unique_ptr<net::TrainerChannel> channel, std::string trainer_id)
       : channel_(std::move(channel)), trainer_id_(std::move(trainer_id)), kv_(channel_.get()) {}
@@ -110,6 +110,12 @@ class ChannelMembership : public MembershipSource {
     return channel_->ReportProgress(r);
   }
   Status ReportEvent(const nlohmann::json& event) override { return channel_->ReportEvent(event); }
+  ServiceFeed* service_feed() override { return this; }
+  Status Watch(const std::string& service) override { return channel_->WatchService(service); }
+  Status Next(const std::string& service, uint64_t* version, std::chrono::milliseconds timeout,
+              proto::ServiceMembers* out) override {
+    return channel_->WaitServiceMembers(service, version, timeout, out);
+  }
 
  private:
   const std::unique_ptr<net::TrainerChannel> channel_;

@@ -19,6 +19,10 @@
 #include "edl/base/status.h"
 #include "edl/runtime/comm/communicator.h"
 
+namespace edl::proto {
+struct ServiceMembers;
+}
+
 namespace edl::runtime {
 
 // One committed generation as the runtime needs it (a projection of proto::GenerationInfo).
@@ -44,6 +48,18 @@ struct ProgressInfo {
   double accuracy = -1;  // -1: not evaluated
 };
 
+// The member lists of a distillation service, relayed by the trainer's node client (PROTOCOL.md,
+// "Services"): the trainer needs no server address of its own.
+class ServiceFeed {
+ public:
+  virtual ~ServiceFeed() = default;
+  virtual Status Watch(const std::string& service) = 0;
+  // Waits up to `timeout` for a list of `service` newer than *version (0: none yet) and updates
+  // *version. Timeout when none came; Unavailable when the way to the client broke.
+  virtual Status Next(const std::string& service, uint64_t* version, std::chrono::milliseconds timeout,
+                      proto::ServiceMembers* out) = 0;
+};
+
 class MembershipSource {
  public:
   virtual ~MembershipSource() = default;
@@ -63,6 +79,9 @@ class MembershipSource {
   virtual Status ReportProgress(const ProgressInfo& progress) = 0;
   // One event for the job's events log (JSON object; the control plane adds job, trainer, time).
   virtual Status ReportEvent(const nlohmann::json& event) = 0;
+  // Service member lists through the node's client; null without one (static, standalone).
+  // Owned by the source.
+  virtual ServiceFeed* service_feed() { return nullptr; }
 };
 
 // Static mode: a single generation (number `generation`, members "rank-0".."rank-<world-1>")

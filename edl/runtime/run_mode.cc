@@ -41,6 +41,7 @@ class PinnedMembership : public MembershipSource {
                            " never changes in a trainer's life; the edl client restarts trainers");
   }
   KvStore* kv() override { return base_->kv(); }
+  ServiceFeed* service_feed() override { return base_->service_feed(); }
   Status ReportReady(int64_t generation) override { return base_->ReportReady(generation); }
   Status ReportProgress(const ProgressInfo& p) override { return base_->ReportProgress(p); }
   Status ReportEvent(const nlohmann::json& e) override { return base_->ReportEvent(e); }

@@ -85,7 +85,9 @@ class TeacherClient::Impl {
     nlohmann::json msg;
   };
 
-  void DiscoveryLoop();
+  void DiscoveryLoop();  // the server's member lists
+  void FeedLoop();       // the node client's (o_.feed)
+  void UseMembers(const proto::ServiceMembers& m);
   void MaintenanceLoop();
   void ReaderLoop(std::shared_ptr<Teacher> t);
   StatusOr<std::unique_ptr<net::FramedSocket>> Connect(const std::string& addr);
@@ -99,6 +101,9 @@ class TeacherClient::Impl {
   std::shared_ptr<Batch> FindOrAdd(const std::vector<int64_t>& indices, uint64_t seed) REQUIRES(mu_);
   std::shared_ptr<Batch> Find(const std::vector<int64_t>& indices, uint64_t seed) REQUIRES(mu_);
   void Erase(const std::shared_ptr<Batch>& b) REQUIRES(mu_);
+  // The student gives up on b's request at its teacher (not answered yet): queues a
+  // teacher_cancel, sent by the maintenance thread, so the teacher does not compute it for nobody.
+  void Abandon(Batch* b) REQUIRES(mu_);
   void OnReply(Teacher* t, const proto::TeacherReply& r);
 
   const TeacherClientOptions o_;
@@ -120,16 +125,18 @@ class TeacherClient::Impl {
   std::unordered_multimap<uint64_t, std::shared_ptr<Batch>> batches_ GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Batch>> order_ GUARDED_BY(mu_);  // oldest first, for the cap
   std::unordered_map<uint64_t, std::shared_ptr<Batch>> by_req_ GUARDED_BY(mu_);
+  std::vector<Send> cancels_ GUARDED_BY(mu_);  // teacher_cancel messages to send
   uint64_t next_req_ GUARDED_BY(mu_) = 1;
 };
 
 Status TeacherClient::Impl::Start() {
   if (o_.service.empty()) return Status::InvalidArgument("--distill: the service name is empty");
   if (o_.classes <= 0) return Status::InvalidArgument("TeacherClient: classes must be > 0");
-  if (o_.server.empty() && o_.teachers.empty()) {
+  if (o_.server.empty() && o_.feed == nullptr && o_.teachers.empty()) {
     return Status::InvalidArgument(
         "--distill " + o_.service +
-        " needs --distill_server HOST:PORT (the edl server the teachers register with) or "
+        " needs its teachers' server: run under `edl client` (it relays the teacher list), or give "
+        "--distill_server HOST:PORT (the edl server the teachers register with) or "
         "--distill_teachers HOST:PORT,...");
   }
   for (const std::string& a : o_.teachers) {
@@ -151,6 +158,9 @@ Status TeacherClient::Impl::Start() {
     EDL_RETURN_IF_ERROR(net::AuthenticateToServer(server_.get(), o_.secret, hello, o_.io_timeout, &w)
                             .WithContext("--distill_server " + o_.server));
     discovery_ = std::thread([this] { DiscoveryLoop(); });
+  } else if (o_.feed != nullptr) {
+    EDL_RETURN_IF_ERROR(o_.feed->Watch(o_.service).WithContext("--distill " + o_.service));
+    discovery_ = std::thread([this] { FeedLoop(); });
   }
   maintenance_ = std::thread([this] { MaintenanceLoop(); });
   return Status::OK();
@@ -220,16 +230,42 @@ void TeacherClient::Impl::DiscoveryLoop() {
                  << (d.ok() ? "for service '" + m.service + "'" : d.ToString());
       continue;
     }
-    MutexLock l(&mu_);
-    desired_.clear();
-    for (const proto::ServiceMember& t : m.members) {
-      desired_[t.name] = t.host + ":" + std::to_string(t.port);
-    }
-    known_services_ = m.known;
-    if (!m.members.empty()) ever_listed_ = true;
-    LOG(INFO) << "distill: service " << o_.service << " has " << m.members.size() << " teachers";
-    cv_.notify_all();
+    UseMembers(m);
   }
+}
+
+void TeacherClient::Impl::FeedLoop() {
+  uint64_t version = 0;
+  while (true) {
+    proto::ServiceMembers m;
+    Status s = o_.feed->Next(o_.service, &version, milliseconds(500), &m);
+    {
+      MutexLock l(&mu_);
+      if (stop_) return;
+    }
+    if (s.IsTimeout()) continue;
+    if (!s.ok()) {
+      // The client went away (the trainer stops too): keep the teachers we have meanwhile.
+      LOG(WARNING) << "distill: lost the node client's teacher list (" << s.ToString()
+                   << "); keeping the current teacher list";
+      MutexLock l(&mu_);
+      cv_.wait_for(l.native(), std::chrono::hours(24 * 365), [this]() REQUIRES(mu_) { return stop_; });
+      return;
+    }
+    UseMembers(m);
+  }
+}
+
+void TeacherClient::Impl::UseMembers(const proto::ServiceMembers& m) {
+  MutexLock l(&mu_);
+  desired_.clear();
+  for (const proto::ServiceMember& t : m.members) {
+    desired_[t.name] = t.host + ":" + std::to_string(t.port);
+  }
+  known_services_ = m.known;
+  if (!m.members.empty()) ever_listed_ = true;
+  LOG(INFO) << "distill: service " << o_.service << " has " << m.members.size() << " teachers";
+  cv_.notify_all();
 }
 
 // ---- maintenance: connections, re-sends, dispatch
@@ -380,7 +416,9 @@ void TeacherClient::Impl::MaintenanceLoop() {
           other = other || (!t->dead && name != b->teacher && b->tried.count(name) == 0);
         }
         if (!other) continue;
-        // The slow teacher keeps the request in its count until it answers (or is dropped).
+        // The slow teacher keeps the request in its count until it answers (the cancel's
+        // Aborted reply, or the logits when its pass had started) or is dropped.
+        Abandon(b.get());
         by_req_.erase(b->req_id);
         b->tried.insert(b->teacher);
         b->teacher.clear();
@@ -388,6 +426,8 @@ void TeacherClient::Impl::MaintenanceLoop() {
         counters_.resent++;
       }
       Dispatch(&sends);
+      for (Send& c : cancels_) sends.push_back(std::move(c));
+      cancels_.clear();
     }
     DoSends(&sends);
     MutexLock l(&mu_);
@@ -510,7 +550,21 @@ void TeacherClient::Impl::Erase(const std::shared_ptr<Batch>& b) {
     }
   }
   order_.erase(std::remove(order_.begin(), order_.end(), b), order_.end());
+  Abandon(b.get());
   if (b->req_id != 0) by_req_.erase(b->req_id);  // a late answer is then ignored
+}
+
+void TeacherClient::Impl::Abandon(Batch* b) {
+  if (b->done || b->req_id == 0 || b->teacher.empty()) return;
+  auto t = teachers_.find(b->teacher);
+  if (t == teachers_.end() || t->second->dead || cancels_.size() >= 4 * o_.max_batches) return;
+  proto::TeacherCancel c;
+  c.req_id = b->req_id;
+  Send s;
+  s.teacher = t->second;
+  c.EncodeTo(&s.msg);
+  cancels_.push_back(std::move(s));
+  counters_.cancelled++;
 }
 
 void TeacherClient::Impl::Request(const std::vector<int64_t>& indices, uint64_t seed) {
@@ -545,7 +599,7 @@ Status TeacherClient::Impl::Get(const std::vector<int64_t>& indices, uint64_t se
     std::string known;
     for (const std::string& s : known_services_) known += (known.empty() ? "" : ", ") + s;
     return Status::NotFound("--distill " + o_.service + ": no teacher of that service registered at " +
-                            o_.server + " within " + std::to_string(o_.discovery_wait.count() / 1000) +
+                            (o_.server.empty() ? std::string("the job's server") : o_.server) + " within " + std::to_string(o_.discovery_wait.count() / 1000) +
                             " s (services there now: " + (known.empty() ? "none" : known) +
                             "); start `edl teacher --service " + o_.service + "` or fix the name");
   }

@@ -6,7 +6,8 @@
 // only and counted (TeacherCounters::fallback).
 //
 // Teachers come from the edl server (`server`: the client watches the service and gets its member
-// list whenever it changes) or from a fixed address list (`teachers`). Every connection is
+// list whenever it changes), from the trainer's node client relaying the server's lists (`feed`),
+// or from a fixed address list (`teachers`). Every connection is
 // authenticated and sealed with the cluster secret; every reply is validated (shape, class count,
 // finite values) and a teacher that answers with the wrong shape is dropped with an error in the
 // log, its requests going to the others.
@@ -22,13 +23,17 @@
 #include <vector>
 
 #include "edl/base/status.h"
+#include "edl/runtime/membership.h"
 #include "edl/runtime/teacher_source.h"
 
 namespace edl::runtime {
 
 struct TeacherClientOptions {
   std::string service;                // the service name the teachers registered under
-  std::string server;                 // HOST:PORT of the edl server; empty: use `teachers`
+  std::string server;                 // HOST:PORT of the edl server; empty: `feed` or `teachers`
+  // The member lists relayed by the trainer's node client (not owned; outlives the client); used
+  // when `server` is empty.
+  ServiceFeed* feed = nullptr;
   std::vector<std::string> teachers;  // fixed HOST:PORT list when there is no server
   std::string secret;                 // the cluster secret (--secret_file's content)
   int classes = 0;                    // the student's class count; replies must match it

@@ -26,6 +26,8 @@ struct TeacherCounters {
   int64_t fallback = 0;  // samples trained on labels only (no answer within the bound)
   int64_t resent = 0;    // requests sent again to another teacher (one died, was removed or slow)
   int64_t requests = 0;  // requests sent
+  int64_t cancelled = 0; // requests given up on (re-sent elsewhere, or the step went on): the
+                         // teacher was told (teacher_cancel) so it drops them if not started
 };
 
 class TeacherSource {
@@ -41,11 +43,12 @@ class TeacherSource {
   virtual Status Get(const std::vector<int64_t>& indices, uint64_t aug_seed, int classes,
                      float* logits, uint8_t* has) = 0;
   virtual TeacherCounters counters() const = 0;
-  // One line for logs: "answered=.. fallback=.. resent=.. requests=..".
+  // One line for logs: "answered=.. fallback=.. resent=.. requests=.. cancelled=..".
   std::string CountersLine() const {
     const TeacherCounters c = counters();
     return "answered=" + std::to_string(c.answered) + " fallback=" + std::to_string(c.fallback) +
-           " resent=" + std::to_string(c.resent) + " requests=" + std::to_string(c.requests);
+           " resent=" + std::to_string(c.resent) + " requests=" + std::to_string(c.requests) +
+           " cancelled=" + std::to_string(c.cancelled);
   }
 };
 

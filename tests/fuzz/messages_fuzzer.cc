@@ -73,6 +73,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   RoundTrip<ServiceMembers>(j);
   RoundTrip<TeacherRequest>(j);
   RoundTrip<TeacherReply>(j);
+  RoundTrip<TeacherCancel>(j);
+  RoundTrip<ServiceWatch>(j);
+  RoundTrip<TeacherOrder>(j);
   ApplyUpdate(j);
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -81,28 +82,29 @@ class DistillTest : public ::testing::Test {
         dir_.Join(name + ".log"));
   }
 
-  // Teachers of "kd" the server lists (`edl ctl status --json`).
-  std::set<std::string> ListedTeachers() {
-    std::set<std::string> out;
+  // Service "kd" as the server lists it (`edl ctl status --json`); empty when not reachable.
+  json KdStatus() {
     const std::string log = dir_.Join("status.json");
     std::filesystem::remove(log);
     if (itest::RunCommand({test::EdlBinary(), "ctl", "--server", "127.0.0.1:" + port_,
                            "--secret_file", secret_, "status", "--json"},
                           log, milliseconds(30000)) != 0) {
-      return out;
+      return json::object();
     }
     // The JSON body, whatever log lines surround it.
     const std::string text = Slurp(log);
     const size_t begin = text.find('{'), end = text.rfind('}');
-    if (begin == std::string::npos || end == std::string::npos || end < begin) return out;
+    if (begin == std::string::npos || end == std::string::npos || end < begin) return json::object();
     try {
-      const json s = json::parse(text.substr(begin, end - begin + 1));
-      const json teachers = s.value("services", json::object())
-                                .value("kd", json::object())
-                                .value("teachers", json::array());
-      for (const json& t : teachers) out.insert(t.value("name", std::string()));
+      return json::parse(text.substr(begin, end - begin + 1)).value("services", json::object()).value("kd", json::object());
     } catch (const std::exception&) {
+      return json::object();
     }
+  }
+  // Teachers of "kd" the server lists.
+  std::set<std::string> ListedTeachers() {
+    std::set<std::string> out;
+    for (const json& t : KdStatus().value("teachers", json::array())) out.insert(t.value("name", std::string()));
     return out;
   }
 
@@ -247,6 +249,170 @@ TEST_F(DistillTest, TeachersComeAndGoWhileStudentsTrainAndReform) {
   EXPECT_GE(students, 2) << Diagnostics();
   EXPECT_GT(answered, 0) << "no teacher ever answered" << Diagnostics();
   client->Stop();
+}
+
+// The pids of the `edl teacher` processes of this test (its secret file is in their command
+// line), by --name.
+std::map<std::string, int> TeacherPids(const std::string& secret) {
+  std::map<std::string, int> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::vector<std::string> args;
+    std::ifstream in(e.path() / "cmdline");
+    for (std::string a; std::getline(in, a, '\0');) args.push_back(a);
+    if (args.size() < 2 || args[1] != "teacher" || std::find(args.begin(), args.end(), secret) == args.end()) continue;
+    const auto name = std::find(args.begin(), args.end(), "--name");
+    if (name != args.end() && name + 1 != args.end()) out[*(name + 1)] = std::stoi(pid);
+  }
+  return out;
+}
+
+// Teachers as elastic services run by the clients (README, "Distillation"): the client offers
+// service kd (`--service kd = edl teacher ...`, the command stays on the node), `edl ctl scale kd
+// N` makes the server place N teachers there, 1 -> 2 -> 1, while a student trains through them; a
+// SIGKILLed teacher is replaced, answers keep coming, a SIGKILLed client's teachers stop and are
+// placed elsewhere, and a client's exit stops its teachers.
+// The student has no server address (no --distill_server): its client relays the teacher lists,
+// so every teacher it reaches it learned from a push.
+TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
+  TrainTeacherCheckpoint();
+  if (HasFatalFailure()) return;
+  server_ = std::make_unique<Proc>(
+      std::vector<std::string>{test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1",
+                               "--port_file", dir_.Join("port"), "--secret_file", secret_, "--job_id",
+                               "dtest", "--min_trainers", "1", "--trainers", "1", "--events_dir",
+                               dir_.Join("events"), "--heartbeat_timeout_ms", "3000"},
+      dir_.Join("server.log"));
+  port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  const std::string teacher_cmd = "kd = " + test::EdlBinary() + " teacher --model resnet20 --train_samples " +
+                                  kSamples + " --checkpoint_dir " + dir_.Join("ckpt") +
+                                  " --bind 127.0.0.1 --threads 1 --log_every_s 1";
+  auto client = std::make_unique<Proc>(
+      std::vector<std::string>{
+          test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file", secret_,
+          "--node_name", "n1", "--slots", "1", "--socket_path", dir_.Join("n1.sock"), "--log_dir",
+          dir_.Join("logs"), "--stop_grace_s", "5", "--service", teacher_cmd, "--teacher_slots", "2",
+          "--", test::EdlBinary(), "train", "--model", "resnet20", "--train_samples", kSamples,
+          "--batch_size", "16", "--epochs", "50", "--threads", "1", "--log_every", "10", "--eval",
+          "false", "--sample_log", dir_.Join("samples.jsonl"), "--distill", "kd", "--secret_file",
+          secret_, "--distill_wait_s", "5",
+          "--distill_resend_s", "2", "--distill_discovery_s", "300"},
+      dir_.Join("client.log"));
+  // Refused until a client offering kd is connected; then one teacher, n1-t1.
+  ASSERT_TRUE(WaitFor([&] { return Ctl({"scale", "kd", "1"}) == 0; }, milliseconds(60000)))
+      << Slurp(dir_.Join("ctl.log")) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t1"}; }, milliseconds(120000)))
+      << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(3)) << Diagnostics();
+  ASSERT_EQ(Ctl({"scale", "kd", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+  ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t1", "n1-t2"}; },
+                      milliseconds(120000)))
+      << Diagnostics();
+  EXPECT_EQ(TeacherPids(secret_).size(), 2u);
+
+  // A teacher dies: the server has the client start a replacement; the student keeps training
+  // and the teachers keep answering.
+  const int killed = TeacherPids(secret_).at("n1-t1");
+  ASSERT_EQ(::kill(killed, SIGKILL), 0);
+  ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t2", "n1-t3"}; },
+                      milliseconds(120000)))
+      << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(3)) << Diagnostics();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const json& t : KdStatus().value("teachers", json::array())) {
+          if (t.value("requests_per_sec", 0.0) > 0) return true;
+        }
+        return false;
+      },
+      milliseconds(60000)))
+      << "no teacher answered after the replacement" << Diagnostics();
+
+  // Back to 1: the newest is stopped, its process exits.
+  ASSERT_EQ(Ctl({"scale", "kd", "1"}), 0) << Slurp(dir_.Join("ctl.log"));
+  ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t2"} && TeacherPids(secret_).size() == 1; },
+                      milliseconds(60000)))
+      << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(2)) << Diagnostics();
+  const json kd = KdStatus();
+  EXPECT_EQ(kd.value("desired", -1), 1) << kd.dump();
+  EXPECT_EQ(kd.value("restarts", -1), 1) << kd.dump();
+  ASSERT_EQ(Ctl({"status"}), 0);
+  EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("service kd: desired 1, placed 1 (n1-t2), replaced 1"), std::string::npos)
+      << Slurp(dir_.Join("ctl.log"));
+  // A client killed outright leaves no teacher behind (its teachers stop once their parent is
+  // gone), and the server places the lost teacher elsewhere.
+  auto client2 = std::make_unique<Proc>(
+      std::vector<std::string>{test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file",
+                               secret_, "--node_name", "n2", "--slots", "1", "--socket_path", dir_.Join("n2.sock"),
+                               "--log_dir", dir_.Join("logs2"), "--service", teacher_cmd, "--", "/bin/sleep", "600"},
+      dir_.Join("client2.log"));
+  ASSERT_TRUE(WaitFor([&] { return KdStatus().value("nodes", json::array()).size() == 2; }, milliseconds(60000)))
+      << Slurp(dir_.Join("client2.log"));
+  ASSERT_EQ(Ctl({"scale", "kd", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+  auto on_n2 = [&] {
+    for (const auto& [name, pid] : TeacherPids(secret_)) {
+      if (name.rfind("n2-", 0) == 0) return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitFor(on_n2, milliseconds(60000))) << Diagnostics();
+  ASSERT_EQ(::kill(client2->pid(), SIGKILL), 0);
+  EXPECT_TRUE(WaitFor([&] { return !on_n2(); }, milliseconds(60000))) << "the killed client's teacher still runs";
+  EXPECT_TRUE(WaitFor([&] { return TeacherPids(secret_).size() == 2 && ListedTeachers().size() == 2; },
+                      milliseconds(60000)))
+      << Diagnostics();
+
+  // An unknown service is a clear error.
+  EXPECT_NE(Ctl({"scale", "nosuch", "1"}), 0);
+  EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("--service nosuch"), std::string::npos) << Slurp(dir_.Join("ctl.log"));
+
+  // The client's exit stops its teachers.
+  client->Stop(milliseconds(60000));
+  EXPECT_TRUE(WaitFor([&] { return TeacherPids(secret_).empty(); }, milliseconds(60000)));
+  EXPECT_TRUE(WaitFor([&] { return ListedTeachers().empty(); }, milliseconds(60000))) << Diagnostics();
+}
+
+// The same on a cluster server (`edl server --cluster`): services are scaled beside the jobs, a
+// name that is neither a job nor an offered service is a clear error naming both.
+TEST_F(DistillTest, ClusterServerScalesServicesBesideJobs) {
+  TrainTeacherCheckpoint();
+  if (HasFatalFailure()) return;
+  server_ = std::make_unique<Proc>(
+      std::vector<std::string>{test::EdlBinary(), "server", "--cluster", "--server_port", "0", "--bind", "127.0.0.1",
+                               "--port_file", dir_.Join("port"), "--secret_file", secret_, "--events_dir",
+                               dir_.Join("events")},
+      dir_.Join("server.log"));
+  port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  auto client = std::make_unique<Proc>(
+      std::vector<std::string>{test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file",
+                               secret_, "--node_name", "n1", "--slots", "1", "--socket_path", dir_.Join("n1.sock"),
+                               "--log_dir", dir_.Join("logs"), "--job_type", "sleeper = /bin/sleep 600",
+                               "--service",
+                               "kd = " + test::EdlBinary() + " teacher --model resnet20 --train_samples " +
+                                   kSamples + " --checkpoint_dir " + dir_.Join("ckpt") +
+                                   " --bind 127.0.0.1 --threads 1",
+                               "--teacher_slots", "1"},
+      dir_.Join("client.log"));
+  ASSERT_TRUE(WaitFor([&] { return Ctl({"scale", "kd", "1"}) == 0; }, milliseconds(60000)))
+      << Slurp(dir_.Join("ctl.log")) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t1"}; }, milliseconds(120000)))
+      << Diagnostics();
+  ASSERT_EQ(Ctl({"status"}), 0);
+  EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("service kd: desired 1, placed 1 (n1-t1)"), std::string::npos)
+      << Slurp(dir_.Join("ctl.log"));
+  EXPECT_NE(Ctl({"scale", "nosuch", "1"}), 0);
+  const std::string err = Slurp(dir_.Join("ctl.log"));
+  EXPECT_NE(err.find("no live job named nosuch"), std::string::npos) << err;
+  EXPECT_NE(err.find("--service nosuch"), std::string::npos) << err;
+  ASSERT_EQ(Ctl({"scale", "kd", "0"}), 0) << Slurp(dir_.Join("ctl.log"));
+  EXPECT_TRUE(WaitFor([&] { return TeacherPids(secret_).empty() && ListedTeachers().empty(); }, milliseconds(60000)))
+      << Diagnostics();
+  client->Stop(milliseconds(60000));
 }
 
 TEST_F(DistillTest, MismatchedTeacherAndUnknownServiceAreClearErrors) {

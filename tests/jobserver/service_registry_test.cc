@@ -76,6 +76,29 @@ TEST_F(ServiceRegistryTest, WatchersFollowJoinsAndLosses) {
   EXPECT_EQ(sent_[10].size(), 4u);  // a removed watcher gets nothing more
 }
 
+// A node's client watches services for its trainers: the list at once, then every change, for
+// each service it watches; its connection closing ends every watch.
+TEST_F(ServiceRegistryTest, ClientsWatchManyServicesForTheirTrainers) {
+  uint64_t replaced = 0;
+  ASSERT_OK(reg_.Attach(1, Teacher("kd", "t1", 9001), &replaced));
+  ASSERT_OK(reg_.Watch(20, "kd"));
+  EXPECT_EQ(LastList(20), std::vector<std::string>({"t1"}));
+  ASSERT_OK(reg_.Watch(20, "other"));
+  EXPECT_TRUE(LastList(20).empty());
+  ASSERT_OK(reg_.Watch(20, "kd"));  // again: nothing new
+  EXPECT_EQ(sent_[20].size(), 2u);
+  ASSERT_OK(reg_.Attach(2, Teacher("other", "o1", 9002), &replaced));
+  EXPECT_EQ(LastList(20), std::vector<std::string>({"o1"}));
+  ASSERT_OK(reg_.Attach(3, Teacher("kd", "t3", 9003), &replaced));
+  EXPECT_EQ(LastList(20), std::vector<std::string>({"t1", "t3"}));
+  EXPECT_EQ(reg_.Summary()["kd"]["students"], 1);
+  EXPECT_FALSE(reg_.Watch(1, "kd").ok());  // a teacher's connection watches nothing
+  reg_.Remove(20);
+  reg_.Remove(3);
+  EXPECT_EQ(sent_[20].size(), 4u);
+  EXPECT_EQ(reg_.Summary()["kd"]["students"], 0);
+}
+
 TEST_F(ServiceRegistryTest, ReRegisteredTeacherReplacesItsOldConnection) {
   uint64_t replaced = 0;
   ASSERT_OK(reg_.Attach(1, Teacher("kd", "t1", 9001), &replaced));

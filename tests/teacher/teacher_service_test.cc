@@ -3,7 +3,8 @@
 // sample index: answers match the model (full and top-k), concurrent requests are batched into one
 // forward pass, a teacher stopped with requests in flight is replaced by another, a step never
 // waits longer than the bound (labels only, counted), and teachers answering with the wrong shape
-// or for another service are dropped with a clear error while the others keep answering.
+// or for another service are dropped with a clear error while the others keep answering, and
+// abandoned requests (cancelled, or of a closed connection) are dropped, not computed.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -218,6 +219,53 @@ TEST(TeacherServiceTest, NoAnswerWithinTheBoundFallsBackToLabelsAndIsCounted) {
   EXPECT_EQ(c.value()->counters().fallback, 16);
   EXPECT_EQ(c.value()->counters().answered, 0);
   t.gate.Open();
+}
+
+// Requests nobody will read are not computed: a student whose step went on without an answer
+// cancels the request (teacher_cancel) and the teacher drops it from its queue; a student that
+// closes its connection leaves nothing queued behind.
+TEST(TeacherServiceTest, AbandonedRequestsAreDroppedNotComputed) {
+  FakeModelTeacher t("kd");
+  runtime::TeacherClientOptions o = ClientOptions({t.addr()});
+  o.answer_wait = milliseconds(50);
+  auto c = runtime::TeacherClient::Create(o);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return c.value()->Connected().size() == 1; }));
+  t.gate.Close();
+  c.value()->Request(Batch(0), 0);  // held in the model
+  ASSERT_TRUE(WaitFor([&] { return t.started == 1; }));
+  for (int s = 1; s <= 4; ++s) c.value()->Request(Batch(s), s);  // queued behind it
+  ASSERT_TRUE(WaitFor([&] { return t.server()->queued() == 4; })) << t.server()->queued();
+  std::vector<float> rows(16 * kClasses);
+  std::vector<uint8_t> has(16);
+  for (int s = 1; s <= 4; ++s) {  // the steps go on on labels only
+    ASSERT_OK(c.value()->Get(Batch(s), s, kClasses, rows.data(), has.data()));
+    EXPECT_EQ(has[0], 0);
+  }
+  ASSERT_TRUE(WaitFor([&] { return t.server()->queued() == 0 && t.server()->Totals().cancelled == 4; }))
+      << t.server()->queued() << " queued, " << t.server()->Totals().cancelled << " cancelled";
+  EXPECT_EQ(c.value()->counters().cancelled, 4);
+  t.gate.Open();
+  // Only the request already in the model was computed.
+  ASSERT_TRUE(WaitFor([&] { return t.server()->Totals().requests == 1; }));
+  EXPECT_EQ(t.server()->Totals().samples, 16);
+  EXPECT_EQ(t.started, 1);
+
+  // A student leaves with requests queued: they are dropped with its connection.
+  t.gate.Close();
+  auto gone = runtime::TeacherClient::Create(ClientOptions({t.addr()}));
+  ASSERT_TRUE(gone.ok()) << gone.status().ToString();
+  ASSERT_TRUE(WaitFor([&] { return gone.value()->Connected().size() == 1; }));
+  gone.value()->Request(Batch(10), 10);
+  ASSERT_TRUE(WaitFor([&] { return t.started == 2; }));
+  for (int s = 11; s <= 13; ++s) gone.value()->Request(Batch(s), s);
+  ASSERT_TRUE(WaitFor([&] { return t.server()->queued() == 3; })) << t.server()->queued();
+  gone.value().reset();
+  ASSERT_TRUE(WaitFor([&] { return t.server()->queued() == 0 && t.server()->Totals().orphaned == 3; }))
+      << t.server()->queued() << " queued, " << t.server()->Totals().orphaned << " orphaned";
+  t.gate.Open();
+  ASSERT_TRUE(WaitFor([&] { return t.server()->Totals().requests == 2; }));
+  EXPECT_EQ(t.started, 2);  // no pass for the dropped ones
 }
 
 // A teacher that authenticates properly but answers every request with one row too few.

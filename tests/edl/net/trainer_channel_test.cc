@@ -102,6 +102,51 @@ TEST(TrainerChannelTest, GenerationsKvAndReports) {
   EXPECT_EQ(seen[5]["event"]["what"], "hi");
 }
 
+// Distillation's teacher lists through the client: the watch goes out, every pushed list of the
+// watched service arrives in order, a list of a service nobody watches is ignored.
+TEST(TrainerChannelTest, ServiceListsOfWatchedServicesArrive) {
+  test::ScratchDir dir;
+  const std::string path = dir.Join("c.sock");
+  FakeClient client(path);
+  std::thread server([&] {
+    auto s = client.Accept();
+    json m;
+    ASSERT_OK(s->Receive(&m, milliseconds(5000)));
+    ASSERT_OK(s->Send(json{{"type", "welcome"}, {"mac", ""}, {"job_id", "j"}, {"heartbeat_ms", 100}},
+                      milliseconds(5000)));
+    do {  // heartbeats until the watch
+      ASSERT_OK(s->Receive(&m, milliseconds(5000)));
+    } while (m["type"] == "heartbeat");
+    EXPECT_EQ(m, json({{"type", "service_watch"}, {"service", "kd"}}));
+    for (const auto& [service, port] : std::vector<std::pair<std::string, int>>{{"other", 1}, {"kd", 9001}, {"kd", 9002}}) {
+      proto::ServiceMembers l;
+      l.service = service;
+      l.members.push_back({"t" + std::to_string(port), "127.0.0.1", port});
+      json j;
+      l.EncodeTo(&j);
+      ASSERT_OK(s->Send(j, milliseconds(5000)));
+    }
+    while (s->Receive(&m, milliseconds(5000)).ok()) {
+    }
+  });
+  auto ch = TrainerChannel::Connect(path, "t-1", milliseconds(5000), milliseconds(50));
+  ASSERT_OK(ch.status());
+  ASSERT_OK(ch.value()->WatchService("kd"));
+  uint64_t version = 0;
+  proto::ServiceMembers got;
+  int port = 0;
+  while (port != 9002) {  // the first kd list may be overtaken by the second: never the other's
+    ASSERT_OK(ch.value()->WaitServiceMembers("kd", &version, milliseconds(10000), &got));
+    EXPECT_EQ(got.service, "kd");
+    ASSERT_EQ(got.members.size(), 1u);
+    port = got.members[0].port;
+    EXPECT_TRUE(port == 9001 || port == 9002) << port;
+  }
+  EXPECT_TRUE(ch.value()->WaitServiceMembers("kd", &version, milliseconds(100), &got).IsTimeout());
+  ch.value().reset();
+  server.join();
+}
+
 TEST(TrainerChannelTest, NoSocketIsAClearError) {
   auto ch = TrainerChannel::Connect("/nonexistent/x.sock", "t", milliseconds(200));
   EXPECT_FALSE(ch.ok());

@@ -142,6 +142,27 @@ TEST(ServiceMessagesTest, MembersAndStats) {
   EXPECT_NE(DecodeError<ServiceStats>(j).find("negative"), std::string::npos);
 }
 
+TEST(ServiceMessagesTest, CancelAndWatch) {
+  TeacherCancel c;
+  c.req_id = 42;
+  json j;
+  c.EncodeTo(&j);
+  TeacherCancel c2;
+  ASSERT_OK(c2.DecodeFrom(j));
+  EXPECT_EQ(c2.req_id, 42u);
+  EXPECT_FALSE(c2.DecodeFrom(json{{"type", "teacher_cancel"}, {"req_id", -1}}).ok());
+  EXPECT_FALSE(c2.DecodeFrom(json{{"type", "teacher_cancel"}}).ok());
+  ServiceWatch w;
+  w.service = "kd";
+  w.EncodeTo(&j);
+  ServiceWatch w2;
+  ASSERT_OK(w2.DecodeFrom(j));
+  EXPECT_EQ(w2.service, "kd");
+  Status s = w2.DecodeFrom(json{{"type", "service_watch"}, {"service", "a/b"}});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("service"), std::string::npos) << s.ToString();
+}
+
 TEST(ServiceMessagesTest, HelloOfServiceRoles) {
   Hello t;
   t.role = "teacher";

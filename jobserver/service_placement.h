@@ -1,0 +1,82 @@
+// ServicePlacer: where the server runs the teachers of each service (README, "Distillation";
+// PROTOCOL.md, "Services: teachers run by clients"). `edl ctl scale SERVICE N` sets a service's
+// desired teacher count; the placer keeps that many teachers placed on the nodes whose client
+// offers the service (its own --service NAME = COMMAND: the command never travels), at most
+// `teacher_slots` teachers per node, spreading a service over the nodes that run fewest teachers.
+// A teacher that ends (reported by its client) or whose node is lost is replaced; one that ended
+// soon after its start holds further starts of that service on that node back with a doubling
+// delay (a broken teacher command does not spin). Shrinking stops the newest teachers first.
+//
+// The placer only decides; the server sends the orders and tells it what happened, so it is
+// tested without a network. Teacher names are `<node>-t<seq>`, seq growing over the server's life.
+//
+// Thread-safety: none; used from the server's io_context thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/base/status.h"
+
+namespace edl::jobserver {
+
+class ServicePlacer {
+ public:
+  struct Order {
+    std::string node;
+    bool start = true;  // false: stop
+    std::string service, name;
+  };
+
+  // A client connected, offering `services` with `slots` teachers at once; `running` are the
+  // [service, name] teachers it still runs (after a reconnect): they are adopted, as placed.
+  void NodeUp(const std::string& node, const std::vector<std::string>& services, int slots,
+              const std::vector<std::pair<std::string, std::string>>& running, int64_t now_us);
+  // The node's client is gone: so are its teachers (the next Reconcile replaces them elsewhere).
+  void NodeDown(const std::string& node);
+  // Desired teacher count of `service`, 0..kMaxServiceMembers. NotFound (naming the nodes' offers)
+  // when no connected node offers it and it has no teacher placed.
+  Status SetDesired(const std::string& service, int n);
+  bool Knows(const std::string& service) const;
+  // The node reported that its teacher `name` ended (`why`). Ignored unless placed there.
+  void Exited(const std::string& node, const std::string& name, const std::string& why, int64_t now_us);
+  // Starts and stops that bring every service toward its desired count (placed teachers count as
+  // soon as ordered; stopped ones no longer count).
+  std::vector<Order> Reconcile(int64_t now_us);
+  // {"<service>": {"desired": N, "placed": [{"name","node","since_s"}], "restarts": R,
+  //  "nodes": [node, ...] (offering it)}} for `edl ctl status`.
+  nlohmann::json Summary(int64_t now_us) const;
+
+ private:
+  struct Placed {
+    std::string service, node;
+    int64_t started_us = 0;
+    bool stopping = false;
+  };
+  struct Node {
+    std::set<std::string> services;
+    int slots = 0;
+    // service -> (consecutive quick failures, no start before this time)
+    std::map<std::string, std::pair<int, int64_t>> hold;
+  };
+  int Used(const std::string& node) const;        // teachers placed on the node (stopping too)
+  int Live(const std::string& service) const;     // placed and not stopping
+
+  std::map<std::string, Node> nodes_;
+  std::map<std::string, int> desired_;            // by service
+  std::map<std::string, Placed> placed_;          // by teacher name
+  std::map<std::string, int64_t> restarts_;       // replacements per service
+  uint64_t next_seq_ = 1;
+  // Reconcile runs on every server event: it works only after a change, or once a held-back
+  // start may go ahead (a service short of teachers retries at least every second).
+  bool dirty_ = false;
+  int64_t retry_at_us_ = 0;
+};
+
+}  // namespace edl::jobserver
