@@ -12,6 +12,7 @@
 namespace edl::jobserver {
 
 using nlohmann::json;
+using proto::kStopReason;
 using proto::MemberInfo;
 
 namespace {
@@ -233,6 +234,19 @@ void Scheduler::KillAllTrainers() {
   Reconcile();
 }
 
+bool Scheduler::Stop(const std::string& by, std::vector<MemberInfo>* leaving) {
+  if (stopping_ || done_ || current_.members.empty()) return false;
+  AbortPending("the job is stopping");
+  for (const MemberInfo& m : current_.members) {
+    if (finished_.count(m.trainer_id) == 0) leaving->push_back(m);
+  }
+  EmitEvent({{"type", "stop"}, {"by", by}, {"generation", current_.generation},
+             {"trainers", leaving->size()}});
+  Commit({}, kStopReason, false, 0);
+  stopping_ = true;
+  return true;
+}
+
 void Scheduler::SetAllocation(const std::vector<SlotGrant>& grants, const std::string& reason) {
   const int64_t now = clock_->NowMicros();
   std::set<std::pair<std::string, int>> allowed;
@@ -321,7 +335,7 @@ int Scheduler::target() const {
 }
 
 void Scheduler::Reconcile() {
-  if (done_ || recovering_) return;
+  if (done_ || recovering_ || stopping_) return;
   if (!current_.members.empty() && !finished_.empty()) {
     for (const MemberInfo& m : current_.members) {
       if (finished_.count(m.trainer_id) == 0) return;  // finishing: no more changes
@@ -346,7 +360,9 @@ void Scheduler::Reconcile() {
   if (tgt < cur) {
     Shrink(cur - tgt, desired_reason_);
   } else if (tgt > cur) {
-    if (cur == 0 && current_.generation == 0 && !StartBarrierPassed(tgt)) return;
+    // A job resumed after a stop gathers its size like a first start: nobody trains meanwhile.
+    const bool fresh = current_.generation == 0 || current_.reason == kStopReason;
+    if (cur == 0 && fresh && !StartBarrierPassed(tgt)) return;
     if (clock_->NowMicros() < grow_blocked_until_us_) return;
     Grow(tgt - cur);
   }
@@ -368,6 +384,7 @@ void Scheduler::Grow(int count) {
   for (MemberInfo& j : joiners) j.trainer_id = NewTrainerId(j.node, j.slot);
   std::string reason = need_grow_back_ ? "grow_back" : desired_reason_;
   if (current_.generation == 0) reason = "start";
+  if (current_.members.empty() && current_.reason == kStopReason) reason = "resume";
   if (current_.members.empty()) {  // nobody to keep training meanwhile: no prepare phase
     need_grow_back_ = false;
     Commit(joiners, reason, false, 0);

@@ -266,6 +266,11 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
       scheduler_.NodeDisconnected(peer->node);
       if (cluster_) cluster_->NodeDisconnected(peer->node);
       Record({{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
+      // Stopping: a node that went away takes its trainers with it.
+      for (auto w = stop_waiting_.begin(); w != stop_waiting_.end();) {
+        w = w->second == peer->node ? stop_waiting_.erase(w) : std::next(w);
+      }
+      MaybeEndStop();
     }
   } else if (peer->state == Peer::State::kAuth && !why.IsAborted()) {
     LogUnauthenticated("dropped unauthenticated connection from " + peer->conn->peer() + ": " +
@@ -514,6 +519,7 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
     const std::string how = e.exited ? "exit " + std::to_string(e.code) : "signal " + std::to_string(e.signal);
     scheduler_.TrainerExited(e.trainer_id, e.success(), how);
     status_dirty_ = true;
+    if (stop_waiting_.erase(e.trainer_id) > 0) MaybeEndStop();
   } else if (type == proto::msg::kReady) {
     proto::Ready r;
     Status s = r.DecodeFrom(msg);
@@ -603,6 +609,7 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
   Status s = r.DecodeFrom(msg);
   if (!s.ok()) return Reject(peer, s);
   proto::CtlReply rep;
+  bool stopping = stop_deadline_us_ >= 0;
   if (cluster_ && (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || r.command == "scale")) {
     rep.status = OnClusterCtl(peer, r);
   } else if (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || !r.job.empty()) {
@@ -618,9 +625,10 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     }
   } else if (r.command == "watch") {
     peer->watch = true;
-  } else if (r.command == "stop") {
+  } else if (r.command == "stop" && stop_deadline_us_ < 0) {
     LOG(INFO) << "ctl " << peer->conn->peer() << ": stop";
     Record({{"type", "stopped"}, {"by", "ctl"}});
+    stopping = BeginStop("ctl");
   }
   Dispatch();
   if (!DropIfNotReading(peer)) {
@@ -629,7 +637,36 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     rep.EncodeTo(&j);
     peer->conn->Send(j);
   }
-  if (r.command == "stop") Shutdown(/*stop_clients=*/true);
+  if (r.command == "stop" && !stopping) Shutdown(/*stop_clients=*/true);
+}
+
+bool Server::BeginStop(const std::string& by) {
+  std::vector<proto::MemberInfo> leaving;
+  if (cluster_ || !scheduler_.Stop(by, &leaving)) return false;
+  for (const proto::MemberInfo& m : leaving) {
+    if (nodes_.count(m.node)) stop_waiting_.emplace(m.trainer_id, m.node);
+  }
+  stop_deadline_us_ = clock_->NowMicros() + options_.stop_timeout_ms * 1000;
+  LOG(INFO) << "job " << options_.scheduler.job_id << " stopping: waiting up to "
+            << options_.stop_timeout_ms / 1000 << " s for " << stop_waiting_.size()
+            << " trainer(s) to leave (rank 0 saves a final checkpoint first)";
+  Dispatch();  // the stop generation goes out now
+  MaybeEndStop();
+  return true;
+}
+
+void Server::MaybeEndStop() {
+  if (stop_deadline_us_ < 0 || shutting_down_) return;
+  const bool late = clock_->NowMicros() >= stop_deadline_us_;
+  if (!stop_waiting_.empty() && !late) return;
+  if (late && !stop_waiting_.empty()) {
+    LOG(WARNING) << "job " << options_.scheduler.job_id << ": " << stop_waiting_.size()
+                 << " trainer(s) did not leave within --stop_timeout_s; their clients stop them";
+  }
+  LOG(INFO) << "job " << options_.scheduler.job_id << " stopped; telling the clients to exit";
+  Record({{"type", "stop_complete"}, {"generation", scheduler_.current().generation},
+          {"not_left", stop_waiting_.size()}});
+  Shutdown(/*stop_clients=*/true);
 }
 
 // ---- time and actions
@@ -647,6 +684,8 @@ void Server::Tick() {
   }
   scheduler_.Tick();
   if (cluster_) cluster_->Tick();
+  MaybeEndStop();
+  if (shutting_down_) return;
   kv_.Expire(now);
   Dispatch();
   // The scaling clock moves between changes too: keep it about once a second.

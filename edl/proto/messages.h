@@ -81,10 +81,15 @@ struct MemberInfo {
   }
 };
 
+// The reason of the generation that stops a whole job (`edl ctl stop`): it has no members, every
+// trainer leaves in place and rank 0 of the generation before saves a final checkpoint first.
+inline constexpr char kStopReason[] = "stop";
+
 struct GenerationInfo : Message<GenerationInfo> {
   int64_t generation = 0;
   std::string job_id;
-  std::string reason;       // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back", "join_timeout"
+  std::string reason;       // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back",
+                            // "join_timeout", "stop" (kStopReason), "resume" (first after a stop)
   bool failure = false;     // true when the change removed a trainer that died or hung: survivors must abort
   std::vector<MemberInfo> members;   // ordered by rank; survivors keep relative order, joiners come last
   std::string master_addr;
