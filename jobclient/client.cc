@@ -416,6 +416,7 @@ void Client::OnWelcome(const json& msg) {
   }
   if (!options_.trainer_argv.empty()) runs_[job_id_].argv = options_.trainer_argv;
   LOG(INFO) << "edl client " << options_.node_name << ": registered with job " << job_id_;
+  if (w.dropped) DropStaleTrainers();
   while (!outbox_.empty()) {
     server_->Send(outbox_.front());
     outbox_.pop_front();
@@ -867,6 +868,22 @@ void Client::ReportExit(const std::string& id, const launcher::ExitInfo& info) {
   json j;
   e.EncodeTo(&j);
   SendToServer(j, /*queue_if_offline=*/true);
+}
+
+void Client::DropStaleTrainers() {
+  const int64_t now = clock_->NowMicros();
+  int stale = 0;
+  for (auto& [id, t] : trainers_) {
+    if (t.kill_deadline_us > 0) continue;
+    ++stale;
+    TerminateTrainer(&t, now);
+  }
+  LOG(WARNING) << "edl client " << options_.node_name
+               << ": the server dropped this node (it heard nothing from it for longer than its "
+                  "heartbeat timeout: was this client stopped or cut off? or the server started a new "
+                  "job), so the others went on without its trainers; stopping its "
+               << stale << " stale trainer(s) (SIGTERM, then SIGKILL after --stop_grace_s) and "
+               << "rejoining with fresh ones";
 }
 
 void Client::TerminateTrainer(Trainer* t, int64_t now_us) {

@@ -129,6 +129,9 @@ class Client {
   bool SlotBusy(int slot) const;
   void PollTrainers();
   void ReportExit(const std::string& id, const launcher::ExitInfo& info);
+  // The welcome said the server had dropped this node: every trainer it still runs is stale (the
+  // others re-formed without it); stop them (TERM, grace, KILL) and say so. The node rejoins afresh.
+  void DropStaleTrainers();
   void TerminateTrainer(Trainer* t, int64_t now_us);
   void Tick();
   launcher::EnvContract EnvFor(const std::string& job, const proto::GenerationInfo& g,

@@ -395,8 +395,14 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     return;
   }
   s = CheckAdvertisedHost(hello.node, hello.host, peer->conn->peer());
+  // A session token for a node the scheduler does not know: the node was dropped (lost past the
+  // heartbeat timeout, e.g. its client was stopped) or this is a new job. The welcome says so.
+  w.dropped = !cluster_ && !hello.node_token.empty() && scheduler_.SessionOf(hello.node).empty();
   if (s.ok()) {
     s = cluster_ ? AttachClusterNode(peer, hello, &w.node_token) : AttachNode(peer, hello, &w.node_token);
+  }
+  if (s.ok() && w.dropped) {
+    Record({{"type", "node_dropped_rejoins"}, {"node", hello.node}, {"stale_trainers", hello.trainers.size()}});
   }
   if (!s.ok()) {
     refuse(s);

@@ -182,6 +182,9 @@ struct Welcome : Message<Welcome> {
   std::string job_id;
   int heartbeat_ms = 1000;  // how often the peer should send heartbeats
   std::string node_token;   // client role: the node's session token (64 hex), to present on reconnect
+  // Client role: the client presented a session token for a node the server no longer knows (it
+  // was lost past the heartbeat timeout, or the server started a new job): its trainers are stale.
+  bool dropped = false;
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
