@@ -552,6 +552,7 @@ void Client::OnGeneration(const json& msg) {
   }
   for (const proto::MemberInfo& m : g.members) {
     if (m.node != options_.node_name || trainers_.count(m.trainer_id)) continue;
+    if (ended_.count(m.trainer_id)) continue;  // ids are never reused: an ended one is not restarted
     bool queued = false;
     for (const StartRequest& w : waiting_) queued |= w.id == m.trainer_id;
     if (queued) continue;
@@ -561,6 +562,9 @@ void Client::OnGeneration(const json& msg) {
     sr.slot = m.slot;
     sr.env = EnvFor(job, g, m);
     StartTrainer(std::move(sr));
+  }
+  for (auto it = ended_.begin(); it != ended_.end();) {  // bounded by this node's members
+    it = g.RankOf(*it) >= 0 ? std::next(it) : ended_.erase(it);
   }
   // Queued starts the commit no longer wants (e.g. replaced again) are dropped.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -853,6 +857,10 @@ void Client::PollTrainers() {
     auto it = trainers_.find(id);
     if (it->second.channel) it->second.channel->Close(Status::Aborted("trainer exited"));
     LOG(INFO) << "trainer " << id << " (pid " << it->second.proc->pid() << ") ended: " << info.ToString();
+    // A member that ended is never started again under its id (ids are never reused), even if a
+    // generation still listing it arrives: a finished trainer is not run twice.
+    auto run = runs_.find(it->second.job);
+    if (run != runs_.end() && run->second.latest.RankOf(id) >= 0) ended_.insert(id);
     trainers_.erase(it);
     ReportExit(id, info);
   }

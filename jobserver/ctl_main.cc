@@ -83,6 +83,7 @@ void PrintStatus(const json& b) {
   }
   const int world = b.value("world_size", 0);
   const bool done = b.value("done", false);
+  const int running = b.value("running", world);  // members that have not exited
   const int total = b.value("total_slots", 0), used = b.value("used_slots", 0);
   const std::string job = b.value("job_id", std::string("?"));
   const std::string util = std::to_string(used) + "/" + std::to_string(total) + " (" +
@@ -90,7 +91,7 @@ void PrintStatus(const json& b) {
   std::cout << Pad("SUBMITTED-JOBS", 18) << Pad("PENDING-JOBS", 16) << Pad("RUNNING-TRAINERS", 20)
             << "SLOT-UTILS\n";
   std::cout << Pad("1", 18) << Pad(world == 0 && !done ? "1" : "0", 16)
-            << Pad(job + ":" + std::to_string(world), 20) << util << "\n\n";
+            << Pad(job + ":" + std::to_string(running), 20) << util << "\n\n";
   const json p = b.value("progress", json::object());
   std::string state = done ? "finished" : b.value("pending", false) ? "joining" : world > 0 ? "running" : "pending";
   std::cout << Pad("JOB", 14) << Pad("GEN", 6) << Pad("REASON", 12) << Pad("WORLD", 7) << Pad("DESIRED", 9)

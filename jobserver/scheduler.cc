@@ -170,7 +170,15 @@ void Scheduler::TrainerExited(const std::string& trainer_id, bool success, const
   if (current_.RankOf(trainer_id) < 0) return;  // a leaving trainer: expected
   EmitEvent({{"type", "trainer_exit"}, {"trainer_id", trainer_id}, {"how", how},
              {"success", success}});
-  if (success) {
+  if (!success && !finished_.empty()) {
+    // Finishing: members train in lockstep, so one that exited 0 means training is complete. A
+    // failure now (e.g. rank 0's final save) re-forms nothing: a generation would restart members
+    // that already finished. It is recorded, and the job finishes once every member has exited.
+    LOG(WARNING) << "job " << options_.job_id << ": trainer " << trainer_id << " failed (" << how
+                 << ") after other members finished training; the job finishes without re-forming";
+    EmitEvent({{"type", "failed_while_finishing"}, {"trainer_id", trainer_id}, {"how", how}});
+  }
+  if (success || !finished_.empty()) {
     finished_.insert(trainer_id);
     Reconcile();
     return;
@@ -621,8 +629,8 @@ int Scheduler::total_slots() const {
   return n;
 }
 
-int Scheduler::used_slots() const {
-  return current_.world_size() + static_cast<int>(pending_.joiners.size());
+int Scheduler::used_slots() const {  // members that finished hold no slot any more
+  return current_.world_size() - static_cast<int>(finished_.size()) + static_cast<int>(pending_.joiners.size());
 }
 
 int Scheduler::connected_nodes() const {
@@ -681,7 +689,7 @@ std::vector<std::string> Scheduler::NodeNames() const {
 
 json Scheduler::Summary() const {
   std::unordered_map<std::string, int> used_on;
-  for (const MemberInfo& m : current_.members) ++used_on[m.node];
+  for (const MemberInfo& m : current_.members) used_on[m.node] += finished_.count(m.trainer_id) ? 0 : 1;
   json nodes = json::array();
   for (const auto& [name, n] : nodes_) {
     auto u = used_on.find(name);
@@ -709,6 +717,7 @@ json Scheduler::Summary() const {
           {"total_slots", total_slots()},
           {"used_slots", used_slots()},
           {"finished", finished_.size()},
+          {"running", current_.world_size() - static_cast<int>(finished_.size())},
           {"done", done_},
           {"nodes", nodes},
           {"members", members}};
