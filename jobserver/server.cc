@@ -413,8 +413,10 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
             << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
   // The newest generation, in full, unless a commit queued by AddNode is about to carry it.
+  // A finished job sends `done` only: its last generation lists members that exited, which a
+  // client would start again (a restarted client, or any client of a restarted server).
   const auto& g = scheduler_.current();
-  if (g.generation > 0) {
+  if (g.generation > 0 && !scheduler_.done()) {
     json gj;
     proto::GenerationUpdate::Full(g).EncodeTo(&gj);
     peer->conn->Send(gj);
