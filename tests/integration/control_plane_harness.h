@@ -125,6 +125,23 @@ class ControlPlaneHarness : public ::testing::Test {
     return out;
   }
 
+  // Number of the first generation record matching `pred` (0 when none).
+  int64_t FirstGeneration(const std::function<bool(const json&)>& pred) {
+    for (const json& g : Generations()) {
+      if (pred(g)) return g["generation"].get<int64_t>();
+    }
+    return 0;
+  }
+
+  // Stand-in trainers that finished a KV round in `generation`.
+  int KvRounds(int64_t generation) {
+    int n = 0;
+    for (const json& r : ReadLines(records_)) {
+      n += r["event"] == "kv" && r["generation"] == generation && r["ok"] == true;
+    }
+    return n;
+  }
+
   // Waits until the events log holds a generation record matching `pred`.
   bool WaitForGeneration(const std::function<bool(const json&)>& pred, milliseconds timeout) {
     return WaitFor(

@@ -33,13 +33,6 @@ bool Alive(int pid) {
 
 class NodeLossTest : public itest::ControlPlaneHarness {
  protected:
-  int KvRounds(int64_t generation) {
-    int n = 0;
-    for (const json& r : ReadLines(records_)) {
-      n += r["event"] == "kv" && r["generation"] == generation && r["ok"] == true;
-    }
-    return n;
-  }
   // Start records by trainer id.
   std::map<std::string, json> Starts() {
     std::map<std::string, json> out;
@@ -47,13 +40,6 @@ class NodeLossTest : public itest::ControlPlaneHarness {
       if (r["event"] == "start") out[r["trainer_id"].get<std::string>()] = r;
     }
     return out;
-  }
-  // Number of the first generation matching `pred` (0 when none).
-  int64_t FirstGeneration(const std::function<bool(const json&)>& pred) {
-    for (const json& g : Generations()) {
-      if (pred(g)) return g["generation"].get<int64_t>();
-    }
-    return 0;
   }
   void StartFour() {
     StartServer("", 4);

@@ -66,13 +66,6 @@ class ServerRestartTest : public itest::ControlPlaneHarness {
       if (r["event"] == "start") (*start_of)[id] = r;
     }
   }
-  int KvRounds(int64_t generation) {
-    int n = 0;
-    for (const json& r : ReadLines(records_)) {
-      n += r["event"] == "kv" && r["generation"] == generation && r["ok"] == true;
-    }
-    return n;
-  }
   static uint64_t SeqOf(const std::string& id) {  // "<node>-s<slot>-<seq>"
     return std::stoull(id.substr(id.rfind('-') + 1));
   }
