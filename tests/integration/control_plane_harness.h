@@ -142,6 +142,21 @@ class ControlPlaneHarness : public ::testing::Test {
     return n;
   }
 
+  // Waits for the first failure generation that leaves `world` members, then for every one of them
+  // to finish a KV round in it (they re-formed and go on): its number, or 0 when none came, and
+  // in *reformed whether they did.
+  int64_t WaitForFailureAndReform(int world, bool* reformed) {
+    int64_t failed = 0;
+    const bool came = WaitFor(
+        [&] {
+          failed = FirstGeneration([&](const json& g) { return g["failure"] == true && g["world_size_after"] == world; });
+          return failed > 0;
+        },
+        milliseconds(60000));
+    *reformed = came && WaitFor([&] { return KvRounds(failed) == world; }, milliseconds(30000));
+    return came ? failed : 0;
+  }
+
   // Waits until the events log holds a generation record matching `pred`.
   bool WaitForGeneration(const std::function<bool(const json&)>& pred, milliseconds timeout) {
     return WaitFor(

@@ -164,16 +164,10 @@ TEST_F(NetnsControlPlaneTest, CutLinkIsANodeLossByHeartbeatAndTheOthersTrainOn) 
   auto c2 = StartClient("n2", "inplace");
   ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 4; }, milliseconds(60000))) << Diagnostics();
   ASSERT_TRUE(star_->SetLink("n2", false)) << itest::Slurp(dir_.Join("netns.log"));
-  int64_t lost = 0;
-  const bool was_lost = WaitFor(
-      [&] {
-        lost = FirstGeneration([](const json& g) { return g["failure"] == true && g["world_size_after"] == 2; });
-        return lost > 0;
-      },
-      milliseconds(60000));
-  const bool trained_on = was_lost && WaitFor([&] { return KvRounds(lost) == 2; }, milliseconds(30000));
+  bool trained_on = false;
+  const int64_t lost = WaitForFailureAndReform(2, &trained_on);
   ASSERT_TRUE(star_->SetLink("n2", true)) << itest::Slurp(dir_.Join("netns.log"));
-  ASSERT_TRUE(was_lost) << Diagnostics();
+  ASSERT_GT(lost, 0) << Diagnostics();
   ASSERT_TRUE(trained_on) << "the survivors did not re-form" << Diagnostics();
   std::string why;
   for (const json& e : Events()) {

@@ -49,6 +49,15 @@ class SchedulerTest : public ::testing::Test {
     }
   }
   const proto::GenerationInfo& cur() { return sched_->current(); }
+  // A job of 2 trainers on node "a", started, its actions taken; its generation.
+  proto::GenerationInfo StartTwo() {
+    SchedulerOptions o;
+    o.initial_trainers = 2;
+    Make(o);
+    AddNode("a", 2);
+    sched_->TakeActions();
+    return cur();
+  }
 
   ManualClock clock_;
   std::unique_ptr<Scheduler> sched_;
@@ -265,12 +274,7 @@ TEST_F(SchedulerTest, RestartModeReplacesEveryTrainerEachGeneration) {
 }
 
 TEST_F(SchedulerTest, ExitZeroFinishesAndTheJobIsDoneWhenAllFinish) {
-  SchedulerOptions o;
-  o.initial_trainers = 2;
-  Make(o);
-  AddNode("a", 2);
-  sched_->TakeActions();
-  const auto g = cur();
+  const auto g = StartTwo();
   sched_->TrainerExited(g.members[0].trainer_id, true, "exit 0");
   EXPECT_TRUE(Take(Kind::kCommit).empty());  // not replaced
   EXPECT_FALSE(sched_->done());
@@ -288,12 +292,7 @@ TEST_F(SchedulerTest, ExitZeroFinishesAndTheJobIsDoneWhenAllFinish) {
 // Issue 14: rank 0 failing (its final save) after the others finished made a failure generation
 // of finished members, which clients then started again. Now the job just finishes.
 TEST_F(SchedulerTest, FailureAfterOthersFinishedMakesNoGenerationAndTheJobFinishes) {
-  SchedulerOptions o;
-  o.initial_trainers = 2;
-  Make(o);
-  AddNode("a", 2);
-  sched_->TakeActions();
-  const auto g = cur();
+  const auto g = StartTwo();
   sched_->TrainerExited(g.members[1].trainer_id, true, "exit 0");
   sched_->TrainerExited(g.members[0].trainer_id, false, "exit 1");
   auto all = All();

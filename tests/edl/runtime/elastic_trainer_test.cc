@@ -2,6 +2,7 @@
 // momentum on synthetic data) and an in-process membership fake standing in for the control
 // plane. Scenario: 4 -> 2 (script shrink) -> 3 (hot join) -> 2 (one trainer fails mid-step).
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <chrono>
 #include <cmath>
@@ -485,6 +486,61 @@ TEST(ElasticTrainerTest, ColdStartLoadsOnOneRankAndBroadcasts) {
   EXPECT_EQ(first["step"], 8);
   EXPECT_EQ(first["epoch"], 1);
   EXPECT_EQ(first["idx"].size(), 3u * 8) << "the global step: every rank's slice";
+}
+
+// Records the final saves (Finish) it is asked for.
+class FinishRecorder : public StateLoader {
+ public:
+  Status Load(Trainable*, TrainingState*) override { return Status::NotFound("no checkpoint"); }
+  Status Finish(Trainable*, const TrainingState& state, const StepContext& ctx) override {
+    std::lock_guard<std::mutex> l(mu);
+    calls.push_back({state.step, ctx.rank, ctx.generation});
+    return Status::OK();
+  }
+  std::mutex mu;
+  std::vector<std::array<int64_t, 3>> calls;  // step, rank, generation
+};
+
+// `edl ctl stop` (edl/proto/PROTOCOL.md): a generation with no members and reason "stop". Every
+// trainer leaves at the same step, and rank 0 of the generation before saves that step first;
+// a plain shrink to nobody (another reason) saves nothing.
+TEST(ElasticTrainerTest, StopGenerationMakesRankZeroSaveTheAgreedStepBeforeEveryoneLeaves) {
+  for (const std::string reason : {"stop", "script"}) {
+    test::ScratchDir dir("stop");
+    FakeCluster c;
+    FinishRecorder loader;
+    const int64_t start = c.Commit({"a", "b"}, false, "start");
+    TrainerThread t[2];
+    for (int i = 0; i < 2; ++i) {
+      t[i].id = std::string(1, static_cast<char>('a' + i));
+      t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 20 + i);
+      t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+    }
+    for (auto& tt : t) {
+      tt.thread = std::thread([&] {
+        ElasticOptions o = Options(dir, tt.id, false);
+        o.evaluate_each_epoch = false;
+        o.loader = &loader;
+        ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
+        tt.status = trainer.Run(&tt.result);
+      });
+    }
+    c.Commit({}, false, reason);
+    for (auto& tt : t) tt.thread.join();
+    for (auto& tt : t) {
+      EXPECT_OK(tt.status);
+      EXPECT_TRUE(tt.result.left) << reason;
+      EXPECT_EQ(tt.result.step, t[0].result.step) << "one agreed step";
+    }
+    if (reason == "stop") {
+      ASSERT_EQ(loader.calls.size(), 1u) << "rank 0 alone saves";
+      EXPECT_EQ(loader.calls[0][0], t[0].result.step);
+      EXPECT_EQ(loader.calls[0][1], 0);
+      EXPECT_EQ(loader.calls[0][2], start) << "saved under the generation it trained in";
+    } else {
+      EXPECT_TRUE(loader.calls.empty()) << "leaving is not finishing";
+    }
+  }
 }
 
 // Two ranks over Gloo in static mode (rendezvous and logs under `dir`), one epoch; returns each
