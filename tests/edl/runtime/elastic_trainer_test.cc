@@ -525,6 +525,7 @@ TEST(ElasticTrainerTest, StopGenerationMakesRankZeroSaveTheAgreedStepBeforeEvery
         tt.status = trainer.Run(&tt.result);
       });
     }
+    ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 3; }));  // formed and training
     c.Commit({}, false, reason);
     for (auto& tt : t) tt.thread.join();
     for (auto& tt : t) {
