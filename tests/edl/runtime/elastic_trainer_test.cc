@@ -450,27 +450,36 @@ class FixedLoader : public StateLoader {
   std::atomic<int> loads{0};
 };
 
+// Starts trainers "a", "b", ... (one per element of `t`) on `c`, each with its own model (seeds
+// from `seed`) and `loader`, training up to `max_steps` (0: the epochs) without evaluation.
+template <size_t N>
+void StartWithLoader(FakeCluster* c, const test::ScratchDir& dir, StateLoader* loader, int seed,
+                     int64_t max_steps, TrainerThread (&t)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    t[i].id = std::string(1, static_cast<char>('a' + i));
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, seed + static_cast<int>(i));
+    t[i].membership = std::make_unique<FakeMembership>(c, t[i].id);
+  }
+  for (auto& tt : t) {
+    TrainerThread* p = &tt;
+    tt.thread = std::thread([&dir, loader, max_steps, p] {
+      ElasticOptions o = Options(dir, p->id, false);
+      o.max_steps = max_steps;
+      o.evaluate_each_epoch = false;
+      o.loader = loader;
+      ElasticTrainer trainer(o, p->model.get(), p->membership.get());
+      p->status = trainer.Run(&p->result);
+    });
+  }
+}
+
 TEST(ElasticTrainerTest, ColdStartLoadsOnOneRankAndBroadcasts) {
   test::ScratchDir dir("cold");
   FakeCluster c;
   FixedLoader loader;
   c.Commit({"a", "b", "c"}, false, "start");
   TrainerThread t[3];
-  for (int i = 0; i < 3; ++i) {
-    t[i].id = std::string(1, static_cast<char>('a' + i));
-    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 10 + i);
-    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
-  }
-  for (auto& tt : t) {
-    tt.thread = std::thread([&] {
-      ElasticOptions o = Options(dir, tt.id, false);
-      o.max_steps = 12;
-      o.evaluate_each_epoch = false;
-      o.loader = &loader;
-      ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
-      tt.status = trainer.Run(&tt.result);
-    });
-  }
+  StartWithLoader(&c, dir, &loader, 10, 12, t);
   for (auto& tt : t) tt.thread.join();
   EXPECT_EQ(loader.loads.load(), 1);
   for (auto& tt : t) {
@@ -511,20 +520,7 @@ TEST(ElasticTrainerTest, StopGenerationMakesRankZeroSaveTheAgreedStepBeforeEvery
     FinishRecorder loader;
     const int64_t start = c.Commit({"a", "b"}, false, "start");
     TrainerThread t[2];
-    for (int i = 0; i < 2; ++i) {
-      t[i].id = std::string(1, static_cast<char>('a' + i));
-      t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 20 + i);
-      t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
-    }
-    for (auto& tt : t) {
-      tt.thread = std::thread([&] {
-        ElasticOptions o = Options(dir, tt.id, false);
-        o.evaluate_each_epoch = false;
-        o.loader = &loader;
-        ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
-        tt.status = trainer.Run(&tt.result);
-      });
-    }
+    StartWithLoader(&c, dir, &loader, 20, 0, t);
     ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 3; }));  // formed and training
     c.Commit({}, false, reason);
     for (auto& tt : t) tt.thread.join();
