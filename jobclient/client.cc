@@ -441,6 +441,7 @@ void Client::OnWelcome(const json& msg) {
   }
   if (!options_.trainer_argv.empty()) runs_[job_id_].argv = options_.trainer_argv;
   LOG(INFO) << "edl client " << options_.node_name << ": registered with job " << job_id_;
+  if (w.dropped) DropStaleTrainers();
   while (!outbox_.empty()) {
     server_->Send(outbox_.front());
     outbox_.pop_front();
@@ -578,6 +579,7 @@ void Client::OnGeneration(const json& msg) {
   }
   for (const proto::MemberInfo& m : g.members) {
     if (m.node != options_.node_name || trainers_.count(m.trainer_id)) continue;
+    if (ended_.count(m.trainer_id)) continue;  // ids are never reused: an ended one is not restarted
     bool queued = false;
     for (const StartRequest& w : waiting_) queued |= w.id == m.trainer_id;
     if (queued) continue;
@@ -587,6 +589,9 @@ void Client::OnGeneration(const json& msg) {
     sr.slot = m.slot;
     sr.env = EnvFor(job, g, m);
     StartTrainer(std::move(sr));
+  }
+  for (auto it = ended_.begin(); it != ended_.end();) {  // bounded by this node's members
+    it = g.RankOf(*it) >= 0 ? std::next(it) : ended_.erase(it);
   }
   // Queued starts the commit no longer wants (e.g. replaced again) are dropped.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
@@ -881,6 +886,10 @@ void Client::PollTrainers() {
     auto it = trainers_.find(id);
     if (it->second.channel) it->second.channel->Close(Status::Aborted("trainer exited"));
     LOG(INFO) << "trainer " << id << " (pid " << it->second.proc->pid() << ") ended: " << info.ToString();
+    // A member that ended is never started again under its id (ids are never reused), even if a
+    // generation still listing it arrives: a finished trainer is not run twice.
+    auto run = runs_.find(it->second.job);
+    if (run != runs_.end() && run->second.latest.RankOf(id) >= 0) ended_.insert(id);
     trainers_.erase(it);
     ReportExit(id, info);
   }
@@ -896,6 +905,22 @@ void Client::ReportExit(const std::string& id, const launcher::ExitInfo& info) {
   json j;
   e.EncodeTo(&j);
   SendToServer(j, /*queue_if_offline=*/true);
+}
+
+void Client::DropStaleTrainers() {
+  const int64_t now = clock_->NowMicros();
+  int stale = 0;
+  for (auto& [id, t] : trainers_) {
+    if (t.kill_deadline_us > 0) continue;
+    ++stale;
+    TerminateTrainer(&t, now);
+  }
+  LOG(WARNING) << "edl client " << options_.node_name
+               << ": the server dropped this node (it heard nothing from it for longer than its "
+                  "heartbeat timeout: was this client stopped or cut off? or the server started a new "
+                  "job), so the others went on without its trainers; stopping its "
+               << stale << " stale trainer(s) (SIGTERM, then SIGKILL after --stop_grace_s) and "
+               << "rejoining with fresh ones";
 }
 
 void Client::TerminateTrainer(Trainer* t, int64_t now_us) {

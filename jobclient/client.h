@@ -10,6 +10,7 @@
 
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <set>
 #include <string>
@@ -151,6 +152,9 @@ class Client {
   bool SlotBusy(int slot) const;
   void PollTrainers();
   void ReportExit(const std::string& id, const launcher::ExitInfo& info);
+  // The welcome said the server had dropped this node: every trainer it still runs is stale (the
+  // others re-formed without it); stop them (TERM, grace, KILL) and say so. The node rejoins afresh.
+  void DropStaleTrainers();
   void TerminateTrainer(Trainer* t, int64_t now_us);
   void Tick();
   launcher::EnvContract EnvFor(const std::string& job, const proto::GenerationInfo& g,
@@ -187,6 +191,9 @@ class Client {
 
   std::map<std::string, JobRun> runs_;  // by job id: the server's own job, and cluster jobs
   std::map<std::string, Trainer> trainers_;
+  // Members of the newest generation whose process ended here: never started again (pruned to
+  // that generation's members, so bounded by this node's slots).
+  std::set<std::string> ended_;
   std::deque<StartRequest> waiting_;  // starts waiting for their slot to free up
   uint64_t next_req_id_ = 1;
   std::map<uint64_t, std::pair<std::string, uint64_t>> kv_routes_;  // ours -> (trainer, theirs)

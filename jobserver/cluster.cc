@@ -128,10 +128,12 @@ Status Cluster::Cancel(const std::string& name) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
   EDL_RETURN_IF_ERROR(policy_.Cancel(name));
-  // One stop decision: the job's stop generation (no members, reason "stop", not a failure, as
-  // for `edl ctl stop` of a single job): in-place trainers leave it at an agreed step and exit 0,
-  // restart-mode ones are stopped by their clients (TERM).
-  it->second.scheduler->SetAllocation({}, "stop");
+  // One stop decision, the same as `edl ctl stop` of a single job (Scheduler::Stop): the job's stop
+  // generation (no members, reason "stop", not a failure); in-place trainers leave it at an agreed
+  // step, rank 0 saving a final checkpoint first, and exit 0; restart-mode ones are stopped by their
+  // clients (TERM). A job with no members (pending) has nothing to stop.
+  std::vector<proto::MemberInfo> leaving;
+  it->second.scheduler->Stop("cancel", &leaving);
   Collect(name, &it->second);
   Forget(name, "cancelled");
   AfterPolicy();

@@ -25,7 +25,8 @@ constexpr char kUsage[] =
     "  scale N           set the job's desired number of trainers\n"
     "  scale SERVICE N   run N teachers of a distillation service on the clients offering it (--service)\n"
     "  watch             print a line per change and every events-log record, until the server exits\n"
-    "  stop              stop every trainer and the server\n"
+    "  stop              stop the whole job: one stop generation, rank 0 saves a final\n"
+    "                    checkpoint, the trainers leave, then the clients and the server exit\n"
     "a cluster server (`edl server --cluster`) also takes:\n"
     "  submit JOB.ini    submit a job (name, type, min, max, priority, deadline_s, mode, [flags])\n"
     "  jobs [--json]     list the jobs: state, trainers, pending reason\n"
@@ -86,6 +87,7 @@ void PrintStatus(const json& b) {
   }
   const int world = b.value("world_size", 0);
   const bool done = b.value("done", false);
+  const int running = b.value("running", world);  // members that have not exited
   const int total = b.value("total_slots", 0), used = b.value("used_slots", 0);
   const std::string job = b.value("job_id", std::string("?"));
   const std::string util = std::to_string(used) + "/" + std::to_string(total) + " (" +
@@ -93,7 +95,7 @@ void PrintStatus(const json& b) {
   std::cout << Pad("SUBMITTED-JOBS", 18) << Pad("PENDING-JOBS", 16) << Pad("RUNNING-TRAINERS", 20)
             << "SLOT-UTILS\n";
   std::cout << Pad("1", 18) << Pad(world == 0 && !done ? "1" : "0", 16)
-            << Pad(job + ":" + std::to_string(world), 20) << util << "\n\n";
+            << Pad(job + ":" + std::to_string(running), 20) << util << "\n\n";
   const json p = b.value("progress", json::object());
   std::string state = done ? "finished" : b.value("pending", false) ? "joining" : world > 0 ? "running" : "pending";
   std::cout << Pad("JOB", 14) << Pad("GEN", 6) << Pad("REASON", 12) << Pad("WORLD", 7) << Pad("DESIRED", 9)

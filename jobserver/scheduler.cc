@@ -12,6 +12,7 @@
 namespace edl::jobserver {
 
 using nlohmann::json;
+using proto::kStopReason;
 using proto::MemberInfo;
 
 namespace {
@@ -169,7 +170,15 @@ void Scheduler::TrainerExited(const std::string& trainer_id, bool success, const
   if (current_.RankOf(trainer_id) < 0) return;  // a leaving trainer: expected
   EmitEvent({{"type", "trainer_exit"}, {"trainer_id", trainer_id}, {"how", how},
              {"success", success}});
-  if (success) {
+  if (!success && !finished_.empty()) {
+    // Finishing: members train in lockstep, so one that exited 0 means training is complete. A
+    // failure now (e.g. rank 0's final save) re-forms nothing: a generation would restart members
+    // that already finished. It is recorded, and the job finishes once every member has exited.
+    LOG(WARNING) << "job " << options_.job_id << ": trainer " << trainer_id << " failed (" << how
+                 << ") after other members finished training; the job finishes without re-forming";
+    EmitEvent({{"type", "failed_while_finishing"}, {"trainer_id", trainer_id}, {"how", how}});
+  }
+  if (success || !finished_.empty()) {
     finished_.insert(trainer_id);
     Reconcile();
     return;
@@ -231,6 +240,19 @@ void Scheduler::KillAllTrainers() {
   RemoveMembers(gone, "failure", true);
   NoteFailure();
   Reconcile();
+}
+
+bool Scheduler::Stop(const std::string& by, std::vector<MemberInfo>* leaving) {
+  if (stopping_ || done_ || current_.members.empty()) return false;
+  AbortPending("the job is stopping");
+  for (const MemberInfo& m : current_.members) {
+    if (finished_.count(m.trainer_id) == 0) leaving->push_back(m);
+  }
+  EmitEvent({{"type", "stop"}, {"by", by}, {"generation", current_.generation},
+             {"trainers", leaving->size()}});
+  Commit({}, kStopReason, false, 0);
+  stopping_ = true;
+  return true;
 }
 
 void Scheduler::SetAllocation(const std::vector<SlotGrant>& grants, const std::string& reason) {
@@ -321,7 +343,7 @@ int Scheduler::target() const {
 }
 
 void Scheduler::Reconcile() {
-  if (done_ || recovering_) return;
+  if (done_ || recovering_ || stopping_) return;
   if (!current_.members.empty() && !finished_.empty()) {
     for (const MemberInfo& m : current_.members) {
       if (finished_.count(m.trainer_id) == 0) return;  // finishing: no more changes
@@ -346,7 +368,9 @@ void Scheduler::Reconcile() {
   if (tgt < cur) {
     Shrink(cur - tgt, desired_reason_);
   } else if (tgt > cur) {
-    if (cur == 0 && current_.generation == 0 && !StartBarrierPassed(tgt)) return;
+    // A job resumed after a stop gathers its size like a first start: nobody trains meanwhile.
+    const bool fresh = current_.generation == 0 || current_.reason == kStopReason;
+    if (cur == 0 && fresh && !StartBarrierPassed(tgt)) return;
     if (clock_->NowMicros() < grow_blocked_until_us_) return;
     Grow(tgt - cur);
   }
@@ -368,6 +392,7 @@ void Scheduler::Grow(int count) {
   for (MemberInfo& j : joiners) j.trainer_id = NewTrainerId(j.node, j.slot);
   std::string reason = need_grow_back_ ? "grow_back" : desired_reason_;
   if (current_.generation == 0) reason = "start";
+  if (current_.members.empty() && current_.reason == kStopReason) reason = "resume";
   if (current_.members.empty()) {  // nobody to keep training meanwhile: no prepare phase
     need_grow_back_ = false;
     Commit(joiners, reason, false, 0);
@@ -604,8 +629,8 @@ int Scheduler::total_slots() const {
   return n;
 }
 
-int Scheduler::used_slots() const {
-  return current_.world_size() + static_cast<int>(pending_.joiners.size());
+int Scheduler::used_slots() const {  // members that finished hold no slot any more
+  return current_.world_size() - static_cast<int>(finished_.size()) + static_cast<int>(pending_.joiners.size());
 }
 
 int Scheduler::connected_nodes() const {
@@ -664,7 +689,7 @@ std::vector<std::string> Scheduler::NodeNames() const {
 
 json Scheduler::Summary() const {
   std::unordered_map<std::string, int> used_on;
-  for (const MemberInfo& m : current_.members) ++used_on[m.node];
+  for (const MemberInfo& m : current_.members) used_on[m.node] += finished_.count(m.trainer_id) ? 0 : 1;
   json nodes = json::array();
   for (const auto& [name, n] : nodes_) {
     auto u = used_on.find(name);
@@ -692,6 +717,7 @@ json Scheduler::Summary() const {
           {"total_slots", total_slots()},
           {"used_slots", used_slots()},
           {"finished", finished_.size()},
+          {"running", current_.world_size() - static_cast<int>(finished_.size())},
           {"done", done_},
           {"nodes", nodes},
           {"members", members}};

@@ -113,6 +113,14 @@ class Scheduler {
   // no survivor re-forms in between (their exits then count as expected). After the failure
   // backoff the job restarts from scratch: the trainers cold-start from the latest checkpoint.
   void KillAllTrainers();
+  // Stops the whole job as one decision (jobserver/STATE.md "Stopping a job"): a change being
+  // prepared is rolled back and one generation with no members, reason "stop", is committed, so
+  // every trainer leaves in place at a step they agree on (rank 0 saves a final checkpoint first)
+  // and no failure is recorded; nothing grows or shrinks afterwards. The members still running go
+  // to *leaving (the trainers the server waits for). False, committing nothing, when no
+  // generation runs (not started yet, finished, or already stopping).
+  bool Stop(const std::string& by, std::vector<proto::MemberInfo>* leaving);
+  bool stopping() const { return stopping_; }
   // Cluster mode: the slots this job may use, per node (nodes not named keep none; a named node
   // the scheduler does not know is added, connected). Members and joiners on slots no longer
   // granted leave in place, in one commit with `reason`; the desired size becomes the granted
@@ -224,6 +232,7 @@ class Scheduler {
   bool done_ = false;
   uint64_t next_trainer_seq_ = 1;
   int64_t generation_floor_ = 0;  // numbers issued by earlier servers (Restore) or seen in the store
+  bool stopping_ = false;         // Stop() committed the stop generation: no more changes
   bool recovering_ = false;       // restored; waiting for the current members' nodes (Restore)
   std::vector<Action> actions_;
 };

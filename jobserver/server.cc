@@ -302,6 +302,11 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
       scheduler_.NodeDisconnected(peer->node);
       if (cluster_) cluster_->NodeDisconnected(peer->node);
       Record({{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
+      // Stopping: a node that went away takes its trainers with it.
+      for (auto w = stop_waiting_.begin(); w != stop_waiting_.end();) {
+        w = w->second == peer->node ? stop_waiting_.erase(w) : std::next(w);
+      }
+      MaybeEndStop();
     }
   } else if (peer->state == Peer::State::kAuth && !why.IsAborted()) {
     LogUnauthenticated("dropped unauthenticated connection from " + peer->conn->peer() + ": " +
@@ -426,8 +431,14 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     return;
   }
   s = CheckAdvertisedHost(hello.node, hello.host, peer->conn->peer());
+  // A session token for a node the scheduler does not know: the node was dropped (lost past the
+  // heartbeat timeout, e.g. its client was stopped) or this is a new job. The welcome says so.
+  w.dropped = !cluster_ && !hello.node_token.empty() && scheduler_.SessionOf(hello.node).empty();
   if (s.ok()) {
     s = cluster_ ? AttachClusterNode(peer, hello, &w.node_token) : AttachNode(peer, hello, &w.node_token);
+  }
+  if (s.ok() && w.dropped) {
+    Record({{"type", "node_dropped_rejoins"}, {"node", hello.node}, {"stale_trainers", hello.trainers.size()}});
   }
   if (!s.ok()) {
     refuse(s);
@@ -439,8 +450,10 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
             << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
   // The newest generation, in full, unless a commit queued by AddNode is about to carry it.
+  // A finished job sends `done` only: its last generation lists members that exited, which a
+  // client would start again (a restarted client, or any client of a restarted server).
   const auto& g = scheduler_.current();
-  if (g.generation > 0) {
+  if (g.generation > 0 && !scheduler_.done()) {
     json gj;
     proto::GenerationUpdate::Full(g).EncodeTo(&gj);
     peer->conn->Send(gj);
@@ -601,6 +614,7 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
       scheduler_.TrainerExited(exit.trainer_id, exit.success(), how);
     }
     status_dirty_ = true;
+    if (stop_waiting_.erase(exit.trainer_id) > 0) MaybeEndStop();
   } else if (type == proto::msg::kReady) {
     if (cluster_) {
       cluster_->TrainerReady(ready.trainer_id, peer->node, ready.generation);
@@ -679,6 +693,7 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
   Status s = r.DecodeFrom(msg);
   if (!s.ok()) return Reject(peer, s);
   proto::CtlReply rep;
+  bool stopping = stop_deadline_us_ >= 0;
   // `scale NAME N` names a service when a client offers NAME or it has a desired count, and no
   // cluster job is called NAME.
   const bool service_scale = r.command == "scale" && !r.job.empty() && placer_.Knows(r.job) &&
@@ -706,9 +721,10 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     }
   } else if (r.command == "watch") {
     peer->watch = true;
-  } else if (r.command == "stop") {
+  } else if (r.command == "stop" && stop_deadline_us_ < 0) {
     LOG(INFO) << "ctl " << peer->conn->peer() << ": stop";
     Record({{"type", "stopped"}, {"by", "ctl"}});
+    stopping = BeginStop("ctl");
   }
   Dispatch();
   if (!DropIfNotReading(peer)) {
@@ -717,7 +733,36 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     rep.EncodeTo(&j);
     peer->conn->Send(j);
   }
-  if (r.command == "stop") Shutdown(/*stop_clients=*/true);
+  if (r.command == "stop" && !stopping) Shutdown(/*stop_clients=*/true);
+}
+
+bool Server::BeginStop(const std::string& by) {
+  std::vector<proto::MemberInfo> leaving;
+  if (cluster_ || !scheduler_.Stop(by, &leaving)) return false;
+  for (const proto::MemberInfo& m : leaving) {
+    if (nodes_.count(m.node)) stop_waiting_.emplace(m.trainer_id, m.node);
+  }
+  stop_deadline_us_ = clock_->NowMicros() + options_.stop_timeout_ms * 1000;
+  LOG(INFO) << "job " << options_.scheduler.job_id << " stopping: waiting up to "
+            << options_.stop_timeout_ms / 1000 << " s for " << stop_waiting_.size()
+            << " trainer(s) to leave (rank 0 saves a final checkpoint first)";
+  Dispatch();  // the stop generation goes out now
+  MaybeEndStop();
+  return true;
+}
+
+void Server::MaybeEndStop() {
+  if (stop_deadline_us_ < 0 || shutting_down_) return;
+  const bool late = clock_->NowMicros() >= stop_deadline_us_;
+  if (!stop_waiting_.empty() && !late) return;
+  if (late && !stop_waiting_.empty()) {
+    LOG(WARNING) << "job " << options_.scheduler.job_id << ": " << stop_waiting_.size()
+                 << " trainer(s) did not leave within --stop_timeout_s; their clients stop them";
+  }
+  LOG(INFO) << "job " << options_.scheduler.job_id << " stopped; telling the clients to exit";
+  Record({{"type", "stop_complete"}, {"generation", scheduler_.current().generation},
+          {"not_left", stop_waiting_.size()}});
+  Shutdown(/*stop_clients=*/true);
 }
 
 // ---- time and actions
@@ -735,6 +780,8 @@ void Server::Tick() {
   }
   scheduler_.Tick();
   if (cluster_) cluster_->Tick();
+  MaybeEndStop();
+  if (shutting_down_) return;
   kv_.Expire(now);
   Dispatch();
   // The scaling clock moves between changes too: keep it about once a second.

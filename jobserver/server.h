@@ -53,6 +53,9 @@ struct ServerOptions {
   bool demo_policy = false;        // the EDL demo's periodic policy
   DemoPolicyOptions demo;
   bool exit_when_done = false;     // shut down once the job finished
+  // `edl ctl stop`: how long the server waits for the stopped trainers to leave (rank 0 saving a
+  // final checkpoint) before it tells the clients to stop whatever still runs.
+  int64_t stop_timeout_ms = 300'000;
   // Cluster mode (`--cluster`; README, "Many jobs on one cluster"): no job of the server's own;
   // jobs are submitted with `edl ctl submit` and share the nodes under the cluster policy.
   bool cluster = false;
@@ -116,6 +119,12 @@ class Server {
   // Logs about peers that have not authenticated, rate-limited (anybody can cause them).
   void LogUnauthenticated(const std::string& line);
   void Tick();
+  // `edl ctl stop` of a running job: commits the stop generation (Scheduler::Stop) and waits for
+  // its trainers to leave. False when no generation runs (the server then stops at once).
+  bool BeginStop(const std::string& by);
+  // Once every stopped trainer has left (or --stop_timeout_s passed): tells the clients to exit
+  // and shuts down.
+  void MaybeEndStop();
   void ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::string& reason);
   void Dispatch();
   // Opens --state_dir and resumes the job saved there, or starts a new one (STATE.md).
@@ -188,6 +197,10 @@ class Server {
   int64_t last_tick_us_ = -1;
   std::unique_ptr<StateStore> state_;  // null without --state_dir / --state_store
   int64_t last_persist_us_ = 0;
+  // A stop in progress (BeginStop): the trainers not yet reported gone, by id -> node; the
+  // deadline (-1: not stopping).
+  std::map<std::string, std::string> stop_waiting_;
+  int64_t stop_deadline_us_ = -1;
 
   std::map<std::string, std::shared_ptr<Peer>> nodes_;  // connected clients by node name
   std::map<Peer*, std::shared_ptr<Peer>> peers_;        // every open connection

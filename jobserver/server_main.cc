@@ -35,7 +35,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   po::options_description d("server");
   std::string secret_file, node_ips, job_types;
   double min_change_s = 0;
-  int hb_ms = 5000, join_s = 60;
+  int hb_ms = 5000, join_s = 60, stop_s = 300;
   double backoff_min_s = 1, backoff_max_s = 30;
   int64_t kv_value = 0, kv_keys = 0, kv_bytes = 0, kv_waiters_conn = 0, kv_waiters = 0, ctl_queue = 0;
   const KvLimits kv;
@@ -57,6 +57,8 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("add_pods_one_step", po::value<int>(&o->demo.add_pods_one_step)->default_value(1), "EDL demo policy: pods added per change")
       ("heartbeat_timeout_ms", po::value<int>(&hb_ms)->default_value(5000), "a node silent this long is lost")
       ("join_timeout_s", po::value<int>(&join_s)->default_value(60), "joiners not ready by then are dropped")
+      ("stop_timeout_s", po::value<int>(&stop_s)->default_value(300),
+       "`edl ctl stop`: wait this long for the trainers to leave (rank 0 saving a final checkpoint) before the clients stop them")
       ("backoff_min_s", po::value<double>(&backoff_min_s)->default_value(1, "1"),
        "grow-back delay after a failure; doubles per further failure within a minute...")
       ("backoff_max_s", po::value<double>(&backoff_max_s)->default_value(30, "30"),
@@ -112,6 +114,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   if (o->scheduler.initial_trainers < 0) return Status::InvalidArgument("--trainers must be >= 0");
   if (hb_ms < 100) return Status::InvalidArgument("--heartbeat_timeout_ms must be >= 100");
   if (join_s < 1) return Status::InvalidArgument("--join_timeout_s must be >= 1");
+  if (stop_s < 1) return Status::InvalidArgument("--stop_timeout_s must be >= 1");
   if (!(backoff_min_s >= 0 && backoff_max_s >= backoff_min_s && backoff_max_s <= 3600)) {
     return Status::InvalidArgument("--backoff_min_s/--backoff_max_s: need 0 <= min <= max <= 3600 seconds");
   }
@@ -140,6 +143,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   o->scheduler.backoff_max_us = static_cast<int64_t>(backoff_max_s * 1e6);
   o->scheduler.heartbeat_timeout_us = int64_t{hb_ms} * 1000;
   o->scheduler.join_timeout_us = int64_t{join_s} * 1'000'000;
+  o->stop_timeout_ms = int64_t{stop_s} * 1000;
   o->demo.node_ips = SplitCommas(node_ips);
   if (!(min_change_s >= 0 && min_change_s <= 86400)) {
     return Status::InvalidArgument("--min_change_interval_s must be in 0..86400");

@@ -89,23 +89,30 @@ edl_default_advertise_addr() {
   echo "$src"
 }
 
-# Prints the pid in PIDFILE if that process is alive, else nothing (and returns 1).
+# Prints the pid in PIDFILE if that process is alive, else nothing (and returns 1). A zombie (dead,
+# not yet reaped by whoever adopted it) is not alive.
 edl_running_pid() {
-  local pidfile="$1" pid
+  local pidfile="$1" pid stat
   [ -f "$pidfile" ] || return 1
   pid="$(cat "$pidfile" 2>/dev/null || true)"
   case "$pid" in '' | *[!0-9]*) return 1 ;; esac
   kill -0 "$pid" 2>/dev/null || return 1
+  if stat="$(cat "/proc/$pid/stat" 2>/dev/null)"; then
+    case "${stat##*) }" in Z* | X*) return 1 ;; esac
+  fi
   echo "$pid"
 }
 
 # edl_run NAME PIDFILE LOGFILE DAEMON CMD...: runs CMD in the foreground (exec) or, when DAEMON is
-# 1, detached in its own session with output appended to LOGFILE and its pid in PIDFILE.
+# 1, detached in its own session with output appended to LOGFILE and its pid in PIDFILE. When
+# PIDFILE names a live process, that one is kept and reported (start what is missing, leave what
+# runs: starting a cluster again after a crash only restarts what died).
 edl_run() {
   local name="$1" pidfile="$2" logfile="$3" daemon="$4" pid
   shift 4
   if pid="$(edl_running_pid "$pidfile")"; then
-    edl_die "$name is already running (pid $pid, $pidfile); stop it with --stop first"
+    echo "$(basename "$0"): $name is already running (pid $pid, $pidfile): kept as it is" >&2
+    return 0
   fi
   if [ "$daemon" != 1 ]; then
     echo "$(basename "$0"): running in the foreground: $*" >&2
@@ -145,6 +152,17 @@ edl_stop() {
   fi
   rm -f "$pidfile"
   echo "$(basename "$0"): $name (pid $pid) stopped" >&2
+}
+
+# edl_wait_exit PIDFILE TIMEOUT_S: waits up to TIMEOUT_S seconds for the process in PIDFILE to
+# exit; true when it did (or none ran).
+edl_wait_exit() {
+  local pidfile="$1" timeout_s="$2" i
+  for ((i = 0; i < timeout_s * 10; i++)); do
+    edl_running_pid "$pidfile" >/dev/null || return 0
+    sleep 0.1
+  done
+  return 1
 }
 
 # edl_status NAME PIDFILE: prints whether it runs; returns 0 when it does, 3 when it does not.

@@ -2,9 +2,12 @@
 # Starts, stops or shows an EDL cluster over ssh: `edl server` on the first host of HOSTS_FILE (or
 # EDL_SERVER_HOST) and one `edl client` on every host, each as a daemon with a pid file (through
 # start_job_server.sh / start_job_client.sh --daemon on that host). Start takes a few seconds per
-# host; the cluster then runs until the job ends or `stop`. Resume after a stop or a crash: run
-# `start` again (clients reconnect; the server resumes the job from its state directory,
-# $EDL_RUN_DIR/state on the server host, and adopts the trainers they report; jobserver/STATE.md).
+# host; the cluster then runs until the job ends or `stop`. `start` starts what is missing and
+# leaves what runs (a running server or client is reported and kept). Resume after a stop or a
+# crash: run `start` again (clients reconnect; the server resumes the job from its state
+# directory, $EDL_RUN_DIR/state on the server host, and adopts the trainers they report; after a
+# stop the trainers start again from the latest checkpoint; jobserver/STATE.md). `stop` stops the
+# whole job as one decision (one stop generation, a final checkpoint by rank 0, no failures).
 #
 #   scripts/ssh_cluster.sh start|stop|status HOSTS_FILE
 #
@@ -228,14 +231,17 @@ start() {
   done
 }
 
+# The whole job first, as one decision through the server (start_job_server.sh --stop: one stop
+# generation, rank 0's final checkpoint, then the clients and the server exit by themselves);
+# then whatever client still runs (e.g. one that had lost the server) is stopped host by host.
 stop() {
   local i rc=0
+  echo "ssh_cluster: stopping the job through edl server on $SERVER_HOST" >&2
+  on_host "$SERVER_HOST" "" start_job_server.sh --stop || rc=1
   for i in "${!HOSTS[@]}"; do
-    echo "ssh_cluster: stopping edl client ${NAMES[$i]} on ${HOSTS[$i]}" >&2
+    echo "ssh_cluster: checking edl client ${NAMES[$i]} on ${HOSTS[$i]}" >&2
     client_on "$i" "" --stop || rc=1
   done
-  echo "ssh_cluster: stopping edl server on $SERVER_HOST" >&2
-  on_host "$SERVER_HOST" "" start_job_server.sh --stop || rc=1
   return $rc
 }
 

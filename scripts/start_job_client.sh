@@ -9,8 +9,10 @@
 #
 # Foreground by default (stop with Ctrl-C: its trainers get SIGTERM, then SIGKILL after
 # EDL_STOP_GRACE_S). With --daemon it detaches, appends its output to
-# $EDL_RUN_DIR/logs/client-<node>.out and writes $EDL_RUN_DIR/client-<node>.pid; stop it with
-# --stop. Resume: run it again; the server hands the node's slots out again.
+# $EDL_RUN_DIR/logs/client-<node>.out and writes $EDL_RUN_DIR/client-<node>.pid; a client already
+# running from that pid file is reported and kept. --stop stops this node only (the others see
+# its trainers fail); to stop the whole job use start_job_server.sh --stop or `edl ctl stop`.
+# Resume: run it again; the server hands the node's slots out again.
 #
 # Environment (defaults in brackets):
 #   EDL_BIN            the edl binary [<repo>/build/edl, else edl in PATH]

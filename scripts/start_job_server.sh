@@ -6,8 +6,13 @@
 #   scripts/start_job_server.sh [--daemon] [EXTRA edl server FLAGS...]
 #   scripts/start_job_server.sh --stop | --status
 #
-# Foreground by default (stop with Ctrl-C). With --daemon it detaches, appends its output to
-# $EDL_RUN_DIR/logs/server.out and writes $EDL_RUN_DIR/server.pid; stop it with --stop.
+# Foreground by default (Ctrl-C stops the server alone; its trainers keep running). With --daemon
+# it detaches, appends its output to $EDL_RUN_DIR/logs/server.out and writes
+# $EDL_RUN_DIR/server.pid. A server already running from that pid file is reported and kept.
+# --stop stops the whole job as one decision (`edl ctl stop`: one stop generation, a final
+# checkpoint by rank 0, no failure records; then the clients and the server exit) and waits for
+# the server to exit [EDL_STOP_JOB_TIMEOUT_S, 330 s]; a stopped job started again resumes from its
+# latest checkpoint.
 # Resume: run it again. The job's state (generation, trainer ids, desired size, scaling-script
 # position; jobserver/STATE.md) is kept in $EDL_RUN_DIR/state, synced before every change is sent,
 # so a restarted server resumes the job: clients reconnect with backoff and report their running
@@ -38,9 +43,30 @@ source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
 EDL_RUN_DIR="${EDL_RUN_DIR:-./edl-run}"
 PIDFILE="$EDL_RUN_DIR/server.pid"
 
+# Stops the whole job as one decision through the running server (`edl ctl stop`: one stop
+# generation, rank 0's final checkpoint, then the clients and the server exit by themselves) and
+# waits for the server to exit; a server that does not answer or outlives the wait gets SIGTERM.
+stop_job() {
+  local pid host="${EDL_BIND:-0.0.0.0}"
+  if pid="$(edl_running_pid "$PIDFILE")"; then
+    case "$host" in 0.0.0.0 | '') host=127.0.0.1 ;; :: | '[::]') host='[::1]' ;; *:*) host="[$host]" ;; esac
+    edl_find_bin
+    EDL_SECRET_FILE="${EDL_SECRET_FILE:-$HOME/.edl/secret}"
+    echo "$(basename "$0"): stopping the job through edl server (pid $pid): edl ctl stop" >&2
+    if timeout 30 "$EDL_BIN" ctl --server "$host:${EDL_SERVER_PORT:-8180}" --secret_file "$EDL_SECRET_FILE" stop >&2 &&
+      edl_wait_exit "$PIDFILE" "${EDL_STOP_JOB_TIMEOUT_S:-330}"; then
+      rm -f "$PIDFILE"
+      echo "$(basename "$0"): the job stopped and edl server (pid $pid) exited" >&2
+      return 0
+    fi
+    echo "$(basename "$0"): edl server (pid $pid) did not stop the job; stopping the server alone" >&2
+  fi
+  edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"
+}
+
 daemon=0
 case "${1:-}" in
-  --stop) edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"; exit 0 ;;
+  --stop) stop_job; exit 0 ;;
   --status) edl_status "edl server" "$PIDFILE"; exit $? ;;
   --daemon) daemon=1; shift ;;
   -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;

@@ -553,6 +553,7 @@ Status Hello::DecodeFrom(const json& j) {
 void Welcome::EncodeTo(json* j) const {
   *j = {{"type", msg::kWelcome}, {"mac", mac}, {"job_id", job_id}, {"heartbeat_ms", heartbeat_ms}};
   if (!node_token.empty()) (*j)["node_token"] = node_token;
+  if (dropped) (*j)["dropped"] = true;
 }
 Status Welcome::DecodeFrom(const json& j) {
   return Fields(j, msg::kWelcome)
@@ -560,6 +561,7 @@ Status Welcome::DecodeFrom(const json& j) {
       .Name("job_id", &job_id)
       .Int("heartbeat_ms", &heartbeat_ms, 10, 3600 * 1000)
       .Str("node_token", &node_token, kSessionTokenBytes, /*required=*/false)
+      .Bool("dropped", &dropped, /*required=*/false)
       .status();
 }
 

@@ -81,10 +81,15 @@ struct MemberInfo {
   }
 };
 
+// The reason of the generation that stops a whole job (`edl ctl stop`): it has no members, every
+// trainer leaves in place and rank 0 of the generation before saves a final checkpoint first.
+inline constexpr char kStopReason[] = "stop";
+
 struct GenerationInfo : Message<GenerationInfo> {
   int64_t generation = 0;
   std::string job_id;
-  std::string reason;       // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back", "join_timeout"
+  std::string reason;       // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back",
+                            // "join_timeout", "stop" (kStopReason), "resume" (first after a stop)
   bool failure = false;     // true when the change removed a trainer that died or hung: survivors must abort
   std::vector<MemberInfo> members;   // ordered by rank; survivors keep relative order, joiners come last
   std::string master_addr;
@@ -183,6 +188,9 @@ struct Welcome : Message<Welcome> {
   std::string job_id;
   int heartbeat_ms = 1000;  // how often the peer should send heartbeats
   std::string node_token;   // client role: the node's session token (64 hex), to present on reconnect
+  // Client role: the client presented a session token for a node the server no longer knows (it
+  // was lost past the heartbeat timeout, or the server started a new job): its trainers are stale.
+  bool dropped = false;
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

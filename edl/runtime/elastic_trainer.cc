@@ -20,6 +20,7 @@
 
 #include <glog/logging.h>
 
+#include "edl/proto/messages.h"
 #include "edl/proto/rendezvous_key.h"
 #include "edl/runtime/cuda_plugin.h"
 
@@ -424,6 +425,16 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
   for (;;) {
     int rank = target.RankOf(me_);
     if (rank < 0) {
+      // The whole job stops (`edl ctl stop`): the state every rank holds after the agreed switch
+      // step is the job's, so rank 0 keeps it as the final checkpoint before everybody leaves.
+      if (target.reason == proto::kStopReason && rank_ == 0 && !comm_failed_ && o_.loader != nullptr) {
+        Status s = o_.loader->Finish(trainable_, state_, Context());
+        Event({{"event", "stop_checkpoint"}, {"generation", gen_.number}, {"step", state_.step},
+               {"ok", s.ok()}});
+        if (!s.ok()) return s.WithContext("stopping the job");
+        LOG(INFO) << me_ << ": the job stops (generation " << target.number
+                  << "); final checkpoint saved at step " << state_.step;
+      }
       left_ = true;
       InstallComm(nullptr, target, -1);
       Event({{"event", "leave"}, {"generation", target.number}, {"step", state_.step}});

@@ -134,6 +134,38 @@ class ControlPlaneHarness : public ::testing::Test {
     return out;
   }
 
+  // Number of the first generation record matching `pred` (0 when none).
+  int64_t FirstGeneration(const std::function<bool(const json&)>& pred) {
+    for (const json& g : Generations()) {
+      if (pred(g)) return g["generation"].get<int64_t>();
+    }
+    return 0;
+  }
+
+  // Stand-in trainers that finished a KV round in `generation`.
+  int KvRounds(int64_t generation) {
+    int n = 0;
+    for (const json& r : ReadLines(records_)) {
+      n += r["event"] == "kv" && r["generation"] == generation && r["ok"] == true;
+    }
+    return n;
+  }
+
+  // Waits for the first failure generation that leaves `world` members, then for every one of them
+  // to finish a KV round in it (they re-formed and go on): its number, or 0 when none came, and
+  // in *reformed whether they did.
+  int64_t WaitForFailureAndReform(int world, bool* reformed) {
+    int64_t failed = 0;
+    const bool came = WaitFor(
+        [&] {
+          failed = FirstGeneration([&](const json& g) { return g["failure"] == true && g["world_size_after"] == world; });
+          return failed > 0;
+        },
+        milliseconds(60000));
+    *reformed = came && WaitFor([&] { return KvRounds(failed) == world; }, milliseconds(30000));
+    return came ? failed : 0;
+  }
+
   // Waits until the events log holds a generation record matching `pred`.
   bool WaitForGeneration(const std::function<bool(const json&)>& pred, milliseconds timeout) {
     return WaitFor(

@@ -1,5 +1,7 @@
 // Control-plane integration across network namespaces: the loopback scenario (script 4 -> 2 -> 3
-// plus a kill) with the server and each client in their own namespace with their own addresses.
+// plus a kill) with the server and each client in their own namespace with their own addresses;
+// and a cut link: the node behind it is lost by the heartbeat bound, the others train on, and once
+// the link is back the node is told it was dropped and rejoins.
 // The topology is a star of veth pairs around the server's namespace:
 //
 //   edl-<pid>-n1  10.231.1.2/24 --veth-- 10.231.1.1/24 --+
@@ -20,6 +22,8 @@ namespace {
 
 using itest::json;
 using itest::milliseconds;
+using itest::ReadLines;
+using itest::WaitFor;
 
 constexpr char kIp[] = "/usr/sbin/ip";
 
@@ -76,6 +80,16 @@ class NetnsStar {
     return {kIp, "netns", "exec", leaf.empty() ? server_ns_ : leaf_ns_.at(leaf)};
   }
   const std::string& HubAddr(const std::string& leaf) const { return hub_addr_.at(leaf); }
+  // Takes `leaf`'s link down (up) at the server's end: a cut cable, with no packet and no reset
+  // reaching either side.
+  bool SetLink(const std::string& leaf, bool up) {
+    int i = 0;
+    for (const auto& [name, ns] : leaf_ns_) {
+      ++i;
+      if (name == leaf) return Run({kIp, "-n", server_ns_, "link", "set", "s" + std::to_string(i), up ? "up" : "down"});
+    }
+    return false;
+  }
   const std::string& LeafAddr(const std::string& leaf) const { return leaf_addr_.at(leaf); }
 
  private:
@@ -137,6 +151,50 @@ TEST_F(NetnsControlPlaneTest, InPlaceScriptFourTwoThreeAndKillAcrossNamespaces) 
   const std::string log = itest::Slurp(dir_.Join("server.log"));
   EXPECT_NE(log.find("node n1 registered from " + star_->LeafAddr("n1")), std::string::npos) << log;
   EXPECT_NE(log.find("node n2 registered from " + star_->LeafAddr("n2")), std::string::npos) << log;
+}
+
+// A cut link (n2's veth down at the server's end: no FIN, no RST) is a node loss by heartbeat:
+// the server drops n2 ("no heartbeat for ..." rather than a closed connection) and the survivors
+// on n1 re-form in place and go on; with the link back, n2 learns it was dropped, stops its stale
+// trainers and rejoins, and the job grows back to 4.
+TEST_F(NetnsControlPlaneTest, CutLinkIsANodeLossByHeartbeatAndTheOthersTrainOn) {
+  StartServer("", 4, {"--backoff_min_s", "0", "--backoff_max_s", "0"});
+  if (HasFatalFailure()) return;
+  auto c1 = StartClient("n1", "inplace");
+  auto c2 = StartClient("n2", "inplace");
+  ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 4; }, milliseconds(60000))) << Diagnostics();
+  ASSERT_TRUE(star_->SetLink("n2", false)) << itest::Slurp(dir_.Join("netns.log"));
+  bool trained_on = false;
+  const int64_t lost = WaitForFailureAndReform(2, &trained_on);
+  ASSERT_TRUE(star_->SetLink("n2", true)) << itest::Slurp(dir_.Join("netns.log"));
+  ASSERT_GT(lost, 0) << Diagnostics();
+  ASSERT_TRUE(trained_on) << "the survivors did not re-form" << Diagnostics();
+  std::string why;
+  for (const json& e : Events()) {
+    if (e["type"] == "node_lost" && e["node"] == "n2") why = e["why"];
+  }
+  EXPECT_EQ(why.rfind("no heartbeat for 3000 ms", 0), 0u) << "lost by the heartbeat bound: " << why;
+  for (const json& r : ReadLines(records_)) {
+    if (r["event"] == "kv" && r["generation"] == lost) {
+      EXPECT_EQ(r["trainer_id"].get<std::string>().rfind("n1-", 0), 0u) << r.dump();
+    }
+  }
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const int64_t grown = FirstGeneration([&](const json& g) {
+          return g["generation"].get<int64_t>() > lost && g["world_size_after"] == 4;
+        });
+        return grown > 0 && KvRounds(grown) == 4;
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  EXPECT_NE(itest::Slurp(dir_.Join("n2.log")).find("the server dropped this node"), std::string::npos)
+      << itest::Slurp(dir_.Join("n2.log"));
+  std::string out;
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(server_->Wait(milliseconds(20000)), 0);
+  EXPECT_EQ(c1->Wait(milliseconds(20000)), 0);
+  EXPECT_EQ(c2->Wait(milliseconds(20000)), 0);
 }
 
 }  // namespace

@@ -172,6 +172,27 @@ class ElasticTrainingTest : public ::testing::Test {
     return out;
   }
 
+  // The newest step in the checkpoint store under dir/ckpt (-1: none yet).
+  int64_t NewestSavedStep() {
+    ckpt::RocksDbStoreOptions so;
+    so.dir = dir_.Join("ckpt");
+    if (!store_) store_ = ckpt::OpenRocksDbStore(so);
+    std::vector<ckpt::CheckpointMeta> all;
+    int64_t step = -1;
+    if (store_->List(&all).ok()) {
+      for (const auto& m : all) step = std::max(step, m.step);
+    }
+    return step;
+  }
+
+  std::vector<json> EventsOfType(const std::string& type) {
+    std::vector<json> out;
+    for (const json& e : Events()) {
+      if (e.value("type", "") == type) out.push_back(e);
+    }
+    return out;
+  }
+
   bool Finished() {
     for (const json& e : Events()) {
       if (e.value("type", "") == "finished") return true;
@@ -246,6 +267,7 @@ class ElasticTrainingTest : public ::testing::Test {
   std::string secret_, port_;
   std::string server_port_ = "0";  // StartServer's --server_port (a restart keeps the port)
   std::unique_ptr<Proc> server_;
+  std::unique_ptr<ckpt::CheckpointStore> store_;  // NewestSavedStep's reader
 };
 
 TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
@@ -358,18 +380,7 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
   auto c2 = StartClient("n2", kEpochs, ckpt_flags);
   const int64_t g1 = WaitForFormedGeneration(2, 0);
   ASSERT_GT(g1, 0) << Diagnostics();
-  ckpt::RocksDbStoreOptions so;
-  so.dir = dir_.Join("ckpt");
-  auto store = ckpt::OpenRocksDbStore(so);
-  auto newest_saved_step = [&] {
-    std::vector<ckpt::CheckpointMeta> all;
-    int64_t step = -1;
-    if (store->List(&all).ok()) {
-      for (const auto& m : all) step = std::max(step, m.step);
-    }
-    return step;
-  };
-  ASSERT_TRUE(WaitFor([&] { return newest_saved_step() > 0 || Finished(); }, milliseconds(120000)))
+  ASSERT_TRUE(WaitFor([&] { return NewestSavedStep() > 0 || Finished(); }, milliseconds(120000)))
       << Diagnostics();
   ASSERT_FALSE(Finished()) << "the job finished before the restart" << Diagnostics();
 
@@ -377,7 +388,7 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
   ASSERT_EQ(server_->Wait(milliseconds(10000)), 128 + SIGKILL);
   // Away from the server the trainers keep training (it is needed only to change generations).
   ASSERT_TRUE(WaitForMoreSteps(10)) << Diagnostics();
-  const int64_t saved_before = newest_saved_step();
+  const int64_t saved_before = NewestSavedStep();
   server_port_ = port_;
   StartServer("", 2, {"--state_dir", dir_.Join("state"), "--heartbeat_timeout_ms", "3000"});
   if (HasFatalFailure()) return;
@@ -392,7 +403,7 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
       milliseconds(60000)))
       << Diagnostics();
   // Saves keep landing (the fence accepts them: the generation is the one they were made in).
-  ASSERT_TRUE(WaitFor([&] { return newest_saved_step() > saved_before || Finished(); }, milliseconds(120000)))
+  ASSERT_TRUE(WaitFor([&] { return NewestSavedStep() > saved_before || Finished(); }, milliseconds(120000)))
       << Diagnostics();
   ASSERT_FALSE(Finished()) << "the job finished before a change after the restart" << Diagnostics();
   ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
@@ -409,11 +420,85 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
   EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
   ExpectFedLabelsMatchThePlan(steps, 0);
   std::vector<ckpt::CheckpointMeta> all;
-  ASSERT_OK(store->List(&all));
+  ASSERT_OK(store_->List(&all));
   ASSERT_FALSE(all.empty());
   EXPECT_EQ(all.back().generation, g2) << "the last saves come from the generation formed after the restart";
   c1->Stop();
   c2->Stop();
+}
+
+// Start, stop and resume as operations (README "Stopping and resuming a job"): `edl ctl stop` in
+// the middle of training is one decision: one stop generation, rank 0's final checkpoint at the
+// last committed step, no failure, then every trainer, client and the server exit 0. Started
+// again on the same --state_dir and store, the job resumes from that checkpoint under a higher
+// generation, so the store's fence accepts its saves.
+TEST_F(ElasticTrainingTest, StopIsOneDecisionAndTheJobResumesFromItsFinalCheckpoint) {
+  constexpr int kEpochs = 40;  // far more than the test trains: it must never finish
+  const std::vector<std::string> server_flags = {"--state_dir", dir_.Join("state"), "--heartbeat_timeout_ms",
+                                                 "3000", "--backoff_min_s", "0", "--backoff_max_s", "0"};
+  const std::vector<std::string> ckpt_flags = {"--checkpoint_dir", dir_.Join("ckpt"), "--checkpoint_steps", "1000"};
+  StartServer("", 2, server_flags);
+  if (HasFatalFailure()) return;
+  auto c1 = StartClient("n1", kEpochs, ckpt_flags);
+  auto c2 = StartClient("n2", kEpochs, ckpt_flags);
+  const int64_t g1 = WaitForFormedGeneration(2, 0);
+  ASSERT_GT(g1, 0) << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(12)) << Diagnostics();
+  ASSERT_EQ(NewestSavedStep(), -1) << "--checkpoint_steps 1000: only the stop saves";
+  ASSERT_EQ(Ctl({"stop"}), 0) << Slurp(dir_.Join("ctl.log"));
+  EXPECT_EQ(server_->Wait(milliseconds(180000)), 0) << Diagnostics();
+  EXPECT_EQ(c1->Wait(milliseconds(60000)), 0) << Diagnostics();
+  EXPECT_EQ(c2->Wait(milliseconds(60000)), 0) << Diagnostics();
+
+  std::vector<json> stops;
+  for (const json& g : Generations()) {
+    EXPECT_FALSE(g.value("failure", false)) << g.dump() << Diagnostics();
+    if (g["reason"] == "stop") stops.push_back(g);
+  }
+  ASSERT_EQ(stops.size(), 1u) << "one stop generation" << Diagnostics();
+  EXPECT_EQ(stops[0]["world_size_after"], 0);
+  const int64_t stop_gen = stops[0]["generation"].get<int64_t>();
+  for (const json& e : EventsOfType("trainer_exit")) EXPECT_TRUE(e.value("success", false)) << e.dump();
+  ASSERT_EQ(EventsOfType("stop_complete").size(), 1u) << Diagnostics();
+  EXPECT_EQ(EventsOfType("stop_complete")[0]["not_left"], 0) << "every trainer left in place";
+  EXPECT_FALSE(Finished());
+  const std::vector<json> final_saves = TrainerEvents("stop_checkpoint");
+  ASSERT_EQ(final_saves.size(), 1u) << "rank 0 alone saves" << Diagnostics();
+  EXPECT_TRUE(final_saves[0]["ok"].get<bool>());
+  const int64_t stopped_at = final_saves[0]["step"].get<int64_t>();
+  EXPECT_EQ(stopped_at, MaxStep()) << "the final checkpoint holds the last committed step";
+  EXPECT_EQ(NewestSavedStep(), stopped_at);
+  EXPECT_EQ(TrainerEvents("leave").size(), 2u) << Diagnostics();
+
+  // Started again: a new generation above the stop's, cold-started from the final checkpoint.
+  server_port_ = port_;
+  StartServer("", 2, server_flags);
+  if (HasFatalFailure()) return;
+  c1 = StartClient("n1", kEpochs, ckpt_flags);
+  c2 = StartClient("n2", kEpochs, ckpt_flags);
+  const int64_t g2 = WaitForFormedGeneration(2, stop_gen);
+  ASSERT_GT(g2, stop_gen) << Diagnostics();
+  const std::vector<json> cold = TrainerEvents("cold_start");
+  ASSERT_EQ(cold.size(), 1u) << Diagnostics();
+  EXPECT_EQ(cold[0]["step"].get<int64_t>(), stopped_at) << Diagnostics();
+  for (const json& g : Generations()) {
+    if (g["generation"] == g2) EXPECT_EQ(g["reason"], "resume") << g.dump();
+  }
+  // Its saves are accepted: stop again and the store holds a newer step, from generation g2.
+  ASSERT_TRUE(WaitForMoreSteps(5)) << Diagnostics();
+  ASSERT_EQ(Ctl({"stop"}), 0) << Slurp(dir_.Join("ctl.log"));
+  EXPECT_EQ(server_->Wait(milliseconds(180000)), 0) << Diagnostics();
+  EXPECT_EQ(c1->Wait(milliseconds(60000)), 0) << Diagnostics();
+  EXPECT_EQ(c2->Wait(milliseconds(60000)), 0) << Diagnostics();
+  EXPECT_GT(NewestSavedStep(), stopped_at) << Diagnostics();
+  std::vector<ckpt::CheckpointMeta> all;
+  ASSERT_OK(store_->List(&all));
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.back().generation, g2) << "the resumed job's final save was accepted";
+  for (const json& g : Generations()) EXPECT_FALSE(g.value("failure", false)) << g.dump();
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  EXPECT_EQ(steps.rbegin()->first, NewestSavedStep()) << "no step lost or repeated across the stop";
 }
 
 TEST_F(ElasticTrainingTest, KillEveryTrainerResumesFromTheLatestCheckpoint) {

@@ -7,7 +7,9 @@
 //  - a new state directory next to an old checkpoint store (--checkpoint_dir) numbers generations
 //    above the store's newest, so the store's fence accepts the new rank 0's saves;
 //  - a damaged state directory is refused with an error naming it and the fix; an empty one starts
-//    a new job and says so.
+//    a new job and says so;
+//  - a finished job stays finished: no running trainer in `ctl status`, and neither a restarted
+//    client nor a restarted server runs it again.
 #include <signal.h>
 
 #include <filesystem>
@@ -63,13 +65,6 @@ class ServerRestartTest : public itest::ControlPlaneHarness {
       (*pids_of)[id].insert(r["pid"].get<int>());
       if (r["event"] == "start") (*start_of)[id] = r;
     }
-  }
-  int KvRounds(int64_t generation) {
-    int n = 0;
-    for (const json& r : ReadLines(records_)) {
-      n += r["event"] == "kv" && r["generation"] == generation && r["ok"] == true;
-    }
-    return n;
   }
   static uint64_t SeqOf(const std::string& id) {  // "<node>-s<slot>-<seq>"
     return std::stoull(id.substr(id.rfind('-') + 1));
@@ -289,6 +284,70 @@ TEST_F(ServerRestartTest, DamagedStateDirIsRefusedAndAnEmptyOneStartsANewJob) {
   log = Slurp(dir_.Join("foreign.log"));
   EXPECT_NE(log.find("holds no state database"), std::string::npos) << log;
   EXPECT_NE(log.find("move it aside"), std::string::npos) << log;
+}
+
+// Issue 14: a finished job ran again after restarts (the full last generation sent to a client
+// that no longer ran its members started them anew). Now `done` alone is sent.
+TEST_F(ServerRestartTest, FinishedJobStaysFinishedAcrossClientAndServerRestarts) {
+  Start("0");
+  if (HasFatalFailure()) return;
+  const std::map<std::string, std::string> finish = {{"STANDIN_EXIT_AFTER_MS", "1000"}};
+  auto c1 = StartClient("n1", "inplace", "", {}, finish);
+  auto c2 = StartClient("n2", "inplace", "", {}, finish);
+  ASSERT_TRUE(WaitFor([&] { return HasEvent("finished"); }, milliseconds(60000))) << Diagnostics();
+  auto told_done = [&](const std::string& node) {
+    const std::string log = Slurp(dir_.Join(node + ".log"));
+    int n = 0;
+    for (size_t at = log.find("the job finished"); at != std::string::npos; at = log.find("the job finished", at + 1)) ++n;
+    return n;
+  };
+  ASSERT_TRUE(WaitFor([&] { return told_done("n1") == 1 && told_done("n2") == 1; }, milliseconds(30000)))
+      << Diagnostics();
+  std::map<std::string, json> starts;
+  std::map<std::string, std::set<int>> pids;
+  Starts(&starts, &pids);
+  ASSERT_EQ(starts.size(), 4u) << Diagnostics();
+  for (const json& e : Events()) {
+    EXPECT_FALSE(e["type"] == "trainer_exit" && e["success"] == false) << e.dump();
+  }
+  json st = Status();
+  ASSERT_TRUE(st.is_object()) << Diagnostics();
+  EXPECT_TRUE(st["done"].get<bool>());
+  EXPECT_EQ(st["running"], 0) << st.dump();
+  EXPECT_EQ(st["used_slots"], 0) << st.dump();
+  std::string out;
+  ASSERT_EQ(Ctl({"status"}, &out), 0) << out;
+  EXPECT_NE(out.find("itest:0"), std::string::npos) << "no running trainer after finished:\n" << out;
+  EXPECT_NE(out.find("finished"), std::string::npos) << out;
+
+  // A restarted client is told the job is done and starts nothing.
+  ASSERT_EQ(::kill(c2->pid(), SIGKILL), 0);
+  c2->Wait(milliseconds(10000));
+  c2 = StartClient("n2", "inplace", "", {}, finish);
+  ASSERT_TRUE(WaitFor([&] { return told_done("n2") == 2; }, milliseconds(30000))) << Diagnostics();
+  // So is every client of a restarted server.
+  KillServer();
+  if (HasFatalFailure()) return;
+  Start(port_);
+  if (HasFatalFailure()) return;
+  ASSERT_TRUE(WaitFor([&] { return told_done("n1") == 2 && told_done("n2") == 3; }, milliseconds(60000)))
+      << Diagnostics();
+  st = Status();
+  ASSERT_TRUE(st.is_object()) << Diagnostics();
+  EXPECT_TRUE(st["done"].get<bool>());
+  EXPECT_EQ(st["running"], 0) << st.dump();
+  starts.clear();
+  pids.clear();
+  Starts(&starts, &pids);
+  EXPECT_EQ(starts.size(), 4u) << Diagnostics();
+  for (const auto& [id, p] : pids) EXPECT_EQ(p.size(), 1u) << "finished trainer " << id << " was started again";
+  int start_records = 0;
+  for (const json& r : ReadLines(records_)) start_records += r["event"] == "start";
+  EXPECT_EQ(start_records, 4) << Diagnostics();
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(server_->Wait(milliseconds(20000)), 0);
+  EXPECT_EQ(c1->Wait(milliseconds(20000)), 0);
+  EXPECT_EQ(c2->Wait(milliseconds(20000)), 0);
 }
 
 }  // namespace

@@ -49,6 +49,15 @@ class SchedulerTest : public ::testing::Test {
     }
   }
   const proto::GenerationInfo& cur() { return sched_->current(); }
+  // A job of 2 trainers on node "a", started, its actions taken; its generation.
+  proto::GenerationInfo StartTwo() {
+    SchedulerOptions o;
+    o.initial_trainers = 2;
+    Make(o);
+    AddNode("a", 2);
+    sched_->TakeActions();
+    return cur();
+  }
 
   ManualClock clock_;
   std::unique_ptr<Scheduler> sched_;
@@ -265,12 +274,7 @@ TEST_F(SchedulerTest, RestartModeReplacesEveryTrainerEachGeneration) {
 }
 
 TEST_F(SchedulerTest, ExitZeroFinishesAndTheJobIsDoneWhenAllFinish) {
-  SchedulerOptions o;
-  o.initial_trainers = 2;
-  Make(o);
-  AddNode("a", 2);
-  sched_->TakeActions();
-  const auto g = cur();
+  const auto g = StartTwo();
   sched_->TrainerExited(g.members[0].trainer_id, true, "exit 0");
   EXPECT_TRUE(Take(Kind::kCommit).empty());  // not replaced
   EXPECT_FALSE(sched_->done());
@@ -283,6 +287,65 @@ TEST_F(SchedulerTest, ExitZeroFinishesAndTheJobIsDoneWhenAllFinish) {
   EXPECT_TRUE(finished_event);
   Advance(10);
   EXPECT_TRUE(Take(Kind::kCommit).empty());
+}
+
+// Issue 14: rank 0 failing (its final save) after the others finished made a failure generation
+// of finished members, which clients then started again. Now the job just finishes.
+TEST_F(SchedulerTest, FailureAfterOthersFinishedMakesNoGenerationAndTheJobFinishes) {
+  const auto g = StartTwo();
+  sched_->TrainerExited(g.members[1].trainer_id, true, "exit 0");
+  sched_->TrainerExited(g.members[0].trainer_id, false, "exit 1");
+  auto all = All();
+  EXPECT_TRUE(Filter(all, Kind::kCommit).empty()) << "finished members must not be re-formed";
+  EXPECT_EQ(Filter(all, Kind::kDone).size(), 1u);
+  EXPECT_TRUE(sched_->done());
+  EXPECT_EQ(sched_->Summary()["running"], 0);
+  EXPECT_EQ(sched_->used_slots(), 0);
+  Advance(10);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+}
+
+// `edl ctl stop`: one generation with no members and reason stop, no failure, nothing after it;
+// a server restored from that state gathers the size again and resumes above its number.
+TEST_F(SchedulerTest, StopCommitsOneEmptyStopGenerationAndARestoredJobResumes) {
+  SchedulerOptions o;
+  o.initial_trainers = 4;
+  Make(o);
+  std::vector<proto::MemberInfo> leaving;
+  EXPECT_FALSE(sched_->Stop("ctl", &leaving)) << "nothing runs yet";
+  AddNode("a", 2);
+  AddNode("b", 2);
+  sched_->SetDesired(4, "ctl");
+  sched_->TakeActions();
+  ASSERT_EQ(cur().world_size(), 4);
+  const int64_t running = cur().generation;
+  ASSERT_TRUE(sched_->Stop("ctl", &leaving));
+  EXPECT_EQ(leaving.size(), 4u);
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, proto::kStopReason);
+  EXPECT_FALSE(commits[0].next.failure);
+  EXPECT_EQ(commits[0].next.world_size(), 0);
+  EXPECT_EQ(commits[0].next.generation, running + 1);
+  EXPECT_FALSE(sched_->Stop("ctl", &leaving)) << "one decision";
+  for (const auto& m : leaving) sched_->TrainerExited(m.trainer_id, true, "exit 0");
+  Advance(10);
+  EXPECT_TRUE(Take(Kind::kCommit).empty()) << "no growth, no failure after a stop";
+  EXPECT_FALSE(sched_->done());
+
+  JobState st;
+  sched_->Snapshot(&st);
+  Make(o);
+  sched_->Restore(st);
+  EXPECT_FALSE(sched_->recovering());
+  ASSERT_OK(sched_->AddNode("a", "127.0.0.1", false, {0, 1}, {}, st.nodes.at("a").session));
+  EXPECT_TRUE(Take(Kind::kCommit).empty()) << "gathers the desired size first, as a first start";
+  ASSERT_OK(sched_->AddNode("b", "127.0.0.1", false, {0, 1}, {}, st.nodes.at("b").session));
+  commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "resume");
+  EXPECT_EQ(commits[0].next.world_size(), 4);
+  EXPECT_GT(commits[0].next.generation, running + 1);
 }
 
 TEST_F(SchedulerTest, LeavingTrainerExitIsNotAFailure) {

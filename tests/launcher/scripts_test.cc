@@ -31,9 +31,11 @@ class ScriptsTest : public testing::Test {
     home_ = dir_.Join("home");
     std::filesystem::create_directories(home_);
     // Stand-in edl: one argument per line (after a "--" line) into $FAKE_EDL_ARGS, its environment
-    // into $FAKE_EDL_ARGS.env.<role>.<node name>, then sleeps.
+    // into $FAKE_EDL_ARGS.env.<role>.<node name>, then sleeps. `ctl ... stop` plays the server's
+    // side of a whole-job stop: the server (and so the job) exits.
     Exe("fake_edl",
         "#!/bin/sh\n{ echo --; for a in \"$@\"; do echo \"$a\"; done; } >> \"$FAKE_EDL_ARGS\"\n"
+        "if [ \"$1\" = ctl ]; then kill \"$(cat \"$EDL_RUN_DIR/server.pid\")\"; exit 0; fi\n"
         "env > \"$FAKE_EDL_ARGS.env.$1.${EDL_NODE_NAME:-}\"\n"
         "exec sleep 1000\n");
     // Stand-in ssh: drops -o options; runs the command in bash with HOME=$FAKE_REMOTE/<host> and,
@@ -158,10 +160,24 @@ TEST_F(ScriptsTest, ServerDaemonCreatesSecretRefusesTwiceAndStops) {
   EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run") + "/state") << "a restarted server resumes the job";
   EXPECT_EQ(inv[0].back(), "x.txt") << "extra flags are passed through";
 
-  EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"}), 1) << "a second server must be refused";
-  EXPECT_NE(Log().find("already running"), std::string::npos) << Log();
+  // Start what is missing, leave what runs: the running server is reported and kept.
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"}), 0) << Log();
+  EXPECT_NE(Log().find("already running (pid " + std::to_string(pid)), std::string::npos) << Log();
+  EXPECT_NE(Log().find("kept"), std::string::npos) << Log();
+  EXPECT_EQ(ReadPid(dir_.Join("run/server.pid")), pid);
+  EXPECT_EQ(Invocations().size(), 1u) << "a second server was started";
   EXPECT_EQ(RunScript("start_job_server.sh", {"--status"}), 0);
+  // --stop stops the whole job through the server (edl ctl stop), which then exits by itself.
   EXPECT_EQ(RunScript("start_job_server.sh", {"--stop"}), 0) << Log();
+  inv = Invocations();
+  ASSERT_EQ(inv.size(), 2u);
+  EXPECT_EQ(inv[1][0], "ctl");
+  EXPECT_EQ(inv[1].back(), "stop");
+  EXPECT_EQ(Flag(inv[1], "--server"), "127.0.0.1:8180");
+  EXPECT_EQ(Flag(inv[1], "--secret_file"), secret);
+  EXPECT_NE(Log().find("the job stopped and edl server (pid " + std::to_string(pid) + ") exited"),
+            std::string::npos)
+      << Log();
   EXPECT_FALSE(ProcessAlive(pid));
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/server.pid")));
   EXPECT_EQ(RunScript("start_job_server.sh", {"--status"}), 3);
@@ -279,6 +295,36 @@ TEST_F(ScriptsTest, SshClusterStartsEveryHostCopiesSecretAndStops) {
     if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
   }
   EXPECT_NE(RunScript("ssh_cluster.sh", {"status", dir_.Join("hosts")}), 0);
+}
+
+// `start` again after a client died starts that client only: the server and the other client are
+// reported and kept (same pids, no second server); `stop` goes through the server first.
+TEST_F(ScriptsTest, SshClusterStartAgainStartsWhatIsMissingAndKeepsWhatRuns) {
+  WriteFile(dir_.Join("hosts"), "nodeA 127.0.0.1\nnodeB 127.0.0.1\n");
+  ASSERT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}), 0) << Log();
+  const int server = ReadPid(dir_.Join("run/server.pid"));
+  const int a = ReadPid(dir_.Join("run/client-nodeA.pid"));
+  const int b = ReadPid(dir_.Join("run/client-nodeB.pid"));
+  ASSERT_TRUE(ProcessAlive(b));
+  ASSERT_EQ(::kill(b, SIGKILL), 0);  // nodeB's client crashed
+  ASSERT_TRUE(test::WaitUntil([&] { return !ProcessAlive(b); }));
+  ASSERT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}), 0) << Log();
+  EXPECT_NE(Log().find("edl server is already running (pid " + std::to_string(server)), std::string::npos) << Log();
+  EXPECT_NE(Log().find("edl client (nodeA) is already running (pid " + std::to_string(a)), std::string::npos) << Log();
+  EXPECT_EQ(ReadPid(dir_.Join("run/server.pid")), server);
+  EXPECT_EQ(ReadPid(dir_.Join("run/client-nodeA.pid")), a);
+  const int b2 = ReadPid(dir_.Join("run/client-nodeB.pid"));
+  EXPECT_NE(b2, b);
+  EXPECT_TRUE(ProcessAlive(b2));
+  auto inv = Invocations();
+  ASSERT_EQ(inv.size(), 4u) << ReadFile(dir_.Join("args"));
+  EXPECT_EQ(inv[3][0], "client");
+  EXPECT_EQ(Flag(inv[3], "--node_name"), "nodeB");
+  StopCluster(dir_.Join("hosts"), {"server.pid", "client-nodeA.pid", "client-nodeB.pid"});
+  inv = Invocations();
+  ASSERT_EQ(inv.size(), 5u) << ReadFile(dir_.Join("args"));
+  EXPECT_EQ(inv[4][0], "ctl") << "the job is stopped through the server, not host by host";
+  EXPECT_LT(Log().find("stopping the job through edl server"), Log().find("checking edl client")) << Log();
 }
 
 // The MPI / Horovod form (slots=N), node names, keyed columns, and EDL_PASS_ENV's variables.

@@ -2,6 +2,7 @@
 // momentum on synthetic data) and an in-process membership fake standing in for the control
 // plane. Scenario: 4 -> 2 (script shrink) -> 3 (hot join) -> 2 (one trainer fails mid-step).
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <chrono>
 #include <cmath>
@@ -449,27 +450,36 @@ class FixedLoader : public StateLoader {
   std::atomic<int> loads{0};
 };
 
+// Starts trainers "a", "b", ... (one per element of `t`) on `c`, each with its own model (seeds
+// from `seed`) and `loader`, training up to `max_steps` (0: the epochs) without evaluation.
+template <size_t N>
+void StartWithLoader(FakeCluster* c, const test::ScratchDir& dir, StateLoader* loader, int seed,
+                     int64_t max_steps, TrainerThread (&t)[N]) {
+  for (size_t i = 0; i < N; ++i) {
+    t[i].id = std::string(1, static_cast<char>('a' + i));
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, seed + static_cast<int>(i));
+    t[i].membership = std::make_unique<FakeMembership>(c, t[i].id);
+  }
+  for (auto& tt : t) {
+    TrainerThread* p = &tt;
+    tt.thread = std::thread([&dir, loader, max_steps, p] {
+      ElasticOptions o = Options(dir, p->id, false);
+      o.max_steps = max_steps;
+      o.evaluate_each_epoch = false;
+      o.loader = loader;
+      ElasticTrainer trainer(o, p->model.get(), p->membership.get());
+      p->status = trainer.Run(&p->result);
+    });
+  }
+}
+
 TEST(ElasticTrainerTest, ColdStartLoadsOnOneRankAndBroadcasts) {
   test::ScratchDir dir("cold");
   FakeCluster c;
   FixedLoader loader;
   c.Commit({"a", "b", "c"}, false, "start");
   TrainerThread t[3];
-  for (int i = 0; i < 3; ++i) {
-    t[i].id = std::string(1, static_cast<char>('a' + i));
-    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 10 + i);
-    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
-  }
-  for (auto& tt : t) {
-    tt.thread = std::thread([&] {
-      ElasticOptions o = Options(dir, tt.id, false);
-      o.max_steps = 12;
-      o.evaluate_each_epoch = false;
-      o.loader = &loader;
-      ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
-      tt.status = trainer.Run(&tt.result);
-    });
-  }
+  StartWithLoader(&c, dir, &loader, 10, 12, t);
   for (auto& tt : t) tt.thread.join();
   EXPECT_EQ(loader.loads.load(), 1);
   for (auto& tt : t) {
@@ -485,6 +495,49 @@ TEST(ElasticTrainerTest, ColdStartLoadsOnOneRankAndBroadcasts) {
   EXPECT_EQ(first["step"], 8);
   EXPECT_EQ(first["epoch"], 1);
   EXPECT_EQ(first["idx"].size(), 3u * 8) << "the global step: every rank's slice";
+}
+
+// Records the final saves (Finish) it is asked for.
+class FinishRecorder : public StateLoader {
+ public:
+  Status Load(Trainable*, TrainingState*) override { return Status::NotFound("no checkpoint"); }
+  Status Finish(Trainable*, const TrainingState& state, const StepContext& ctx) override {
+    std::lock_guard<std::mutex> l(mu);
+    calls.push_back({state.step, ctx.rank, ctx.generation});
+    return Status::OK();
+  }
+  std::mutex mu;
+  std::vector<std::array<int64_t, 3>> calls;  // step, rank, generation
+};
+
+// `edl ctl stop` (edl/proto/PROTOCOL.md): a generation with no members and reason "stop". Every
+// trainer leaves at the same step, and rank 0 of the generation before saves that step first;
+// a plain shrink to nobody (another reason) saves nothing.
+TEST(ElasticTrainerTest, StopGenerationMakesRankZeroSaveTheAgreedStepBeforeEveryoneLeaves) {
+  for (const std::string reason : {"stop", "script"}) {
+    test::ScratchDir dir("stop");
+    FakeCluster c;
+    FinishRecorder loader;
+    const int64_t start = c.Commit({"a", "b"}, false, "start");
+    TrainerThread t[2];
+    StartWithLoader(&c, dir, &loader, 20, 0, t);
+    ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 3; }));  // formed and training
+    c.Commit({}, false, reason);
+    for (auto& tt : t) tt.thread.join();
+    for (auto& tt : t) {
+      EXPECT_OK(tt.status);
+      EXPECT_TRUE(tt.result.left) << reason;
+      EXPECT_EQ(tt.result.step, t[0].result.step) << "one agreed step";
+    }
+    if (reason == "stop") {
+      ASSERT_EQ(loader.calls.size(), 1u) << "rank 0 alone saves";
+      EXPECT_EQ(loader.calls[0][0], t[0].result.step);
+      EXPECT_EQ(loader.calls[0][1], 0);
+      EXPECT_EQ(loader.calls[0][2], start) << "saved under the generation it trained in";
+    } else {
+      EXPECT_TRUE(loader.calls.empty()) << "leaving is not finishing";
+    }
+  }
 }
 
 // Two ranks over Gloo in static mode (rendezvous and logs under `dir`), one epoch; returns each
