@@ -234,7 +234,8 @@ class ElasticTrainer::Impl {
     int64_t step = -1, epoch = 0;
     std::vector<int64_t> indices;  // the whole step's (every rank's)
   } pending_;
-  int64_t last_eval_step_ = -1;
+  int64_t last_eval_step_ = -1;  // -1 after each re-form, so members agree on it (Reform)
+  bool eval_due_ = false;        // the re-form landed on an epoch end: evaluate it first
 
   // Events: stall of a survivor / time to first step of a joiner.
   int64_t start_us_ = 0;
@@ -310,6 +311,12 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   StartWatcher();
   progress_t0_us_ = clock_->NowMicros();
   while (!left_ && !Done()) {
+    if (eval_due_) {  // a switch or failure took the place of the epoch end's evaluation
+      eval_due_ = false;
+      Status e = Evaluate(&accuracy_);
+      if (!e.ok()) EDL_RETURN_IF_ERROR(comm_failed_ ? Recover(e) : e);
+      continue;
+    }
     bool switch_seen = false;
     const int64_t epoch_before = state_.position.epoch;
     Status s = TrainStep(&switch_seen);
@@ -450,7 +457,12 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       phases_.sync_end_us = clock_->NowMicros();
       phases_.sync_us += phases_.sync_end_us - t_built;
       t_wait = phases_.sync_end_us;
-      if (s.ok() && newest <= target.number) return Status::OK();
+      if (s.ok() && newest <= target.number) {
+        // Decided on synced state only, so every member (a joiner too) evaluates, or none does.
+        last_eval_step_ = -1;
+        eval_due_ = o_.evaluate_each_epoch && state_.step > 0 && state_.position.cursor == 0;
+        return Status::OK();
+      }
       if (!s.ok() && !comm_failed_) return s;
       LOG(INFO) << me_ << ": generation " << target.number << " superseded or failed during sync ("
                 << (s.ok() ? "newer generation " + std::to_string(newest) : s.ToString()) << ")";

@@ -677,6 +677,53 @@ TEST(ElasticTrainerTest, ProgressReportsThisRanksOwnRateSoTheControlPlaneCanSumT
   }
 }
 
+// A re-form whose switch step is the last step of an epoch still evaluates that epoch (after the
+// re-form, on the new generation), like every other epoch end: 3 trainers (16 steps an epoch)
+// shrink to 2 (24 steps an epoch) at step 16.
+TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
+  test::ScratchDir dir("eval_switch");
+  FakeCluster c;
+  TrainerThread t[3];
+  c.Commit({"e0", "e1", "e2"}, false, "start");
+  c.HoldAt(15);
+  for (int i = 0; i < 3; ++i) {
+    t[i].id = "e" + std::to_string(i);
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 30 + i);
+    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+  }
+  for (auto& tt : t) {
+    tt.thread = std::thread([&] {
+      ElasticOptions o = Options(dir, tt.id, false);
+      o.epochs = 3;
+      ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
+      tt.status = trainer.Run(&tt.result);
+    });
+  }
+  // Held after step 15: once the survivors built generation 2's communicator (their watchers saw
+  // it), step 16, the epoch's last, carries the switch.
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 15; }));
+  const int64_t keys = c.KvSets();
+  c.Commit({"e0", "e1"}, false, "script");
+  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys + 2; }));
+  c.HoldAt(INT64_MAX);
+  for (auto& tt : t) tt.thread.join();
+  for (auto& tt : t) ASSERT_OK(tt.status);
+  ASSERT_TRUE(t[2].result.left);
+
+  std::map<int64_t, std::set<std::string>> evaluated;  // step -> trainers that evaluated it
+  int64_t switch_step = -1;
+  for (const auto& e : c.events_) {
+    if (e["event"] == "eval") evaluated[e["step"].get<int64_t>()].insert(e["trainer"].get<std::string>());
+    if (e["event"] == "leave") switch_step = e["step"].get<int64_t>();
+  }
+  ASSERT_EQ(switch_step, 16) << "the shrink must land on the epoch's last step";
+  const std::set<std::string> survivors = {"e0", "e1"};
+  EXPECT_EQ(evaluated[16], survivors) << "the epoch that ended in the switch step was not evaluated";
+  EXPECT_EQ(evaluated[40], survivors);
+  EXPECT_EQ(evaluated[64], survivors);
+  EXPECT_EQ(evaluated.size(), 3u);
+}
+
 TEST(ElasticTrainerTest, JoinerThatIsNeverCommittedTimesOut) {
   FakeCluster c;
   c.Commit({"x"}, false, "start");
