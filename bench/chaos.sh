@@ -162,14 +162,14 @@ run() {
       next_client=$((next_client + CLIENT_KILL_S))
       k=$((RANDOM % 2)); p=${CLIENT_PIDS[$k]}
       kill -KILL "$p" 2>/dev/null && log_action "kill_client_n$((k + 1))" "$p"
-      wait "$p" 2>/dev/null || true
+      { wait "$p"; } 2>/dev/null || true
       sleep "$CLIENT_DOWN_S"
       start_client "$D" "n$((k + 1))" "$k"; log_action "start_client_n$((k + 1))" "${CLIENT_PIDS[$k]}"
     fi
     if [ "$t" -ge "$next_server" ]; then
       next_server=$((next_server + SERVER_KILL_S))
       kill -KILL "$SERVER_PID" 2>/dev/null && log_action kill_server "$SERVER_PID"
-      wait "$SERVER_PID" 2>/dev/null || true
+      { wait "$SERVER_PID"; } 2>/dev/null || true
       sleep "$SERVER_DOWN_S"
       start_server "$D" "$port"; log_action start_server "$SERVER_PID"
     fi

@@ -13,8 +13,12 @@ import json
 import math
 import statistics
 import sys
+import time
 
 work, duration, n_train, load = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+# The sample log's times are the trainers' steady clock (CLOCK_MONOTONIC); the driver's and the
+# events log's are wall clock: one offset, taken now on the same machine, converts them.
+MONO_TO_WALL = time.time() - time.monotonic()
 BATCH = 128  # the script's fixed-global batch
 STEPS_PER_EPOCH = math.ceil(n_train / BATCH)
 
@@ -46,6 +50,7 @@ def load_run(name):
     final, logged = {}, []
     for s in lines(f"{d}/samples.jsonl"):
         logged.append((s["step"], s["generation"]))
+        s["time"] += MONO_TO_WALL
         g, t0, w = final.get(s["step"], (-1, 0.0, 0))
         if s["generation"] > g:
             final[s["step"]] = (s["generation"], s["time"], s["world"])
@@ -118,11 +123,12 @@ for prev, step, gap, w in gaps(chaos):
     if not gap > 2.5 * steady:
         continue
     end = chaos["steps"][step][1]
-    if (step - 1) % STEPS_PER_EPOCH == 0:
+    inside = [c for t, c in cause_times if end - gap <= t <= end]
+    before = [c for t, c in cause_times if t <= end]
+    if not inside and (step - 1) % STEPS_PER_EPOCH == 0:
         cause = "epoch end (evaluation)"
     else:
-        before = [c for t, c in cause_times if t <= end]
-        cause = before[-1] if before else "start"
+        cause = (inside or before or ["start"])[-1]
         cause = cause.rstrip("_n12").replace("start_", "restart_")
     lost[cause] = lost.get(cause, 0.0) + gap - steady
     where[cause] = where.get(cause, 0) + 1
