@@ -307,8 +307,8 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   start_us_ = o_.start_micros > 0 ? o_.start_micros : clock_->NowMicros();
   Generation gen;
   EDL_RETURN_IF_ERROR(FirstGeneration(&gen));
+  StartWatcher();  // already in the first re-form: a joiner stuck in its sync must be woken too
   EDL_RETURN_IF_ERROR(Reform(gen));
-  StartWatcher();
   progress_t0_us_ = clock_->NowMicros();
   while (!left_ && !Done()) {
     if (eval_due_) {  // a switch or failure took the place of the epoch end's evaluation
@@ -617,19 +617,23 @@ void ElasticTrainer::Impl::StopWatcher() {
 }
 
 void ElasticTrainer::Impl::WatchLoop() {
-  int64_t seen = gen_number_;
+  // Checked on every wake-up, not only when the failure generation arrives: a communicator
+  // installed after it (a joiner's first one, of the generation it superseded) is aborted too.
+  int64_t seen = gen_number_, failed = 0, aborted = 0;  // newest failure seen; generation aborted
   while (!stop_watcher_) {
     Generation g;
-    if (!membership_->WaitGeneration(seen, milliseconds(100), &g).ok()) continue;
-    seen = g.number;
-    NoteSeen(g.number);
-    MaybePrepare(g);
-    if (!g.failure) continue;
+    if (membership_->WaitGeneration(seen, milliseconds(100), &g).ok()) {
+      seen = g.number;
+      NoteSeen(g.number);
+      MaybePrepare(g);
+      if (g.failure) failed = g.number;
+    }
     std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_ && g.number > gen_number_) {
-      LOG(INFO) << me_ << ": failure generation " << g.number << " committed; aborting "
+    if (comm_ && failed > gen_number_ && aborted != gen_number_) {
+      LOG(INFO) << me_ << ": failure generation " << failed << " committed; aborting "
                 << "communicator of generation " << gen_number_;
       comm_->Abort();
+      aborted = gen_number_;
     }
   }
 }
@@ -862,13 +866,14 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   LogSamples(state_.step, epoch, global_indices, last_loss_, &indices, &stats);
   *switch_seen = inband[kNewerSeen] > 0;
   const int64_t now = clock_->NowMicros();
-  if (after_reform_) {
-    after_reform_ = false;
+  // A trainer that never stepped (a joiner whose generation was superseded) has no stall.
+  if (after_reform_ && last_step_end_us_ > 0) {
     Event(StallEvent(now));
   } else if (last_step_end_us_ == 0 && o_.joining) {
     Event({{"event", "joiner_first_step"}, {"generation", gen_.number},
            {"since_start_s", MicrosToSeconds(now - start_us_)}});
   }
+  after_reform_ = false;
   last_step_end_us_ = now;
   if (o_.observer != nullptr) {
     StepReport r;

@@ -724,6 +724,57 @@ TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
   EXPECT_EQ(evaluated.size(), 3u);
 }
 
+// A joiner whose grow is superseded by a failure generation before the survivors switch to it
+// re-forms into the failure generation without ever having trained: it reports its first step
+// (joiner_first_step), not a survivor's stall from a last step it never took.
+TEST(ElasticTrainerTest, JoinerSupersededBeforeItsFirstStepReportsNoStall) {
+  test::ScratchDir dir("superseded_joiner");
+  FakeCluster c;
+  TrainerThread t[3];
+  const char* ids[] = {"s0", "s1", "j"};
+  for (int i = 0; i < 3; ++i) {
+    t[i].id = ids[i];
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 40 + i);
+    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+  }
+  auto start = [&](TrainerThread* tt, bool joining) {
+    tt->thread = std::thread([&, tt, joining] {
+      ElasticOptions o = Options(dir, tt->id, joining);
+      o.epochs = 2;
+      o.evaluate_each_epoch = false;
+      ElasticTrainer trainer(o, tt->model.get(), tt->membership.get());
+      tt->status = trainer.Run(&tt->result);
+    });
+  };
+  c.Commit({"s0", "s1"}, false, "start");
+  c.HoldAt(5);
+  start(&t[0], false);
+  start(&t[1], false);
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 5; }));
+  // The grow is committed while the survivors are held: they cannot switch to it.
+  start(&t[2], true);
+  ASSERT_TRUE(c.WaitFor([&] { return c.ready_.count("j") > 0; }));
+  const int64_t keys = c.KvSets();
+  c.Commit({"s0", "s1", "j"}, false, "grow");
+  // Every rank published its rendezvous key for the grow (the survivors build ahead; the joiner
+  // forms it and waits in the state sync for survivors that do not come). Then s1 "fails" before
+  // the switch: a failure generation without it supersedes the grow.
+  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys + 3; }));
+  c.Commit({"s0", "j"}, true, "failure");
+  c.HoldAt(INT64_MAX);
+  for (auto& tt : t) tt.thread.join();
+  ASSERT_OK(t[0].status);
+  ASSERT_OK(t[2].status);
+  EXPECT_EQ(t[0].result.state_hash, t[2].result.state_hash);
+  int first_steps = 0;
+  for (const auto& e : c.events_) {
+    if (e["trainer"] != "j") continue;
+    EXPECT_NE(e["event"], "stall") << "a trainer that never stepped has no stall: " << e.dump();
+    first_steps += e["event"] == "joiner_first_step";
+  }
+  EXPECT_EQ(first_steps, 1);
+}
+
 TEST(ElasticTrainerTest, JoinerThatIsNeverCommittedTimesOut) {
   FakeCluster c;
   c.Commit({"x"}, false, "start");
