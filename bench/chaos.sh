@@ -110,6 +110,7 @@ start_server() {  # $1 run dir; $2 port (0 = pick one, written to $1/port)
     --checkpoint_dir "$d/ckpt" --events_dir "$d/events" --heartbeat_timeout_ms 3000 --join_timeout_s 60 \
     --backoff_min_s 1 --backoff_max_s 4 >> "$d/server.log" 2>&1 &
   SERVER_PID=$!
+  disown "$SERVER_PID"  # no job-status noise when it is killed
 }
 start_client() {  # $1 run dir, $2 node, $3 its index in CLIENT_PIDS
   local d=$1 n=$2
@@ -119,6 +120,7 @@ start_client() {  # $1 run dir, $2 node, $3 its index in CLIENT_PIDS
     --log_dir "$d/logs" --leave_grace_s 30 --stop_grace_s 2 --trainer_timeout_s 10 --exit_when_done -- \
     "$EDL" train "${TRAIN_FLAGS[@]}" --checkpoint_dir "$d/ckpt" --sample_log "$d/samples.jsonl" >> "$d/$n.log" 2>&1 &
   CLIENT_PIDS[$3]=$!
+  disown "$!"
 }
 trainers() {  # running (not stopped) trainers: the clients' children
   local c p
@@ -127,6 +129,7 @@ trainers() {  # running (not stopped) trainers: the clients' children
   done
   return 0
 }
+gone() { while [ -e "/proc/$1" ] && [ "$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null)" != Z ]; do sleep 0.05; done; }
 log_action() { echo "{\"time\": $(now), \"t\": $(( SECONDS - T0 )), \"action\": \"$1\", \"pid\": ${2:-0}}" >> "$D/chaos.jsonl"; }
 
 # One run of DURATION_S; $1 name, $2 1 = with chaos. The server and clients are (re)started by pid.
@@ -145,6 +148,7 @@ run() {
   while [ $((SECONDS - T0)) -lt "$DURATION_S" ]; do
     sleep 0.5
     t=$((SECONDS - T0))
+    [ "$t" -ge "$DURATION_S" ] && break
     grep -q '"type":"finished"' "$D/events/chaos.events.jsonl" 2>/dev/null && { echo "$1: the job finished at ${t} s" >&2; break; }
     [ "$chaos" = 1 ] || continue
     if [ "$t" -ge "$next_trainer" ]; then
@@ -162,14 +166,14 @@ run() {
       next_client=$((next_client + CLIENT_KILL_S))
       k=$((RANDOM % 2)); p=${CLIENT_PIDS[$k]}
       kill -KILL "$p" 2>/dev/null && log_action "kill_client_n$((k + 1))" "$p"
-      { wait "$p"; } 2>/dev/null || true
+      gone "$p"
       sleep "$CLIENT_DOWN_S"
       start_client "$D" "n$((k + 1))" "$k"; log_action "start_client_n$((k + 1))" "${CLIENT_PIDS[$k]}"
     fi
     if [ "$t" -ge "$next_server" ]; then
       next_server=$((next_server + SERVER_KILL_S))
       kill -KILL "$SERVER_PID" 2>/dev/null && log_action kill_server "$SERVER_PID"
-      { wait "$SERVER_PID"; } 2>/dev/null || true
+      gone "$SERVER_PID"
       sleep "$SERVER_DOWN_S"
       start_server "$D" "$port"; log_action start_server "$SERVER_PID"
     fi

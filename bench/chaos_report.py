@@ -12,8 +12,12 @@ starts a new epoch), plus the trainers' stall records per re-form.
 import json
 import math
 import statistics
+import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torchrun_restart import metrics as lines  # JSON lines, skipping one cut by a SIGKILLed writer
 
 work, duration, n_train, load = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 # The sample log's times are the trainers' steady clock (CLOCK_MONOTONIC); the driver's and the
@@ -21,20 +25,6 @@ work, duration, n_train, load = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]
 MONO_TO_WALL = time.time() - time.monotonic()
 BATCH = 128  # the script's fixed-global batch
 STEPS_PER_EPOCH = math.ceil(n_train / BATCH)
-
-
-def lines(path):
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass  # a line cut by a SIGKILLed writer
-    except FileNotFoundError:
-        pass
-    return out
 
 
 def load_run(name):
