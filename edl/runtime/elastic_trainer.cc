@@ -235,7 +235,8 @@ class ElasticTrainer::Impl {
     int64_t step = -1, epoch = 0;
     std::vector<int64_t> indices;  // the whole step's (every rank's)
   } pending_;
-  int64_t last_eval_step_ = -1;
+  int64_t last_eval_step_ = -1;  // -1 after each re-form, so members agree on it (Reform)
+  bool eval_due_ = false;        // the re-form landed on an epoch end: evaluate it first
 
   // Events: stall of a survivor / time to first step of a joiner.
   int64_t start_us_ = 0;
@@ -307,10 +308,16 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   start_us_ = o_.start_micros > 0 ? o_.start_micros : clock_->NowMicros();
   Generation gen;
   EDL_RETURN_IF_ERROR(FirstGeneration(&gen));
+  StartWatcher();  // already in the first re-form: a joiner stuck in its sync must be woken too
   EDL_RETURN_IF_ERROR(Reform(gen));
-  StartWatcher();
   progress_t0_us_ = clock_->NowMicros();
   while (!left_ && !Done()) {
+    if (eval_due_) {  // a switch or failure took the place of the epoch end's evaluation
+      eval_due_ = false;
+      Status e = Evaluate(&accuracy_);
+      if (!e.ok()) EDL_RETURN_IF_ERROR(comm_failed_ ? Recover(e) : e);
+      continue;
+    }
     bool switch_seen = false;
     const int64_t epoch_before = state_.position.epoch;
     Status s = TrainStep(&switch_seen);
@@ -461,7 +468,12 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       phases_.sync_end_us = clock_->NowMicros();
       phases_.sync_us += phases_.sync_end_us - t_built;
       t_wait = phases_.sync_end_us;
-      if (s.ok() && newest <= target.number) return Status::OK();
+      if (s.ok() && newest <= target.number) {
+        // Decided on synced state only, so every member (a joiner too) evaluates, or none does.
+        last_eval_step_ = -1;
+        eval_due_ = o_.evaluate_each_epoch && state_.step > 0 && state_.position.cursor == 0;
+        return Status::OK();
+      }
       if (!s.ok() && !comm_failed_) return s;
       LOG(INFO) << me_ << ": generation " << target.number << " superseded or failed during sync ("
                 << (s.ok() ? "newer generation " + std::to_string(newest) : s.ToString()) << ")";
@@ -616,19 +628,23 @@ void ElasticTrainer::Impl::StopWatcher() {
 }
 
 void ElasticTrainer::Impl::WatchLoop() {
-  int64_t seen = gen_number_;
+  // Checked on every wake-up, not only when the failure generation arrives: a communicator
+  // installed after it (a joiner's first one, of the generation it superseded) is aborted too.
+  int64_t seen = gen_number_, failed = 0, aborted = 0;  // newest failure seen; generation aborted
   while (!stop_watcher_) {
     Generation g;
-    if (!membership_->WaitGeneration(seen, milliseconds(100), &g).ok()) continue;
-    seen = g.number;
-    NoteSeen(g.number);
-    MaybePrepare(g);
-    if (!g.failure) continue;
+    if (membership_->WaitGeneration(seen, milliseconds(100), &g).ok()) {
+      seen = g.number;
+      NoteSeen(g.number);
+      MaybePrepare(g);
+      if (g.failure) failed = g.number;
+    }
     std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_ && g.number > gen_number_) {
-      LOG(INFO) << me_ << ": failure generation " << g.number << " committed; aborting "
+    if (comm_ && failed > gen_number_ && aborted != gen_number_) {
+      LOG(INFO) << me_ << ": failure generation " << failed << " committed; aborting "
                 << "communicator of generation " << gen_number_;
       comm_->Abort();
+      aborted = gen_number_;
     }
   }
 }
@@ -861,13 +877,14 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   LogSamples(state_.step, epoch, global_indices, last_loss_, &indices, &stats);
   *switch_seen = inband[kNewerSeen] > 0;
   const int64_t now = clock_->NowMicros();
-  if (after_reform_) {
-    after_reform_ = false;
+  // A trainer that never stepped (a joiner whose generation was superseded) has no stall.
+  if (after_reform_ && last_step_end_us_ > 0) {
     Event(StallEvent(now));
   } else if (last_step_end_us_ == 0 && o_.joining) {
     Event({{"event", "joiner_first_step"}, {"generation", gen_.number},
            {"since_start_s", MicrosToSeconds(now - start_us_)}});
   }
+  after_reform_ = false;
   last_step_end_us_ = now;
   if (o_.observer != nullptr) {
     StepReport r;

@@ -730,6 +730,104 @@ TEST(ElasticTrainerTest, ProgressReportsThisRanksOwnRateSoTheControlPlaneCanSumT
   }
 }
 
+// A re-form whose switch step is the last step of an epoch still evaluates that epoch (after the
+// re-form, on the new generation), like every other epoch end: 3 trainers (16 steps an epoch)
+// shrink to 2 (24 steps an epoch) at step 16.
+TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
+  test::ScratchDir dir("eval_switch");
+  FakeCluster c;
+  TrainerThread t[3];
+  c.Commit({"e0", "e1", "e2"}, false, "start");
+  c.HoldAt(15);
+  for (int i = 0; i < 3; ++i) {
+    t[i].id = "e" + std::to_string(i);
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 30 + i);
+    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+  }
+  for (auto& tt : t) {
+    tt.thread = std::thread([&] {
+      ElasticOptions o = Options(dir, tt.id, false);
+      o.epochs = 3;
+      ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
+      tt.status = trainer.Run(&tt.result);
+    });
+  }
+  // Held after step 15: once the survivors built generation 2's communicator (their watchers saw
+  // it), step 16, the epoch's last, carries the switch.
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 15; }));
+  const int64_t keys = c.KvSets();
+  c.Commit({"e0", "e1"}, false, "script");
+  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys + 2; }));
+  c.HoldAt(INT64_MAX);
+  for (auto& tt : t) tt.thread.join();
+  for (auto& tt : t) ASSERT_OK(tt.status);
+  ASSERT_TRUE(t[2].result.left);
+
+  std::map<int64_t, std::set<std::string>> evaluated;  // step -> trainers that evaluated it
+  int64_t switch_step = -1;
+  for (const auto& e : c.events_) {
+    if (e["event"] == "eval") evaluated[e["step"].get<int64_t>()].insert(e["trainer"].get<std::string>());
+    if (e["event"] == "leave") switch_step = e["step"].get<int64_t>();
+  }
+  ASSERT_EQ(switch_step, 16) << "the shrink must land on the epoch's last step";
+  const std::set<std::string> survivors = {"e0", "e1"};
+  EXPECT_EQ(evaluated[16], survivors) << "the epoch that ended in the switch step was not evaluated";
+  EXPECT_EQ(evaluated[40], survivors);
+  EXPECT_EQ(evaluated[64], survivors);
+  EXPECT_EQ(evaluated.size(), 3u);
+}
+
+// A joiner whose grow is superseded by a failure generation before the survivors switch to it
+// re-forms into the failure generation without ever having trained: it reports its first step
+// (joiner_first_step), not a survivor's stall from a last step it never took.
+TEST(ElasticTrainerTest, JoinerSupersededBeforeItsFirstStepReportsNoStall) {
+  test::ScratchDir dir("superseded_joiner");
+  FakeCluster c;
+  TrainerThread t[3];
+  const char* ids[] = {"s0", "s1", "j"};
+  for (int i = 0; i < 3; ++i) {
+    t[i].id = ids[i];
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 40 + i);
+    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+  }
+  auto start = [&](TrainerThread* tt, bool joining) {
+    tt->thread = std::thread([&, tt, joining] {
+      ElasticOptions o = Options(dir, tt->id, joining);
+      o.epochs = 2;
+      o.evaluate_each_epoch = false;
+      ElasticTrainer trainer(o, tt->model.get(), tt->membership.get());
+      tt->status = trainer.Run(&tt->result);
+    });
+  };
+  c.Commit({"s0", "s1"}, false, "start");
+  c.HoldAt(5);
+  start(&t[0], false);
+  start(&t[1], false);
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 5; }));
+  // The grow is committed while the survivors are held: they cannot switch to it.
+  start(&t[2], true);
+  ASSERT_TRUE(c.WaitFor([&] { return c.ready_.count("j") > 0; }));
+  const int64_t keys = c.KvSets();
+  c.Commit({"s0", "s1", "j"}, false, "grow");
+  // Every rank published its rendezvous key for the grow (the survivors build ahead; the joiner
+  // forms it and waits in the state sync for survivors that do not come). Then s1 "fails" before
+  // the switch: a failure generation without it supersedes the grow.
+  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys + 3; }));
+  c.Commit({"s0", "j"}, true, "failure");
+  c.HoldAt(INT64_MAX);
+  for (auto& tt : t) tt.thread.join();
+  ASSERT_OK(t[0].status);
+  ASSERT_OK(t[2].status);
+  EXPECT_EQ(t[0].result.state_hash, t[2].result.state_hash);
+  int first_steps = 0;
+  for (const auto& e : c.events_) {
+    if (e["trainer"] != "j") continue;
+    EXPECT_NE(e["event"], "stall") << "a trainer that never stepped has no stall: " << e.dump();
+    first_steps += e["event"] == "joiner_first_step";
+  }
+  EXPECT_EQ(first_steps, 1);
+}
+
 TEST(ElasticTrainerTest, JoinerThatIsNeverCommittedTimesOut) {
   FakeCluster c;
   c.Commit({"x"}, false, "start");

@@ -1,0 +1,165 @@
+"""The figures of bench/chaos.sh from its two runs' records (WORK/chaos and WORK/ref).
+
+Usage: chaos_report.py WORK DURATION_S TRAIN_SAMPLES LOAD. Each run directory holds the trainers'
+sample log (samples.jsonl), the job's events log (events/chaos.events.jsonl), the chaos driver's
+actions (chaos.jsonl: wall time and what it did) and edl_chaos_check's verdict (check.json).
+Goodput: the samples of the steps in the job's final history (check.json "samples": a step redone
+after a rollback counts once) over the run's wall window (the driver's start to its end). Where the
+time went: every gap between consecutive committed steps longer than 2.5 steady steps, minus one
+steady step, attributed to the latest chaos action before it (or to the evaluation when the gap
+starts a new epoch), plus the trainers' stall records per re-form.
+"""
+import json
+import math
+import statistics
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torchrun_restart import metrics as lines  # JSON lines, skipping one cut by a SIGKILLed writer
+
+work, duration, n_train, load = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+# The sample log's times are the trainers' steady clock (CLOCK_MONOTONIC); the driver's and the
+# events log's are wall clock: one offset, taken now on the same machine, converts them.
+MONO_TO_WALL = time.time() - time.monotonic()
+BATCH = 128  # the script's fixed-global batch
+STEPS_PER_EPOCH = math.ceil(n_train / BATCH)
+
+
+def load_run(name):
+    d = f"{work}/{name}"
+    r = {"events": lines(f"{d}/events/chaos.events.jsonl"), "actions": lines(f"{d}/chaos.jsonl")}
+    try:
+        r["check"] = json.load(open(f"{d}/check.json"))
+    except (FileNotFoundError, ValueError):
+        r["check"] = {"samples": 0, "data_error": "edl_chaos_check gave no verdict", "state_error": ""}
+    t = [a["time"] for a in r["actions"] if a["action"] in ("start", "end")]
+    r["window"] = max(t) - min(t) if len(t) >= 2 else duration
+    # The final history: per step, the newest generation that logged it; its earliest log time.
+    final, logged = {}, []
+    for s in lines(f"{d}/samples.jsonl"):
+        logged.append((s["step"], s["generation"]))
+        s["time"] += MONO_TO_WALL
+        g, t0, w = final.get(s["step"], (-1, 0.0, 0))
+        if s["generation"] > g:
+            final[s["step"]] = (s["generation"], s["time"], s["world"])
+        elif s["generation"] == g and s["time"] < t0:
+            final[s["step"]] = (g, s["time"], w)
+    r["steps"] = final
+    r["redone"] = len({(st, g) for st, g in logged if final[st][0] > g})
+    acc = {}  # step -> (generation, accuracy)
+    for e in r["events"]:
+        if e.get("type") == "trainer_event" and e.get("event") == "eval":
+            if e["generation"] >= acc.get(e["step"], (-1, 0))[0]:
+                acc[e["step"]] = (e["generation"], e["accuracy"])
+    r["acc"] = {st: a for st, (g, a) in acc.items()}
+    return r
+
+
+chaos, ref = load_run("chaos"), load_run("ref")
+for name, r in (("chaos", chaos), ("ref", ref)):
+    c = r["check"]
+    ok = not c.get("data_error") and not c.get("state_error")
+    print(f"# {name}: {c.get('steps', 0)} committed steps, {c.get('samples', 0)} samples in "
+          f"{r['window']:.1f} s, {c.get('complete_epochs', 0)} complete epochs checked exactly-once, "
+          f"{c.get('generations_checked', 0)} generations with identical state on every member, "
+          f"{c.get('unconfirmed_steps', 0)} steps not confirmed by every rank: "
+          + ("OK" if ok else f"FAILED data: {c.get('data_error')!r} state: {c.get('state_error')!r}"))
+
+# Steady step at the full size, from the reference: median gap between consecutive steps.
+def gaps(r):
+    seq = sorted(r["steps"].items())
+    return [(a[0], b[0], b[1][1] - a[1][1], b[1][2]) for a, b in zip(seq, seq[1:]) if b[0] == a[0] + 1]
+
+
+ref_gaps = [g for _, _, g, w in gaps(ref) if w == 4]
+steady = statistics.median(ref_gaps) if ref_gaps else float("nan")
+print(f"# steady step at world 4 (reference median): {steady:.3f} s")
+
+ev = chaos["events"]
+kinds = {}
+for e in ev:
+    if e.get("type") in ("generation", "restored", "recovered", "trainer_exit", "kill", "stale_trainers",
+                         "node_lost", "node_disconnected", "prepare_aborted"):
+        kinds[e["type"]] = kinds.get(e["type"], 0) + 1
+    if e.get("type") == "trainer_event" and e.get("event") == "cold_start":
+        kinds["cold_start"] = kinds.get("cold_start", 0) + 1
+acts = {}
+for a in chaos["actions"]:
+    acts[a["action"]] = acts.get(a["action"], 0) + 1
+print(f"# chaos actions: {json.dumps(acts, sort_keys=True)}")
+print(f"# server records: {json.dumps(kinds, sort_keys=True)}; steps redone after a rollback: {chaos['redone']}")
+
+# The SIGSTOPped trainer: its id (from its sync records), the client's report of its exit, and the
+# first failure generation after it.
+stop = [a for a in chaos["actions"] if a["action"] == "stop_trainer"]
+if stop:
+    pid, t_stop = stop[0]["pid"], stop[0]["time"]
+    ids = {e["trainer"] for e in ev if e.get("type") == "trainer_event" and e.get("pid") == pid}
+    exits = [e for e in ev if e.get("type") == "trainer_exit" and e.get("trainer_id") in ids and e["time"] >= t_stop]
+    gens = [e for e in ev if e.get("type") == "generation" and e["time"] >= (exits[0]["time"] if exits else 1e18)]
+    if exits and gens:
+        print(f"# SIGSTOPped trainer {sorted(ids)} (pid {pid}): dropped, exit reported "
+              f"{exits[0]['time'] - t_stop:.1f} s after the stop ({exits[0].get('how')}), generation "
+              f"{gens[0]['generation']} without it {gens[0]['time'] - t_stop:.1f} s after the stop")
+    else:
+        print(f"# SIGSTOPped trainer {sorted(ids)} (pid {pid}): NOT DROPPED (no exit record or no generation after it)")
+
+# Where the time went: long gaps between committed steps, by the latest chaos action before them.
+lost, where = {}, {}
+cause_times = sorted((a["time"], a["action"]) for a in chaos["actions"] if a["action"] not in ("start", "end"))
+for prev, step, gap, w in gaps(chaos):
+    if not gap > 2.5 * steady:
+        continue
+    end = chaos["steps"][step][1]
+    inside = [c for t, c in cause_times if end - gap <= t <= end]
+    before = [c for t, c in cause_times if t <= end]
+    if not inside and (step - 1) % STEPS_PER_EPOCH == 0:
+        cause = "epoch end (evaluation)"
+    else:
+        cause = (inside or before or ["start"])[-1]
+        cause = cause.rstrip("_n12").replace("start_", "restart_")
+    lost[cause] = lost.get(cause, 0.0) + gap - steady
+    where[cause] = where.get(cause, 0) + 1
+seq = sorted(chaos["steps"].items())
+if seq:
+    start = min(a["time"] for a in chaos["actions"] if a["action"] == "start")
+    lost["start-up (to the first step)"] = seq[0][1][1] - start
+    where["start-up (to the first step)"] = 1
+at_world = {}
+for prev, step, gap, w in gaps(chaos):
+    at_world[w] = at_world.get(w, 0.0) + gap
+print("# time without a committed step (gap minus one steady step), by the chaos action before it: " +
+      "; ".join(f"{c}: {lost[c]:.1f} s over {where[c]} gaps" for c in sorted(lost, key=lambda c: -lost[c])))
+print("# time in steps at each world size: " + ", ".join(f"{w}: {t:.1f} s" for w, t in sorted(at_world.items())))
+stalls = {}
+for e in ev:
+    if e.get("type") == "trainer_event" and e.get("event") == "stall":
+        kind = "failure" if e["failure"] else ("shrink" if e["world_after"] < e["world_before"] else "grow")
+        g = stalls.setdefault(kind, {})
+        g[e["generation"]] = max(g.get(e["generation"], 0.0), e["stall_s"])
+for kind, g in sorted(stalls.items()):
+    v = list(g.values())
+    print(f"# stall records, {kind}: {len(v)} re-forms, longest survivor stall median {statistics.median(v):.2f} s, "
+          f"max {max(v):.2f} s, sum {sum(v):.1f} s")
+
+ours = chaos["check"].get("samples", 0) / chaos["window"]
+theirs = ref["check"].get("samples", 0) / ref["window"]
+print(f"# load average (1/5/15 min) at the end: {load}")
+print(f"RESULT chaos_goodput ours={ours:.1f}img/s ref={theirs:.1f}img/s "
+      f"ratio={ours / theirs if theirs > 0 else float('nan'):.3f}")
+common = sorted(set(chaos["acc"]) & set(ref["acc"]))
+print("# accuracy after each epoch, chaos | reference: " + ", ".join(
+    f"ep{s // STEPS_PER_EPOCH} {100 * chaos['acc'][s]:.2f} | {100 * ref['acc'][s]:.2f}" for s in common))
+for name, r in (("chaos", chaos), ("reference", ref)):
+    if r["acc"]:
+        s = max(r["acc"])
+        print(f"# {name}: last evaluation after epoch {s // STEPS_PER_EPOCH} (step {s}): {100 * r['acc'][s]:.2f} %")
+if common:
+    s = common[-1]
+    a, b = 100 * chaos["acc"][s], 100 * ref["acc"][s]
+    print(f"RESULT chaos_accuracy ours={a:.2f}% ref={b:.2f}% ratio={a / b:.3f} "
+          f"(after epoch {s // STEPS_PER_EPOCH} of both runs; difference {a - b:+.2f} points)")
+else:
+    print("RESULT chaos_accuracy ours=nan ref=nan ratio=nan (no epoch evaluated in both runs)")
