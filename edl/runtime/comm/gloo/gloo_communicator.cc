@@ -14,6 +14,13 @@
 //
 // Failure is sticky (in Gloo, after an IoException the transport is unusable): the
 // first error is kept in failed_ and returned by every later call.
+//
+// A collective that throws may leave sends in flight on the pairs that did not fail: gloo's device
+// thread completes them later and signals the collective's unbound buffers (handleSendCompletion),
+// which the option struct owns. So the options of a failed collective are not destroyed when it
+// returns: they are kept (graveyard_) until the destructor has closed every pair, after which no
+// completion can reach them. (ThreadSanitizer found the buffer destroyed under a late completion.)
+#include <memory>
 #include <atomic>
 #include <mutex>
 
@@ -96,6 +103,8 @@ class GlooCommunicator : public Communicator {
 
   ~GlooCommunicator() override {
     std::lock_guard<std::mutex> lock(abort_mu_);  // no Abort() may touch the pairs past here
+    if (!graveyard_.empty()) CloseAllPairs("communicator destroyed after a failed collective");
+    graveyard_.clear();
     context_.reset();
   }
 
@@ -110,9 +119,12 @@ class GlooCommunicator : public Communicator {
   bool aborted() const override { return aborted_.load(); }
 
  private:
-  // Runs `fn` (a gloo collective) and turns gloo's exceptions into a sticky Status.
-  template <typename Fn>
-  Status Run(const char* what, Fn&& fn);
+  // Runs gloo's collective `fn` on `opts` and turns gloo's exceptions into a sticky Status; the
+  // options of a collective that threw are kept until the pairs are closed (top of the file).
+  template <typename Opts, typename Fn>
+  Status Run(const char* what, std::shared_ptr<Opts> opts, Fn&& fn);
+  // Makes every pair fail (closing its socket): blocked collectives here and on the peers throw.
+  void CloseAllPairs(const char* why);
   std::string Name() const {
     return "gloo communicator of generation " + std::to_string(options_.generation) + " (rank " +
            std::to_string(options_.rank) + "/" + std::to_string(options_.world_size) + ")";
@@ -123,16 +135,18 @@ class GlooCommunicator : public Communicator {
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;  // serialises Abort() against destruction
   Status failed_;        // first error; touched only by the collective thread
+  std::vector<std::shared_ptr<void>> graveyard_;  // options of failed collectives (collective thread)
 };
 
-template <typename Fn>
-Status GlooCommunicator::Run(const char* what, Fn&& fn) {
+template <typename Opts, typename Fn>
+Status GlooCommunicator::Run(const char* what, std::shared_ptr<Opts> opts, Fn&& fn) {
   if (!failed_.ok()) return failed_;
   if (aborted_) return failed_ = Status::Aborted(Name() + " was aborted; build a new one");
   try {
-    fn();
+    fn(*opts);
     return Status::OK();
   } catch (const std::exception& e) {
+    graveyard_.push_back(std::move(opts));
     if (aborted_) {
       failed_ = Status::Aborted(Name() + ": " + what + " aborted");
     } else {
@@ -145,30 +159,30 @@ Status GlooCommunicator::Run(const char* what, Fn&& fn) {
 
 Status GlooCommunicator::AllReduce(void* data, size_t count, DataType type, ReduceOp op) {
   if (count == 0) return Status::OK();
-  gloo::AllreduceOptions opts(context_);
-  opts.setTimeout(options_.timeout);
+  auto opts = std::make_shared<gloo::AllreduceOptions>(context_);
+  opts->setTimeout(options_.timeout);
   switch (type) {
     case DataType::kFloat32:
-      opts.setOutput(static_cast<float*>(data), count);
-      opts.setReduceFunction(ReduceFunc<float>(op));
+      opts->setOutput(static_cast<float*>(data), count);
+      opts->setReduceFunction(ReduceFunc<float>(op));
       break;
     case DataType::kFloat64:
-      opts.setOutput(static_cast<double*>(data), count);
-      opts.setReduceFunction(ReduceFunc<double>(op));
+      opts->setOutput(static_cast<double*>(data), count);
+      opts->setReduceFunction(ReduceFunc<double>(op));
       break;
     case DataType::kInt64:
-      opts.setOutput(static_cast<int64_t*>(data), count);
-      opts.setReduceFunction(ReduceFunc<int64_t>(op));
+      opts->setOutput(static_cast<int64_t*>(data), count);
+      opts->setReduceFunction(ReduceFunc<int64_t>(op));
       break;
     case DataType::kInt32:
-      opts.setOutput(static_cast<int32_t*>(data), count);
-      opts.setReduceFunction(ReduceFunc<int32_t>(op));
+      opts->setOutput(static_cast<int32_t*>(data), count);
+      opts->setReduceFunction(ReduceFunc<int32_t>(op));
       break;
     default:
       return Status::InvalidArgument(Name() + ": AllReduce supports float32, float64, int64 and "
                                      "int32; convert the buffer first");
   }
-  return Run("allreduce", [&] { gloo::allreduce(opts); });
+  return Run("allreduce", std::move(opts), [](gloo::AllreduceOptions& o) { gloo::allreduce(o); });
 }
 
 Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
@@ -177,30 +191,34 @@ Status GlooCommunicator::Broadcast(void* data, size_t bytes, int root) {
                                    " out of range");
   }
   if (bytes == 0) return Status::OK();
-  gloo::BroadcastOptions opts(context_);
-  opts.setTimeout(options_.timeout);
-  opts.setRoot(root);
-  opts.setOutput(static_cast<uint8_t*>(data), bytes);
-  return Run("broadcast", [&] { gloo::broadcast(opts); });
+  auto opts = std::make_shared<gloo::BroadcastOptions>(context_);
+  opts->setTimeout(options_.timeout);
+  opts->setRoot(root);
+  opts->setOutput(static_cast<uint8_t*>(data), bytes);
+  return Run("broadcast", std::move(opts), [](gloo::BroadcastOptions& o) { gloo::broadcast(o); });
 }
 
 Status GlooCommunicator::Barrier() {
-  gloo::BarrierOptions opts(context_);
-  opts.setTimeout(options_.timeout);
-  return Run("barrier", [&] { gloo::barrier(opts); });
+  auto opts = std::make_shared<gloo::BarrierOptions>(context_);
+  opts->setTimeout(options_.timeout);
+  return Run("barrier", std::move(opts), [](gloo::BarrierOptions& o) { gloo::barrier(o); });
 }
 
 void GlooCommunicator::Abort() {
   std::lock_guard<std::mutex> lock(abort_mu_);
   if (aborted_.exchange(true) || !context_) return;
+  CloseAllPairs("communicator aborted by the elastic runtime");
+}
+
+void GlooCommunicator::CloseAllPairs(const char* why) {
   for (int i = 0; i < context_->size; ++i) {
     if (i == context_->rank) continue;
     auto* pair = dynamic_cast<gloo::transport::tcp::Pair*>(context_->getPair(i).get());
     if (pair == nullptr) continue;
     try {
-      PairAccess::Signal(pair, "communicator aborted by the elastic runtime");
+      PairAccess::Signal(pair, why);
     } catch (const std::exception& e) {
-      LOG(WARNING) << Name() << ": abort of pair " << i << ": " << e.what();
+      LOG(WARNING) << Name() << ": closing pair " << i << ": " << e.what();
     }
   }
 }
