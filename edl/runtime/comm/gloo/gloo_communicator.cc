@@ -19,7 +19,9 @@
 // thread completes them later and signals the collective's unbound buffers (handleSendCompletion),
 // which the option struct owns. So the options of a failed collective are not destroyed when it
 // returns: they are kept (graveyard_) until the destructor has closed every pair, after which no
-// completion can reach them. (ThreadSanitizer found the buffer destroyed under a late completion.)
+// completion can reach them. Likewise an Abort() racing with the end of a collective that succeeded:
+// the options are destroyed under abort_mu_, which Abort() holds while it signals the pairs.
+// (ThreadSanitizer found buffers destroyed under a late completion and under an abort.)
 #include <memory>
 #include <atomic>
 #include <mutex>
@@ -144,6 +146,10 @@ Status GlooCommunicator::Run(const char* what, std::shared_ptr<Opts> opts, Fn&& 
   if (aborted_) return failed_ = Status::Aborted(Name() + " was aborted; build a new one");
   try {
     fn(*opts);
+    // An Abort() from another thread signals the pairs' pending buffers; it must not do so while
+    // the options (owning this collective's buffers) are being destroyed.
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    opts.reset();
     return Status::OK();
   } catch (const std::exception& e) {
     graveyard_.push_back(std::move(opts));
