@@ -22,7 +22,7 @@
 
 #include "edl/proto/messages.h"
 #include "edl/proto/rendezvous_key.h"
-#include "edl/runtime/cuda_plugin.h"
+#include "edl/runtime/host_staging.h"
 
 namespace edl::runtime {
 namespace {
@@ -77,83 +77,7 @@ class SupersedableKv : public KvStore {
   const std::atomic<bool>* const cancel_;
 };
 
-// A host buffer from Trainable::AllocateHostStaging (page-locked on CUDA), grown on demand and
-// kept: every step and every re-form reuse it.
-class HostStaging {
- public:
-  explicit HostStaging(Trainable* t) : t_(t) {}
-  ~HostStaging() { Release(); }
-  HostStaging(const HostStaging&) = delete;
-  HostStaging& operator=(const HostStaging&) = delete;
-  // At least `bytes` bytes; contents undefined after growing. nullptr when out of memory.
-  char* Get(size_t bytes) {
-    if (bytes > size_) {
-      Release();
-      data_ = static_cast<char*>(t_->AllocateHostStaging(bytes));
-      size_ = data_ != nullptr ? bytes : 0;
-    }
-    return data_;
-  }
-
- private:
-  void Release() {
-    if (data_ != nullptr) t_->FreeHostStaging(data_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-  Trainable* const t_;
-  char* data_ = nullptr;
-  size_t size_ = 0;
-};
-
 }  // namespace
-
-StatusOr<std::string> SelectCommBackend(const std::string& comm, bool on_device,
-                                        bool nccl_available) {
-  if (comm == "auto") return std::string(on_device && nccl_available ? "nccl" : "gloo");
-  if (comm == "gloo") return comm;
-  if (comm == "nccl") {
-    if (!on_device) {
-      return Status::InvalidArgument(
-          "--comm nccl needs --device cuda: NCCL reduces GPU memory and this trainer's tensors "
-          "are in host memory; use --comm gloo (or auto) with --device cpu");
-    }
-    if (!nccl_available) {
-      return Status::FailedPrecondition(
-          "--comm nccl: the CUDA plugin here has no NCCL communicator (built without NCCL); "
-          "rebuild with NCCL installed (cmake -DEDL_USE_NCCL=ON) or use --comm gloo");
-    }
-    return comm;
-  }
-  return Status::InvalidArgument("--comm '" + comm + "' is unknown; use auto, nccl or gloo");
-}
-
-bool NcclAvailable() { return CudaPluginSymbol("edl_cuda_new_nccl_communicator_v1").ok(); }
-
-StatusOr<uint64_t> StateHash(Trainable* trainable) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  // FNV-1a-style over 8-byte words, then the tail bytes: a fraction of the byte-wise cost, which every
-  // re-form pays on its critical path (the sync event carries the hash).
-  auto mix = [&h](const void* p, size_t n) {
-    const auto* b = static_cast<const unsigned char*>(p);
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-      uint64_t w;
-      std::memcpy(&w, b + i, 8);
-      h = (h ^ w) * 0x100000001b3ULL;
-      h ^= h >> 29;  // the product carries low bits up only: fold the high ones back down
-    }
-    for (; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ULL;
-  };
-  std::vector<char> host;
-  for (const StateTensor& t : trainable->StateTensors()) {
-    host.resize(t.bytes);
-    EDL_RETURN_IF_ERROR(trainable->CopyToHost(t, host.data()));
-    mix(t.name.data(), t.name.size());
-    mix(host.data(), host.size());
-  }
-  return h;
-}
 
 class ElasticTrainer::Impl {
  public:
