@@ -45,9 +45,7 @@ TEST(AdvertiseAddrTest, LoopbackAdvertisedFromAnotherAddressIsRefusedWithTheFix)
   if (addr.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address to connect from";
   test::ScratchDir dir("advertise");
   const std::string secret = dir.Join("secret");
-  std::ofstream(secret) << "advertise-addr-test-secret-0123456789abcdef\n";
-  std::filesystem::permissions(secret, std::filesystem::perms::owner_read |
-                                           std::filesystem::perms::owner_write);
+  itest::WriteSecretFile(secret, "advertise-addr-test-secret-0123456789abcdef");
   Proc server({test::EdlBinary(), "server", "--server_port", "0", "--bind", "0.0.0.0", "--port_file",
                dir.Join("port"), "--secret_file", secret, "--job_id", "adv", "--trainers", "1",
                "--min_trainers", "1", "--events_dir", dir.Join("events")},

@@ -37,8 +37,7 @@ class ClusterTutorialTest : public ::testing::Test {
       GTEST_SKIP() << "Fashion-MNIST not installed at " << kFashionDir;
     }
     secret_ = dir_.Join("secret");
-    std::ofstream(secret_) << "cluster-tutorial-secret-0123456789\n";
-    std::filesystem::permissions(secret_, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+    itest::WriteSecretFile(secret_, "cluster-tutorial-secret-0123456789");
     server_ = std::make_unique<Proc>(
         std::vector<std::string>{test::EdlBinary(), "server", "--cluster", "--server_port", "0", "--bind",
                                  "127.0.0.1", "--port_file", dir_.Join("port"), "--secret_file", secret_,

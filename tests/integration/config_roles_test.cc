@@ -54,9 +54,7 @@ TEST(ConfigRolesTest, LaunchTakesTorchrunsFlagsFromTheConfig) {
 TEST(ConfigRolesTest, LogDirHoldsEachRolesOwnLogFiles) {
   test::ScratchDir dir("log-dir");
   const std::string secret = dir.Join("secret");
-  std::ofstream(secret) << "log-dir-test-secret-0123456789abcdef\n";
-  std::filesystem::permissions(secret, std::filesystem::perms::owner_read |
-                                           std::filesystem::perms::owner_write);
+  itest::WriteSecretFile(secret, "log-dir-test-secret-0123456789abcdef");
   // The INFO file glog writes in `d` holds `text`.
   auto logged = [](const std::string& d, const std::string& text) {
     std::error_code ec;

@@ -37,10 +37,7 @@ class ControlPlaneHarness : public ::testing::Test {
  protected:
   void SetUp() override {
     secret_ = dir_.Join("secret");
-    std::ofstream(secret_) << "integration-test-secret-0123456789\n";
-    // edl refuses a secret that others can read.
-    std::filesystem::permissions(secret_, std::filesystem::perms::owner_read |
-                                              std::filesystem::perms::owner_write);
+    itest::WriteSecretFile(secret_, "integration-test-secret-0123456789");
     records_ = dir_.Join("records.jsonl");
   }
 

@@ -45,9 +45,7 @@ class DistillTest : public ::testing::Test {
       GTEST_SKIP() << "Fashion-MNIST not installed at " << kFashionDir;
     }
     secret_ = dir_.Join("secret");
-    std::ofstream(secret_) << "distill-integration-secret-0123456789\n";
-    std::filesystem::permissions(secret_, std::filesystem::perms::owner_read |
-                                              std::filesystem::perms::owner_write);
+    itest::WriteSecretFile(secret_, "distill-integration-secret-0123456789");
   }
 
   // A few steps of ResNet-20 saved to `ckpt`: a teacher (quality does not matter here).

@@ -49,10 +49,7 @@ class ElasticTrainingTest : public ::testing::Test {
       GTEST_SKIP() << "Fashion-MNIST not installed at " << kFashionDir;
     }
     secret_ = dir_.Join("secret");
-    std::ofstream(secret_) << "elastic-integration-secret-0123456789\n";
-    // edl refuses a secret that others can read.
-    std::filesystem::permissions(secret_, std::filesystem::perms::owner_read |
-                                              std::filesystem::perms::owner_write);
+    itest::WriteSecretFile(secret_, "elastic-integration-secret-0123456789");
   }
 
   void StartServer(const std::string& script, int trainers,

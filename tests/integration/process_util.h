@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -124,6 +125,14 @@ inline std::vector<json> ReadLines(const std::string& path) {
 }
 
 // The file's contents, or only its last `max` bytes when it is longer (for diagnostics).
+// Writes `secret` and a newline to `path` with mode 0600 (edl refuses a secret file that others can
+// read); returns `path`.
+inline std::string WriteSecretFile(const std::string& path, const std::string& secret) {
+  std::ofstream(path) << secret << "\n";
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  return path;
+}
+
 inline std::string Slurp(const std::string& path, size_t max = std::string::npos) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -252,8 +252,7 @@ TEST_F(StandbyTest, ADeposedLeaderCannotWriteAndALostLeaseIsReported) {
 TEST(StandbyFlagsTest, AnUnreachableEtcdOrTwoStoresAreRefusedAtStart) {
   test::ScratchDir dir("edl-standby");
   const std::string secret = dir.Join("secret");
-  std::ofstream(secret) << "integration-test-secret-0123456789\n";
-  std::filesystem::permissions(secret, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  itest::WriteSecretFile(secret, "integration-test-secret-0123456789");
   const std::string store = "etcd://127.0.0.1:" + std::to_string(FreePort());
   std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1",
                                    "--secret_file", secret, "--events_dir", dir.Join("events"), "--state_store", store};

@@ -128,9 +128,7 @@ class PyTorchRestartModeTest : public PyTorchTest {
     PyTorchTest::SetUp();
     if (IsSkipped()) return;
     secret_ = dir_.Join("secret");
-    std::ofstream(secret_) << "pytorch-integration-secret-0123456789\n";
-    std::filesystem::permissions(secret_, std::filesystem::perms::owner_read |
-                                              std::filesystem::perms::owner_write);
+    itest::WriteSecretFile(secret_, "pytorch-integration-secret-0123456789");
     server_ = std::make_unique<Proc>(
         std::vector<std::string>{test::EdlBinary(), "server", "--server_port", "0", "--bind",
                                  "127.0.0.1", "--port_file", dir_.Join("port"), "--secret_file",

@@ -37,9 +37,7 @@ class CudaIsolationTest : public ::testing::Test {
  protected:
   void SetUp() override {
     secret_ = dir_.Join("secret");
-    std::ofstream(secret_) << "cuda-isolation-test-secret-0123456789\n";
-    std::filesystem::permissions(secret_, std::filesystem::perms::owner_read |
-                                              std::filesystem::perms::owner_write);
+    itest::WriteSecretFile(secret_, "cuda-isolation-test-secret-0123456789");
   }
   // Runs `edl args...` to completion with the loader's trace in its log; returns the log.
   std::string Traced(const std::vector<std::string>& args, const std::string& name, int* rc) {
