@@ -103,7 +103,7 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
   std::vector<std::string> stale;
   for (size_t i = 0; i < running.size(); ++i) {
     const bool above = i < generations.size() && generations[i] > current_.generation;
-    const MemberInfo* m = current_.Find(running[i]);
+    const MemberInfo* m = FindMember(running[i]);
     if (m != nullptr && m->node != name) continue;  // not this node's to report
     if (pending_.joiner_ids.count(running[i]) > 0) continue;
     if (!above && (known || m != nullptr)) continue;  // a member, or a leaver of a known node
@@ -167,7 +167,7 @@ void Scheduler::TrainerExited(const std::string& trainer_id, bool success, const
       return;
     }
   }
-  if (current_.RankOf(trainer_id) < 0) return;  // a leaving trainer: expected
+  if (FindMember(trainer_id) == nullptr) return;  // a leaving trainer: expected
   EmitEvent({{"type", "trainer_exit"}, {"trainer_id", trainer_id}, {"how", how},
              {"success", success}});
   if (!success && !finished_.empty()) {
@@ -420,7 +420,7 @@ void Scheduler::Grow(int count) {
     p.joiners.push_back(joiners[i]);
   }
   pending_.joiners = joiners;
-  for (const MemberInfo& j : joiners) pending_.joiner_ids.insert(j.trainer_id);
+  for (const MemberInfo& j : joiners) pending_.joiner_ids.emplace(j.trainer_id, j.node);
   for (auto& [node, p] : by_node) {
     Action a;
     a.kind = Action::Kind::kPrepare;
@@ -537,7 +537,7 @@ void Scheduler::Commit(std::vector<MemberInfo> members, const std::string& reaso
   a.kind = Action::Kind::kCommit;
   a.prev = current_;
   a.next = next;
-  current_ = std::move(next);
+  SetCurrent(std::move(next));
   Emit(std::move(a));
 }
 
@@ -646,21 +646,30 @@ bool Scheduler::IsNodeConnected(const std::string& name) const {
 
 const std::string& Scheduler::NodeOfTrainer(const std::string& id) const {
   static const std::string kNone;
-  const MemberInfo* m = current_.Find(id);
+  const MemberInfo* m = FindMember(id);
   return m == nullptr ? kNone : m->node;
 }
 
+const MemberInfo* Scheduler::FindMember(const std::string& trainer_id) const {
+  auto it = current_index_.find(trainer_id);
+  return it == current_index_.end() ? nullptr : &current_.members[it->second];
+}
+
+void Scheduler::SetCurrent(proto::GenerationInfo g) {
+  current_ = std::move(g);
+  current_index_.clear();
+  current_index_.reserve(current_.members.size());
+  for (size_t i = 0; i < current_.members.size(); ++i) current_index_.emplace(current_.members[i].trainer_id, i);
+}
+
 bool Scheduler::IsLiveTrainerOf(const std::string& trainer_id, const std::string& node) const {
-  if (const MemberInfo* m = current_.Find(trainer_id)) return m->node == node;
-  if (pending_.joiner_ids.count(trainer_id) == 0) return false;
-  for (const MemberInfo& j : pending_.joiners) {
-    if (j.trainer_id == trainer_id) return j.node == node;
-  }
-  return false;
+  if (const MemberInfo* m = FindMember(trainer_id)) return m->node == node;
+  auto it = pending_.joiner_ids.find(trainer_id);
+  return it != pending_.joiner_ids.end() && it->second == node;
 }
 
 bool Scheduler::PlacedOn(const std::string& trainer_id, const std::string& node) const {
-  if (current_.Find(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0) {
+  if (FindMember(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0) {
     return IsLiveTrainerOf(trainer_id, node);
   }
   // No longer placed (left or removed): accept the ids NewTrainerId made for `node`. The suffix
@@ -754,8 +763,9 @@ void Scheduler::Snapshot(JobState* s) const {
 
 void Scheduler::Restore(const JobState& s) {
   const int64_t now = clock_->NowMicros();
-  current_ = s.current;
-  current_.job_id = options_.job_id;
+  proto::GenerationInfo restored = s.current;
+  restored.job_id = options_.job_id;
+  SetCurrent(std::move(restored));
   finished_ = std::set<std::string>(s.finished.begin(), s.finished.end());
   done_ = s.done;
   next_trainer_seq_ = std::max(next_trainer_seq_, s.next_trainer_seq);

@@ -20,6 +20,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -165,7 +166,7 @@ class Scheduler {
   // A member or pending joiner of `node` now (progress is kept only for these).
   bool IsLiveTrainerOf(const std::string& trainer_id, const std::string& node) const;
   bool IsLiveTrainer(const std::string& trainer_id) const {
-    return current_.Find(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0;
+    return FindMember(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0;
   }
   const std::string& NodeOfTrainer(const std::string& id) const;
   std::vector<std::string> NodeNames() const;
@@ -187,9 +188,15 @@ class Scheduler {
     int64_t started_us = 0;
     std::string reason;
     std::vector<proto::MemberInfo> joiners;
-    std::unordered_set<std::string> joiner_ids;  // the ids in `joiners`, for O(1) lookups
+    // The ids in `joiners` and their nodes, for O(1) lookups: a large growth gets thousands of
+    // reports about its joiners, each checked against its sender.
+    std::unordered_map<std::string, std::string> joiner_ids;
     std::set<std::string> ready;
   };
+
+  // current_'s member `trainer_id` (O(1): every report from a node is checked against it), or null.
+  const proto::MemberInfo* FindMember(const std::string& trainer_id) const;
+  void SetCurrent(proto::GenerationInfo g);  // current_ = g, and its index
 
   void Reconcile();
   bool StartBarrierPassed(int target) const;
@@ -226,7 +233,8 @@ class Scheduler {
   int64_t grow_blocked_until_us_ = 0;
   int64_t backoff_us_ = 0;
   int64_t last_failure_us_ = 0;
-  proto::GenerationInfo current_;
+  proto::GenerationInfo current_;               // changed only by SetCurrent
+  std::unordered_map<std::string, size_t> current_index_;  // trainer id -> position in current_
   Pending pending_;
   std::set<std::string> finished_;  // members that exited 0: training is complete for them
   bool done_ = false;
