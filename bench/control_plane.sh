@@ -63,6 +63,10 @@ echo "clients=$CLIENTS slots=$SLOTS small step 8->16: $(ms "$small_us") ms; larg
 # Wall times share 2 cores with the 1000 simulated clients (whose JSON parsing is serial here, but
 # parallel across nodes in a real cluster); CPU time per process separates the two.
 echo "large step CPU: server ${server_cpu} ms, simulated clients ${sim_cpu} ms"
+# What one real client spends on the large step's update (decode + apply, done by client 0 only).
+decode=$(grep '^DECODE' "$WORK/sim.err" | tail -1)
+[[ -n $decode ]] || { echo "client 0 decoded no generation update" >&2; tail "$WORK/sim.err" >&2; exit 1; }
+echo "one client's decode + apply of the last update: ${decode#DECODE }"
 # No other system was measured in this run: each ref is the target from the issue that set it, so
 # the RESULT names say "vs_target" rather than passing a target off as a measured reference.
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) on $(nproc) cores"

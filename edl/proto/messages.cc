@@ -58,10 +58,12 @@ Status MembersFromJson(const json& a, const char* what, std::vector<MemberInfo>*
   return Status::OK();
 }
 
-// ---- id runs: the compact form of consecutive scheduler-made members (see PROTOCOL.md).
-// A run [node, host, first_slot, count, first_seq] stands for `count` members on `node` whose
-// slots and sequence numbers both count up by one, with ids "<node>-s<slot>-<seq>"; a removed-id
-// run [node, first_slot, count, first_seq] names the same ids without the host.
+// ---- id runs: the compact form of consecutive scheduler-made members (PROTOCOL.md, "Generations
+// on the wire"). A run "node host first_slot count first_seq" stands for `count` members on `node`
+// whose slots and sequence numbers both count up by one, with ids "<node>-s<slot>-<seq>"; a
+// removed-id run "node first_slot count first_seq" names the same ids without the host.
+// Consecutive runs share one JSON string, separated by ';': a step that touches 500 nodes is one
+// string for the JSON parser, not 3000 values (each a heap node) in every client.
 
 std::string RunId(const std::string& node, int64_t slot, int64_t seq) {
   return node + "-s" + std::to_string(slot) + "-" + std::to_string(seq);
@@ -98,9 +100,15 @@ void ParseRunId(const std::string& id, std::string* node, int* slot) {
   *slot = v;
 }
 
-// Appends `members` to `out` as single members and runs. `with_host`: member runs (added);
-// otherwise id runs (removed), and single members are plain id strings.
+// Appends `members` to `out` as packed run strings and single items. `with_host`: member runs
+// (added; every member of run form travels in a run, even alone); otherwise id runs (removed), where
+// a lone id travels as the plain id (shorter than its run).
 void EncodeRuns(const std::vector<MemberInfo>& members, bool with_host, json* out) {
+  std::string packed;
+  auto flush = [&] {
+    if (!packed.empty()) out->push_back(std::move(packed));
+    packed.clear();
+  };
   size_t i = 0;
   while (i < members.size()) {
     const MemberInfo& m = members[i];
@@ -114,42 +122,70 @@ void EncodeRuns(const std::vector<MemberInfo>& members, bool with_host, json* ou
       }
       ++n;
     }
-    if (n == 1) {
+    if (seq < 0 || (n == 1 && !with_host)) {
+      flush();
       out->push_back(with_host ? MemberToJson(m) : json(m.trainer_id));
-    } else if (with_host) {
-      out->push_back(json::array({m.node, m.host, m.slot, n, seq}));
     } else {
-      out->push_back(json::array({m.node, m.slot, n, seq}));
+      if (!packed.empty()) packed.push_back(';');
+      packed.append(m.node).push_back(' ');
+      if (with_host) packed.append(m.host).push_back(' ');
+      packed.append(std::to_string(m.slot)).append(" ").append(std::to_string(n)).append(" ");
+      packed.append(std::to_string(seq));
     }
     i += n;
   }
+  flush();
 }
 
-// Expands a run's fields after validation; `budget` caps the total expansion (a few bytes on the
-// wire must not become millions of members).
-Status ExpandRun(const json& e, const char* what, size_t* budget,
+// A decimal field of a packed run: digits only, no sign, no leading zero, at most 16 digits (so
+// it fits an int64_t before any range check).
+bool ParseRunField(std::string_view f, int64_t* out) {
+  if (f.empty() || f.size() > 16 || (f[0] == '0' && f.size() > 1)) return false;
+  int64_t v = 0;
+  for (char c : f) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *out = v;
+  return true;
+}
+
+// Expands one run after validating every field; `budget` caps the total expansion (a few bytes on
+// the wire must not become millions of members).
+Status ExpandRun(std::string_view run, bool with_host, const char* what, size_t* budget,
                  std::vector<MemberInfo>* out) {
-  const bool with_host = e.size() == 5;
-  const size_t c = with_host ? 2 : 1;
   auto bad = [&](const std::string& why) {
-    return Status::Corruption(std::string("message '") + what + "' holds a bad run " +
-                              QuoteJson(e) + ": " + why);
+    return Status::Corruption(std::string("message '") + what + "' holds a bad run " + Quote(run) +
+                              ": " + why);
   };
-  if (!e[0].is_string() || (with_host && !e[1].is_string()) || !e[c].is_number_integer() ||
-      !e[c + 1].is_number_integer() || !e[c + 2].is_number_integer()) {
-    return bad(with_host ? "not [node, host, first_slot, count, first_seq]" : "not [node, first_slot, count, first_seq]");
+  const size_t want = with_host ? 5 : 4;
+  std::string_view f[6];  // one more than the most a run has, to see an extra field
+  size_t n = 0, pos = 0;
+  bool more = true;
+  while (more && n <= want) {
+    const size_t sp = run.find(' ', pos);
+    f[n++] = run.substr(pos, sp == std::string_view::npos ? std::string_view::npos : sp - pos);
+    more = sp != std::string_view::npos;
+    pos = sp + 1;
+  }
+  if (more || n != want) {
+    return bad(with_host ? "not \"node host first_slot count first_seq\""
+                         : "not \"node first_slot count first_seq\"");
   }
   MemberInfo m;
-  m.node = e[0].get<std::string>();
-  if (with_host) m.host = e[1].get<std::string>();
+  m.node.assign(f[0]);
+  if (with_host) m.host.assign(f[1]);
   if (!IsValidName(m.node) || (with_host && !IsValidHost(m.host))) {
     return bad("invalid node or host");
   }
   // Each field is range-checked on its own before any arithmetic, so nothing can overflow.
+  const size_t c = with_host ? 2 : 1;
   int64_t slot = 0, count = 0, seq = 0;
-  if (!GetInt(e[c + 1], 1, static_cast<int64_t>(*budget), &count)) return bad("count out of range");
-  if (!GetInt(e[c], 0, kMaxSlot, &slot) || !GetInt(e[c + 2], 0, int64_t{1} << 53, &seq) ||
-      slot + count - 1 > kMaxSlot) {
+  if (!ParseRunField(f[c + 1], &count) || count < 1 || count > static_cast<int64_t>(*budget)) {
+    return bad("count out of range");
+  }
+  if (!ParseRunField(f[c], &slot) || !ParseRunField(f[c + 2], &seq) || slot > kMaxSlot ||
+      seq > (int64_t{1} << 53) || slot + count - 1 > kMaxSlot) {
     return bad("slot or sequence out of range");
   }
   if (RunId(m.node, slot + count - 1, seq + count - 1).size() > kMaxNameBytes) return bad("ids too long");
@@ -160,6 +196,19 @@ Status ExpandRun(const json& e, const char* what, size_t* budget,
     out->push_back(m);
   }
   return Status::OK();
+}
+
+// Expands a packed string of runs separated by ';' (none empty).
+Status ExpandRuns(const std::string& packed, bool with_host, const char* what, size_t* budget,
+                  std::vector<MemberInfo>* out) {
+  const std::string_view s(packed);
+  size_t pos = 0;
+  while (true) {
+    const size_t end = std::min(s.find(';', pos), s.size());
+    EDL_RETURN_IF_ERROR(ExpandRun(s.substr(pos, end - pos), with_host, what, budget, out));
+    if (end == s.size()) return Status::OK();
+    pos = end + 1;
+  }
 }
 
 void Renumber(std::vector<MemberInfo>* members) {
@@ -304,24 +353,27 @@ Status GenerationUpdate::ApplyTo(GenerationInfo* current) const {
           std::to_string(base_generation) + " but the receiver holds " +
           std::to_string(current->generation));
     }
-    std::unordered_set<std::string> gone(removed.begin(), removed.end());
+    std::unordered_set<std::string_view> gone(removed.begin(), removed.end());
+    members.reserve(current->members.size() + added.size());
     for (const MemberInfo& m : current->members) {
       if (gone.erase(m.trainer_id) == 0) members.push_back(m);
     }
     if (!gone.empty()) {
       return Status::FailedPrecondition("generation update " + std::to_string(header.generation) +
-                                        " removes trainer " + *gone.begin() +
+                                        " removes trainer " + std::string(*gone.begin()) +
                                         ", not a member of the receiver's generation");
     }
   }
-  std::unordered_set<std::string> have;
+  // Ids are checked before `members` grows: the views point into its strings.
+  std::unordered_set<std::string_view> have;
+  have.reserve(members.size() + added.size());
   for (const MemberInfo& m : members) have.insert(m.trainer_id);
   for (const MemberInfo& m : added) {
     if (!have.insert(m.trainer_id).second) {
       return Status::FailedPrecondition("generation update adds trainer " + m.trainer_id + " twice");
     }
-    members.push_back(m);
   }
+  members.insert(members.end(), added.begin(), added.end());
   GenerationInfo next = header;
   next.members = std::move(members);
   Renumber(&next.members);
@@ -367,23 +419,24 @@ Status GenerationUpdate::DecodeFrom(const json& j) {
   size_t budget = kMaxListItems;
   std::vector<MemberInfo> gone;
   for (const json& e : *r) {
-    if (e.is_string() && IsValidName(e.get_ref<const std::string&>()) && budget > 0) {
-      --budget;
-      u.removed.push_back(e.get<std::string>());
-    } else if (e.is_array() && e.size() == 4) {
+    const std::string* str = e.is_string() ? &e.get_ref<const std::string&>() : nullptr;
+    if (str != nullptr && str->find(' ') != std::string::npos) {
       gone.clear();
-      EDL_RETURN_IF_ERROR(ExpandRun(e, "generation", &budget, &gone));
+      EDL_RETURN_IF_ERROR(ExpandRuns(*str, /*with_host=*/false, "generation", &budget, &gone));
       for (MemberInfo& m : gone) u.removed.push_back(std::move(m.trainer_id));
+    } else if (str != nullptr && IsValidName(*str) && budget > 0) {
+      --budget;
+      u.removed.push_back(*str);
     } else {
       return Status::Corruption("message 'generation' field 'removed' holds an item that is neither a "
-                                "trainer id nor a run [node, first_slot, count, first_seq]");
+                                "trainer id nor runs \"node first_slot count first_seq[;...]\"");
     }
   }
   budget = kMaxListItems;
-  json singles = json::array();
   for (const json& e : *a) {
-    if (e.is_array() && e.size() == 5) {
-      EDL_RETURN_IF_ERROR(ExpandRun(e, "generation", &budget, &u.added));
+    if (e.is_string()) {
+      EDL_RETURN_IF_ERROR(
+          ExpandRuns(e.get_ref<const std::string&>(), /*with_host=*/true, "generation", &budget, &u.added));
     } else {
       if (budget == 0) return Status::Corruption("message 'generation' field 'added' has too many members");
       --budget;
@@ -392,7 +445,8 @@ Status GenerationUpdate::DecodeFrom(const json& j) {
       u.added.push_back(std::move(one[0]));
     }
   }
-  std::unordered_set<std::string> seen;
+  std::unordered_set<std::string_view> seen;
+  seen.reserve(u.added.size());
   for (size_t i = 0; i < u.added.size(); ++i) {
     u.added[i].rank = static_cast<int>(i);
     if (!seen.insert(u.added[i].trainer_id).second) {

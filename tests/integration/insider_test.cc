@@ -187,14 +187,10 @@ TEST_F(InsiderTest, ANodeCannotSpeakForAnotherNodesTrainers) {
   ASSERT_OK(Open("evil", 1, &evil));
   json g;
   ASSERT_OK(evil->Await("generation", &g));  // the full generation: the victims' ids
+  edl::proto::GenerationUpdate update;
+  ASSERT_OK(update.DecodeFrom(g));
   std::vector<std::string> victims;
-  for (const json& a : g["added"]) {
-    if (a.size() == 4) victims.push_back(a[0]);
-    else for (int k = 0; k < a[3].get<int>(); ++k) {
-      victims.push_back(a[0].get<std::string>() + "-s" + std::to_string(a[2].get<int>() + k) + "-" +
-                        std::to_string(a[4].get<int>() + k));
-    }
-  }
+  for (const edl::proto::MemberInfo& m : update.added) victims.push_back(m.trainer_id);
   ASSERT_EQ(victims.size(), 2u) << g.dump();
   const size_t gens_before = Generations().size();
   for (const std::string& id : victims) {

@@ -180,17 +180,27 @@ TEST(MessagesTest, BadRunsAreCorruption) {
   GenerationUpdate u;
   ASSERT_OK(u.DecodeFrom(base));
   const std::vector<std::pair<std::string, json>> bad = {
-      {"added", {{"n", "h", 0, 1000000000, 1}}},  // a few bytes must not expand to 10^9 members
-      {"added", {{"n", "h", 0, 0, 1}}},           // empty run
-      {"added", {{"n", "h", -1, 2, 1}}},
-      {"added", {{"../x", "h", 0, 2, 1}}},
-      {"added", {{"n", "", 0, 2, 1}}},
-      {"added", {{"n", "h", 0, 2, -5}}},
-      {"added", {{"n", "h", "0", 2, 1}}},
-      {"added", {{"n", "h", 0, 2, 1}, {"n-s1-2", "n", 1, "h"}}},  // the same trainer twice
-      {"added", {{"n", "h", 0, 60000, 1}, {"m", "h", 0, 60000, 1}}},  // too many in all
-      {"removed", {{"n", 0, 1000000000, 1}}},
-      {"removed", {{"n", 0, 2}}},
+      {"added", {"n h 0 1000000000 1"}},  // a few bytes must not expand to 10^9 members
+      {"added", {"n h 0 0 1"}},           // empty run
+      {"added", {"n h -1 2 1"}},
+      {"added", {"../x h 0 2 1"}},
+      {"added", {"n  0 2 1"}},
+      {"added", {"n h 0 2 -5"}},
+      {"added", {"n h 00 2 1"}},          // not canonical
+      {"added", {"n h 0 2 1 7"}},         // an extra field
+      {"added", {"n h 0 2"}},             // a missing one
+      {"added", {"n h 0 2 1;"}},          // an empty run after the separator
+      {"added", {""}},
+      {"added", {"n h 0 2 +1"}},
+      {"added", {{"n", "h", 0, 2, 1}}},   // the array form is a member of four fields, not a run
+      {"added", {"n h 0 2 1", {"n-s1-2", "n", 1, "h"}}},  // the same trainer twice
+      {"added", {"n h 0 2 1;n h 1 1 2"}},                 // the same, inside one string
+      {"added", {"n h 0 60000 1;m h 0 60000 1"}},         // too many in all
+      {"added", {"n h 0 60000 1", "m h 0 60000 1"}},      // the same, over two strings
+      {"removed", {"n 0 1000000000 1"}},
+      {"removed", {"n 0 2"}},
+      {"removed", {"n h 0 2 1"}},         // a member run where ids are expected
+      {"removed", {"a;b"}},
       {"removed", {"a b"}},
       {"removed", {7}},
   };
@@ -321,19 +331,18 @@ TEST(MessagesTest, RunFieldsAreRangeCheckedBeforeAnyArithmetic) {
   const json base = {{"type", "generation"}, {"generation", 2}, {"base", 0}, {"job_id", "j"},
                      {"reason", "ctl"}, {"failure", false}, {"master_addr", "h"}, {"master_port", 1},
                      {"removed", json::array()}, {"added", json::array()}};
-  const int64_t kMax = std::numeric_limits<int64_t>::max();
   const uint64_t kHuge = std::numeric_limits<uint64_t>::max();
   const std::vector<std::pair<std::string, json>> bad = {
-      {"added", {{"n", "h", kMax, 2, 1}}},  // slot + count would overflow
-      {"added", {{"n", "h", 0, kMax, 1}}},
-      {"added", {{"n", "h", 0, 2, kMax}}},  // seq + count would overflow
-      {"added", {{"n", "h", kHuge, 2, 1}}},
-      {"added", {{"n", "h", 0, kHuge, 1}}},
-      {"added", {{"n", "h", 65535, 5, 1}}},  // runs past the last slot
-      {"added", {{"n", "bad host!", 0, 2, 1}}},
+      {"added", {"n h 9223372036854775807 2 1"}},  // slot + count would overflow
+      {"added", {"n h 0 9223372036854775807 1"}},
+      {"added", {"n h 0 2 9223372036854775807"}},  // seq + count would overflow
+      {"added", {"n h 18446744073709551615 2 1"}},
+      {"added", {"n h 0 2 99999999999999999999999999999999"}},
+      {"added", {"n h 65535 5 1"}},  // runs past the last slot
+      {"added", {"n bad!host 0 2 1"}},
       {"added", {{"t1", "n", kHuge, "h"}}},
-      {"removed", {{"n", kMax, 2, 1}}},
-      {"removed", {{"n", 0, 2, kMax}}},
+      {"removed", {"n 9223372036854775807 2 1"}},
+      {"removed", {"n 0 2 9223372036854775807"}},
   };
   GenerationUpdate u;
   for (const auto& [key, value] : bad) {
@@ -343,7 +352,7 @@ TEST(MessagesTest, RunFieldsAreRangeCheckedBeforeAnyArithmetic) {
     EXPECT_TRUE(s.IsCorruption()) << key << "=" << value.dump() << " -> " << s.ToString();
   }
   json j = base;
-  j["added"] = {{"n", "h", 65534, 2, (int64_t{1} << 53) - 1}};
+  j["added"] = {"n h 65534 2 " + std::to_string((int64_t{1} << 53) - 1)};
   ASSERT_OK(u.DecodeFrom(j));
   ASSERT_EQ(u.added.size(), 2u);
   EXPECT_EQ(u.added[1].trainer_id, "n-s65535-" + std::to_string(int64_t{1} << 53));
