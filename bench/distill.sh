@@ -21,7 +21,9 @@
 #
 # Takes ~2 h with the defaults on 2 idle cores (teacher ~40 min; each student epoch ~4 min alone).
 # A short run (~15 min): TRAIN_SAMPLES=4096 TEACHER_EPOCHS=2 EPOCHS=1 SEEDS="1" bench/distill.sh
-# Knobs: BUILD (build), SEEDS ("1 2 3"), EPOCHS (3), TEACHER_EPOCHS (5), TRAIN_SAMPLES (0 = all
+# Knobs: BUILD (build), SEEDS ("1 2 3"), EPOCHS (3), TEACHER_EPOCHS (5), TEACHER_TRAIN_SAMPLES (the
+# teacher's own training set: TRAIN_SAMPLES unless set; the students of (a), (b) and (c) always
+# share TRAIN_SAMPLES, and teachers serve the students' samples), TRAIN_SAMPLES (0 = all
 # 60000), BATCH (128), STUDENT_CPUS (0), TEACHER_CPUS (1), N_TEACHERS (2), TEACHER_COUNTS
 # ("1 2 4"), T (4), ALPHA (0.5), TEACHER_MODEL (resnet56), KEEP (a directory to keep the teacher
 # and the logs in), ONLY_KILL (set: only the teacher-kill run).
@@ -35,6 +37,7 @@ SEEDS=${SEEDS:-1 2 3}
 EPOCHS=${EPOCHS:-3}
 TEACHER_EPOCHS=${TEACHER_EPOCHS:-5}
 TRAIN_SAMPLES=${TRAIN_SAMPLES:-0}
+TEACHER_TRAIN_SAMPLES=${TEACHER_TRAIN_SAMPLES:-$TRAIN_SAMPLES}
 BATCH=${BATCH:-128}
 STUDENT_CPUS=${STUDENT_CPUS:-0}
 TEACHER_CPUS=${TEACHER_CPUS:-1}
@@ -70,7 +73,8 @@ STUDENT=(--model resnet20 "${DATA[@]}" --batch_size "$BATCH" --epochs "$EPOCHS"
 # ---- the teacher (trained once; kept with KEEP)
 if [ ! -d "$WORK/teacher" ]; then
   echo "training the $TEACHER_MODEL teacher ($TEACHER_EPOCHS epochs) ..."
-  taskset -c "$STUDENT_CPUS,$TEACHER_CPUS" "$EDL" train --model "$TEACHER_MODEL" "${DATA[@]}" \
+  taskset -c "$STUDENT_CPUS,$TEACHER_CPUS" "$EDL" train --model "$TEACHER_MODEL" \
+    --data fashion-mnist --train_samples "$TEACHER_TRAIN_SAMPLES" \
     --batch_size "$BATCH" --epochs "$TEACHER_EPOCHS" --augment true --log_every 0 \
     --checkpoint_dir "$WORK/teacher" | tee "$WORK/teacher.log" | grep summary
 fi
