@@ -1,0 +1,216 @@
+// Teacher counts that survive the server and that the scaling script drives (README,
+// "Distillation"; jobserver/STATE.md, "Keys": services), with a real `edl server`, real `edl
+// client`s running stand-in trainers, and a stand-in teacher command (a shell script that records
+// its pid and name, then runs until stopped or until its client is gone):
+//  - a service scaled to 2 over two clients; the server is SIGKILLed and started again on the same
+//    --state_dir and port while one client is stopped (SIGSTOP): the other re-attaches first and
+//    gets no extra teacher (the stopped client's teacher still counts); once both are back,
+//    `ctl status` says desired 2 with the same two teachers (same pids), and no third one was
+//    ever ordered;
+//  - `teachers kd N` lines of a scaling script take the service 0 -> 2 -> 1 as `ctl scale` would.
+#include <signal.h>
+
+#include <filesystem>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "tests/integration/control_plane_harness.h"
+
+namespace edl {
+namespace {
+
+using itest::json;
+using itest::milliseconds;
+using itest::Proc;
+using itest::Slurp;
+using itest::WaitFor;
+
+class TeacherScalingTest : public itest::ControlPlaneHarness {
+ protected:
+  void SetUp() override {
+    ControlPlaneHarness::SetUp();
+    teachers_ = dir_.Join("teachers.txt");
+    // The client appends --service kd --name NAME ... to the command: "$*" holds the name.
+    std::ofstream(dir_.Join("teacher.sh")) << "echo \"$$ $*\" >> " << teachers_ << "\n"
+                                           << "trap 'exit 0' TERM\n"
+                                           << "while kill -0 $PPID 2>/dev/null; do sleep 0.2; done\n";
+  }
+  void TearDown() override {
+    // Stand-ins left by a failed test (a recorded pid that still runs this test's script).
+    for (const auto& [name, pid] : TeacherPids()) {
+      if (Slurp("/proc/" + std::to_string(pid) + "/cmdline").find(dir_.Join("teacher.sh")) != std::string::npos) {
+        ::kill(pid, SIGKILL);
+      }
+    }
+  }
+
+  // The stand-in teachers that started: name -> pid.
+  std::map<std::string, int> TeacherPids() {
+    std::map<std::string, int> out;
+    std::istringstream in(Slurp(teachers_));
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream ls(line);
+      int pid = 0;
+      ls >> pid;
+      for (std::string a; ls >> a;) {
+        if (a == "--name" && (ls >> a)) out[a] = pid;
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<Proc> StartServerOn(const std::string& port, const std::vector<std::string>& extra) {
+    std::remove(dir_.Join("port").c_str());
+    std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", port, "--bind", "127.0.0.1",
+                                     "--port_file", dir_.Join("port"), "--secret_file", secret_, "--job_id", "itest",
+                                     "--min_trainers", "1", "--trainers", "2", "--events_dir", dir_.Join("events"),
+                                     "--heartbeat_timeout_ms", "10000", "--join_timeout_s", "60"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = std::make_unique<Proc>(argv, dir_.Join("server.log"));
+    port_ = itest::WaitForPortFile(dir_.Join("port"), p.get());
+    return p;
+  }
+
+  std::unique_ptr<Proc> StartTeacherClient(const std::string& node) {
+    return StartClient(node, "inplace", "",
+                       {{"slots", "1"}, {"service", "kd = /bin/sh " + dir_.Join("teacher.sh")}, {"teacher_slots", "2"}});
+  }
+
+  // `ctl status --json`'s services.kd (empty when absent or the reply is not JSON).
+  json Kd() {
+    std::string out;
+    if (Ctl({"status", "--json"}, &out) != 0) return json::object();
+    const size_t brace = out.find('{');
+    const json j = json::parse(brace == std::string::npos ? "" : out.substr(brace), nullptr, false);
+    if (!j.is_object() || !j.contains("services") || !j["services"].is_object() || !j["services"].contains("kd")) {
+      return json::object();
+    }
+    return j["services"]["kd"];
+  }
+  // The teachers placed and not being stopped, and those being stopped.
+  static std::set<std::string> Placed(const json& kd, bool stopping = false) {
+    std::set<std::string> out;
+    if (!kd.is_object()) return out;
+    for (const json& t : kd.value("placed", json::array())) {
+      if (t.value("stopping", false) == stopping) out.insert(t.value("name", std::string()));
+    }
+    return out;
+  }
+  static size_t Count(const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  }
+
+  std::string teachers_;
+};
+
+TEST_F(TeacherScalingTest, DesiredCountAndTeachersSurviveAServerSigkill) {
+  const std::vector<std::string> state = {"--state_dir", dir_.Join("state")};
+  std::unique_ptr<Proc> server = StartServerOn("0", state);
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  auto c1 = StartTeacherClient("n1");
+  auto c2 = StartTeacherClient("n2");
+  ASSERT_TRUE(WaitFor([&] { return Kd().value("nodes", json::array()).size() == 2; }, milliseconds(60000)))
+      << Diagnostics();
+  std::string out;
+  ASSERT_EQ(Ctl({"scale", "kd", "2"}, &out), 0) << out;
+  // One on each node (the placer spreads a service), both running.
+  ASSERT_TRUE(WaitFor([&] { return TeacherPids().size() == 2; }, milliseconds(60000))) << Diagnostics();
+  const std::map<std::string, int> before = TeacherPids();
+  std::set<std::string> names;
+  for (const auto& [name, pid] : before) names.insert(name);
+  EXPECT_EQ(Placed(Kd()), names);
+
+  // n2 is frozen across the restart, so n1 surely re-attaches first.
+  std::string n2_teacher;
+  for (const json& t : Kd().value("placed", json::array())) {
+    if (t["node"] == "n2") n2_teacher = t["name"];
+  }
+  ASSERT_FALSE(n2_teacher.empty()) << Kd().dump();
+  ASSERT_EQ(::kill(c2->pid(), SIGSTOP), 0);
+  struct Thaw {
+    int pid;
+    ~Thaw() { ::kill(pid, SIGCONT); }
+  } thaw{c2->pid()};
+  ASSERT_EQ(::kill(server->pid(), SIGKILL), 0);
+  ASSERT_EQ(server->Wait(milliseconds(10000)), 128 + SIGKILL);
+  const size_t log_before = Slurp(dir_.Join("server.log")).size();
+  server = StartServerOn(port_, state);
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  json kd;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        kd = Kd();  // each reply follows a placement pass
+        return kd.value("nodes", json::array()) == json::array({"n1"});
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  EXPECT_EQ(kd["desired"], 2) << kd.dump();
+  EXPECT_EQ(Placed(kd), names) << "n1 got an extra teacher while n2 was away: " << kd.dump();
+  for (const json& t : kd["placed"]) {
+    EXPECT_EQ(t["awaiting_node"].get<bool>(), t["node"] == "n2") << kd.dump();
+  }
+
+  // n2 comes back with its teacher: both kept as they run.
+  ASSERT_EQ(::kill(c2->pid(), SIGCONT), 0);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        kd = Kd();
+        return kd.value("nodes", json::array()).size() == 2;
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  EXPECT_EQ(kd["desired"], 2) << kd.dump();
+  EXPECT_EQ(Placed(kd), names) << kd.dump();
+  EXPECT_TRUE(Placed(kd, /*stopping=*/true).empty()) << kd.dump();
+  for (const json& t : kd["placed"]) EXPECT_FALSE(t["awaiting_node"].get<bool>()) << kd.dump();
+  EXPECT_EQ(TeacherPids(), before) << "a teacher was started again";
+  for (const auto& [name, pid] : before) EXPECT_EQ(::kill(pid, 0), 0) << name << " no longer runs";
+  const std::string log = Slurp(dir_.Join("server.log")).substr(log_before);
+  EXPECT_EQ(Count(log, "start teacher"), 0u) << "the restarted server ordered a teacher:\n" << log;
+  EXPECT_NE(log.find("desired teachers 2 (kept by the previous server)"), std::string::npos) << log;
+  EXPECT_NE(log.find("teacher " + n2_teacher + " placed before the restart runs on node n2; kept"), std::string::npos)
+      << log;
+
+  // The restarted server goes on scaling the service from there.
+  ASSERT_EQ(Ctl({"scale", "kd", "1"}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor([&] { return Placed(Kd()).size() == 1 && Placed(Kd(), true).empty(); }, milliseconds(60000)))
+      << Diagnostics();
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(server->Wait(milliseconds(30000)), 0);
+  EXPECT_EQ(c1->Wait(milliseconds(30000)), 0);
+  EXPECT_EQ(c2->Wait(milliseconds(30000)), 0);
+}
+
+TEST_F(TeacherScalingTest, ScalingScriptTakesTheServiceToTwoThenOne) {
+  StartServer("0 teachers kd 2\n1 teachers kd 1\n", 1);
+  if (HasFatalFailure()) return;
+  auto c1 = StartTeacherClient("n1");
+  // Both script lines applied: one teacher left running, one started and then stopped.
+  json kd;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        kd = Kd();
+        return kd.value("desired", json()) == 1 && Placed(kd).size() == 1 && Placed(kd, true).empty();
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  const std::string log = Slurp(dir_.Join("server.log"));
+  EXPECT_EQ(Count(log, "start teacher"), 2u) << log;
+  EXPECT_EQ(Count(log, "stop teacher"), 1u) << log;
+  EXPECT_NE(log.find("script event: 0.000000 teachers kd 2"), std::string::npos) << log;
+  EXPECT_NE(log.find("script event: 1.000000 teachers kd 1"), std::string::npos) << log;
+  // The one left is the first started (shrinking stops the newest), and it runs.
+  EXPECT_EQ(*Placed(kd).begin(), "n1-t1") << kd.dump();
+  ASSERT_TRUE(WaitFor([&] { return TeacherPids().count("n1-t1") > 0; }, milliseconds(30000))) << Diagnostics();
+  EXPECT_EQ(::kill(TeacherPids()["n1-t1"], 0), 0);
+  std::string out;
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(server_->Wait(milliseconds(30000)), 0);
+  EXPECT_EQ(c1->Wait(milliseconds(30000)), 0);
+}
+
+}  // namespace
+}  // namespace edl
