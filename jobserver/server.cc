@@ -754,6 +754,8 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
 
 void Server::Dispatch() {
   if (shutting_down_) return;
+  // Cluster mode: teachers run only in the trainer slots no job holds (cluster_policy.h, step 5).
+  if (cluster_) placer_.SetCapacity(cluster_->policy().FreeSlotsByNode());
   PlaceTeachers();
   if (cluster_) DispatchCluster();
   std::vector<Action> actions = scheduler_.TakeActions();

@@ -133,6 +133,43 @@ int ServicePlacer::Live(const std::string& service) const {
   return live;
 }
 
+void ServicePlacer::SetCapacity(const std::map<std::string, int>& free_slots) {
+  if (capped_ && capacity_ == free_slots) return;
+  capped_ = true;
+  capacity_ = free_slots;
+  dirty_ = true;
+}
+
+int ServicePlacer::Limit(const std::string& node, const Node& n) const {
+  if (!capped_) return n.slots;
+  auto it = capacity_.find(node);
+  return std::min(n.slots, it == capacity_.end() ? 0 : std::max(0, it->second));
+}
+
+void ServicePlacer::Preempt(std::vector<Order>* orders) {
+  if (!capped_) return;
+  for (const auto& [node, n] : nodes_) {
+    const int limit = Limit(node, n);
+    int live = 0;
+    for (const auto& [name, p] : placed_) live += p.node == node && !p.stopping;
+    while (live > limit) {  // the newest first
+      std::string newest;
+      int64_t newest_us = -1;
+      for (const auto& [name, p] : placed_) {
+        if (p.node == node && !p.stopping && p.started_us >= newest_us) newest = name, newest_us = p.started_us;
+      }
+      Placed& p = placed_[newest];
+      p.stopping = true;
+      orders->push_back({node, false, p.service, newest});
+      ++preempted_[p.service];
+      changed_ = true;
+      --live;
+      LOG(INFO) << "service " << p.service << ": teacher " << newest << " on node " << node
+                << " gives its slot to a job (the node has " << limit << " slot(s) free for teachers)";
+    }
+  }
+}
+
 void ServicePlacer::ExpireAwaiting(int64_t now_us) {
   for (auto it = placed_.begin(); it != placed_.end();) {
     if (it->second.awaiting_until_us != 0 && it->second.awaiting_until_us <= now_us) {
@@ -152,6 +189,7 @@ std::vector<ServicePlacer::Order> ServicePlacer::Reconcile(int64_t now_us) {
   if (!dirty_ && (retry_at_us_ == 0 || now_us < retry_at_us_)) return orders;
   dirty_ = false;
   retry_at_us_ = 0;
+  Preempt(&orders);
   for (const auto& [service, want] : desired_) {
     int live = Live(service);
     while (live < want) {
@@ -159,7 +197,7 @@ std::vector<ServicePlacer::Order> ServicePlacer::Reconcile(int64_t now_us) {
       const std::string* best = nullptr;
       std::pair<int, int> best_key{std::numeric_limits<int>::max(), 0};
       for (const auto& [name, n] : nodes_) {
-        if (!n.services.count(service) || Used(name) >= n.slots) continue;
+        if (!n.services.count(service) || Used(name) >= Limit(name, n)) continue;
         auto h = n.hold.find(service);
         if (h != n.hold.end() && h->second.second > now_us) continue;
         int mine = 0;
@@ -226,8 +264,10 @@ json ServicePlacer::Summary(int64_t now_us) const {
     }
     auto d = desired_.find(s);
     auto r = restarts_.find(s);
+    auto pe = preempted_.find(s);
     out[s] = {{"desired", d == desired_.end() ? json(nullptr) : json(d->second)}, {"placed", placed},
-              {"nodes", nodes}, {"restarts", r == restarts_.end() ? 0 : r->second}};
+              {"nodes", nodes}, {"restarts", r == restarts_.end() ? 0 : r->second},
+              {"preempted", pe == preempted_.end() ? 0 : pe->second}};
   }
   return out;
 }

@@ -77,11 +77,18 @@ class ServicePlacer {
   bool Knows(const std::string& service) const;
   // The node reported that its teacher `name` ended (`why`). Ignored unless placed there.
   void Exited(const std::string& node, const std::string& name, const std::string& why, int64_t now_us);
+  // Cluster mode (`edl server --cluster`): the trainer slots no job holds, per node
+  // (ClusterPolicy::FreeSlotsByNode). A teacher then takes one such slot: a node runs at most
+  // min(its teacher slots, its free slots) teachers, so a desired count is an upper bound filled
+  // from free capacity only. Teachers above a node's capacity (a job took the slots) are stopped,
+  // newest first, and placed again where capacity is free. Never called: no such limit.
+  void SetCapacity(const std::map<std::string, int>& free_slots);
   // Starts and stops that bring every service toward its desired count (placed teachers count as
   // soon as ordered; stopped ones no longer count).
   std::vector<Order> Reconcile(int64_t now_us);
-  // {"<service>": {"desired": N, "placed": [{"name","node","since_s"}], "restarts": R,
-  //  "nodes": [node, ...] (offering it)}} for `edl ctl status`.
+  // {"<service>": {"desired": N, "placed": [{"name","node","since_s","stopping","awaiting_node"}],
+  //  "restarts": R, "preempted": P (stopped to give a job their slot), "nodes": [node, ...]
+  //  (offering it)}} for `edl ctl status`.
   nlohmann::json Summary(int64_t now_us) const;
 
   // ---- durable state
@@ -112,12 +119,17 @@ class ServicePlacer {
     std::map<std::string, std::pair<int, int64_t>> hold;
   };
   int Used(const std::string& node) const;        // teachers placed on the node (stopping too)
+  int Limit(const std::string& node, const Node& n) const;  // teachers the node may run now
+  void Preempt(std::vector<Order>* orders);  // stops teachers above capacity
   int Live(const std::string& service) const;     // placed and not stopping
 
   std::map<std::string, Node> nodes_;
   std::map<std::string, int> desired_;            // by service
   std::map<std::string, Placed> placed_;          // by teacher name
   std::map<std::string, int64_t> restarts_;       // replacements per service
+  std::map<std::string, int64_t> preempted_;      // stopped for a job, per service (not kept)
+  bool capped_ = false;                           // SetCapacity was called (cluster mode)
+  std::map<std::string, int> capacity_;           // free trainer slots per node
   uint64_t next_seq_ = 1;
   // Reconcile runs on every server event: it works only after a change, or once a held-back
   // start may go ahead (a service short of teachers retries at least every second).

@@ -7,7 +7,10 @@
 //    gets no extra teacher (the stopped client's teacher still counts); once both are back,
 //    `ctl status` says desired 2 with the same two teachers (same pids), and no third one was
 //    ever ordered;
-//  - `teachers kd N` lines of a scaling script take the service 0 -> 2 -> 1 as `ctl scale` would.
+//  - `teachers kd N` lines of a scaling script take the service 0 -> 2 -> 1 as `ctl scale` would;
+//  - a `--cluster` server keeps the service across a SIGKILL the same way, and its teachers run
+//    only in trainer slots no job holds: a submitted job takes their slots (they are stopped,
+//    `preempted`), and they come back when it is cancelled.
 #include <signal.h>
 
 #include <filesystem>
@@ -60,21 +63,31 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
     return out;
   }
 
-  std::unique_ptr<Proc> StartServerOn(const std::string& port, const std::vector<std::string>& extra) {
+  // A single-job server (2 trainers), or with `cluster` a cluster server.
+  std::unique_ptr<Proc> StartServerOn(const std::string& port, const std::vector<std::string>& extra,
+                                      bool cluster = false) {
     std::remove(dir_.Join("port").c_str());
     std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", port, "--bind", "127.0.0.1",
                                      "--port_file", dir_.Join("port"), "--secret_file", secret_, "--job_id", "itest",
-                                     "--min_trainers", "1", "--trainers", "2", "--events_dir", dir_.Join("events"),
+                                     "--events_dir", dir_.Join("events"),
                                      "--heartbeat_timeout_ms", "10000", "--join_timeout_s", "60"};
+    if (cluster) {
+      argv.push_back("--cluster");
+    } else {
+      argv.insert(argv.end(), {"--min_trainers", "1", "--trainers", "2"});
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     auto p = std::make_unique<Proc>(argv, dir_.Join("server.log"));
     port_ = itest::WaitForPortFile(dir_.Join("port"), p.get());
     return p;
   }
 
-  std::unique_ptr<Proc> StartTeacherClient(const std::string& node) {
-    return StartClient(node, "inplace", "",
-                       {{"slots", "1"}, {"service", "kd = /bin/sh " + dir_.Join("teacher.sh")}, {"teacher_slots", "2"}});
+  std::unique_ptr<Proc> StartTeacherClient(const std::string& node, const std::string& slots = "1",
+                                           const std::string& job_type = "") {
+    std::map<std::string, std::string> flags = {
+        {"slots", slots}, {"service", "kd = /bin/sh " + dir_.Join("teacher.sh")}, {"teacher_slots", "2"}};
+    if (!job_type.empty()) flags["job_type"] = job_type;
+    return StartClient(node, "inplace", "", flags);
   }
 
   // `ctl status --json`'s services.kd (empty when absent or the reply is not JSON).
@@ -209,6 +222,75 @@ TEST_F(TeacherScalingTest, ScalingScriptTakesTheServiceToTwoThenOne) {
   std::string out;
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
   EXPECT_EQ(server_->Wait(milliseconds(30000)), 0);
+  EXPECT_EQ(c1->Wait(milliseconds(30000)), 0);
+}
+
+TEST_F(TeacherScalingTest, ClusterServerKeepsTheServiceAndGivesItsSlotsToJobs) {
+  const std::vector<std::string> state = {"--state_dir", dir_.Join("state")};
+  std::unique_ptr<Proc> server = StartServerOn("0", state, /*cluster=*/true);
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  auto c1 = StartTeacherClient("n1", "2", std::string("standin = ") + STAND_IN_TRAINER);
+  ASSERT_TRUE(WaitFor([&] { return Kd().value("nodes", json::array()).size() == 1; }, milliseconds(60000)))
+      << Diagnostics();
+  std::string out;
+  // Three asked, two trainer slots free: two teachers.
+  ASSERT_EQ(Ctl({"scale", "kd", "3"}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor([&] { return TeacherPids().size() == 2; }, milliseconds(60000))) << Diagnostics();
+  const std::map<std::string, int> before = TeacherPids();
+  std::set<std::string> names;
+  for (const auto& [name, pid] : before) names.insert(name);
+  EXPECT_EQ(Placed(Kd()), names);
+
+  ASSERT_EQ(::kill(server->pid(), SIGKILL), 0);
+  ASSERT_EQ(server->Wait(milliseconds(10000)), 128 + SIGKILL);
+  const size_t log_before = Slurp(dir_.Join("server.log")).size();
+  server = StartServerOn(port_, state, /*cluster=*/true);
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  json kd;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        kd = Kd();
+        return kd.value("nodes", json::array()).size() == 1;
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  EXPECT_EQ(kd["desired"], 3) << kd.dump();
+  EXPECT_EQ(Placed(kd), names) << kd.dump();
+  EXPECT_EQ(TeacherPids(), before) << "a teacher was started again";
+  EXPECT_EQ(Count(Slurp(dir_.Join("server.log")).substr(log_before), "start teacher"), 0u);
+
+  // A job takes both slots: the teachers give them up (no job was shrunk for them).
+  std::ofstream(dir_.Join("j.ini")) << "name = j\ntype = standin\nmin = 1\nmax = 2\n";
+  ASSERT_EQ(Ctl({"submit", dir_.Join("j.ini")}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        kd = Kd();
+        return Placed(kd).empty() && Placed(kd, true).empty();
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  EXPECT_EQ(kd["preempted"], 2) << kd.dump();
+  EXPECT_EQ(kd["restarts"], 0) << kd.dump();
+  for (const auto& [name, pid] : before) {
+    EXPECT_TRUE(WaitFor([&] { return ::kill(pid, 0) != 0; }, milliseconds(30000))) << name << " still runs";
+  }
+  json jobs;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        jobs = Jobs();
+        return jobs["jobs"].size() == 1 && jobs["jobs"][0].value("trainers", 0) == 2;
+      },
+      milliseconds(60000)))
+      << jobs.dump() << Diagnostics();
+  EXPECT_EQ(jobs["jobs"][0]["name"], "j");
+  EXPECT_EQ(jobs["jobs"][0]["state"], "running");
+
+  // Cancelled, it gives the slots back: two teachers again.
+  ASSERT_EQ(Ctl({"cancel", "j"}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor([&] { return Placed(Kd()).size() == 2 && TeacherPids().size() == 4; }, milliseconds(60000)))
+      << Diagnostics();
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(server->Wait(milliseconds(30000)), 0);
   EXPECT_EQ(c1->Wait(milliseconds(30000)), 0);
 }
 
