@@ -12,10 +12,7 @@
 namespace edl::jobserver {
 
 using nlohmann::json;
-using state_value::Fix;
-using state_value::kMaxI64;
-using state_value::ParseValue;
-using state_value::Reader;
+namespace sv = state_value;
 
 std::string EncodeServices(const ServicesState& s) {
   json teachers = json::array();
@@ -30,7 +27,7 @@ std::string EncodeServices(const ServicesState& s) {
 namespace {
 
 Status Bad(const std::string& key, const std::string& why) {
-  return Status::Corruption("stored services: " + why + Fix(key));
+  return Status::Corruption("stored services: " + why + sv::Fix(key));
 }
 
 // {"<service>": count} with valid names, at most kMaxStoredServices, counts in lo..hi.
@@ -58,15 +55,15 @@ Status DecodeCounts(const std::string& key, const json& j, const char* field, in
 
 Status DecodeServices(const std::string& key, const std::string& value, ServicesState* out) {
   json j;
-  EDL_RETURN_IF_ERROR(ParseValue(key, value, &j));
+  EDL_RETURN_IF_ERROR(sv::ParseValue(key, value, &j));
   ServicesState s;
-  Reader r(j, key);
-  r.Int("next_seq", &s.next_seq, 1, kMaxI64);
+  sv::Reader r(j, key);
+  r.Int("next_seq", &s.next_seq, 1, sv::kMaxI64);
   EDL_RETURN_IF_ERROR(r.status());
   std::map<std::string, int64_t> desired;
   EDL_RETURN_IF_ERROR(DecodeCounts(key, j, "desired", static_cast<int64_t>(proto::kMaxServiceMembers), &desired));
   for (const auto& [name, n] : desired) s.desired[name] = static_cast<int>(n);
-  EDL_RETURN_IF_ERROR(DecodeCounts(key, j, "restarts", kMaxI64, &s.restarts));
+  EDL_RETURN_IF_ERROR(DecodeCounts(key, j, "restarts", sv::kMaxI64, &s.restarts));
   const auto t = j.find("teachers");
   if (t == j.end() || !t->is_array() || t->size() > kMaxStoredTeachers) {
     return Bad(key, "'teachers' is not a list of at most " + std::to_string(kMaxStoredTeachers) + " teachers");
@@ -75,7 +72,7 @@ Status DecodeServices(const std::string& key, const std::string& value, Services
   for (const json& e : *t) {
     if (!e.is_object()) return Bad(key, "a teacher is not an object");
     ServicesState::Teacher x;
-    Reader tr(e, key);
+    sv::Reader tr(e, key);
     tr.Str("name", &x.name, proto::kMaxNameBytes)
         .Str("service", &x.service, proto::kMaxNameBytes)
         .Str("node", &x.node, proto::kMaxNameBytes);

@@ -116,6 +116,55 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
     return n;
   }
 
+  // `ctl scale kd N`, then waits until `running` stand-ins started; their names (all placed).
+  std::map<std::string, int> ScaleAndWait(const std::string& n, size_t running) {
+    std::string out;
+    EXPECT_EQ(Ctl({"scale", "kd", n}, &out), 0) << out;
+    EXPECT_TRUE(WaitFor([&] { return TeacherPids().size() == running; }, milliseconds(60000))) << Diagnostics();
+    const std::map<std::string, int> pids = TeacherPids();
+    EXPECT_EQ(Placed(Kd()), Names(pids));
+    return pids;
+  }
+  // SIGKILLs the server and starts it again on the same port and state; the log's size before.
+  size_t RestartServer(std::unique_ptr<Proc>* server, const std::vector<std::string>& state, bool cluster) {
+    EXPECT_EQ(::kill((*server)->pid(), SIGKILL), 0);
+    EXPECT_EQ((*server)->Wait(milliseconds(10000)), 128 + SIGKILL);
+    const size_t log_before = Slurp(dir_.Join("server.log")).size();
+    *server = StartServerOn(port_, state, cluster);
+    EXPECT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+    return log_before;
+  }
+  // Waits until `n` clients offering kd are attached; services.kd then (each reply follows a
+  // placement pass, so the teachers shown include any the attach made it order).
+  json KdWithNodes(size_t n) {
+    json kd;
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          kd = Kd();
+          return kd.value("nodes", json::array()).size() == n;
+        },
+        milliseconds(60000)))
+        << Diagnostics();
+    return kd;
+  }
+  // After a restart: the same desired count and teachers, the same processes, and no start order
+  // in the server's log since `log_before`.
+  void ExpectKept(const json& kd, int desired, const std::map<std::string, int>& before, size_t log_before) {
+    EXPECT_EQ(kd["desired"], desired) << kd.dump();
+    EXPECT_EQ(Placed(kd), Names(before)) << kd.dump();
+    EXPECT_TRUE(Placed(kd, /*stopping=*/true).empty()) << kd.dump();
+    EXPECT_EQ(TeacherPids(), before) << "a teacher was started again";
+    const std::string log = Slurp(dir_.Join("server.log")).substr(log_before);
+    EXPECT_EQ(Count(log, "start teacher"), 0u) << "the restarted server ordered a teacher:\n" << log;
+    EXPECT_NE(log.find("desired teachers " + std::to_string(desired) + " (kept by the previous server)"),
+              std::string::npos) << log;
+  }
+  static std::set<std::string> Names(const std::map<std::string, int>& pids) {
+    std::set<std::string> out;
+    for (const auto& [name, pid] : pids) out.insert(name);
+    return out;
+  }
+
   std::string teachers_;
 };
 
@@ -125,16 +174,12 @@ TEST_F(TeacherScalingTest, DesiredCountAndTeachersSurviveAServerSigkill) {
   ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
   auto c1 = StartTeacherClient("n1");
   auto c2 = StartTeacherClient("n2");
-  ASSERT_TRUE(WaitFor([&] { return Kd().value("nodes", json::array()).size() == 2; }, milliseconds(60000)))
-      << Diagnostics();
-  std::string out;
-  ASSERT_EQ(Ctl({"scale", "kd", "2"}, &out), 0) << out;
+  KdWithNodes(2);
   // One on each node (the placer spreads a service), both running.
-  ASSERT_TRUE(WaitFor([&] { return TeacherPids().size() == 2; }, milliseconds(60000))) << Diagnostics();
-  const std::map<std::string, int> before = TeacherPids();
-  std::set<std::string> names;
-  for (const auto& [name, pid] : before) names.insert(name);
-  EXPECT_EQ(Placed(Kd()), names);
+  const std::map<std::string, int> before = ScaleAndWait("2", 2);
+  const std::set<std::string> names = Names(before);
+  ASSERT_EQ(names.size(), 2u);
+  std::string out;
 
   // n2 is frozen across the restart, so n1 surely re-attaches first.
   std::string n2_teacher;
@@ -147,19 +192,10 @@ TEST_F(TeacherScalingTest, DesiredCountAndTeachersSurviveAServerSigkill) {
     int pid;
     ~Thaw() { ::kill(pid, SIGCONT); }
   } thaw{c2->pid()};
-  ASSERT_EQ(::kill(server->pid(), SIGKILL), 0);
-  ASSERT_EQ(server->Wait(milliseconds(10000)), 128 + SIGKILL);
-  const size_t log_before = Slurp(dir_.Join("server.log")).size();
-  server = StartServerOn(port_, state);
-  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
-  json kd;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        kd = Kd();  // each reply follows a placement pass
-        return kd.value("nodes", json::array()) == json::array({"n1"});
-      },
-      milliseconds(60000)))
-      << Diagnostics();
+  const size_t log_before = RestartServer(&server, state, /*cluster=*/false);
+  if (HasFailure()) return;
+  json kd = KdWithNodes(1);
+  ASSERT_EQ(kd["nodes"], json::array({"n1"})) << kd.dump();
   EXPECT_EQ(kd["desired"], 2) << kd.dump();
   EXPECT_EQ(Placed(kd), names) << "n1 got an extra teacher while n2 was away: " << kd.dump();
   for (const json& t : kd["placed"]) {
@@ -168,22 +204,11 @@ TEST_F(TeacherScalingTest, DesiredCountAndTeachersSurviveAServerSigkill) {
 
   // n2 comes back with its teacher: both kept as they run.
   ASSERT_EQ(::kill(c2->pid(), SIGCONT), 0);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        kd = Kd();
-        return kd.value("nodes", json::array()).size() == 2;
-      },
-      milliseconds(60000)))
-      << Diagnostics();
-  EXPECT_EQ(kd["desired"], 2) << kd.dump();
-  EXPECT_EQ(Placed(kd), names) << kd.dump();
-  EXPECT_TRUE(Placed(kd, /*stopping=*/true).empty()) << kd.dump();
+  kd = KdWithNodes(2);
+  ExpectKept(kd, 2, before, log_before);
   for (const json& t : kd["placed"]) EXPECT_FALSE(t["awaiting_node"].get<bool>()) << kd.dump();
-  EXPECT_EQ(TeacherPids(), before) << "a teacher was started again";
   for (const auto& [name, pid] : before) EXPECT_EQ(::kill(pid, 0), 0) << name << " no longer runs";
   const std::string log = Slurp(dir_.Join("server.log")).substr(log_before);
-  EXPECT_EQ(Count(log, "start teacher"), 0u) << "the restarted server ordered a teacher:\n" << log;
-  EXPECT_NE(log.find("desired teachers 2 (kept by the previous server)"), std::string::npos) << log;
   EXPECT_NE(log.find("teacher " + n2_teacher + " placed before the restart runs on node n2; kept"), std::string::npos)
       << log;
 
@@ -230,34 +255,15 @@ TEST_F(TeacherScalingTest, ClusterServerKeepsTheServiceAndGivesItsSlotsToJobs) {
   std::unique_ptr<Proc> server = StartServerOn("0", state, /*cluster=*/true);
   ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
   auto c1 = StartTeacherClient("n1", "2", std::string("standin = ") + STAND_IN_TRAINER);
-  ASSERT_TRUE(WaitFor([&] { return Kd().value("nodes", json::array()).size() == 1; }, milliseconds(60000)))
-      << Diagnostics();
-  std::string out;
+  KdWithNodes(1);
   // Three asked, two trainer slots free: two teachers.
-  ASSERT_EQ(Ctl({"scale", "kd", "3"}, &out), 0) << out;
-  ASSERT_TRUE(WaitFor([&] { return TeacherPids().size() == 2; }, milliseconds(60000))) << Diagnostics();
-  const std::map<std::string, int> before = TeacherPids();
-  std::set<std::string> names;
-  for (const auto& [name, pid] : before) names.insert(name);
-  EXPECT_EQ(Placed(Kd()), names);
-
-  ASSERT_EQ(::kill(server->pid(), SIGKILL), 0);
-  ASSERT_EQ(server->Wait(milliseconds(10000)), 128 + SIGKILL);
-  const size_t log_before = Slurp(dir_.Join("server.log")).size();
-  server = StartServerOn(port_, state, /*cluster=*/true);
-  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
-  json kd;
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        kd = Kd();
-        return kd.value("nodes", json::array()).size() == 1;
-      },
-      milliseconds(60000)))
-      << Diagnostics();
-  EXPECT_EQ(kd["desired"], 3) << kd.dump();
-  EXPECT_EQ(Placed(kd), names) << kd.dump();
-  EXPECT_EQ(TeacherPids(), before) << "a teacher was started again";
-  EXPECT_EQ(Count(Slurp(dir_.Join("server.log")).substr(log_before), "start teacher"), 0u);
+  const std::map<std::string, int> before = ScaleAndWait("3", 2);
+  ASSERT_EQ(before.size(), 2u);
+  const size_t log_before = RestartServer(&server, state, /*cluster=*/true);
+  if (HasFailure()) return;
+  std::string out;
+  json kd = KdWithNodes(1);
+  ExpectKept(kd, 3, before, log_before);
 
   // A job takes both slots: the teachers give them up (no job was shrunk for them).
   std::ofstream(dir_.Join("j.ini")) << "name = j\ntype = standin\nmin = 1\nmax = 2\n";
