@@ -111,6 +111,15 @@ TEST_F(ClusterTeachersTest, TeachersFillFreeSlotsAndYieldThemToJobsBeforeAnyJobS
   Step();
   EXPECT_EQ(Teachers(), 6);
   CheckFits(slots);
+  // b1 is scaled back up: it grows into the slots of its node first, where two teachers run;
+  // they give way.
+  ASSERT_OK(policy_.Scale("b1", 4));
+  EXPECT_EQ(Size("b1"), 4);
+  const std::map<std::string, int> free = policy_.FreeSlotsByNode();
+  Step();
+  EXPECT_EQ(Teachers(), free.at("a") + free.at("b"));
+  CheckFits(slots);
+  EXPECT_EQ(placer_.Summary(clock_.NowMicros())["kd"]["preempted"], 4 + 2);
   // The count stays an upper bound: scaled to 1, the others stop.
   ASSERT_OK(placer_.SetDesired("kd", 1));
   Step();
