@@ -259,63 +259,49 @@ TEST(StateStoreTest, ADamagedValueOrDirectoryIsRefusedNamingTheFix) {
 TEST(StateStoreTest, ServicesAreKeptBesideTheJobAndADamagedValueIsRefused) {
   test::ScratchDir dir("edl-state");
   const std::string path = dir.Join("state");
+  const std::string key = JobKeyPrefix("job") + "services";
   JobState s = Sample();
   s.services.desired = {{"kd", 2}, {"kd2", 0}};
   s.services.restarts = {{"kd", 3}};
   s.services.next_seq = 9;
   s.services.teachers = {{"a-t7", "kd", "a"}, {"b-t8", "kd", "b"}};
+  // A fresh store on the directory loads the job into *d.
+  auto load = [&](JobState* d, bool* found) {
+    StateStore store;
+    bool created = false;
+    EXPECT_OK(store.Open(path, &created));
+    return store.Load("job", d, found);
+  };
+  // Another program (or an older server) changes the key directly; empty `value`: deletes it.
+  auto raw = [&](const std::string& value) {
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path, &db).ok());
+    std::unique_ptr<rocksdb::DB> owned(db);
+    ASSERT_TRUE((value.empty() ? db->Delete(rocksdb::WriteOptions(), key) : db->Put(rocksdb::WriteOptions(), key, value)).ok());
+  };
   {
     StateStore store;
     bool created = false;
     ASSERT_OK(store.Open(path, &created));
     ASSERT_OK(store.Save(s));
   }
-  {
-    StateStore store;
-    bool created = false;
-    ASSERT_OK(store.Open(path, &created));
-    JobState d;
-    bool found = false;
-    ASSERT_OK(store.Load("job", &d, &found));
-    ASSERT_TRUE(found);
-    EXPECT_EQ(d.services.desired, s.services.desired);
-    EXPECT_EQ(d.services.restarts, s.services.restarts);
-    EXPECT_EQ(d.services.next_seq, 9u);
-    ASSERT_EQ(d.services.teachers.size(), 2u);
-    EXPECT_EQ(d.services.teachers[1].name, "b-t8");
-    EXPECT_EQ(d.services.teachers[1].node, "b");
-  }
-  {  // A state written before services were kept, then a damaged services value.
-    rocksdb::DB* raw = nullptr;
-    rocksdb::Options o;
-    ASSERT_TRUE(rocksdb::DB::Open(o, path, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
-    ASSERT_TRUE(db->Delete(rocksdb::WriteOptions(), JobKeyPrefix("job") + "services").ok());
-  }
-  {
-    StateStore store;
-    bool created = false;
-    ASSERT_OK(store.Open(path, &created));
-    JobState d;
-    bool found = false;
-    ASSERT_OK(store.Load("job", &d, &found));
-    EXPECT_TRUE(found);
-    EXPECT_TRUE(d.services.empty());
-  }
-  {
-    rocksdb::DB* raw = nullptr;
-    rocksdb::Options o;
-    ASSERT_TRUE(rocksdb::DB::Open(o, path, &raw).ok());
-    std::unique_ptr<rocksdb::DB> db(raw);
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), JobKeyPrefix("job") + "services",
-                        R"({"v":1,"desired":{"kd":99999},"restarts":{},"next_seq":1,"teachers":[]})").ok());
-  }
-  StateStore store;
-  bool created = false;
-  ASSERT_OK(store.Open(path, &created));
   JobState d;
   bool found = false;
-  const Status st = store.Load("job", &d, &found);
+  ASSERT_OK(load(&d, &found));
+  ASSERT_TRUE(found);
+  EXPECT_EQ(d.services.desired, s.services.desired);
+  EXPECT_EQ(d.services.restarts, s.services.restarts);
+  EXPECT_EQ(d.services.next_seq, 9u);
+  ASSERT_EQ(d.services.teachers.size(), 2u);
+  EXPECT_EQ(d.services.teachers[1].name, "b-t8");
+  EXPECT_EQ(d.services.teachers[1].node, "b");
+  raw("");  // a state written before services were kept
+  JobState older;
+  ASSERT_OK(load(&older, &found));
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(older.services.empty());
+  raw(R"({"v":1,"desired":{"kd":99999},"restarts":{},"next_seq":1,"teachers":[]})");
+  const Status st = load(&older, &found);
   EXPECT_TRUE(st.IsCorruption()) << st.ToString();
   EXPECT_NE(st.message().find("job/job/services"), std::string::npos) << st.ToString();
 
