@@ -277,7 +277,8 @@ TEST_F(TeacherScalingTest, ClusterServerKeepsTheServiceAndGivesItsSlotsToJobs) {
       << Diagnostics();
   EXPECT_EQ(kd["preempted"], 2) << kd.dump();
   EXPECT_EQ(kd["restarts"], 0) << kd.dump();
-  for (const auto& [name, pid] : before) {
+  for (const auto& [name, teacher_pid] : before) {
+    const int pid = teacher_pid;  // (a structured binding cannot be captured before C++20)
     EXPECT_TRUE(WaitFor([&] { return ::kill(pid, 0) != 0; }, milliseconds(30000))) << name << " still runs";
   }
   json jobs;
