@@ -19,6 +19,7 @@ namespace {
 
 constexpr char kClusterMetaKey[] = "cluster/meta";
 constexpr char kNodeTypesPrefix[] = "cluster/node_types/";
+constexpr char kServicesKey[] = "cluster/services";
 constexpr size_t kMaxEndedKept = 10000;
 constexpr size_t kMaxSlotsValue = 1'000'000;
 
@@ -160,6 +161,7 @@ Status DecodePlacement(const std::string& key, const std::string& value, Cluster
 std::map<std::string, std::string> EncodeClusterState(const ClusterState& s) {
   std::map<std::string, std::string> kv;
   kv[kClusterMetaKey] = EncodeMeta(s);
+  kv[kServicesKey] = EncodeServices(s.services);
   for (const auto& [name, n] : s.nodes) {
     kv[kNodeKeyPrefix + name] = EncodeNode(n.node);
     kv[kNodeTypesPrefix + name] = EncodeTypes(n);
@@ -192,6 +194,10 @@ Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterS
   std::map<std::string, std::map<std::string, const std::string*>> job_keys;  // job -> part -> value
   for (const auto& [key, value] : kv) {
     if (key == kClusterMetaKey) continue;
+    if (key == kServicesKey) {
+      EDL_RETURN_IF_ERROR(DecodeServices(key, value, &s.services));
+      continue;
+    }
     if (key.rfind(kNodeKeyPrefix, 0) == 0) {
       NodeState n;
       EDL_RETURN_IF_ERROR(DecodeNode(key, value, &n));

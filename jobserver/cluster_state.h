@@ -58,6 +58,7 @@ struct ClusterState {
   std::map<std::string, ClusterNodeState> nodes;
   std::map<std::string, ClusterJobState> jobs;
   std::vector<EndedJob> ended;  // oldest first
+  ServicesState services;       // the teacher services (`cluster/services`)
 };
 
 // Every key and value of `s` (STATE.md "A cluster server").

@@ -138,12 +138,16 @@ void PrintServices(const json& b) {
     std::string placed;
     for (const json& p : s.value("placed", json::array())) {
       placed += (placed.empty() ? "" : ", ") + p.value("name", std::string("?")) +
-                (p.value("stopping", false) ? " (stopping)" : "");
+                (p.value("stopping", false) ? " (stopping)" : "") +
+                (p.is_object() && p.contains("awaiting_node") && p["awaiting_node"] == true ? " (its node has not re-attached)" : "");
     }
     const json d = s.value("desired", json());
+    const auto pe = s.find("preempted");
+    const int64_t preempted = pe != s.end() && pe->is_number_integer() ? pe->get<int64_t>() : 0;
     std::cout << "service " << name << ": desired " << (d.is_number() ? std::to_string(d.get<int>()) : "-")
               << ", placed " << s["placed"].size() << (placed.empty() ? "" : " (" + placed + ")") << ", replaced "
-              << s.value("restarts", 0) << ", offered by " << s.value("nodes", json::array()).size() << " node(s)\n";
+              << s.value("restarts", 0) << (preempted > 0 ? ", gave " + std::to_string(preempted) + " slot(s) to jobs" : "")
+              << ", offered by " << s.value("nodes", json::array()).size() << " node(s)\n";
   }
 }
 

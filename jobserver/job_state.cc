@@ -287,6 +287,10 @@ Status StateStore::Load(const std::string& job_id, JobState* out, bool* found) {
     }
     *found = true;
   }
+  std::string services;
+  bool has_services = false;
+  EDL_RETURN_IF_ERROR(backend_->Get(prefix + "services", &services, &has_services));
+  if (has_services) EDL_RETURN_IF_ERROR(DecodeServices(prefix + "services", services, &s.services));
   std::vector<std::pair<std::string, std::string>> nodes;
   EDL_RETURN_IF_ERROR(backend_->Scan(kNodeKeyPrefix, &nodes));
   for (const auto& [key, value] : nodes) {
@@ -305,6 +309,7 @@ Status StateStore::Save(const JobState& s) {
   std::vector<std::string> deletes;
   puts[prefix + "meta"] = EncodeJobMeta(s);
   puts[prefix + "generation"] = EncodeGeneration(s);
+  puts[prefix + "services"] = EncodeServices(s.services);
   std::map<std::string, std::string> nodes;
   for (const auto& [name, n] : s.nodes) nodes[NodeKey(name)] = EncodeNode(n);
   for (const auto& [key, value] : saved_nodes_) {

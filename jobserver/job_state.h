@@ -17,6 +17,7 @@
 
 #include "edl/base/status.h"
 #include "edl/proto/messages.h"
+#include "jobserver/service_placement.h"
 
 namespace edl::jobserver {
 
@@ -54,6 +55,7 @@ struct JobState {
   int demo_size = 0;
   int64_t demo_steps = 0;
   std::map<std::string, NodeState> nodes;  // by name
+  ServicesState services;  // the teacher services (`job/<job_id>/services`; absent: none)
 };
 
 // Encoding of one value (STATE.md "Values"). Decode: Corruption for bytes that are not a value

@@ -5,10 +5,14 @@
 #include <fstream>
 #include <sstream>
 
+#include "edl/proto/messages.h"
+#include "edl/proto/service_messages.h"
+
 namespace edl::jobserver {
 
 std::string ScaleEvent::ToString() const {
-  static const char* kNames[] = {"set", "add", "remove", "kill", "repeat", "kill all"};
+  static const char* kNames[] = {"set", "add", "remove", "kill", "repeat", "kill all", "teachers"};
+  if (op == Op::kTeachers) return std::to_string(static_cast<double>(at_us) * 1e-6) + " teachers " + service + " " + std::to_string(n);
   return std::to_string(static_cast<double>(at_us) * 1e-6) + " " + kNames[static_cast<int>(op)] +
          (op == Op::kRepeat || op == Op::kKillAll ? "" : " " + std::to_string(n));
 }
@@ -48,8 +52,29 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
       else if (cmd == "add") e.op = ScaleEvent::Op::kAdd;
       else if (cmd == "remove") e.op = ScaleEvent::Op::kRemove;
       else if (cmd == "kill") e.op = ScaleEvent::Op::kKill;
-      else return Status::InvalidArgument(where + "unknown command '" + cmd +
-                                          "' (use set, add, remove, kill or repeat)");
+      else if (cmd == "teachers") e.op = ScaleEvent::Op::kTeachers;
+      else return Status::InvalidArgument(where + "unknown command '" + cmd.substr(0, 32) +
+                                          "' (use set, add, remove, kill, teachers or repeat)");
+      if (e.op == ScaleEvent::Op::kTeachers) {
+        std::string service;
+        if (!(ls >> service) || !(ls >> arg)) {
+          return Status::InvalidArgument(where + "write 'teachers SERVICE N'");
+        }
+        if (!proto::IsValidName(service)) {
+          return Status::InvalidArgument(where + "service name '" + service.substr(0, 32) +
+                                         "' is not a name of letters, digits, '.', '_', '-'");
+        }
+        const long n = std::strtol(arg.c_str(), &end, 10);
+        if (arg.empty() || *end != '\0' || n < 0 || n > static_cast<long>(proto::kMaxServiceMembers)) {
+          return Status::InvalidArgument(where + "teacher count '" + arg.substr(0, 32) + "' is not an integer in 0.." +
+                                         std::to_string(proto::kMaxServiceMembers));
+        }
+        e.service = std::move(service);
+        e.n = static_cast<int>(n);
+        if (ls >> extra) return Status::InvalidArgument(where + "unexpected '" + extra.substr(0, 32) + "'");
+        s.events_.push_back(e);
+        continue;
+      }
       if (!(ls >> arg)) return Status::InvalidArgument(where + "'" + cmd + "' needs a count");
       if (e.op == ScaleEvent::Op::kKill && arg == "all") {
         e.op = ScaleEvent::Op::kKillAll;

@@ -13,6 +13,9 @@
 //   <seconds>  kill all   SIGKILL every running trainer in one step: the server commits the empty
 //                         failure generation at once (nobody re-forms in between), then restarts
 //                         the job from its latest checkpoint (the stop-resume baseline)
+//   <seconds>  teachers SERVICE N
+//                         desired teacher count of inference service SERVICE := N (0..1024), as
+//                         `edl ctl scale SERVICE N` (README, "Distillation")
 //   <seconds>  repeat     start over from the top, shifted by <seconds>
 // Times are non-decreasing; `repeat` is last and later than 0.
 //
@@ -29,9 +32,10 @@
 namespace edl::jobserver {
 
 struct ScaleEvent {
-  enum class Op { kSet, kAdd, kRemove, kKill, kRepeat, kKillAll };
+  enum class Op { kSet, kAdd, kRemove, kKill, kRepeat, kKillAll, kTeachers };
   Op op = Op::kSet;
   int n = 0;
+  std::string service;  // kTeachers: a valid name (proto::IsValidName)
   int64_t at_us = 0;
   std::string ToString() const;
 };

@@ -176,6 +176,7 @@ Status Server::OpenState() {
     if (demo_) demo_->Resume(st.demo_size, st.demo_steps);
     if (st.clock_started) first_generation_us_ = clock_->NowMicros() - st.scale_elapsed_us;
   }
+  RestoreServices(st.services);
   return Persist() ? Status::OK() : Status::IOError("cannot write the job state to " + state_->dir());
 }
 
@@ -188,6 +189,7 @@ bool Server::Persist() {
   } else {
     JobState st;
     scheduler_.Snapshot(&st);
+    placer_.Snapshot(&st.services);
     st.clock_started = first_generation_us_ >= 0;
     st.scale_elapsed_us = st.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
     if (script_) {
@@ -739,6 +741,12 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
       case ScaleEvent::Op::kRemove: scheduler_.AddDesired(-e.n, reason); break;
       case ScaleEvent::Op::kKill: scheduler_.KillTrainers(e.n); break;
       case ScaleEvent::Op::kKillAll: scheduler_.KillAllTrainers(); break;
+      case ScaleEvent::Op::kTeachers:
+        // As `edl ctl scale SERVICE N`; a client offering the service may connect later.
+        if (Status st = placer_.SetDesired(e.service, e.n, /*require_offer=*/false); !st.ok()) {
+          LOG(WARNING) << reason << " event '" << e.ToString() << "' refused: " << st.ToString();
+        }
+        break;
       case ScaleEvent::Op::kRepeat: break;
     }
   }
@@ -746,6 +754,8 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
 
 void Server::Dispatch() {
   if (shutting_down_) return;
+  // Cluster mode: teachers run only in the trainer slots no job holds (cluster_policy.h, step 5).
+  if (cluster_) placer_.SetCapacity(cluster_->policy().FreeSlotsByNode());
   PlaceTeachers();
   if (cluster_) DispatchCluster();
   std::vector<Action> actions = scheduler_.TakeActions();

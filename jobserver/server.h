@@ -129,6 +129,8 @@ class Server {
   void Dispatch();
   // Opens --state_dir and resumes the job saved there, or starts a new one (STATE.md).
   Status OpenState();
+  // The services an earlier server kept (server_services.cc).
+  void RestoreServices(const ServicesState& s);
   // Writes the scheduler's and the scaling sources' state (synced) before anything derived from it
   // is sent. False when it cannot: the server then stops (a restarted one resumes from the last
   // state written) rather than push generations it has not kept.

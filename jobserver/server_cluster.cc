@@ -104,6 +104,7 @@ Status Server::OpenClusterState() {
     LOG(INFO) << "resuming the cluster from --state_dir " << options_.state_dir << ": " << st.jobs.size()
               << " live job(s), " << st.nodes.size() << " node(s), " << st.ended.size() << " ended job(s)";
     EDL_RETURN_IF_ERROR(cluster_->Restore(st));
+    RestoreServices(st.services);
     for (const auto& [name, n] : st.nodes) cluster_sessions_[name] = n.node.session;
   }
   return Persist() ? Status::OK()
@@ -113,6 +114,7 @@ Status Server::OpenClusterState() {
 Status Server::SaveClusterState() {
   ClusterState st;
   cluster_->Snapshot(&st);
+  placer_.Snapshot(&st.services);
   for (auto& [name, n] : st.nodes) {
     auto it = cluster_sessions_.find(name);
     if (it != cluster_sessions_.end()) n.node.session = it->second;

@@ -12,7 +12,11 @@ namespace edl::jobserver {
 using nlohmann::json;
 
 void Server::PlaceTeachers() {
-  for (const ServicePlacer::Order& o : placer_.Reconcile(clock_->NowMicros())) {
+  const std::vector<ServicePlacer::Order> orders = placer_.Reconcile(clock_->NowMicros());
+  // Kept (synced) before any order reaches a client: a restarted server knows every teacher it
+  // placed and the desired counts (STATE.md "Keys": services).
+  if (placer_.TakeChanged() && !Persist()) return;
+  for (const ServicePlacer::Order& o : orders) {
     proto::TeacherOrder t;
     t.type = o.start ? proto::msg::kTeacherStart : proto::msg::kTeacherStop;
     t.service = o.service;
@@ -24,6 +28,14 @@ void Server::PlaceTeachers() {
     SendToNode(o.node, j);
     status_dirty_ = true;
   }
+}
+
+void Server::RestoreServices(const ServicesState& s) {
+  if (s.empty()) return;
+  // A node has the scheduler's grace to re-attach: one heartbeat timeout on top of the usual one.
+  placer_.Restore(s, clock_->NowMicros(), 2 * options_.scheduler.heartbeat_timeout_us);
+  LOG(INFO) << "services restored: " << s.desired.size() << " desired count(s), " << s.teachers.size()
+            << " teacher(s) placed, awaiting their nodes";
 }
 
 void Server::OnTeacherExit(const std::shared_ptr<Peer>& peer, const json& msg) {

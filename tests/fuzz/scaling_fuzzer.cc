@@ -1,10 +1,13 @@
 // Scaling-script parser (jobserver/scaling.h): a script file as an operator wrote it. Parse returns a
 // Status whatever the text; an accepted script's events are in time order, and polling it returns
-// due events only, in order, never a `repeat`, and stays bounded while it repeats.
+// due events only, in order, never a `repeat`, and stays bounded while it repeats. A `teachers`
+// event names a valid service with a count within the service limit.
 #include <algorithm>
 #include <limits>
 #include <string>
 
+#include "edl/proto/messages.h"
+#include "edl/proto/service_messages.h"
 #include "jobserver/scaling.h"
 #include "tests/fuzz/fuzz_check.h"
 
@@ -23,6 +26,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const ScaleEvent& e : events) {
     FUZZ_CHECK(e.at_us >= last_at);
     last_at = e.at_us;
+    if (e.op == ScaleEvent::Op::kTeachers) {
+      FUZZ_CHECK(edl::proto::IsValidName(e.service));
+      FUZZ_CHECK(e.n >= 0 && static_cast<size_t>(e.n) <= edl::proto::kMaxServiceMembers);
+    } else {
+      FUZZ_CHECK(e.service.empty());
+    }
     (void)e.ToString();
   }
   // Up to three passes through a repeating script; each Poll returns due events in time order.

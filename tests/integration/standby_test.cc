@@ -3,7 +3,8 @@
 // and `edl ctl` given both servers.
 //  - one server leads and listens, the other waits without listening;
 //  - the leader SIGKILLed: the standby takes over, resumes the job from etcd, adopts the running
-//    trainers (same pids), and the next change is numbered above every earlier generation;
+//    trainers (same pids), and the next change is numbered above every earlier generation; a
+//    teacher service scaled to 1 keeps its desired count and its one teacher (same process);
 //  - a leader paused (SIGSTOP) past its lease is replaced and, once resumed, stops with exit 1;
 //  - fencing: a backend whose leader key was replaced cannot write, and one whose lease was revoked
 //    reports the loss.
@@ -14,6 +15,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -147,9 +149,19 @@ TEST_F(StandbyTest, TheStandbyTakesOverAfterTheLeaderIsKilledAndAdoptsTheTrainer
 
   // Clients and ctl get both servers ("127.0.0.1:a,127.0.0.1:b" through the harness's port_).
   port_ = std::to_string(port_a) + ",127.0.0.1:" + std::to_string(port_b);
-  auto c1 = StartClient("n1", "inplace");
+  // n1 also offers teacher service kd; its stand-in teacher records "PID ARGS" and runs until its
+  // client is gone.
+  const std::string teachers = dir_.Join("teachers.txt");
+  std::ofstream(dir_.Join("teacher.sh")) << "echo \"$$ $*\" >> " << teachers << "\ntrap 'exit 0' TERM\n"
+                                         << "while kill -0 $PPID 2>/dev/null; do sleep 0.2; done\n";
+  auto c1 = StartClient("n1", "inplace", "", {{"service", "kd = /bin/sh " + dir_.Join("teacher.sh")}});
   auto c2 = StartClient("n2", "inplace");
   ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 4; }, milliseconds(60000))) << Logs();
+  std::string out;
+  ASSERT_EQ(Ctl({"scale", "kd", "1"}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor([&] { return !Slurp(teachers).empty(); }, milliseconds(60000))) << Logs();
+  const std::string teacher_line = Slurp(teachers);  // "PID /path/teacher.sh --service kd --name n1-t1 ..."
+  EXPECT_NE(teacher_line.find("--name n1-t1 "), std::string::npos) << teacher_line;
   json st = CtlStatus();
   ASSERT_TRUE(st.is_object()) << Logs();
   EXPECT_EQ(st["generation"], 1);
@@ -175,9 +187,16 @@ TEST_F(StandbyTest, TheStandbyTakesOverAfterTheLeaderIsKilledAndAdoptsTheTrainer
   ASSERT_TRUE(st.is_object()) << Logs();
   EXPECT_EQ(st["generation"], 1);
   EXPECT_EQ(st["world_size"], 4);
+  // The service: the same desired count and teacher (kept in etcd), no start by the new leader.
+  const json kd = st["services"]["kd"];
+  EXPECT_EQ(kd["desired"], 1) << kd.dump();
+  ASSERT_EQ(kd["placed"].size(), 1u) << kd.dump();
+  EXPECT_EQ(kd["placed"][0]["name"], "n1-t1") << kd.dump();
+  EXPECT_EQ(Slurp(teachers), teacher_line) << "a teacher was started again";
+  EXPECT_EQ(::kill(std::stoi(teacher_line), 0), 0) << "the teacher no longer runs";
+  EXPECT_EQ(Slurp(dir_.Join("b.log")).find("start teacher"), std::string::npos) << Logs();
 
   // The next change is numbered above generation 1 and reaches the same trainers.
-  std::string out;
   ASSERT_EQ(Ctl({"scale", "3"}, &out), 0) << out;
   ASSERT_TRUE(WaitFor([&] { return KvRounds(2) == 3; }, milliseconds(60000))) << Logs();
   std::map<std::string, std::set<int>> pids_after;

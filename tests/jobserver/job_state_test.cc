@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <rocksdb/db.h>
 
+#include "jobserver/cluster_state.h"
 #include "jobserver/scheduler.h"
 #include "tests/testutil.h"
 
@@ -250,6 +251,77 @@ TEST(StateStoreTest, ADamagedValueOrDirectoryIsRefusedNamingTheFix) {
   std::ofstream(dir.Join("file")) << "x";
   StateStore other;
   EXPECT_TRUE(other.Open(dir.Join("file"), &created).code() == Status::Code::kFailedPrecondition);
+}
+
+// The teacher services (`job/<job_id>/services`, `cluster/services`): kept beside the job through
+// real RocksDB, absent in an older state (no desired counts), and a damaged value is refused
+// naming its key.
+TEST(StateStoreTest, ServicesAreKeptBesideTheJobAndADamagedValueIsRefused) {
+  test::ScratchDir dir("edl-state");
+  const std::string path = dir.Join("state");
+  const std::string key = JobKeyPrefix("job") + "services";
+  JobState s = Sample();
+  s.services.desired = {{"kd", 2}, {"kd2", 0}};
+  s.services.restarts = {{"kd", 3}};
+  s.services.next_seq = 9;
+  s.services.teachers = {{"a-t7", "kd", "a"}, {"b-t8", "kd", "b"}};
+  // A fresh store on the directory loads the job into *d.
+  auto load = [&](JobState* d, bool* found) {
+    StateStore store;
+    bool created = false;
+    EXPECT_OK(store.Open(path, &created));
+    return store.Load("job", d, found);
+  };
+  // Another program (or an older server) changes the key directly; empty `value`: deletes it.
+  auto raw = [&](const std::string& value) {
+    rocksdb::DB* db = nullptr;
+    ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path, &db).ok());
+    std::unique_ptr<rocksdb::DB> owned(db);
+    ASSERT_TRUE((value.empty() ? db->Delete(rocksdb::WriteOptions(), key) : db->Put(rocksdb::WriteOptions(), key, value)).ok());
+  };
+  {
+    StateStore store;
+    bool created = false;
+    ASSERT_OK(store.Open(path, &created));
+    ASSERT_OK(store.Save(s));
+  }
+  JobState d;
+  bool found = false;
+  ASSERT_OK(load(&d, &found));
+  ASSERT_TRUE(found);
+  EXPECT_EQ(d.services.desired, s.services.desired);
+  EXPECT_EQ(d.services.restarts, s.services.restarts);
+  EXPECT_EQ(d.services.next_seq, 9u);
+  ASSERT_EQ(d.services.teachers.size(), 2u);
+  EXPECT_EQ(d.services.teachers[1].name, "b-t8");
+  EXPECT_EQ(d.services.teachers[1].node, "b");
+  raw("");  // a state written before services were kept
+  JobState older;
+  ASSERT_OK(load(&older, &found));
+  EXPECT_TRUE(found);
+  EXPECT_TRUE(older.services.empty());
+  raw(R"({"v":1,"desired":{"kd":99999},"restarts":{},"next_seq":1,"teachers":[]})");
+  const Status st = load(&older, &found);
+  EXPECT_TRUE(st.IsCorruption()) << st.ToString();
+  EXPECT_NE(st.message().find("job/job/services"), std::string::npos) << st.ToString();
+
+  // The cluster layout: one `cluster/services` key, optional on decode.
+  ClusterState c;
+  c.services = s.services;
+  std::map<std::string, std::string> kv = EncodeClusterState(c);
+  ASSERT_EQ(kv.count("cluster/services"), 1u);
+  ClusterState back;
+  ASSERT_OK(DecodeClusterState(kv, &back, &found));
+  EXPECT_TRUE(found);
+  EXPECT_EQ(back.services.desired, s.services.desired);
+  EXPECT_EQ(back.services.teachers.size(), 2u);
+  kv.erase("cluster/services");
+  ASSERT_OK(DecodeClusterState(kv, &back, &found));
+  EXPECT_TRUE(back.services.empty());
+  kv["cluster/services"] = "{\"v\":1";
+  const Status cs = DecodeClusterState(kv, &back, &found);
+  EXPECT_TRUE(cs.IsCorruption()) << cs.ToString();
+  EXPECT_NE(cs.message().find("cluster/services"), std::string::npos) << cs.ToString();
 }
 
 // ---- the scheduler resumes

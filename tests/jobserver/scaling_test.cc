@@ -42,6 +42,32 @@ TEST(ScalingScriptTest, KillAll) {
   }
 }
 
+// `teachers SERVICE N` (README "Scaling-script format"): the service name is validated like every
+// name and N is bounded; the event carries both.
+TEST(ScalingScriptTest, TeachersSetsAServicesCount) {
+  ScalingScript s;
+  ASSERT_OK(ScalingScript::Parse("0 teachers kd 2\n1.5 teachers kd.v2 0 # off\n2 set 3\n", "t.script", &s));
+  ASSERT_EQ(s.events().size(), 3u);
+  EXPECT_EQ(s.events()[0].op, ScaleEvent::Op::kTeachers);
+  EXPECT_EQ(s.events()[0].service, "kd");
+  EXPECT_EQ(s.events()[0].n, 2);
+  EXPECT_EQ(s.events()[1].service, "kd.v2");
+  EXPECT_EQ(s.events()[1].n, 0);
+  EXPECT_EQ(s.events()[1].at_us, 1'500'000);
+  EXPECT_NE(s.events()[0].ToString().find("teachers kd 2"), std::string::npos) << s.events()[0].ToString();
+  const std::vector<ScaleEvent> due = s.Poll(1'500'000);
+  ASSERT_EQ(due.size(), 2u);
+  EXPECT_EQ(due[1].service, "kd.v2");
+  for (const char* bad : {"1 teachers", "1 teachers kd", "1 teachers 2", "1 teachers ../kd 1", "1 teachers kd -1",
+                          "1 teachers kd 1025", "1 teachers kd 2x", "1 teachers kd 1 2", "1 teachers a/b 1",
+                          "1 teachers kd 99999999999999999999"}) {
+    const Status st = ScalingScript::Parse(bad, "t.script", &s);
+    EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("t.script:1"), std::string::npos) << st.ToString();
+  }
+  EXPECT_NE(ScalingScript::Parse("1 teachers kd 1x", "t.script", &s).message().find("0..1024"), std::string::npos);
+}
+
 TEST(ScalingScriptTest, RejectsBadLinesNamingThem) {
   const std::vector<std::string> bad = {"x set 1", "1 grow 2", "1 add", "1 add -1", "1 add 0",
                                         "2 set 1\n1 set 2", "0 repeat", "5 repeat\n6 set 1",

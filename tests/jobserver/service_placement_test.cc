@@ -2,9 +2,12 @@
 // teachers on the nodes offering the service within their teacher slots, spread over the nodes;
 // shrinking stops the newest; a teacher that ends or whose node is lost is replaced, a quickly
 // failing one after a growing hold; a reconnecting node's teachers are adopted; an unknown
-// service is an error naming what is offered. Also the teacher order messages' decoder.
+// service is an error naming what is offered. A restarted server's placer keeps the desired
+// counts and waits for the restored teachers' nodes instead of starting extra ones; the stored
+// value is decoded as hostile bytes. Also the teacher order messages' decoder.
 #include "jobserver/service_placement.h"
 
+#include <functional>
 #include <set>
 
 #include <gtest/gtest.h>
@@ -110,6 +113,123 @@ TEST(ServicePlacerTest, AdoptsAReconnectingNodesTeachersAndRefusesUnknownService
   EXPECT_EQ(p.SetDesired("kd", 2000).code(), Status::Code::kInvalidArgument);
   ASSERT_OK(p.SetDesired("kd", 0));
   EXPECT_EQ(Nodes(p.Reconcile(2), false).size(), 2u);
+}
+
+// A server restarts with kd at 2 teachers, one on each of a and b. Node a re-attaches first: the
+// teacher restored on b still counts, so nothing starts on a; b re-attaches: both kept, no order.
+TEST(ServicePlacerTest, RestoredTeachersWaitForTheirNodesWithoutExtraStarts) {
+  ServicesState saved;
+  {
+    ServicePlacer p;
+    p.NodeUp("a", {"kd"}, 2, {}, 0);
+    p.NodeUp("b", {"kd"}, 2, {}, 0);
+    ASSERT_OK(p.SetDesired("kd", 2));
+    EXPECT_TRUE(p.TakeChanged());
+    ASSERT_EQ(Nodes(p.Reconcile(0), true), (std::multiset<std::string>{"a", "b"}));
+    EXPECT_TRUE(p.TakeChanged());  // the orders are kept before they are sent
+    EXPECT_TRUE(p.Reconcile(1).empty());
+    EXPECT_FALSE(p.TakeChanged());
+    p.Snapshot(&saved);
+  }
+  ASSERT_EQ(saved.teachers.size(), 2u);
+  ServicesState back;
+  ASSERT_OK(DecodeServices("job/j/services", EncodeServices(saved), &back));
+  EXPECT_EQ(back.desired, saved.desired);
+  EXPECT_EQ(back.next_seq, saved.next_seq);
+  ASSERT_EQ(back.teachers.size(), 2u);
+  const std::string on_a = back.teachers[0].node == "a" ? back.teachers[0].name : back.teachers[1].name;
+  const std::string on_b = back.teachers[0].node == "b" ? back.teachers[0].name : back.teachers[1].name;
+
+  ServicePlacer p;
+  const int64_t t0 = 100'000'000, grace = 6'000'000;
+  p.Restore(back, t0, grace);
+  EXPECT_TRUE(p.Reconcile(t0).empty());  // nobody attached yet: nothing to start, nothing lost
+  p.NodeUp("a", {"kd"}, 2, {{"kd", on_a}}, t0 + 1);
+  EXPECT_TRUE(p.Reconcile(t0 + 1).empty()) << "a third teacher started while b was reconnecting";
+  EXPECT_EQ(p.Summary(t0 + 1)["kd"]["desired"], 2);
+  p.NodeUp("b", {"kd"}, 2, {{"kd", on_b}}, t0 + 2);
+  EXPECT_TRUE(p.Reconcile(t0 + 2).empty());
+  std::set<std::string> names;
+  const json summary = p.Summary(t0 + 3);
+  for (const json& x : summary["kd"]["placed"]) {
+    names.insert(x["name"].get<std::string>());
+    EXPECT_FALSE(x["awaiting_node"].get<bool>());
+  }
+  EXPECT_EQ(names, (std::set<std::string>{on_a, on_b}));
+  // Past the grace nothing is dropped (both re-attached); a new start takes a fresh name.
+  EXPECT_TRUE(p.Reconcile(t0 + grace + 1).empty());
+  ASSERT_OK(p.SetDesired("kd", 3));
+  const std::vector<Order> o = p.Reconcile(t0 + grace + 2);
+  ASSERT_EQ(o.size(), 1u);
+  EXPECT_FALSE(names.count(o[0].name));
+}
+
+// A restored teacher whose node re-attaches without it, or never re-attaches within the grace,
+// is replaced; a shrink while a node is away forgets its teacher rather than ordering a stop
+// nobody receives.
+TEST(ServicePlacerTest, RestoredTeachersMissingOrAwayAreReplaced) {
+  ServicesState st;
+  st.desired["kd"] = 2;
+  st.next_seq = 3;
+  st.teachers = {{"a-t1", "kd", "a"}, {"b-t2", "kd", "b"}};
+  ServicePlacer p;
+  p.Restore(st, 0, 5'000'000);
+  p.NodeUp("a", {"kd"}, 2, {}, 1);  // a lost its teacher while the server was down
+  EXPECT_TRUE(p.TakeChanged());
+  std::vector<Order> o = p.Reconcile(1);
+  ASSERT_EQ(o.size(), 1u);
+  EXPECT_EQ(o[0].node, "a");
+  EXPECT_EQ(o[0].name, "a-t3");  // the stored counter goes on
+  EXPECT_TRUE(p.Reconcile(4'999'999).empty());  // b-t2 still awaited
+  o = p.Reconcile(5'000'000);                   // b did not come back: replaced on a
+  ASSERT_EQ(o.size(), 1u);
+  EXPECT_EQ(o[0].node, "a");
+
+  ServicePlacer q;
+  q.Restore(st, 0, 5'000'000);
+  q.NodeUp("a", {"kd"}, 2, {{"kd", "a-t1"}}, 1);
+  ASSERT_OK(q.SetDesired("kd", 1));
+  EXPECT_TRUE(q.Reconcile(2).empty());  // b-t2 (away) is forgotten, a-t1 keeps running
+  EXPECT_EQ(q.Summary(3)["kd"]["placed"].size(), 1u);
+  q.NodeUp("b", {"kd"}, 2, {{"kd", "b-t2"}}, 4);  // it comes back after all: adopted, then stopped
+  o = q.Reconcile(4);
+  ASSERT_EQ(o.size(), 1u);
+  EXPECT_FALSE(o[0].start);
+  EXPECT_EQ(o[0].name, "b-t2");
+}
+
+TEST(ServicesStateTest, DecodeRefusesDamagedValues) {
+  ServicesState s;
+  ASSERT_OK(DecodeServices("k", EncodeServices(s), &s));
+  const json good = json::parse(EncodeServices(ServicesState{{{"kd", 2}}, {{"kd", 1}}, 5, {{"a-t1", "kd", "a"}}}));
+  ServicesState out;
+  ASSERT_OK(DecodeServices("k", good.dump(), &out));
+  EXPECT_EQ(out.teachers.size(), 1u);
+  EXPECT_EQ(out.restarts["kd"], 1);
+  auto bad = [&](const std::function<void(json*)>& f) {
+    json j = good;
+    f(&j);
+    return DecodeServices("cluster/services", j.dump(), &out);
+  };
+  const std::vector<std::function<void(json*)>> cases = {
+      [](json* j) { (*j)["desired"]["kd"] = 5000; },
+      [](json* j) { (*j)["desired"]["kd"] = -1; },
+      [](json* j) { (*j)["desired"]["../x"] = 1; },
+      [](json* j) { (*j)["desired"] = json::array(); },
+      [](json* j) { (*j)["restarts"]["kd"] = "1"; },
+      [](json* j) { (*j)["next_seq"] = 0; },
+      [](json* j) { j->erase("teachers"); },
+      [](json* j) { (*j)["teachers"].push_back((*j)["teachers"][0]); },
+      [](json* j) { (*j)["teachers"][0]["node"] = "a b"; },
+      [](json* j) { (*j)["teachers"][0] = 7; },
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Status st = bad(cases[i]);
+    EXPECT_EQ(st.code(), Status::Code::kCorruption) << "case " << i << ": " << st.ToString();
+    EXPECT_NE(st.message().find("cluster/services"), std::string::npos) << st.ToString();
+  }
+  EXPECT_EQ(DecodeServices("k", "{\"v\":1,", &out).code(), Status::Code::kCorruption);
+  EXPECT_EQ(DecodeServices("k", "{\"v\":2}", &out).code(), Status::Code::kFailedPrecondition);
 }
 
 TEST(TeacherOrderTest, DecodesTheThreeTypesAndRefusesBadFields) {
