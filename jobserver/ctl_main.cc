@@ -4,6 +4,8 @@
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
+#include <type_traits>
 #include <sstream>
 
 #include "edl/base/flags.h"
@@ -35,6 +37,30 @@ constexpr char kUsage[] =
 
 std::string Pad(const std::string& s, size_t w) { return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' '); }
 
+// A field of the server's reply, or `def` where the reply lacks it or holds another type. The
+// server's bytes are a peer's like any other: a field of the wrong type shows as its default
+// instead of throwing out of edl ctl.
+template <typename T>
+T Field(const json& o, const char* key, T def) {
+  if (!o.is_object()) return def;
+  auto it = o.find(key);
+  if (it == o.end()) return def;
+  if constexpr (std::is_same_v<T, json>) {
+    return *it;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return it->is_boolean() ? it->template get<bool>() : def;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return it->is_string() ? it->template get<std::string>() : def;
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!it->is_number_integer()) return def;
+    const int64_t v = it->is_number_unsigned() && it->template get<uint64_t>() > INT64_MAX
+                          ? INT64_MAX : it->template get<int64_t>();
+    return v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max() ? def : static_cast<T>(v);
+  } else {
+    return it->is_number() ? it->template get<T>() : def;
+  }
+}
+
 std::string Fixed(double v, int prec) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(prec) << v;
@@ -43,15 +69,15 @@ std::string Fixed(double v, int prec) {
 
 // The cluster monitor line: the original EDL monitor's columns plus slot use and images/s.
 std::string ClusterLine(const json& b) {
-  const int total = b.value("total_slots", 0), used = b.value("used_slots", 0);
-  const std::string running = b.value("running_trainers", std::string());
+  const int total = Field(b, "total_slots", 0), used = Field(b, "used_slots", 0);
+  const std::string running = Field(b, "running_trainers", std::string());
   auto pct = [&](const char* key) {
-    const json v = b.value(key, json("n/a"));
+    const json v = Field(b, key, json("n/a"));
     return v.is_number() ? Fixed(v.get<double>(), 2) + "%" : std::string("n/a");
   };
-  return Pad(std::to_string(b.value("submitted_jobs", 0)), 16) + Pad(std::to_string(b.value("pending_jobs", 0)), 14) +
+  return Pad(std::to_string(Field(b, "submitted_jobs", 0)), 16) + Pad(std::to_string(Field(b, "pending_jobs", 0)), 14) +
          Pad(running.empty() ? "-" : running, 32) + Pad(pct("cpu_utils"), 11) + Pad(pct("gpu_utils"), 11) +
-         Pad(std::to_string(used) + "/" + std::to_string(total), 8) + Fixed(b.value("images_per_sec", 0.0), 1);
+         Pad(std::to_string(used) + "/" + std::to_string(total), 8) + Fixed(Field(b, "images_per_sec", 0.0), 1);
 }
 
 std::string ClusterHeader() {
@@ -62,53 +88,53 @@ std::string ClusterHeader() {
 void PrintJobs(const json& b) {
   std::cout << Pad("JOB", 16) << Pad("TYPE", 12) << Pad("STATE", 9) << Pad("TRAINERS", 10) << Pad("MIN..MAX", 10)
             << Pad("PRIO", 6) << Pad("GEN", 6) << Pad("IMAGES/S", 10) << "PENDING-REASON\n";
-  for (const json& j : b.value("jobs", json::array())) {
-    std::cout << Pad(j.value("name", std::string()), 16) << Pad(j.value("type", std::string()), 12)
-              << Pad(j.value("state", std::string()), 9) << Pad(std::to_string(j.value("trainers", 0)), 10)
-              << Pad(std::to_string(j.value("min", 0)) + ".." + std::to_string(j.value("max", 0)), 10)
-              << Pad(std::to_string(j.value("priority", 0)), 6) << Pad(std::to_string(j.value("generation", 0)), 6)
-              << Pad(Fixed(j.value("images_per_sec", 0.0), 1), 10) << j.value("pending_reason", std::string("-"))
+  for (const json& j : Field(b, "jobs", json::array())) {
+    std::cout << Pad(Field(j, "name", std::string()), 16) << Pad(Field(j, "type", std::string()), 12)
+              << Pad(Field(j, "state", std::string()), 9) << Pad(std::to_string(Field(j, "trainers", 0)), 10)
+              << Pad(std::to_string(Field(j, "min", 0)) + ".." + std::to_string(Field(j, "max", 0)), 10)
+              << Pad(std::to_string(Field(j, "priority", 0)), 6) << Pad(std::to_string(Field(j, "generation", 0)), 6)
+              << Pad(Fixed(Field(j, "images_per_sec", 0.0), 1), 10) << Field(j, "pending_reason", std::string("-"))
               << "\n";
   }
-  for (const json& j : b.value("ended", json::array())) {
-    std::cout << Pad(j.value("name", std::string()), 16) << Pad(j.value("type", std::string()), 12)
-              << j.value("state", std::string()) << "\n";
+  for (const json& j : Field(b, "ended", json::array())) {
+    std::cout << Pad(Field(j, "name", std::string()), 16) << Pad(Field(j, "type", std::string()), 12)
+              << Field(j, "state", std::string()) << "\n";
   }
 }
 
 void PrintServices(const json& b);
 
 void PrintStatus(const json& b) {
-  if (b.value("cluster", false)) {
+  if (Field(b, "cluster", false)) {
     std::cout << ClusterHeader() << "\n" << ClusterLine(b) << "\n\n";
     PrintJobs(b);
     PrintServices(b);
     return;
   }
-  const int world = b.value("world_size", 0);
-  const bool done = b.value("done", false);
-  const int running = b.value("running", world);  // members that have not exited
-  const int total = b.value("total_slots", 0), used = b.value("used_slots", 0);
-  const std::string job = b.value("job_id", std::string("?"));
+  const int world = Field(b, "world_size", 0);
+  const bool done = Field(b, "done", false);
+  const int running = Field(b, "running", world);  // members that have not exited
+  const int total = Field(b, "total_slots", 0), used = Field(b, "used_slots", 0);
+  const std::string job = Field(b, "job_id", std::string("?"));
   const std::string util = std::to_string(used) + "/" + std::to_string(total) + " (" +
                            Fixed(total > 0 ? 100.0 * used / total : 0.0, 1) + "%)";
   std::cout << Pad("SUBMITTED-JOBS", 18) << Pad("PENDING-JOBS", 16) << Pad("RUNNING-TRAINERS", 20)
             << "SLOT-UTILS\n";
   std::cout << Pad("1", 18) << Pad(world == 0 && !done ? "1" : "0", 16)
             << Pad(job + ":" + std::to_string(running), 20) << util << "\n\n";
-  const json p = b.value("progress", json::object());
-  std::string state = done ? "finished" : b.value("pending", false) ? "joining" : world > 0 ? "running" : "pending";
+  const json p = Field(b, "progress", json::object());
+  std::string state = done ? "finished" : Field(b, "pending", false) ? "joining" : world > 0 ? "running" : "pending";
   std::cout << Pad("JOB", 14) << Pad("GEN", 6) << Pad("REASON", 12) << Pad("WORLD", 7) << Pad("DESIRED", 9)
             << Pad("NODES", 7) << Pad("STEP", 9) << Pad("EPOCH", 7) << Pad("LOSS", 9) << Pad("IMAGES/S", 10)
             << "STATE\n";
-  const int desired = b.value("desired", 0);
-  std::cout << Pad(job, 14) << Pad(std::to_string(b.value("generation", 0)), 6)
-            << Pad(b.value("reason", std::string("-")), 12) << Pad(std::to_string(world), 7)
+  const int desired = Field(b, "desired", 0);
+  std::cout << Pad(job, 14) << Pad(std::to_string(Field(b, "generation", 0)), 6)
+            << Pad(Field(b, "reason", std::string("-")), 12) << Pad(std::to_string(world), 7)
             << Pad(desired > 0 ? std::to_string(desired) : "all", 9)
-            << Pad(std::to_string(b.value("nodes", json::array()).size()), 7)
-            << Pad(std::to_string(p.value("step", 0)), 9) << Pad(std::to_string(p.value("epoch", 0)), 7)
-            << Pad(p.value("reporting", 0) > 0 ? Fixed(p.value("loss", 0.0), 4) : "-", 9)
-            << Pad(p.value("reporting", 0) > 0 ? Fixed(p.value("images_per_sec", 0.0), 1) : "-", 10)
+            << Pad(std::to_string(Field(b, "nodes", json::array()).size()), 7)
+            << Pad(std::to_string(Field(p, "step", 0)), 9) << Pad(std::to_string(Field(p, "epoch", 0)), 7)
+            << Pad(Field(p, "reporting", 0) > 0 ? Fixed(Field(p, "loss", 0.0), 4) : "-", 9)
+            << Pad(Field(p, "reporting", 0) > 0 ? Fixed(Field(p, "images_per_sec", 0.0), 1) : "-", 10)
             << state << "\n";
   PrintServices(b);
 }
@@ -116,52 +142,52 @@ void PrintStatus(const json& b) {
 // Inference services (teachers of distilling students): one line per teacher, then the teachers
 // the clients run per service (`scale SERVICE N`).
 void PrintServices(const json& b) {
-  const json services = b.value("services", json::object());
+  const json services = Field(b, "services", json::object());
   if (!services.is_object() || services.empty()) return;
   std::cout << "\n" << Pad("SERVICE", 14) << Pad("TEACHER", 20) << Pad("ADDRESS", 22) << Pad("REQ/S", 9)
             << Pad("SAMPLES/S", 11) << Pad("LATENCY-MS", 12) << "STUDENTS\n";
   for (const auto& [name, s] : services.items()) {
-    const std::string students = std::to_string(s.value("students", 0));
-    const json teachers = s.value("teachers", json::array());
+    const std::string students = std::to_string(Field(s, "students", 0));
+    const json teachers = Field(s, "teachers", json::array());
     if (teachers.empty()) std::cout << Pad(name, 14) << Pad("-", 20) << Pad("-", 22) << Pad("-", 9) << Pad("-", 11) << Pad("-", 12) << students << "\n";
     for (const json& t : teachers) {
-      std::cout << Pad(name, 14) << Pad(t.value("name", std::string("?")), 20)
-                << Pad(t.value("host", std::string("?")) + ":" + std::to_string(t.value("port", 0)), 22)
-                << Pad(Fixed(t.value("requests_per_sec", 0.0), 1), 9)
-                << Pad(Fixed(t.value("samples_per_sec", 0.0), 1), 11)
-                << Pad(Fixed(t.value("latency_ms", 0.0), 1), 12) << students << "\n";
+      std::cout << Pad(name, 14) << Pad(Field(t, "name", std::string("?")), 20)
+                << Pad(Field(t, "host", std::string("?")) + ":" + std::to_string(Field(t, "port", 0)), 22)
+                << Pad(Fixed(Field(t, "requests_per_sec", 0.0), 1), 9)
+                << Pad(Fixed(Field(t, "samples_per_sec", 0.0), 1), 11)
+                << Pad(Fixed(Field(t, "latency_ms", 0.0), 1), 12) << students << "\n";
     }
   }
   // Teachers the clients run (`scale SERVICE N`): desired count, placed teachers, replacements.
   for (const auto& [name, s] : services.items()) {
     if (!s.contains("placed")) continue;
     std::string placed;
-    for (const json& p : s.value("placed", json::array())) {
-      placed += (placed.empty() ? "" : ", ") + p.value("name", std::string("?")) +
-                (p.value("stopping", false) ? " (stopping)" : "") +
-                (p.is_object() && p.contains("awaiting_node") && p["awaiting_node"] == true ? " (its node has not re-attached)" : "");
+    for (const json& p : Field(s, "placed", json::array())) {
+      placed += (placed.empty() ? "" : ", ") + Field(p, "name", std::string("?")) +
+                (Field(p, "stopping", false) ? " (stopping)" : "") +
+                (Field(p, "awaiting_node", false) ? " (its node has not re-attached)" : "");
     }
-    const json d = s.value("desired", json());
+    const int64_t desired = Field<int64_t>(s, "desired", -1);
     const auto pe = s.find("preempted");
     const int64_t preempted = pe != s.end() && pe->is_number_integer() ? pe->get<int64_t>() : 0;
-    std::cout << "service " << name << ": desired " << (d.is_number() ? std::to_string(d.get<int>()) : "-")
-              << ", placed " << s["placed"].size() << (placed.empty() ? "" : " (" + placed + ")") << ", replaced "
-              << s.value("restarts", 0) << (preempted > 0 ? ", gave " + std::to_string(preempted) + " slot(s) to jobs" : "")
-              << ", offered by " << s.value("nodes", json::array()).size() << " node(s)\n";
+    std::cout << "service " << name << ": desired " << (desired >= 0 ? std::to_string(desired) : "-")
+              << ", placed " << Field(s, "placed", json::array()).size() << (placed.empty() ? "" : " (" + placed + ")") << ", replaced "
+              << Field(s, "restarts", 0) << (preempted > 0 ? ", gave " + std::to_string(preempted) + " slot(s) to jobs" : "")
+              << ", offered by " << Field(s, "nodes", json::array()).size() << " node(s)\n";
   }
 }
 
 std::string StatusLine(const json& b) {
-  if (b.value("cluster", false)) return ClusterLine(b);
-  const json p = b.value("progress", json::object());
-  return "generation=" + std::to_string(b.value("generation", 0)) + " reason=" +
-         b.value("reason", std::string("-")) + " world=" + std::to_string(b.value("world_size", 0)) +
-         " desired=" + std::to_string(b.value("desired", 0)) + " slots=" +
-         std::to_string(b.value("used_slots", 0)) + "/" + std::to_string(b.value("total_slots", 0)) +
-         " epoch=" + std::to_string(p.value("epoch", 0)) + " step=" + std::to_string(p.value("step", 0)) +
-         " loss=" + (p.value("reporting", 0) > 0 ? Fixed(p.value("loss", 0.0), 4) : "-") +
-         " images/s=" + Fixed(p.value("images_per_sec", 0.0), 1) +
-         (b.value("done", false) ? " finished" : "");
+  if (Field(b, "cluster", false)) return ClusterLine(b);
+  const json p = Field(b, "progress", json::object());
+  return "generation=" + std::to_string(Field(b, "generation", 0)) + " reason=" +
+         Field(b, "reason", std::string("-")) + " world=" + std::to_string(Field(b, "world_size", 0)) +
+         " desired=" + std::to_string(Field(b, "desired", 0)) + " slots=" +
+         std::to_string(Field(b, "used_slots", 0)) + "/" + std::to_string(Field(b, "total_slots", 0)) +
+         " epoch=" + std::to_string(Field(p, "epoch", 0)) + " step=" + std::to_string(Field(p, "step", 0)) +
+         " loss=" + (Field(p, "reporting", 0) > 0 ? Fixed(Field(p, "loss", 0.0), 4) : "-") +
+         " images/s=" + Fixed(Field(p, "images_per_sec", 0.0), 1) +
+         (Field(b, "done", false) ? " finished" : "");
 }
 
 // Connects to the first server of the comma-separated `server` list that accepts and
@@ -334,7 +360,7 @@ int RunCtlMain(int argc, char** argv) {
     std::cout << "submitted job " << req.spec.value("name", std::string()) << "\n";
   } else if (command == "cancel") {
     std::cout << "cancelled job " << req.job << "\n";
-  } else if (command == "scale" && rep.body.value("services", json::object()).value(req.job, json::object()).contains("placed")) {
+  } else if (command == "scale" && Field(Field(rep.body, "services", json::object()), req.job.c_str(), json::object()).contains("placed")) {
     std::cout << "service " << req.job << ": desired teachers set to " << req.n << "\n";
   } else if (command == "scale" && !req.job.empty()) {
     std::cout << "job " << req.job << " asked for " << req.n << " trainers\n";
@@ -347,7 +373,7 @@ int RunCtlMain(int argc, char** argv) {
   } else if (command == "scale") {
     std::cout << "desired size set to " << req.n << "; now " << StatusLine(rep.body) << "\n";
   } else {
-    std::cout << "stopping job " << rep.body.value("job_id", std::string()) << " and its server\n";
+    std::cout << "stopping job " << Field(rep.body, "job_id", std::string()) << " and its server\n";
   }
   return 0;
 }

@@ -5,7 +5,9 @@
 //  (b) a relay on the path without the secret tampers with, replays or injects one
 //      post-handshake frame of each kind: the victim closes the connection and obeys nothing;
 //  (c) an impostor on a dead server's port sends `error` frames: the client keeps its trainers
-//      and keeps retrying.
+//      and keeps retrying;
+//  (d) a server holding the secret answers `edl ctl status` with fields of the wrong types: ctl
+//      prints what it can and exits normally instead of aborting on a JSON type error.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -21,7 +23,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "edl/net/auth.h"
+#include "edl/net/framed_socket.h"
 #include "edl/proto/frame.h"
+#include "edl/proto/messages.h"
 #include "tests/integration/control_plane_harness.h"
 
 namespace edl::itest {
@@ -562,6 +567,68 @@ TEST_F(HostileWireTest, ImpostorErrorsAfterTheServerDiedStopNothing) {
   for (const auto& [id, pid] : pids) EXPECT_TRUE(Alive(pid)) << id;
   for (const json& r : ReadLines(records_)) EXPECT_NE(r["event"], "term") << r.dump();
   EXPECT_EQ(client->Wait(milliseconds(0)), -1) << "the client exited\n" << log.substr(0, 3000);
+}
+
+// ---- (d) a status reply of the wrong shape
+
+// Plays a server that holds the secret for one `edl ctl` connection: the handshake as the server
+// does it, then `body` as the reply to whatever ctl asks.
+void AnswerOneCtl(int listen_fd, const std::string& secret, const json& body) {
+  pollfd p{listen_fd, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 20000), 1) << "edl ctl did not connect";
+  const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  net::FramedSocket sock(fd, "edl ctl");
+  const milliseconds wait(20000);
+  proto::Challenge ch;
+  ch.nonce = net::NewNonce();
+  json j;
+  ch.EncodeTo(&j);
+  ASSERT_OK(sock.Send(j, wait));
+  ASSERT_OK(sock.Receive(&j, wait));
+  proto::Hello hello;
+  ASSERT_OK(hello.DecodeFrom(j));
+  proto::Welcome w;
+  w.job_id = "itest";
+  w.heartbeat_ms = 5000;
+  w.node_token = net::NewNonce();
+  w.EncodeTo(&j);
+  j["mac"] = net::WelcomeMac(secret, hello.nonce, j);
+  ASSERT_OK(sock.Send(j, wait));
+  sock.StartSession(std::make_unique<net::SessionMac>(secret, ch.nonce, hello.nonce, /*server_side=*/true));
+  ASSERT_OK(sock.Receive(&j, wait));  // the request
+  ASSERT_OK(sock.Send(json{{"type", "ctl_reply"}, {"code", "OK"}, {"message", ""}, {"body", body}}, wait));
+  json rest;
+  (void)sock.Receive(&rest, wait);  // until ctl closes
+}
+
+TEST_F(HostileWireTest, CtlTakesAStatusReplyOfWrongTypesWithoutAborting) {
+  std::string secret;
+  ASSERT_OK(net::ReadSecretFile(secret_, &secret));
+  const int listen_fd = Listen(0);
+  ASSERT_GE(listen_fd, 0);
+  port_ = std::to_string(LocalPort(listen_fd));
+  const std::vector<json> bodies = {
+      // The single-job form: numbers as strings and arrays, an object as a number, a count of
+      // 1e300 (no int holds it), a service whose lists are not lists.
+      {{"job_id", 7}, {"world_size", "4"}, {"generation", {1}}, {"done", "yes"}, {"desired", 1e300},
+       {"progress", {{"step", "x"}, {"reporting", "1"}, {"loss", {1}}}}, {"nodes", 5},
+       {"services", {{"kd", {{"placed", 3}, {"desired", 1e300}, {"teachers", "none"},
+                              {"preempted", "x"}, {"nodes", 1}}}}}},
+      // The cluster form: jobs that are not objects, fields of other types, ended as an object.
+      {{"cluster", true}, {"jobs", {{{"name", 5}, {"trainers", "x"}, {"min", -1.5}}, 7, "a"}},
+       {"ended", {{"a", 1}}}, {"total_slots", -1.5}, {"images_per_sec", "fast"}, {"services", 3}},
+  };
+  for (const json& body : bodies) {
+    SCOPED_TRACE(body.dump());
+    std::thread server([&] { AnswerOneCtl(listen_fd, secret, body); });
+    std::string out;
+    const int rc = Ctl({"status"}, &out);
+    server.join();
+    EXPECT_EQ(rc, 0) << out;
+    EXPECT_EQ(out.find("terminate called"), std::string::npos) << out;
+  }
+  ::close(listen_fd);
 }
 
 }  // namespace
