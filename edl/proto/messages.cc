@@ -58,8 +58,8 @@ Status MembersFromJson(const json& a, const char* what, std::vector<MemberInfo>*
   return Status::OK();
 }
 
-// ---- id runs: the compact form of consecutive scheduler-made members (PROTOCOL.md, "Generations
-// on the wire"). A run "node host first_slot count first_seq" stands for `count` members on `node`
+// ---- id runs: the compact form of consecutive scheduler-made members (PROTOCOL.md,
+// "Generations"). A run "node host first_slot count first_seq" stands for `count` members on `node`
 // whose slots and sequence numbers both count up by one, with ids "<node>-s<slot>-<seq>"; a
 // removed-id run "node first_slot count first_seq" names the same ids without the host.
 // Consecutive runs share one JSON string, separated by ';': a step that touches 500 nodes is one
