@@ -360,7 +360,15 @@ def main(argv):
     if distributed:
         dist.destroy_process_group()
     log(rank, "finished at step %d" % step)
-    return 0
+    # Leave now, before main's frame frees the DDP module. With Debian's torch 1.13 that teardown
+    # can deadlock: ~Reducer drops the last reference to the Gloo process group, whose destructor
+    # joins its worker thread while holding the GIL, and the worker, freeing a tensor Python
+    # allocated, waits for the GIL (seen in gdb on a rank that had logged "finished" and never
+    # exited, so its job never ended). Everything this script writes is already out: log lines are
+    # flushed, metrics are one os.write each, the checkpoint is fsynced.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
