@@ -11,6 +11,7 @@
 #include "edl/base/flags.h"
 #include "edl/net/auth.h"
 #include "edl/net/framed_socket.h"
+#include "edl/proto/fields.h"
 #include "edl/proto/messages.h"
 #include "jobserver/job_spec.h"
 
@@ -52,10 +53,9 @@ T Field(const json& o, const char* key, T def) {
   } else if constexpr (std::is_same_v<T, std::string>) {
     return it->is_string() ? it->template get<std::string>() : def;
   } else if constexpr (std::is_integral_v<T>) {
-    if (!it->is_number_integer()) return def;
-    const int64_t v = it->is_number_unsigned() && it->template get<uint64_t>() > INT64_MAX
-                          ? INT64_MAX : it->template get<int64_t>();
-    return v < std::numeric_limits<T>::min() || v > std::numeric_limits<T>::max() ? def : static_cast<T>(v);
+    int64_t v = 0;
+    return proto::internal::GetInt(*it, std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), &v)
+               ? static_cast<T>(v) : def;
   } else {
     return it->is_number() ? it->template get<T>() : def;
   }
