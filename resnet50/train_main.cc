@@ -286,7 +286,9 @@ int RunTrainMain(int argc, char** argv) {
                         : RunTraining(t, c.loop, membership.value().get(), std::cout, &result);
   if (teacher.value()) {
     // Every sample this process trained either had teacher logits or was counted as a fallback.
-    std::cout << "edl train: distill " << teacher.value()->CountersLine() << std::endl;
+    std::cout << "edl train: distill " << teacher.value()->CountersLine() << " teacher_top1="
+              << (t->teacher_rows() > 0 ? 100.0 * t->teacher_hits() / t->teacher_rows() : 0.0)
+              << "% of " << t->teacher_rows() << std::endl;
   }
   if (!s.ok()) return Fail(s, s.code() == Status::Code::kInvalidArgument ? 2 : 1);
   if (t->skipped_samples() > 0) {

@@ -161,6 +161,12 @@ Status Trainer::DistillStep(const std::vector<int64_t>& indices, const Tensor& l
   EDL_RETURN_IF_ERROR(backend_->CopyToHost(logits, host_logits_.data()));
   EDL_RETURN_IF_ERROR(teacher_->Get(indices, train_loader_->AugSeed(epoch_), static_cast<int>(m),
                                     host_teacher_.data(), has_teacher_.data()));
+  for (int64_t i = 0; i < n; ++i) {
+    if (has_teacher_[i] == 0) continue;
+    const float* row = host_teacher_.data() + i * m;
+    teacher_hits_ += std::max_element(row, row + m) - row == fed_labels_[i];
+    teacher_rows_++;
+  }
   EDL_RETURN_IF_ERROR(DistillLoss(distill_, host_logits_.data(), fed_labels_.data(),
                                   host_teacher_.data(), has_teacher_.data(), n, m,
                                   1.f / static_cast<float>(n), host_dlogits_.data(), loss_sum,

@@ -70,6 +70,11 @@ class Trainer : public runtime::Trainable {
   void SetEpoch(int64_t epoch) override;
   // With a teacher: the window of steps whose teacher logits are asked for ahead.
   int lookahead_steps() const override { return teacher_ ? window_ : 0; }
+  // Of the training samples this trainer got teacher logits for: how many, and how many of those
+  // the teacher classed as their label. A low share means a teacher that does not know the data
+  // (or answers for other samples) and will drag the student down.
+  int64_t teacher_rows() const { return teacher_rows_; }
+  int64_t teacher_hits() const { return teacher_hits_; }
   void Lookahead(const std::vector<std::vector<int64_t>>& steps) override;
   // Samples the dataset could not load are left out: the loss and its gradient are still divided
   // by indices.size(), so a skipped sample adds nothing and the runtime's scaling by the slice size
@@ -147,6 +152,7 @@ class Trainer : public runtime::Trainable {
   int window_ = 0;
   std::vector<float> host_logits_, host_teacher_, host_dlogits_;
   std::vector<uint8_t> has_teacher_;
+  int64_t teacher_rows_ = 0, teacher_hits_ = 0;  // answered samples; of them, teacher argmax == label
 };
 
 }  // namespace edl::resnet50
