@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -22,7 +21,7 @@
 
 #include "edl/proto/messages.h"
 #include "edl/proto/rendezvous_key.h"
-#include "edl/runtime/host_staging.h"
+#include "edl/runtime/elastic_trainer_impl.h"
 
 namespace edl::runtime {
 namespace {
@@ -30,7 +29,8 @@ namespace {
 using std::chrono::milliseconds;
 
 // In-band slots after the gradients (Trainable::kInbandSlots == 4), SUM-reduced with them.
-enum InbandSlot { kNewerSeen = 0, kLossSum = 1, kCorrect = 2, kSamples = 3 };
+// kSwitchVotes sums the members' SwitchVote()s (small integers: exact in fp32).
+enum InbandSlot { kSwitchVotes = 0, kLossSum = 1, kCorrect = 2, kSamples = 3 };
 static_assert(Trainable::kInbandSlots >= 4, "the runtime uses four in-band slots");
 
 // The rendezvous store of one re-form attempt: waits in short slices and gives up (Aborted) as
@@ -79,145 +79,6 @@ class SupersedableKv : public KvStore {
 
 }  // namespace
 
-class ElasticTrainer::Impl {
- public:
-  Impl(ElasticOptions o, Trainable* t, MembershipSource* m)
-      : o_(std::move(o)), trainable_(t), membership_(m), me_(m->trainer_id()),
-        clock_(o_.clock ? o_.clock : Clock::Real()), plan_(t->train_size(), o_.seed),
-        schedule_(o_.lr) {}
-  ~Impl() {
-    StopWatcher();
-    JoinPrepared();
-    if (sample_log_fd_ >= 0) ::close(sample_log_fd_);
-  }
-
-  Status Run(ElasticResult* result);
-
- private:
-  // ---- membership and communicator
-  Status FirstGeneration(Generation* gen);
-  Status WaitNewer(int64_t after, Generation* out);
-  Status Reform(Generation target);
-  StatusOr<std::unique_ptr<Communicator>> BuildComm(const Generation& target, int rank);
-  // Make-before-break: see "Prepared communicators" below.
-  void MaybePrepare(const Generation& g);  // watcher thread
-  // Training thread: true and the communicator built ahead for `*target` (or for a newer
-  // generation, which then replaces *target), or false when there is none; either way no
-  // prepared build of `*target` starts afterwards.
-  bool TakePrepared(Generation* target, StatusOr<std::unique_ptr<Communicator>>* comm);
-  void JoinPrepared();  // waits for a prepared build in flight (shutdown)
-  void Retire(std::unique_ptr<Communicator> old);  // destroys `old`, in the background for Gloo
-  Status WarmUp(int world);  // a joiner's first forward/backward, before it reports ready
-  void InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen, int rank);
-  void StartWatcher();
-  void StopWatcher();
-  void WatchLoop();
-  Status Comm(Status s) {  // records that a communicator call failed
-    if (!s.ok()) comm_failed_ = true;
-    return s;
-  }
-
-  // ---- steps and state
-  Status SyncState(int64_t* newest_seen);
-  // Broadcasts the StateTensors from `root` (only the per_rank ones when `per_rank_only`).
-  Status BroadcastTensors(int root, bool per_rank_only);
-  Status TrainStep(bool* switch_seen);
-  Status SwitchGeneration();
-  Status Recover(const Status& cause);
-  Status Evaluate(double* accuracy);
-  bool Done() const;
-  std::vector<int64_t> Batches() const {
-    return BatchSizes(o_.batch_policy, o_.batch, gen_.world_size());
-  }
-  double StepLr(int64_t global_batch);
-  // Appends the global step's indices (all ranks) to the sample log; loss NaN when unknown.
-  // `fed`: this rank's slice and the StepStats of feeding it, when it applied the step itself.
-  void LogSamples(int64_t step, int64_t epoch, const std::vector<int64_t>& indices, double loss,
-                  const std::vector<int64_t>* fed = nullptr, const StepStats* fed_stats = nullptr);
-  StepContext Context() const { return {gen_.number, gen_.world_size(), rank_}; }
-  void Event(nlohmann::json e);
-
-  const ElasticOptions o_;
-  Trainable* const trainable_;          // not owned
-  MembershipSource* const membership_;  // not owned
-  const std::string me_;
-  Clock* const clock_;
-  DataPlan plan_;
-  const LrSchedule schedule_;
-
-  std::mutex comm_mu_;  // guards comm_ and gen_number_ against the watcher
-  std::unique_ptr<Communicator> comm_;  // swapped under comm_mu_; read unlocked by this thread
-  std::atomic<int64_t> gen_number_{0};
-  Generation gen_;  // the generation comm_ belongs to (training thread only)
-  int rank_ = -1;
-  bool comm_failed_ = false;
-
-  TrainingState state_;
-  bool has_state_ = false;
-  bool left_ = false;
-  struct Pending {
-    int64_t step = -1, epoch = 0;
-    std::vector<int64_t> indices;  // the whole step's (every rank's)
-  } pending_;
-  int64_t last_eval_step_ = -1;  // -1 after each re-form, so members agree on it (Reform)
-  bool eval_due_ = false;        // the re-form landed on an epoch end: evaluate it first
-
-  // Events: stall of a survivor / time to first step of a joiner.
-  int64_t start_us_ = 0;
-  int64_t last_step_end_us_ = 0;
-  bool after_reform_ = false;
-  int64_t reform_from_gen_ = 0;
-  int reform_from_world_ = 0;
-  int64_t switch_step_ = 0;
-  bool reform_was_failure_ = false;
-  // The stall's breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): microseconds this
-  // survivor spent in each phase of the re-form in progress, each measured between its own
-  // readings, so time outside every phase shows up as a gap between their sum and the stall.
-  struct Phases {
-    int64_t lost_us = 0;      // failure: end of the last step to the failed collective (the
-                              // step in flight, lost), per-step hooks included
-    int64_t wait_gen_us = 0;  // waiting for the next (or a newer) generation to arrive
-    int64_t agree_us = 0;     // planned: end of the switch step to the agreed target, hooks included
-    int64_t reform_us = 0;    // closing the old communicator and building the new one(s)
-    int64_t sync_us = 0;      // state sync: the root's agreement and the broadcasts
-    int64_t sync_end_us = 0;  // when the last sync ended (the first step starts there)
-    int attempts = 0;         // communicators built (> 1: superseded or failed meanwhile)
-    bool prepared = false;    // the last one was built ahead, while training (make-before-break)
-  } phases_;
-  // When this trainer first saw each generation newer than gen_ (monotonic and wall-clock
-  // micros), recorded by the watcher; bounded: entries up to gen_ are dropped at each re-form.
-  std::mutex seen_mu_;
-  std::map<int64_t, std::pair<int64_t, int64_t>> seen_at_;
-  void NoteSeen(int64_t number);
-  std::pair<int64_t, int64_t> SeenAt(int64_t number);
-  nlohmann::json StallEvent(int64_t now);
-
-  double last_loss_ = 0, accuracy_ = -1;
-  // The communicator reads device memory (NCCL); Gloo reads host memory.
-  bool DeviceComm() const { return comm_->backend() == std::string("nccl"); }
-  // The gradient all-reduce copies through host_ rather than handing GradientBuffer() to comm_.
-  bool StageGradients() const {
-    return o_.stage_through_host || (trainable_->on_device() && !DeviceComm());
-  }
-  Status AllReduceGradients(float* grad, size_t count);
-  HostStaging host_{trainable_};  // staged gradients and packed state (kept: steps and re-forms recur)
-  int64_t progress_t0_us_ = 0, progress_samples_ = 0;
-  int sample_log_fd_ = -1;
-
-  std::thread watcher_;
-  std::atomic<bool> stop_watcher_{false};
-
-  // Prepared communicators (gloo). Guarded by prep_mu_; prep_thread_ is started by the watcher
-  // and joined by the training thread (or at shutdown).
-  std::mutex prep_mu_;
-  std::atomic<bool> cancel_prep_{false};  // shutdown: rendezvous waits give up
-  int64_t claimed_ = 0;      // highest generation a communicator build was started for
-  Generation prep_gen_;      // number 0: no prepared build
-  std::thread prep_thread_;
-  bool prep_done_ = false;
-  StatusOr<std::unique_ptr<Communicator>> prep_comm_{Status::Unavailable("not built")};
-  std::thread retire_thread_;  // training thread only
-};
 
 // ---------------------------------------------------------------------------------------------
 // Run: join or start, then steps until done or left.
@@ -437,184 +298,6 @@ StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::BuildComm(const Ge
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prepared communicators (make-before-break). When a planned generation (not a failure) that
-// includes this trainer is committed, its members know the next membership before the switch
-// step: the watcher starts building that communicator on a helper thread while training goes on
-// over the current one, and the switch then takes it instead of building one on the critical path.
-// Every member does the same, so the rendezvous completes in the background; a member that never
-// saw that generation (it went straight to a newer one) leaves the others' builds waiting until
-// SupersedableKv gives up on them, which is then the same as a failed build in Reform.
-//
-// A generation's communicator is built at most once per trainer (its rendezvous keys are written
-// once): `claimed_` is the highest number a build was started for, by either thread. Gloo only:
-// an NCCL communicator is built on the stream the current one uses.
-
-void ElasticTrainer::Impl::MaybePrepare(const Generation& g) {
-  if (o_.backend != "gloo" || g.failure) return;
-  const int rank = g.RankOf(me_);
-  if (rank < 0) return;
-  std::lock_guard<std::mutex> lock(prep_mu_);
-  if (g.number <= claimed_ || g.number <= gen_number_) return;
-  if (prep_thread_.joinable()) {
-    if (!prep_done_) return;  // one build at a time; the one in flight gives way if superseded
-    prep_thread_.join();      // finished and never taken: superseded
-  }
-  claimed_ = g.number;
-  prep_gen_ = g;
-  prep_done_ = false;
-  prep_comm_ = Status::Unavailable("not built");
-  prep_thread_ = std::thread([this, g, rank] {
-    auto comm = BuildComm(g, rank);
-    std::lock_guard<std::mutex> lock(prep_mu_);
-    prep_comm_ = std::move(comm);
-    prep_done_ = true;
-  });
-}
-
-bool ElasticTrainer::Impl::TakePrepared(Generation* target,
-                                        StatusOr<std::unique_ptr<Communicator>>* comm) {
-  std::thread t;
-  {
-    std::lock_guard<std::mutex> lock(prep_mu_);
-    if (!prep_thread_.joinable() || prep_gen_.number < target->number) {
-      // None, or an older one still in flight (it gives way: a newer generation exists) or done.
-      claimed_ = std::max(claimed_, target->number);
-      if (prep_thread_.joinable() && prep_done_) prep_thread_.join();
-      return false;
-    }
-    t = std::move(prep_thread_);
-  }
-  t.join();  // the other members build the same generation (or give up on it soon)
-  std::lock_guard<std::mutex> lock(prep_mu_);
-  *target = prep_gen_;
-  *comm = std::move(prep_comm_);
-  prep_comm_ = Status::Unavailable("taken");
-  prep_gen_ = Generation();
-  return true;
-}
-
-void ElasticTrainer::Impl::JoinPrepared() {
-  cancel_prep_ = true;
-  std::thread t;
-  {
-    std::lock_guard<std::mutex> lock(prep_mu_);
-    t = std::move(prep_thread_);
-  }
-  if (t.joinable()) t.join();
-  if (retire_thread_.joinable()) retire_thread_.join();
-  std::lock_guard<std::mutex> lock(prep_mu_);
-  prep_comm_ = Status::Unavailable("shut down");
-}
-
-void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen,
-                                       int rank) {
-  std::unique_ptr<Communicator> old;
-  {
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    old = std::move(comm_);
-    comm_ = std::move(comm);
-    if (comm_) {
-      if (gen_.number != gen.number && gen_.number != 0) {
-        after_reform_ = true;
-        reform_from_gen_ = gen_.number;
-        reform_from_world_ = gen_.world_size();
-      }
-      gen_ = gen;
-      rank_ = rank;
-      gen_number_ = gen.number;
-    }
-  }
-  Retire(std::move(old));  // outside the lock: closing sockets may take a moment
-}
-
-// A Gloo communicator's teardown (closing every pair, joining its device's loop thread) took
-// 20-40 ms of each re-form on a loaded machine: it runs on a helper thread, off the critical path.
-// An NCCL one is destroyed at once (its device memory goes before the next one is made).
-void ElasticTrainer::Impl::Retire(std::unique_ptr<Communicator> old) {
-  if (!old) return;
-  if (retire_thread_.joinable()) retire_thread_.join();  // at most one teardown in flight
-  if (old->backend() != std::string("gloo")) return;     // `old` goes here
-  retire_thread_ = std::thread([c = std::move(old)]() mutable { c.reset(); });
-}
-
-// ---------------------------------------------------------------------------------------------
-// Watcher: aborts the communicator when a failure generation newer than ours is committed, so
-// a collective blocked on a dead or hung peer returns at once.
-
-void ElasticTrainer::Impl::StartWatcher() {
-  stop_watcher_ = false;
-  watcher_ = std::thread([this] { WatchLoop(); });
-}
-
-void ElasticTrainer::Impl::StopWatcher() {
-  stop_watcher_ = true;
-  if (watcher_.joinable()) watcher_.join();
-}
-
-void ElasticTrainer::Impl::WatchLoop() {
-  // Checked on every wake-up, not only when the failure generation arrives: a communicator
-  // installed after it (a joiner's first one, of the generation it superseded) is aborted too.
-  int64_t seen = gen_number_, failed = 0, aborted = 0;  // newest failure seen; generation aborted
-  while (!stop_watcher_) {
-    Generation g;
-    if (membership_->WaitGeneration(seen, milliseconds(100), &g).ok()) {
-      seen = g.number;
-      NoteSeen(g.number);
-      MaybePrepare(g);
-      if (g.failure) failed = g.number;
-    }
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_ && failed > gen_number_ && aborted != gen_number_) {
-      LOG(INFO) << me_ << ": failure generation " << failed << " committed; aborting "
-                << "communicator of generation " << gen_number_;
-      comm_->Abort();
-      aborted = gen_number_;
-    }
-  }
-}
-
-void ElasticTrainer::Impl::NoteSeen(int64_t number) {
-  const int64_t mono = clock_->NowMicros(), wall = clock_->WallMicros();
-  std::lock_guard<std::mutex> lock(seen_mu_);
-  seen_at_.emplace(number, std::make_pair(mono, wall));  // keeps the first sighting
-}
-
-std::pair<int64_t, int64_t> ElasticTrainer::Impl::SeenAt(int64_t number) {
-  std::lock_guard<std::mutex> lock(seen_mu_);
-  auto it = seen_at_.find(number);
-  if (it == seen_at_.end()) {  // the training thread got it before the watcher: now is close
-    it = seen_at_.emplace(number, std::make_pair(clock_->NowMicros(), clock_->WallMicros())).first;
-  }
-  const auto at = it->second;
-  seen_at_.erase(seen_at_.begin(), seen_at_.upper_bound(number));
-  return at;
-}
-
-// A survivor's stall: from the end of its last step in the old generation to the end of its
-// first step in the new one. The additive phases (lost, wait_generation, agree, reform, sync,
-// first_step) cover it; seen_time (wall clock, seconds) is when this trainer first saw the
-// generation it re-formed into, from which, with the server's generation record, the events log
-// yields detection and decision-and-push; wait_switch is how long it trained on after seeing a
-// planned change before the agreed switch step ended (not part of the stall).
-nlohmann::json ElasticTrainer::Impl::StallEvent(int64_t now) {
-  const auto [seen_us, seen_wall_us] = SeenAt(gen_.number);
-  const int64_t wait_switch = reform_was_failure_ ? 0 : std::max<int64_t>(0, last_step_end_us_ - seen_us);
-  return {{"event", "stall"}, {"generation", gen_.number}, {"from_generation", reform_from_gen_},
-          {"world_before", reform_from_world_}, {"world_after", gen_.world_size()},
-          {"switch_step", switch_step_}, {"failure", reform_was_failure_},
-          {"stall_s", MicrosToSeconds(now - last_step_end_us_)},
-          {"lost_s", MicrosToSeconds(phases_.lost_us)},
-          {"wait_generation_s", MicrosToSeconds(phases_.wait_gen_us)},
-          {"agree_s", MicrosToSeconds(phases_.agree_us)},
-          {"reform_s", MicrosToSeconds(phases_.reform_us)},
-          {"sync_s", MicrosToSeconds(phases_.sync_us)},
-          {"first_step_s", MicrosToSeconds(now - phases_.sync_end_us)},
-          {"attempts", phases_.attempts}, {"prepared", phases_.prepared},
-          {"wait_switch_s", MicrosToSeconds(wait_switch)},
-          {"seen_time", MicrosToSeconds(seen_wall_us)}};
-}
-
-// ---------------------------------------------------------------------------------------------
 // State sync.
 
 Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
@@ -773,8 +456,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   Generation latest;
   membership_->Latest(&latest);
   float inband[Trainable::kInbandSlots] = {};
-  inband[kNewerSeen] = latest.number > gen_.number ? 1.0f : 0.0f;
-  if (latest.number > gen_.number) NoteSeen(latest.number);
+  inband[kSwitchVotes] = latest.number > gen_.number ? SwitchVote(latest) : 0.0f;
   inband[kLossSum] = static_cast<float>(stats.loss_sum);
   inband[kCorrect] = static_cast<float>(stats.correct);
   inband[kSamples] = static_cast<float>(stats.samples);
@@ -799,7 +481,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   state_.steps_since_reform++;
   if (inband[kSamples] > 0) last_loss_ = inband[kLossSum] / inband[kSamples];
   LogSamples(state_.step, epoch, global_indices, last_loss_, &indices, &stats);
-  *switch_seen = inband[kNewerSeen] > 0;
+  *switch_seen = inband[kSwitchVotes] >= static_cast<float>(gen_.world_size());
   const int64_t now = clock_->NowMicros();
   // A trainer that never stepped (a joiner whose generation was superseded) has no stall.
   if (after_reform_ && last_step_end_us_ > 0) {

@@ -6,6 +6,7 @@ list(APPEND EDL_SOURCES
 list(APPEND EDL_SOURCES
   runtime/membership.cc
   runtime/elastic_trainer.cc
+  runtime/elastic_trainer_switch.cc
   runtime/elastic_trainer_util.cc
 )
 list(APPEND EDL_SOURCES

@@ -216,6 +216,18 @@ class FakeCluster {
     FakeCluster* const c_;
     MemoryKvStore kv_;
   };
+  // How many trainers reported generation `gen`'s communicator built ahead (a "prepared" event);
+  // call with mu_ held (inside WaitFor). Members switch to a planned generation only once all of
+  // them have it, so a test that needs the switch at an exact step waits for this first.
+  size_t BuiltAhead(int64_t gen) const {
+    std::set<std::string> built;
+    for (const auto& e : events_) {
+      if (e["event"] == "prepared" && e["generation"] == gen && e["ok"] == true) {
+        built.insert(e["trainer"].get<std::string>());
+      }
+    }
+    return built.size();
+  }
   int64_t KvSets() {
     std::lock_guard<std::mutex> lock(mu_);
     return kv_sets_;
@@ -334,20 +346,19 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
 
   // 4 -> 2: t1 and t3 finish the switch step and leave.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 10; }));
-  // Make-before-break: while every trainer is held at step 10, the survivors' rendezvous keys
-  // for generation 2 can only come from communicators built ahead, beside the training thread.
-  const int64_t keys_before_shrink = c.KvSets();
+  // Make-before-break: while every trainer is held at step 10, the survivors' communicators for
+  // generation 2 can only be built ahead, beside the training thread.
   c.Commit({"t0", "t2"}, false, "script");
-  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys_before_shrink + 2; }));
+  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(2) == 2; }));
   c.HoldAt(25);
   ASSERT_TRUE(c.WaitFor([&] { return t[1].finished && t[3].finished; }));
   // 2 -> 3: t4 prepares while the others wait at step 25, reports ready, then is committed.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 25; }));
   Start(&c, dir, &t[4], 99, true, &c);
   ASSERT_TRUE(c.WaitFor([&] { return c.ready_.count("t4") > 0; }));
-  const int64_t keys_before_grow = c.KvSets();
   c.Commit({"t0", "t2", "t4"}, false, "script");
-  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys_before_grow + 3; }));
+  // The survivors' builds complete only with the joiner's (it builds in its own re-form).
+  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(3) == 2; }));
   c.HoldAt(45);
   // 3 -> 2: t2 crashes inside a step; the control plane commits a failure generation.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 45; }));
@@ -752,12 +763,11 @@ TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
       tt.status = trainer.Run(&tt.result);
     });
   }
-  // Held after step 15: once the survivors built generation 2's communicator (their watchers saw
-  // it), step 16, the epoch's last, carries the switch.
+  // Held after step 15: once both survivors built generation 2's communicator ahead (their
+  // watchers saw it), every member votes for the switch in step 16, the epoch's last.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 15; }));
-  const int64_t keys = c.KvSets();
-  c.Commit({"e0", "e1"}, false, "script");
-  ASSERT_TRUE(c.WaitFor([&] { return c.kv_sets_ >= keys + 2; }));
+  const int64_t gen = c.Commit({"e0", "e1"}, false, "script");
+  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(gen) == 2; }));
   c.HoldAt(INT64_MAX);
   for (auto& tt : t) tt.thread.join();
   for (auto& tt : t) ASSERT_OK(tt.status);

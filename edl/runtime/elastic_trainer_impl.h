@@ -1,0 +1,167 @@
+// Internal to edl/runtime: the elastic loop's implementation class, shared by
+// elastic_trainer.cc (run, re-form, state sync, steps) and elastic_trainer_switch.cc (prepared
+// communicators, the watcher, stall events). Not part of the public API: include elastic_trainer.h.
+// The loop's invariants are stated at the top of elastic_trainer.cc.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "edl/runtime/elastic_trainer.h"
+#include "edl/runtime/host_staging.h"
+
+namespace edl::runtime {
+
+class ElasticTrainer::Impl {
+ public:
+  Impl(ElasticOptions o, Trainable* t, MembershipSource* m)
+      : o_(std::move(o)), trainable_(t), membership_(m), me_(m->trainer_id()),
+        clock_(o_.clock ? o_.clock : Clock::Real()), plan_(t->train_size(), o_.seed),
+        schedule_(o_.lr) {}
+  ~Impl() {
+    StopWatcher();
+    JoinPrepared();
+    if (sample_log_fd_ >= 0) ::close(sample_log_fd_);
+  }
+
+  Status Run(ElasticResult* result);
+
+ private:
+  // ---- membership and communicator
+  Status FirstGeneration(Generation* gen);
+  Status WaitNewer(int64_t after, Generation* out);
+  Status Reform(Generation target);
+  StatusOr<std::unique_ptr<Communicator>> BuildComm(const Generation& target, int rank);
+  // Make-before-break: see "Prepared communicators" below.
+  void MaybePrepare(const Generation& g);  // watcher thread; SwitchVote
+  // Training thread: true and the communicator built ahead for `*target` (or for a newer
+  // generation, which then replaces *target), or false when there is none; either way no
+  // prepared build of `*target` starts afterwards.
+  bool TakePrepared(Generation* target, StatusOr<std::unique_ptr<Communicator>>* comm);
+  void JoinPrepared();  // waits for a prepared build in flight (shutdown)
+  // Training thread: this trainer's vote on the switch to `latest` (newer than gen_), carried
+  // in-band and SUM-reduced; the switch step is the first whose sum reaches the world size. See
+  // "Prepared communicators" in elastic_trainer_switch.cc.
+  float SwitchVote(const Generation& latest);
+  void Retire(std::unique_ptr<Communicator> old);  // destroys `old`, in the background for Gloo
+  Status WarmUp(int world);  // a joiner's first forward/backward, before it reports ready
+  void InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen, int rank);
+  void StartWatcher();
+  void StopWatcher();
+  void WatchLoop();
+  Status Comm(Status s) {  // records that a communicator call failed
+    if (!s.ok()) comm_failed_ = true;
+    return s;
+  }
+
+  // ---- steps and state
+  Status SyncState(int64_t* newest_seen);
+  // Broadcasts the StateTensors from `root` (only the per_rank ones when `per_rank_only`).
+  Status BroadcastTensors(int root, bool per_rank_only);
+  Status TrainStep(bool* switch_seen);
+  Status SwitchGeneration();
+  Status Recover(const Status& cause);
+  Status Evaluate(double* accuracy);
+  bool Done() const;
+  std::vector<int64_t> Batches() const {
+    return BatchSizes(o_.batch_policy, o_.batch, gen_.world_size());
+  }
+  double StepLr(int64_t global_batch);
+  // Appends the global step's indices (all ranks) to the sample log; loss NaN when unknown.
+  // `fed`: this rank's slice and the StepStats of feeding it, when it applied the step itself.
+  void LogSamples(int64_t step, int64_t epoch, const std::vector<int64_t>& indices, double loss,
+                  const std::vector<int64_t>* fed = nullptr, const StepStats* fed_stats = nullptr);
+  StepContext Context() const { return {gen_.number, gen_.world_size(), rank_}; }
+  void Event(nlohmann::json e);
+
+  const ElasticOptions o_;
+  Trainable* const trainable_;          // not owned
+  MembershipSource* const membership_;  // not owned
+  const std::string me_;
+  Clock* const clock_;
+  DataPlan plan_;
+  const LrSchedule schedule_;
+
+  std::mutex comm_mu_;  // guards comm_ and gen_number_ against the watcher
+  std::unique_ptr<Communicator> comm_;  // swapped under comm_mu_; read unlocked by this thread
+  std::atomic<int64_t> gen_number_{0};
+  Generation gen_;  // the generation comm_ belongs to (training thread only)
+  int rank_ = -1;
+  bool comm_failed_ = false;
+
+  TrainingState state_;
+  bool has_state_ = false;
+  bool left_ = false;
+  struct Pending {
+    int64_t step = -1, epoch = 0;
+    std::vector<int64_t> indices;  // the whole step's (every rank's)
+  } pending_;
+  int64_t last_eval_step_ = -1;  // -1 after each re-form, so members agree on it (Reform)
+  bool eval_due_ = false;        // the re-form landed on an epoch end: evaluate it first
+
+  // Events: stall of a survivor / time to first step of a joiner.
+  int64_t start_us_ = 0;
+  int64_t last_step_end_us_ = 0;
+  bool after_reform_ = false;
+  int64_t reform_from_gen_ = 0;
+  int reform_from_world_ = 0;
+  int64_t switch_step_ = 0;
+  bool reform_was_failure_ = false;
+  // The stall's breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): microseconds this
+  // survivor spent in each phase of the re-form in progress, each measured between its own
+  // readings, so time outside every phase shows up as a gap between their sum and the stall.
+  struct Phases {
+    int64_t lost_us = 0;      // failure: end of the last step to the failed collective (the
+                              // step in flight, lost), per-step hooks included
+    int64_t wait_gen_us = 0;  // waiting for the next (or a newer) generation to arrive
+    int64_t agree_us = 0;     // planned: end of the switch step to the agreed target, hooks included
+    int64_t reform_us = 0;    // closing the old communicator and building the new one(s)
+    int64_t sync_us = 0;      // state sync: the root's agreement and the broadcasts
+    int64_t sync_end_us = 0;  // when the last sync ended (the first step starts there)
+    int attempts = 0;         // communicators built (> 1: superseded or failed meanwhile)
+    bool prepared = false;    // the last one was built ahead, while training (make-before-break)
+  } phases_;
+  // When this trainer first saw each generation newer than gen_ (monotonic and wall-clock
+  // micros), recorded by the watcher; bounded: entries up to gen_ are dropped at each re-form.
+  std::mutex seen_mu_;
+  std::map<int64_t, std::pair<int64_t, int64_t>> seen_at_;
+  void NoteSeen(int64_t number);
+  std::pair<int64_t, int64_t> SeenAt(int64_t number);  // and forgets generations up to `number`
+  nlohmann::json StallEvent(int64_t now);
+
+  double last_loss_ = 0, accuracy_ = -1;
+  // The communicator reads device memory (NCCL); Gloo reads host memory.
+  bool DeviceComm() const { return comm_->backend() == std::string("nccl"); }
+  // The gradient all-reduce copies through host_ rather than handing GradientBuffer() to comm_.
+  bool StageGradients() const {
+    return o_.stage_through_host || (trainable_->on_device() && !DeviceComm());
+  }
+  Status AllReduceGradients(float* grad, size_t count);
+  HostStaging host_{trainable_};  // staged gradients and packed state (kept: steps and re-forms recur)
+  int64_t progress_t0_us_ = 0, progress_samples_ = 0;
+  int sample_log_fd_ = -1;
+
+  std::thread watcher_;
+  std::atomic<bool> stop_watcher_{false};
+
+  // Prepared communicators (gloo). Guarded by prep_mu_; prep_thread_ is started by the watcher
+  // and joined by the training thread (or at shutdown).
+  std::mutex prep_mu_;
+  std::atomic<bool> cancel_prep_{false};  // shutdown: rendezvous waits give up
+  int64_t claimed_ = 0;      // highest generation a communicator build was started for
+  Generation prep_gen_;      // number 0: no prepared build
+  std::thread prep_thread_;
+  bool prep_done_ = false;
+  StatusOr<std::unique_ptr<Communicator>> prep_comm_{Status::Unavailable("not built")};
+  std::thread retire_thread_;  // training thread only
+};
+
+}  // namespace edl::runtime
