@@ -155,6 +155,20 @@ for s in lines(f"{work}/elastic/samples.jsonl"):
 seq = sorted(steps.items())
 gaps = [b[1][0] - a[1][0] for a, b in zip(seq, seq[1:]) if a[1][1] == b[1][1] and b[0] == a[0] + 1]
 step_s = statistics.median(gaps) if gaps else float("nan")
+# The steady step by world size (2 cores: 4 single-threaded trainers step slower than 3), for
+# reading a stall against the step of the world it re-formed into; the targets use step_s.
+gen_world = {e["generation"]: e["world_size"] for e in ev
+             if e.get("type") == "trainer_event" and e.get("event") == "sync"}
+by_world = {}
+for a, b in zip(seq, seq[1:]):
+    if a[1][1] == b[1][1] and b[0] == a[0] + 1 and b[1][1] in gen_world:
+        by_world.setdefault(gen_world[b[1][1]], []).append(b[1][0] - a[1][0])
+print("# steady step by world size: " + ", ".join(
+    f"{w} trainers {statistics.median(v):.4f} s ({len(v)} steps)" for w, v in sorted(by_world.items())))
+built = [e["build_s"] for e in ev if e.get("type") == "trainer_event" and e.get("event") == "prepared"]
+if built:
+    print(f"# communicators built ahead (make-before-break, off the stall): {len(built)}, median "
+          f"{statistics.median(built):.4f} s, max {max(built):.4f} s")
 # Stop-resume: for each kill-all, last step time before the restart to first step after it (the
 # job only changes generation at a kill-all: the empty failure generation, then the restart).
 sr = lines(f"{work}/stopresume/samples.jsonl")
