@@ -329,12 +329,9 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
       }
     }
   }
-  SyncHeader header = EncodeSyncHeader(state_);
-  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(header.data(), header.size(), root)));
   TrainingState synced;
-  EDL_RETURN_IF_ERROR(DecodeSyncHeader(header, "rank " + std::to_string(root), &synced));
   // Every rank holds the same step: only per-rank state (BN running statistics) may differ.
-  EDL_RETURN_IF_ERROR(BroadcastTensors(root, /*per_rank_only=*/!need_tensors));
+  EDL_RETURN_IF_ERROR(BroadcastState(root, /*per_rank_only=*/!need_tensors, &synced));
   // The step this rank had in flight was committed by others: its samples were consumed.
   if (pending_.step == synced.step && pending_.step == state_.step + 1 && has_state_) {
     LogSamples(pending_.step, pending_.epoch, pending_.indices, std::nan(""));
@@ -356,7 +353,9 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
   return Status::OK();
 }
 
-Status ElasticTrainer::Impl::BroadcastTensors(int root, bool per_rank_only) {
+Status ElasticTrainer::Impl::BroadcastState(int root, bool per_rank_only, TrainingState* synced) {
+  const SyncHeader header = EncodeSyncHeader(state_);  // the root's is the one that counts
+  const std::string from = "rank " + std::to_string(root);
   std::vector<StateTensor> tensors;
   size_t total = 0;
   for (StateTensor& t : trainable_->StateTensors()) {
@@ -364,31 +363,38 @@ Status ElasticTrainer::Impl::BroadcastTensors(int root, bool per_rank_only) {
     total += t.bytes;
     tensors.push_back(std::move(t));
   }
-  if (tensors.empty()) return Status::OK();
   if (trainable_->on_device() && DeviceComm()) {  // device memory: one NCCL broadcast per tensor
+    SyncHeader h = header;
+    EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(h.data(), h.size(), root)));
+    EDL_RETURN_IF_ERROR(DecodeSyncHeader(h, from, synced));
     for (const StateTensor& t : tensors) {
       EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(t.data, t.bytes, root)));
     }
     return Status::OK();
   }
-  // Host memory (Gloo; device tensors are copied out and back): one broadcast of everything
-  // packed into the host staging buffer (a Gloo broadcast per tensor costs a round trip each,
+  // Host memory (Gloo; device tensors are copied out and back): one broadcast of the header and
+  // every tensor packed into the host staging buffer (a Gloo broadcast costs a round trip each,
   // which dominated the re-form of a ResNet with ~200 tensors). Never a device pointer to Gloo.
-  char* packed = host_.Get(total);
+  // The header is checked before any tensor is written.
+  char* packed = host_.Get(kSyncHeaderBytes + total);
   if (packed == nullptr) {
-    return Status::Internal("out of host memory for the " + std::to_string(total) +
+    return Status::Internal("out of host memory for the " + std::to_string(kSyncHeaderBytes + total) +
                             "-byte state broadcast buffer");
   }
   if (rank_ == root) {
-    size_t off = 0;
+    std::memcpy(packed, header.data(), kSyncHeaderBytes);
+    size_t off = kSyncHeaderBytes;
     for (const StateTensor& t : tensors) {
       EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, packed + off));
       off += t.bytes;
     }
   }
-  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(packed, total, root)));
+  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(packed, kSyncHeaderBytes + total, root)));
+  SyncHeader h;
+  std::memcpy(h.data(), packed, kSyncHeaderBytes);
+  EDL_RETURN_IF_ERROR(DecodeSyncHeader(h, from, synced));
   if (rank_ == root) return Status::OK();
-  size_t off = 0;
+  size_t off = kSyncHeaderBytes;
   for (const StateTensor& t : tensors) {
     EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, packed + off));
     off += t.bytes;

@@ -64,8 +64,10 @@ class ElasticTrainer::Impl {
 
   // ---- steps and state
   Status SyncState(int64_t* newest_seen);
-  // Broadcasts the StateTensors from `root` (only the per_rank ones when `per_rank_only`).
-  Status BroadcastTensors(int root, bool per_rank_only);
+  // Broadcasts the training state's header and the StateTensors (only the per_rank ones when
+  // `per_rank_only`) from `root`, in one collective on the host path; *synced gets the root's
+  // header, checked before any tensor is written.
+  Status BroadcastState(int root, bool per_rank_only, TrainingState* synced);
   Status TrainStep(bool* switch_seen);
   Status SwitchGeneration();
   Status Recover(const Status& cause);
