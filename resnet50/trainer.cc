@@ -106,12 +106,13 @@ void Trainer::SetTeacher(runtime::TeacherSource* teacher, const DistillLossParam
   window_ = std::max(1, window);
 }
 
-void Trainer::Lookahead(const std::vector<std::vector<int64_t>>& steps) {
+void Trainer::Lookahead(const std::vector<UpcomingStep>& steps) {
   if (teacher_ == nullptr) return;
   // Teacher requests only: the data loader is left as without distillation, so a distilled run
-  // and a plain one differ by the teacher's cost alone (bench/distill.sh).
-  for (const std::vector<int64_t>& s : steps) {
-    if (!s.empty()) teacher_->Request(s, train_loader_->AugSeed(epoch_));
+  // and a plain one differ by the teacher's cost alone (bench/distill.sh). Each step's own epoch
+  // seeds its augmentation: Get() of the next epoch's first steps must find these requests.
+  for (const UpcomingStep& s : steps) {
+    if (!s.indices.empty()) teacher_->Request(s.indices, train_loader_->AugSeed(s.epoch));
   }
 }
 

@@ -75,7 +75,7 @@ class Trainer : public runtime::Trainable {
   // (or answers for other samples) and will drag the student down.
   int64_t teacher_rows() const { return teacher_rows_; }
   int64_t teacher_hits() const { return teacher_hits_; }
-  void Lookahead(const std::vector<std::vector<int64_t>>& steps) override;
+  void Lookahead(const std::vector<UpcomingStep>& steps) override;
   // Samples the dataset could not load are left out: the loss and its gradient are still divided
   // by indices.size(), so a skipped sample adds nothing and the runtime's scaling by the slice size
   // stays exact; stats->samples counts the samples fed.

@@ -443,12 +443,12 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   }
   StepStats stats;
   if (const int ahead = trainable_->lookahead_steps(); ahead > 0) {
-    std::vector<std::vector<int64_t>> next;
+    std::vector<Trainable::UpcomingStep> next;
     DataPosition pos = state_.position;
     for (int k = 0; k < ahead; ++k) {
       pos = plan_.Advance(pos, b);
       if (plan_.EpochProgress(pos) >= o_.epochs) break;
-      next.push_back(plan_.Slice(pos, b, rank_));
+      next.push_back({pos.epoch, plan_.Slice(pos, b, rank_)});
     }
     trainable_->Lookahead(next);
   }

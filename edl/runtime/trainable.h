@@ -100,10 +100,16 @@ class Trainable {
   virtual void SetEpoch(int64_t epoch) {}
   // How many steps ahead the Trainable wants to see its indices (0: none, the default). When > 0
   // the runtime calls Lookahead before each ForwardBackward with this rank's indices of the next
-  // steps (steps[0] is the step after the current one), assuming the current world and batch
-  // sizes: a hint (a distilling trainer asks its teachers ahead), wrong after a re-form.
+  // steps (steps[0] is the step after the current one) and the data-plan epoch each belongs to
+  // (the next epoch's first steps are among them near an epoch's end, and their augmentation
+  // differs), assuming the current world and batch sizes: a hint (a distilling trainer asks its
+  // teachers ahead), wrong after a re-form.
+  struct UpcomingStep {
+    int64_t epoch = 0;
+    std::vector<int64_t> indices;
+  };
   virtual int lookahead_steps() const { return 0; }
-  virtual void Lookahead(const std::vector<std::vector<int64_t>>& steps) {}
+  virtual void Lookahead(const std::vector<UpcomingStep>& steps) {}
   // Forward and backward over the training samples `indices`; leaves d(mean loss)/dθ in
   // GradientBuffer(). REQUIRES: !indices.empty().
   virtual Status ForwardBackward(const std::vector<int64_t>& indices, StepStats* stats) = 0;
