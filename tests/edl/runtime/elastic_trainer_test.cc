@@ -216,17 +216,18 @@ class FakeCluster {
     FakeCluster* const c_;
     MemoryKvStore kv_;
   };
-  // How many trainers reported generation `gen`'s communicator built ahead (a "prepared" event);
-  // call with mu_ held (inside WaitFor). Members switch to a planned generation only once all of
-  // them have it, so a test that needs the switch at an exact step waits for this first.
-  size_t BuiltAhead(int64_t gen) const {
+  // Whether every trainer in `ids` reported generation `gen`'s communicator built ahead (a
+  // "prepared" event); call with mu_ held (inside WaitFor). Members switch to a planned generation
+  // only once all of them have it, so a test that needs the switch at an exact step waits for this
+  // first. (A joiner's watcher may build its first communicator ahead too, racing its re-form.)
+  bool BuiltAhead(int64_t gen, const std::set<std::string>& ids) const {
     std::set<std::string> built;
     for (const auto& e : events_) {
       if (e["event"] == "prepared" && e["generation"] == gen && e["ok"] == true) {
         built.insert(e["trainer"].get<std::string>());
       }
     }
-    return built.size();
+    return std::includes(built.begin(), built.end(), ids.begin(), ids.end());
   }
   int64_t KvSets() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -349,7 +350,7 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
   // Make-before-break: while every trainer is held at step 10, the survivors' communicators for
   // generation 2 can only be built ahead, beside the training thread.
   c.Commit({"t0", "t2"}, false, "script");
-  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(2) == 2; }));
+  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(2, {"t0", "t2"}); }));
   c.HoldAt(25);
   ASSERT_TRUE(c.WaitFor([&] { return t[1].finished && t[3].finished; }));
   // 2 -> 3: t4 prepares while the others wait at step 25, reports ready, then is committed.
@@ -358,7 +359,7 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
   ASSERT_TRUE(c.WaitFor([&] { return c.ready_.count("t4") > 0; }));
   c.Commit({"t0", "t2", "t4"}, false, "script");
   // The survivors' builds complete only with the joiner's (it builds in its own re-form).
-  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(3) == 2; }));
+  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(3, {"t0", "t2"}); }));
   c.HoldAt(45);
   // 3 -> 2: t2 crashes inside a step; the control plane commits a failure generation.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 45; }));
@@ -767,7 +768,7 @@ TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
   // watchers saw it), every member votes for the switch in step 16, the epoch's last.
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 15; }));
   const int64_t gen = c.Commit({"e0", "e1"}, false, "script");
-  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(gen) == 2; }));
+  ASSERT_TRUE(c.WaitFor([&] { return c.BuiltAhead(gen, {"e0", "e1"}); }));
   c.HoldAt(INT64_MAX);
   for (auto& tt : t) tt.thread.join();
   for (auto& tt : t) ASSERT_OK(tt.status);
