@@ -153,16 +153,18 @@ steps = {}
 for s in lines(f"{work}/elastic/samples.jsonl"):
     steps.setdefault(s["step"], (s["time"], s["generation"]))
 seq = sorted(steps.items())
-gaps = [b[1][0] - a[1][0] for a, b in zip(seq, seq[1:]) if a[1][1] == b[1][1] and b[0] == a[0] + 1]
+gen_gaps = [(b[1][1], b[1][0] - a[1][0]) for a, b in zip(seq, seq[1:])
+            if a[1][1] == b[1][1] and b[0] == a[0] + 1]  # (generation, step time)
+gaps = [g for _, g in gen_gaps]
 step_s = statistics.median(gaps) if gaps else float("nan")
 # The steady step by world size (2 cores: 4 single-threaded trainers step slower than 3), for
 # reading a stall against the step of the world it re-formed into; the targets use step_s.
 gen_world = {e["generation"]: e["world_size"] for e in ev
              if e.get("type") == "trainer_event" and e.get("event") == "sync"}
 by_world = {}
-for a, b in zip(seq, seq[1:]):
-    if a[1][1] == b[1][1] and b[0] == a[0] + 1 and b[1][1] in gen_world:
-        by_world.setdefault(gen_world[b[1][1]], []).append(b[1][0] - a[1][0])
+for gen, g in gen_gaps:
+    if gen in gen_world:
+        by_world.setdefault(gen_world[gen], []).append(g)
 print("# steady step by world size: " + ", ".join(
     f"{w} trainers {statistics.median(v):.4f} s ({len(v)} steps)" for w, v in sorted(by_world.items())))
 built = [e["build_s"] for e in ev if e.get("type") == "trainer_event" and e.get("event") == "prepared"]

@@ -41,6 +41,8 @@ class ElasticTrainer::Impl {
   Status Reform(Generation target);
   StatusOr<std::unique_ptr<Communicator>> BuildComm(const Generation& target, int rank);
   // Make-before-break: see "Prepared communicators" below.
+  // A planned Gloo generation with this trainer in it: one whose communicator is built ahead.
+  bool BuildsAhead(const Generation& g) const;
   void MaybePrepare(const Generation& g);  // watcher thread; SwitchVote
   // Training thread: true and the communicator built ahead for `*target` (or for a newer
   // generation, which then replaces *target), or false when there is none; either way no

@@ -34,10 +34,13 @@ using std::chrono::milliseconds;
 // once): `claimed_` is the highest number a build was started for, by either thread. Gloo only:
 // an NCCL communicator is built on the stream the current one uses.
 
+bool ElasticTrainer::Impl::BuildsAhead(const Generation& g) const {
+  return o_.backend == "gloo" && !g.failure && g.RankOf(me_) >= 0;
+}
+
 void ElasticTrainer::Impl::MaybePrepare(const Generation& g) {
-  if (o_.backend != "gloo" || g.failure) return;
+  if (!BuildsAhead(g)) return;
   const int rank = g.RankOf(me_);
-  if (rank < 0) return;
   std::lock_guard<std::mutex> lock(prep_mu_);
   if (g.number <= claimed_ || g.number <= gen_number_) return;
   if (prep_thread_.joinable()) {
@@ -66,7 +69,7 @@ void ElasticTrainer::Impl::MaybePrepare(const Generation& g) {
 float ElasticTrainer::Impl::SwitchVote(const Generation& latest) {
   constexpr int64_t kMaxPrepareWait = 2'000'000;  // microseconds
   NoteSeen(latest.number);
-  if (o_.backend != "gloo" || latest.failure || latest.RankOf(me_) < 0) return 1.0f;
+  if (!BuildsAhead(latest)) return 1.0f;
   MaybePrepare(latest);  // the watcher's call may have found an older build still in flight
   {
     std::lock_guard<std::mutex> lock(prep_mu_);
