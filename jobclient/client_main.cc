@@ -66,7 +66,10 @@ Status ParseSlots(const std::string& gpus, int slots, ClientOptions* o) {
     o->gpu_slots = true;
     return Status::OK();
   }
-  if (slots < 1 || slots > 4096) return Status::InvalidArgument("--slots must be in 1..4096 (or give --gpus 0,1,..)");
+  if (slots < 1 || slots > static_cast<int>(proto::kMaxSlotsPerNode)) {
+    return Status::InvalidArgument("--slots must be in 1.." + std::to_string(proto::kMaxSlotsPerNode) +
+                                   " (or give --gpus 0,1,..)");
+  }
   for (int i = 0; i < slots; ++i) o->slots.push_back(i);
   return Status::OK();
 }

@@ -5,32 +5,16 @@
 #include <sstream>
 #include <utility>
 
-#include "jobserver/scheduler.h"
+#include "edl/proto/names.h"
 
 namespace edl::jobserver {
 
-static_assert(kMaxPolicyNodeSlots == static_cast<int>(kMaxSlotsPerNode),
-              "a node offers the policy the slots its client registers with the Scheduler");
-
 namespace {
 
-// Empty when `s` is a valid name of `what`; otherwise the problem and the fix.
+// Empty when `s` is a valid name of `what` (proto::CheckName); otherwise the problem and the fix.
 std::string NameProblem(const std::string& what, const std::string& s) {
-  if (s.empty()) return what + " is empty: give it a name of letters, digits, '.', '_' or '-'";
-  if (s.size() > kMaxPolicyNameBytes) {
-    return what + " '" + s.substr(0, 32) + "...' is " + std::to_string(s.size()) +
-           " bytes: at most " + std::to_string(kMaxPolicyNameBytes) + " are allowed";
-  }
-  for (char c : s) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) {
-      return what + " '" + s + "' has a character other than letters, digits, '.', '_' or '-'";
-    }
-  }
-  if (s[0] == '.' || s[0] == '-')
-    return what + " '" + s + "' must start with a letter, digit or '_'";
-  return "";
+  const Status st = proto::CheckName(what, s, kMaxPolicyNameBytes);
+  return st.ok() ? std::string() : st.message();
 }
 
 std::string Join(const std::vector<std::string>& parts, const std::string& sep) {
@@ -72,10 +56,10 @@ Status ClusterPolicy::AddNode(const PolicyNode& node) {
   if (std::string p = NameProblem("node name", node.name); !p.empty()) {
     return Status::InvalidArgument(p);
   }
-  if (node.slots < 1 || node.slots > kMaxPolicyNodeSlots) {
+  if (node.slots < 1 || node.slots > static_cast<int>(proto::kMaxSlotsPerNode)) {
     return Status::InvalidArgument("node " + node.name + " offers " + std::to_string(node.slots) +
                                    " slots: a node offers 1.." +
-                                   std::to_string(kMaxPolicyNodeSlots));
+                                   std::to_string(static_cast<int>(proto::kMaxSlotsPerNode)));
   }
   if (node.job_types.empty()) {
     return Status::InvalidArgument("node " + node.name +

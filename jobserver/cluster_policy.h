@@ -72,7 +72,6 @@ namespace edl::jobserver {
 
 // Bounds on what a submission or a node may declare (every field may come from a peer).
 constexpr size_t kMaxPolicyNameBytes = 128;  // job, node and job-type names
-constexpr int kMaxPolicyNodeSlots = 4096;    // as the Scheduler's kMaxSlotsPerNode
 constexpr size_t kMaxPolicyTypesPerNode = 64;
 constexpr int kMaxJobTrainers = 65536;
 constexpr int kMaxJobPriority = 1000;

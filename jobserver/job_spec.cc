@@ -17,9 +17,7 @@ namespace {
 using proto::Quote;
 
 Status JobNameProblem(const std::string& what, const std::string& s) {
-  if (proto::IsValidName(s) && s.size() <= kMaxJobNameBytes && s[0] != '.' && s[0] != '-') return Status::OK();
-  return Status::InvalidArgument(what + " " + Quote(s) + ": use 1.." + std::to_string(kMaxJobNameBytes) +
-                                 " letters, digits, '.', '_' or '-', not starting with '.' or '-'");
+  return proto::CheckName(what, s, kMaxJobNameBytes);
 }
 
 Status ParseInt(const std::string& key, const std::string& v, int64_t lo, int64_t hi, int64_t* out) {

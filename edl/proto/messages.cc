@@ -22,7 +22,6 @@ using internal::Fields;
 using internal::GetInt;
 
 constexpr int64_t kMaxI64 = std::numeric_limits<int64_t>::max();
-constexpr int kMaxSlot = 1 << 16;
 
 // Members travel as compact arrays [trainer_id, node, slot, host]; the rank is the position.
 json MemberToJson(const MemberInfo& m) { return json::array({m.trainer_id, m.node, m.slot, m.host}); }
@@ -66,38 +65,7 @@ Status MembersFromJson(const json& a, const char* what, std::vector<MemberInfo>*
 // string for the JSON parser, not 3000 values (each a heap node) in every client.
 
 std::string RunId(const std::string& node, int64_t slot, int64_t seq) {
-  return node + "-s" + std::to_string(slot) + "-" + std::to_string(seq);
-}
-
-// The sequence number of `id` when it is RunId(node, slot, seq) exactly, else -1.
-int64_t RunSeq(const std::string& id, const std::string& node, int slot) {
-  const std::string prefix = node + "-s" + std::to_string(slot) + "-";
-  if (id.size() <= prefix.size() || id.size() > prefix.size() + 18 || id.compare(0, prefix.size(), prefix) != 0) {
-    return -1;
-  }
-  if (id[prefix.size()] == '0' && id.size() > prefix.size() + 1) return -1;  // not canonical
-  int64_t seq = 0;
-  for (size_t i = prefix.size(); i < id.size(); ++i) {
-    if (id[i] < '0' || id[i] > '9') return -1;
-    seq = seq * 10 + (id[i] - '0');
-  }
-  return seq;
-}
-
-// Splits "<node>-s<slot>-<seq>" into node and slot (so removed ids can be run-encoded); leaves
-// them unchanged when `id` is not of that form.
-void ParseRunId(const std::string& id, std::string* node, int* slot) {
-  const size_t dash = id.rfind('-');
-  if (dash == std::string::npos || dash == 0) return;
-  const size_t s = id.rfind("-s", dash - 1);
-  if (s == std::string::npos || s + 2 >= dash || dash - s - 2 > 5) return;
-  int v = 0;
-  for (size_t i = s + 2; i < dash; ++i) {
-    if (id[i] < '0' || id[i] > '9') return;
-    v = v * 10 + (id[i] - '0');
-  }
-  *node = id.substr(0, s);
-  *slot = v;
+  return TrainerId{node, static_cast<int>(slot), seq}.ToString();
 }
 
 // Appends `members` to `out` as packed run strings and single items. `with_host`: member runs
@@ -112,12 +80,12 @@ void EncodeRuns(const std::vector<MemberInfo>& members, bool with_host, json* ou
   size_t i = 0;
   while (i < members.size()) {
     const MemberInfo& m = members[i];
-    const int64_t seq = m.node.empty() ? -1 : RunSeq(m.trainer_id, m.node, m.slot);
+    const int64_t seq = m.node.empty() ? -1 : TrainerId::SeqOf(m.trainer_id, m.node, m.slot);
     size_t n = 1;
     while (seq >= 0 && i + n < members.size()) {
       const MemberInfo& x = members[i + n];
       if (x.node != m.node || (with_host && x.host != m.host) || x.slot != m.slot + static_cast<int>(n) ||
-          RunSeq(x.trainer_id, x.node, x.slot) != seq + static_cast<int64_t>(n)) {
+          TrainerId::SeqOf(x.trainer_id, x.node, x.slot) != seq + static_cast<int64_t>(n)) {
         break;
       }
       ++n;
@@ -216,16 +184,6 @@ void Renumber(std::vector<MemberInfo>* members) {
 }
 
 }  // namespace
-
-bool IsValidName(const std::string& s) {
-  if (s.empty() || s.size() > kMaxNameBytes || s == "." || s == "..") return false;
-  for (char c : s) {
-    const bool good = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                      c == '.' || c == '_' || c == '-';
-    if (!good) return false;
-  }
-  return true;
-}
 
 bool IsValidHost(const std::string& s) {
   if (s.empty() || s.size() > kMaxHostBytes) return false;
@@ -392,7 +350,11 @@ void GenerationUpdate::EncodeTo(json* j) const {
   for (const std::string& id : removed) {
     MemberInfo m;
     m.trainer_id = id;
-    ParseRunId(id, &m.node, &m.slot);
+    TrainerId t;
+    if (TrainerId::Parse(id, &t)) {
+      m.node = std::move(t.node);
+      m.slot = t.slot;
+    }
     gone.push_back(std::move(m));
   }
   json r = json::array();

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "edl/base/status.h"
+#include "edl/proto/names.h"
 
 namespace edl::proto {
 
@@ -43,16 +44,12 @@ inline constexpr char kJobInfo[] = "job_info";            // server -> client: a
 inline constexpr char kNodeStats[] = "node_stats";        // client -> server: measured utilisation
 }  // namespace msg
 
-// Largest id / name / key accepted on the wire.
-constexpr size_t kMaxNameBytes = 128;
+// Largest host / key accepted on the wire (names and slots: names.h).
 constexpr size_t kMaxHostBytes = 253;        // a DNS name
-constexpr size_t kMaxSlotsPerNode = 4096;
 constexpr size_t kMaxKeyBytes = 512;
 constexpr size_t kMaxListItems = 100000;
 constexpr size_t kMaxValueBytes = 1u << 20;  // a KV value (e.g. an NCCL unique id, a Gloo address)
 
-// Node names and trainer ids end up in file names: letters, digits, '.', '_', '-' only.
-bool IsValidName(const std::string& s);
 // Hosts become trainers' MASTER_ADDR and bind addresses: a DNS name (labels of letters, digits,
 // '-' and '_', 1..63 bytes each, at most kMaxHostBytes) or an IPv4 / IPv6 literal.
 bool IsValidHost(const std::string& s);
@@ -132,9 +129,6 @@ struct Challenge : Message<Challenge> {
   Status DecodeFrom(const nlohmann::json& j);
 };
 
-// Longest node name: the server names trainers "<node>-s<slot>-<seq>" (slot <= 65536, seq < 2^53),
-// so a node name of at most this many bytes keeps every trainer id within kMaxNameBytes.
-constexpr size_t kMaxNodeNameBytes = kMaxNameBytes - (sizeof("-s65536-9007199254740992") - 1);
 constexpr size_t kSessionTokenBytes = 64;  // hex of 32 random bytes
 
 // A job type a node's own configuration offers (cluster mode): its name and the flags a

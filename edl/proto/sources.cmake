@@ -2,5 +2,6 @@
 list(APPEND EDL_SOURCES
   proto/frame.cc
   proto/messages.cc
+  proto/names.cc
   proto/service_messages.cc
 )

@@ -1,4 +1,5 @@
 #include "jobserver/cluster_policy.h"
+#include "edl/proto/names.h"
 
 #include <gtest/gtest.h>
 
@@ -404,7 +405,7 @@ TEST_F(ClusterPolicyTest, BadInputIsRefusedAndChangesNothing) {
   // Nodes and other inputs alike.
   EXPECT_EQ(policy_->AddNode({"a", 4, {"t"}}).code(), Status::Code::kAlreadyExists);
   EXPECT_EQ(policy_->AddNode({"b", 0, {"t"}}).code(), Status::Code::kInvalidArgument);
-  EXPECT_EQ(policy_->AddNode({"b", kMaxPolicyNodeSlots + 1, {"t"}}).code(),
+  EXPECT_EQ(policy_->AddNode({"b", static_cast<int>(proto::kMaxSlotsPerNode) + 1, {"t"}}).code(),
             Status::Code::kInvalidArgument);
   EXPECT_EQ(policy_->AddNode({"b", 4, {}}).code(), Status::Code::kInvalidArgument);
   EXPECT_EQ(policy_->AddNode({"b c", 4, {"t"}}).code(), Status::Code::kInvalidArgument);
