@@ -8,86 +8,149 @@ namespace edl::jobserver {
 
 using nlohmann::json;
 
+namespace {
+// Most stale trainers remembered per cluster until their exits are reported (their late reports
+// are then refused and logged, harmlessly).
+constexpr size_t kMaxStaleKept = 65536;
+}  // namespace
+
 Cluster::Cluster(ClusterOptions options, Clock* clock)
-    : options_(std::move(options)), clock_(clock), policy_(options_.policy, clock) {}
+    : options_(std::move(options)),
+      clock_(clock),
+      own_job_(options_.one_job ? options_.one_job->job_id : std::string()),
+      registry_(options_.heartbeat_timeout_us, clock),
+      policy_(options_.policy, clock) {
+  if (one_job()) {
+    Job job;
+    job.spec.job.name = own_job_;
+    job.spec.job.min_trainers = options_.one_job->min_trainers;
+    job.spec.job.max_trainers = options_.one_job->max_trainers;
+    job.membership = NewMembership(own_job_, 0);
+    jobs_.emplace(own_job_, std::move(job));
+  }
+}
+
+std::unique_ptr<JobMembership> Cluster::NewMembership(const std::string& name, int port_index) const {
+  MembershipOptions o = options_.job_defaults;
+  if (one_job()) {
+    o = *options_.one_job;  // sized by its own flags
+  } else {
+    o.min_trainers = 1;  // the policy holds the job's bounds; the membership follows its grants
+    o.max_trainers = 0;
+    o.initial_trainers = 0;
+    o.master_port_base = options_.job_defaults.master_port_base + 1000 * port_index;
+  }
+  o.job_id = name;
+  o.shared_trainer_seq = const_cast<uint64_t*>(&trainer_seq_);
+  return std::make_unique<JobMembership>(o, clock_);
+}
+
+Cluster::Job* Cluster::Own() {
+  auto it = jobs_.find(own_job_);
+  return one_job() && it != jobs_.end() ? &it->second : nullptr;
+}
 
 // ---- nodes
 
 Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>& running,
-                       const std::vector<int64_t>& generations) {
-  const int64_t now = clock_->NowMicros();
-  auto it = nodes_.find(node.name);
+                        const std::vector<int64_t>& generations, std::string* session, bool* known) {
+  EDL_RETURN_IF_ERROR(registry_.Register(node, /*require_types=*/!one_job(), session, known));
+  const NodeRegistry::Node* n = registry_.Find(node.name);
+  json types = json::array();
+  for (const JobTypeOffer& t : n->info.types) types.push_back(t.name);
+  Record({{"type", "node_joined"}, {"node", node.name}, {"host", node.host}, {"slots", n->info.slots.size()},
+          {"mode", n->info.restart_mode ? "restart" : "inplace"}, {"job_types", types}});
+  // Each reported trainer goes to the job that placed it on this node (live or leaving); any other
+  // is stale: a node new to the cluster runs nothing of its jobs (it was lost, so the others
+  // re-formed without it; or the server started anew), and a trainer of a job that ended is done.
+  std::map<std::string, std::vector<std::string>> by_job;
+  std::map<std::string, std::vector<int64_t>> gens_by_job;
+  const bool gens = generations.size() == running.size();
   std::vector<std::string> stale;
-  if (it == nodes_.end()) {
-    PolicyNode pn;
-    pn.name = node.name;
-    pn.slots = static_cast<int>(node.slots.size());
-    for (const JobTypeOffer& t : node.types) pn.job_types.insert(t.name);
-    EDL_RETURN_IF_ERROR(policy_.AddNode(pn));
-    Node n;
-    n.info = node;
-    n.last_heard_us = now;
-    n.order = next_node_order_++;
-    nodes_.emplace(node.name, std::move(n));
-    stale = running;  // a node new to the cluster runs nothing of its jobs
-  } else {
-    // A re-attach: the node keeps its slots and the types it offered when it joined.
-    Node& n = it->second;
-    n.connected = true;
-    n.last_heard_us = now;
-    std::map<std::string, std::vector<std::string>> by_job;
-    std::map<std::string, std::vector<int64_t>> gens_by_job;
-    const bool gens = generations.size() == running.size();
-    for (size_t i = 0; i < running.size(); ++i) {
-      const std::string job = JobOfTrainer(running[i], node.name);
-      if (job.empty()) {
-        stale.push_back(running[i]);
-      } else {
-        by_job[job].push_back(running[i]);
-        if (gens) gens_by_job[job].push_back(generations[i]);
-      }
+  for (size_t i = 0; i < running.size(); ++i) {
+    std::string owner;
+    for (const auto& [name, job] : jobs_) {
+      if (*known && job.membership->PlacedOn(running[i], node.name)) owner = name;
     }
-    for (auto& [name, job] : jobs_) {
-      auto slots = job.slots.find(node.name);
-      if (slots == job.slots.end() || slots->second.empty()) continue;
-      Status s = job.scheduler->AddNode(node.name, n.info.host, n.info.restart_mode, slots->second,
-                                        by_job[name], "", gens_by_job[name]);
-      if (!s.ok()) LOG(WARNING) << "job " << name << ": re-attaching node " << node.name << ": " << s.ToString();
+    if (owner.empty()) {
+      stale.push_back(running[i]);
+      continue;
     }
+    by_job[owner].push_back(running[i]);
+    if (gens) gens_by_job[owner].push_back(generations[i]);
   }
   if (!stale.empty()) {
-    Action a;
-    a.kind = Action::Kind::kKill;
-    a.node = node.name;
-    a.trainer_ids = stale;
-    actions_.push_back({"", a});
+    LOG(WARNING) << "node " << node.name << " runs " << stale.size() << " trainer(s) of no live job"
+                 << (*known ? "" : " (the node had been dropped, or the server started anew)") << ": killing them";
     Record({{"type", "stale_trainers"}, {"node", node.name}, {"trainer_ids", stale}});
+    KillStale(node.name, std::move(stale));
+  }
+  if (!*known) {
+    if (one_job()) {
+      GrantEverySlot("node_joined");
+    } else {
+      PolicyNode pn{node.name, static_cast<int>(n->info.slots.size()), {}};
+      for (const JobTypeOffer& t : n->info.types) pn.job_types.insert(t.name);
+      if (Status s = policy_.AddNode(pn); !s.ok()) {
+        LOG(ERROR) << "cluster policy refused node " << node.name << ": " << s.ToString();
+      }
+    }
+  }
+  for (auto& [name, job] : jobs_) {  // a re-attach: each job adopts its survivors (a new node runs none)
+    if (*known && job.slots.count(node.name) > 0) {
+      job.membership->NodeAttached(node.name, by_job[name], gens_by_job[name]);
+    }
   }
   AfterPolicy();
   return Status::OK();
 }
 
 void Cluster::NodeDisconnected(const std::string& name) {
-  auto it = nodes_.find(name);
-  if (it == nodes_.end()) return;
-  it->second.connected = false;
-  for (auto& [job_name, job] : jobs_) job.scheduler->NodeDisconnected(name);
+  registry_.Disconnected(name);
+  for (auto& [job_name, job] : jobs_) job.membership->NodeDisconnected(name);
 }
 
-void Cluster::Heartbeat(const std::string& name) {
-  auto it = nodes_.find(name);
-  if (it == nodes_.end()) return;
-  it->second.last_heard_us = clock_->NowMicros();
-  for (auto& [job_name, job] : jobs_) job.scheduler->Heartbeat(name);
+void Cluster::KillStale(const std::string& node, std::vector<std::string> ids) {
+  for (const std::string& id : ids) {
+    if (stale_.size() >= kMaxStaleKept && stale_.count(id) == 0) stale_.erase(stale_.begin());
+    stale_[id] = node;
+  }
+  Action a;
+  a.kind = Action::Kind::kKill;
+  a.node = node;
+  a.trainer_ids = std::move(ids);
+  actions_.push_back({"", std::move(a)});
 }
 
 // ---- jobs
 
 Status Cluster::Submit(const JobSpec& spec) {
-  EDL_RETURN_IF_ERROR(CheckJobSpec(spec, Offers(), options_.policy.known_types, options_.checkpoint_root));
+  if (one_job()) {
+    return Status::FailedPrecondition("'submit' needs a cluster server: start `edl server --cluster` (this one "
+                                      "runs the single job " + own_job_ + ")");
+  }
+  EDL_RETURN_IF_ERROR(CheckJobSpec(spec, [this] {
+    std::map<std::string, JobTypeOffer> offers;
+    for (const auto& [name, n] : registry_.nodes()) {
+      for (const JobTypeOffer& t : n.info.types) {
+        auto [it, fresh] = offers.emplace(t.name, t);
+        if (fresh) continue;
+        std::set<std::string> both;  // settable only where every node offering the type says so
+        for (const std::string& f : t.settable) {
+          if (it->second.settable.count(f)) both.insert(f);
+        }
+        it->second.settable = std::move(both);
+      }
+    }
+    return offers;
+  }(), options_.policy.known_types, options_.checkpoint_root));
   if (jobs_.count(spec.job.name)) {
     return Status::AlreadyExists("job " + spec.job.name + " is already submitted; pick another name "
                                  "or `edl ctl cancel " + spec.job.name + "` first");
+  }
+  if (static_cast<size_t>(policy_.pending_jobs()) >= options_.max_pending_jobs) {
+    return Status::Unavailable(std::to_string(policy_.pending_jobs()) + " jobs are pending, the most this server "
+                               "takes (--max_pending_jobs): submit again once some started, or cancel some");
   }
   JobSubmission sub = spec.job;
   sub.deadline_us = spec.deadline_s > 0 ? clock_->NowMicros() + spec.deadline_s * 1'000'000 : 0;
@@ -96,11 +159,11 @@ Status Cluster::Submit(const JobSpec& spec) {
   // MASTER_PORT (restart-mode programs) is base + generation % 1000: jobs numbering the same
   // generations on one host get disjoint ranges.
   job.port_index = submitted_ % kJobPortRanges;
-  job.scheduler = NewScheduler(spec.job.name, job.port_index);
+  job.membership = NewMembership(spec.job.name, job.port_index);
   // A name used before numbers its generations above the ended job's, so a checkpoint store the
   // two share keeps accepting saves (edl/ckpt/FORMAT.md).
   for (const json& e : finished_) {
-    if (e.value("name", "") == spec.job.name) job.scheduler->RaiseGenerationFloor(e.value("generation", int64_t{0}));
+    if (e.value("name", "") == spec.job.name) job.membership->RaiseGenerationFloor(e.value("generation", int64_t{0}));
   }
   jobs_.emplace(spec.job.name, std::move(job));
   Status s = policy_.Submit(sub);
@@ -113,27 +176,20 @@ Status Cluster::Submit(const JobSpec& spec) {
   return Status::OK();
 }
 
-std::unique_ptr<Scheduler> Cluster::NewScheduler(const std::string& name, int port_index) {
-  SchedulerOptions so = options_.job_defaults;
-  so.job_id = name;
-  so.min_trainers = 1;  // the policy holds the job's bounds; the scheduler follows its grants
-  so.max_trainers = 0;
-  so.initial_trainers = 0;
-  so.shared_trainer_seq = &trainer_seq_;
-  so.master_port_base = options_.job_defaults.master_port_base + 1000 * port_index;
-  return std::make_unique<Scheduler>(so, clock_);
-}
-
 Status Cluster::Cancel(const std::string& name) {
+  if (one_job()) {
+    return Status::FailedPrecondition("'cancel' needs a cluster server (`edl server --cluster`); this one runs the "
+                                      "single job " + own_job_ + ": stop it with `edl ctl stop`");
+  }
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
   EDL_RETURN_IF_ERROR(policy_.Cancel(name));
-  // One stop decision, the same as `edl ctl stop` of a single job (Scheduler::Stop): the job's stop
-  // generation (no members, reason "stop", not a failure); in-place trainers leave it at an agreed
-  // step, rank 0 saving a final checkpoint first, and exit 0; restart-mode ones are stopped by their
-  // clients (TERM). A job with no members (pending) has nothing to stop.
+  // One stop decision, the same as `edl ctl stop` of a one-job server (JobMembership::Stop): the
+  // job's stop generation (no members, reason "stop", not a failure); in-place trainers leave it at
+  // an agreed step, rank 0 saving a final checkpoint first, and exit 0; restart-mode ones are
+  // stopped by their clients (TERM). A job with no members (pending) has nothing to stop.
   std::vector<proto::MemberInfo> leaving;
-  it->second.scheduler->Stop("cancel", &leaving);
+  it->second.membership->Stop("cancel", &leaving);
   Collect(name, &it->second);
   Forget(name, "cancelled");
   AfterPolicy();
@@ -141,56 +197,111 @@ Status Cluster::Cancel(const std::string& name) {
 }
 
 Status Cluster::Scale(const std::string& name, int n) {
+  if (one_job()) {
+    if (!name.empty() && name != own_job_) {
+      return Status::NotFound("no live job named " + name + "; this server runs the single job " + own_job_);
+    }
+    if (n < 1) return Status::InvalidArgument("scale N needs N >= 1");
+    SetDesired(n, "ctl");
+    return Status::OK();
+  }
+  if (name.empty()) return Status::InvalidArgument("'scale' on a cluster names a job: `edl ctl scale NAME N`");
   if (!jobs_.count(name)) return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
   EDL_RETURN_IF_ERROR(policy_.Scale(name, n));
   AfterPolicy();
   return Status::OK();
 }
 
+void Cluster::SetDesired(int n, const std::string& reason) {
+  if (Job* j = Own()) j->membership->SetDesired(n, reason);
+  AfterPolicy();
+}
+
+void Cluster::AddDesired(int delta, const std::string& reason) {
+  if (Job* j = Own()) j->membership->AddDesired(delta, reason);
+  AfterPolicy();
+}
+
+void Cluster::KillTrainers(int k) {
+  if (Job* j = Own()) j->membership->KillTrainers(k);
+  AfterPolicy();
+}
+
+void Cluster::KillAllTrainers() {
+  if (Job* j = Own()) j->membership->KillAllTrainers();
+  AfterPolicy();
+}
+
+bool Cluster::StopOwnJob(const std::string& by, std::vector<proto::MemberInfo>* leaving) {
+  Job* j = Own();
+  const bool stopped = j != nullptr && j->membership->Stop(by, leaving);
+  AfterPolicy();
+  return stopped;
+}
+
+void Cluster::RaiseGenerationFloor(int64_t g) {
+  if (Job* j = Own()) j->membership->RaiseGenerationFloor(g);
+}
+
 // ---- reports
 
 std::string Cluster::JobOfTrainer(const std::string& trainer_id, const std::string& node) const {
   for (const auto& [name, job] : jobs_) {
-    if (job.scheduler->IsLiveTrainerOf(trainer_id, node)) return name;
+    if (job.membership->IsLiveTrainerOf(trainer_id, node)) return name;
   }
   return "";
 }
 
+bool Cluster::Authorized(const std::string& trainer_id, const std::string& node, std::string* job) const {
+  job->clear();
+  for (const auto& [name, j] : jobs_) {
+    if (!j.membership->PlacedOn(trainer_id, node)) continue;
+    if (j.membership->IsLiveTrainerOf(trainer_id, node)) *job = name;
+    return true;
+  }
+  auto s = stale_.find(trainer_id);
+  return s != stale_.end() && s->second == node;
+}
+
 void Cluster::TrainerExited(const std::string& trainer_id, const std::string& node, bool success,
                             const std::string& how) {
-  const std::string name = JobOfTrainer(trainer_id, node);
-  if (name.empty()) return;  // a leaving trainer, or one of an ended job: expected
-  jobs_.at(name).scheduler->TrainerExited(trainer_id, success, how);
+  const std::string id = trainer_id;  // a copy: the caller's may live in a generation the exit replaces
+  stale_.erase(id);
+  for (auto& [name, job] : jobs_) {
+    if (!job.membership->PlacedOn(id, node)) continue;
+    job.membership->TrainerExited(id, success, how);
+    break;
+  }
   AfterPolicy();
 }
 
 void Cluster::TrainerReady(const std::string& trainer_id, const std::string& node, int64_t generation) {
   const std::string name = JobOfTrainer(trainer_id, node);
   if (name.empty()) return;
-  jobs_.at(name).scheduler->TrainerReady(trainer_id, generation);
+  jobs_.at(name).membership->TrainerReady(trainer_id, generation);
   AfterPolicy();
 }
 
+void Cluster::Progress(const std::string& job, const std::string& trainer_id, const proto::ProgressReport& r) {
+  auto it = jobs_.find(job);
+  if (it != jobs_.end() && it->second.membership->IsLiveTrainer(trainer_id)) it->second.progress[trainer_id] = r;
+}
+
 void Cluster::Tick() {
-  const int64_t now = clock_->NowMicros();
-  std::vector<std::string> lost;
-  for (const auto& [name, n] : nodes_) {
-    if (now - n.last_heard_us > options_.job_defaults.heartbeat_timeout_us) lost.push_back(name);
-  }
-  for (const std::string& name : lost) {
-    const std::string why =
-        "no heartbeat for " + std::to_string(options_.job_defaults.heartbeat_timeout_us / 1000) + " ms";
+  for (const std::string& name : registry_.TakeLost()) {
+    const std::string why = registry_.LostWhy();
     // Each job first loses the node's trainers as failures; the policy then repairs the jobs.
     for (auto& [job_name, job] : jobs_) {
-      job.scheduler->NodeLost(name, why);
-      job.slots.erase(name);
+      if (job.slots.erase(name) > 0) job.membership->NodeLost(name, why);
     }
-    nodes_.erase(name);
-    Status s = policy_.NodeLost(name);
-    if (!s.ok()) LOG(WARNING) << "cluster: node " << name << ": " << s.ToString();
+    owner_.erase(name);
+    for (auto it = stale_.begin(); it != stale_.end();) it = it->second == name ? stale_.erase(it) : std::next(it);
+    if (!one_job()) {
+      if (Status s = policy_.NodeLost(name); !s.ok()) LOG(WARNING) << "cluster: node " << name << ": " << s.ToString();
+    }
   }
-  policy_.Tick();
-  for (auto& [name, job] : jobs_) job.scheduler->Tick();
+  if (!one_job()) policy_.Tick();
+  for (auto& [name, job] : jobs_) job.membership->Tick();
   AfterPolicy();
 }
 
@@ -210,25 +321,47 @@ void Cluster::AfterPolicy() {
       Record(std::move(rec));
       if (!e.job.empty()) reasons_[e.job] = e.kind;
     }
-    std::vector<std::string> done;
-    for (bool grow : {false, true}) {  // every job gives up slots before any takes them
-      for (auto& [name, job] : jobs_) {
-        auto r = reasons_.find(name);
-        ApplyPlacement(name, &job, r == reasons_.end() ? "policy" : r->second, grow);
+    if (!one_job()) {
+      for (bool grow : {false, true}) {  // every job gives up slots before any takes them
+        for (auto& [name, job] : jobs_) {
+          auto r = reasons_.find(name);
+          ApplyPlacement(name, &job, r == reasons_.end() ? "policy" : r->second, grow);
+        }
       }
     }
+    std::vector<std::string> done;
     for (auto& [name, job] : jobs_) {
       Collect(name, &job);
-      if (job.scheduler->done()) done.push_back(name);
+      if (job.membership->done() && !one_job()) done.push_back(name);  // the one job ends with the server
     }
     reasons_.clear();
     if (done.empty()) return;
     for (const std::string& name : done) {
       Forget(name, "finished");
-      Status s = policy_.Finish(name);
-      if (!s.ok()) LOG(WARNING) << "cluster: finishing job " << name << ": " << s.ToString();
+      if (Status s = policy_.Finish(name); !s.ok()) LOG(WARNING) << "cluster: finishing job " << name << ": " << s.ToString();
     }
   }
+}
+
+std::vector<SlotGrant> Cluster::Grants(const Job& job) const {
+  std::vector<SlotGrant> grants;
+  for (const auto& [node_name, slots] : job.slots) {
+    const NodeRegistry::Node* n = registry_.Find(node_name);
+    if (n == nullptr) continue;  // lost: its job dropped it already
+    grants.push_back({node_name, n->info.host, n->info.restart_mode, slots, n->connected, n->order});
+  }
+  return grants;
+}
+
+void Cluster::GrantEverySlot(const std::string& reason) {
+  Job* job = Own();
+  if (job == nullptr) return;
+  job->slots.clear();
+  for (const auto& [name, n] : registry_.nodes()) {
+    job->slots[name] = n.info.slots;
+    for (int s : n.info.slots) owner_[name][s] = own_job_;
+  }
+  job->membership->SetAllocation(Grants(*job), reason);
 }
 
 void Cluster::ApplyPlacement(const std::string& name, Job* job, const std::string& reason, bool grow) {
@@ -237,14 +370,15 @@ void Cluster::ApplyPlacement(const std::string& name, Job* job, const std::strin
   const Placement& want = pj != nullptr ? pj->placement : empty;
   // Rank of the job's member on each (node, slot); slots without one are given up first.
   std::map<std::pair<std::string, int>, int> rank;
-  for (const proto::MemberInfo& m : job->scheduler->current().members) rank[{m.node, m.slot}] = m.rank;
+  for (const proto::MemberInfo& m : job->membership->current().members) rank[{m.node, m.slot}] = m.rank;
   std::set<std::string> names;
   for (const auto& [node, slots] : job->slots) names.insert(node);
   for (const auto& [node, k] : want) names.insert(node);
   bool changed = false;
   for (const std::string& node_name : names) {
-    auto n = nodes_.find(node_name);
-    if (n == nodes_.end()) continue;  // lost: the scheduler dropped it already
+    const NodeRegistry::Node* n = registry_.Find(node_name);
+    if (n == nullptr) continue;  // lost: the job dropped it already
+    std::map<int, std::string>& owner = owner_[node_name];
     auto w = want.find(node_name);
     const size_t k = w == want.end() ? 0 : static_cast<size_t>(w->second);
     std::vector<int>& mine = job->slots[node_name];
@@ -256,14 +390,14 @@ void Cluster::ApplyPlacement(const std::string& name, Job* job, const std::strin
         if (ha != hb) return ha;
         return ha ? ra->second < rb->second : a < b;
       });
-      for (size_t i = k; i < mine.size(); ++i) n->second.owner.erase(mine[i]);
+      for (size_t i = k; i < mine.size(); ++i) owner.erase(mine[i]);
       mine.resize(k);
       changed = true;
     }
-    for (int s : n->second.info.slots) {
+    for (int s : n->info.slots) {
       if (!grow || mine.size() >= k) break;
-      if (n->second.owner.count(s)) continue;
-      n->second.owner[s] = name;
+      if (owner.count(s)) continue;
+      owner[s] = name;
       mine.push_back(s);
       changed = true;
     }
@@ -271,31 +405,35 @@ void Cluster::ApplyPlacement(const std::string& name, Job* job, const std::strin
     if (mine.empty()) job->slots.erase(node_name);
   }
   if (!changed) return;
-  std::vector<SlotGrant> grants;
-  for (const auto& [node_name, slots] : job->slots) {
-    const Node& n = nodes_.at(node_name);
-    grants.push_back({node_name, n.info.host, n.info.restart_mode, slots});
-  }
-  job->scheduler->SetAllocation(grants, reason);
+  int total = 0;
+  for (const auto& [node_name, slots] : job->slots) total += static_cast<int>(slots.size());
+  job->membership->SetAllocation(Grants(*job), reason, total);
 }
 
 void Cluster::Forget(const std::string& name, const std::string& state) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return;
   for (const auto& [node_name, slots] : it->second.slots) {
-    auto n = nodes_.find(node_name);
-    if (n == nodes_.end()) continue;
-    for (int s : slots) n->second.owner.erase(s);
+    auto o = owner_.find(node_name);
+    if (o == owner_.end()) continue;
+    for (int s : slots) o->second.erase(s);
   }
   finished_.push_back({{"name", name}, {"type", it->second.spec.job.type}, {"state", state},
-                       {"generation", it->second.scheduler->current().generation}});
+                       {"generation", it->second.membership->current().generation}});
   while (finished_.size() > options_.max_finished_kept) finished_.pop_front();
   Record({{"type", "job_" + state}, {"job_name", name}});
   jobs_.erase(it);
 }
 
 void Cluster::Collect(const std::string& name, Job* job) {
-  for (Action& a : job->scheduler->TakeActions()) actions_.push_back({name, std::move(a)});
+  for (Action& a : job->membership->TakeActions()) {
+    if (a.kind == Action::Kind::kCommit) {  // progress is kept for live trainers only
+      for (auto it = job->progress.begin(); it != job->progress.end();) {
+        it = job->membership->IsLiveTrainer(it->first) ? std::next(it) : job->progress.erase(it);
+      }
+    }
+    actions_.push_back({name, std::move(a)});
+  }
 }
 
 void Cluster::Record(json event) {
@@ -307,14 +445,14 @@ void Cluster::Record(json event) {
 
 // ---- state
 
-const Scheduler* Cluster::FindJob(const std::string& name) const {
+const JobMembership* Cluster::FindJob(const std::string& name) const {
   auto it = jobs_.find(name);
-  return it == jobs_.end() ? nullptr : it->second.scheduler.get();
+  return it == jobs_.end() ? nullptr : it->second.membership.get();
 }
 
 const JobSpec* Cluster::FindSpec(const std::string& name) const {
   auto it = jobs_.find(name);
-  return it == jobs_.end() ? nullptr : &it->second.spec;
+  return it == jobs_.end() || name == own_job_ ? nullptr : &it->second.spec;
 }
 
 std::vector<std::string> Cluster::JobNames() const {
@@ -329,89 +467,56 @@ std::vector<std::string> Cluster::JobNames() const {
   return out;
 }
 
-std::map<std::string, JobTypeOffer> Cluster::Offers() const {
-  std::map<std::string, JobTypeOffer> out;
-  for (const auto& [name, n] : nodes_) {
-    for (const JobTypeOffer& t : n.info.types) {
-      auto [it, fresh] = out.emplace(t.name, t);
-      if (fresh) continue;
-      std::set<std::string> both;  // settable only where every node offering the type says so
-      for (const std::string& f : t.settable) {
-        if (it->second.settable.count(f)) both.insert(f);
-      }
-      it->second.settable = std::move(both);
-    }
-  }
-  return out;
-}
-
 std::vector<std::string> Cluster::JobsFor(const std::string& node) const {
   std::vector<std::string> out;
-  auto n = nodes_.find(node);
-  if (n == nodes_.end()) return out;
+  const NodeRegistry::Node* n = registry_.Find(node);
+  if (n == nullptr) return out;
   for (const auto& [name, job] : jobs_) {
-    for (const JobTypeOffer& t : n->second.info.types) {
+    if (name == own_job_) {
+      out.push_back(name);
+      continue;
+    }
+    for (const JobTypeOffer& t : n->info.types) {
       if (t.name == job.spec.job.type) out.push_back(name);
     }
   }
   return out;
 }
 
-json Cluster::JobsJson() const {
-  json live = json::array();
-  for (const std::string& name : JobNames()) {
-    const Job& job = jobs_.at(name);
-    const PolicyJob* pj = policy_.Find(name);
-    const JobSubmission& s = job.spec.job;
-    json j = {{"name", name},
-              {"type", s.type},
-              {"min", s.min_trainers},
-              {"max", s.max_trainers},
-              {"priority", s.priority},
-              {"mode", s.elastic ? "elastic" : "restart"},
-              {"state", pj != nullptr && pj->state == JobPhase::kRunning ? "running" : "pending"},
-              {"trainers", job.scheduler->current().world_size()},
-              {"target", pj != nullptr ? pj->size : 0},
-              {"generation", job.scheduler->current().generation},
-              {"flags", job.spec.flags}};
-    if (pj != nullptr && !pj->pending_reason.empty()) j["pending_reason"] = pj->pending_reason;
-    live.push_back(std::move(j));
-  }
-  return {{"jobs", live}, {"ended", json(std::vector<json>(finished_.begin(), finished_.end()))}};
+bool Cluster::Hosts(const std::string& node, const std::string& job) const {
+  auto it = jobs_.find(job);
+  return it != jobs_.end() && it->second.slots.count(node) > 0;
+}
+
+std::optional<std::map<std::string, int>> Cluster::TeacherCapacity() const {
+  if (one_job()) return std::nullopt;
+  return policy_.FreeSlotsByNode();
 }
 
 // ---- durable state
 
 void Cluster::Snapshot(ClusterState* s) const {
   const int64_t now = clock_->NowMicros();
+  s->one_job = own_job_;
   s->trainer_seq = trainer_seq_;
   s->submitted = submitted_;
-  s->nodes.clear();
-  for (const auto& [name, n] : nodes_) {
-    ClusterNodeState& ns = s->nodes[name];
-    ns.node.name = name;
-    ns.node.host = n.info.host;
-    ns.node.restart_mode = n.info.restart_mode;
-    ns.node.slots = n.info.slots;
-    ns.node.order = n.order;
-    ns.types = n.info.types;
-  }
+  registry_.Snapshot(&s->nodes);
   s->jobs.clear();
   for (const auto& [name, job] : jobs_) {
     ClusterJobState& js = s->jobs[name];
     js.spec = job.spec;
     js.port_index = job.port_index;
     js.slots = job.slots;
+    js.running = !job.slots.empty();
     if (const PolicyJob* pj = policy_.Find(name)) {
       js.seq = pj->seq;
       js.cap = pj->cap;
       js.running = pj->state == JobPhase::kRunning;
       js.deadline_left_us =
-        pj->spec.deadline_us > 0 ? std::clamp<int64_t>(pj->spec.deadline_us - now, 1, kMaxDeadlineLeftUs) : 0;
+          pj->spec.deadline_us > 0 ? std::clamp<int64_t>(pj->spec.deadline_us - now, 1, kMaxDeadlineLeftUs) : 0;
       js.deadline_reported = pj->deadline_reported;
     }
-    job.scheduler->Snapshot(&js.sched);
-    js.sched.nodes.clear();  // they follow from js.slots and the cluster's nodes
+    job.membership->Snapshot(&js.sched);
   }
   s->ended.clear();
   for (const json& e : finished_) {
@@ -421,75 +526,80 @@ void Cluster::Snapshot(ClusterState* s) const {
 }
 
 Status Cluster::Restore(const ClusterState& s) {
-  const int64_t now = clock_->NowMicros();
+  if (s.one_job != own_job_) {
+    if (s.one_job.empty()) {
+      return Status::FailedPrecondition("the state store holds a cluster server's state (`edl server --cluster`): "
+                                        "give each server its own --state_dir");
+    }
+    if (own_job_.empty()) {
+      return Status::FailedPrecondition("the state store holds a single-job server's job " + s.one_job +
+                                        ": give the cluster server its own --state_dir");
+    }
+    return Status::FailedPrecondition("the state store holds job " + s.one_job + " of another server; start this "
+                                      "one with --job_id " + s.one_job + " to resume it, or give job " + own_job_ +
+                                      " its own --state_dir");
+  }
   auto corrupt = [](const std::string& why) {
-    return Status::Corruption("saved cluster state: " + why + ". Move --state_dir aside (the server then starts "
+    return Status::Corruption("saved cluster state: " + why + ". Move the state aside (the server then starts "
                               "with no jobs) or restore it from a backup");
   };
-  trainer_seq_ = s.trainer_seq;
+  EDL_RETURN_IF_ERROR(registry_.Restore(s.nodes));
+  trainer_seq_ = std::max(trainer_seq_, s.trainer_seq);
   submitted_ = s.submitted;
-  std::vector<std::pair<int, std::string>> order;
-  for (const auto& [name, ns] : s.nodes) order.emplace_back(ns.node.order, name);
-  std::sort(order.begin(), order.end());
   std::vector<PolicyNode> policy_nodes;
-  for (const auto& [ord, name] : order) {
-    const ClusterNodeState& ns = s.nodes.at(name);
-    Node n;
-    n.info = {name, ns.node.host, ns.node.restart_mode, ns.node.slots, ns.types};
-    n.connected = false;
-    // Clients reconnect with backoff: one heartbeat timeout of grace on top of the usual one.
-    n.last_heard_us = now + options_.job_defaults.heartbeat_timeout_us;
-    n.order = ord;
-    next_node_order_ = std::max(next_node_order_, ord + 1);
-    PolicyNode pn{name, static_cast<int>(ns.node.slots.size()), {}};
-    for (const JobTypeOffer& t : ns.types) pn.job_types.insert(t.name);
+  for (const std::string& name : registry_.InOrder()) {
+    const NodeRegistry::Node* n = registry_.Find(name);
+    PolicyNode pn{name, static_cast<int>(n->info.slots.size()), {}};
+    for (const JobTypeOffer& t : n->info.types) pn.job_types.insert(t.name);
     policy_nodes.push_back(std::move(pn));
-    nodes_.emplace(name, std::move(n));
   }
+  jobs_.clear();
+  owner_.clear();
   std::vector<PolicyJob> policy_jobs;
   for (const auto& [name, js] : s.jobs) {
     Job job;
     job.spec = js.spec;
+    job.spec.job.name = name;
     job.port_index = js.port_index;
     job.slots = js.slots;
     PolicyJob pj;
     pj.spec = js.spec.job;
-    pj.spec.deadline_us = js.deadline_left_us > 0 ? now + js.deadline_left_us : 0;
+    pj.spec.deadline_us = js.deadline_left_us > 0 ? clock_->NowMicros() + js.deadline_left_us : 0;
     pj.deadline_reported = js.deadline_reported;
     pj.state = js.running ? JobPhase::kRunning : JobPhase::kPending;
     pj.cap = js.cap;
     pj.seq = js.seq;
-    JobState st = js.sched;
     for (const auto& [node_name, slots] : js.slots) {
-      auto n = nodes_.find(node_name);
-      if (n == nodes_.end()) return corrupt("job " + name + " holds slots on unknown node " + node_name);
+      const NodeRegistry::Node* n = registry_.Find(node_name);
+      if (n == nullptr) return corrupt("job " + name + " holds slots on unknown node " + node_name);
+      std::map<int, std::string>& owner = owner_[node_name];
       for (int slot : slots) {
-        const std::vector<int>& offered = n->second.info.slots;
-        if (std::find(offered.begin(), offered.end(), slot) == offered.end() || n->second.owner.count(slot)) {
+        const std::vector<int>& offered = n->info.slots;
+        if (std::find(offered.begin(), offered.end(), slot) == offered.end() || owner.count(slot)) {
           return corrupt("job " + name + " holds slot " + std::to_string(slot) + " of node " + node_name +
                          ", which the node does not offer or another job holds");
         }
-        n->second.owner[slot] = name;
+        owner[slot] = name;
       }
       pj.placement[node_name] = static_cast<int>(slots.size());
-      NodeState& ns = st.nodes[node_name];
-      ns.name = node_name;
-      ns.host = n->second.info.host;
-      ns.restart_mode = n->second.info.restart_mode;
-      ns.slots = slots;
-      ns.order = n->second.order;
     }
-    job.scheduler = NewScheduler(name, job.port_index);
-    job.scheduler->Restore(st);
-    policy_jobs.push_back(std::move(pj));
+    job.membership = NewMembership(name, job.port_index);
+    job.membership->Restore(js.sched, Grants(job));
+    if (name != own_job_) policy_jobs.push_back(std::move(pj));
     jobs_.emplace(name, std::move(job));
   }
-  EDL_RETURN_IF_ERROR(policy_.Restore(policy_nodes, policy_jobs));
+  if (one_job() && !jobs_.count(own_job_)) return corrupt("the server's job " + own_job_ + " is missing");
+  if (!one_job()) EDL_RETURN_IF_ERROR(policy_.Restore(policy_nodes, policy_jobs));
+  finished_.clear();
   for (const EndedJob& e : s.ended) {
     finished_.push_back({{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
   }
+  if (one_job()) GrantEverySlot("restore");  // every node the state knows, its members' included
   for (auto& [name, job] : jobs_) Collect(name, &job);  // each job's "restored" record
-  Record({{"type", "restored"}, {"jobs", jobs_.size()}, {"nodes", nodes_.size()}, {"ended", finished_.size()}});
+  if (!one_job()) {  // (a one-job server's log is its job's: the job's record says it all)
+    Record({{"type", "restored"}, {"jobs", jobs_.size()}, {"nodes", registry_.nodes().size()},
+            {"ended", finished_.size()}});
+  }
   return Status::OK();
 }
 

@@ -1,20 +1,29 @@
-// Cluster: many jobs on one pool of nodes (`edl server --cluster`; README, "Many jobs on one
-// cluster"; docs/ARCHITECTURE.md, "Many jobs: the cluster policy"). Like the Scheduler it is pure:
-// no sockets, no threads, time from an injected Clock; the server turns its actions into frames.
+// Cluster: the job server's whole decision state, for one job or many (README, "Many jobs on one
+// cluster"; docs/ARCHITECTURE.md, "The job server"). Like everything it owns it is pure: no
+// sockets, no threads, time from an injected Clock; the server (server.h) authenticates peers,
+// decodes their frames, calls the Cluster and carries out its actions.
 //
-// Nodes join the cluster (slots, and the job types their own client configuration offers), not a
-// job. Jobs are submitted (JobSpec), scaled, cancelled. The ClusterPolicy decides how many trainers
-// each job gets on each node; the Cluster turns those counts into concrete slots (a job keeps the
-// slots its trainers hold; it gives up first the slots where none of its trainers runs, then the
-// slots of its highest ranks) and hands each job's Scheduler its slots (Scheduler::SetAllocation).
-// Each job has its own Scheduler, so its own generations, two-phase growth and in-place shrink;
-// a job that shrinks keeps its surviving trainers running (they re-form in place).
+// It owns:
+//  - the NodeRegistry (node_registry.h), the one home of node identity and liveness. Nodes join
+//    the cluster (slots, and the job types their own client configuration offers), not a job.
+//  - one JobMembership per live job (job_membership.h): its generations, two-phase growth,
+//    in-place shrink, joiners and leavers;
+//  - the policy that decides how many trainers each job gets on each node:
+//      * a one-job server (`edl server`, ClusterOptions::one_job): the job exists from the start
+//        and is granted every slot of every node; its size follows its own flags, the scaling
+//        script or the demo policy, and `edl ctl scale N`;
+//      * a cluster server (`edl server --cluster`): jobs are submitted (JobSpec), scaled and
+//        cancelled, and the ClusterPolicy (cluster_policy.h) shares the nodes among them.
+//    The Cluster turns the policy's counts into concrete slots (a job keeps the slots its trainers
+//    hold; it gives up first the slots where none of its trainers runs, then the slots of its
+//    highest ranks) and hands each job its slots (JobMembership::SetAllocation).
+//  - the trainers' latest progress reports, per job (for `edl ctl status` and the events log).
 //
 // A slot given up by one job may still hold that job's leaving trainer for a moment; the node's
 // client starts the next job's trainer there once it has exited.
 //
-// Trainer ids are unique across jobs (one counter for every job's Scheduler), so a node's report
-// about a trainer is routed by the id alone (JobOfTrainer).
+// Trainer ids are unique across jobs (one counter for every job), so a node's report about a
+// trainer is routed by the id alone (JobOfTrainer, Authorized).
 //
 // Thread-safety: none; the server's io_context thread only.
 #pragma once
@@ -22,6 +31,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,30 +42,31 @@
 #include "edl/base/status.h"
 #include "jobserver/cluster_policy.h"
 #include "jobserver/cluster_state.h"
+#include "jobserver/job_membership.h"
 #include "jobserver/job_spec.h"
-#include "jobserver/scheduler.h"
+#include "jobserver/node_registry.h"
 
 namespace edl::jobserver {
 
 struct ClusterOptions {
+  // A one-job server: this job (its name is the server's --job_id), created at construction,
+  // granted every slot of every node. Unset: a cluster server, whose jobs are submitted.
+  std::optional<MembershipOptions> one_job;
+  int64_t heartbeat_timeout_us = 5'000'000;  // a node silent this long is lost
   ClusterPolicyOptions policy;
-  // Per-job scheduler settings (heartbeat and join timeouts, backoff, master ports); job_id and
-  // the sizes are the submission's.
-  SchedulerOptions job_defaults;
+  // Submitted jobs' settings (join timeout, backoff, master ports); job_id and sizes are the
+  // submission's.
+  MembershipOptions job_defaults;
   // Submissions may set checkpoint_dir only under this absolute path; empty: they may not set it.
   std::string checkpoint_root;
   size_t max_finished_kept = 100;  // finished and cancelled jobs listed by `edl ctl jobs`
+  // Most jobs pending at once (submitted, not started): a cluster server refuses more submissions
+  // (each pending job holds an events log and state) until some start or are cancelled.
+  size_t max_pending_jobs = 256;
 };
 
-struct ClusterNode {
-  std::string name, host;
-  bool restart_mode = false;
-  std::vector<int> slots;
-  std::vector<JobTypeOffer> types;
-};
-
-// One action of one job's Scheduler (Action::kind as there), or a cluster-level record
-// (job empty, kind kEvent: a policy decision for the events log).
+// One action of one job (Action::kind as in job_membership.h), or a cluster-level one (job
+// empty: an events-log record of the server's own log, or a kill of stale trainers).
 struct JobAction {
   std::string job;
   Action action;
@@ -66,103 +77,138 @@ class Cluster {
   Cluster(ClusterOptions options, Clock* clock);
 
   // ---- nodes
-  // A node's client registered (after the server authenticated it). A node the cluster still
-  // holds (a re-attach) keeps its slots; `running` (ids) are the trainers its client still runs:
-  // those of no live job are killed, each job's missing members count as failed. `generations`
-  // (empty: unknown) is parallel to `running`: the generation each trainer is in, as in
-  // Scheduler::AddNode.
+  // Whether a client presenting `session` may register as node `name` now (NodeRegistry).
+  Status CheckAdmission(const std::string& name, const std::string& session) const {
+    return registry_.CheckAdmission(name, session);
+  }
+  // A node's client registered (after CheckAdmission; the server first drops the node's old
+  // connection). *session: the node's token for the welcome; *known: a re-attach. `running` (ids)
+  // are the trainers its client still runs and `generations` (empty: unknown) the generation each
+  // is in: a live job's trainers are handed to their job (NodeAttached: survivors are adopted, a
+  // member not running failed), a leaving trainer is left to leave, any other is killed
+  // (`stale_trainers`).
   Status AddNode(const ClusterNode& node, const std::vector<std::string>& running,
-                 const std::vector<int64_t>& generations = {});
+                 const std::vector<int64_t>& generations, std::string* session, bool* known);
   void NodeDisconnected(const std::string& name);
-  void Heartbeat(const std::string& name);
-  bool HasNode(const std::string& name) const { return nodes_.count(name) > 0; }
+  void Heartbeat(const std::string& name) { registry_.Heard(name); }
+  void SetNodeStats(const std::string& name, const proto::NodeStats& s) { registry_.SetStats(name, s); }
+  const NodeRegistry& registry() const { return registry_; }
 
-  // ---- jobs (ctl)
+  // ---- jobs
+  // The one-job server's job; empty on a cluster server.
+  const std::string& own_job() const { return own_job_; }
   // Checks the spec (CheckJobSpec against the live nodes' offers) and submits it to the policy.
+  // FailedPrecondition on a one-job server.
   Status Submit(const JobSpec& spec);
   // Stops the job in one generation without its trainers (reason "stop", no failure); its slots
-  // go to the other jobs; it is listed as cancelled.
+  // go to the other jobs; it is listed as cancelled. FailedPrecondition on a one-job server.
   Status Cancel(const std::string& name);
+  // `edl ctl scale NAME N`: the job's size cap (one-job server: its desired size; NAME may be
+  // empty there). NotFound for no such live job.
   Status Scale(const std::string& name, int n);
+  // The one job's scaling sources (the server's --scale_script and demo policy); no-ops on a
+  // cluster server.
+  void SetDesired(int n, const std::string& reason);
+  void AddDesired(int delta, const std::string& reason);
+  void KillTrainers(int k);
+  void KillAllTrainers();
+  // `edl ctl stop` of the one job (JobMembership::Stop). False when there is none, or nothing runs.
+  bool StopOwnJob(const std::string& by, std::vector<proto::MemberInfo>* leaving);
+  // Generations of the one job issued from now on are above `g` (the checkpoint store's newest).
+  void RaiseGenerationFloor(int64_t g);
 
   // ---- a node's reports, routed by trainer id
-  // The live job that placed `trainer_id` on `node` ("" when none: a trainer of a finished or
-  // cancelled job, or not this node's).
+  // The live job that placed `trainer_id` on `node` ("" when none: a leaving trainer, or one of an
+  // ended job, or not this node's).
   std::string JobOfTrainer(const std::string& trainer_id, const std::string& node) const;
+  // Whether `node` may report about `trainer_id` (PROTOCOL.md "Client -> server"): a job placed it
+  // there and it may still run (live, or leaving), or the cluster killed it there as stale. *job:
+  // its live job, or "" when it is not live (its reports change nothing).
+  bool Authorized(const std::string& trainer_id, const std::string& node, std::string* job) const;
   void TrainerExited(const std::string& trainer_id, const std::string& node, bool success,
                      const std::string& how);
   void TrainerReady(const std::string& trainer_id, const std::string& node, int64_t generation);
+  // A live trainer's progress (kept until it leaves the job's generations).
+  void Progress(const std::string& job, const std::string& trainer_id, const proto::ProgressReport& r);
 
-  void Tick();  // heartbeats, the policy's timers, each job's scheduler
+  void Tick();  // heartbeats, the policy's timers, each job's membership
   // Takes every action since the last call, in order.
   std::vector<JobAction> TakeActions();
 
   // ---- state
-  // A live (pending or running) job's scheduler, or null.
-  const Scheduler* FindJob(const std::string& name) const;
+  // A live job's membership (a one-job server's job is live until the server stops), or null.
+  const JobMembership* FindJob(const std::string& name) const;
+  // A submitted job's spec; null for the one job (its flags are the server's) and unknown names.
   const JobSpec* FindSpec(const std::string& name) const;
   // Every live job's name, by submission order.
   std::vector<std::string> JobNames() const;
-  const ClusterPolicy& policy() const { return policy_; }
-  // The jobs' type and settable flags as the live nodes offer them (merged by type).
-  std::map<std::string, JobTypeOffer> Offers() const;
-  // Jobs whose type node `name` offers (the node needs their type and flags to run them).
+  // Jobs node `name` may run: every job on a one-job server, the jobs whose type it offers on a
+  // cluster server (the node needs their type and flags to run them).
   std::vector<std::string> JobsFor(const std::string& node) const;
   // Whether live job `job` holds slots on `node` (its trainers there may use its rendezvous KV).
-  bool Hosts(const std::string& node, const std::string& job) const {
-    auto it = jobs_.find(job);
-    return it != jobs_.end() && it->second.slots.count(node) > 0;
-  }
+  bool Hosts(const std::string& node, const std::string& job) const;
+  // The slots no job holds, per node, where teachers may run (cluster_policy.h, step 5); none on a
+  // one-job server, whose teachers run in their clients' own teacher slots.
+  std::optional<std::map<std::string, int>> TeacherCapacity() const;
   int submitted_jobs() const { return submitted_; }
   nlohmann::json JobsJson() const;  // for `edl ctl jobs`
+  // The body of `edl ctl status` (README "edl ctl"): the one job's summary with its progress, or
+  // the cluster's jobs, nodes and utilisation.
+  nlohmann::json StatusJson() const;
+  // Progress of live job `job` from its members' reports: how many report, the highest step and
+  // epoch, rank 0's loss and accuracy, the sum of images/s (an empty object for no such job).
+  nlohmann::json ProgressSummary(const std::string& job) const;
 
-  // ---- durable state (jobserver/STATE.md, "A cluster server")
-  // Everything a restarted server needs to resume every job (the nodes' session tokens are the
-  // server's: left empty).
+  // ---- durable state (jobserver/STATE.md)
+  // Everything a restarted server needs to resume every job, the nodes with their tokens.
   void Snapshot(ClusterState* s) const;
   // Resumes a saved cluster on a fresh Cluster: its nodes known but disconnected (one heartbeat
-  // timeout of grace on top of the usual one), each job at its placement with its Scheduler
-  // restored (Scheduler::Restore: survivors are adopted as their nodes re-attach, numbers go on
-  // above the saved ones). Corruption when the jobs' slots do not fit the nodes.
+  // timeout of grace on top of the usual one), each job at its placement with its membership
+  // restored (survivors are adopted as their nodes re-attach, numbers go on above the saved ones).
+  // Corruption when the jobs' slots do not fit the nodes; FailedPrecondition when the state is a
+  // one-job server's and this a cluster server, or the other way round.
   Status Restore(const ClusterState& s);
 
  private:
   struct Job {
-    JobSpec spec;
-    std::unique_ptr<Scheduler> scheduler;
+    JobSpec spec;  // the one job's: its name only
+    std::unique_ptr<JobMembership> membership;
     std::map<std::string, std::vector<int>> slots;  // node -> the slots it holds there
     int port_index = 0;  // MASTER_PORT range: job_defaults.master_port_base + 1000 * port_index
-  };
-  struct Node {
-    ClusterNode info;
-    bool connected = true;
-    int64_t last_heard_us = 0;
-    std::map<int, std::string> owner;  // slot -> job holding it
-    int order = 0;                     // join order
+    std::map<std::string, proto::ProgressReport> progress;  // live trainers' latest, by id
   };
 
-  std::unique_ptr<Scheduler> NewScheduler(const std::string& name, int port_index);
+  std::unique_ptr<JobMembership> NewMembership(const std::string& name, int port_index) const;
+  bool one_job() const { return !own_job_.empty(); }
+  Job* Own();
 
-  // Runs after every policy input: applies the decisions, then collects every scheduler's actions.
+  // Runs after every input: applies the policy's decisions, then collects every job's actions.
   void AfterPolicy();
+  // The one job: every node's slots.
+  void GrantEverySlot(const std::string& reason);
   // Gives up the slots the policy took from the job (`grow` false), or takes the free slots it
-  // gave (`grow` true), and hands the job's scheduler its slots when they changed.
+  // gave (`grow` true), and hands the job its slots when they changed.
   void ApplyPlacement(const std::string& name, Job* job, const std::string& reason, bool grow);
+  std::vector<SlotGrant> Grants(const Job& job) const;
   void Forget(const std::string& name, const std::string& state);
   void Collect(const std::string& name, Job* job);
   void Record(nlohmann::json event);
+  void KillStale(const std::string& node, std::vector<std::string> ids);
 
   const ClusterOptions options_;
   Clock* const clock_;  // not owned
+  const std::string own_job_;  // empty on a cluster server
+  NodeRegistry registry_;
   ClusterPolicy policy_;
-  uint64_t trainer_seq_ = 1;  // shared by every job's Scheduler (SchedulerOptions)
-  std::map<std::string, Node> nodes_;
+  uint64_t trainer_seq_ = 1;  // shared by every job (MembershipOptions::shared_trainer_seq)
   std::map<std::string, Job> jobs_;
+  std::map<std::string, std::map<int, std::string>> owner_;  // node -> slot -> the job holding it
   std::deque<nlohmann::json> finished_;  // {name, type, state, generation} of ended jobs
   std::vector<JobAction> actions_;
   std::map<std::string, std::string> reasons_;  // job -> the reason of this pass's change
+  // Trainers killed as stale whose exit their node has not reported: id -> node (bounded).
+  std::map<std::string, std::string> stale_;
   int submitted_ = 0;
-  int next_node_order_ = 0;
 };
 
 }  // namespace edl::jobserver

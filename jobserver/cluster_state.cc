@@ -46,17 +46,22 @@ std::string EncodeMeta(const ClusterState& s) {
   for (const EndedJob& e : s.ended) {
     ended.push_back({{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
   }
-  return json{{"v", kStateFormatVersion}, {"trainer_seq", s.trainer_seq}, {"submitted_jobs", s.submitted},
-              {"ended", ended}}
+  return json{{"v", kClusterLayoutVersion}, {"one_job", s.one_job}, {"trainer_seq", s.trainer_seq},
+              {"submitted_jobs", s.submitted}, {"ended", ended}}
       .dump();
 }
 
 Status DecodeMeta(const std::string& key, const std::string& value, ClusterState* s) {
   json j;
-  EDL_RETURN_IF_ERROR(ParseValue(key, value, &j));
+  int version = 0;
+  EDL_RETURN_IF_ERROR(ParseValue(key, value, &j, kClusterLayoutVersion, &version));
   Reader r(j, key);
   r.Int("trainer_seq", &s->trainer_seq, 1, kMaxI64)
       .Int("submitted_jobs", &s->submitted, 0, INT32_MAX);
+  if (version >= 2) r.Str("one_job", &s->one_job, kMaxJobNameBytes);  // version 1: a cluster server's
+  if (r.ok() && !s->one_job.empty() && !proto::CheckName("job", s->one_job, kMaxJobNameBytes).ok()) {
+    r.Fail("one_job", "is not a valid job name");
+  }
   EDL_RETURN_IF_ERROR(r.status());
   const auto ended = j.find("ended");
   if (ended == j.end() || !ended->is_array() || ended->size() > kMaxEndedKept) {
@@ -164,11 +169,11 @@ std::map<std::string, std::string> EncodeClusterState(const ClusterState& s) {
   kv[kServicesKey] = EncodeServices(s.services);
   for (const auto& [name, n] : s.nodes) {
     kv[kNodeKeyPrefix + name] = EncodeNode(n.node);
-    kv[kNodeTypesPrefix + name] = EncodeTypes(n);
+    if (!n.types.empty()) kv[kNodeTypesPrefix + name] = EncodeTypes(n);  // a one-job server's nodes offer none
   }
   for (const auto& [name, j] : s.jobs) {
     const std::string prefix = JobKeyPrefix(name);
-    kv[prefix + "spec"] = EncodeSpec(j);
+    if (name != s.one_job) kv[prefix + "spec"] = EncodeSpec(j);  // the one job's flags are the server's
     kv[prefix + "placement"] = EncodePlacement(j);
     kv[prefix + "meta"] = EncodeJobMeta(j.sched);
     kv[prefix + "generation"] = EncodeGeneration(j.sched);
@@ -183,8 +188,9 @@ Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterS
   if (meta == kv.end()) {
     for (const auto& [key, value] : kv) {
       if (key.rfind("job/", 0) == 0) {
-        return Status::Corruption("--state_dir holds a single-job server's job (key '" + key + "') and no "
-                                  "cluster: give the cluster server its own --state_dir");
+        return Status::Corruption("the state store holds a single-job server's job (key '" + key +
+                                  "', the old one-job layout) and no cluster: give the cluster server its own "
+                                  "--state_dir");
       }
     }
     *out = std::move(s);
@@ -213,18 +219,26 @@ Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterS
     }
   }
   for (const auto& [name, n] : s.nodes) {
-    if (n.node.name != name || n.types.empty()) {
+    if (n.node.name != name || (n.types.empty() && s.one_job.empty())) {
       return Bad(kNodeKeyPrefix + name, "node lacks its value or its job types");
     }
   }
+  if (!s.one_job.empty() && !job_keys.count(s.one_job)) return Bad(kClusterMetaKey, "server's one job has no keys");
   for (const auto& [name, parts] : job_keys) {
     const std::string prefix = JobKeyPrefix(name);
+    const bool own = name == s.one_job;  // no spec: its flags are the server's
     for (const char* part : {"spec", "placement", "meta", "generation"}) {
-      if (!parts.count(part)) return Bad(prefix + part, "job '" + name + "' lacks this key");
+      if (!parts.count(part) && !(own && std::string(part) == "spec")) {
+        return Bad(prefix + part, "job '" + name + "' lacks this key");
+      }
     }
-    if (parts.size() != 4) return Bad(prefix, "job '" + name + "' has a key that is not part of a job");
+    if (parts.size() != (own ? 3u : 4u)) return Bad(prefix, "job '" + name + "' has a key that is not part of a job");
     ClusterJobState& j = s.jobs[name];
-    EDL_RETURN_IF_ERROR(DecodeSpec(prefix + "spec", *parts.at("spec"), &j));
+    if (own) {
+      j.spec.job.name = name;
+    } else {
+      EDL_RETURN_IF_ERROR(DecodeSpec(prefix + "spec", *parts.at("spec"), &j));
+    }
     EDL_RETURN_IF_ERROR(DecodePlacement(prefix + "placement", *parts.at("placement"), &j));
     EDL_RETURN_IF_ERROR(DecodeJobMeta(prefix + "meta", *parts.at("meta"), &j.sched));
     EDL_RETURN_IF_ERROR(DecodeGeneration(prefix + "generation", *parts.at("generation"), &j.sched));
@@ -243,11 +257,64 @@ Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterS
   return Status::OK();
 }
 
-Status ClusterStateWriter::Load(ClusterState* s, bool* found) {
+Status DecodeOneJobLayout(const std::map<std::string, std::string>& kv, const std::string& job, ClusterState* out,
+                          bool* found) {
+  *found = false;
+  const std::string prefix = JobKeyPrefix(job);
+  auto value = [&](const std::string& part) -> const std::string* {
+    auto it = kv.find(prefix + part);
+    return it == kv.end() ? nullptr : &it->second;
+  };
+  if (value("meta") == nullptr) return Status::OK();
+  ClusterState s;
+  s.one_job = job;
+  ClusterJobState& j = s.jobs[job];
+  j.spec.job.name = job;
+  JobState& st = j.sched;
+  EDL_RETURN_IF_ERROR(DecodeJobMeta(prefix + "meta", *value("meta"), &st));
+  if (st.job_id != job) return Bad(prefix + "meta", "job id differs from its key");
+  if (value("generation") == nullptr) return Bad(prefix + "generation", "job '" + job + "' has metadata but no generation");
+  EDL_RETURN_IF_ERROR(DecodeGeneration(prefix + "generation", *value("generation"), &st));
+  if (st.current.generation > st.max_generation || st.current.job_id != job) {
+    return Bad(prefix + "generation", "generation is above the issued maximum or of another job");
+  }
+  if (const std::string* services = value("services")) {
+    EDL_RETURN_IF_ERROR(DecodeServices(prefix + "services", *services, &s.services));
+  }
+  s.trainer_seq = st.next_trainer_seq;
+  for (const auto& [key, v] : kv) {
+    if (key.rfind(kNodeKeyPrefix, 0) != 0) continue;
+    NodeState n;
+    EDL_RETURN_IF_ERROR(DecodeNode(key, v, &n));
+    j.slots[n.name] = n.slots;  // the one job holds every slot of every node
+    s.nodes[n.name].node = std::move(n);
+  }
+  j.running = !j.slots.empty();
+  *out = std::move(s);
+  *found = true;
+  return Status::OK();
+}
+
+Status ClusterStateWriter::Load(const std::string& one_job, ClusterState* s, bool* found, bool* migrated) {
   std::map<std::string, std::string> kv;
   EDL_RETURN_IF_ERROR(store_->Scan("cluster/", &kv));
   EDL_RETURN_IF_ERROR(store_->Scan("job/", &kv));
-  EDL_RETURN_IF_ERROR(DecodeClusterState(kv, s, found));
+  *migrated = false;
+  if (!one_job.empty() && kv.count(kClusterMetaKey) == 0) {
+    EDL_RETURN_IF_ERROR(DecodeOneJobLayout(kv, one_job, s, found));
+    for (const auto& [key, value] : kv) {
+      if (!*found && key.rfind("job/", 0) == 0) {
+        const size_t slash = key.find('/', 4);
+        const std::string other = key.substr(4, slash == std::string::npos ? std::string::npos : slash - 4);
+        return Status::FailedPrecondition("the state store holds job " + other + " of another server; start this "
+                                          "one with --job_id " + other + " to resume it, or give job " + one_job +
+                                          " its own --state_dir");
+      }
+    }
+    *migrated = *found;
+  } else {
+    EDL_RETURN_IF_ERROR(DecodeClusterState(kv, s, found));
+  }
   written_ = std::move(kv);
   return Status::OK();
 }

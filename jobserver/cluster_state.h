@@ -29,7 +29,7 @@ constexpr int64_t kMaxDeadlineLeftUs = int64_t{100} * 365 * 24 * 3600 * 1'000'00
 
 // One live (pending or running) submitted job.
 struct ClusterJobState {
-  JobSpec spec;
+  JobSpec spec;          // the one job of a one-job server: its name only (its flags are the server's)
   uint64_t seq = 0;      // submission order (the policy's tie-break)
   int port_index = 0;    // its MASTER_PORT range: base + 1000 * port_index
   int cap = 0;           // the scale request (min..max)
@@ -37,7 +37,7 @@ struct ClusterJobState {
   std::map<std::string, std::vector<int>> slots;  // node -> the slots it holds there
   int64_t deadline_left_us = 0;  // time to its deadline when saved; 0: none
   bool deadline_reported = false;
-  JobState sched;  // its Scheduler's job-level state (nodes not used: they follow from `slots`)
+  JobState sched;  // its membership's job-level state (nodes not used: they are the cluster's)
 };
 
 // A node of the cluster: as a single-job server keeps it, plus the job types it offered.
@@ -52,7 +52,12 @@ struct EndedJob {
   int64_t generation = 0;         // its last generation (a resubmission numbers above it)
 };
 
+// Version of the layout, kept in `cluster/meta`: 1, a cluster server's (before one-job servers
+// used this layout too), 2 with `one_job`. An older edl refuses version 2 naming both.
+constexpr int kClusterLayoutVersion = 2;
+
 struct ClusterState {
+  std::string one_job;       // the one job of a one-job server; empty for a cluster server
   uint64_t trainer_seq = 1;  // trainer ids issued so far use seqs below this
   int submitted = 0;         // jobs ever submitted (the monitor's SUBMITTED-JOBS)
   std::map<std::string, ClusterNodeState> nodes;
@@ -61,19 +66,26 @@ struct ClusterState {
   ServicesState services;       // the teacher services (`cluster/services`)
 };
 
-// Every key and value of `s` (STATE.md "A cluster server").
+// Every key and value of `s` (STATE.md "Keys").
 std::map<std::string, std::string> EncodeClusterState(const ClusterState& s);
-// The inverse, from every key under "cluster/" and "job/". *found: the store holds a cluster's
-// state. Corruption naming the key and the fix for anything that is not a value of its kind, a
-// job missing one of its keys, or keys of a single-job server; FailedPrecondition for another
-// format version.
+// The inverse, from every key under "cluster/" and "job/". *found: the store holds a server's
+// state in this layout. Corruption naming the key and the fix for anything that is not a value of
+// its kind, a job missing one of its keys, or keys of the old one-job layout; FailedPrecondition
+// for another format version.
 Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterState* s, bool* found);
+// The old one-job layout (`job/<job>/meta|generation|services`, `cluster/nodes/<name>`, no
+// `cluster/meta`) as this layout: job `job` with every node's slots, its services as the
+// cluster's. *found false when `kv` holds no such job.
+Status DecodeOneJobLayout(const std::map<std::string, std::string>& kv, const std::string& job, ClusterState* s,
+                          bool* found);
 
 class ClusterStateWriter {
  public:
   explicit ClusterStateWriter(StateStore* store) : store_(store) {}
-  // Reads the cluster's keys (and remembers them as written).
-  Status Load(ClusterState* s, bool* found);
+  // Reads the server's keys (and remembers them as written, so the next Save rewrites what
+  // differs). `one_job`: a one-job server's job, read from the old one-job layout when the store
+  // holds that (*migrated then true; the next Save writes this layout and deletes the old keys).
+  Status Load(const std::string& one_job, ClusterState* s, bool* found, bool* migrated);
   // Writes `s` in one synced batch: the keys whose value changed, deletes for those it lacks.
   Status Save(const ClusterState& s);
 

@@ -18,14 +18,18 @@ namespace edl::jobserver {
 
 class EventsLog {
  public:
-  // Creates `dir` when missing. IOError naming the path when it cannot be written.
-  Status Open(const std::string& dir, const std::string& job_id, Clock* clock);
+  // Creates `dir` when missing. IOError naming the path when it cannot be written. `keep_open`
+  // false: the file is opened for each record and closed after it (no descriptor held between
+  // records, for logs of the many jobs of a cluster server).
+  Status Open(const std::string& dir, const std::string& job_id, Clock* clock, bool keep_open = true);
   // Adds time and job, appends one line, flushes. Returns the completed record.
   nlohmann::json Append(nlohmann::json record);
   const std::string& path() const { return path_; }
 
  private:
+  void Write(const nlohmann::json& record);
   std::ofstream out_;
+  bool keep_open_ = true;
   std::string path_, job_id_;
   Clock* clock_ = nullptr;  // not owned
 };

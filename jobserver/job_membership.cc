@@ -1,4 +1,4 @@
-#include "jobserver/scheduler.h"
+#include "jobserver/job_membership.h"
 
 #include <algorithm>
 #include <climits>
@@ -7,7 +7,6 @@
 
 #include <glog/logging.h>
 
-#include "edl/net/auth.h"
 
 namespace edl::jobserver {
 
@@ -19,7 +18,7 @@ namespace {
 constexpr int64_t kQuietResetUs = 60'000'000;  // a minute without failures resets the backoff
 }  // namespace
 
-Scheduler::Scheduler(const SchedulerOptions& options, Clock* clock)
+JobMembership::JobMembership(const MembershipOptions& options, Clock* clock)
     : options_(options), clock_(clock) {
   current_.job_id = options_.job_id;
   desired_ = options_.initial_trainers;
@@ -27,65 +26,12 @@ Scheduler::Scheduler(const SchedulerOptions& options, Clock* clock)
 
 // ---- inputs
 
-Status Scheduler::CheckAdmission(const std::string& name, const std::string& session) const {
-  if (name.size() > proto::kMaxNodeNameBytes) {
-    return Status::InvalidArgument(
-        "node name '" + name.substr(0, 16) + "...' is " + std::to_string(name.size()) +
-        " bytes; the limit is " + std::to_string(proto::kMaxNodeNameBytes) +
-        " so that its trainer ids '<node>-s<slot>-<seq>' fit " + std::to_string(proto::kMaxNameBytes) +
-        " bytes; give the client a shorter --node_name");
-  }
+void JobMembership::NodeAttached(const std::string& name, const std::vector<std::string>& running,
+                                 const std::vector<int64_t>& generations) {
   auto it = nodes_.find(name);
-  if (it == nodes_.end()) return Status::OK();
-  if (!session.empty() && net::MacEqual(session, it->second.session)) return Status::OK();
-  return Status::Unavailable(
-      "node name '" + name + "' belongs to another client (" +
-      (it->second.connected ? "connected from " + it->second.host
-                            : "disconnected; its name is held until it re-attaches or is lost") +
-      ") and this one did not present that node's session token; retrying. If this is a second "
-      "client, give it a unique --node_name; if it is the same node restarted, keep its --state_dir");
-}
-
-std::string Scheduler::SessionOf(const std::string& name) const {
-  auto it = nodes_.find(name);
-  return it == nodes_.end() ? std::string() : it->second.session;
-}
-
-Status Scheduler::AddNode(const std::string& name, const std::string& host, bool restart_mode,
-                          const std::vector<int>& slots, const std::vector<std::string>& running,
-                          const std::string& session, const std::vector<int64_t>& generations) {
-  if (slots.empty()) {
-    return Status::InvalidArgument("node " + name + " offers no slots: start its client with "
-                                   "--gpus 0,1,.. or --slots N");
-  }
-  if (slots.size() > kMaxSlotsPerNode) {
-    return Status::InvalidArgument("node " + name + " offers " + std::to_string(slots.size()) +
-                                   " slots; the limit is " + std::to_string(kMaxSlotsPerNode));
-  }
-  if (name.size() > proto::kMaxNodeNameBytes) return CheckAdmission(name, session);
-  const int64_t now = clock_->NowMicros();
-  auto it = nodes_.find(name);
-  if (it != nodes_.end() && it->second.connected) {
-    return Status::AlreadyExists("node name '" + name + "' is already connected (from " +
-                                 it->second.host + "); give each client a unique --node_name");
-  }
-  if (first_node_us_ < 0) first_node_us_ = now;
-  const bool known = it != nodes_.end();  // false: a first join, or the node was lost meanwhile
-  if (it == nodes_.end()) {
-    Node n;
-    n.name = name;
-    n.order = next_node_order_++;
-    it = nodes_.emplace(name, n).first;
-  }
-  Node& n = it->second;
-  n.host = host;
-  n.restart_mode = restart_mode;
-  n.slots = slots;
-  n.connected = true;
-  n.last_heard_us = now;
-  n.session = session;
-  EmitEvent({{"type", "node_joined"}, {"node", name}, {"host", host}, {"slots", slots.size()},
-             {"mode", restart_mode ? "restart" : "inplace"}});
+  if (it == nodes_.end()) return;  // not in this job's allocation
+  it->second.connected = true;
+  if (first_node_us_ < 0) first_node_us_ = clock_->NowMicros();
   // Re-attached after a short disconnect: members the client no longer runs have died meanwhile.
   const std::set<std::string> still(running.begin(), running.end());
   if (pending_.active) {
@@ -98,31 +44,24 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
   }
   std::set<std::string> gone;
   // Stale trainers: running here but of a generation above the current one (a change the
-  // previous server had not completed), or run by a node this server does not know (it was lost,
-  // so the others re-formed without them; or the server started a new job).
+  // previous server had not completed), or not this job's on this node.
   std::vector<std::string> stale;
   for (size_t i = 0; i < running.size(); ++i) {
     const bool above = i < generations.size() && generations[i] > current_.generation;
     const MemberInfo* m = FindMember(running[i]);
     if (m != nullptr && m->node != name) continue;  // not this node's to report
     if (pending_.joiner_ids.count(running[i]) > 0) continue;
-    if (!above && (known || m != nullptr)) continue;  // a member, or a leaver of a known node
+    if (!above && (m != nullptr || leaving_.count(running[i]) > 0)) continue;  // a member, or a leaver
     stale.push_back(running[i]);
     if (m != nullptr) gone.insert(running[i]);
   }
   if (!stale.empty()) {
     LOG(WARNING) << "job " << options_.job_id << ": node " << name << " runs " << stale.size()
-                 << " trainer(s) that are in no generation of this job"
-                 << (known ? " (a change the previous server had not completed)"
-                           : " (the node had been dropped, or the server started a new job)")
-                 << ": killing them";
+                 << " trainer(s) that are in no generation of this job (a change the previous server had not "
+                    "completed): killing them";
     EmitEvent({{"type", "stale_trainers"}, {"node", name}, {"trainer_ids", stale},
                {"generation", current_.generation}});
-    Action a;
-    a.kind = Action::Kind::kKill;
-    a.node = name;
-    a.trainer_ids = stale;
-    Emit(std::move(a));
+    EmitKill(name, stale);
   }
   for (const MemberInfo& m : current_.members) {
     if (m.node == name && still.count(m.trainer_id) == 0 && finished_.count(m.trainer_id) == 0) {
@@ -135,20 +74,47 @@ Status Scheduler::AddNode(const std::string& name, const std::string& host, bool
   }
   UpdateRecovery();
   Reconcile();
-  return Status::OK();
 }
 
-void Scheduler::NodeDisconnected(const std::string& name) {
+void JobMembership::NodeDisconnected(const std::string& name) {
   auto it = nodes_.find(name);
   if (it != nodes_.end()) it->second.connected = false;
 }
 
-void Scheduler::Heartbeat(const std::string& name) {
-  auto it = nodes_.find(name);
-  if (it != nodes_.end()) it->second.last_heard_us = clock_->NowMicros();
+void JobMembership::NodeLost(const std::string& name, const std::string& why) {
+  auto node = nodes_.find(name);
+  LOG(WARNING) << "job " << options_.job_id << ": lost node " << name << ": " << why;
+  EmitEvent({{"type", "node_lost"}, {"node", name}, {"why", why}});
+  std::set<std::string> gone;
+  for (const MemberInfo& m : current_.members) {
+    if (m.node == name) gone.insert(m.trainer_id);
+  }
+  if (pending_.active) {
+    for (const MemberInfo& j : pending_.joiners) {
+      if (j.node == name) {
+        AbortPending("node " + name + " lost");
+        break;
+      }
+    }
+  }
+  if (node != nodes_.end()) nodes_.erase(node);
+  for (auto it = leaving_.begin(); it != leaving_.end();) {  // nobody is left to report them
+    it = it->second == name ? leaving_.erase(it) : std::next(it);
+  }
+  if (!gone.empty()) {
+    RemoveMembers(gone, "node_loss", true);
+    NoteFailure();
+  }
+  UpdateRecovery();
 }
 
-void Scheduler::TrainerExited(const std::string& trainer_id, bool success, const std::string& how) {
+void JobMembership::TrainerExited(const std::string& trainer_id, bool success, const std::string& how) {
+  const std::string id = trainer_id;  // a copy: the caller's may live in the generation OnExit replaces
+  OnExit(id, success, how);
+  leaving_.erase(id);  // its node reported its exit: it no longer runs
+}
+
+void JobMembership::OnExit(const std::string& trainer_id, bool success, const std::string& how) {
   if (pending_.active && pending_.joiner_ids.count(trainer_id) > 0) {
     auto it = std::find_if(pending_.joiners.begin(), pending_.joiners.end(),
                            [&](const MemberInfo& m) { return m.trainer_id == trainer_id; });
@@ -188,7 +154,7 @@ void Scheduler::TrainerExited(const std::string& trainer_id, bool success, const
   Reconcile();
 }
 
-void Scheduler::TrainerReady(const std::string& trainer_id, int64_t generation) {
+void JobMembership::TrainerReady(const std::string& trainer_id, int64_t generation) {
   if (!pending_.active || generation != pending_.generation) return;
   if (pending_.joiner_ids.count(trainer_id) == 0) return;
   pending_.ready.insert(trainer_id);
@@ -198,7 +164,7 @@ void Scheduler::TrainerReady(const std::string& trainer_id, int64_t generation) 
   Reconcile();
 }
 
-void Scheduler::SetDesired(int n, const std::string& reason) {
+void JobMembership::SetDesired(int n, const std::string& reason) {
   desired_ = std::max(0, n);
   desired_reason_ = reason;
   need_grow_back_ = false;
@@ -206,12 +172,12 @@ void Scheduler::SetDesired(int n, const std::string& reason) {
   Reconcile();
 }
 
-void Scheduler::AddDesired(int delta, const std::string& reason) {
+void JobMembership::AddDesired(int delta, const std::string& reason) {
   const int base = desired_ > 0 ? desired_ : current_.world_size();
   SetDesired(std::max(desired_ > 0 || delta > 0 ? 1 : 0, base + delta), reason);
 }
 
-void Scheduler::KillTrainers(int k) {
+void JobMembership::KillTrainers(int k) {
   std::map<std::string, std::vector<std::string>> by_node;
   json killed = json::array();
   for (auto it = current_.members.rbegin(); it != current_.members.rend() && k > 0; ++it) {
@@ -220,17 +186,11 @@ void Scheduler::KillTrainers(int k) {
     killed.push_back(it->trainer_id);
     --k;
   }
-  for (auto& [node, ids] : by_node) {
-    Action a;
-    a.kind = Action::Kind::kKill;
-    a.node = node;
-    a.trainer_ids = ids;
-    Emit(std::move(a));
-  }
+  for (auto& [node, ids] : by_node) EmitKill(node, std::move(ids));
   EmitEvent({{"type", "kill"}, {"trainers", killed}});
 }
 
-void Scheduler::KillAllTrainers() {
+void JobMembership::KillAllTrainers() {
   std::set<std::string> gone;
   for (const MemberInfo& m : current_.members) {
     if (finished_.count(m.trainer_id) == 0) gone.insert(m.trainer_id);
@@ -242,7 +202,7 @@ void Scheduler::KillAllTrainers() {
   Reconcile();
 }
 
-bool Scheduler::Stop(const std::string& by, std::vector<MemberInfo>* leaving) {
+bool JobMembership::Stop(const std::string& by, std::vector<MemberInfo>* leaving) {
   if (stopping_ || done_ || current_.members.empty()) return false;
   AbortPending("the job is stopping");
   for (const MemberInfo& m : current_.members) {
@@ -255,27 +215,21 @@ bool Scheduler::Stop(const std::string& by, std::vector<MemberInfo>* leaving) {
   return true;
 }
 
-void Scheduler::SetAllocation(const std::vector<SlotGrant>& grants, const std::string& reason) {
+void JobMembership::SetAllocation(const std::vector<SlotGrant>& grants, const std::string& reason,
+                                  std::optional<int> desired) {
   const int64_t now = clock_->NowMicros();
   std::set<std::pair<std::string, int>> allowed;
-  int total = 0;
-  for (auto& [name, n] : nodes_) n.slots.clear();
+  for (auto& [name, n] : nodes_) n.slots.clear();  // a node not granted keeps none (its members leave)
   for (const SlotGrant& g : grants) {
-    auto it = nodes_.find(g.node);
-    if (it == nodes_.end()) {
-      Node n;
-      n.name = g.node;
-      n.order = next_node_order_++;
-      n.connected = true;
-      n.last_heard_us = now;
-      if (first_node_us_ < 0) first_node_us_ = now;
-      it = nodes_.emplace(g.node, n).first;
-    }
-    it->second.host = g.host;
-    it->second.restart_mode = g.restart_mode;
-    it->second.slots = g.slots;
+    Node& n = nodes_[g.node];
+    n.name = g.node;
+    n.host = g.host;
+    n.restart_mode = g.restart_mode;
+    n.slots = g.slots;
+    n.connected = g.connected;
+    n.order = g.order;
+    if (g.connected && first_node_us_ < 0) first_node_us_ = now;
     for (int s : g.slots) allowed.emplace(g.node, s);
-    total += static_cast<int>(g.slots.size());
   }
   if (pending_.active) {
     for (const MemberInfo& j : pending_.joiners) {
@@ -289,23 +243,17 @@ void Scheduler::SetAllocation(const std::vector<SlotGrant>& grants, const std::s
   for (const MemberInfo& m : current_.members) {
     if (!allowed.count({m.node, m.slot}) && !finished_.count(m.trainer_id)) gone.insert(m.trainer_id);
   }
-  desired_ = total;
-  desired_reason_ = reason;
-  EmitEvent({{"type", "desired"}, {"desired", desired_}, {"reason", reason}});
+  if (desired) {
+    desired_ = *desired;
+    desired_reason_ = reason;
+    EmitEvent({{"type", "desired"}, {"desired", desired_}, {"reason", reason}});
+  }
   if (!gone.empty()) RemoveMembers(gone, reason, false);
   Reconcile();
 }
 
-void Scheduler::Tick() {
+void JobMembership::Tick() {
   const int64_t now = clock_->NowMicros();
-  std::vector<std::string> lost;
-  for (const auto& [name, n] : nodes_) {
-    if (now - n.last_heard_us > options_.heartbeat_timeout_us) lost.push_back(name);
-  }
-  for (const std::string& name : lost) {
-    LoseNode(&nodes_.at(name), "no heartbeat for " +
-                                   std::to_string(options_.heartbeat_timeout_us / 1000) + " ms");
-  }
   UpdateRecovery();
   if (pending_.active && now - pending_.started_us >= options_.join_timeout_us) {
     MaybeCommitPending(true);
@@ -313,7 +261,7 @@ void Scheduler::Tick() {
   Reconcile();
 }
 
-std::vector<Action> Scheduler::TakeActions() {
+std::vector<Action> JobMembership::TakeActions() {
   std::vector<Action> out;
   out.swap(actions_);
   return out;
@@ -321,7 +269,7 @@ std::vector<Action> Scheduler::TakeActions() {
 
 // ---- decisions
 
-int Scheduler::target() const {
+int JobMembership::target() const {
   int want = desired_ > 0 ? desired_ : INT_MAX;
   if (options_.max_trainers > 0) want = std::min(want, options_.max_trainers);
   want = std::max(want, options_.min_trainers);
@@ -342,7 +290,7 @@ int Scheduler::target() const {
   return std::min(want, avail);
 }
 
-void Scheduler::Reconcile() {
+void JobMembership::Reconcile() {
   if (done_ || recovering_ || stopping_) return;
   if (!current_.members.empty() && !finished_.empty()) {
     for (const MemberInfo& m : current_.members) {
@@ -376,7 +324,7 @@ void Scheduler::Reconcile() {
   }
 }
 
-bool Scheduler::StartBarrierPassed(int tgt) const {
+bool JobMembership::StartBarrierPassed(int tgt) const {
   // The first generation gathers the initial desired size (clamped to the bounds), waiting at most
   // join_timeout after the first node registered; it never starts below min_trainers.
   if (tgt < options_.min_trainers) return false;
@@ -386,7 +334,7 @@ bool Scheduler::StartBarrierPassed(int tgt) const {
   return first_node_us_ >= 0 && clock_->NowMicros() - first_node_us_ >= options_.join_timeout_us;
 }
 
-void Scheduler::Grow(int count) {
+void JobMembership::Grow(int count) {
   std::vector<MemberInfo> joiners = FreeSlots(count);
   if (joiners.empty()) return;
   for (MemberInfo& j : joiners) j.trainer_id = NewTrainerId(j.node, j.slot);
@@ -433,13 +381,13 @@ void Scheduler::Grow(int count) {
   MaybeCommitPending(false);
 }
 
-void Scheduler::Shrink(int count, const std::string& reason) {
+void JobMembership::Shrink(int count, const std::string& reason) {
   std::vector<MemberInfo> keep = current_.members;
   keep.resize(keep.size() - std::min<size_t>(count, keep.size()));
   Commit(keep, reason, false, 0);
 }
 
-void Scheduler::RemoveMembers(const std::set<std::string>& gone, const std::string& reason,
+void JobMembership::RemoveMembers(const std::set<std::string>& gone, const std::string& reason,
                               bool failure) {
   if (pending_.active) AbortPending("a member left during the prepare phase");
   std::vector<MemberInfo> keep;
@@ -450,23 +398,19 @@ void Scheduler::RemoveMembers(const std::set<std::string>& gone, const std::stri
   Commit(keep, reason, failure, 0);
 }
 
-void Scheduler::AbortPending(const std::string& why) {
+void JobMembership::AbortPending(const std::string& why) {
   if (!pending_.active) return;
   std::map<std::string, std::vector<std::string>> by_node;
   for (const MemberInfo& j : pending_.joiners) by_node[j.node].push_back(j.trainer_id);
   for (auto& [node, ids] : by_node) {
     if (nodes_.count(node) && nodes_.at(node).restart_mode) continue;  // never started
-    Action a;
-    a.kind = Action::Kind::kKill;
-    a.node = node;
-    a.trainer_ids = ids;
-    Emit(std::move(a));
+    EmitKill(node, std::move(ids));
   }
   EmitEvent({{"type", "prepare_aborted"}, {"generation", pending_.generation}, {"why", why}});
   pending_ = Pending();
 }
 
-void Scheduler::MaybeCommitPending(bool timed_out) {
+void JobMembership::MaybeCommitPending(bool timed_out) {
   if (!pending_.active) return;
   std::vector<MemberInfo> members = current_.members;
   std::map<std::string, std::vector<std::string>> unready;
@@ -482,13 +426,7 @@ void Scheduler::MaybeCommitPending(bool timed_out) {
   std::string reason = pending_.reason;
   if (!unready.empty()) {
     reason = "join_timeout";
-    for (auto& [node, ids] : unready) {
-      Action a;
-      a.kind = Action::Kind::kKill;
-      a.node = node;
-      a.trainer_ids = ids;
-      Emit(std::move(a));
-    }
+    for (auto& [node, ids] : unready) EmitKill(node, std::move(ids));
     NoteFailure();  // do not retry at once: the joiners may be broken
   }
   pending_ = Pending();
@@ -498,7 +436,7 @@ void Scheduler::MaybeCommitPending(bool timed_out) {
   }
 }
 
-void Scheduler::Commit(std::vector<MemberInfo> members, const std::string& reason, bool failure,
+void JobMembership::Commit(std::vector<MemberInfo> members, const std::string& reason, bool failure,
                        int64_t stall_us) {
   proto::GenerationInfo next;
   next.generation = NextGeneration();
@@ -524,6 +462,11 @@ void Scheduler::Commit(std::vector<MemberInfo> members, const std::string& reaso
   next.members.insert(next.members.end(), replaced.begin(), replaced.end());
   next.members.insert(next.members.end(), joined.begin(), joined.end());
   for (size_t i = 0; i < next.members.size(); ++i) next.members[i].rank = static_cast<int>(i);
+  std::unordered_set<std::string> after;
+  for (const MemberInfo& m : next.members) after.insert(m.trainer_id);
+  for (const MemberInfo& m : current_.members) {
+    if (after.count(m.trainer_id) == 0) MarkLeaving(m.trainer_id, m.node);  // until its exit is reported
+  }
   if (!next.members.empty()) next.master_addr = next.members[0].host;
   next.master_port = options_.master_port_base + static_cast<int>(next.generation % 1000);
   EmitEvent({{"type", "generation"}, {"generation", next.generation}, {"reason", reason},
@@ -541,7 +484,7 @@ void Scheduler::Commit(std::vector<MemberInfo> members, const std::string& reaso
   Emit(std::move(a));
 }
 
-void Scheduler::NoteFailure() {
+void JobMembership::NoteFailure() {
   const int64_t now = clock_->NowMicros();
   if (backoff_us_ == 0 || now - last_failure_us_ > kQuietResetUs) {
     backoff_us_ = options_.backoff_min_us;
@@ -553,39 +496,30 @@ void Scheduler::NoteFailure() {
   need_grow_back_ = true;
 }
 
-void Scheduler::LoseNode(Node* node, const std::string& why) {
-  const std::string name = node->name;
-  LOG(WARNING) << "job " << options_.job_id << ": lost node " << name << ": " << why;
-  EmitEvent({{"type", "node_lost"}, {"node", name}, {"why", why}});
-  std::set<std::string> gone;
-  for (const MemberInfo& m : current_.members) {
-    if (m.node == name) gone.insert(m.trainer_id);
-  }
-  if (pending_.active) {
-    for (const MemberInfo& j : pending_.joiners) {
-      if (j.node == name) {
-        AbortPending("node " + name + " lost");
-        break;
-      }
-    }
-  }
-  nodes_.erase(name);
-  if (!gone.empty()) {
-    RemoveMembers(gone, "node_loss", true);
-    NoteFailure();
-  }
-}
-
 // ---- helpers
 
-std::set<std::pair<std::string, int>> Scheduler::TakenSlots() const {
+void JobMembership::EmitKill(const std::string& node, std::vector<std::string> ids) {
+  for (const std::string& id : ids) MarkLeaving(id, node);
+  Action a;
+  a.kind = Action::Kind::kKill;
+  a.node = node;
+  a.trainer_ids = std::move(ids);
+  Emit(std::move(a));
+}
+
+void JobMembership::MarkLeaving(const std::string& id, const std::string& node) {
+  if (leaving_.size() >= kMaxLeavingTrainers && leaving_.count(id) == 0) leaving_.erase(leaving_.begin());
+  leaving_[id] = node;
+}
+
+std::set<std::pair<std::string, int>> JobMembership::TakenSlots() const {
   std::set<std::pair<std::string, int>> taken;
   for (const MemberInfo& m : current_.members) taken.emplace(m.node, m.slot);
   for (const MemberInfo& m : pending_.joiners) taken.emplace(m.node, m.slot);
   return taken;
 }
 
-std::vector<MemberInfo> Scheduler::FreeSlots(int count) const {
+std::vector<MemberInfo> JobMembership::FreeSlots(int count) const {
   std::vector<const Node*> order;
   for (const auto& [name, n] : nodes_) {
     if (n.connected) order.push_back(&n);
@@ -607,14 +541,15 @@ std::vector<MemberInfo> Scheduler::FreeSlots(int count) const {
   return out;
 }
 
-std::string Scheduler::NewTrainerId(const std::string& node, int slot) {
-  std::string id = node + "-s" + std::to_string(slot) + "-" + std::to_string(TrainerSeq()++);
-  // AddNode bounds node names (kMaxNodeNameBytes) and slots so that every id passes IsValidName.
+std::string JobMembership::NewTrainerId(const std::string& node, int slot) {
+  const uint64_t seq = TrainerSeq()++;
+  std::string id = proto::TrainerId{node, slot, static_cast<int64_t>(seq)}.ToString();
+  // The registry bounds node names (proto::CheckNodeName) and slots so that every id is valid.
   DCHECK(proto::IsValidName(id)) << id;
   return id;
 }
 
-void Scheduler::EmitEvent(json e) {
+void JobMembership::EmitEvent(json e) {
   Action a;
   a.kind = Action::Kind::kEvent;
   a.event = std::move(e);
@@ -623,80 +558,41 @@ void Scheduler::EmitEvent(json e) {
 
 // ---- state
 
-int Scheduler::total_slots() const {
+int JobMembership::total_slots() const {
   int n = 0;
   for (const auto& [name, node] : nodes_) n += node.connected ? static_cast<int>(node.slots.size()) : 0;
   return n;
 }
 
-int Scheduler::used_slots() const {  // members that finished hold no slot any more
+int JobMembership::used_slots() const {  // members that finished hold no slot any more
   return current_.world_size() - static_cast<int>(finished_.size()) + static_cast<int>(pending_.joiners.size());
 }
 
-int Scheduler::connected_nodes() const {
-  int n = 0;
-  for (const auto& [name, node] : nodes_) n += node.connected ? 1 : 0;
-  return n;
-}
-
-bool Scheduler::IsNodeConnected(const std::string& name) const {
-  auto it = nodes_.find(name);
-  return it != nodes_.end() && it->second.connected;
-}
-
-const std::string& Scheduler::NodeOfTrainer(const std::string& id) const {
-  static const std::string kNone;
-  const MemberInfo* m = FindMember(id);
-  return m == nullptr ? kNone : m->node;
-}
-
-const MemberInfo* Scheduler::FindMember(const std::string& trainer_id) const {
+const MemberInfo* JobMembership::FindMember(const std::string& trainer_id) const {
   auto it = current_index_.find(trainer_id);
   return it == current_index_.end() ? nullptr : &current_.members[it->second];
 }
 
-void Scheduler::SetCurrent(proto::GenerationInfo g) {
+void JobMembership::SetCurrent(proto::GenerationInfo g) {
   current_ = std::move(g);
   current_index_.clear();
   current_index_.reserve(current_.members.size());
   for (size_t i = 0; i < current_.members.size(); ++i) current_index_.emplace(current_.members[i].trainer_id, i);
 }
 
-bool Scheduler::IsLiveTrainerOf(const std::string& trainer_id, const std::string& node) const {
+bool JobMembership::IsLiveTrainerOf(const std::string& trainer_id, const std::string& node) const {
   if (const MemberInfo* m = FindMember(trainer_id)) return m->node == node;
   auto it = pending_.joiner_ids.find(trainer_id);
   return it != pending_.joiner_ids.end() && it->second == node;
 }
 
-bool Scheduler::PlacedOn(const std::string& trainer_id, const std::string& node) const {
-  if (FindMember(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0) {
-    return IsLiveTrainerOf(trainer_id, node);
-  }
-  // No longer placed (left or removed): accept the ids NewTrainerId made for `node`. The suffix
-  // "-s<digits>-<digits>" holds no 's' after its first character, so no other node's ids match.
-  if (trainer_id.size() <= node.size() + 2 || trainer_id.compare(0, node.size(), node) != 0 ||
-      trainer_id.compare(node.size(), 2, "-s") != 0) {
-    return false;
-  }
-  const char* p = trainer_id.c_str() + node.size() + 2;
-  auto digits = [&p](uint64_t* v) {
-    const char* start = p;
-    *v = 0;
-    for (; *p >= '0' && *p <= '9' && p - start < 19; ++p) *v = *v * 10 + static_cast<uint64_t>(*p - '0');
-    return p != start;
-  };
-  uint64_t slot = 0, seq = 0;
-  if (!digits(&slot) || *p++ != '-' || !digits(&seq) || *p != '\0') return false;
-  return seq >= 1 && seq < TrainerSeq();
+bool JobMembership::PlacedOn(const std::string& trainer_id, const std::string& node) const {
+  if (IsLiveTrainerOf(trainer_id, node)) return true;
+  auto it = leaving_.find(trainer_id);
+  return it != leaving_.end() && it->second == node;
 }
 
-std::vector<std::string> Scheduler::NodeNames() const {
-  std::vector<std::string> out;
-  for (const auto& [name, n] : nodes_) out.push_back(name);
-  return out;
-}
-
-json Scheduler::Summary() const {
+json JobMembership::Summary() const {
   std::unordered_map<std::string, int> used_on;
   for (const MemberInfo& m : current_.members) used_on[m.node] += finished_.count(m.trainer_id) ? 0 : 1;
   json nodes = json::array();
@@ -735,11 +631,11 @@ json Scheduler::Summary() const {
 
 // ---- durable state (jobserver/STATE.md)
 
-int64_t Scheduler::max_generation() const {
+int64_t JobMembership::max_generation() const {
   return std::max({generation_floor_, current_.generation, pending_.active ? pending_.generation : 0});
 }
 
-void Scheduler::Snapshot(JobState* s) const {
+void JobMembership::Snapshot(JobState* s) const {
   s->job_id = options_.job_id;
   s->max_generation = max_generation();
   s->current = current_;
@@ -749,19 +645,11 @@ void Scheduler::Snapshot(JobState* s) const {
   s->desired = desired_;
   s->desired_reason = desired_reason_;
   s->need_grow_back = need_grow_back_;
-  s->nodes.clear();
-  for (const auto& [name, n] : nodes_) {
-    NodeState& ns = s->nodes[name];
-    ns.name = name;
-    ns.host = n.host;
-    ns.restart_mode = n.restart_mode;
-    ns.slots = n.slots;
-    ns.order = n.order;
-    ns.session = n.session;
-  }
+  s->leaving = leaving_;
+  s->nodes.clear();  // the cluster's (NodeRegistry)
 }
 
-void Scheduler::Restore(const JobState& s) {
+void JobMembership::Restore(const JobState& s, const std::vector<SlotGrant>& grants) {
   const int64_t now = clock_->NowMicros();
   proto::GenerationInfo restored = s.current;
   restored.job_id = options_.job_id;
@@ -772,22 +660,12 @@ void Scheduler::Restore(const JobState& s) {
   desired_ = s.desired;
   desired_reason_ = s.desired_reason;
   need_grow_back_ = s.need_grow_back;
+  leaving_ = s.leaving;
   RaiseGenerationFloor(s.max_generation);
   pending_ = Pending();
   nodes_.clear();
-  for (const auto& [name, ns] : s.nodes) {
-    Node n;
-    n.name = name;
-    n.host = ns.host;
-    n.restart_mode = ns.restart_mode;
-    n.slots = ns.slots;
-    n.order = ns.order;
-    n.session = ns.session;
-    n.connected = false;
-    // One heartbeat timeout of grace on top of the usual one: clients reconnect with backoff.
-    n.last_heard_us = now + options_.heartbeat_timeout_us;
-    next_node_order_ = std::max(next_node_order_, n.order + 1);
-    nodes_.emplace(name, std::move(n));
+  for (const SlotGrant& g : grants) {
+    nodes_[g.node] = Node{g.node, g.host, g.restart_mode, g.slots, g.connected, g.order};
   }
   first_node_us_ = now;
   recovering_ = !done_ && !current_.members.empty();
@@ -800,7 +678,7 @@ void Scheduler::Restore(const JobState& s) {
   UpdateRecovery();
 }
 
-void Scheduler::UpdateRecovery() {
+void JobMembership::UpdateRecovery() {
   if (!recovering_) return;
   for (const MemberInfo& m : current_.members) {
     auto it = nodes_.find(m.node);

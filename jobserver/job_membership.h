@@ -1,16 +1,22 @@
-// Scheduler: the job's membership logic, with no sockets and no threads, so every decision can be
-// unit-tested with a ManualClock. It owns the desired size, the nodes and their slots, the
-// committed generation and at most one pending (prepared, not yet committed) generation. Inputs are
-// events (a node registers, heartbeats, is lost; a trainer exits or reports ready; the desired
-// size changes; time passes); outputs are Actions the server turns into frames and log records.
+// JobMembership: one job's membership, with no sockets, no threads and no nodes of its own, so
+// every decision can be unit-tested with a ManualClock. The Cluster (cluster.h) owns one per job:
+// it hands the job the slots it may use on each node (SetAllocation, from the cluster's
+// NodeRegistry, the one home of node identity and liveness) and routes the nodes' reports to it.
+// The membership owns the desired size, the committed generation, at most one pending (prepared,
+// not yet committed) generation, the joiners, the trainers that finished and those leaving. Inputs
+// are events (a node of its allocation re-attaches, disconnects or is lost; a trainer exits or
+// reports ready; the desired size changes; time passes); outputs are Actions the server turns
+// into frames and events-log records.
 //
 // Invariants:
 //  - current().members are ordered by rank; a new generation keeps survivors in their order and
 //    appends new trainers (joiners, and restart-mode replacements) at the end.
-//  - a slot holds at most one member or pending joiner.
+//  - a slot holds at most one member or pending joiner, and only a slot of the allocation.
 //  - generation numbers grow by one per commit; a pending generation is current+1. After a
 //    Restore they continue above every number the previous server issued (max_generation()), so
 //    a restarted server never reuses one (jobserver/STATE.md).
+//  - a trainer this job placed on a node and then removed (shrunk, failed, killed) is "leaving"
+//    until its node reports its exit or is lost: its node may still report about it.
 //
 // Thread-safety: none; the server calls it from its io_context thread only.
 #pragma once
@@ -18,6 +24,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -33,31 +40,30 @@
 
 namespace edl::jobserver {
 
-// Most slots one node may offer (a client's --slots is bounded alike).
-constexpr size_t kMaxSlotsPerNode = 4096;
-
-struct SchedulerOptions {
+struct MembershipOptions {
   std::string job_id = "edl-job";
   int min_trainers = 1;       // never start below this; desired sizes are clamped up to it
   // The first generation waits for initial_trainers slots (or join_timeout_us after the first node
-  // registered, with at least min_trainers).
+  // was granted, with at least min_trainers).
   int max_trainers = 0;       // 0: no bound
   int initial_trainers = 0;   // desired size at start; 0: every free slot
-  int64_t heartbeat_timeout_us = 5'000'000;  // a node silent this long is lost
   int64_t join_timeout_us = 60'000'000;      // joiners not ready by then are dropped
   int master_port_base = 29500;              // MASTER_PORT = base + generation % 1000
   int64_t backoff_min_us = 1'000'000;        // grow-back delay after a failure, doubling...
   int64_t backoff_max_us = 30'000'000;       // ...up to this; reset after a quiet minute
-  // Cluster mode (jobserver/cluster.h): the trainer-id counter shared by every job of the server,
-  // so ids are unique across jobs. Not owned; null: the scheduler's own counter.
+  // The trainer-id counter shared by every job of the server, so ids are unique across jobs (a
+  // node's report is routed by the id alone). Not owned; null: the membership's own counter.
   uint64_t* shared_trainer_seq = nullptr;
 };
 
-// Cluster mode: the slots one job may use on one node (Scheduler::SetAllocation).
+// The slots one job may use on one node (JobMembership::SetAllocation), with what the job needs
+// to know of the node.
 struct SlotGrant {
   std::string node, host;
   bool restart_mode = false;
   std::vector<int> slots;
+  bool connected = true;  // disconnected: its free slots are not offered to joiners
+  int order = 0;          // the node's registration order: placement fills nodes in this order
 };
 
 struct Action {
@@ -70,40 +76,30 @@ struct Action {
   nlohmann::json event;             // kEvent: one events-log record (without time/job)
 };
 
-class Scheduler {
+class JobMembership {
  public:
-  // `clock` is not owned and must outlive the scheduler.
-  Scheduler(const SchedulerOptions& options, Clock* clock);
+  // `clock` is not owned and must outlive the membership.
+  JobMembership(const MembershipOptions& options, Clock* clock);
 
   // ---- inputs
-  // Whether a client presenting session token `session` (empty at a first join) may register as
-  // node `name` now. OK for a name the scheduler does not know (a first join; the caller then
-  // issues a token) or for the node's own token (a re-attach: the caller first drops the node's
-  // old connection, which may be half dead). Unavailable, a retryable refusal, while the name
-  // belongs to a client that holds another token (connected, or disconnected and not yet lost):
-  // a node name is not an identity, the token is. InvalidArgument for a name too long for its
-  // trainer ids (proto::kMaxNodeNameBytes).
-  Status CheckAdmission(const std::string& name, const std::string& session) const;
-  // The session token of known node `name`; empty when unknown.
-  std::string SessionOf(const std::string& name) const;
-  // A client registered (after CheckAdmission). A node name whose client is still connected is
-  // AlreadyExists. A known, disconnected node is re-attached: its members not in `running` are
-  // treated as failed. `session` is kept as the node's token. `generations` (empty: unknown) is
-  // parallel to `running`: the generation each trainer is in (a joiner: the one it was prepared
-  // for). A reported trainer that is not a member and is in a generation above the current one
-  // (a joiner of a change rolled back by a server restart), or that a node unknown to the
-  // scheduler runs (the node was lost, or this is a new job), is killed; a member that reports a
-  // generation above the current one is treated as failed (the stored state is older than it).
-  Status AddNode(const std::string& name, const std::string& host, bool restart_mode,
-                 const std::vector<int>& slots, const std::vector<std::string>& running,
-                 const std::string& session = "", const std::vector<int64_t>& generations = {});
+  // The slots this job may use, per node (nodes not named keep none). Members and joiners on slots
+  // no longer granted leave in place, in one commit with `reason`. `desired`: the new desired size
+  // (a many-jobs policy grants exactly what the job should run); none: the desired size stays
+  // (a one-job server's job is granted every slot and sized by its flags, script and ctl).
+  void SetAllocation(const std::vector<SlotGrant>& grants, const std::string& reason,
+                     std::optional<int> desired = std::nullopt);
+  // A node of the allocation re-attached (its client reconnected): its members not in `running`
+  // are treated as failed. `running` are the trainers of this job the client reports (members,
+  // joiners and leavers of this job on that node); `generations`
+  // (empty: unknown) is parallel: the generation each is in (a joiner: the one it was prepared
+  // for). A member that reports a generation above the current one is failed (the stored state
+  // is older than it) and killed, as is a non-member above the current generation (a joiner of a
+  // change a server restart rolled back).
+  void NodeAttached(const std::string& name, const std::vector<std::string>& running,
+                    const std::vector<int64_t>& generations = {});
   void NodeDisconnected(const std::string& name);
-  // The node is gone (cluster mode: the cluster's heartbeat timeout): as a heartbeat loss.
-  void NodeLost(const std::string& name, const std::string& why) {
-    auto it = nodes_.find(name);
-    if (it != nodes_.end()) LoseNode(&it->second, why);
-  }
-  void Heartbeat(const std::string& name);
+  // The node is gone (the cluster's heartbeat timeout): its members fail, it leaves the allocation.
+  void NodeLost(const std::string& name, const std::string& why);
   void TrainerExited(const std::string& trainer_id, bool success, const std::string& how);
   void TrainerReady(const std::string& trainer_id, int64_t generation);
   void SetDesired(int n, const std::string& reason);
@@ -122,26 +118,21 @@ class Scheduler {
   // generation runs (not started yet, finished, or already stopping).
   bool Stop(const std::string& by, std::vector<proto::MemberInfo>* leaving);
   bool stopping() const { return stopping_; }
-  // Cluster mode: the slots this job may use, per node (nodes not named keep none; a named node
-  // the scheduler does not know is added, connected). Members and joiners on slots no longer
-  // granted leave in place, in one commit with `reason`; the desired size becomes the granted
-  // total, so the job then grows into its granted free slots.
-  void SetAllocation(const std::vector<SlotGrant>& grants, const std::string& reason);
-  // Heartbeat loss, join timeout, grow-back, then reconciles membership with the desired size.
+  // Join timeout, grow-back, then reconciles membership with the desired size.
   void Tick();
 
   // Takes the actions produced since the last call, in order.
   std::vector<Action> TakeActions();
 
   // ---- durable state (jobserver/STATE.md)
-  // The job-level fields of `*s` and its nodes (the scaling fields are the server's).
+  // The job-level fields of `*s` (its nodes are the cluster's; the scaling fields the server's).
   void Snapshot(JobState* s) const;
-  // Resumes a job saved by an earlier server. Its nodes are known but disconnected; until every
-  // node holding a member of the current generation has re-attached or been lost (heartbeat
-  // timeout, counted from now plus one timeout of grace), membership does not change: survivors
-  // are adopted as they report. A change that was being prepared is rolled back (its joiners are
-  // killed when their nodes report them); numbers continue above s.max_generation.
-  void Restore(const JobState& s);
+  // Resumes a job saved by an earlier server on its saved allocation (`grants`; the nodes not
+  // connected yet). Until every node holding a member of the current generation has re-attached or been lost,
+  // membership does not change: survivors are adopted as they report. A change that was being
+  // prepared is rolled back (its joiners are killed when their nodes report them); numbers
+  // continue above s.max_generation.
+  void Restore(const JobState& s, const std::vector<SlotGrant>& grants);
   // Generations issued from now on are above `g` (e.g. the newest generation in the checkpoint
   // store, so its fence accepts the new trainers' saves).
   void RaiseGenerationFloor(int64_t g) { generation_floor_ = std::max(generation_floor_, g); }
@@ -156,21 +147,22 @@ class Scheduler {
   int target() const;                        // desired clamped to min/max and free slots
   int total_slots() const;
   int used_slots() const;
-  int connected_nodes() const;
   bool done() const { return done_; }
-  bool IsNodeConnected(const std::string& name) const;
-  // Authorization of a node's reports (PROTOCOL.md "Client -> server"): true when the scheduler
-  // placed `trainer_id` on `node`: a member or pending joiner there, or an id it issued for that
-  // node earlier ("<node>-s<slot>-<seq>" with a seq it handed out: a leaving trainer).
+  // Authorization of a node's reports (PROTOCOL.md "Client -> server"): true when this job placed
+  // `trainer_id` on `node` and it may still run: a member or pending joiner there, or a trainer of
+  // that node leaving.
   bool PlacedOn(const std::string& trainer_id, const std::string& node) const;
   // A member or pending joiner of `node` now (progress is kept only for these).
   bool IsLiveTrainerOf(const std::string& trainer_id, const std::string& node) const;
   bool IsLiveTrainer(const std::string& trainer_id) const {
     return FindMember(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0;
   }
-  const std::string& NodeOfTrainer(const std::string& id) const;
-  std::vector<std::string> NodeNames() const;
-  nlohmann::json Summary() const;  // for `edl ctl status`
+  // Whether `node` is in the allocation (its trainers may use the job's rendezvous KV).
+  bool HasNode(const std::string& node) const {
+    auto it = nodes_.find(node);
+    return it != nodes_.end() && !it->second.slots.empty();
+  }
+  nlohmann::json Summary() const;  // for `edl ctl status`; `nodes` as the allocation sees them
 
  private:
   struct Node {
@@ -178,9 +170,7 @@ class Scheduler {
     bool restart_mode = false;
     std::vector<int> slots;
     bool connected = false;
-    int64_t last_heard_us = 0;
-    int order = 0;  // registration order: placement fills nodes in this order
-    std::string session;  // the token its client proves itself with on a re-attach
+    int order = 0;
   };
   struct Pending {
     bool active = false;
@@ -208,10 +198,12 @@ class Scheduler {
   void Commit(std::vector<proto::MemberInfo> members, const std::string& reason, bool failure,
               int64_t stall_us);
   void NoteFailure();
-  void LoseNode(Node* node, const std::string& why);
+  void OnExit(const std::string& trainer_id, bool success, const std::string& how);
+  void EmitKill(const std::string& node, std::vector<std::string> ids);  // and marks them leaving
+  void MarkLeaving(const std::string& id, const std::string& node);
   std::vector<proto::MemberInfo> FreeSlots(int count) const;
-  std::string NewTrainerId(const std::string& node, int slot);
   std::set<std::pair<std::string, int>> TakenSlots() const;
+  std::string NewTrainerId(const std::string& node, int slot);
   void Emit(Action a) { actions_.push_back(std::move(a)); }
   void EmitEvent(nlohmann::json e);
   int64_t NextGeneration() const { return std::max(current_.generation, generation_floor_) + 1; }
@@ -221,11 +213,10 @@ class Scheduler {
   }
   void UpdateRecovery();
 
-  const SchedulerOptions options_;
+  const MembershipOptions options_;
   Clock* const clock_;  // not owned
 
-  std::map<std::string, Node> nodes_;
-  int next_node_order_ = 0;
+  std::map<std::string, Node> nodes_;  // the allocation
   int64_t first_node_us_ = -1;
   int desired_ = 0;
   std::string desired_reason_ = "start";
@@ -237,6 +228,8 @@ class Scheduler {
   std::unordered_map<std::string, size_t> current_index_;  // trainer id -> position in current_
   Pending pending_;
   std::set<std::string> finished_;  // members that exited 0: training is complete for them
+  // Trainers removed from the job whose exit their node has not reported: id -> node.
+  std::map<std::string, std::string> leaving_;
   bool done_ = false;
   uint64_t next_trainer_seq_ = 1;
   int64_t generation_floor_ = 0;  // numbers issued by earlier servers (Restore) or seen in the store
@@ -244,5 +237,9 @@ class Scheduler {
   bool recovering_ = false;       // restored; waiting for the current members' nodes (Restore)
   std::vector<Action> actions_;
 };
+
+// Most trainers a job keeps as leaving: a node that never reports their exits cannot grow the set
+// without bound (past it, one is forgotten per new one; its late reports are refused and logged).
+constexpr size_t kMaxLeavingTrainers = kMaxLeavingKept;
 
 }  // namespace edl::jobserver

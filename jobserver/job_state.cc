@@ -49,6 +49,7 @@ std::string EncodeJobMeta(const JobState& s) {
             {"script_offset_us", s.script_offset_us},
             {"demo_size", s.demo_size},
             {"demo_steps", s.demo_steps}};
+  if (!s.leaving.empty()) j["leaving"] = s.leaving;
   return j.dump();
 }
 
@@ -72,6 +73,19 @@ Status DecodeJobMeta(const std::string& key, const std::string& value, JobState*
       .Int("demo_steps", &t.demo_steps, 0, kMaxI64);
   if (r.ok() && !proto::IsValidName(t.job_id)) r.Fail("job_id", "is not a valid job name");
   EDL_RETURN_IF_ERROR(r.status());
+  t.leaving.clear();
+  if (const auto lv = j.find("leaving"); lv != j.end()) {  // absent in values written before it was kept
+    if (!lv->is_object() || lv->size() > kMaxLeavingKept) {
+      return Status::Corruption("stored field 'leaving' is not an object of at most " +
+                                std::to_string(kMaxLeavingKept) + " trainers" + Fix(key));
+    }
+    for (const auto& [id, node] : lv->items()) {
+      if (!proto::IsValidName(id) || !node.is_string() || !proto::IsValidName(node.get<std::string>())) {
+        return Status::Corruption("stored field 'leaving' holds an invalid trainer or node" + Fix(key));
+      }
+      t.leaving[id] = node.get<std::string>();
+    }
+  }
   *s = std::move(t);
   return Status::OK();
 }
@@ -261,67 +275,6 @@ Status StateStore::Open(const std::string& dir, bool* created) {
 void StateStore::Open(std::unique_ptr<StateBackend> backend) {
   backend_ = std::move(backend);
   dir_ = backend_->Describe();
-}
-
-Status StateStore::Load(const std::string& job_id, JobState* out, bool* found) {
-  *found = false;
-  JobState s;
-  s.job_id = job_id;
-  const std::string prefix = JobKeyPrefix(job_id);
-  std::string meta, gen;
-  bool has_meta = false, has_gen = false;
-  EDL_RETURN_IF_ERROR(backend_->Get(prefix + "meta", &meta, &has_meta));
-  if (has_meta) {
-    // (Without it: a new job; the nodes below may still be known from another job of this cluster.)
-    EDL_RETURN_IF_ERROR(DecodeJobMeta(prefix + "meta", meta, &s));
-    if (s.job_id != job_id) return Status::Corruption("stored job id differs from its key" + Fix(prefix + "meta"));
-    EDL_RETURN_IF_ERROR(backend_->Get(prefix + "generation", &gen, &has_gen));
-    if (!has_gen) {
-      return Status::Corruption("job '" + job_id + "' has metadata but no generation in " + dir_ +
-                                Fix(prefix + "generation"));
-    }
-    EDL_RETURN_IF_ERROR(DecodeGeneration(prefix + "generation", gen, &s));
-    if (s.current.generation > s.max_generation || s.current.job_id != job_id) {
-      return Status::Corruption("stored generation is above the issued maximum or of another job" +
-                                Fix(prefix + "generation"));
-    }
-    *found = true;
-  }
-  std::string services;
-  bool has_services = false;
-  EDL_RETURN_IF_ERROR(backend_->Get(prefix + "services", &services, &has_services));
-  if (has_services) EDL_RETURN_IF_ERROR(DecodeServices(prefix + "services", services, &s.services));
-  std::vector<std::pair<std::string, std::string>> nodes;
-  EDL_RETURN_IF_ERROR(backend_->Scan(kNodeKeyPrefix, &nodes));
-  for (const auto& [key, value] : nodes) {
-    NodeState n;
-    EDL_RETURN_IF_ERROR(DecodeNode(key, value, &n));
-    saved_nodes_[key] = value;
-    s.nodes[n.name] = std::move(n);
-  }
-  *out = std::move(s);
-  return Status::OK();
-}
-
-Status StateStore::Save(const JobState& s) {
-  const std::string prefix = JobKeyPrefix(s.job_id);
-  std::map<std::string, std::string> puts;
-  std::vector<std::string> deletes;
-  puts[prefix + "meta"] = EncodeJobMeta(s);
-  puts[prefix + "generation"] = EncodeGeneration(s);
-  puts[prefix + "services"] = EncodeServices(s.services);
-  std::map<std::string, std::string> nodes;
-  for (const auto& [name, n] : s.nodes) nodes[NodeKey(name)] = EncodeNode(n);
-  for (const auto& [key, value] : saved_nodes_) {
-    if (nodes.count(key) == 0) deletes.push_back(key);
-  }
-  for (const auto& [key, value] : nodes) {
-    auto old = saved_nodes_.find(key);
-    if (old == saved_nodes_.end() || old->second != value) puts[key] = value;
-  }
-  EDL_RETURN_IF_ERROR(backend_->Write(puts, deletes));
-  saved_nodes_ = std::move(nodes);
-  return Status::OK();
 }
 
 Status StateStore::Scan(const std::string& prefix, std::map<std::string, std::string>* out) {

@@ -1,10 +1,10 @@
 // The job server's durable state (jobserver/STATE.md): what `edl server` keeps under --state_dir so
-// that a restarted server resumes the running job instead of starting a new one. JobState and
-// NodeState are plain values with an encoding (JSON with a format version, validated on decode as
-// hostile bytes); StateStore keeps them in a StateBackend, one key range per job
-// ("job/<job_id>/...") plus the cluster's nodes ("cluster/nodes/<name>"), each save one atomic,
-// durable write: an embedded RocksDB under --state_dir (the default) or etcd
-// (--state_store etcd://..., jobserver/etcd_state.h; STATE.md "Backends").
+// that a restarted server resumes the running jobs instead of starting anew. JobState (one job's
+// membership) and NodeState (one node) are plain values with an encoding (JSON with a format
+// version, validated on decode as hostile bytes); the layout of a whole server's state is
+// cluster_state.h's. StateStore keeps the keys in a StateBackend, each save one atomic, durable
+// write: an embedded RocksDB under --state_dir (the default) or etcd (--state_store etcd://...,
+// jobserver/etcd_state.h; STATE.md "Backends").
 //
 // Thread-safety: StateStore is not thread-safe (the server uses it from its io_context thread).
 #pragma once
@@ -23,6 +23,8 @@ namespace edl::jobserver {
 
 // Version of every value's encoding (the "v" field); see STATE.md "Versions".
 constexpr int kStateFormatVersion = 1;
+// Most leaving trainers a stored job may list (JobMembership keeps at most as many).
+constexpr size_t kMaxLeavingKept = 65536;
 // Largest stored value accepted on load (a generation of 100k members is ~10 MB).
 constexpr size_t kMaxStateValueBytes = size_t{64} << 20;
 
@@ -54,7 +56,9 @@ struct JobState {
   int64_t script_offset_us = 0;
   int demo_size = 0;
   int64_t demo_steps = 0;
-  std::map<std::string, NodeState> nodes;  // by name
+  // Trainers removed from the job whose exit their node has not reported yet: id -> node.
+  std::map<std::string, std::string> leaving;
+  std::map<std::string, NodeState> nodes;  // by name; the old single-job layout only (migration)
   ServicesState services;  // the teacher services (`job/<job_id>/services`; absent: none)
 };
 
@@ -104,11 +108,7 @@ class StateStore {
   Status Open(const std::string& dir, bool* created);
   // Uses `backend` (another engine than the local RocksDB).
   void Open(std::unique_ptr<StateBackend> backend);
-  // Loads job `job_id` and every node. *found: the job has state.
-  Status Load(const std::string& job_id, JobState* out, bool* found);
-  // Replaces the job's state and the node set in one synced write.
-  Status Save(const JobState& s);
-  // Every key starting with `prefix` and its value (the cluster layout, cluster_state.h).
+  // Every key starting with `prefix` and its value (the layout: cluster_state.h).
   Status Scan(const std::string& prefix, std::map<std::string, std::string>* out);
   // Puts and deletes in one synced write.
   Status Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes);
@@ -118,7 +118,6 @@ class StateStore {
  private:
   std::string dir_;
   std::unique_ptr<StateBackend> backend_;
-  std::map<std::string, std::string> saved_nodes_;  // last written node values, by key
 };
 
 }  // namespace edl::jobserver

@@ -52,7 +52,7 @@ Server::Server(asio::io_context* io, ServerOptions options, Clock* clock)
       clock_(clock),
       acceptor_(*io),
       tick_timer_(*io),
-      scheduler_(options_.scheduler, clock),
+      cluster_(options_.cluster, clock),
       services_(clock,
                 [this](uint64_t id, const json& m) {
                   for (auto& [p, peer] : peers_) {
@@ -69,19 +69,11 @@ Status Server::Start() {
     EDL_RETURN_IF_ERROR(ScalingScript::Load(options_.scale_script, &s));
     script_ = std::move(s);
   }
-  if (options_.cluster) {
-    if (!options_.state_store.empty() || script_ || options_.demo_policy) {
-      return Status::InvalidArgument("--cluster runs submitted jobs only: --state_store (standby servers), "
-                                     "--scale_script and the demo policy belong to the single-job server; "
-                                     "a cluster server keeps its state under --state_dir");
-    }
-    cluster_ = std::make_unique<Cluster>(options_.cluster_options, clock_);
-  }
   if (options_.demo_policy) {
     demo_.emplace(options_.demo);
-    scheduler_.SetDesired(demo_->initial_size(), "policy");
+    cluster_.SetDesired(demo_->initial_size(), "policy");
   }
-  EDL_RETURN_IF_ERROR(events_.Open(options_.events_dir, options_.scheduler.job_id, clock_));
+  EDL_RETURN_IF_ERROR(events_.Open(options_.events_dir, options_.id, clock_));
   EDL_RETURN_IF_ERROR(OpenState());
   boost::system::error_code ec;
   const auto addr = asio::ip::make_address(options_.bind, ec);
@@ -97,8 +89,8 @@ Status Server::Start() {
         .WithContext("is another edl server running? pick another --server_port");
   }
   port_ = acceptor_.local_endpoint().port();
-  LOG(INFO) << "edl server for job " << options_.scheduler.job_id << " listening on "
-            << options_.bind << ":" << port_ << "; events in " << events_.path();
+  LOG(INFO) << "edl server " << options_.id << (cluster_.own_job().empty() ? " (a cluster of submitted jobs)" : "")
+            << " listening on " << options_.bind << ":" << port_ << "; events in " << events_.path();
   if (!options_.port_file.empty()) {
     const std::string tmp = options_.port_file + ".tmp";
     std::ofstream(tmp) << port_ << "\n";
@@ -106,7 +98,7 @@ Status Server::Start() {
       return PosixError("--port_file " + options_.port_file, errno);
     }
   }
-  Record({{"type", "server_started"}, {"port", port_}});
+  Record("", {{"type", "server_started"}, {"port", port_}});
   Accept();
   Tick();
   return Status::OK();
@@ -121,7 +113,7 @@ Status Server::OpenState() {
     if (s.ok() && !metas.empty()) {
       int64_t newest = 0;
       for (const auto& m : metas) newest = std::max(newest, m.generation);
-      scheduler_.RaiseGenerationFloor(newest);
+      cluster_.RaiseGenerationFloor(newest);
       LOG(INFO) << "checkpoint store " << options_.checkpoint_dir << " holds generations up to " << newest
                 << ": new generations are numbered above it (its fence then accepts their saves)";
     } else if (!s.ok() && !s.IsNotFound()) {
@@ -129,11 +121,10 @@ Status Server::OpenState() {
     }
   }
   if (options_.state_dir.empty() && options_.state_store.empty()) {
-    LOG(WARNING) << "no --state_dir: the job's state is kept in memory only; a restarted server starts "
-                    "a new job and ignores the running trainers";
+    LOG(WARNING) << "no --state_dir: the state is kept in memory only; a restarted server starts anew and "
+                    "ignores the running trainers";
     return Status::OK();
   }
-  if (cluster_) return OpenClusterState();
   state_ = std::make_unique<StateStore>();
   bool created = false;
   if (options_.state_store.empty()) {
@@ -142,13 +133,14 @@ Status Server::OpenState() {
     // A standby waits here, not listening, until it leads (STATE.md "Standby servers").
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
-    EtcdStateOptions eo{options_.state_store, options_.scheduler.job_id, options_.lease_ttl_s,
+    EtcdStateOptions eo{options_.state_store, options_.id, options_.lease_ttl_s,
                         std::string(host) + " " + options_.bind + ":" + std::to_string(options_.port) + " pid " +
                             std::to_string(::getpid())};
     std::unique_ptr<StateBackend> backend;
     EDL_RETURN_IF_ERROR(BecomeEtcdLeader(eo, [this](const Status& why) {
       asio::post(*io_, [this, why] {
-        LOG(ERROR) << "edl server: lost the leadership of job " << options_.scheduler.job_id << ": " << why.ToString()
+        LOG(ERROR) << "edl server: lost the leadership of "
+                   << (cluster_.own_job().empty() ? "the cluster " : "job ") << options_.id << ": " << why.ToString()
                    << "; stopping (fail-stop; the trainers keep running and the new leader adopts them)";
         failed_ = true;
         Shutdown(/*stop_clients=*/false);
@@ -156,52 +148,54 @@ Status Server::OpenState() {
     }, &backend));
     state_->Open(std::move(backend));
   }
-  std::map<std::string, std::string> cluster_keys;
-  EDL_RETURN_IF_ERROR(state_->Scan("cluster/meta", &cluster_keys));
-  if (!cluster_keys.empty()) {
-    return Status::FailedPrecondition("the state store holds a cluster server's state "
-                                      "(`edl server --cluster`): give each server its own --state_dir");
-  }
-  JobState st;
-  bool found = false;
-  EDL_RETURN_IF_ERROR(state_->Load(options_.scheduler.job_id, &st, &found));
+  state_writer_ = std::make_unique<ClusterStateWriter>(state_.get());
+  ClusterState st;
+  bool found = false, migrated = false;
+  EDL_RETURN_IF_ERROR(state_writer_->Load(cluster_.own_job(), &st, &found, &migrated));
+  const std::string& own = cluster_.own_job();
+  const std::string what = own.empty() ? "the cluster" : "job " + own;
   if (!found) {
-    LOG(INFO) << "no state for job " << options_.scheduler.job_id << " in " << state_->dir()
-              << (created ? " (a new state directory)" : "") << ": starting a new job";
-    Record({{"type", "new_job"}, {"state_dir", options_.state_dir}, {"state_store", options_.state_store}});
+    LOG(INFO) << "no state for " << what << " in " << state_->dir() << (created ? " (a new state directory)" : "")
+              << ": " << (own.empty() ? "starting with no jobs" : "starting a new job");
+    Record("", {{"type", own.empty() ? "new_cluster" : "new_job"}, {"state_dir", options_.state_dir},
+                {"state_store", options_.state_store}});
   } else {
-    LOG(INFO) << "resuming job " << options_.scheduler.job_id << " from " << state_->dir();
-    scheduler_.Restore(st);
-    if (script_) script_->Resume(st.script_next, st.script_offset_us);
-    if (demo_) demo_->Resume(st.demo_size, st.demo_steps);
-    if (st.clock_started) first_generation_us_ = clock_->NowMicros() - st.scale_elapsed_us;
+    LOG(INFO) << "resuming " << what << " from " << state_->dir() << ": " << st.jobs.size() << " live job(s), "
+              << st.nodes.size() << " node(s), " << st.ended.size() << " ended job(s)"
+              << (migrated ? "; the state was in the old one-job layout: read once, rewritten in the current one" : "");
+    if (migrated) Record("", {{"type", "state_migrated"}, {"state", state_->dir()}});
+    EDL_RETURN_IF_ERROR(cluster_.Restore(st));
+    if (auto j = st.jobs.find(own); j != st.jobs.end()) {  // the one job's scaling sources and their clock
+      const JobState& js = j->second.sched;
+      if (script_) script_->Resume(js.script_next, js.script_offset_us);
+      if (demo_) demo_->Resume(js.demo_size, js.demo_steps);
+      if (js.clock_started) first_generation_us_ = clock_->NowMicros() - js.scale_elapsed_us;
+    }
   }
   RestoreServices(st.services);
-  return Persist() ? Status::OK() : Status::IOError("cannot write the job state to " + state_->dir());
+  return Persist() ? Status::OK() : Status::IOError("cannot write the state to " + state_->dir());
 }
 
 bool Server::Persist() {
   if (!state_) return true;
   const int64_t now = clock_->NowMicros();
-  Status s;
-  if (cluster_) {
-    s = SaveClusterState();
-  } else {
-    JobState st;
-    scheduler_.Snapshot(&st);
-    placer_.Snapshot(&st.services);
-    st.clock_started = first_generation_us_ >= 0;
-    st.scale_elapsed_us = st.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
+  ClusterState st;
+  cluster_.Snapshot(&st);
+  placer_.Snapshot(&st.services);
+  if (auto j = st.jobs.find(cluster_.own_job()); j != st.jobs.end()) {
+    JobState& js = j->second.sched;
+    js.clock_started = first_generation_us_ >= 0;
+    js.scale_elapsed_us = js.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
     if (script_) {
-      st.script_next = script_->position();
-      st.script_offset_us = script_->offset_us();
+      js.script_next = script_->position();
+      js.script_offset_us = script_->offset_us();
     }
     if (demo_) {
-      st.demo_size = demo_->size();
-      st.demo_steps = demo_->steps_done();
+      js.demo_size = demo_->size();
+      js.demo_steps = demo_->steps_done();
     }
-    s = state_->Save(st);
   }
+  const Status s = state_writer_->Save(st);
   last_persist_us_ = now;
   if (s.ok()) return true;
   LOG(ERROR) << "edl server: " << s.ToString()
@@ -300,10 +294,8 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
     if (it != nodes_.end() && it->second == peer) {
       nodes_.erase(it);
       placer_.NodeDown(peer->node);
-      node_stats_.erase(peer->node);
-      scheduler_.NodeDisconnected(peer->node);
-      if (cluster_) cluster_->NodeDisconnected(peer->node);
-      Record({{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
+      cluster_.NodeDisconnected(peer->node);
+      Record("", {{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
       // Stopping: a node that went away takes its trainers with it.
       for (auto w = stop_waiting_.begin(); w != stop_waiting_.end();) {
         w = w->second == peer->node ? stop_waiting_.erase(w) : std::next(w);
@@ -399,8 +391,8 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   };
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
   proto::Welcome w;
-  w.job_id = options_.scheduler.job_id;
-  w.heartbeat_ms = static_cast<int>(std::max<int64_t>(50, options_.scheduler.heartbeat_timeout_us / 5000));
+  w.job_id = options_.id;
+  w.heartbeat_ms = static_cast<int>(std::max<int64_t>(50, heartbeat_timeout_ms() / 5));
   // The welcome is our last unsealed frame (the hello was the peer's): seal everything after it.
   auto welcome = [&] {
     json wj;
@@ -416,7 +408,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     if (s = services_.Attach(peer->id, hello, &replaced); !s.ok()) return refuse(s);
     peer->state = Peer::State::kService;
     peer->conn->SetIdleTimeout(milliseconds(
-        hello.role == "teacher" ? options_.scheduler.heartbeat_timeout_us / 1000 : 0));
+        hello.role == "teacher" ? heartbeat_timeout_ms() : 0));
     welcome();
     services_.Welcomed(peer->id);
     std::shared_ptr<Peer> old;  // a re-registered teacher's previous connection
@@ -433,14 +425,12 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     return;
   }
   s = CheckAdvertisedHost(hello.node, hello.host, peer->conn->peer());
-  // A session token for a node the scheduler does not know: the node was dropped (lost past the
-  // heartbeat timeout, e.g. its client was stopped) or this is a new job. The welcome says so.
-  w.dropped = !cluster_ && !hello.node_token.empty() && scheduler_.SessionOf(hello.node).empty();
-  if (s.ok()) {
-    s = cluster_ ? AttachClusterNode(peer, hello, &w.node_token) : AttachNode(peer, hello, &w.node_token);
-  }
+  // A session token for a node the cluster does not know: the node was dropped (lost past the
+  // heartbeat timeout, e.g. its client was stopped) or the server started anew. The welcome says so.
+  w.dropped = !hello.node_token.empty() && cluster_.registry().SessionOf(hello.node).empty();
+  if (s.ok()) s = AttachNode(peer, hello, &w.node_token);
   if (s.ok() && w.dropped) {
-    Record({{"type", "node_dropped_rejoins"}, {"node", hello.node}, {"stale_trainers", hello.trainers.size()}});
+    Record("", {{"type", "node_dropped_rejoins"}, {"node", hello.node}, {"stale_trainers", hello.trainers.size()}});
   }
   if (!s.ok()) {
     refuse(s);
@@ -448,68 +438,84 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   }
   welcome();
   placer_.NodeUp(hello.node, hello.services, hello.teacher_slots, hello.teachers, clock_->NowMicros());
-  if (cluster_) SendJobsTo(peer);
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
             << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
-  // The newest generation, in full, unless a commit queued by AddNode is about to carry it.
-  // A finished job sends `done` only: its last generation lists members that exited, which a
-  // client would start again (a restarted client, or any client of a restarted server).
-  const auto& g = scheduler_.current();
-  if (g.generation > 0 && !scheduler_.done()) {
-    json gj;
-    proto::GenerationUpdate::Full(g).EncodeTo(&gj);
-    peer->conn->Send(gj);
-    peer->last_generation = g.generation;
-  }
-  if (scheduler_.done()) peer->conn->Send(json{{"type", proto::msg::kDone}});
+  SendJobsTo(peer);
 }
 
-Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello,
-                          std::string* session) {
-  EDL_RETURN_IF_ERROR(scheduler_.CheckAdmission(hello.node, hello.node_token));
-  std::string token = scheduler_.SessionOf(hello.node);
-  if (token.empty()) token = net::NewNonce();  // a first join (or the node was lost meanwhile)
+Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello, std::string* session) {
+  EDL_RETURN_IF_ERROR(cluster_.CheckAdmission(hello.node, hello.node_token));
   auto old = nodes_.find(hello.node);
   if (old != nodes_.end()) {
     // The node's own client proved its session from a new connection: the old one is stale (a
     // half-dead TCP connection, or the client restarted). The new one replaces it.
     std::shared_ptr<Peer> prev = old->second;
     nodes_.erase(old);
-    scheduler_.NodeDisconnected(hello.node);
+    cluster_.NodeDisconnected(hello.node);
     LOG(WARNING) << "node " << hello.node << " re-attached from " << peer->conn->peer()
                  << "; closing its old connection from " << prev->conn->peer();
     prev->conn->Close(Status::Aborted("replaced by a new connection of node " + hello.node));
   }
-  EDL_RETURN_IF_ERROR(scheduler_.AddNode(hello.node, hello.host, hello.mode == "restart",
-                                         hello.slots, hello.trainers, token,
-                                         hello.trainer_generations));
+  ClusterNode n;
+  n.name = hello.node;
+  n.host = hello.host;
+  n.restart_mode = hello.mode == "restart";
+  n.slots = hello.slots;
+  for (const proto::JobTypeDecl& t : hello.job_types) {
+    n.types.push_back({t.name, std::set<std::string>(t.settable.begin(), t.settable.end())});
+  }
+  bool known = false;
+  EDL_RETURN_IF_ERROR(cluster_.AddNode(n, hello.trainers, hello.trainer_generations, session, &known));
   peer->state = Peer::State::kClient;
   peer->node = hello.node;
-  peer->conn->SetIdleTimeout(milliseconds(options_.scheduler.heartbeat_timeout_us / 1000));
+  peer->conn->SetIdleTimeout(milliseconds(heartbeat_timeout_ms()));
   nodes_[hello.node] = peer;
-  *session = token;
   return Status::OK();
 }
 
-bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& what,
-                        const std::string& trainer_id, std::string* job) {
-  if (cluster_) {
-    *job = cluster_->JobOfTrainer(trainer_id, peer->node);
-    if (!job->empty()) return true;
-    if (LogThis(++peer->refused)) {
-      VLOG(1) << "dropped '" << what << "' from node " << peer->node << " about trainer " << trainer_id
-              << ": no live job placed it on that node (a leaving trainer, or an ended job's)";
+void Server::SendJobsTo(const std::shared_ptr<Peer>& peer) {
+  for (const std::string& job : cluster_.JobsFor(peer->node)) {
+    const JobMembership* m = cluster_.FindJob(job);
+    if (m == nullptr || m->current().generation == 0) continue;
+    // A finished job sends `done` only: its last generation lists members that exited, which a
+    // client would start again (a restarted client, or any client of a restarted server).
+    if (m->done()) {
+      if (job == cluster_.own_job()) peer->conn->Send(json{{"type", proto::msg::kDone}});
+      continue;
     }
-    return false;
+    // The newest generation, in full, unless a commit queued by AddNode is about to carry it.
+    TellJob(peer, job);
+    json j;
+    proto::GenerationUpdate::Full(m->current()).EncodeTo(&j);
+    peer->conn->Send(j);
+    peer->job_generation[job] = m->current().generation;
   }
-  if (scheduler_.PlacedOn(trainer_id, peer->node)) return true;
+}
+
+void Server::TellJob(const std::shared_ptr<Peer>& peer, const std::string& job) {
+  if (peer->job_generation.count(job)) return;
+  const JobSpec* spec = cluster_.FindSpec(job);
+  if (spec != nullptr) {  // the one job has none: its welcome named it
+    proto::JobInfo info;
+    info.job_id = job;
+    info.job_type = spec->job.type;
+    info.flags = spec->flags;
+    json j;
+    info.EncodeTo(&j);
+    peer->conn->Send(j);
+  }
+  peer->job_generation[job] = 0;
+}
+
+bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& what, const std::string& trainer_id,
+                        std::string* job) {
+  if (cluster_.Authorized(trainer_id, peer->node, job)) return true;
   // Not closed: an honest client may still hold a report queued across a server restart (ids of
   // the previous server); dropping the frame costs nothing, closing would make it reconnect.
   if (LogThis(++peer->refused)) {
-    LOG(WARNING) << "refused '" << what << "' from node " << peer->node << " ("
-                 << peer->conn->peer() << ") about trainer " << trainer_id
-                 << ": not placed on that node; a node reports only its own trainers ("
-                 << peer->refused << " refused so far)";
+    LOG(WARNING) << "refused '" << what << "' from node " << peer->node << " (" << peer->conn->peer()
+                 << ") about trainer " << trainer_id << ": not placed on that node; a node reports only its own "
+                 << "trainers (" << peer->refused << " refused so far)";
   }
   return false;
 }
@@ -552,21 +558,12 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
   rec["node"] = peer->node;
   rec.erase("time");  // the log's own fields (EventsLog::Append)
   rec.erase("job");
-  if (job.empty()) {
-    Record(std::move(rec));
-  } else {
-    RecordJob(job, std::move(rec));
-  }
+  Record(job, std::move(rec));
 }
 
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                              const json& msg) {
-  // Any frame proves the node alive.
-  if (cluster_) {
-    cluster_->Heartbeat(peer->node);
-  } else {
-    scheduler_.Heartbeat(peer->node);
-  }
+  cluster_.Heartbeat(peer->node);  // any frame proves the node alive
   if (type == proto::msg::kTeacherExit) return OnTeacherExit(peer, msg);
   if (type == proto::msg::kServiceWatch) {  // for the node's distilling trainers
     proto::ServiceWatch w;
@@ -581,7 +578,11 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
     return;
   }
   if (type == proto::msg::kKv) return OnKv(peer, msg);
-  if (type == proto::msg::kNodeStats) return OnNodeStats(peer, msg);
+  if (type == proto::msg::kNodeStats) {
+    proto::NodeStats st;
+    if (Status s = st.DecodeFrom(msg); !s.ok()) return Reject(peer, s);
+    return cluster_.SetNodeStats(peer->node, st);
+  }
   // A report about one trainer: decoded, authorised (its job placed it on this node), acted on.
   proto::TrainerExit exit;
   proto::Ready ready;
@@ -605,41 +606,22 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
     s = Status::InvalidArgument("unexpected message '" + type + "' from a client");
   }
   if (!s.ok()) return Reject(peer, s);
-  std::string job;  // cluster mode: the trainer's job
+  std::string job;  // the trainer's job
   if (!Authorized(peer, type, *trainer_id, &job)) return;
   if (type == proto::msg::kTrainerExit) {
     const std::string how =
         exit.exited ? "exit " + std::to_string(exit.code) : "signal " + std::to_string(exit.signal);
-    if (cluster_) {
-      cluster_->TrainerExited(exit.trainer_id, peer->node, exit.success(), how);
-    } else {
-      scheduler_.TrainerExited(exit.trainer_id, exit.success(), how);
-    }
+    cluster_.TrainerExited(exit.trainer_id, peer->node, exit.success(), how);
     status_dirty_ = true;
     if (stop_waiting_.erase(exit.trainer_id) > 0) MaybeEndStop();
   } else if (type == proto::msg::kReady) {
-    if (cluster_) {
-      cluster_->TrainerReady(ready.trainer_id, peer->node, ready.generation);
-    } else {
-      scheduler_.TrainerReady(ready.trainer_id, ready.generation);
-    }
+    cluster_.TrainerReady(ready.trainer_id, peer->node, ready.generation);
   } else if (type == proto::msg::kProgress) {
-    if (cluster_) {
-      job_progress_[job][progress.trainer_id] = progress.report;
-    } else if (scheduler_.IsLiveTrainerOf(progress.trainer_id, peer->node)) {  // not a leaving one
-      progress_[progress.trainer_id] = progress.report;
-    }
+    cluster_.Progress(job, progress.trainer_id, progress.report);  // kept for live trainers only
     status_dirty_ = true;
   } else {
     OnEvent(peer, event, job);
   }
-}
-
-void Server::OnNodeStats(const std::shared_ptr<Peer>& peer, const json& msg) {
-  proto::NodeStats st;
-  Status s = st.DecodeFrom(msg);
-  if (!s.ok()) return Reject(peer, s);
-  node_stats_[peer->node] = st;
 }
 
 void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
@@ -659,17 +641,15 @@ void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
     rep.EncodeTo(&j);
     conn->Send(j);
   };
-  // Keys are scoped by job; in cluster mode by the trainer's job, which must run on this node.
-  std::string scope = options_.scheduler.job_id;
-  if (cluster_) {
-    if (r.job.empty() || !cluster_->Hosts(peer->node, r.job)) {
-      if (LogThis(++peer->refused)) {
-        LOG(WARNING) << "kv " << r.op << " from node " << peer->node << " refused: job '" << r.job
-                     << "' has no slot on that node";
-      }
-      return reply(Status::FailedPrecondition("kv: job '" + r.job + "' has no slot on node " + peer->node), "");
+  // Keys are scoped by the trainer's job, which must hold a slot on this node (the job the welcome
+  // named when the request names none).
+  const std::string scope = r.job.empty() ? options_.id : r.job;
+  if (!cluster_.Hosts(peer->node, scope)) {
+    if (LogThis(++peer->refused)) {
+      LOG(WARNING) << "kv " << r.op << " from node " << peer->node << " refused: job '" << r.job
+                   << "' has no slot on that node";
     }
-    scope = r.job;
+    return reply(Status::FailedPrecondition("kv: job '" + r.job + "' has no slot on node " + peer->node), "");
   }
   const std::string key = scope + "/" + r.key;
   Status st;
@@ -695,16 +675,19 @@ void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
 void Server::Tick() {
   if (shutting_down_) return;
   const int64_t now = clock_->NowMicros();
-  if (first_generation_us_ < 0 && scheduler_.current().generation > 0) first_generation_us_ = now;
-  if (scheduler_.has_pending() && last_tick_us_ >= 0) paused_us_ += now - last_tick_us_;
-  last_tick_us_ = now;
-  if (first_generation_us_ >= 0 && !scheduler_.done() && !scheduler_.has_pending()) {
-    const int64_t elapsed = now - first_generation_us_ - paused_us_;
-    if (script_) ApplyScaleEvents(script_->Poll(elapsed), "script");
-    if (demo_) ApplyScaleEvents(demo_->Poll(elapsed), "policy");
+  // The one job's scaling sources run on their own clock: from its first generation, paused while
+  // a grow is being prepared.
+  if (const JobMembership* own = cluster_.FindJob(cluster_.own_job()); own != nullptr && (script_ || demo_)) {
+    if (first_generation_us_ < 0 && own->current().generation > 0) first_generation_us_ = now;
+    if (own->has_pending() && last_tick_us_ >= 0) paused_us_ += now - last_tick_us_;
+    if (first_generation_us_ >= 0 && !own->done() && !own->has_pending()) {
+      const int64_t elapsed = now - first_generation_us_ - paused_us_;
+      if (script_) ApplyScaleEvents(script_->Poll(elapsed), "script");
+      if (demo_) ApplyScaleEvents(demo_->Poll(elapsed), "policy");
+    }
   }
-  scheduler_.Tick();
-  if (cluster_) cluster_->Tick();
+  last_tick_us_ = now;
+  cluster_.Tick();
   MaybeEndStop();
   if (shutting_down_) return;
   kv_.Expire(now);
@@ -713,18 +696,13 @@ void Server::Tick() {
   if ((script_ || demo_) && first_generation_us_ >= 0 && now - last_persist_us_ >= 1'000'000 && !Persist()) {
     return;
   }
-  // At most once a second: the progress record for the events log (the timeline picture needs it
-  // whether or not anybody watches), and the status line for watchers.
+  // At most once a second: the progress records for the events logs (the timeline picture needs
+  // them whether or not anybody watches), and the status line for watchers.
   if (status_dirty_ && now - last_watch_push_us_ >= 1'000'000) {
     status_dirty_ = false;
     last_watch_push_us_ = now;
-    const json status = StatusBody();
-    if (HasWatchers()) NotifyWatchers(json{{"status", status}});
-    if (cluster_) {
-      RecordJobsProgress();
-    } else {
-      RecordProgress(status);
-    }
+    if (HasWatchers()) NotifyWatchers(json{{"status", StatusBody()}});
+    RecordProgress();
   }
   tick_timer_.expires_after(milliseconds(options_.tick_ms));
   tick_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -736,11 +714,11 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
   for (const ScaleEvent& e : events) {
     LOG(INFO) << reason << " event: " << e.ToString();
     switch (e.op) {
-      case ScaleEvent::Op::kSet: scheduler_.SetDesired(e.n, reason); break;
-      case ScaleEvent::Op::kAdd: scheduler_.AddDesired(e.n, reason); break;
-      case ScaleEvent::Op::kRemove: scheduler_.AddDesired(-e.n, reason); break;
-      case ScaleEvent::Op::kKill: scheduler_.KillTrainers(e.n); break;
-      case ScaleEvent::Op::kKillAll: scheduler_.KillAllTrainers(); break;
+      case ScaleEvent::Op::kSet: cluster_.SetDesired(e.n, reason); break;
+      case ScaleEvent::Op::kAdd: cluster_.AddDesired(e.n, reason); break;
+      case ScaleEvent::Op::kRemove: cluster_.AddDesired(-e.n, reason); break;
+      case ScaleEvent::Op::kKill: cluster_.KillTrainers(e.n); break;
+      case ScaleEvent::Op::kKillAll: cluster_.KillAllTrainers(); break;
       case ScaleEvent::Op::kTeachers:
         // As `edl ctl scale SERVICE N`; a client offering the service may connect later.
         if (Status st = placer_.SetDesired(e.service, e.n, /*require_offer=*/false); !st.ok()) {
@@ -754,28 +732,32 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
 
 void Server::Dispatch() {
   if (shutting_down_) return;
-  // Cluster mode: teachers run only in the trainer slots no job holds (cluster_policy.h, step 5).
-  if (cluster_) placer_.SetCapacity(cluster_->policy().FreeSlotsByNode());
+  // Where jobs share the nodes, teachers run only in the slots no job holds (cluster_policy.h,
+  // step 5); a one-job server's teachers run in their clients' own teacher slots.
+  if (auto capacity = cluster_.TeacherCapacity()) placer_.SetCapacity(*capacity);
   PlaceTeachers();
-  if (cluster_) DispatchCluster();
-  std::vector<Action> actions = scheduler_.TakeActions();
+  std::vector<JobAction> actions = cluster_.TakeActions();
   if (actions.empty()) return;
   // Kept (synced) before any of it reaches a client: a restarted server resumes from here.
   if (!Persist()) return;
-  for (Action& a : actions) {
+  for (JobAction& ja : actions) {
+    Action& a = ja.action;
     switch (a.kind) {
       case Action::Kind::kPrepare: {
+        auto node = nodes_.find(a.node);
+        if (node == nodes_.end()) {
+          LOG(WARNING) << "cannot send a prepare of job " << ja.job << " to node " << a.node << ": not connected";
+          break;
+        }
+        TellJob(node->second, ja.job);
         json j;
         a.prepare.EncodeTo(&j);
-        SendToNode(a.node, j);
+        node->second->conn->Send(j);
         break;
       }
       case Action::Kind::kCommit:
-        PushGeneration(a);
-        kv_.CollectGarbage(a.next.generation);
-        for (auto it = progress_.begin(); it != progress_.end();) {  // bounded by the members
-          it = scheduler_.IsLiveTrainer(it->first) ? std::next(it) : progress_.erase(it);
-        }
+        PushGeneration(ja.job, a);
+        kv_.CollectGarbage(a.next.generation, ja.job);
         status_dirty_ = true;
         if (HasWatchers()) NotifyWatchers(json{{"status", StatusBody()}});
         break;
@@ -783,12 +765,21 @@ void Server::Dispatch() {
         SendKill(a);
         break;
       case Action::Kind::kDone:
-        LOG(INFO) << "job " << options_.scheduler.job_id << " finished: every member exited 0";
+        LOG(INFO) << "job " << ja.job << " finished: every member exited 0";
+        if (ja.job != cluster_.own_job()) break;  // a submitted job ends by job_finished (below)
         for (auto& [name, peer] : nodes_) peer->conn->Send(json{{"type", proto::msg::kDone}});
         if (options_.exit_when_done) Shutdown(/*stop_clients=*/false);
         break;
       case Action::Kind::kEvent:
-        Record(std::move(a.event));
+        if (ja.job.empty()) {
+          const std::string type = a.event.value("type", "");
+          if (type == "job_finished" || type == "job_cancelled") {
+            const std::string name = a.event.value("job_name", "");
+            job_events_.erase(name);
+            for (auto& [n, peer] : nodes_) peer->job_generation.erase(name);
+          }
+        }
+        Record(ja.job, std::move(a.event));
         break;
     }
   }
@@ -802,12 +793,22 @@ void Server::SendKill(const Action& a) {
   SendToNode(a.node, j);
 }
 
-void Server::PushGeneration(const Action& a) {
-  // Encode the delta and the full list at most once each; every node shares the same bytes.
-  std::shared_ptr<const std::string> delta, full;
+void Server::PushGeneration(const std::string& job, const Action& a) {
+  std::set<std::string> targets;  // the nodes of the old and new members, those holding the job
+  for (const proto::MemberInfo& m : a.prev.members) targets.insert(m.node);
+  for (const proto::MemberInfo& m : a.next.members) targets.insert(m.node);
   for (auto& [name, peer] : nodes_) {
-    if (peer->last_generation >= a.next.generation) continue;  // got it in full on registering
-    if (peer->last_generation == a.prev.generation && a.prev.generation > 0) {
+    if (peer->job_generation.count(job) || cluster_.Hosts(name, job)) targets.insert(name);
+  }
+  std::shared_ptr<const std::string> delta, full;
+  for (const std::string& name : targets) {
+    auto it = nodes_.find(name);
+    if (it == nodes_.end()) continue;
+    const std::shared_ptr<Peer>& peer = it->second;
+    TellJob(peer, job);
+    int64_t& held = peer->job_generation[job];
+    if (held >= a.next.generation) continue;  // got it in full on registering
+    if (held == a.prev.generation && held > 0) {
       if (!delta) {
         json j;
         proto::GenerationUpdate::Between(a.prev, a.next).EncodeTo(&j);
@@ -822,7 +823,7 @@ void Server::PushGeneration(const Action& a) {
       }
       peer->conn->SendFrame(full);
     }
-    peer->last_generation = a.next.generation;
+    held = a.next.generation;
   }
 }
 
@@ -836,40 +837,36 @@ void Server::SendToNode(const std::string& node, const json& msg) {
   it->second->conn->Send(msg);
 }
 
-void Server::Record(json event) {
-  json rec = events_.Append(std::move(event));
-  NotifyWatchers(json{{"event", rec}});
-}
-
-json Server::ProgressSummary(const proto::GenerationInfo& g,
-                             const std::map<std::string, proto::ProgressReport>& reports) {
-  int64_t step = 0, epoch = 0;
-  double loss = 0, ips = 0, acc = -1;
-  int reporting = 0;
-  for (const proto::MemberInfo& m : g.members) {
-    auto it = reports.find(m.trainer_id);
-    if (it == reports.end()) continue;
-    ++reporting;
-    step = std::max(step, it->second.step);
-    epoch = std::max(epoch, it->second.epoch);
-    ips += it->second.images_per_sec;
-    if (m.rank == 0) {
-      loss = it->second.loss;
-      acc = it->second.accuracy;
+EventsLog* Server::LogOf(const std::string& job) {
+  if (job.empty() || job == options_.id) return &events_;
+  auto it = job_events_.find(job);
+  if (it == job_events_.end()) {
+    auto opened = std::make_unique<EventsLog>();
+    // Opened per record, not held open: a job's log costs no file descriptor while it waits.
+    if (Status s = opened->Open(options_.events_dir, job, clock_, /*keep_open=*/false); !s.ok()) {
+      LOG(ERROR) << "events log of job " << job << ": " << s.ToString();
+      return nullptr;
     }
+    it = job_events_.emplace(job, std::move(opened)).first;
   }
-  return {{"reporting", reporting}, {"step", step}, {"epoch", epoch}, {"loss", loss},
-          {"images_per_sec", ips}, {"accuracy", acc}};
+  return it->second.get();
 }
 
-void Server::RecordProgress(const json& status) {
-  const json& p = status["progress"];
-  if (p.value("reporting", 0) == 0) return;
-  // Not sent to watchers as an event: they already got the status this record is made from.
-  events_.Append({{"type", "progress"}, {"generation", status.value("generation", 0)},
-                  {"world_size", status.value("world_size", 0)}, {"reporting", p["reporting"]},
-                  {"step", p["step"]}, {"epoch", p["epoch"]}, {"loss", p["loss"]},
-                  {"images_per_sec", p["images_per_sec"]}, {"accuracy", p["accuracy"]}});
+void Server::Record(const std::string& job, json event) {
+  if (EventsLog* log = LogOf(job)) NotifyWatchers(json{{"event", log->Append(std::move(event))}});
+}
+
+void Server::RecordProgress() {
+  for (const std::string& job : cluster_.JobNames()) {
+    json rec = cluster_.ProgressSummary(job);
+    if (rec.value("reporting", 0) == 0) continue;
+    const JobMembership* m = cluster_.FindJob(job);
+    rec["type"] = "progress";
+    rec["generation"] = m->current().generation;
+    rec["world_size"] = m->current().world_size();
+    // Not sent to watchers as an event: they already got the status this record is made from.
+    if (EventsLog* log = LogOf(job)) log->Append(std::move(rec));
+  }
 }
 
 }  // namespace edl::jobserver

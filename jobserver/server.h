@@ -1,8 +1,15 @@
-// Server: the `edl server` daemon. Accepts TCP connections, authenticates each one (edl/net/auth.h),
-// registers clients' nodes with the Scheduler, pushes generations (deltas where the node holds the
-// previous one), relays prepare/kill to clients, serves the rendezvous KV, keeps per-trainer
-// progress, writes the events log and answers `edl ctl`. It never polls clients and never blocks:
+// Server: the `edl server` daemon, a transport shell around the Cluster (cluster.h), the same for
+// one job and for many. It accepts TCP connections, authenticates each one (edl/net/auth.h),
+// decodes the peers' frames and hands them to the Cluster, carries out the Cluster's actions
+// (generations pushed as deltas where the node holds the previous one, prepare/kill relayed to
+// clients), keeps the state store written before anything it sends, serves the rendezvous KV,
+// writes the events logs and answers `edl ctl`. It never polls clients and never blocks:
 // everything runs on one io_context thread, timers included.
+//
+// A one-job server (`edl server`) is a Cluster whose one job is named by --job_id and sized by the
+// server's flags, its scaling script or demo policy and `edl ctl scale N`; a cluster server
+// (`edl server --cluster`) runs the jobs `edl ctl submit` gives it. ServerOptions::cluster says
+// which (ClusterOptions::one_job); nothing else in the server depends on it.
 //
 // Thread-safety: none. Construct, Start and use on the io_context's thread; stop with Shutdown()
 // (posted to that thread).
@@ -25,7 +32,6 @@
 #include "jobserver/job_state.h"
 #include "jobserver/kv_store.h"
 #include "jobserver/scaling.h"
-#include "jobserver/scheduler.h"
 #include "jobserver/service_placement.h"
 #include "jobserver/service_registry.h"
 
@@ -36,30 +42,31 @@ struct ServerOptions {
   int port = 8180;                 // 0: any free port (see port_file)
   std::string port_file;           // when set, the bound port is written here once listening
   std::string secret;              // the cluster secret (from --secret_file)
+  // The server's name (--job_id): its events log <events_dir>/<id>.events.jsonl, its etcd leader
+  // key, and the name of a one-job server's job.
+  std::string id = "edl-job";
   std::string events_dir = "./edl-events";
-  // The job's durable state (jobserver/STATE.md); empty: kept in memory only (a restarted server
-  // starts a new job).
+  // The durable state (jobserver/STATE.md); empty: kept in memory only (a restarted server
+  // starts anew).
   std::string state_dir;
   // The same state in etcd instead ("etcd://HOST:PORT[,...]"; STATE.md "Backends"), with leader
-  // election among the servers of the job: Start() waits as a standby, not listening, until this
+  // election among the servers of one id: Start() waits as a standby, not listening, until this
   // server leads.
   std::string state_store;
   int64_t lease_ttl_s = 5;         // the leader's etcd lease; a standby takes over within 2x this
-  // The trainers' checkpoint store, read once at start: new generations are numbered above the
-  // newest one it holds, so its generation fence accepts their saves. Empty: not read.
+  // The trainers' checkpoint store, read once at start: the one job's new generations are
+  // numbered above the newest one it holds, so its generation fence accepts their saves.
   std::string checkpoint_dir;
-  SchedulerOptions scheduler;
-  std::string scale_script;        // path; empty: none
-  bool demo_policy = false;        // the EDL demo's periodic policy
+  // The jobs and nodes: one_job set (its job_id is `id`) for a one-job server, unset for a
+  // cluster server.
+  ClusterOptions cluster;
+  std::string scale_script;        // path; empty: none (one-job server only)
+  bool demo_policy = false;        // the EDL demo's periodic policy (one-job server only)
   DemoPolicyOptions demo;
-  bool exit_when_done = false;     // shut down once the job finished
+  bool exit_when_done = false;     // shut down once the one job finished
   // `edl ctl stop`: how long the server waits for the stopped trainers to leave (rank 0 saving a
   // final checkpoint) before it tells the clients to stop whatever still runs.
   int64_t stop_timeout_ms = 300'000;
-  // Cluster mode (`--cluster`; README, "Many jobs on one cluster"): no job of the server's own;
-  // jobs are submitted with `edl ctl submit` and share the nodes under the cluster policy.
-  bool cluster = false;
-  ClusterOptions cluster_options;
   int64_t handshake_timeout_ms = 5000;
   int64_t tick_ms = 100;
   // Per-peer bounds (PROTOCOL.md "Limits").
@@ -79,8 +86,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  // Loads the script, opens the events log, binds and listens. IOError naming the address when
-  // the port is taken.
+  // Loads the script, opens the events log and the state, binds and listens. IOError naming the
+  // address when the port is taken.
   Status Start();
   int port() const { return port_; }
   // True once the server stopped because it can no longer keep its state (a failed write, a lost
@@ -97,53 +104,64 @@ class Server {
   void OnMessage(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void OnClose(const std::shared_ptr<Peer>& peer, const Status& why);
   void OnHello(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
-  // Registers the node of an authenticated client hello (session check, re-attach) and sets
-  // *session to the node's token for the welcome.
+  // Registers the node of an authenticated client hello with the Cluster (session check,
+  // re-attach: its old connection is dropped) and sets *session to the node's token.
   Status AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello, std::string* session);
-  // Whether `peer`'s node may report about `trainer_id`: the scheduler placed it there (in cluster
-  // mode: a live job, whose name *job gets; a leaving trainer's reports are dropped). A refusal is
-  // logged (rate-limited per connection) and the frame has no effect.
-  bool Authorized(const std::shared_ptr<Peer>& peer, const std::string& what,
-                  const std::string& trainer_id, std::string* job);
-  // Records a trainer's event in the events log of `job` (empty: the server's own job).
+  // Whether `peer`'s node may report about `trainer_id` (Cluster::Authorized); *job gets the
+  // trainer's job. A refusal is logged (rate-limited per connection) and the frame has no effect.
+  bool Authorized(const std::shared_ptr<Peer>& peer, const std::string& what, const std::string& trainer_id,
+                  std::string* job);
+  // Records a trainer's event in the events log of `job` (empty: the server's own log).
   void OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, const std::string& job);
   // True (and the peer is closed with a logged reason) when a ctl/watch peer does not read.
   bool DropIfNotReading(const std::shared_ptr<Peer>& peer);
   void OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                        const nlohmann::json& msg);
-  // Keeps a node's measured utilisation (one entry per connected node).
-  void OnNodeStats(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void OnCtl(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  // A ctl command about jobs (submit, jobs, cancel, scale): the reply's status.
+  Status OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r);
   void OnKv(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void Reject(const std::shared_ptr<Peer>& peer, const Status& why);
   // Logs about peers that have not authenticated, rate-limited (anybody can cause them).
   void LogUnauthenticated(const std::string& line);
   void Tick();
-  // `edl ctl stop` of a running job: commits the stop generation (Scheduler::Stop) and waits for
-  // its trainers to leave. False when no generation runs (the server then stops at once).
+  // `edl ctl stop` of a running one job: commits the stop generation (JobMembership::Stop) and
+  // waits for its trainers to leave. False when no generation runs (the server then stops at once).
   bool BeginStop(const std::string& by);
   // Once every stopped trainer has left (or --stop_timeout_s passed): tells the clients to exit
   // and shuts down.
   void MaybeEndStop();
   void ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::string& reason);
   void Dispatch();
-  // Opens --state_dir and resumes the job saved there, or starts a new one (STATE.md).
+  // Opens --state_dir / --state_store and resumes what it holds, or starts anew (STATE.md).
   Status OpenState();
   // The services an earlier server kept (server_services.cc).
   void RestoreServices(const ServicesState& s);
-  // Writes the scheduler's and the scaling sources' state (synced) before anything derived from it
+  // Writes the Cluster's and the scaling sources' state (synced) before anything derived from it
   // is sent. False when it cannot: the server then stops (a restarted one resumes from the last
   // state written) rather than push generations it has not kept.
   bool Persist();
-  void PushGeneration(const Action& a);
+  // Sends the commit of `job` to the nodes of its old and new members and those that hold the
+  // job; the delta and the full list are encoded at most once each, every node sharing the bytes.
+  void PushGeneration(const std::string& job, const Action& a);
+  // After the welcome: every job the node may run with its newest generation in full (a finished
+  // one job: `done`).
+  void SendJobsTo(const std::shared_ptr<Peer>& peer);
+  // Sends job_info for `job` to `peer` unless it has it already, or `job` is the one job (the
+  // client runs its own trainer command for the job its welcome names).
+  void TellJob(const std::shared_ptr<Peer>& peer, const std::string& job);
   void SendKill(const Action& a);  // a kKill action, to its node
   void SendToNode(const std::string& node, const nlohmann::json& msg);
-  void Record(nlohmann::json event);
+  // The events log of `job` (the server's own log for its own id or an empty job); null when it
+  // cannot be opened (logged).
+  EventsLog* LogOf(const std::string& job);
+  // Appends `event` to LogOf(job) and streams it to watchers.
+  void Record(const std::string& job, nlohmann::json event);
   bool HasWatchers() const;  // O(peers); cheap next to the status body it saves building
   void NotifyWatchers(const nlohmann::json& body);
-  // At most once a second while trainers report: a "progress" record (rank 0's loss, the sum of
-  // images/s, step, epoch, world size) in the events log, for plots of the run.
-  void RecordProgress(const nlohmann::json& status);
+  // At most once a second while trainers report: a "progress" record per running job (rank 0's
+  // loss, the sum of images/s, step, epoch, world size) in its events log, for plots of the run.
+  void RecordProgress();
   nlohmann::json StatusBody() const;
   // Sends the placer's teacher starts and stops to the nodes (service_placement.h).
   void PlaceTeachers();
@@ -151,30 +169,7 @@ class Server {
   void OnTeacherExit(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   // services_.Summary() with each service's desired count and placed teachers.
   nlohmann::json ServicesSummary() const;
-  // Progress of generation `g` from its members' reports: how many report, the highest step and
-  // epoch, rank 0's loss and accuracy, the sum of images/s.
-  static nlohmann::json ProgressSummary(const proto::GenerationInfo& g,
-                                        const std::map<std::string, proto::ProgressReport>& reports);
-
-  // ---- cluster mode (server_cluster.cc)
-  Status AttachClusterNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello,
-                           std::string* session);
-  // After the welcome: every live job the node may run, with its newest generation in full.
-  void SendJobsTo(const std::shared_ptr<Peer>& peer);
-  // Sends job_info for `job` to `peer` unless it has it already.
-  void TellJob(const std::shared_ptr<Peer>& peer, const std::string& job);
-  void DispatchCluster();
-  void PushJobGeneration(const std::string& job, const Action& a);
-  void RecordJob(const std::string& job, nlohmann::json event);
-  // submit, jobs, cancel, scale: the reply's status.
-  Status OnClusterCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r);
-  nlohmann::json ClusterStatusBody() const;
-  // RecordProgress for each running job, in its own events log (the timeline picture reads it).
-  void RecordJobsProgress();
-  // OpenState / Persist of a cluster server: every submitted job and the nodes (STATE.md, "A
-  // cluster server").
-  Status OpenClusterState();
-  Status SaveClusterState();
+  int64_t heartbeat_timeout_ms() const { return options_.cluster.heartbeat_timeout_us / 1000; }
 
   boost::asio::io_context* const io_;  // not owned
   const ServerOptions options_;
@@ -185,11 +180,12 @@ class Server {
   bool shutting_down_ = false;
   bool failed_ = false;
 
-  Scheduler scheduler_;
+  Cluster cluster_;
   ServiceRegistry services_;  // teachers and the students watching them
   ServicePlacer placer_;      // teachers the clients run for `edl ctl scale SERVICE N`
   KvStore kv_;
-  EventsLog events_;
+  EventsLog events_;          // the server's own log (a one-job server's: its job's)
+  std::map<std::string, std::unique_ptr<EventsLog>> job_events_;  // other live jobs' logs
   std::optional<ScalingScript> script_;
   std::optional<DemoPolicy> demo_;
   int64_t first_generation_us_ = -1;  // script/policy time zero
@@ -198,6 +194,7 @@ class Server {
   int64_t paused_us_ = 0;
   int64_t last_tick_us_ = -1;
   std::unique_ptr<StateStore> state_;  // null without --state_dir / --state_store
+  std::unique_ptr<ClusterStateWriter> state_writer_;
   int64_t last_persist_us_ = 0;
   // A stop in progress (BeginStop): the trainers not yet reported gone, by id -> node; the
   // deadline (-1: not stopping).
@@ -208,19 +205,9 @@ class Server {
   std::map<Peer*, std::shared_ptr<Peer>> peers_;        // every open connection
   net::AdmissionControl admission_;                     // bounds pre-auth connections
   net::LogLimiter unauth_log_{20, std::chrono::seconds(10)};
-  std::map<std::string, proto::ProgressReport> progress_;  // live trainers only, by id
   uint64_t next_peer_id_ = 1;  // Peer::id, the KV's waiter owner
   bool status_dirty_ = false;
   int64_t last_watch_push_us_ = 0;
-
-  // Cluster mode only.
-  std::unique_ptr<Cluster> cluster_;
-  std::map<std::string, std::string> cluster_sessions_;  // node -> its session token
-  std::unique_ptr<ClusterStateWriter> cluster_state_;    // null without --state_dir
-  std::map<std::string, std::unique_ptr<EventsLog>> job_events_;  // live jobs' events logs
-  std::map<std::string, proto::NodeStats> node_stats_;  // connected nodes' latest report
-  // Live trainers' progress, by job then trainer id.
-  std::map<std::string, std::map<std::string, proto::ProgressReport>> job_progress_;
 };
 
 }  // namespace edl::jobserver

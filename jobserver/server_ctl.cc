@@ -1,4 +1,4 @@
-// `edl ctl` at the server: its commands (README "edl ctl"), stopping the job as one decision
+// `edl ctl` at the server: its commands (README "edl ctl"), stopping the one job as one decision
 // (STATE.md "Stopping a job"), the status body and the watchers it is streamed to.
 #include <glog/logging.h>
 
@@ -17,36 +17,13 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
   if (!s.ok()) return Reject(peer, s);
   proto::CtlReply rep;
   bool stopping = stop_deadline_us_ >= 0;
-  // `scale NAME N` names a service when a client offers NAME or it has a desired count, and no
-  // cluster job is called NAME.
-  const bool service_scale = r.command == "scale" && !r.job.empty() && placer_.Knows(r.job) &&
-                             !(cluster_ && cluster_->FindJob(r.job) != nullptr);
-  if (service_scale) {
-    LOG(INFO) << "ctl " << peer->conn->peer() << ": scale service " << r.job << " to " << r.n;
-    rep.status = placer_.SetDesired(r.job, static_cast<int>(r.n));
-  } else if (cluster_ && (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || r.command == "scale")) {
-    rep.status = OnClusterCtl(peer, r);
-    if (r.command == "scale" && rep.status.code() == Status::Code::kNotFound) {
-      rep.status = Status::NotFound(rep.status.message() + "; nor does a client offer a service '" + r.job +
-                                    "' (start one with --service " + r.job + " = 'edl teacher ...')");
-    }
-  } else if (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || !r.job.empty()) {
-    rep.status = Status::FailedPrecondition("'" + r.command + "' with jobs needs a cluster server: start "
-                                            "`edl server --cluster` (this one runs the single job " +
-                                            options_.scheduler.job_id + "); or, for a service, start a client with "
-                                            "--service " + (r.job.empty() ? "NAME" : r.job) + " = 'edl teacher ...'");
-  } else if (r.command == "scale") {
-    if (r.n < 1) {
-      rep.status = Status::InvalidArgument("scale N needs N >= 1");
-    } else {
-      LOG(INFO) << "ctl " << peer->conn->peer() << ": scale " << r.n;
-      scheduler_.SetDesired(static_cast<int>(r.n), "ctl");
-    }
+  if (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || r.command == "scale") {
+    rep.status = OnJobCtl(peer, r);
   } else if (r.command == "watch") {
     peer->watch = true;
   } else if (r.command == "stop" && stop_deadline_us_ < 0) {
     LOG(INFO) << "ctl " << peer->conn->peer() << ": stop";
-    Record({{"type", "stopped"}, {"by", "ctl"}});
+    Record("", {{"type", "stopped"}, {"by", "ctl"}});
     stopping = BeginStop("ctl");
   }
   Dispatch();
@@ -59,16 +36,51 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
   if (r.command == "stop" && !stopping) Shutdown(/*stop_clients=*/true);
 }
 
+Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r) {
+  if (r.command == "jobs") return Status::OK();  // the reply's body lists them
+  // `scale NAME N` names a service when a client offers NAME or it has a desired count, and no
+  // job is called NAME.
+  if (r.command == "scale" && !r.job.empty() && placer_.Knows(r.job) && cluster_.FindJob(r.job) == nullptr) {
+    LOG(INFO) << "ctl " << peer->conn->peer() << ": scale service " << r.job << " to " << r.n;
+    return placer_.SetDesired(r.job, static_cast<int>(r.n));
+  }
+  if (r.command == "submit") {
+    JobSpec spec;
+    EDL_RETURN_IF_ERROR(DecodeJobSpec(r.spec, &spec));
+    if (spec.job.name == options_.id) {
+      return Status::InvalidArgument("job name " + spec.job.name + " is the server's own --job_id (its "
+                                     "cluster-wide records use it); pick another name");
+    }
+    EDL_RETURN_IF_ERROR(cluster_.Submit(spec));
+    LOG(INFO) << "ctl " << peer->conn->peer() << ": submitted job " << spec.job.name << " (type "
+              << spec.job.type << ", " << spec.job.min_trainers << ".." << spec.job.max_trainers
+              << " trainers, priority " << spec.job.priority << ")";
+    Record(spec.job.name, {{"type", "submitted"}, {"spec", EncodeJobSpec(spec)}});
+    return Status::OK();
+  }
+  if (r.command == "cancel") {
+    if (r.job.empty()) return Status::InvalidArgument("'cancel' names a job: `edl ctl cancel NAME`");
+    LOG(INFO) << "ctl " << peer->conn->peer() << ": cancel " << r.job;
+    return cluster_.Cancel(r.job);
+  }
+  LOG(INFO) << "ctl " << peer->conn->peer() << ": scale " << (r.job.empty() ? "" : r.job + " ") << r.n;
+  Status s = cluster_.Scale(r.job, static_cast<int>(r.n));
+  if (s.code() == Status::Code::kNotFound) {
+    return Status::NotFound(s.message() + "; nor does a client offer a service '" + r.job + "' (start one with "
+                            "--service " + r.job + " = 'edl teacher ...')");
+  }
+  return s;
+}
+
 bool Server::BeginStop(const std::string& by) {
   std::vector<proto::MemberInfo> leaving;
-  if (cluster_ || !scheduler_.Stop(by, &leaving)) return false;
+  if (!cluster_.StopOwnJob(by, &leaving)) return false;
   for (const proto::MemberInfo& m : leaving) {
     if (nodes_.count(m.node)) stop_waiting_.emplace(m.trainer_id, m.node);
   }
   stop_deadline_us_ = clock_->NowMicros() + options_.stop_timeout_ms * 1000;
-  LOG(INFO) << "job " << options_.scheduler.job_id << " stopping: waiting up to "
-            << options_.stop_timeout_ms / 1000 << " s for " << stop_waiting_.size()
-            << " trainer(s) to leave (rank 0 saves a final checkpoint first)";
+  LOG(INFO) << "job " << cluster_.own_job() << " stopping: waiting up to " << options_.stop_timeout_ms / 1000
+            << " s for " << stop_waiting_.size() << " trainer(s) to leave (rank 0 saves a final checkpoint first)";
   Dispatch();  // the stop generation goes out now
   MaybeEndStop();
   return true;
@@ -79,12 +91,13 @@ void Server::MaybeEndStop() {
   const bool late = clock_->NowMicros() >= stop_deadline_us_;
   if (!stop_waiting_.empty() && !late) return;
   if (late && !stop_waiting_.empty()) {
-    LOG(WARNING) << "job " << options_.scheduler.job_id << ": " << stop_waiting_.size()
+    LOG(WARNING) << "job " << cluster_.own_job() << ": " << stop_waiting_.size()
                  << " trainer(s) did not leave within --stop_timeout_s; their clients stop them";
   }
-  LOG(INFO) << "job " << options_.scheduler.job_id << " stopped; telling the clients to exit";
-  Record({{"type", "stop_complete"}, {"generation", scheduler_.current().generation},
-          {"not_left", stop_waiting_.size()}});
+  LOG(INFO) << "job " << cluster_.own_job() << " stopped; telling the clients to exit";
+  const JobMembership* own = cluster_.FindJob(cluster_.own_job());
+  Record("", {{"type", "stop_complete"}, {"generation", own != nullptr ? own->current().generation : 0},
+              {"not_left", stop_waiting_.size()}});
   Shutdown(/*stop_clients=*/true);
 }
 
@@ -128,15 +141,9 @@ void Server::NotifyWatchers(const json& body) {
 }
 
 json Server::StatusBody() const {
-  json s;
-  if (cluster_) {
-    s = ClusterStatusBody();
-  } else {
-    s = scheduler_.Summary();
-    s["progress"] = ProgressSummary(scheduler_.current(), progress_);
-    s["port"] = port_;
-    s["events_log"] = events_.path();
-  }
+  json s = cluster_.StatusJson();
+  s["port"] = port_;
+  s["events_log"] = events_.path();
   s["services"] = ServicesSummary();
   return s;
 }

@@ -34,7 +34,10 @@ std::vector<std::string> SplitCommas(const std::string& s) {
 Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   po::options_description d("server");
   std::string secret_file, node_ips, job_types;
+  bool cluster = false;
   double min_change_s = 0;
+  MembershipOptions job;
+  int64_t max_pending = 0;
   int hb_ms = 5000, join_s = 60, stop_s = 300;
   double backoff_min_s = 1, backoff_max_s = 30;
   int64_t kv_value = 0, kv_keys = 0, kv_bytes = 0, kv_waiters_conn = 0, kv_waiters = 0, ctl_queue = 0;
@@ -44,10 +47,10 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("bind", po::value<std::string>(&o->bind)->default_value("0.0.0.0"), "address to listen on")
       ("port_file", po::value<std::string>(&o->port_file), "write the bound port to this file")
       ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
-      ("job_id", po::value<std::string>(&o->scheduler.job_id)->default_value("edl-job"), "job name")
-      ("min_trainers", po::value<int>(&o->scheduler.min_trainers)->default_value(1), "fewest trainers to start the job with")
-      ("max_trainers", po::value<int>(&o->scheduler.max_trainers)->default_value(0), "most trainers (0: no bound)")
-      ("trainers", po::value<int>(&o->scheduler.initial_trainers)->default_value(0), "initial desired size (0: every free slot)")
+      ("job_id", po::value<std::string>(&o->id)->default_value("edl-job"), "the job's name (with --cluster: the server's own, naming its events log and etcd leader key)")
+      ("min_trainers", po::value<int>(&job.min_trainers)->default_value(1), "fewest trainers to start the job with")
+      ("max_trainers", po::value<int>(&job.max_trainers)->default_value(0), "most trainers (0: no bound)")
+      ("trainers", po::value<int>(&job.initial_trainers)->default_value(0), "initial desired size (0: every free slot)")
       ("scale_script", po::value<std::string>(&o->scale_script), "scaling script of timed events (see config/*.script)")
       ("node_ips", po::value<std::string>(&node_ips), "EDL demo policy: comma-separated node addresses")
       ("gpu_num_of_node", po::value<int>(&o->demo.gpu_num_of_node)->default_value(8), "EDL demo policy: GPUs per node, split among its pods, one trainer per GPU")
@@ -86,14 +89,17 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
        "its fence accepts the new trainers' saves (needed only with a new --state_dir and an old store)")
       ("log_dir", po::value<std::string>(), "this process's log files (stderr keeps every line; default: stderr only)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished")
-      ("cluster", po::bool_switch(&o->cluster),
+      ("cluster", po::bool_switch(&cluster),
        "run many jobs on the nodes (README, \"Many jobs on one cluster\"): jobs come from `edl ctl submit`, "
        "not from this server's own job flags")
       ("job_types", po::value<std::string>(&job_types),
        "--cluster: comma-separated job types a submission may name before any node offering them has joined "
        "(such a job stays pending until one does)")
-      ("job_checkpoint_root", po::value<std::string>(&o->cluster_options.checkpoint_root),
+      ("job_checkpoint_root", po::value<std::string>(&o->cluster.checkpoint_root),
        "--cluster: a submission's checkpoint_dir flag must lie under this absolute directory (unset: it may not be set)")
+      ("max_pending_jobs", po::value<int64_t>(&max_pending)->default_value(256),
+       "--cluster: most jobs waiting to start at once; a submission beyond it is refused until some start or are "
+       "cancelled")
       ("min_change_interval_s", po::value<double>(&min_change_s)->default_value(0, "0"),
        "--cluster: the policy resizes a job at most once per this many seconds (0: no limit)");
   ParsedFlags pf;
@@ -103,15 +109,13 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   if (pf.vm.count("log_dir")) EDL_RETURN_IF_ERROR(UseLogDir(pf.vm["log_dir"].as<std::string>()));
   EDL_RETURN_IF_ERROR(net::ReadSecretFile(secret_file, &o->secret));
   if (o->port < 0 || o->port > 65535) return Status::InvalidArgument("--server_port must be in 0..65535");
-  if (!proto::IsValidName(o->scheduler.job_id)) {
-    return Status::InvalidArgument("--job_id '" + o->scheduler.job_id + "': use letters, digits, '.', '_', '-'");
-  }
-  if (o->scheduler.min_trainers < 1) return Status::InvalidArgument("--min_trainers must be >= 1");
-  if (o->scheduler.max_trainers < 0 ||
-      (o->scheduler.max_trainers > 0 && o->scheduler.max_trainers < o->scheduler.min_trainers)) {
+  EDL_RETURN_IF_ERROR(proto::CheckName("--job_id", o->id, kMaxJobNameBytes));
+  if (job.min_trainers < 1) return Status::InvalidArgument("--min_trainers must be >= 1");
+  if (job.max_trainers < 0 ||
+      (job.max_trainers > 0 && job.max_trainers < job.min_trainers)) {
     return Status::InvalidArgument("--max_trainers must be 0 (no bound) or >= --min_trainers");
   }
-  if (o->scheduler.initial_trainers < 0) return Status::InvalidArgument("--trainers must be >= 0");
+  if (job.initial_trainers < 0) return Status::InvalidArgument("--trainers must be >= 0");
   if (hb_ms < 100) return Status::InvalidArgument("--heartbeat_timeout_ms must be >= 100");
   if (join_s < 1) return Status::InvalidArgument("--join_timeout_s must be >= 1");
   if (stop_s < 1) return Status::InvalidArgument("--stop_timeout_s must be >= 1");
@@ -139,10 +143,10 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   o->kv.max_waiters_per_owner = static_cast<size_t>(kv_waiters_conn);
   o->kv.max_waiters = static_cast<size_t>(kv_waiters);
   o->max_ctl_queue_bytes = static_cast<size_t>(ctl_queue);
-  o->scheduler.backoff_min_us = static_cast<int64_t>(backoff_min_s * 1e6);
-  o->scheduler.backoff_max_us = static_cast<int64_t>(backoff_max_s * 1e6);
-  o->scheduler.heartbeat_timeout_us = int64_t{hb_ms} * 1000;
-  o->scheduler.join_timeout_us = int64_t{join_s} * 1'000'000;
+  job.backoff_min_us = static_cast<int64_t>(backoff_min_s * 1e6);
+  job.backoff_max_us = static_cast<int64_t>(backoff_max_s * 1e6);
+  o->cluster.heartbeat_timeout_us = int64_t{hb_ms} * 1000;
+  job.join_timeout_us = int64_t{join_s} * 1'000'000;
   o->stop_timeout_ms = int64_t{stop_s} * 1000;
   o->demo.node_ips = SplitCommas(node_ips);
   if (!(min_change_s >= 0 && min_change_s <= 86400)) {
@@ -150,18 +154,28 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   }
   for (const std::string& t : SplitCommas(job_types)) {
     if (!proto::IsValidName(t)) return Status::InvalidArgument("--job_types: '" + t + "' is not a name");
-    o->cluster_options.policy.known_types.insert(t);
+    o->cluster.policy.known_types.insert(t);
   }
-  const std::string& root = o->cluster_options.checkpoint_root;
+  const std::string& root = o->cluster.checkpoint_root;
   if (!root.empty() && root[0] != '/') {
     return Status::InvalidArgument("--job_checkpoint_root '" + root + "' is not an absolute path");
   }
-  o->cluster_options.policy.min_change_interval_us = static_cast<int64_t>(min_change_s * 1e6);
-  o->cluster_options.job_defaults = o->scheduler;
+  o->cluster.policy.min_change_interval_us = static_cast<int64_t>(min_change_s * 1e6);
+  job.job_id = o->id;
+  o->cluster.job_defaults = job;
+  if (!cluster) o->cluster.one_job = job;
+  if (max_pending < 1 || max_pending > static_cast<int64_t>(kMaxPolicyJobs)) {
+    return Status::InvalidArgument("--max_pending_jobs must be in 1.." + std::to_string(kMaxPolicyJobs));
+  }
+  o->cluster.max_pending_jobs = static_cast<size_t>(max_pending);
   // As the original demo's job server: the policy runs on the given nodes; without --node_ips
   // (the original's 127.0.0.1 default is not taken) it is off.
   o->demo_policy = !o->demo.node_ips.empty() && o->demo.time_interval_to_change_s > 0;
   if (o->demo.time_interval_to_change_s < 0) return Status::InvalidArgument("--time_interval_to_change must be >= 0");
+  if (cluster && (o->demo_policy || !o->scale_script.empty())) {
+    return Status::InvalidArgument("--cluster runs submitted jobs only: --scale_script and the demo policy size the "
+                                   "one job of a server without --cluster");
+  }
   if (o->demo_policy && !o->scale_script.empty()) {
     return Status::InvalidArgument("use either --scale_script or the demo policy (--time_interval_to_change), not both");
   }

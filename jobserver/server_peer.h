@@ -1,5 +1,5 @@
-// The server's per-connection state, shared by server.cc and server_cluster.cc. Internal to the
-// server: include it from those two files only.
+// The server's per-connection state, shared by the server's files (server.cc, server_ctl.cc,
+// server_services.cc). Internal to the server: include it from those files only.
 #pragma once
 
 #include <cstdint>
@@ -18,9 +18,8 @@ struct Server::Peer {
   State state = State::kAuth;
   std::string nonce;           // ours, in the challenge
   std::string node;            // kClient
-  int64_t last_generation = 0; // newest generation this client holds (for deltas)
-  // Cluster mode: the jobs this client was told (job_info), each with the newest generation it
-  // holds (0: none yet).
+  // The jobs this client holds (the one job from its welcome, others told by job_info), each
+  // with the newest generation it holds (0: none yet), for deltas.
   std::map<std::string, int64_t> job_generation;
   bool watch = false;          // kCtl after `watch`
   uint64_t id = 0;             // owner of its KV waits

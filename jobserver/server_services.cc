@@ -33,7 +33,7 @@ void Server::PlaceTeachers() {
 void Server::RestoreServices(const ServicesState& s) {
   if (s.empty()) return;
   // A node has the scheduler's grace to re-attach: one heartbeat timeout on top of the usual one.
-  placer_.Restore(s, clock_->NowMicros(), 2 * options_.scheduler.heartbeat_timeout_us);
+  placer_.Restore(s, clock_->NowMicros(), 2 * options_.cluster.heartbeat_timeout_us);
   LOG(INFO) << "services restored: " << s.desired.size() << " desired count(s), " << s.teachers.size()
             << " teacher(s) placed, awaiting their nodes";
 }

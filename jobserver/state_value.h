@@ -24,8 +24,9 @@ inline std::string Fix(const std::string& key) {
          "starts a new job, or restore it from a backup";
 }
 
-// Parses `value` as a JSON object with the current format version.
-inline Status ParseValue(const std::string& key, const std::string& value, json* out) {
+// Parses `value` as a JSON object of format version 1..`newest` (*version: the one it has).
+inline Status ParseValue(const std::string& key, const std::string& value, json* out,
+                         int newest = kStateFormatVersion, int* version = nullptr) {
   if (value.size() > kMaxStateValueBytes) {
     return Status::Corruption("stored value is " + std::to_string(value.size()) + " bytes, over the " +
                               std::to_string(kMaxStateValueBytes) + " limit" + Fix(key));
@@ -38,12 +39,13 @@ inline Status ParseValue(const std::string& key, const std::string& value, json*
   if (v == out->end() || !v->is_number_integer()) {
     return Status::Corruption("stored value has no format version 'v'" + Fix(key));
   }
-  if (v->get<int64_t>() != kStateFormatVersion) {
+  if (v->get<int64_t>() < 1 || v->get<int64_t>() > newest) {
     return Status::FailedPrecondition(
-        "state key '" + key + "' has format version " + v->dump() + "; this edl server reads version " +
-        std::to_string(kStateFormatVersion) + ". Run the edl version that wrote it, or move the "
-        "state directory aside to start a new job");
+        "state key '" + key + "' has format version " + v->dump() + "; this edl server reads version" +
+        (newest > 1 ? "s 1.." : " ") + std::to_string(newest) + ". Run the edl version that wrote it, or move "
+        "the state aside to start anew");
   }
+  if (version != nullptr) *version = static_cast<int>(v->get<int64_t>());
   return Status::OK();
 }
 

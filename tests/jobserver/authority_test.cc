@@ -1,10 +1,12 @@
-// The scheduler's side of "a node speaks only for itself" (PROTOCOL.md "Client -> server"): which
-// trainer ids a node may report about, who may register under a node name (session tokens), and
-// the bounds on node names and slots that keep every trainer id decodable.
+// The cluster's side of "a node speaks only for itself" (PROTOCOL.md "Client -> server"): which
+// trainer ids a node may report about, who may register under a node name (session tokens, the
+// NodeRegistry), and the bounds on node names and slots that keep every trainer id decodable; the
+// same for a one-job server (here) and a cluster server (ANodeNameIsJudgedTheSameWayInBothModes).
 #include <gtest/gtest.h>
 
 #include "edl/proto/messages.h"
-#include "jobserver/scheduler.h"
+#include "jobserver/cluster.h"
+#include "tests/jobserver/one_job_cluster.h"
 #include "tests/testutil.h"
 
 namespace edl::jobserver {
@@ -17,19 +19,19 @@ class AuthorityTest : public ::testing::Test {
  protected:
   AuthorityTest() { Make(0); }
   void Make(int initial_trainers) {
-    SchedulerOptions o;
+    MembershipOptions o;
     o.initial_trainers = initial_trainers;
     o.job_id = "job";
-    o.heartbeat_timeout_us = 5'000'000;
     o.join_timeout_us = 10'000'000;
-    sched_ = std::make_unique<Scheduler>(o, &clock_);
+    sched_ = std::make_unique<test::OneJobCluster>(o, &clock_);
   }
+  // As the server admits a client's hello: the session check, then the registration.
   Status Add(const std::string& name, int slots, const std::string& token,
              const std::vector<std::string>& running = {}) {
     std::vector<int> s;
     for (int i = 0; i < slots; ++i) s.push_back(i);
     EDL_RETURN_IF_ERROR(sched_->CheckAdmission(name, token));
-    return sched_->AddNode(name, "127.0.0.1", false, s, running, token);
+    return sched_->AddNode(name, "127.0.0.1", false, s, running);
   }
   std::vector<std::string> MembersOf(const std::string& node) {
     std::vector<std::string> out;
@@ -40,7 +42,7 @@ class AuthorityTest : public ::testing::Test {
   }
 
   ManualClock clock_;
-  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<test::OneJobCluster> sched_;
 };
 
 TEST_F(AuthorityTest, ANodeSpeaksOnlyForTheTrainersPlacedOnIt) {
@@ -97,8 +99,9 @@ TEST_F(AuthorityTest, PendingJoinersBelongToTheirNode) {
 }
 
 TEST_F(AuthorityTest, ANodeNameIsHeldByItsSessionToken) {
-  ASSERT_OK(Add("a", 2, kTokenA));
-  EXPECT_EQ(sched_->SessionOf("a"), kTokenA);
+  ASSERT_OK(Add("a", 2, ""));
+  const std::string token_a = sched_->SessionOf("a");  // issued at the first join, sent in the welcome
+  EXPECT_EQ(token_a.size(), proto::kSessionTokenBytes);
   EXPECT_EQ(sched_->SessionOf("nobody"), "");
   // A second client under the same name, without the token or with another: retryable refusal.
   for (const std::string token : {std::string(), std::string(kTokenB), std::string("short")}) {
@@ -106,21 +109,23 @@ TEST_F(AuthorityTest, ANodeNameIsHeldByItsSessionToken) {
     EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
     EXPECT_NE(s.message().find("session token"), std::string::npos) << s.ToString();
   }
-  // The node's own client re-attaches with its token, even while the scheduler still counts the
+  // The node's own client re-attaches with its token, even while the cluster still counts the
   // old connection (the server drops that one first).
-  ASSERT_OK(sched_->CheckAdmission("a", kTokenA));
+  ASSERT_OK(sched_->CheckAdmission("a", token_a));
   // A crashed node's name is not free to take while it may still come back...
   sched_->NodeDisconnected("a");
   EXPECT_EQ(sched_->CheckAdmission("a", kTokenB).code(), Status::Code::kUnavailable);
-  ASSERT_OK(Add("a", 2, kTokenA));  // ...but its own client gets it back.
+  ASSERT_OK(Add("a", 2, token_a));  // ...but its own client gets it back, with the same token.
   EXPECT_TRUE(sched_->IsNodeConnected("a"));
-  // Once the scheduler has lost the node (no heartbeat), the name is free for a first join.
+  EXPECT_EQ(sched_->SessionOf("a"), token_a);
+  // Once the cluster has lost the node (no heartbeat), the name is free for a first join.
   sched_->NodeDisconnected("a");
   clock_.Advance(6'000'000);
   sched_->Tick();
   EXPECT_EQ(sched_->SessionOf("a"), "");
   ASSERT_OK(Add("a", 2, kTokenB));
-  EXPECT_EQ(sched_->SessionOf("a"), kTokenB);
+  EXPECT_NE(sched_->SessionOf("a"), "");
+  EXPECT_NE(sched_->SessionOf("a"), token_a);
 }
 
 TEST_F(AuthorityTest, NodeNamesAreBoundedSoEveryTrainerIdFits) {
@@ -128,15 +133,15 @@ TEST_F(AuthorityTest, NodeNamesAreBoundedSoEveryTrainerIdFits) {
   Status s = sched_->CheckAdmission(longest + "x", "");
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("--node_name"), std::string::npos) << s.ToString();
-  s = sched_->AddNode(longest + "x", "127.0.0.1", false, {0}, {}, kTokenA);  // not by-passable
+  s = sched_->AddNode(longest + "x", "127.0.0.1", false, {0});  // not by-passable
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
-  s = sched_->AddNode("many", "127.0.0.1", false, std::vector<int>(kMaxSlotsPerNode + 1, 0), {}, kTokenA);
+  s = sched_->AddNode("many", "127.0.0.1", false, std::vector<int>(proto::kMaxSlotsPerNode + 1, 0));
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
 
   // The longest legal name on the highest slot: its ids, and the generation carrying them,
   // decode on every client.
   ASSERT_OK(sched_->CheckAdmission(longest, ""));
-  ASSERT_OK(sched_->AddNode(longest, "127.0.0.1", false, {65536}, {}, kTokenA));
+  ASSERT_OK(sched_->AddNode(longest, "127.0.0.1", false, {65536}));
   ASSERT_EQ(sched_->current().world_size(), 1);
   const std::string& id = sched_->current().members[0].trainer_id;
   EXPECT_TRUE(proto::IsValidName(id)) << id;
@@ -148,6 +153,34 @@ TEST_F(AuthorityTest, NodeNamesAreBoundedSoEveryTrainerIdFits) {
   ASSERT_OK(u.ApplyTo(&g));
   ASSERT_EQ(g.world_size(), 1);
   EXPECT_EQ(g.members[0].trainer_id, id);
+}
+
+// One name rule for every server (proto::CheckNodeName): a one-job server and a cluster server
+// accept and refuse the same node names with the same message.
+TEST_F(AuthorityTest, ANodeNameIsJudgedTheSameWayInBothModes) {
+  ClusterOptions many;
+  many.heartbeat_timeout_us = 5'000'000;
+  Cluster cluster(many, &clock_);
+  const std::string longest(proto::kMaxNodeNameBytes, 'n');
+  for (const std::string name : {std::string("-gpu1"), std::string(".hidden"), std::string("a/b"), std::string(),
+                                 longest + "x", std::string("gpu1"), std::string("_x"), longest}) {
+    const Status one = sched_->CheckAdmission(name, "");
+    const Status two = cluster.CheckAdmission(name, "");
+    EXPECT_EQ(one.code(), two.code()) << name;
+    EXPECT_EQ(one.message(), two.message()) << name;
+    EXPECT_EQ(one.ok(), proto::CheckNodeName(name).ok()) << name;
+    ClusterNode n;
+    n.name = name;
+    n.host = "127.0.0.1";
+    n.slots = {0};
+    n.types.push_back({"t", {}});
+    std::string session;
+    bool known = false;
+    EXPECT_EQ(cluster.AddNode(n, {}, {}, &session, &known).ok(), one.ok()) << name;  // registration checks it too
+    EXPECT_EQ(sched_->AddNode(name, "127.0.0.1", false, {0}).ok(), one.ok()) << name;
+  }
+  EXPECT_FALSE(sched_->CheckAdmission("-gpu1", "").ok());
+  EXPECT_NE(sched_->CheckAdmission("-gpu1", "").message().find("--node_name"), std::string::npos);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Cluster: the policy's decisions carried out by one Scheduler per job, with a ManualClock and no
+// Cluster: the policy's decisions carried out by one JobMembership per job, with a ManualClock and no
 // processes (the integration test runs the same scenario with real trainers).
 #include "jobserver/cluster.h"
 #include "jobserver/cluster_state.h"
@@ -18,7 +18,7 @@ constexpr int64_t kSec = 1'000'000;
 class ClusterTest : public ::testing::Test {
  protected:
   void Make(ClusterOptions o = {}) {
-    o.job_defaults.heartbeat_timeout_us = 5 * kSec;
+    o.heartbeat_timeout_us = 5 * kSec;
     o.checkpoint_root = "/ckpt";
     cluster_ = std::make_unique<Cluster>(o, &clock_);
   }
@@ -30,8 +30,15 @@ class ClusterTest : public ::testing::Test {
     n.types.push_back({"t", flags});
     return n;
   }
+  // As the server registers a client's node.
+  Status Attach(const ClusterNode& n, const std::vector<std::string>& running,
+                const std::vector<int64_t>& generations = {}) {
+    std::string session;
+    bool known = false;
+    return cluster_->AddNode(n, running, generations, &session, &known);
+  }
   void AddNode(const std::string& name, int slots, std::set<std::string> flags = {"epochs"}) {
-    ASSERT_OK(cluster_->AddNode(Node(name, slots, flags), {}));
+    ASSERT_OK(Attach(Node(name, slots, flags), {}));
     Drain();
   }
   static JobSpec Job(const std::string& name, int min, int max, int priority = 1) {
@@ -207,7 +214,7 @@ TEST_F(ClusterTest, NodeLossShrinksEveryJobOnItAndTheyRepair) {
     Drain();
   }
   AllReady();
-  EXPECT_FALSE(cluster_->HasNode("n2"));
+  EXPECT_FALSE(cluster_->registry().Has("n2"));
   for (const std::string& job : on_n2) {
     bool failed = false;
     for (const proto::GenerationInfo& g : gens_[job]) failed |= g.failure;
@@ -294,7 +301,9 @@ TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {
     ASSERT_OK(store.Open(dir.Join("state"), &created));
     ClusterStateWriter w(&store);
     ClusterState none;
-    ASSERT_OK(w.Load(&none, &found));
+    bool migrated = true;
+    ASSERT_OK(w.Load("", &none, &found, &migrated));
+    EXPECT_FALSE(migrated);
     EXPECT_FALSE(found);
     cluster_->Snapshot(&saved);
     ASSERT_OK(w.Save(saved));
@@ -305,7 +314,8 @@ TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {
   EXPECT_FALSE(created);
   ClusterStateWriter w(&store);
   ClusterState st;
-  ASSERT_OK(w.Load(&st, &found));
+  bool migrated = true;
+  ASSERT_OK(w.Load("", &st, &found, &migrated));
   ASSERT_TRUE(found);
   EXPECT_EQ(EncodeClusterState(st), EncodeClusterState(saved));
 
@@ -321,7 +331,7 @@ TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {
   EXPECT_EQ(jobs["ended"][0]["name"], "C");
   EXPECT_EQ(jobs["ended"][0]["state"], "cancelled");
   for (const std::string node : {"n1", "n2"}) {
-    ASSERT_OK(cluster_->AddNode(Node(node, 2), running[node]));
+    ASSERT_OK(Attach(Node(node, 2), running[node]));
     Drain();
   }
   EXPECT_TRUE(gens_.empty()) << "a restart between changes made a generation";
@@ -361,8 +371,8 @@ TEST_F(ClusterTest, AMemberAheadOfTheRestoredGenerationCountsAsFailed) {
   Make();
   ASSERT_OK(cluster_->Restore(st));
   Drain();
-  ASSERT_OK(cluster_->AddNode(Node("n1", 2), {g.members[0].trainer_id, g.members[1].trainer_id},
-                              {g.generation, g.generation + 5}));
+  ASSERT_OK(Attach(Node("n1", 2), {g.members[0].trainer_id, g.members[1].trainer_id},
+                   {g.generation, g.generation + 5}));
   Drain();
   ASSERT_EQ(gens_["A"].size(), 1u);
   EXPECT_TRUE(gens_["A"][0].failure);

@@ -1,7 +1,10 @@
-#include "jobserver/scheduler.h"
+// A one-job server's decisions: the job's membership (job_membership.h) as the Cluster drives it
+// for the server's one job (cluster.h), with a ManualClock and no processes.
+#include "jobserver/job_membership.h"
 
 #include <gtest/gtest.h>
 
+#include "tests/jobserver/one_job_cluster.h"
 #include "tests/testutil.h"
 
 namespace edl::jobserver {
@@ -9,13 +12,12 @@ namespace {
 
 using Kind = Action::Kind;
 
-class SchedulerTest : public ::testing::Test {
+class JobMembershipTest : public ::testing::Test {
  protected:
-  void Make(SchedulerOptions o = {}) {
+  void Make(MembershipOptions o = {}) {
     o.job_id = "job";
-    o.heartbeat_timeout_us = 5'000'000;
     o.join_timeout_us = 10'000'000;
-    sched_ = std::make_unique<Scheduler>(o, &clock_);
+    sched_ = std::make_unique<test::OneJobCluster>(o, &clock_);
   }
   void AddNode(const std::string& name, int slots, bool restart = false) {
     std::vector<int> s;
@@ -51,7 +53,7 @@ class SchedulerTest : public ::testing::Test {
   const proto::GenerationInfo& cur() { return sched_->current(); }
   // A job of 2 trainers on node "a", started, its actions taken; its generation.
   proto::GenerationInfo StartTwo() {
-    SchedulerOptions o;
+    MembershipOptions o;
     o.initial_trainers = 2;
     Make(o);
     AddNode("a", 2);
@@ -60,11 +62,11 @@ class SchedulerTest : public ::testing::Test {
   }
 
   ManualClock clock_;
-  std::unique_ptr<Scheduler> sched_;
+  std::unique_ptr<test::OneJobCluster> sched_;
 };
 
-TEST_F(SchedulerTest, StartWaitsForMinTrainers) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, StartWaitsForMinTrainers) {
+  MembershipOptions o;
   o.min_trainers = 4;
   o.initial_trainers = 4;
   Make(o);
@@ -82,8 +84,8 @@ TEST_F(SchedulerTest, StartWaitsForMinTrainers) {
   EXPECT_EQ(commits[0].next.master_addr, "127.0.0.1");
 }
 
-TEST_F(SchedulerTest, ShrinkRemovesHighestRanksAtOnce) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, ShrinkRemovesHighestRanksAtOnce) {
+  MembershipOptions o;
   o.initial_trainers = 4;
   Make(o);
   AddNode("a", 4);
@@ -99,8 +101,8 @@ TEST_F(SchedulerTest, ShrinkRemovesHighestRanksAtOnce) {
   EXPECT_EQ(commits[0].next.members[1].trainer_id, before.members[1].trainer_id);
 }
 
-TEST_F(SchedulerTest, InPlaceGrowthPreparesThenCommitsWhenAllReady) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, InPlaceGrowthPreparesThenCommitsWhenAllReady) {
+  MembershipOptions o;
   o.initial_trainers = 2;
   Make(o);
   AddNode("a", 2);
@@ -134,8 +136,8 @@ TEST_F(SchedulerTest, InPlaceGrowthPreparesThenCommitsWhenAllReady) {
   EXPECT_EQ(g2.members[2].trainer_id, prepares[0].prepare.joiners[0].trainer_id);
 }
 
-TEST_F(SchedulerTest, JoinTimeoutCommitsReadyOnesAndKillsTheRest) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, JoinTimeoutCommitsReadyOnesAndKillsTheRest) {
+  MembershipOptions o;
   o.initial_trainers = 1;
   Make(o);
   AddNode("a", 3);
@@ -160,8 +162,8 @@ TEST_F(SchedulerTest, JoinTimeoutCommitsReadyOnesAndKillsTheRest) {
   EXPECT_EQ(kills[0].trainer_ids, std::vector<std::string>{slow});
 }
 
-TEST_F(SchedulerTest, FailureCommitsAtOnceThenGrowsBackAfterBackoff) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, FailureCommitsAtOnceThenGrowsBackAfterBackoff) {
+  MembershipOptions o;
   o.initial_trainers = 3;
   o.backoff_min_us = 2'000'000;
   Make(o);
@@ -187,8 +189,8 @@ TEST_F(SchedulerTest, FailureCommitsAtOnceThenGrowsBackAfterBackoff) {
   EXPECT_EQ(commits[0].next.world_size(), 3);
 }
 
-TEST_F(SchedulerTest, RepeatedFailuresBackOffLonger) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, RepeatedFailuresBackOffLonger) {
+  MembershipOptions o;
   o.initial_trainers = 1;
   o.backoff_min_us = 1'000'000;
   Make(o);
@@ -206,8 +208,8 @@ TEST_F(SchedulerTest, RepeatedFailuresBackOffLonger) {
   }
 }
 
-TEST_F(SchedulerTest, HeartbeatLossDropsNodeAndItComesBack) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, HeartbeatLossDropsNodeAndItComesBack) {
+  MembershipOptions o;
   o.initial_trainers = 4;
   o.min_trainers = 4;
   o.backoff_min_us = 1'000'000;
@@ -239,8 +241,8 @@ TEST_F(SchedulerTest, HeartbeatLossDropsNodeAndItComesBack) {
   EXPECT_EQ(commits[0].next.world_size(), 4);
 }
 
-TEST_F(SchedulerTest, BoundsClampTheDesiredSize) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, BoundsClampTheDesiredSize) {
+  MembershipOptions o;
   o.min_trainers = 2;
   o.max_trainers = 3;
   o.initial_trainers = 0;  // every free slot, capped by max
@@ -255,8 +257,8 @@ TEST_F(SchedulerTest, BoundsClampTheDesiredSize) {
   EXPECT_EQ(prepares[0].prepare.joiners.size(), 1u);  // max wins
 }
 
-TEST_F(SchedulerTest, RestartModeReplacesEveryTrainerEachGeneration) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, RestartModeReplacesEveryTrainerEachGeneration) {
+  MembershipOptions o;
   o.initial_trainers = 3;
   Make(o);
   AddNode("a", 4, /*restart=*/true);
@@ -273,7 +275,7 @@ TEST_F(SchedulerTest, RestartModeReplacesEveryTrainerEachGeneration) {
   EXPECT_EQ(cur().generation, 3);
 }
 
-TEST_F(SchedulerTest, ExitZeroFinishesAndTheJobIsDoneWhenAllFinish) {
+TEST_F(JobMembershipTest, ExitZeroFinishesAndTheJobIsDoneWhenAllFinish) {
   const auto g = StartTwo();
   sched_->TrainerExited(g.members[0].trainer_id, true, "exit 0");
   EXPECT_TRUE(Take(Kind::kCommit).empty());  // not replaced
@@ -291,7 +293,7 @@ TEST_F(SchedulerTest, ExitZeroFinishesAndTheJobIsDoneWhenAllFinish) {
 
 // Issue 14: rank 0 failing (its final save) after the others finished made a failure generation
 // of finished members, which clients then started again. Now the job just finishes.
-TEST_F(SchedulerTest, FailureAfterOthersFinishedMakesNoGenerationAndTheJobFinishes) {
+TEST_F(JobMembershipTest, FailureAfterOthersFinishedMakesNoGenerationAndTheJobFinishes) {
   const auto g = StartTwo();
   sched_->TrainerExited(g.members[1].trainer_id, true, "exit 0");
   sched_->TrainerExited(g.members[0].trainer_id, false, "exit 1");
@@ -307,8 +309,8 @@ TEST_F(SchedulerTest, FailureAfterOthersFinishedMakesNoGenerationAndTheJobFinish
 
 // `edl ctl stop`: one generation with no members and reason stop, no failure, nothing after it;
 // a server restored from that state gathers the size again and resumes above its number.
-TEST_F(SchedulerTest, StopCommitsOneEmptyStopGenerationAndARestoredJobResumes) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, StopCommitsOneEmptyStopGenerationAndARestoredJobResumes) {
+  MembershipOptions o;
   o.initial_trainers = 4;
   Make(o);
   std::vector<proto::MemberInfo> leaving;
@@ -333,14 +335,15 @@ TEST_F(SchedulerTest, StopCommitsOneEmptyStopGenerationAndARestoredJobResumes) {
   EXPECT_TRUE(Take(Kind::kCommit).empty()) << "no growth, no failure after a stop";
   EXPECT_FALSE(sched_->done());
 
-  JobState st;
+  ClusterState st;
   sched_->Snapshot(&st);
   Make(o);
-  sched_->Restore(st);
+  ASSERT_OK(sched_->Restore(st));
   EXPECT_FALSE(sched_->recovering());
-  ASSERT_OK(sched_->AddNode("a", "127.0.0.1", false, {0, 1}, {}, st.nodes.at("a").session));
+  ASSERT_OK(sched_->CheckAdmission("a", st.nodes.at("a").node.session));
+  ASSERT_OK(sched_->AddNode("a", "127.0.0.1", false, {0, 1}, {}));
   EXPECT_TRUE(Take(Kind::kCommit).empty()) << "gathers the desired size first, as a first start";
-  ASSERT_OK(sched_->AddNode("b", "127.0.0.1", false, {0, 1}, {}, st.nodes.at("b").session));
+  ASSERT_OK(sched_->AddNode("b", "127.0.0.1", false, {0, 1}, {}));
   commits = Take(Kind::kCommit);
   ASSERT_EQ(commits.size(), 1u);
   EXPECT_EQ(commits[0].next.reason, "resume");
@@ -348,8 +351,8 @@ TEST_F(SchedulerTest, StopCommitsOneEmptyStopGenerationAndARestoredJobResumes) {
   EXPECT_GT(commits[0].next.generation, running + 1);
 }
 
-TEST_F(SchedulerTest, LeavingTrainerExitIsNotAFailure) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, LeavingTrainerExitIsNotAFailure) {
+  MembershipOptions o;
   o.initial_trainers = 2;
   Make(o);
   AddNode("a", 2);
@@ -362,8 +365,8 @@ TEST_F(SchedulerTest, LeavingTrainerExitIsNotAFailure) {
   EXPECT_EQ(cur().world_size(), 1);
 }
 
-TEST_F(SchedulerTest, KillPicksHighestRanks) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, KillPicksHighestRanks) {
+  MembershipOptions o;
   o.initial_trainers = 4;
   o.min_trainers = 4;
   Make(o);
@@ -377,8 +380,8 @@ TEST_F(SchedulerTest, KillPicksHighestRanks) {
   EXPECT_EQ(kills[0].trainer_ids[0], cur().members[3].trainer_id);
 }
 
-TEST_F(SchedulerTest, KillAllCommitsOneEmptyFailureGenerationThenRestarts) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, KillAllCommitsOneEmptyFailureGenerationThenRestarts) {
+  MembershipOptions o;
   o.initial_trainers = 4;
   o.backoff_min_us = 1'000'000;
   Make(o);
@@ -408,7 +411,7 @@ TEST_F(SchedulerTest, KillAllCommitsOneEmptyFailureGenerationThenRestarts) {
   for (const auto& m : before.members) EXPECT_EQ(commits[0].next.RankOf(m.trainer_id), -1);
 }
 
-TEST_F(SchedulerTest, DuplicateNodeNameIsRefusedWhileConnected) {
+TEST_F(JobMembershipTest, DuplicateNodeNameIsRefusedWhileConnected) {
   Make();
   AddNode("a", 1);
   Status s = sched_->AddNode("a", "10.0.0.9", false, {0}, {});
@@ -420,8 +423,8 @@ TEST_F(SchedulerTest, DuplicateNodeNameIsRefusedWhileConnected) {
   EXPECT_EQ(sched_->AddNode("z", "h", false, {}, {}).code(), Status::Code::kInvalidArgument);
 }
 
-TEST_F(SchedulerTest, ReattachWithoutATrainerCountsAsFailure) {
-  SchedulerOptions o;
+TEST_F(JobMembershipTest, ReattachWithoutATrainerCountsAsFailure) {
+  MembershipOptions o;
   o.initial_trainers = 2;
   Make(o);
   AddNode("a", 2);
@@ -438,13 +441,13 @@ TEST_F(SchedulerTest, ReattachWithoutATrainerCountsAsFailure) {
 namespace edl::jobserver {
 namespace {
 
-TEST(SchedulerStartTest, GathersTheInitialSizeOrStartsAfterTheJoinTimeout) {
+TEST(JobMembershipStartTest, GathersTheInitialSizeOrStartsAfterTheJoinTimeout) {
   ManualClock clock;
-  SchedulerOptions o;
+  MembershipOptions o;
   o.min_trainers = 1;
   o.initial_trainers = 4;
   o.join_timeout_us = 10'000'000;
-  Scheduler s(o, &clock);
+  test::OneJobCluster s(o, &clock);
   ASSERT_OK(s.AddNode("a", "h", false, {0, 1}, {}));
   EXPECT_EQ(s.current().generation, 0);  // waiting for 4
   clock.Advance(9'000'000);

@@ -1,7 +1,8 @@
 // The server's durable state (jobserver/STATE.md): value encodings (round trip, version
-// mismatch, truncation, hostile fields), the RocksDB store (round trip across reopen, a damaged
-// value or directory refused), and the scheduler resuming from a snapshot (numbers above every
-// issued one, survivors adopted without a new generation, a rolled-back joiner killed).
+// mismatch, truncation, hostile fields), the one layout through real RocksDB (round trip across
+// reopen, a damaged value or directory refused, the old one-job layout read once and rewritten, a
+// newer layout refused), and a one-job server resuming from a snapshot (numbers above every issued
+// one, survivors adopted without a new generation, a rolled-back joiner killed).
 #include "jobserver/job_state.h"
 
 #include <filesystem>
@@ -12,7 +13,7 @@
 #include <rocksdb/db.h>
 
 #include "jobserver/cluster_state.h"
-#include "jobserver/scheduler.h"
+#include "tests/jobserver/one_job_cluster.h"
 #include "tests/testutil.h"
 
 namespace edl::jobserver {
@@ -172,38 +173,97 @@ TEST(JobStateEncodingTest, HostileFieldsAreRefused) {
   EXPECT_TRUE(DecodeNode(key, nd("session", std::string(65, 'f')), &node).IsCorruption());
 }
 
+// Sample()'s job as a one-job server keeps it: the job holds every slot of the cluster's nodes.
+ClusterState OneJobSample() {
+  const JobState j = Sample();
+  ClusterState c;
+  c.one_job = "job";
+  c.trainer_seq = j.next_trainer_seq;
+  ClusterJobState& js = c.jobs["job"];
+  js.spec.job.name = "job";
+  js.running = true;
+  js.sched = j;
+  js.sched.nodes.clear();
+  for (const auto& [name, n] : j.nodes) {
+    c.nodes[name].node = n;
+    js.slots[name] = n.slots;
+  }
+  return c;
+}
+
+void ExpectSameState(const ClusterState& a, const ClusterState& b) {
+  EXPECT_EQ(a.one_job, b.one_job);
+  EXPECT_EQ(a.trainer_seq, b.trainer_seq);
+  ASSERT_EQ(a.nodes.size(), b.nodes.size());
+  JobState na, nb;  // the nodes compared as a job's
+  for (const auto& [name, n] : a.nodes) na.nodes[name] = n.node;
+  for (const auto& [name, n] : b.nodes) nb.nodes[name] = n.node;
+  ExpectSame(na, nb);
+  ASSERT_EQ(a.jobs.size(), b.jobs.size());
+  for (const auto& [name, j] : a.jobs) {
+    const ClusterJobState& k = b.jobs.at(name);
+    EXPECT_EQ(j.slots, k.slots);
+    EXPECT_EQ(j.running, k.running);
+    ExpectSame(j.sched, k.sched);
+  }
+  EXPECT_EQ(a.services.desired, b.services.desired);
+  EXPECT_EQ(a.services.teachers.size(), b.services.teachers.size());
+}
+
+// Opens the store in `path` and loads the state of a server whose one job is `one_job`.
+Status LoadState(const std::string& path, const std::string& one_job, ClusterState* s, bool* found,
+                 bool* migrated = nullptr) {
+  StateStore store;
+  bool created = false;
+  EDL_RETURN_IF_ERROR(store.Open(path, &created));
+  ClusterStateWriter w(&store);
+  bool m = false;
+  EDL_RETURN_IF_ERROR(w.Load(one_job, s, found, &m));
+  if (migrated != nullptr) *migrated = m;
+  return Status::OK();
+}
+
+// Every key and value in the store in `path`.
+std::map<std::string, std::string> RawKeys(const std::string& path) {
+  StateStore store;
+  bool created = false;
+  EXPECT_OK(store.Open(path, &created));
+  std::map<std::string, std::string> kv;
+  EXPECT_OK(store.Scan("", &kv));
+  return kv;
+}
+
 TEST(StateStoreTest, SavesAndLoadsAcrossReopenAndDropsForgottenNodes) {
   test::ScratchDir dir("edl-state");
   const std::string path = dir.Join("state");
-  JobState s = Sample();
+  ClusterState s = OneJobSample();
   {
     StateStore store;
     bool created = false;
     ASSERT_OK(store.Open(path, &created));
     EXPECT_TRUE(created);
-    JobState none;
-    bool found = true;
-    ASSERT_OK(store.Load("job", &none, &found));
+    ClusterStateWriter w(&store);
+    ClusterState none;
+    bool found = true, migrated = true;
+    ASSERT_OK(w.Load("job", &none, &found, &migrated));
     EXPECT_FALSE(found);
-    ASSERT_OK(store.Save(s));
+    EXPECT_FALSE(migrated);
+    ASSERT_OK(w.Save(s));
     s.nodes.erase("b");
-    s.max_generation = 8;
-    ASSERT_OK(store.Save(s));
+    s.jobs["job"].slots.erase("b");
+    s.jobs["job"].sched.max_generation = 8;
+    ASSERT_OK(w.Save(s));
   }
-  StateStore store;
-  bool created = true;
-  ASSERT_OK(store.Open(path, &created));
-  EXPECT_FALSE(created);
-  JobState d;
-  bool found = false;
-  ASSERT_OK(store.Load("job", &d, &found));
+  ClusterState d;
+  bool found = false, migrated = true;
+  ASSERT_OK(LoadState(path, "job", &d, &found, &migrated));
   ASSERT_TRUE(found);
-  ExpectSame(s, d);
-  bool other = true;
-  JobState o;
-  ASSERT_OK(store.Load("other-job", &o, &other));  // one key range per job
-  EXPECT_FALSE(other);
-  EXPECT_EQ(o.nodes.size(), 1u);  // the cluster's nodes are shared
+  EXPECT_FALSE(migrated);
+  ExpectSameState(s, d);
+  const auto kv = RawKeys(path);
+  EXPECT_EQ(kv.count("cluster/nodes/b"), 0u) << "a forgotten node's key is deleted";
+  EXPECT_EQ(kv.count("job/job/spec"), 0u) << "the one job's flags are the server's";
+  EXPECT_EQ(kv.count("job/job/placement"), 1u);
   EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::others_all,
             std::filesystem::perms::none);
 }
@@ -215,7 +275,8 @@ TEST(StateStoreTest, ADamagedValueOrDirectoryIsRefusedNamingTheFix) {
     StateStore store;
     bool created = false;
     ASSERT_OK(store.Open(path, &created));
-    ASSERT_OK(store.Save(Sample()));
+    ClusterStateWriter w(&store);
+    ASSERT_OK(w.Save(OneJobSample()));
   }
   {  // Another program writes a truncated value.
     rocksdb::DB* raw = nullptr;
@@ -226,12 +287,9 @@ TEST(StateStoreTest, ADamagedValueOrDirectoryIsRefusedNamingTheFix) {
     ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), JobKeyPrefix("job") + "generation", v.substr(0, v.size() / 2)).ok());
   }
   {
-    StateStore store;
-    bool created = false;
-    ASSERT_OK(store.Open(path, &created));
-    JobState d;
+    ClusterState d;
     bool found = false;
-    const Status st = store.Load("job", &d, &found);
+    const Status st = LoadState(path, "job", &d, &found);
     EXPECT_TRUE(st.IsCorruption()) << st.ToString();
     EXPECT_NE(st.message().find("job/job/generation"), std::string::npos) << st.ToString();
     EXPECT_NE(st.message().find("move it aside"), std::string::npos) << st.ToString();
@@ -253,25 +311,103 @@ TEST(StateStoreTest, ADamagedValueOrDirectoryIsRefusedNamingTheFix) {
   EXPECT_TRUE(other.Open(dir.Join("file"), &created).code() == Status::Code::kFailedPrecondition);
 }
 
-// The teacher services (`job/<job_id>/services`, `cluster/services`): kept beside the job through
-// real RocksDB, absent in an older state (no desired counts), and a damaged value is refused
-// naming its key.
+// A state directory of the old one-job layout (job/<job>/meta, generation, services;
+// cluster/nodes/<name>; no cluster/meta) is read once as the one layout and the next save rewrites
+// it: the old-only key goes, the layout's keys come, and a later load reads it without migrating.
+// A cluster server, or a one-job server of another job, refuses it naming the cause and the fix.
+TEST(StateStoreTest, TheOldOneJobLayoutIsReadOnceAndRewrittenInTheOneLayout) {
+  test::ScratchDir dir("edl-state");
+  const std::string path = dir.Join("state");
+  JobState old = Sample();
+  old.services.desired = {{"kd", 2}};
+  old.services.next_seq = 4;
+  old.services.teachers = {{"a-t3", "kd", "a"}};
+  {
+    StateStore store;  // what an edl server before the one layout wrote
+    bool created = false;
+    ASSERT_OK(store.Open(path, &created));
+    std::map<std::string, std::string> puts = {{"job/job/meta", EncodeJobMeta(old)},
+                                               {"job/job/generation", EncodeGeneration(old)},
+                                               {"job/job/services", EncodeServices(old.services)}};
+    for (const auto& [name, n] : old.nodes) puts["cluster/nodes/" + name] = EncodeNode(n);
+    ASSERT_OK(store.Write(puts, {}));
+  }
+  ClusterState cluster_view;
+  bool found = false;
+  Status st = LoadState(path, "", &cluster_view, &found);
+  EXPECT_TRUE(st.IsCorruption()) << st.ToString();
+  EXPECT_NE(st.message().find("single-job server's job"), std::string::npos) << st.ToString();
+  st = LoadState(path, "other", &cluster_view, &found);
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("--job_id job"), std::string::npos) << st.ToString();
+
+  ClusterState expect = OneJobSample();
+  expect.services = old.services;
+  {
+    StateStore store;
+    bool created = false;
+    ASSERT_OK(store.Open(path, &created));
+    ClusterStateWriter w(&store);
+    ClusterState d;
+    bool migrated = false;
+    ASSERT_OK(w.Load("job", &d, &found, &migrated));
+    ASSERT_TRUE(found);
+    EXPECT_TRUE(migrated);
+    ExpectSameState(expect, d);
+    ASSERT_OK(w.Save(d));
+  }
+  const auto kv = RawKeys(path);
+  EXPECT_EQ(kv.count("job/job/services"), 0u);
+  for (const char* key : {"cluster/meta", "cluster/services", "job/job/meta", "job/job/generation", "job/job/placement",
+                          "cluster/nodes/a", "cluster/nodes/b"}) {
+    EXPECT_EQ(kv.count(key), 1u) << key;
+  }
+  EXPECT_EQ(json::parse(kv.at("cluster/meta"))["v"], kClusterLayoutVersion);
+  ClusterState again;
+  bool migrated = true;
+  ASSERT_OK(LoadState(path, "job", &again, &found, &migrated));
+  ASSERT_TRUE(found);
+  EXPECT_FALSE(migrated);
+  ExpectSameState(expect, again);
+}
+
+// A state written by a newer edl (a layout version above this one's) is refused naming both
+// versions and the fix; nothing is written.
+TEST(StateStoreTest, ANewerLayoutIsRefusedNamingBothVersions) {
+  test::ScratchDir dir("edl-state");
+  const std::string path = dir.Join("state");
+  {
+    StateStore store;
+    bool created = false;
+    ASSERT_OK(store.Open(path, &created));
+    ClusterStateWriter w(&store);
+    ASSERT_OK(w.Save(OneJobSample()));
+    json meta = json::parse(EncodeClusterState(OneJobSample()).at("cluster/meta"));
+    meta["v"] = kClusterLayoutVersion + 1;
+    ASSERT_OK(store.Write({{"cluster/meta", meta.dump()}}, {}));
+  }
+  const auto before = RawKeys(path);
+  ClusterState d;
+  bool found = false;
+  const Status st = LoadState(path, "job", &d, &found);
+  EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
+  EXPECT_NE(st.message().find("format version " + std::to_string(kClusterLayoutVersion + 1)), std::string::npos)
+      << st.ToString();
+  EXPECT_NE(st.message().find("1.." + std::to_string(kClusterLayoutVersion)), std::string::npos) << st.ToString();
+  EXPECT_EQ(RawKeys(path), before);
+}
+
+// The teacher services (`cluster/services`): kept beside the jobs through real RocksDB, absent in
+// an older state (no desired counts), and a damaged value is refused naming its key.
 TEST(StateStoreTest, ServicesAreKeptBesideTheJobAndADamagedValueIsRefused) {
   test::ScratchDir dir("edl-state");
   const std::string path = dir.Join("state");
-  const std::string key = JobKeyPrefix("job") + "services";
-  JobState s = Sample();
+  const std::string key = "cluster/services";
+  ClusterState s = OneJobSample();
   s.services.desired = {{"kd", 2}, {"kd2", 0}};
   s.services.restarts = {{"kd", 3}};
   s.services.next_seq = 9;
   s.services.teachers = {{"a-t7", "kd", "a"}, {"b-t8", "kd", "b"}};
-  // A fresh store on the directory loads the job into *d.
-  auto load = [&](JobState* d, bool* found) {
-    StateStore store;
-    bool created = false;
-    EXPECT_OK(store.Open(path, &created));
-    return store.Load("job", d, found);
-  };
   // Another program (or an older server) changes the key directly; empty `value`: deletes it.
   auto raw = [&](const std::string& value) {
     rocksdb::DB* db = nullptr;
@@ -283,11 +419,12 @@ TEST(StateStoreTest, ServicesAreKeptBesideTheJobAndADamagedValueIsRefused) {
     StateStore store;
     bool created = false;
     ASSERT_OK(store.Open(path, &created));
-    ASSERT_OK(store.Save(s));
+    ClusterStateWriter w(&store);
+    ASSERT_OK(w.Save(s));
   }
-  JobState d;
+  ClusterState d;
   bool found = false;
-  ASSERT_OK(load(&d, &found));
+  ASSERT_OK(LoadState(path, "job", &d, &found));
   ASSERT_TRUE(found);
   EXPECT_EQ(d.services.desired, s.services.desired);
   EXPECT_EQ(d.services.restarts, s.services.restarts);
@@ -296,45 +433,26 @@ TEST(StateStoreTest, ServicesAreKeptBesideTheJobAndADamagedValueIsRefused) {
   EXPECT_EQ(d.services.teachers[1].name, "b-t8");
   EXPECT_EQ(d.services.teachers[1].node, "b");
   raw("");  // a state written before services were kept
-  JobState older;
-  ASSERT_OK(load(&older, &found));
+  ClusterState older;
+  ASSERT_OK(LoadState(path, "job", &older, &found));
   EXPECT_TRUE(found);
   EXPECT_TRUE(older.services.empty());
   raw(R"({"v":1,"desired":{"kd":99999},"restarts":{},"next_seq":1,"teachers":[]})");
-  const Status st = load(&older, &found);
+  const Status st = LoadState(path, "job", &older, &found);
   EXPECT_TRUE(st.IsCorruption()) << st.ToString();
-  EXPECT_NE(st.message().find("job/job/services"), std::string::npos) << st.ToString();
-
-  // The cluster layout: one `cluster/services` key, optional on decode.
-  ClusterState c;
-  c.services = s.services;
-  std::map<std::string, std::string> kv = EncodeClusterState(c);
-  ASSERT_EQ(kv.count("cluster/services"), 1u);
-  ClusterState back;
-  ASSERT_OK(DecodeClusterState(kv, &back, &found));
-  EXPECT_TRUE(found);
-  EXPECT_EQ(back.services.desired, s.services.desired);
-  EXPECT_EQ(back.services.teachers.size(), 2u);
-  kv.erase("cluster/services");
-  ASSERT_OK(DecodeClusterState(kv, &back, &found));
-  EXPECT_TRUE(back.services.empty());
-  kv["cluster/services"] = "{\"v\":1";
-  const Status cs = DecodeClusterState(kv, &back, &found);
-  EXPECT_TRUE(cs.IsCorruption()) << cs.ToString();
-  EXPECT_NE(cs.message().find("cluster/services"), std::string::npos) << cs.ToString();
+  EXPECT_NE(st.message().find("cluster/services"), std::string::npos) << st.ToString();
 }
 
-// ---- the scheduler resumes
+// ---- a one-job server resumes
 
-class SchedulerRestoreTest : public ::testing::Test {
+class OneJobRestoreTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Scheduler> Make(int initial_trainers = 0) {
-    SchedulerOptions o;
+  std::unique_ptr<test::OneJobCluster> Make(int initial_trainers = 0) {
+    MembershipOptions o;
     o.job_id = "job";
     o.initial_trainers = initial_trainers;
-    o.heartbeat_timeout_us = 5'000'000;
     o.join_timeout_us = 10'000'000;
-    return std::make_unique<Scheduler>(o, &clock_);
+    return std::make_unique<test::OneJobCluster>(o, &clock_);
   }
   static std::vector<Action> Of(std::vector<Action> all, Kind kind) {
     std::vector<Action> out;
@@ -346,25 +464,25 @@ class SchedulerRestoreTest : public ::testing::Test {
   ManualClock clock_;
 };
 
-TEST_F(SchedulerRestoreTest, SurvivorsAreAdoptedAndNumbersGoOnAboveEveryIssuedOne) {
+TEST_F(OneJobRestoreTest, SurvivorsAreAdoptedAndNumbersGoOnAboveEveryIssuedOne) {
   auto s1 = Make(3);
-  const std::string tok_a(64, 'a'), tok_b(64, 'b');
-  ASSERT_OK(s1->AddNode("a", "127.0.0.1", false, {0, 1}, {}, tok_a));
-  ASSERT_OK(s1->AddNode("b", "127.0.0.1", false, {0, 1}, {}, tok_b));
+  ASSERT_OK(s1->AddNode("a", "127.0.0.1", false, {0, 1}));
+  ASSERT_OK(s1->AddNode("b", "127.0.0.1", false, {0, 1}));
+  const std::string tok_a = s1->SessionOf("a"), tok_b = s1->SessionOf("b");
   ASSERT_EQ(s1->current().world_size(), 3);
   s1->SetDesired(4, "ctl");  // a grow in flight: generation 2 prepared, not committed
   ASSERT_TRUE(s1->has_pending());
   auto prepares = Of(s1->TakeActions(), Kind::kPrepare);
   ASSERT_EQ(prepares.size(), 1u);
   const std::string joiner = prepares[0].prepare.joiners.at(0).trainer_id;
-  JobState saved;
+  ClusterState saved;
   s1->Snapshot(&saved);
-  EXPECT_EQ(saved.max_generation, 2);
+  EXPECT_EQ(saved.jobs.at("job").sched.max_generation, 2);
   const proto::GenerationInfo before = s1->current();
 
   // The server dies; a new one resumes.
   auto s2 = Make();
-  s2->Restore(saved);
+  ASSERT_OK(s2->Restore(saved));
   EXPECT_TRUE(s2->recovering());
   EXPECT_EQ(s2->current().DebugString(), before.DebugString());
   std::vector<std::string> on_a, on_b;
@@ -372,12 +490,13 @@ TEST_F(SchedulerRestoreTest, SurvivorsAreAdoptedAndNumbersGoOnAboveEveryIssuedOn
   // A node without its token may not take the name.
   EXPECT_TRUE(s2->CheckAdmission("a", "").code() == Status::Code::kUnavailable);
   ASSERT_OK(s2->CheckAdmission("a", tok_a));
-  ASSERT_OK(s2->AddNode("a", "127.0.0.1", false, {0, 1}, on_a, tok_a, std::vector<int64_t>(on_a.size(), 1)));
+  ASSERT_OK(s2->AddNode("a", "127.0.0.1", false, {0, 1}, on_a, std::vector<int64_t>(on_a.size(), 1)));
   std::vector<std::string> b_running = on_b;
   b_running.push_back(joiner);
   std::vector<int64_t> b_gens(on_b.size(), 1);
   b_gens.push_back(2);
-  ASSERT_OK(s2->AddNode("b", "127.0.0.1", false, {0, 1}, b_running, tok_b, b_gens));
+  ASSERT_OK(s2->CheckAdmission("b", tok_b));
+  ASSERT_OK(s2->AddNode("b", "127.0.0.1", false, {0, 1}, b_running, b_gens));
   EXPECT_FALSE(s2->recovering());
   auto all = s2->TakeActions();
   EXPECT_TRUE(Of(all, Kind::kCommit).empty()) << "the survivors were adopted without a new generation";
@@ -395,20 +514,20 @@ TEST_F(SchedulerRestoreTest, SurvivorsAreAdoptedAndNumbersGoOnAboveEveryIssuedOn
   EXPECT_EQ(s2->current().world_size(), 4);
 }
 
-TEST_F(SchedulerRestoreTest, NoChangeUntilTheMembersNodesReturnOrAreLost) {
+TEST_F(OneJobRestoreTest, NoChangeUntilTheMembersNodesReturnOrAreLost) {
   auto s1 = Make(4);
-  ASSERT_OK(s1->AddNode("a", "127.0.0.1", false, {0, 1}, {}, std::string(64, 'a')));
-  ASSERT_OK(s1->AddNode("b", "127.0.0.1", false, {0, 1}, {}, std::string(64, 'b')));
+  ASSERT_OK(s1->AddNode("a", "127.0.0.1", false, {0, 1}));
+  ASSERT_OK(s1->AddNode("b", "127.0.0.1", false, {0, 1}));
   ASSERT_EQ(s1->current().world_size(), 4);
-  JobState saved;
+  ClusterState saved;
   s1->Snapshot(&saved);
   auto s2 = Make();
-  s2->Restore(saved);
+  ASSERT_OK(s2->Restore(saved));
   std::vector<std::string> on_a;
   for (const auto& m : s2->current().members) {
     if (m.node == "a") on_a.push_back(m.trainer_id);
   }
-  ASSERT_OK(s2->AddNode("a", "127.0.0.1", false, {0, 1}, on_a, std::string(64, 'a')));
+  ASSERT_OK(s2->AddNode("a", "127.0.0.1", false, {0, 1}, on_a));
   // b is away: its slots are not counted, but the job is not shrunk while it may come back.
   clock_.Advance(6'000'000);
   s2->Heartbeat("a");
@@ -427,10 +546,10 @@ TEST_F(SchedulerRestoreTest, NoChangeUntilTheMembersNodesReturnOrAreLost) {
   EXPECT_FALSE(s2->recovering());
 }
 
-TEST_F(SchedulerRestoreTest, AFloorFromTheCheckpointStoreNumbersTheFirstGenerationAboveIt) {
+TEST_F(OneJobRestoreTest, AFloorFromTheCheckpointStoreNumbersTheFirstGenerationAboveIt) {
   auto s = Make();
   s->RaiseGenerationFloor(5);
-  ASSERT_OK(s->AddNode("a", "127.0.0.1", false, {0}, {}));
+  ASSERT_OK(s->AddNode("a", "127.0.0.1", false, {0}));
   EXPECT_EQ(s->current().generation, 6);
   EXPECT_EQ(s->max_generation(), 6);
 }

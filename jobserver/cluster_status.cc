@@ -1,0 +1,106 @@
+// What the Cluster shows: `edl ctl jobs`, `edl ctl status` (README "edl ctl") and the progress the
+// events logs record. A one-job server's status is its job's summary (JobMembership::Summary) with
+// its progress; a cluster server's lists its jobs and sums the nodes' utilisation.
+#include <algorithm>
+
+#include "jobserver/cluster.h"
+
+namespace edl::jobserver {
+
+using nlohmann::json;
+
+json Cluster::ProgressSummary(const std::string& job) const {
+  auto it = jobs_.find(job);
+  if (it == jobs_.end()) return json::object();
+  const proto::GenerationInfo& g = it->second.membership->current();
+  const std::map<std::string, proto::ProgressReport>& reports = it->second.progress;
+  int64_t step = 0, epoch = 0;
+  double loss = 0, ips = 0, acc = -1;
+  int reporting = 0;
+  for (const proto::MemberInfo& m : g.members) {
+    auto r = reports.find(m.trainer_id);
+    if (r == reports.end()) continue;
+    ++reporting;
+    step = std::max(step, r->second.step);
+    epoch = std::max(epoch, r->second.epoch);
+    ips += r->second.images_per_sec;
+    if (m.rank == 0) {
+      loss = r->second.loss;
+      acc = r->second.accuracy;
+    }
+  }
+  return {{"reporting", reporting}, {"step", step}, {"epoch", epoch}, {"loss", loss},
+          {"images_per_sec", ips}, {"accuracy", acc}};
+}
+
+json Cluster::JobsJson() const {
+  json live = json::array();
+  for (const std::string& name : JobNames()) {
+    const Job& job = jobs_.at(name);
+    const PolicyJob* pj = policy_.Find(name);
+    const JobSubmission& s = job.spec.job;
+    const JobMembership& m = *job.membership;
+    const bool running = pj != nullptr ? pj->state == JobPhase::kRunning : m.current().world_size() > 0;
+    json j = {{"name", name},
+              {"type", s.type},
+              {"min", s.min_trainers},
+              {"max", s.max_trainers},
+              {"priority", s.priority},
+              {"mode", s.elastic ? "elastic" : "restart"},
+              {"state", running ? "running" : "pending"},
+              {"trainers", m.current().world_size()},
+              {"target", pj != nullptr ? pj->size : m.target()},
+              {"generation", m.current().generation},
+              {"flags", job.spec.flags}};
+    if (pj != nullptr && !pj->pending_reason.empty()) j["pending_reason"] = pj->pending_reason;
+    live.push_back(std::move(j));
+  }
+  return {{"jobs", live}, {"ended", json(std::vector<json>(finished_.begin(), finished_.end()))}};
+}
+
+json Cluster::StatusJson() const {
+  if (one_job()) {  // the job's own summary, as `edl ctl status` of one job prints it
+    json s = FindJob(own_job_)->Summary();
+    s["progress"] = ProgressSummary(own_job_);
+    return s;
+  }
+  json s = JobsJson();
+  std::string running;
+  double total_ips = 0;
+  for (json& j : s["jobs"]) {
+    const std::string name = j["name"].get<std::string>();
+    const json progress = ProgressSummary(name);
+    const double ips = progress.value("images_per_sec", 0.0);
+    j["images_per_sec"] = ips;
+    j["step"] = progress.value("step", 0);
+    j["epoch"] = progress.value("epoch", 0);
+    j["loss"] = progress.value("loss", 0.0);
+    total_ips += ips;
+    running += (running.empty() ? "" : "|") + name + ":" + std::to_string(j.value("trainers", 0));
+  }
+  double busy = 0, gpu = 0;
+  int cores = 0, gpus = 0, connected = 0;
+  for (const auto& [name, n] : registry_.nodes()) {
+    connected += n.connected ? 1 : 0;
+    if (!n.stats) continue;
+    busy += n.stats->cpu_busy;
+    cores += n.stats->cpu_cores;
+    if (n.stats->gpu_util >= 0) {
+      gpu += n.stats->gpu_util;
+      ++gpus;
+    }
+  }
+  s["cpu_utils"] = cores > 0 ? json(100.0 * busy / cores) : json("n/a");
+  s["gpu_utils"] = gpus > 0 ? json(gpu / gpus) : json("n/a");
+  s["cluster"] = true;
+  s["submitted_jobs"] = submitted_;
+  s["pending_jobs"] = policy_.pending_jobs();
+  s["running_trainers"] = running;
+  s["total_slots"] = policy_.total_slots();
+  s["used_slots"] = policy_.used_slots();
+  s["nodes"] = connected;
+  s["images_per_sec"] = total_ips;
+  return s;
+}
+
+}  // namespace edl::jobserver
