@@ -7,7 +7,10 @@
 //    teacher service scaled to 1 keeps its desired count and its one teacher (same process);
 //  - a leader paused (SIGSTOP) past its lease is replaced and, once resumed, stops with exit 1;
 //  - fencing: a backend whose leader key was replaced cannot write, and one whose lease was revoked
-//    reports the loss.
+//    reports the loss;
+//  - a cluster server (`--cluster`) the same way: two running jobs and a pending one survive the
+//    leader's SIGKILL on the standby, with their placement, generation numbers and trainers;
+//  - a standby pointed at an etcd that holds another server's state refuses it, naming the fix.
 // Skipped, with the reason printed, where etcd is not installed (Debian: etcd-server).
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -88,13 +91,19 @@ class StandbyTest : public itest::ControlPlaneHarness {
     if (etcd_) etcd_->Stop();
   }
 
-  std::unique_ptr<Proc> StartEtcdServer(const std::string& name, int port) {
+  // `cluster`: a cluster server (`--cluster`) instead of a one-job server of 4 trainers.
+  std::unique_ptr<Proc> StartEtcdServer(const std::string& name, int port, bool cluster = false,
+                                        const std::string& id = "itest") {
     std::vector<std::string> argv = {
         test::EdlBinary(), "server", "--server_port", std::to_string(port), "--bind", "127.0.0.1",
-        "--port_file", dir_.Join(name + ".port"), "--secret_file", secret_, "--job_id", "itest",
-        "--min_trainers", "1", "--trainers", "4", "--events_dir", dir_.Join("events"),
-        "--heartbeat_timeout_ms", "3000", "--join_timeout_s", "60", "--backoff_min_s", "0", "--backoff_max_s", "0",
-        "--state_store", store_, "--lease_ttl_s", "2"};
+        "--port_file", dir_.Join(name + ".port"), "--secret_file", secret_, "--job_id", id,
+        "--events_dir", dir_.Join("events"), "--heartbeat_timeout_ms", "3000", "--join_timeout_s", "60",
+        "--backoff_min_s", "0", "--backoff_max_s", "0", "--state_store", store_, "--lease_ttl_s", "2"};
+    if (cluster) {
+      argv.push_back("--cluster");
+    } else {
+      for (const char* a : {"--min_trainers", "1", "--trainers", "4"}) argv.push_back(a);
+    }
     return std::make_unique<Proc>(argv, dir_.Join(name + ".log"));
   }
 
@@ -210,6 +219,151 @@ TEST_F(StandbyTest, TheStandbyTakesOverAfterTheLeaderIsKilledAndAdoptsTheTrainer
   EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
   // A clean stop resigns: the leader key is gone at once, not after the TTL.
   EXPECT_EQ(LeaderValue(), "");
+}
+
+// The cluster server survives its machine: the leader of a cluster (two running jobs, one pending)
+// is SIGKILLed and a standby on another port takes over from etcd with every job, its placement,
+// its generation numbers and its running trainers (no pid changes, no generation made by the
+// takeover); the pending job is still pending, and the next change is numbered above the old ones.
+TEST_F(StandbyTest, AClusterServerIsTakenOverWithEveryJobAndItsTrainers) {
+  const int port_a = FreePort(), port_b = FreePort();
+  servers_.push_back(StartEtcdServer("a", port_a, /*cluster=*/true));
+  ASSERT_FALSE(itest::WaitForPortFile(dir_.Join("a.port"), servers_[0].get()).empty()) << Logs();
+  servers_.push_back(StartEtcdServer("b", port_b, /*cluster=*/true));
+  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("b.log")).find("standby for job itest: the leader is") !=
+                                   std::string::npos; },
+                      milliseconds(30000)))
+      << Logs();
+  EXPECT_FALSE(Listens(port_b));
+  port_ = std::to_string(port_a) + ",127.0.0.1:" + std::to_string(port_b);
+  auto client = [&](const std::string& node) {
+    return StartClient(node, "inplace", "", {{"job_type", std::string("standin = ") + STAND_IN_TRAINER}});
+  };
+  auto c1 = client("n1");
+  auto c2 = client("n2");
+  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("a.log")).find("node n2 registered") != std::string::npos; },
+                      milliseconds(30000)))
+      << Logs();
+  auto submit = [&](const std::string& name, int min, int max) {
+    const std::string path = dir_.Join(name + ".ini");
+    std::ofstream(path) << "name = " << name << "\ntype = standin\nmin = " << min << "\nmax = " << max << "\n";
+    std::string out;
+    ASSERT_EQ(Ctl({"submit", path}, &out), 0) << out;
+  };
+  submit("ja", 1, 2);
+  submit("jb", 1, 2);
+  submit("jc", 3, 3);  // 4 slots, 2 each for ja and jb: jc cannot start, and shrinking them would not fit it
+  auto job_events = [&](const std::string& job) { return ReadLines(dir_.Join("events/" + job + ".events.jsonl")); };
+  auto last_generation = [&](const std::string& job) {
+    int64_t g = 0;
+    for (const json& e : job_events(job)) {
+      if (e.value("type", "") == "generation") g = e["generation"].get<int64_t>();
+    }
+    return g;
+  };
+  auto kv_done = [&](const std::string& job, int64_t g) {
+    std::set<std::string> out;
+    for (const json& r : ReadLines(records_)) {
+      if (r["event"] == "kv" && r["generation"] == g && r["ok"] == true && r.value("job_id", "") == job) {
+        out.insert(r["trainer_id"].get<std::string>());
+      }
+    }
+    return out;
+  };
+  std::map<std::string, int64_t> gen;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (const std::string job : {"ja", "jb"}) {
+          gen[job] = last_generation(job);
+          if (gen[job] == 0 || kv_done(job, gen[job]).size() < 2) return false;
+        }
+        return true;
+      },
+      milliseconds(60000)))
+      << Logs();
+  auto state_of = [](const json& jobs, const std::string& name) {
+    for (const json& j : jobs["jobs"]) {
+      if (j["name"] == name) return j;
+    }
+    return json();
+  };
+  const json before = Jobs();
+  ASSERT_EQ(before["jobs"].size(), 3u) << before.dump();
+  EXPECT_EQ(state_of(before, "jc")["state"], "pending") << before.dump();
+  std::map<std::string, std::set<int>> pids_before;
+  for (const json& r : ReadLines(records_)) pids_before[r["trainer_id"]].insert(r["pid"].get<int>());
+  ASSERT_EQ(pids_before.size(), 4u) << Logs();
+
+  ASSERT_EQ(::kill(servers_[0]->pid(), SIGKILL), 0);
+  ASSERT_EQ(servers_[0]->Wait(milliseconds(10000)), 128 + SIGKILL);
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_FALSE(itest::WaitForPortFile(dir_.Join("b.port"), servers_[1].get()).empty()) << Logs();
+  const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - killed);
+  std::printf("cluster takeover: b listens %lld ms after a's SIGKILL (lease TTL 2 s; load %s)\n",
+              static_cast<long long>(took.count()), Slurp("/proc/loadavg").substr(0, 14).c_str());
+  EXPECT_NE(Slurp(dir_.Join("b.log")).find("resuming the cluster from --state_store " + store_), std::string::npos)
+      << Logs();
+  // Each running job adopts its two trainers as their clients re-attach to b.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        int recovered = 0;
+        for (const std::string job : {"ja", "jb"}) {
+          for (const json& e : job_events(job)) recovered += e.value("type", "") == "recovered";
+        }
+        return recovered == 2;
+      },
+      milliseconds(60000)))
+      << Logs();
+  const json after = Jobs();
+  ASSERT_EQ(after["jobs"].size(), 3u) << after.dump();
+  for (const std::string job : {"ja", "jb"}) {
+    EXPECT_EQ(state_of(after, job)["state"], "running") << after.dump();
+    EXPECT_EQ(state_of(after, job)["generation"], gen[job]) << "the takeover made a generation: " << after.dump();
+    EXPECT_EQ(state_of(after, job)["trainers"], 2) << after.dump();
+  }
+  EXPECT_EQ(state_of(after, "jc")["state"], "pending") << after.dump();
+  EXPECT_EQ(state_of(after, "jc")["generation"], 0) << after.dump();
+
+  // The next change is numbered above the old ones and reaches the same trainers.
+  std::string out;
+  ASSERT_EQ(Ctl({"scale", "ja", "1"}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor([&] { return last_generation("ja") > gen["ja"]; }, milliseconds(60000))) << Logs();
+  std::map<std::string, std::set<int>> pids_after;
+  for (const json& r : ReadLines(records_)) pids_after[r["trainer_id"]].insert(r["pid"].get<int>());
+  for (const auto& [id, pids] : pids_before) EXPECT_EQ(pids_after[id], pids) << id << " was restarted" << Logs();
+  for (const std::string job : {"ja", "jb"}) {
+    for (const json& e : job_events(job)) {
+      if (e.value("type", "") == "generation") EXPECT_FALSE(e["failure"].get<bool>()) << e.dump() << Logs();
+    }
+  }
+
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(servers_[1]->Wait(milliseconds(10000)), 0) << Logs();
+  EXPECT_EQ(c1->Wait(milliseconds(15000)), 0);
+  EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
+  EXPECT_EQ(LeaderValue(), "");
+}
+
+// A standby pointed at an etcd that holds another server's state (a one-job server's, here) does
+// not take it over: it refuses at start naming the cause and the fix, and writes nothing.
+TEST_F(StandbyTest, AServerRefusesAnotherServersStateInEtcd) {
+  servers_.push_back(StartEtcdServer("a", FreePort()));  // a one-job server of job itest
+  ASSERT_FALSE(itest::WaitForPortFile(dir_.Join("a.port"), servers_[0].get()).empty()) << Logs();
+  servers_[0]->Stop();
+  std::vector<EtcdKv> before, after;
+  ASSERT_TRUE(client_->Range("cluster/", jobserver::EtcdPrefixEnd("cluster/"), &before).ok());
+  ASSERT_FALSE(before.empty());
+  // A cluster server under the same name, and a one-job server of another job, on that etcd.
+  servers_.push_back(StartEtcdServer("b", FreePort(), /*cluster=*/true));
+  EXPECT_EQ(servers_[1]->Wait(milliseconds(30000)), 1) << Logs();
+  EXPECT_NE(Slurp(dir_.Join("b.log")).find("single-job server's job itest"), std::string::npos) << Logs();
+  servers_.push_back(StartEtcdServer("c", FreePort(), /*cluster=*/false, "other"));
+  EXPECT_EQ(servers_[2]->Wait(milliseconds(30000)), 1) << Logs();
+  const std::string c_log = Slurp(dir_.Join("c.log"));
+  EXPECT_NE(c_log.find("--job_id itest"), std::string::npos) << c_log;
+  ASSERT_TRUE(client_->Range("cluster/", jobserver::EtcdPrefixEnd("cluster/"), &after).ok());
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i].value, before[i].value) << after[i].key;
 }
 
 TEST_F(StandbyTest, ALeaderPausedPastItsLeaseStopsWhenItWakes) {
