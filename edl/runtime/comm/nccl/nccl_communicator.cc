@@ -576,7 +576,10 @@ StatusOr<std::unique_ptr<Communicator>> NewShrunkNcclCommunicator(
   }
   CommOptions o = options;
   Resources res;
-  EDL_RETURN_IF_ERROR(res.Make(&o));
+  if (Status made = res.Make(&o); !made.ok()) {
+    res.Release();
+    return made;
+  }
   std::vector<int> excluded = excluded_ranks;
   ncclComm_t comm = nullptr;
   // ncclCommShrink runs on the parent's handle as one of its operations (no Abort() meanwhile);
