@@ -64,6 +64,7 @@ if [ -d "$HERE/edl-gpu" ]; then
   CHAOS=${GPU_CHECK_CHAOS:-$ROOT/edl-gpu/tests/edl_chaos_check}
   DATA=${GPU_CHECK_DATA:-$ROOT/data/fashion-mnist}
   IMAGES=${GPU_CHECK_IMAGES:-$ROOT/data/imagefolder}
+  PATH="$ROOT/edl-gpu/tools:$PATH"  # jq for scripts/demo.sh (GPU hosts often lack it)
 else
   ROOT=$(dirname "$HERE")
   EDL=${GPU_CHECK_EDL:-$ROOT/build/edl}
