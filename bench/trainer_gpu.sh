@@ -23,7 +23,8 @@
 # Without a visible GPU it prints one SKIP line and exits 0.
 # Knobs: EDL (default build/edl, or the wrapper of scripts/build_gpu_bundle.sh), PYTHON (a python
 # with CUDA PyTorch + torchvision, default python3), STEPS (timed steps, default 40), WARMUP
-# (default STEPS; must be a multiple of STEPS), BATCHES (candidates, default "256 192 128 96 64 32").
+# (default STEPS; must be a multiple of STEPS), BATCHES (candidates, default "256 192 128 96 64 32";
+# a single one is used without probing).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 EDL=${EDL:-build/edl}
@@ -119,9 +120,12 @@ except torch.cuda.OutOfMemoryError:
     print("oom")
 EOF
 
-# ---- largest batch that fits both
+# ---- largest batch that fits both (one candidate: taken as given, no probe runs)
 batch=""
-for b in $BATCHES; do
+# shellcheck disable=SC2086  # a list
+set -- $BATCHES
+[ $# -eq 1 ] && batch=$1
+for b in $([ -z "$batch" ] && echo "$BATCHES"); do
   if edl_run "$b" 2 >/dev/null && ref=$($PYTHON -c "$PYREF" "$b" 2 2 2>/dev/null) && [[ "$ref" != oom* ]] && [ -n "$ref" ]; then
     batch=$b
     break

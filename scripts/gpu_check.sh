@@ -158,9 +158,14 @@ check1() {  # tests
     timeout 600 "${RUN[@]}" "$exe" --gtest_filter="$filter" >"$OUT/check1-$b.log" 2>&1 || rc=$?
     grep -E '^\[ *(PASSED|SKIPPED|FAILED) *\]|^  [a-z]' "$OUT/check1-$b.log" | head -40
     if [ "$rc" != 0 ] && [ "$rc" != 77 ]; then ok=1; echo "$b failed (exit $rc): see $OUT/check1-$b.log"; fi
-    if [ "$DRY" = 0 ] && grep -q '^\[  SKIPPED \] [0-9]' "$OUT/check1-$b.log"; then
+    # On a GPU host nothing may skip but the parity test's one case that skips by design (fp16
+    # needs the loss op, which that case does not run).
+    local skipped
+    skipped=$(sed -n 's/^\[  SKIPPED \] \([^ ]*\) ([0-9]* ms)$/\1/p' "$OUT/check1-$b.log" |
+      grep -v '^Precisions/CudaParityTest\.ResNet50BottleneckBlock/fp16$')
+    if [ "$DRY" = 0 ] && [ -n "$skipped" ]; then
       ok=1
-      echo "$b skipped tests on a GPU host: $(grep -m1 'Skipped$\|SKIPPED \]' "$OUT/check1-$b.log")"
+      echo "$b skipped on a GPU host: $(echo "$skipped" | tr '\n' ' ')"
     fi
   done
   local cyc
@@ -192,7 +197,7 @@ check2() {  # world-size-1 training on GPU vs the CPU run of the same recipe
 }
 
 check3() {  # elastic job of 4 trainers through shrink, grow, SIGKILL
-  local dir="$OUT/check3" samples=$TRAIN_SAMPLES epochs=6
+  local dir="$OUT/check3" samples=$TRAIN_SAMPLES epochs=4
   [ "$DRY" = 1 ] && epochs=2
   rm -rf "$dir"
   mkdir -p "$dir"
@@ -245,8 +250,10 @@ check4() {  # the GPU benchmark
     echo "$out" | grep -q '^SKIP trainer_gpu: no GPU' || { echo "no SKIP line without a GPU"; return 1; }
     return 0
   fi
-  EDL="$EDL" PYTHON="$PY" BATCHES=256 STEPS=20 WARMUP=20 timeout 420 bash "$ROOT/bench/trainer_gpu.sh" ||
-    { echo "bench/trainer_gpu.sh failed"; return 1; }
+  EDL="$EDL" PYTHON="$PY" BATCHES=256 STEPS=20 WARMUP=20 timeout 420 bash "$ROOT/bench/trainer_gpu.sh" \
+    | tee "$OUT/check4-bench.txt" || { echo "bench/trainer_gpu.sh failed"; return 1; }
+  grep -q 'images_per_s ours=[0-9][0-9.]*img/s ref=[0-9][0-9.]*img/s' "$OUT/check4-bench.txt" ||
+    { echo "no images/s for both sides (edl: $(tail -1 /tmp/edl_gpu_bench.err 2>/dev/null))"; return 1; }
 }
 
 check5() {  # teacher on the GPU vs the CPU backend's answers

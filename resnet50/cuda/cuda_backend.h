@@ -38,8 +38,9 @@
 //   update    .. the last SgdUpdate
 //   idle      .. the next step's first upload (the GPU waits for the host between steps:
 //             loading the next batch, logging, checkpoint hooks)
-// It waits for the previous step's events at the next upload, so it costs some overlap; leave it
-// off for throughput figures.
+// An evaluation's uploads between two steps count as the next step's h2d (bench/trainer_gpu.sh
+// runs without evaluation). It waits for the previous step's events at the next upload, so it
+// costs some overlap; leave it off for throughput figures.
 //
 // Thread-safety: one thread at a time, like every Backend.
 #pragma once

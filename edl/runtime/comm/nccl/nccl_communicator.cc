@@ -484,8 +484,8 @@ Status WaitInit(ncclComm_t comm, const CommOptions& o, const char* what) {
   scope.phase = CommPhase::kConstruct;
   scope.timeout = o.timeout;
   scope.deadline = Clock::now() + o.timeout;
-  Status s = nccl::PollUntil(scope, [comm, what]() -> StatusOr<bool> {
-    ncclResult_t state = ncclInProgress;
+  ncclResult_t state = ncclInProgress;
+  Status s = nccl::PollUntil(scope, [comm, what, &state]() -> StatusOr<bool> {
     const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
     if (r != ncclSuccess) state = r;
     if (state == ncclInProgress) return false;
@@ -493,9 +493,10 @@ Status WaitInit(ncclComm_t comm, const CommOptions& o, const char* what) {
     return true;
   });
   if (s.ok()) return s;
-  ncclCommAbort(comm);
-  const char* last = ncclGetLastError(nullptr);
+  // Read before the abort, and only for NCCL's own refusal: the last error is process-wide.
+  const char* last = state == ncclInvalidUsage ? ncclGetLastError(nullptr) : nullptr;
   const std::string dup = DuplicateGpuMessage(last ? last : "", o.rank_names, o.generation);
+  ncclCommAbort(comm);
   if (!dup.empty()) return Status::FailedPrecondition(dup);
   return s;
 }
