@@ -1,7 +1,9 @@
 # EDL front door. `make` builds build/edl (Release); `make test` installs deps when missing, builds
 # and runs every GoogleTest suite through ctest, then the sanitizer stages (below); `make demo` runs
-# the one-machine elastic demo; `make install PREFIX=/opt/edl` installs bin/edl, its libraries, the
-# runtime's headers and CMake package (find_package(edl)); `make package` writes the Debian package.
+# the one-machine elastic demo; `make gpu-check` packs build/gpu-check.tar.gz, the one-call proof of
+# the GPU path (scripts/build_gpu_check.sh, scripts/gpu_check.sh); `make install PREFIX=/opt/edl`
+# installs bin/edl, its libraries, the runtime's headers and CMake package (find_package(edl));
+# `make package` writes the Debian package.
 # Knobs: BUILD_DIR=build, BUILD_TYPE=Release, JOBS=$(nproc), EDL_USE_CUDA=AUTO|ON|OFF,
 #        SANITIZE=address,undefined|thread (for BUILD_DIR itself), SANITIZERS=0 (skip the stages).
 #
@@ -60,7 +62,7 @@ define timed
 	  echo "== make test: $(1): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 endef
 
-.PHONY: all deps configure build install package test test-unit asan test-asan test-tsan demo bench clean
+.PHONY: all deps configure build install package test test-unit asan test-asan test-tsan demo bench clean gpu-check
 
 all: build
 
@@ -108,6 +110,10 @@ test-tsan: deps
 
 demo: build
 	@bash scripts/demo.sh
+
+# build/gpu-check.tar.gz: on a GPU host `tar xzf gpu-check.tar.gz && gpu-check/gpu_check.sh OUT_DIR`.
+gpu-check: deps
+	@BUILD_DIR=$(BUILD_DIR) JOBS=$(JOBS) bash scripts/build_gpu_check.sh
 
 bench: build
 	@for b in bench/*.sh; do echo "== $$b"; bash $$b; done

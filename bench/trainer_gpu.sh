@@ -3,8 +3,12 @@
 # invocation: ResNet-50, 224x224 synthetic images, bf16 compute (ours: --precision bf16 with fp32
 # master weights; PyTorch: torchvision resnet50, channels_last, torch.autocast(bfloat16), SGD
 # momentum), the largest batch <= 256 that fits for both. Prints images/s and the per-step
-# breakdown (forward, backward, update, and h2d, ~0 here; GPU time from CUDA events:
-# EDL_CUDA_PHASE_TIMES=1 for edl, torch.cuda.Event for PyTorch).
+# breakdown in GPU time from CUDA events (EDL_CUDA_PHASE_TIMES=1 for edl, torch.cuda.Event for
+# PyTorch): h2d (~0 here), forward, backward, allreduce (ours: the in-band write, the all-reduce at
+# world size 1 and the read-back; PyTorch has none), update and idle (the GPU waiting for the host
+# between steps). On each side the phases tile the step, from one step's first event to the next
+# step's, so they sum to the step time: `RESULT ..._phase_sum_of_step` shows each side's sum as a
+# fraction of its step (1.000 when the breakdown is complete).
 #
 # Both sides time the same steady window on device-resident data:
 #   - data: one batch made once and kept on the device (ours: --resident_batch, which loads and
@@ -19,7 +23,8 @@
 # Without a visible GPU it prints one SKIP line and exits 0.
 # Knobs: EDL (default build/edl, or the wrapper of scripts/build_gpu_bundle.sh), PYTHON (a python
 # with CUDA PyTorch + torchvision, default python3), STEPS (timed steps, default 40), WARMUP
-# (default STEPS; must be a multiple of STEPS), BATCHES (candidates, default "256 192 128 96 64 32").
+# (default STEPS; must be a multiple of STEPS), BATCHES (candidates, default "256 192 128 96 64 32";
+# a single one is used without probing).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 EDL=${EDL:-build/edl}
@@ -71,44 +76,56 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=5e-
 lossf = torch.nn.CrossEntropyLoss()
 x_dev = torch.randn(b, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last)
 y_dev = torch.randint(0, 10, (b,), device=dev)
-ev = [torch.cuda.Event(enable_timing=True) for _ in range(5)]
-phase = [0.0] * 4
-def step(timed):
-    ev[0].record()
+def events():
+    return [torch.cuda.Event(enable_timing=True) for _ in range(5)]
+def step(ev=None):
+    if ev: ev[0].record()
     x, y = x_dev, y_dev  # device-resident, as ours (--resident_batch): no h2d in the window
-    ev[1].record()
+    if ev: ev[1].record()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         loss = lossf(model(x), y)
-    ev[2].record()
+    if ev: ev[2].record()
     opt.zero_grad(set_to_none=True)
     loss.backward()
-    ev[3].record()
+    if ev: ev[3].record()
     opt.step()
-    ev[4].record()
-    if timed:
-        torch.cuda.synchronize()
-        for i in range(4):
-            phase[i] += ev[i].elapsed_time(ev[i + 1])
+    if ev: ev[4].record()
 try:
     for _ in range(warmup):
-        step(False)
+        step()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(steps):
-        step(False)
+        step()
     torch.cuda.synchronize()
     ips = b * steps / (time.perf_counter() - t0)
-    for _ in range(10):
-        step(True)
-    print("ips %.1f h2d_ms %.3f forward_ms %.3f backward_ms %.3f update_ms %.3f" %
-          (ips, phase[0] / 10, phase[1] / 10, phase[2] / 10, phase[3] / 10))
+    # Breakdown: 10 steps back to back (no synchronisation between them, as in the timed window);
+    # each step ends where the next one's first event is, so the phases sum to the step.
+    evs = [events() for _ in range(11)]
+    for ev in evs:
+        step(ev)
+    torch.cuda.synchronize()
+    ph = dict(step=0.0, h2d=0.0, forward=0.0, backward=0.0, update=0.0, idle=0.0)
+    for k in range(10):
+        e, nxt = evs[k], evs[k + 1][0]
+        ph["h2d"] += e[0].elapsed_time(e[1])
+        ph["forward"] += e[1].elapsed_time(e[2])
+        ph["backward"] += e[2].elapsed_time(e[3])
+        ph["update"] += e[3].elapsed_time(e[4])
+        ph["idle"] += e[4].elapsed_time(nxt)
+        ph["step"] += e[0].elapsed_time(nxt)
+    print("ips %.1f " % ips + " ".join("%s_ms %.3f" % (k, v / 10) for k, v in ph.items()) +
+          " allreduce_ms 0.000")
 except torch.cuda.OutOfMemoryError:
     print("oom")
 EOF
 
-# ---- largest batch that fits both
+# ---- largest batch that fits both (one candidate: taken as given, no probe runs)
 batch=""
-for b in $BATCHES; do
+# shellcheck disable=SC2086  # a list
+set -- $BATCHES
+[ $# -eq 1 ] && batch=$1
+for b in $([ -z "$batch" ] && echo "$BATCHES"); do
   if edl_run "$b" 2 >/dev/null && ref=$($PYTHON -c "$PYREF" "$b" 2 2 2>/dev/null) && [[ "$ref" != oom* ]] && [ -n "$ref" ]; then
     batch=$b
     break
@@ -129,8 +146,21 @@ echo "RESULT resnet50_224_bf16_b${batch}_images_per_s ours=${ours}img/s ref=${re
 
 edl_run "$batch" "$STEPS" EDL_CUDA_PHASE_TIMES=1 >/dev/null
 phases=$(grep EDL_CUDA_PHASE_TIMES /tmp/edl_gpu_bench.err | tail -1)
-for p in h2d forward backward update; do
+echo "# edl phases (GPU ms per step): $phases"
+echo "# PyTorch phases (GPU ms per step): $ref_line"
+ours_sum=0
+ref_sum=0
+for p in h2d forward backward allreduce update idle; do
   o=$(echo "$phases" | grep -o "${p}_ms=[0-9.]*" | cut -d= -f2)
   r=$(echo "$ref_line" | grep -o "${p}_ms [0-9.]*" | awk '{print $2}')
+  ours_sum=$(awk -v a="$ours_sum" -v b="${o:-0}" 'BEGIN { printf "%.3f", a + b }')
+  ref_sum=$(awk -v a="$ref_sum" -v b="${r:-0}" 'BEGIN { printf "%.3f", a + b }')
   echo "RESULT resnet50_224_bf16_b${batch}_${p}_ms ours=${o:-0}ms ref=${r:-0}ms ratio=$(ratio "${r:-0}" "${o:-0}")"
 done
+o_step=$(echo "$phases" | grep -o "step_ms=[0-9.]*" | cut -d= -f2)
+r_step=$(echo "$ref_line" | grep -o "step_ms [0-9.]*" | awk '{print $2}')
+echo "RESULT resnet50_224_bf16_b${batch}_step_ms ours=${o_step:-0}ms ref=${r_step:-0}ms ratio=$(ratio "${r_step:-0}" "${o_step:-0}")"
+# The breakdown is complete when the phases sum to the step on each side (1.000 of it).
+o_frac=$(ratio "$ours_sum" "${o_step:-0}")
+r_frac=$(ratio "$ref_sum" "${r_step:-0}")
+echo "RESULT resnet50_224_bf16_b${batch}_phase_sum_of_step ours=${o_frac} ref=${r_frac} ratio=$(ratio "$o_frac" "$r_frac")"

@@ -1,6 +1,8 @@
 // Tensor bookkeeping and the backend factory (device-neutral parts of backend.h).
 #include "resnet50/backend.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <utility>
 
@@ -101,6 +103,24 @@ Status CheckSgdRange(const Tensor& params, const Tensor& grads, const Tensor& mo
     return Status::InvalidArgument("SgdUpdate: range outside the flat buffers");
   }
   return Status::OK();
+}
+
+StatusOr<int> ResolveCudaDevice(int requested, int local_rank, int visible) {
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string seen = std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") +
+                           " visible" +
+                           (cvd != nullptr ? std::string(" (CUDA_VISIBLE_DEVICES=") + cvd + ")" : "");
+  if (visible <= 0) {
+    return Status::InvalidArgument("--device cuda: " + seen +
+                                   "; check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu");
+  }
+  if (requested == kAutoCudaDevice) return visible > 1 ? std::max(local_rank, 0) % visible : 0;
+  if (requested < 0 || requested >= visible) {
+    return Status::InvalidArgument("--cuda_device " + std::to_string(requested) + " is out of range: " +
+                                   seen + "; use 0.." + std::to_string(visible - 1) +
+                                   ", or leave it unset (LOCAL_RANK modulo the visible devices)");
+  }
+  return requested;
 }
 
 StatusOr<std::unique_ptr<Backend>> CreateBackend(const std::string& name,

@@ -125,11 +125,23 @@ struct SgdParams {
 
 struct BackendOptions {
   int threads = 0;       // CPU: compute threads (OpenMP); 0 = all cores. Ignored by CUDA.
-  int cuda_device = 0;   // CUDA: device ordinal (after CUDA_VISIBLE_DEVICES). Ignored by CPU.
+  // CUDA: device ordinal (after CUDA_VISIBLE_DEVICES); kAutoCudaDevice: ResolveCudaDevice's
+  // default from local_rank. Ignored by CPU.
+  int cuda_device = -1;
+  int local_rank = 0;    // CUDA: LOCAL_RANK (the env contract), for the default device
   // CUDA: compute precision of activations and convolutions: fp32 | bf16 | fp16 (fp16 adds dynamic
   // loss scaling); parameters, gradients and optimizer state stay fp32. Ignored by CPU (fp32).
   std::string precision = "fp32";
 };
+
+inline constexpr int kAutoCudaDevice = -1;
+
+// The CUDA device a trainer uses: `requested` (--cuda_device) when it is not kAutoCudaDevice, else
+// LOCAL_RANK modulo the visible devices when more than one is visible (trainers of one node under
+// `edl launch --nproc_per_node`, `edl client --slots` or torchrun, each seeing every GPU), else 0
+// (a trainer that sees one GPU, e.g. through `edl client --gpus`). InvalidArgument naming the flag,
+// the visible count and the fix when `requested` is out of range or no device is visible.
+StatusOr<int> ResolveCudaDevice(int requested, int local_rank, int visible);
 
 // ---------------------------------------------------------------------------------------------
 // Backend. Shapes in comments: N batch, C/K channels, H/W spatial, M output features.
@@ -142,6 +154,7 @@ class Backend {
   virtual std::string name() const = 0;  // "cpu" or "cuda"
   virtual bool on_device() const = 0;    // memory is not host-addressable (CUDA)
   virtual void* stream() const { return nullptr; }  // cudaStream_t as void*; nullptr on CPU
+  virtual int device_ordinal() const { return -1; }  // CUDA: the device in use; -1 on CPU
 
   // ---- memory
   // Storage bytes for a tensor of `shape` in `layout` (kNative may pad channels).

@@ -118,6 +118,9 @@ po::options_description Flags(Config* c) {
       ("log_every", po::value(&c->loop.log_every)->default_value(50, "50"), "progress line every N steps; 0 = none")
       ("eval", po::value(&c->loop.eval)->default_value(true), "evaluate on the test split after every epoch")
       ("device", po::value(&c->trainer.device)->default_value("cpu"), "cpu|cuda|auto")
+      ("cuda_device", po::value(&c->trainer.cuda_device)->default_value(-1, "-1"),
+       "CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for the model and NCCL; -1 = LOCAL_RANK "
+       "modulo the visible devices when more than one is visible, else 0")
       ("precision", po::value(&c->trainer.precision)->default_value("fp32"),
        "cuda: fp32|bf16|fp16 activations and convolutions (fp32 master weights; fp16 adds loss "
        "scaling); cpu: fp32 only");
@@ -170,6 +173,10 @@ Status Validate(const Config& c) {
   }
   if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16") {
     return Status::InvalidArgument("--precision '" + t.precision + "' is unknown; use fp32, bf16 or fp16");
+  }
+  if (t.cuda_device < -1) {
+    return Status::InvalidArgument("--cuda_device " + std::to_string(t.cuda_device) +
+                                   " is not a device ordinal; use 0, 1, ... or -1 (LOCAL_RANK modulo the visible devices)");
   }
   if (t.device == "cpu" && t.precision != "fp32") {
     return Status::InvalidArgument("--precision " + t.precision + " needs --device cuda (or auto); the CPU backend is fp32");
@@ -250,10 +257,12 @@ int RunTrainMain(int argc, char** argv) {
   plan.value().ApplyTo(&c.loop.elastic);
   c.loop.elastic.start_micros = start_micros;
   c.trainer.trainers_on_node = plan.value().env.TrainersOnNode();
+  c.trainer.local_rank = plan.value().env.local_rank;
   auto trainer = MakeTrainer(c);
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer* t = trainer.value().get();
   c.loop.threads = t->threads();
+  c.loop.elastic.cuda_device = t->cuda_device();  // the communicator's GPU is the model's
   // --comm, now that the device is known (--device auto). A CPU trainer never asks about NCCL,
   // which would load the CUDA plugin.
   auto comm = runtime::SelectCommBackend(c.comm, t->on_device(),
@@ -277,6 +286,7 @@ int RunTrainMain(int argc, char** argv) {
   std::cout << "edl train: " << c.model() << " on " << t->train_data().name() << " ("
             << t->train_size() << " train / " << t->test_size() << " test, "
             << t->model()->num_params() << " parameters), device " << t->backend()->name()
+            << (t->cuda_device() >= 0 ? " " + std::to_string(t->cuda_device()) : std::string())
             << ", comm " << c.loop.elastic.backend << ", threads " << t->threads() << ", batch " << c.batch() << " ("
             << c.batch_policy << "), " << runtime::RunModeName(plan.value().mode)
             << " mode, trainer " << membership.value()->trainer_id()

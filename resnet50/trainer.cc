@@ -37,9 +37,13 @@ Status Trainer::Init() {
   BackendOptions bo;
   bo.threads = threads_;
   bo.precision = options_.precision;
+  bo.cuda_device = options_.cuda_device;
+  bo.local_rank = options_.local_rank;
   std::string device = options_.device;
   if (device == "auto") {
     auto cuda = CreateBackend("cuda", bo);
+    // A bad --cuda_device is the user's error, not "no GPU here": it does not fall back to the CPU.
+    if (cuda.status().code() == Status::Code::kInvalidArgument) return cuda.status();
     if (cuda.ok()) backend_ = std::move(cuda.value());
     device = "cpu";
   }

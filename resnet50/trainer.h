@@ -31,6 +31,8 @@ struct TrainerOptions {
   int trainers_on_node = 1;    // trainers sharing this node's cores (the env contract's
                                // EnvContract::TrainersOnNode())
   std::string precision = "fp32";  // CUDA compute precision: fp32 | bf16 | fp16 (CPU: fp32 only)
+  int cuda_device = -1;        // --cuda_device; -1: LOCAL_RANK modulo the visible GPUs (ResolveCudaDevice)
+  int local_rank = 0;          // LOCAL_RANK of the env contract
   ModelConfig model;           // in_channels / image_size / num_classes come from the data
   float momentum = 0.9f;
   float weight_decay = 5e-4f;  // on conv/fc weights (and on BN/bias when model.decay_bn_and_bias)
@@ -113,6 +115,8 @@ class Trainer : public runtime::Trainable {
   const TrainerOptions& options() const { return options_; }
   const Dataset& train_data() const { return *train_; }
   int threads() const { return threads_; }
+  // The CUDA device the backend runs on (-1 on CPU): the communicator's too.
+  int cuda_device() const { return backend_->device_ordinal(); }
   // Training samples skipped as unloadable since the start (this process).
   int64_t skipped_samples() const { return skipped_total_; }
   // The model name, input and every state tensor's name and shape, e.g.

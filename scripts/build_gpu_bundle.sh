@@ -6,11 +6,16 @@
 # Resume: re-running reuses the build directory and rewrites the bundle.
 #
 #   scripts/build_gpu_bundle.sh [OUT_DIR]   # default $BUILD_DIR/edl-gpu (ignored by git), plus OUT_DIR.tar.gz
-#   BUILD_DIR=build  JOBS=2  BUNDLE_CUDA=0|1
+#   BUILD_DIR=build  JOBS=2  BUNDLE_CUDA=0|1  BUNDLE_TAR=1|0
+#   BUNDLE_TESTS="target ..."   also build these targets (test binaries, edl_chaos_check) into tests/
 #
 # Layout of the bundle:
-#   edl          wrapper: sets LD_LIBRARY_PATH and execs bin/edl
+#   edl          wrapper: sources env.sh and execs bin/edl
+#   run          `run PROGRAM ARGS...`: sources env.sh and execs PROGRAM (the bundled test binaries)
+#   env.sh       the one place that finds the libraries: LD_LIBRARY_PATH = lib/ + the CUDA libraries
 #   bin/edl      the binary (rpath-free)
+#   tests/       BUNDLE_TESTS' binaries (run them through `run`)
+#   tools/jq     jq (scripts/demo.sh needs it; GPU hosts often lack it), with its libraries in lib/
 #   lib/         every shared library edl needs except glibc and the CUDA libraries: libedl, the CUDA
 #                plugin libedl_cuda.so (found next to libedl.so; only `edl train --device cuda`
 #                loads it, and with it the CUDA libraries), glog,
@@ -36,12 +41,28 @@ BUILD_DIR=${BUILD_DIR:-build}
 OUT=${1:-$BUILD_DIR/edl-gpu}
 JOBS=${JOBS:-2}
 
+BUNDLE_TESTS=${BUNDLE_TESTS:-}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DEDL_USE_CUDA=ON -DEDL_USE_NCCL=ON >/dev/null
-cmake --build "$BUILD_DIR" -j"$JOBS" --target edl_bin
+# shellcheck disable=SC2086  # a list of targets
+cmake --build "$BUILD_DIR" -j"$JOBS" --target edl_bin $BUNDLE_TESTS
 
 rm -rf "$OUT"
-mkdir -p "$OUT/bin" "$OUT/lib"
+mkdir -p "$OUT/bin" "$OUT/lib" "$OUT/tools"
 cp "$BUILD_DIR/edl" "$OUT/bin/edl"
+BINARIES=("$BUILD_DIR/edl" "$BUILD_DIR/libedl_cuda.so")
+for t in $BUNDLE_TESTS; do
+  f=$(find "$BUILD_DIR" -name "$t" -type f -perm -u+x -not -path '*/CMakeFiles/*' | head -1)
+  [ -n "$f" ] || { echo "BUNDLE_TESTS: $t was not built in $BUILD_DIR" >&2; exit 1; }
+  mkdir -p "$OUT/tests"
+  cp "$f" "$OUT/tests/$t"
+  BINARIES+=("$f")
+done
+if command -v jq >/dev/null; then
+  cp "$(command -v jq)" "$OUT/bin/jq"
+  BINARIES+=("$(command -v jq)")
+  printf '#!/bin/bash\nhere="$(cd "$(dirname "$(readlink -f "$0")")/.." && pwd)"\nLD_LIBRARY_PATH="$here/lib" exec "$here/bin/jq" "$@"\n' >"$OUT/tools/jq"
+  chmod +x "$OUT/tools/jq"
+fi
 [ -f "$BUILD_DIR/libedl_cuda.so" ] || { echo "$BUILD_DIR/libedl_cuda.so missing: the build found no CUDA" >&2; exit 1; }
 cp "$BUILD_DIR/libedl_cuda.so" "$OUT/lib/libedl_cuda.so"
 
@@ -68,7 +89,7 @@ while read -r name arrow path _; do
   is_host_lib "$name" && continue
   is_cuda_lib "$name" && continue
   cp -L "$path" "$OUT/lib/$name"
-done < <(ldd "$BUILD_DIR/edl"; ldd "$BUILD_DIR/libedl_cuda.so")
+done < <(for b in "${BINARIES[@]}"; do ldd "$b"; done | sort -u)
 [ "$missing" = 0 ] || { echo "some libraries are not found on this machine; fix the build first" >&2; exit 1; }
 
 if [ "${BUNDLE_CUDA:-0}" = 1 ]; then
@@ -79,11 +100,11 @@ if [ "${BUNDLE_CUDA:-0}" = 1 ]; then
   done
 fi
 
-cat > "$OUT/edl" <<'WRAPPER'
-#!/bin/bash
-# edl bundle wrapper (made by scripts/build_gpu_bundle.sh): puts the bundled libraries and the CUDA
-# libraries (EDL_CUDA_LIB_DIRS, cuda-lib/, or the PyTorch of EDL_PYTHON) on LD_LIBRARY_PATH.
-here="$(cd "$(dirname "$(readlink -f "$0")")" && pwd)"
+cat > "$OUT/env.sh" <<'ENV'
+# Sourced by the bundle's `edl` and `run` (made by scripts/build_gpu_bundle.sh): puts the bundled
+# libraries and the CUDA libraries (EDL_CUDA_LIB_DIRS, cuda-lib/, or the PyTorch of EDL_PYTHON) on
+# LD_LIBRARY_PATH, and sets `here` (the bundle) and `cuda_dirs`.
+here="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)"
 cuda_dirs=${EDL_CUDA_LIB_DIRS:-}
 if [ -z "$cuda_dirs" ] && [ -d "$here/cuda-lib" ]; then cuda_dirs="$here/cuda-lib"; fi
 if [ -z "$cuda_dirs" ]; then
@@ -106,6 +127,22 @@ PY
 )
 fi
 export LD_LIBRARY_PATH="$here/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+ENV
+
+cat > "$OUT/run" <<'RUN'
+#!/bin/bash
+# run PROGRAM ARGS...: PROGRAM (e.g. tests/nccl_communicator_test) with the bundle's libraries.
+# shellcheck source=/dev/null
+source "$(dirname "$(readlink -f "$0")")/env.sh"
+exec "$@"
+RUN
+chmod +x "$OUT/run"
+
+cat > "$OUT/edl" <<'WRAPPER'
+#!/bin/bash
+# edl bundle wrapper (made by scripts/build_gpu_bundle.sh): env.sh, then bin/edl.
+# shellcheck source=/dev/null
+source "$(dirname "$(readlink -f "$0")")/env.sh"
 if [ "${1:-}" = "--bundle-check" ]; then
   echo "CUDA library dirs: ${cuda_dirs:-<none found: set EDL_CUDA_LIB_DIRS or EDL_PYTHON>}"
   ldd "$here/bin/edl" "$here/lib/libedl_cuda.so"
@@ -120,6 +157,7 @@ exec "$here/bin/edl" "$@"
 WRAPPER
 chmod +x "$OUT/edl"
 
+[ "${BUNDLE_TAR:-1}" = 1 ] || { echo "bundle: $OUT ($(du -sh "$OUT" | cut -f1))"; exit 0; }
 tar czf "$OUT.tar.gz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
 echo "bundle: $OUT ($(du -sh "$OUT" | cut -f1)), tarball: $OUT.tar.gz"
 echo "on the GPU host: tar xzf $(basename "$OUT").tar.gz && $(basename "$OUT")/edl --bundle-check"

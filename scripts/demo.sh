@@ -19,6 +19,8 @@
 #   EDL_DEMO_EPOCHS         training epochs [2; --short: 2]
 #   EDL_DEMO_TRAIN_SAMPLES  Fashion-MNIST training samples used [60000; --short: 20000]
 #   EDL_DEMO_TIMEOUT_S      give up (exit 1) after this many seconds [900; --short: 400]
+#   EDL_DEMO_TRAINER_FLAGS  more `edl train` flags, appended (e.g. "--device cuda --comm gloo
+#                           --data_dir DIR --sample_log FILE": scripts/gpu_check.sh's check 3) []
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
@@ -145,6 +147,8 @@ edl_ensure_secret 2>/dev/null
 TRAINER=("$EDL_BIN" train --model resnet20 --data fashion-mnist --threads 1 --batch_size 64
   --epochs "$EPOCHS" --train_samples "$SAMPLES" --checkpoint_dir "$DIR/ckpt"
   --checkpoint_steps 50 --log_every 5)
+# shellcheck disable=SC2206  # word splitting wanted: a flag list
+[ -n "${EDL_DEMO_TRAINER_FLAGS:-}" ] && TRAINER+=(${EDL_DEMO_TRAINER_FLAGS})
 
 echo "EDL demo: elastic training of ResNet-20 on Fashion-MNIST ($SAMPLES samples x $EPOCHS epochs)"
 echo "  one edl server + two edl clients on loopback, 4 CPU trainers; scaling script $SCRIPT"

@@ -22,10 +22,17 @@
 
 namespace edl::test {
 
-// Path of the built `edl` binary (set by CMake for every test target).
-inline std::string EdlBinary() { return EDL_BINARY; }
-inline std::string SourceDir() { return EDL_SOURCE_DIR; }
-inline std::string BuildDir() { return EDL_BUILD_DIR; }
+// Path of the built `edl` binary, the source and the build tree: set by CMake for every test
+// target, each overridable by the environment variable of the same name (EDL_BINARY,
+// EDL_SOURCE_DIR, EDL_BUILD_DIR), so that a test binary copied elsewhere (the GPU check bundle,
+// scripts/gpu_check.sh) runs against the files next to it.
+inline std::string FromEnv(const char* name, const char* built) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' ? v : built;
+}
+inline std::string EdlBinary() { return FromEnv("EDL_BINARY", EDL_BINARY); }
+inline std::string SourceDir() { return FromEnv("EDL_SOURCE_DIR", EDL_SOURCE_DIR); }
+inline std::string BuildDir() { return FromEnv("EDL_BUILD_DIR", EDL_BUILD_DIR); }
 
 // A fresh directory under $TMPDIR (or /tmp), removed when the object goes out of scope unless
 // EDL_KEEP_TEST_DIRS is set (for post-mortems).

@@ -27,7 +27,7 @@ inline constexpr const char* kCudaPluginFile = "libedl_cuda.so";
 // What edl_cuda_plugin_abi() returns in a plugin this binary can use; bump the number when an
 // exported entry point changes its signature. A macro, not a function: each side must use the
 // value it was compiled with (a function in libedl would answer for the plugin too).
-#define EDL_CUDA_PLUGIN_ABI "edl-cuda-plugin/1 edl/" EDL_VERSION " " __VERSION__
+#define EDL_CUDA_PLUGIN_ABI "edl-cuda-plugin/2 edl/" EDL_VERSION " " __VERSION__
 
 // Loads the plugin (once). FailedPrecondition naming what is missing and the fix when it is not
 // found, cannot be loaded (e.g. the CUDA libraries it needs are absent) or is from another build.

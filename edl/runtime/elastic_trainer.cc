@@ -91,6 +91,7 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
     if (sample_log_fd_ < 0) return PosixError("sample log " + o_.sample_log_path, errno);
   }
   start_us_ = o_.start_micros > 0 ? o_.start_micros : clock_->NowMicros();
+  if (o_.backend == "nccl") nccl_version_ = NcclRuntimeVersion();
   Generation gen;
   EDL_RETURN_IF_ERROR(FirstGeneration(&gen));
   StartWatcher();  // already in the first re-form: a joiner stuck in its sync must be woken too
@@ -233,14 +234,18 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       return Status::OK();
     }
     const int64_t t_build = clock_->NowMicros();
-    InstallComm(nullptr, gen_, rank_);  // the old communicator goes first (its sockets, too)
     StatusOr<std::unique_ptr<Communicator>> comm{Status::Unavailable("not built")};
     phases_.prepared = TakePrepared(&target, &comm);
+    bool shrunk = false;
     if (phases_.prepared) {
       rank = target.RankOf(me_);  // the prepared one may be of a newer generation
-    } else {
-      comm = BuildComm(target, rank);
+    } else if (const NcclBuildPlan plan = PlanNccl(target); plan.build == NcclBuild::kShrink) {
+      comm = ShrinkComm(target, rank, plan);  // from the old one, before it goes
+      shrunk = comm.ok();
+      if (!shrunk) LOG(WARNING) << me_ << ": " << comm.status().ToString() << "; full init instead";
     }
+    InstallComm(nullptr, gen_, rank_);  // the old communicator goes (torn down in the background)
+    if (!phases_.prepared && !shrunk) comm = BuildComm(target, rank);
     const int64_t t_built = clock_->NowMicros();
     phases_.reform_us += t_built - t_build;
     phases_.attempts++;
@@ -294,6 +299,8 @@ StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::BuildComm(const Ge
   if (co.host.empty() && rank < static_cast<int>(target.hosts.size())) co.host = target.hosts[rank];
   co.cuda_device = o_.cuda_device;
   co.cuda_stream = trainable_->stream();
+  co.interrupt = Interrupt(target.number);
+  co.rank_names = target.members;
   return o_.backend == "nccl" ? CreateNcclCommunicator(co) : CreateGlooCommunicator(co);
 }
 
@@ -363,14 +370,16 @@ Status ElasticTrainer::Impl::BroadcastState(int root, bool per_rank_only, Traini
     total += t.bytes;
     tensors.push_back(std::move(t));
   }
-  if (trainable_->on_device() && DeviceComm()) {  // device memory: one NCCL broadcast per tensor
+  if (trainable_->on_device() && DeviceComm()) {
+    // Device memory: the header first (checked before any tensor is written), then every tensor
+    // in one BroadcastAll (NCCL: grouped, one wait at the end).
     SyncHeader h = header;
     EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(h.data(), h.size(), root)));
     EDL_RETURN_IF_ERROR(DecodeSyncHeader(h, from, synced));
-    for (const StateTensor& t : tensors) {
-      EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(t.data, t.bytes, root)));
-    }
-    return Status::OK();
+    std::vector<BroadcastBuffer> buffers;
+    buffers.reserve(tensors.size());
+    for (const StateTensor& t : tensors) buffers.push_back({t.data, t.bytes});
+    return Comm(comm_->BroadcastAll(buffers, root));
   }
   // Host memory (Gloo; device tensors are copied out and back): one broadcast of the header and
   // every tensor packed into the host staging buffer (a Gloo broadcast costs a round trip each,

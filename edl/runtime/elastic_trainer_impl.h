@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "edl/runtime/comm/nccl_reform.h"
 #include "edl/runtime/elastic_trainer.h"
 #include "edl/runtime/host_staging.h"
 
@@ -40,9 +42,16 @@ class ElasticTrainer::Impl {
   Status WaitNewer(int64_t after, Generation* out);
   Status Reform(Generation target);
   StatusOr<std::unique_ptr<Communicator>> BuildComm(const Generation& target, int rank);
+  // NCCL: whether `target`'s communicator is a ncclCommShrink of the current one (a planned
+  // shrink with NCCL >= 2.27, survivors in order; nccl_reform.h) or a fresh init.
+  NcclBuildPlan PlanNccl(const Generation& target);
+  // The shrink of `plan` (REQUIRES: comm_ is the healthy communicator of gen_).
+  StatusOr<std::unique_ptr<Communicator>> ShrinkComm(const Generation& target, int rank,
+                                                     const NcclBuildPlan& plan);
   // Make-before-break: see "Prepared communicators" below.
-  // A planned Gloo generation with this trainer in it: one whose communicator is built ahead.
-  bool BuildsAhead(const Generation& g) const;
+  // A planned generation with this trainer in it whose communicator is built ahead (Gloo, and
+  // NCCL unless it is a shrink of the current one).
+  bool BuildsAhead(const Generation& g);  // watcher or training thread
   void MaybePrepare(const Generation& g);  // watcher thread; SwitchVote
   // Training thread: true and the communicator built ahead for `*target` (or for a newer
   // generation, which then replaces *target), or false when there is none; either way no
@@ -53,7 +62,12 @@ class ElasticTrainer::Impl {
   // in-band and SUM-reduced; the switch step is the first whose sum reaches the world size. See
   // "Prepared communicators" in elastic_trainer_switch.cc.
   float SwitchVote(const Generation& latest);
-  void Retire(std::unique_ptr<Communicator> old);  // destroys `old`, in the background for Gloo
+  void Retire(std::unique_ptr<Communicator> old);  // destroys `old` on a helper thread
+  void JoinRetired(bool all);  // joins finished teardowns (all: every one, at shutdown)
+  // CommOptions::interrupt of generation `number`'s communicator: Aborted at shutdown, when a
+  // newer generation supersedes it while it is built, or when a failure generation newer than it
+  // is committed (then also while it runs collectives). Reads the watcher's atomics only.
+  std::function<Status(CommPhase)> Interrupt(int64_t number);
   Status WarmUp(int world);  // a joiner's first forward/backward, before it reports ready
   void InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen, int rank);
   void StartWatcher();
@@ -155,8 +169,16 @@ class ElasticTrainer::Impl {
 
   std::thread watcher_;
   std::atomic<bool> stop_watcher_{false};
+  // Newest committed generation and newest failure generation the watcher has seen.
+  std::atomic<int64_t> newest_seen_{0};
+  std::atomic<int64_t> newest_failure_{0};
 
-  // Prepared communicators (gloo). Guarded by prep_mu_; prep_thread_ is started by the watcher
+  std::atomic<int> nccl_version_{0};  // NcclRuntimeVersion() (NCCL jobs; set once in Run())
+  std::vector<std::string> GenMembers() {  // gen_.members, for the watcher
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    return gen_.members;
+  }
+  // Prepared communicators. Guarded by prep_mu_; prep_thread_ is started by the watcher
   // and joined by the training thread (or at shutdown).
   std::mutex prep_mu_;
   std::atomic<bool> cancel_prep_{false};  // shutdown: rendezvous waits give up
@@ -165,7 +187,12 @@ class ElasticTrainer::Impl {
   std::thread prep_thread_;
   bool prep_done_ = false;
   StatusOr<std::unique_ptr<Communicator>> prep_comm_{Status::Unavailable("not built")};
-  std::thread retire_thread_;  // training thread only
+  // Teardowns of old communicators in flight (training thread only), each with its done flag.
+  struct Retiring {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  std::vector<Retiring> retiring_;
 };
 
 }  // namespace edl::runtime

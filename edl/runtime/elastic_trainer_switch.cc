@@ -31,11 +31,49 @@ using std::chrono::milliseconds;
 // its own build, so the wait costs nothing but the joiner's idle time.
 //
 // A generation's communicator is built at most once per trainer (its rendezvous keys are written
-// once): `claimed_` is the highest number a build was started for, by either thread. Gloo only:
-// an NCCL communicator is built on the stream the current one uses.
+// once): `claimed_` is the highest number a build was started for, by either thread. NCCL builds
+// ahead too (several NCCL communicators may exist at once; the new one's init runs in NCCL's own
+// threads and touches the trainer's stream only for its stream-ordered scratch slot), except for a
+// planned shrink that ncclCommShrink can do (nccl_reform.h): that one must be called on the
+// current communicator by the training thread, at the switch, and needs no rendezvous.
 
-bool ElasticTrainer::Impl::BuildsAhead(const Generation& g) const {
-  return o_.backend == "gloo" && !g.failure && g.RankOf(me_) >= 0;
+bool ElasticTrainer::Impl::BuildsAhead(const Generation& g) {
+  if (g.failure || g.RankOf(me_) < 0) return false;
+  if (o_.backend == "gloo") return true;
+  // NCCL: the shrink test reads only immutable inputs here (the watcher calls this too); the
+  // training thread's PlanNccl adds the state of the current communicator.
+  return PlanNcclBuild(GenMembers(), g.members, false, true, nccl_version_.load()).build ==
+         NcclBuild::kInit;
+}
+
+NcclBuildPlan ElasticTrainer::Impl::PlanNccl(const Generation& target) {
+  if (o_.backend != "nccl" || !comm_ || comm_failed_) {
+    return {NcclBuild::kInit, {}, "no healthy NCCL communicator to shrink"};
+  }
+  NcclBuildPlan plan = PlanNcclBuild(gen_.members, target.members, target.failure,
+                                     !comm_->aborted(), nccl_version_.load());
+  // A failure's shrink (NCCL_SHRINK_ABORT) would need the parent alive after the failed
+  // collective; the watcher aborts it instead (not built): a failure re-forms with a full init.
+  if (plan.build == NcclBuild::kShrinkAbort) {
+    plan = {NcclBuild::kInit, {}, "a failure re-forms with a full init"};
+  }
+  LOG(INFO) << me_ << ": generation " << target.number << " NCCL build: "
+            << NcclBuildName(plan.build) << " (" << plan.why << ")";
+  return plan;
+}
+
+StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::ShrinkComm(
+    const Generation& target, int rank, const NcclBuildPlan& plan) {
+  CommOptions co;
+  co.rank = rank;
+  co.world_size = target.world_size();
+  co.generation = target.number;
+  co.timeout = o_.comm_timeout;
+  co.cuda_device = o_.cuda_device;
+  co.cuda_stream = trainable_->stream();
+  co.interrupt = Interrupt(target.number);
+  co.rank_names = target.members;
+  return ShrinkNcclCommunicator(comm_.get(), plan.excluded, /*abort_parent=*/false, co);
 }
 
 void ElasticTrainer::Impl::MaybePrepare(const Generation& g) {
@@ -114,7 +152,7 @@ void ElasticTrainer::Impl::JoinPrepared() {
     t = std::move(prep_thread_);
   }
   if (t.joinable()) t.join();
-  if (retire_thread_.joinable()) retire_thread_.join();
+  JoinRetired(/*all=*/true);
   std::lock_guard<std::mutex> lock(prep_mu_);
   prep_comm_ = Status::Unavailable("shut down");
 }
@@ -140,14 +178,48 @@ void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const
   Retire(std::move(old));  // outside the lock: closing sockets may take a moment
 }
 
-// A Gloo communicator's teardown (closing every pair, joining its device's loop thread) took
-// 20-40 ms of each re-form on a loaded machine: it runs on a helper thread, off the critical path.
-// An NCCL one is destroyed at once (its device memory goes before the next one is made).
+// An old communicator's teardown runs on a helper thread, off the critical path: Gloo's (closing
+// every pair, joining its device's loop thread) took 20-40 ms of each re-form on a loaded machine;
+// NCCL's is bounded (ncclCommFinalize polled for a few seconds, else ncclCommAbort) but may take
+// that long when a peer is gone. Several may be in flight (each bounded); finished ones are joined
+// at the next retirement, the rest at shutdown.
 void ElasticTrainer::Impl::Retire(std::unique_ptr<Communicator> old) {
+  JoinRetired(/*all=*/false);
   if (!old) return;
-  if (retire_thread_.joinable()) retire_thread_.join();  // at most one teardown in flight
-  if (old->backend() != std::string("gloo")) return;     // `old` goes here
-  retire_thread_ = std::thread([c = std::move(old)]() mutable { c.reset(); });
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  retiring_.push_back({std::thread([c = std::move(old), done]() mutable {
+                         c.reset();
+                         done->store(true);
+                       }),
+                       done});
+}
+
+void ElasticTrainer::Impl::JoinRetired(bool all) {
+  for (auto it = retiring_.begin(); it != retiring_.end();) {
+    if (all || it->done->load()) {
+      it->thread.join();
+      it = retiring_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::function<Status(CommPhase)> ElasticTrainer::Impl::Interrupt(int64_t number) {
+  return [this, number](CommPhase phase) -> Status {
+    if (cancel_prep_.load()) return Status::Aborted("the trainer is shutting down");
+    const int64_t failure = newest_failure_.load();
+    if (failure > number) {
+      return Status::Aborted("failure generation " + std::to_string(failure) +
+                             " was committed after generation " + std::to_string(number));
+    }
+    const int64_t newest = newest_seen_.load();
+    if (phase == CommPhase::kConstruct && newest > number) {
+      return Status::Aborted("generation " + std::to_string(number) + " was superseded by " +
+                             std::to_string(newest) + " while its communicator was built");
+    }
+    return Status::OK();
+  };
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -173,8 +245,12 @@ void ElasticTrainer::Impl::WatchLoop() {
     if (membership_->WaitGeneration(seen, milliseconds(100), &g).ok()) {
       seen = g.number;
       NoteSeen(g.number);
+      if (g.failure) {
+        failed = g.number;
+        newest_failure_.store(g.number);
+      }
+      newest_seen_.store(g.number);  // after the failure: an interrupt reads them in this order
       MaybePrepare(g);
-      if (g.failure) failed = g.number;
     }
     std::lock_guard<std::mutex> lock(comm_mu_);
     if (comm_ && failed > gen_number_ && aborted != gen_number_) {

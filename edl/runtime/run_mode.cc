@@ -1,8 +1,15 @@
 #include "edl/runtime/run_mode.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <set>
+#include <vector>
 #include <thread>
 
+#include "edl/base/thread_annotations.h"
 #include "edl/runtime/channel_membership.h"
 #include "edl/runtime/comm/file_kv_store.h"
 #include "edl/runtime/comm/memory_kv_store.h"
@@ -10,6 +17,10 @@
 namespace edl::runtime {
 
 namespace {
+
+// How long a static rank waits for rank 0 to hand out the run id: as long as a trainer waits for a
+// generation by default (--generation_wait_s), so ranks that start minutes apart still meet.
+constexpr std::chrono::milliseconds kStaticJoinBound{120000};
 
 class PinnedMembership : public MembershipSource {
  public:
@@ -49,6 +60,118 @@ class PinnedMembership : public MembershipSource {
  private:
   const std::unique_ptr<MembershipSource> base_;
   const int64_t generation_;
+};
+
+// See NewRunScopedKvStore in run_mode.h.
+class RunScopedKv : public KvStore {
+ public:
+  RunScopedKv(std::unique_ptr<KvStore> base, int rank, int world, std::chrono::milliseconds bound)
+      : base_(std::move(base)), rank_(rank), world_(world), bound_(bound) {
+    if (rank_ == 0) {
+      MutexLock lock(&join_mu_);
+      id_ = Nonce();
+      if (world_ > 1) greeter_ = std::thread([this, id = id_] { Greet(id); });
+    }
+  }
+  ~RunScopedKv() override {
+    {
+      MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (greeter_.joinable()) greeter_.join();
+  }
+
+  Status Set(const std::string& key, const std::string& value) override {
+    EDL_RETURN_IF_ERROR(Join(bound_));
+    return base_->Set(Scoped(key), value);
+  }
+  Status Get(const std::string& key, std::string* value) override {
+    EDL_RETURN_IF_ERROR(Join(bound_));
+    return base_->Get(Scoped(key), value);
+  }
+  Status Wait(const std::string& key, std::chrono::milliseconds timeout,
+              std::string* value) override {
+    const auto start = std::chrono::steady_clock::now();
+    EDL_RETURN_IF_ERROR(Join(std::max(timeout, bound_)));
+    const auto left = timeout - std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    std::chrono::steady_clock::now() - start);
+    return base_->Wait(Scoped(key), std::max(left, std::chrono::milliseconds(1)), value);
+  }
+
+ private:
+  static std::string Nonce() {
+    std::random_device rd;
+    std::uniform_int_distribution<uint64_t> d;
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%016llx%016llx", static_cast<unsigned long long>(d(rd)),
+                  static_cast<unsigned long long>(d(rd)));
+    return buf;
+  }
+  // REQUIRES: Join() succeeded (id_ is then set for good).
+  std::string Scoped(const std::string& key) NO_THREAD_SAFETY_ANALYSIS {
+    return "run/" + id_ + "/" + key;
+  }
+
+  // Rank > 0: hello with a fresh nonce, wait for rank 0's welcome of exactly that nonce, confirm.
+  Status Join(std::chrono::milliseconds bound) {
+    MutexLock lock(&join_mu_);
+    if (!id_.empty()) return Status::OK();
+    const std::string me = std::to_string(rank_), nonce = Nonce();
+    EDL_RETURN_IF_ERROR(base_->Set("run/hello/" + me, nonce));
+    std::string id;
+    Status s = base_->Wait("run/welcome/" + me + "/" + nonce, bound, &id);
+    if (s.IsTimeout()) {
+      return Status::Timeout("static rendezvous: rank 0 of this run did not answer rank " + me +
+                             " within " + std::to_string(bound.count()) +
+                             " ms; start every rank with the same MASTER_ADDR/MASTER_PORT (or "
+                             "EDL_RENDEZVOUS_DIR) and check that rank 0 is running");
+    }
+    EDL_RETURN_IF_ERROR(s);
+    if (id.empty() || id.find('/') != std::string::npos) {
+      return Status::Corruption("static rendezvous: rank 0's run id '" + id + "' is malformed");
+    }
+    EDL_RETURN_IF_ERROR(base_->Set("run/joined/" + id + "/" + me, "1"));
+    id_ = id;
+    return Status::OK();
+  }
+
+  // Rank 0's helper: answers every rank's newest hello until each has confirmed.
+  void Greet(const std::string& id) {
+    std::set<int> waiting;
+    for (int r = 1; r < world_; ++r) waiting.insert(r);
+    std::vector<std::string> answered(world_);
+    MutexLock lock(&mu_);
+    while (!stop_ && !waiting.empty()) {
+      lock.Unlock();
+      for (auto it = waiting.begin(); it != waiting.end();) {
+        const std::string r = std::to_string(*it);
+        std::string v;
+        if (base_->Get("run/joined/" + id + "/" + r, &v).ok()) {
+          it = waiting.erase(it);
+          continue;
+        }
+        if (base_->Get("run/hello/" + r, &v).ok() && v != answered[*it] &&
+            base_->Set("run/welcome/" + r + "/" + v, id).ok()) {
+          answered[*it] = v;  // a stale nonce gets an answer nobody reads
+        }
+        ++it;
+      }
+      lock.Lock();
+      cv_.wait_for(lock.native(), std::chrono::milliseconds(10), [this]() REQUIRES(mu_) { return stop_; });
+    }
+  }
+
+  const std::unique_ptr<KvStore> base_;
+  const int rank_, world_;
+  const std::chrono::milliseconds bound_;
+  Mutex join_mu_;  // rank > 0: one handshake
+  // Rank 0: from construction; the others: once joined, then never changed.
+  std::string id_ GUARDED_BY(join_mu_);
+  Mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ GUARDED_BY(mu_) = false;
+  std::thread greeter_;
 };
 
 }  // namespace
@@ -104,13 +227,22 @@ StatusOr<std::unique_ptr<MembershipSource>> Connect(const RunPlan& plan,
                                   : "/tmp/edl-rdzv-" + e.master_addr + "-" +
                                         std::to_string(e.master_port);
       // `edl launch` starts trainers in generation 0; generation numbers start at 1.
-      return NewStaticMembership(e.rank, e.world_size, std::max<int64_t>(e.generation, 1),
-                                 std::make_unique<FileKvStore>(dir));
+      // Every key under this run's id: a run never reads a key an earlier run on the same
+      // MASTER_ADDR/MASTER_PORT left in `dir` (e.g. gen/1/nccl/nccl_unique_id).
+      return NewStaticMembership(
+          e.rank, e.world_size, std::max<int64_t>(e.generation, 1),
+          NewRunScopedKvStore(std::make_unique<FileKvStore>(dir), e.rank, e.world_size,
+                              kStaticJoinBound));
     }
     case RunMode::kStandalone:
       break;
   }
   return NewStaticMembership(0, 1, 1, std::make_unique<MemoryKvStore>());
+}
+
+std::unique_ptr<KvStore> NewRunScopedKvStore(std::unique_ptr<KvStore> base, int rank, int world,
+                                             std::chrono::milliseconds join_bound) {
+  return std::make_unique<RunScopedKv>(std::move(base), rank, world, join_bound);
 }
 
 std::unique_ptr<MembershipSource> NewPinnedMembership(std::unique_ptr<MembershipSource> base,

@@ -11,7 +11,8 @@
 //                                          when EDL_JOINING=1, for generation EDL_GENERATION).
 //   RANK / WORLD_SIZE                      static: a fixed world (`edl launch`), rendezvous in a
 //                                          FileKvStore in EDL_RENDEZVOUS_DIR (default
-//                                          /tmp/edl-rdzv-<MASTER_ADDR>-<MASTER_PORT>).
+//                                          /tmp/edl-rdzv-<MASTER_ADDR>-<MASTER_PORT>), every key
+//                                          under this run's id (NewRunScopedKvStore).
 //   none of them                           standalone: world size 1, in-memory rendezvous.
 //
 // A model app calls PlanRunFromProcess() early (before loading data: a bad environment fails
@@ -55,6 +56,18 @@ StatusOr<RunPlan> PlanRunFromProcess();
 // Unavailable/Timeout when it does not answer), or builds the static / standalone one.
 StatusOr<std::unique_ptr<MembershipSource>> Connect(
     const RunPlan& plan, std::chrono::milliseconds timeout = std::chrono::milliseconds(10000));
+
+// Static mode's rendezvous store: every key of `base` (owned; the FileKvStore a static run shares
+// with earlier runs on the same MASTER_ADDR/MASTER_PORT) goes under "run/<id>/", where <id> is a
+// random id rank 0 makes at construction. The other ranks learn it by a handshake no stale key can
+// satisfy: rank r writes "run/hello/<r>" = a fresh random nonce; rank 0 keeps answering
+// "run/welcome/<r>/<nonce>" = <id> for whatever nonce it reads there, until rank r confirms with
+// "run/joined/<id>/<r>" (a helper thread of rank 0, stopped when every rank confirmed or at
+// destruction). Rank r runs the handshake on its first Set/Get/Wait, bounded by `join_bound`
+// (Timeout naming the directory's run and the fix); a key of an earlier run is never read, since
+// no earlier run wrote under <id> or answered rank r's nonce.
+std::unique_ptr<KvStore> NewRunScopedKvStore(std::unique_ptr<KvStore> base, int rank, int world,
+                                             std::chrono::milliseconds join_bound);
 
 // Restart mode's membership over `base` (owned): only generation `generation` is ever reported.
 // WaitGeneration for it returns it (Aborted when the client already committed a newer one: this

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "edl/runtime/env_contract.h"
 #include "resnet50/cuda/cuda_check.h"
@@ -109,14 +110,15 @@ CudaBackend::~CudaBackend() {
     if (!s.ok()) LOG(ERROR) << s.ToString();
   }
   if (phase_on_) {
-    CollectPhases();
+    // The last step has no next upload to end it: it is not counted.
     const int n = std::max(1, phase_sum_.steps);
-    // One machine-readable line on stderr (bench/trainer_gpu.sh parses it).
+    // One machine-readable line on stderr (bench/trainer_gpu.sh parses it); the phases sum to step.
     std::fprintf(stderr,
-                 "EDL_CUDA_PHASE_TIMES steps=%d h2d_ms=%.3f forward_ms=%.3f backward_ms=%.3f "
-                 "update_ms=%.3f\n",
-                 phase_sum_.steps, phase_sum_.h2d / n, phase_sum_.forward / n,
-                 phase_sum_.backward / n, phase_sum_.update / n);
+                 "EDL_CUDA_PHASE_TIMES steps=%d step_ms=%.3f h2d_ms=%.3f forward_ms=%.3f "
+                 "backward_ms=%.3f allreduce_ms=%.3f update_ms=%.3f idle_ms=%.3f\n",
+                 phase_sum_.steps, phase_sum_.step / n, phase_sum_.h2d / n,
+                 phase_sum_.forward / n, phase_sum_.backward / n, phase_sum_.allreduce / n,
+                 phase_sum_.update / n, phase_sum_.idle / n);
     for (cudaEvent_t e : phase_ev_) {
       if (e) cudaEventDestroy(e);
     }
@@ -168,29 +170,46 @@ Status CudaBackend::WaitStream(const char* what) {
 
 void CudaBackend::RecordPhase(PhaseEvent e) {
   if (!phase_on_) return;
-  if (e == kUploadStart && (phase_state_ & (1 << kUploadStart))) {
-    if (!(phase_state_ & (1 << kUpdateEnd))) return;  // a second upload (labels) of one step
-    CollectPhases();                                  // the previous step is complete
+  auto seen = [this](PhaseEvent p) { return (phase_state_ & (1 << p)) != 0; };
+  if (e == kUploadStart && seen(kUploadStart)) {
+    if (!seen(kUpdateEnd)) return;  // a second upload (labels, in-band words) of one step
+    // The previous step is complete: its end is this step's start.
+    if (cudaEventRecord(phase_ev_[kNextStart], stream_) != cudaSuccess) return;
+    phase_state_ |= 1 << kNextStart;
+    CollectPhases();
+    std::swap(phase_ev_[kUploadStart], phase_ev_[kNextStart]);
+    phase_state_ = 1 << kUploadStart;
+    return;
   }
-  if (e == kUpdateStart && (phase_state_ & (1 << kUpdateStart))) return;  // only the first
+  if (e == kUploadEnd && seen(kLoss)) {
+    // An upload after the loss (the runtime's in-band write): the backward pass is over.
+    if (seen(kBackwardEnd)) return;
+    e = kBackwardEnd;
+  }
+  if (e == kUpdateStart && seen(kUpdateStart)) return;  // only the first
   if (cudaEventRecord(phase_ev_[e], stream_) == cudaSuccess) phase_state_ |= 1 << e;
 }
 
 void CudaBackend::CollectPhases() {
-  const int all = (1 << kNumPhaseEvents) - 1;
-  if (phase_state_ == all && cudaEventSynchronize(phase_ev_[kUpdateEnd]) == cudaSuccess &&
-      ++phase_seen_ > 3) {
-    float ms[4] = {0, 0, 0, 0};
-    cudaEventElapsedTime(&ms[0], phase_ev_[kUploadStart], phase_ev_[kUploadEnd]);
-    cudaEventElapsedTime(&ms[1], phase_ev_[kUploadEnd], phase_ev_[kLoss]);
-    cudaEventElapsedTime(&ms[2], phase_ev_[kLoss], phase_ev_[kUpdateStart]);
-    cudaEventElapsedTime(&ms[3], phase_ev_[kUpdateStart], phase_ev_[kUpdateEnd]);
-    phase_sum_.h2d += ms[0];
-    phase_sum_.forward += ms[1];
-    phase_sum_.backward += ms[2];
-    phase_sum_.update += ms[3];
+  const int need = (1 << kUploadStart) | (1 << kUploadEnd) | (1 << kLoss) | (1 << kUpdateStart) |
+                   (1 << kUpdateEnd) | (1 << kNextStart);
+  if ((phase_state_ & need) == need &&
+      cudaEventSynchronize(phase_ev_[kNextStart]) == cudaSuccess && ++phase_seen_ > 3) {
+    auto ms = [this](PhaseEvent a, PhaseEvent b) {
+      float t = 0;
+      return cudaEventElapsedTime(&t, phase_ev_[a], phase_ev_[b]) == cudaSuccess ? double{t} : 0.0;
+    };
+    const bool split = (phase_state_ & (1 << kBackwardEnd)) != 0;
+    phase_sum_.step += ms(kUploadStart, kNextStart);
+    phase_sum_.h2d += ms(kUploadStart, kUploadEnd);
+    phase_sum_.forward += ms(kUploadEnd, kLoss);
+    phase_sum_.backward += ms(kLoss, split ? kBackwardEnd : kUpdateStart);
+    phase_sum_.allreduce += split ? ms(kBackwardEnd, kUpdateStart) : 0.0;
+    phase_sum_.update += ms(kUpdateStart, kUpdateEnd);
+    phase_sum_.idle += ms(kUpdateEnd, kNextStart);
     ++phase_sum_.steps;
   }
+  cudaGetLastError();
   phase_state_ = 0;
 }
 
@@ -610,12 +629,11 @@ StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const BackendOptions& options)
                           : std::string("no device visible")) +
         "); check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES, or use --device cpu");
   }
-  if (options.cuda_device < 0 || options.cuda_device >= count) {
-    return Status::InvalidArgument("CUDA device " + std::to_string(options.cuda_device) +
-                                   " does not exist (" + std::to_string(count) +
-                                   " visible; check CUDA_VISIBLE_DEVICES)");
-  }
-  auto backend = std::make_unique<cuda::CudaBackend>(options, act);
+  auto device = ResolveCudaDevice(options.cuda_device, options.local_rank, count);
+  if (!device.ok()) return device.status();
+  BackendOptions resolved = options;
+  resolved.cuda_device = device.value();
+  auto backend = std::make_unique<cuda::CudaBackend>(resolved, act);
   EDL_RETURN_IF_ERROR(backend->Init());
   return std::unique_ptr<Backend>(std::move(backend));
 }

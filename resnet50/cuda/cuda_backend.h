@@ -26,11 +26,21 @@
 // blocking forever on a wedged device.
 //
 // Phase times. With EDL_CUDA_PHASE_TIMES=1 the backend records CUDA events at the step's phase
-// boundaries it can see (upload start/end, the loss, the first and last SgdUpdate) and logs, when
-// destroyed, the mean GPU milliseconds per training step of h2d (batch upload), forward,
-// backward (including a gradient all-reduce on the same stream) and update, skipping 3 warm-up
-// steps. It waits for the previous step's events at the next upload, so it costs some overlap;
-// leave it off for throughput figures.
+// boundaries it can see and logs, when destroyed, the mean GPU milliseconds per training step of
+// each phase, skipping 3 warm-up steps. The phases tile the step (from its first upload to the
+// next step's first upload), so they sum to it:
+//   h2d       first upload of the step .. last upload before the loss (images, labels)
+//   forward   .. the loss
+//   backward  .. the first upload after the loss (the runtime's in-band write, which comes right
+//             after the backward and the gradient scaling)
+//   allreduce .. the first SgdUpdate (the in-band write, the gradient all-reduce when it runs on
+//             this stream (NCCL), the in-band read-back); 0 when no upload follows the loss
+//   update    .. the last SgdUpdate
+//   idle      .. the next step's first upload (the GPU waits for the host between steps:
+//             loading the next batch, logging, checkpoint hooks)
+// An evaluation's uploads between two steps count as the next step's h2d (bench/trainer_gpu.sh
+// runs without evaluation). It waits for the previous step's events at the next upload, so it
+// costs some overlap; leave it off for throughput figures.
 //
 // Thread-safety: one thread at a time, like every Backend.
 #pragma once
@@ -107,7 +117,7 @@ struct BnPlan {
 
 class CudaBackend : public Backend {
  public:
-  // Use Create(); REQUIRES: options validated by NewCudaBackend.
+  // Use NewCudaBackend; REQUIRES: options validated there, cuda_device resolved.
   explicit CudaBackend(const BackendOptions& options, Elem act);
   ~CudaBackend() override;
   Status Init();
@@ -115,6 +125,7 @@ class CudaBackend : public Backend {
   std::string name() const override { return "cuda"; }
   bool on_device() const override { return true; }
   void* stream() const override { return stream_; }
+  int device_ordinal() const override { return options_.cuda_device; }
 
   size_t BytesFor(const Shape& shape, Layout layout, DataType dtype) const override;
   void* Allocate(size_t bytes) override;
@@ -171,9 +182,10 @@ class CudaBackend : public Backend {
 
   float loss_scale() const { return loss_scale_; }
 
-  // EDL_CUDA_PHASE_TIMES: GPU ms per step of each phase (see the header comment).
+  // EDL_CUDA_PHASE_TIMES: GPU ms per step of each phase (see the header comment); the phases sum
+  // to step.
   struct PhaseTimes {
-    double h2d = 0, forward = 0, backward = 0, update = 0;
+    double step = 0, h2d = 0, forward = 0, backward = 0, allreduce = 0, update = 0, idle = 0;
     int steps = 0;
   };
   PhaseTimes phase_times() const { return phase_sum_; }
@@ -211,7 +223,11 @@ class CudaBackend : public Backend {
   // Loss scaling (fp16).
   Status UpdateLossScale();
   // Phase events (EDL_CUDA_PHASE_TIMES).
-  enum PhaseEvent { kUploadStart, kUploadEnd, kLoss, kUpdateStart, kUpdateEnd, kNumPhaseEvents };
+  enum PhaseEvent {
+    kUploadStart, kUploadEnd, kLoss, kBackwardEnd, kUpdateStart, kUpdateEnd,
+    kNextStart,  // the next step's first upload: ends this step, then becomes its kUploadStart
+    kNumPhaseEvents
+  };
   void RecordPhase(PhaseEvent e);
   void CollectPhases();
 

@@ -14,8 +14,10 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "edl/base/dtype.h"
 #include "edl/base/status.h"
@@ -25,6 +27,18 @@ namespace edl::runtime {
 using ::edl::DataType;  // edl/base/dtype.h
 using ::edl::DataTypeSize;
 enum class ReduceOp { kSum, kMax };
+
+// What a communicator is doing when it polls CommOptions::interrupt.
+enum class CommPhase {
+  kConstruct,   // rendezvous and init (ncclCommInitRankConfig, ncclCommShrink)
+  kCollective,  // a collective (or group of them) in flight
+};
+
+// One buffer of Communicator::BroadcastAll.
+struct BroadcastBuffer {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
 
 // Rendezvous key-value store. In production the server's KV reached through the local client
 // (keys scoped by job and generation there); tests use an in-process one. Thread-safe.
@@ -54,6 +68,17 @@ struct CommOptions {
   // NCCL: CUDA device ordinal and the cudaStream_t (as void*) collectives are enqueued on.
   int cuda_device = -1;
   void* cuda_stream = nullptr;
+  // NCCL: polled (at most every few milliseconds) by every wait of the communicator, during its
+  // construction and in every collective; a non-OK answer ends that wait at once, aborts the
+  // NCCL communicator and becomes the sticky error. The elastic runtime answers Aborted when a
+  // newer generation supersedes one under construction, when a failure generation newer than
+  // this one is committed, and at shutdown. Must stay callable for the communicator's whole life.
+  // Gloo does not poll it (its rendezvous waits go through `store`, a hung collective through
+  // Abort()).
+  std::function<Status(CommPhase)> interrupt;
+  // The trainer id of each rank (may be empty): names the trainers in errors that involve two
+  // ranks, e.g. two ranks on one GPU.
+  std::vector<std::string> rank_names;
 };
 
 class Communicator {
@@ -72,6 +97,16 @@ class Communicator {
   virtual Status AllReduce(void* data, size_t count, DataType type, ReduceOp op) = 0;
   // Copies `bytes` bytes at `data` from rank `root` to every rank.
   virtual Status Broadcast(void* data, size_t bytes, int root) = 0;
+  // Broadcasts every buffer from `root` (same list, same order on every rank). NCCL enqueues the
+  // device buffers as one group (ncclGroupStart/End) and waits once; the default broadcasts the
+  // buffers one by one.
+  virtual Status BroadcastAll(const std::vector<BroadcastBuffer>& buffers, int root) {
+    for (const BroadcastBuffer& b : buffers) {
+      Status s = Broadcast(b.data, b.bytes, root);
+      if (!s.ok()) return s;
+    }
+    return Status::OK();
+  }
   virtual Status Barrier() = 0;
   // Unblocks any collective in flight and fails all later ones with Aborted. Idempotent.
   virtual void Abort() = 0;
@@ -85,5 +120,21 @@ class Communicator {
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& options);
 // Only where edl/config.h says EDL_HAVE_NCCL; returns FailedPrecondition otherwise.
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommOptions& options);
+
+// The NCCL_VERSION_CODE of the NCCL library the CUDA plugin runs with (ncclGetVersion: 22809 for
+// 2.28.9), or 0 when there is no plugin with NCCL.
+int NcclRuntimeVersion();
+
+// The communicator of generation options.generation built from `parent` (a NCCL communicator of
+// the previous generation) with ncclCommShrink: the ranks of `parent` minus `excluded_ranks`, the
+// survivors keeping their relative order (nccl_reform.h decides when that applies). With
+// `abort_parent` (a failure: a peer is dead) NCCL first ends the parent's operations in flight
+// (NCCL_SHRINK_ABORT); the parent is unusable afterwards either way and the caller destroys it.
+// options.rank / world_size: this rank's place in the shrunk communicator; store and key_prefix
+// are not used. Every survivor calls this with the same `excluded_ranks`. FailedPrecondition when
+// the running NCCL is older than 2.27 (no ncclCommShrink): build with CreateNcclCommunicator.
+StatusOr<std::unique_ptr<Communicator>> ShrinkNcclCommunicator(
+    Communicator* parent, const std::vector<int>& excluded_ranks, bool abort_parent,
+    const CommOptions& options);
 
 }  // namespace edl::runtime

@@ -2,6 +2,7 @@
 list(APPEND EDL_SOURCES
   runtime/comm/memory_kv_store.cc
   runtime/comm/file_kv_store.cc
+  runtime/comm/nccl_reform.cc
   runtime/comm/gloo/gloo_communicator.cc
 )
 # The NCCL communicator lives in comm/nccl/ and is built into the CUDA plugin libedl_cuda.so (the

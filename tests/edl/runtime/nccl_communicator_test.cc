@@ -1,9 +1,12 @@
 // NCCL communicator on one GPU: all-reduce / broadcast correctness at world size 1 (device and
-// host pointers), and that a collective stuck behind work that never finishes returns Aborted when
-// another thread calls Abort(), or Timeout on its own, instead of hanging. A second rank that never
-// joins turns creation into Timeout. One GPU cannot hold two ranks of one NCCL communicator, so
-// the "stuck" collective is held back by a host callback on its stream that only the test
-// releases. Everything that needs a GPU skips, printing why, where none is visible.
+// host pointers, BroadcastAll), and that nothing hangs: a collective stuck behind work that never
+// finishes returns Aborted when another thread calls Abort() (device and host arguments: a host
+// argument must not park the thread in a synchronous copy), Timeout on its own, or the
+// interrupt's status; an init whose peer never comes ends on the interrupt or on Timeout; 100
+// abort/re-init cycles leave the device memory where it was; a shrink builds a working
+// communicator. One GPU cannot hold two ranks of one NCCL communicator, so the "stuck" collective
+// is held back by a host callback on its stream that only the test releases. Everything that
+// needs a GPU skips, saying why, where none is visible.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -35,13 +38,10 @@ std::string NoGpuReason() {
   return "";
 }
 
-#define SKIP_WITHOUT_GPU()                                     \
-  do {                                                         \
-    const std::string why = NoGpuReason();                     \
-    if (!why.empty()) {                                        \
-      std::cout << "[  SKIPPED ] " << why << "\n";             \
-      GTEST_SKIP() << why;                                     \
-    }                                                          \
+#define SKIP_WITHOUT_GPU()                 \
+  do {                                     \
+    const std::string why = NoGpuReason(); \
+    if (!why.empty()) GTEST_SKIP() << why; \
   } while (0)
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
@@ -223,6 +223,167 @@ TEST(NcclCommunicatorTest, CorruptUniqueIdIsRejected) {
   Stream stream;
   auto made = CreateNcclCommunicator(Options(&store, 1, 2, stream.s, milliseconds(500)));
   EXPECT_TRUE(made.status().IsCorruption()) << made.status().ToString();
+}
+
+
+// The hang of a dead peer, reproduced on one GPU: the stream is held, so the collective can never
+// finish; its host argument (a stack scalar, as the runtime's) must not park the thread in a copy.
+TEST(NcclCommunicatorTest, HostArgumentCollectiveAbortedWhileStreamBlockedReturnsWithin2s) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  Stream stream;
+  auto made = CreateNcclCommunicator(Options(&store, 0, 1, stream.s, milliseconds(60000)));
+  ASSERT_OK(made.status());
+  Communicator* comm = made.value().get();
+  StreamBlocker blocker;
+  blocker.Block(stream.s);
+  std::atomic<bool> started{false}, returned{false};
+  Status result;
+  std::thread collective([&] {
+    int64_t v[3] = {1, 2, 3};
+    started.store(true);
+    result = comm->AllReduce(v, 3, DataType::kInt64, ReduceOp::kMax);
+    returned.store(true);
+  });
+  while (!started.load()) std::this_thread::yield();
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_FALSE(returned.load()) << "the collective should be held by the blocked stream";
+  const auto t0 = std::chrono::steady_clock::now();
+  comm->Abort();
+  while (!returned.load() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  blocker.Release();  // frees the thread even when the test fails, so join() cannot hang
+  collective.join();
+  std::cout << "  host-argument collective returned " << took << " s after Abort(): "
+            << result.ToString() << "\n";
+  EXPECT_LT(took, 2.0);
+  EXPECT_TRUE(result.IsAborted()) << result.ToString();
+  ASSERT_CUDA(cudaStreamSynchronize(stream.s));
+}
+
+TEST(NcclCommunicatorTest, InterruptEndsAStuckCollectiveAndAnInit) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  Stream stream;
+  std::atomic<bool> superseded{false};
+  CommOptions o = Options(&store, 0, 1, stream.s, milliseconds(60000));
+  o.interrupt = [&](CommPhase) {
+    return superseded.load() ? Status::Aborted("test: a failure generation") : Status::OK();
+  };
+  auto made = CreateNcclCommunicator(o);
+  ASSERT_OK(made.status());
+  StreamBlocker blocker;
+  blocker.Block(stream.s);
+  std::thread flip([&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    superseded.store(true);
+  });
+  double d = 1.5;
+  const Status s = made.value()->AllReduce(&d, 1, DataType::kFloat64, ReduceOp::kSum);
+  flip.join();
+  blocker.Release();
+  EXPECT_TRUE(s.IsAborted()) << s.ToString();
+  EXPECT_NE(s.message().find("test: a failure generation"), std::string::npos) << s.ToString();
+  ASSERT_CUDA(cudaStreamSynchronize(stream.s));
+
+  // An init whose second rank never comes ends on the interrupt, long before its timeout.
+  MemoryKvStore store2;
+  CommOptions two = Options(&store2, 0, 2, stream.s, milliseconds(60000));
+  std::atomic<int> polls{0};
+  two.interrupt = [&](CommPhase phase) {
+    EXPECT_EQ(phase, CommPhase::kConstruct);
+    return ++polls > 20 ? Status::Aborted("test: superseded") : Status::OK();
+  };
+  const auto t0 = std::chrono::steady_clock::now();
+  auto lonely = CreateNcclCommunicator(two);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(lonely.status().IsAborted()) << lonely.status().ToString();
+  EXPECT_LT(took, 30.0);
+  std::cout << "  init interrupted after " << took << " s: " << lonely.status().ToString() << "\n";
+}
+
+TEST(NcclCommunicatorTest, HundredAbortAndReinitCyclesKeepDeviceMemory) {
+  SKIP_WITHOUT_GPU();
+  Stream stream;
+  float* dev = nullptr;
+  ASSERT_CUDA(cudaMalloc(&dev, 1024 * sizeof(float)));
+  auto cycle = [&](int i) {
+    MemoryKvStore store;
+    auto made = CreateNcclCommunicator(Options(&store, 0, 1, stream.s));
+    ASSERT_OK(made.status());
+    ASSERT_OK(made.value()->AllReduce(dev, 1024, DataType::kFloat32, ReduceOp::kSum));
+    int64_t step = i;
+    ASSERT_OK(made.value()->AllReduce(&step, 1, DataType::kInt64, ReduceOp::kMax));
+    EXPECT_EQ(step, i);
+    made.value()->Abort();
+    EXPECT_TRUE(made.value()->Barrier().IsAborted());
+  };
+  for (int i = 0; i < 3; ++i) cycle(i);  // NCCL's and CUDA's one-time allocations
+  ASSERT_CUDA(cudaStreamSynchronize(stream.s));
+  size_t free_before = 0, total = 0;
+  ASSERT_CUDA(cudaMemGetInfo(&free_before, &total));
+  for (int i = 0; i < 100 && !HasFatalFailure(); ++i) cycle(i);
+  ASSERT_CUDA(cudaStreamSynchronize(stream.s));
+  size_t free_after = 0;
+  ASSERT_CUDA(cudaMemGetInfo(&free_after, &total));
+  const double lost_mib = (static_cast<double>(free_before) - static_cast<double>(free_after)) / (1 << 20);
+  std::cout << "  device memory free before " << free_before / (1 << 20) << " MiB, after 100 "
+            << "abort/re-init cycles " << free_after / (1 << 20) << " MiB (lost " << lost_mib
+            << " MiB)\n";
+  EXPECT_LT(lost_mib, 64.0) << "each cycle leaks device memory";
+  ASSERT_CUDA(cudaFree(dev));
+}
+
+TEST(NcclCommunicatorTest, BroadcastAllMixesHostAndDeviceBuffers) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  Stream stream;
+  auto made = CreateNcclCommunicator(Options(&store, 0, 1, stream.s));
+  ASSERT_OK(made.status());
+  std::vector<float*> devs(300);
+  std::vector<BroadcastBuffer> buffers;
+  for (size_t i = 0; i < devs.size(); ++i) {
+    ASSERT_CUDA(cudaMalloc(&devs[i], 64 * sizeof(float)));
+    std::vector<float> v(64, static_cast<float>(i));
+    ASSERT_CUDA(cudaMemcpy(devs[i], v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice));
+    buffers.push_back({devs[i], 64 * sizeof(float)});
+  }
+  uint64_t header = 0xfeedULL;
+  buffers.push_back({&header, sizeof(header)});
+  ASSERT_OK(made.value()->BroadcastAll(buffers, 0));
+  EXPECT_EQ(header, 0xfeedULL);
+  for (size_t i = 0; i < devs.size(); ++i) {
+    std::vector<float> back(64);
+    ASSERT_CUDA(cudaMemcpy(back.data(), devs[i], back.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(back[63], static_cast<float>(i));
+    ASSERT_CUDA(cudaFree(devs[i]));
+  }
+  EXPECT_EQ(made.value()->BroadcastAll(buffers, 1).code(), Status::Code::kInvalidArgument);
+}
+
+// ncclCommShrink over a healthy communicator of one rank, excluding none (the one shape a single
+// GPU can run); with an NCCL older than 2.27 the answer must be FailedPrecondition.
+TEST(NcclCommunicatorTest, ShrinkBuildsAWorkingCommunicatorOrSaysNcclIsTooOld) {
+  SKIP_WITHOUT_GPU();
+  MemoryKvStore store;
+  Stream stream;
+  auto parent = CreateNcclCommunicator(Options(&store, 0, 1, stream.s));
+  ASSERT_OK(parent.status());
+  CommOptions o = Options(nullptr, 0, 1, stream.s);
+  o.generation = 2;
+  auto child = ShrinkNcclCommunicator(parent.value().get(), {}, /*abort_parent=*/false, o);
+  std::cout << "  NCCL " << NcclRuntimeVersion() << ": shrink -> " << child.status().ToString() << "\n";
+  if (NcclRuntimeVersion() < 22700) {
+    EXPECT_EQ(child.status().code(), Status::Code::kFailedPrecondition);
+    return;
+  }
+  ASSERT_OK(child.status());
+  parent.value().reset();
+  int64_t v = 5;
+  ASSERT_OK(child.value()->AllReduce(&v, 1, DataType::kInt64, ReduceOp::kSum));
+  EXPECT_EQ(v, 5);
 }
 
 }  // namespace
