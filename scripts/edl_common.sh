@@ -129,7 +129,7 @@ edl_run() {
     rm -f "$pidfile"
     echo "$(basename "$0"): $name exited at once; the end of $logfile:" >&2
     tail -n 20 "$logfile" >&2 || true
-    exit 1
+    edl_die "$name exited at start: $(edl_explain "$(edl_last_error "$logfile")") (log $logfile)"
   fi
   echo "$(basename "$0"): $name started (pid $pid); log $logfile; stop with: ${EDL_STOP_HINT:-$0 --stop}" >&2
 }
@@ -179,17 +179,17 @@ edl_status() {
 
 # ---- checks before a start, and what a start is waiting for (the scripts' "no silent failure")
 
-# Prints the message of LOGFILE's last glog error or warning line ("E0102 12:00:00.1 42 f.cc:9] msg"
-# -> "msg"), else its last non-empty line, else nothing: a daemon's reason for failing.
+# Prints a daemon's reason for failing from LOGFILE: its last error line (a glog E or F line, as
+# "E20260102 12:00:00.1 42 f.cc:9] msg" -> "msg", or a line of its own such as "edl server: IOError:
+# ..."), else its last warning, else its last non-empty line; nothing without a log.
 edl_last_error() {
   local logfile="$1" line
   [ -f "$logfile" ] || return 0
-  line="$(grep -E '^[EFW][0-9]{4} ' "$logfile" 2>/dev/null | tail -n 1 || true)"
-  if [ -n "$line" ]; then
-    echo "${line#*] }"
-  else
-    grep -v '^[[:space:]]*$' "$logfile" | tail -n 1 || true
-  fi
+  line="$(grep -E '^[EF][0-9]{4}|^[^IWEF[:space:]]|^[IWEF]([^0-9]|$)' "$logfile" 2>/dev/null | tail -n 1 || true)"
+  [ -n "$line" ] || line="$(grep -E '^W[0-9]{4}' "$logfile" 2>/dev/null | tail -n 1 || true)"
+  [ -n "$line" ] || line="$(grep -v '^[[:space:]]*$' "$logfile" 2>/dev/null | tail -n 1 || true)"
+  case "$line" in [IEFW][0-9][0-9][0-9][0-9]*'] '*) line="${line#*] }" ;; esac
+  echo "$line"
 }
 
 # Splits a command line into the array EDL_WORDS the way `edl client --trainer_cmd` does: at
@@ -214,6 +214,16 @@ edl_split_command() {
     fi
   done
   if [ $in_word = 1 ]; then EDL_WORDS+=("$cur"); fi
+}
+
+# Prints a daemon's error line with what the scripts call the thing it names: the server's
+# --server_port is EDL_SERVER_PORT here.
+edl_explain() {
+  case "$1" in
+    *--server_port* | *"already in use"*)
+      echo "$1 (the scripts take the port from EDL_SERVER_PORT, now ${EDL_SERVER_PORT:-8180}: set EDL_SERVER_PORT to a free port)" ;;
+    *) echo "$1" ;;
+  esac
 }
 
 # Prints the program a trainer command line runs: its first word, or with `env` first the word

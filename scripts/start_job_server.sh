@@ -144,11 +144,7 @@ wait_ready() {
   done
   rm -f "$PIDFILE"
   why="$(edl_last_error "$log")"
-  case "$why" in
-    *--server_port* | *"in use"*)
-      why="$why (the scripts take the port from EDL_SERVER_PORT, now ${EDL_SERVER_PORT:-8180}: set EDL_SERVER_PORT to a free port)" ;;
-  esac
-  edl_die "edl server exited at start: ${why:-see its log} (log $log)"
+  edl_die "edl server exited at start: $(edl_explain "${why:-see its log}") (log $log)"
 }
 
 daemon=0

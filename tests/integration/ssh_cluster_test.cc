@@ -348,6 +348,22 @@ TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
   EXPECT_TRUE(NoneLeft()) << Join(Running());
 }
 
+// Clients that cannot reach the server (here: EDL_SERVER given, to an address nobody has) are named
+// with their last error line once EDL_JOIN_TIMEOUT_S passes, and what the start had started (the
+// server, both clients) is stopped again.
+TEST_F(SshClusterTest, ClientsThatNeverJoinAreNamedWithTheirLastErrorAndEverythingIsStopped) {
+  EXPECT_EQ(Script({"start", Hosts()}, {{"EDL_SERVER", "10.241.0.99:8180"}, {"EDL_JOIN_TIMEOUT_S", "8"}}), 1);
+  EXPECT_TRUE(Says("these nodes did not join the job:")) << Output();
+  for (const std::string m : {"a", "b"}) {
+    EXPECT_TRUE(Says("  " + Node(m) + " (" + net_->Target(m) + "): edl client (" + Node(m) +
+                     ") did not join the server at 10.241.0.99:8180 with a running trainer within 8s"))
+        << Output();
+  }
+  EXPECT_TRUE(Says("the client's last error: ")) << Output();
+  EXPECT_TRUE(Says("nothing of it is left running")) << Output();
+  ExpectNothingRuns();
+}
+
 // 6. A crashed client started again from a shell whose EDL_TRAINER_CMD differs (here: unset): the
 // running job's command is named and nothing starts; with the job's command the node rejoins.
 TEST_F(SshClusterTest, ClientRestartedWithAnotherTrainerCommandIsRefused) {

@@ -3,7 +3,11 @@
 // "remote" side locally, each host with its own HOME (a host named dead* does not answer, as an
 // unreachable one). Nothing touches the real home directory; every daemon a script starts is
 // stopped through the script and then checked by pid.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -13,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "launcher/launcher.h"
+#include "tests/integration/process_util.h"
 #include "tests/launcher/launcher_util.h"
 #include "tests/testutil.h"
 
@@ -203,6 +208,51 @@ TEST_F(ScriptsTest, ServerDaemonCreatesSecretRefusesTwiceAndStops) {
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/server.pid")));
   EXPECT_EQ(RunScript("start_job_server.sh", {"--status"}), 3);
   if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+}
+
+// A port the server cannot bind (here: bound, not listening, so the check before the start does
+// not see it) makes the real server exit at once: the script says so, naming EDL_SERVER_PORT (the
+// variable it takes) rather than only the server's --server_port, and leaves no pid file.
+TEST_F(ScriptsTest, ServerThatCannotBindItsPortIsReportedWithEdlServerPort) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"},
+                      {{"EDL_BIN", edl::test::EdlBinary()}, {"EDL_SERVER_PORT", port}}),
+            1)
+      << Log();
+  ::close(fd);
+  EXPECT_NE(Log().find("edl server exited at start"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("set EDL_SERVER_PORT to a free port"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("now " + port), std::string::npos) << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/server.pid")));
+}
+
+// The real server and a client holding another secret: the client exits, and the script says so
+// with the client's own error line instead of reporting it started; nothing of it is left.
+TEST_F(ScriptsTest, ClientThatExitsBeforeJoiningIsReportedWithItsError) {
+  const std::string port = std::to_string(itest::FreePort());
+  const std::map<std::string, std::string> real = {{"EDL_BIN", edl::test::EdlBinary()},
+                                                   {"EDL_SERVER_PORT", port}};
+  ASSERT_EQ(RunScript("start_job_server.sh", {"--daemon"}, real), 0) << Log();
+  const int server = ReadPid(dir_.Join("run/server.pid"));
+  itest::WriteSecretFile(dir_.Join("other-secret"), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+  std::map<std::string, std::string> client = real;
+  client.insert({{"EDL_NODE_NAME", "n1"}, {"EDL_SECRET_FILE", dir_.Join("other-secret")},
+                 {"EDL_TRAINER_CMD", "/bin/sleep 1000"}, {"EDL_JOIN_TIMEOUT_S", "60"}});
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"}, client), 1) << Log();
+  // Exited at once (within edl_run's first look) or later, while the script waited for it to join.
+  EXPECT_NE(Log().find("edl client (n1) exited"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("--secret_file"), std::string::npos) << "the client's own reason: " << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/client-n1.pid")));
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--stop"}, real), 0) << Log();
+  EXPECT_TRUE(test::WaitUntil([&] { return !ProcessAlive(server); }));
+  if (ProcessAlive(server)) ::kill(server, SIGKILL);
 }
 
 TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
