@@ -254,14 +254,15 @@ Status CheckFence(const std::string& store, const CheckpointMeta& writer,
                   const CheckpointMeta& newest, int64_t writer_since_wall_micros) {
   if (writer.generation >= newest.generation) return Status::OK();
   const std::string head = "save of step " + std::to_string(writer.step) + " from generation " +
-                           std::to_string(writer.generation) + " refused: " + store + " holds checkpoint " +
-                           std::to_string(newest.id) + " (step " + std::to_string(newest.step) +
-                           ") from generation " + std::to_string(newest.generation);
+                           std::to_string(writer.generation) + " refused: " + store +
+                           " holds checkpoint " + std::to_string(newest.id) + " (step " +
+                           std::to_string(newest.step) + ") from generation " +
+                           std::to_string(newest.generation);
   if (newest.wall_time_micros >= writer_since_wall_micros) {
     return Status::FailedPrecondition(
-        head + ", saved by a newer generation after this writer started: this writer is stale (only "
-               "rank 0 of the current generation may save). Stop this trainer: it should have left "
-               "when generation " + std::to_string(newest.generation) + " began");
+        head + ", saved by a newer generation after this writer started: this writer is stale "
+               "(only rank 0 of the current generation may save). Stop this trainer: it should "
+               "have left when generation " + std::to_string(newest.generation) + " began");
   }
   return Status::FailedPrecondition(
       head + ", which was there before this writer started: the store is ahead of this job, whose "

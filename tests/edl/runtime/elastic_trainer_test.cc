@@ -572,7 +572,9 @@ TEST(ElasticTrainerTest, RefusedCheckpointSavesAreTrainerEvents) {
   newer.wall_time_micros = 1;  // saved long before this job's writer started
   newer.fingerprint = earlier.Fingerprint() + ";";
   std::vector<ckpt::TensorView> views;
-  for (const StateTensor& t : earlier.StateTensors()) views.push_back({t.name, t.dtype, t.shape, t.data, t.bytes});
+  for (const StateTensor& t : earlier.StateTensors()) {
+    views.push_back({t.name, t.dtype, t.shape, t.data, t.bytes});
+  }
   ASSERT_OK(store->Save(newer, views, nullptr));
   CheckpointLoaderOptions lo;
   lo.save.checkpoint_steps = 2;
