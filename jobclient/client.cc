@@ -915,6 +915,14 @@ void Client::DropStaleTrainers() {
     ++stale;
     TerminateTrainer(&t, now);
   }
+  if (stale == 0) {
+    // Nothing ran on the token's behalf (e.g. a client's first connection to a new job, holding
+    // the token of an earlier job from its session file): nothing is lost, nothing to warn about.
+    LOG(INFO) << "edl client " << options_.node_name << ": the server does not know this node's "
+              << "session token (kept from an earlier job, or the node was lost while no trainer "
+              << "ran here); joining as a fresh node";
+    return;
+  }
   LOG(WARNING) << "edl client " << options_.node_name
                << ": the server dropped this node (it heard nothing from it for longer than its "
                   "heartbeat timeout: was this client stopped or cut off? or the server started a new "

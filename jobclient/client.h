@@ -154,6 +154,7 @@ class Client {
   void ReportExit(const std::string& id, const launcher::ExitInfo& info);
   // The welcome said the server had dropped this node: every trainer it still runs is stale (the
   // others re-formed without it); stop them (TERM, grace, KILL) and say so. The node rejoins afresh.
+  // With none running (a fresh client holding an earlier job's token) nothing is lost: INFO.
   void DropStaleTrainers();
   void TerminateTrainer(Trainer* t, int64_t now_us);
   void Tick();

@@ -104,7 +104,8 @@ edl_running_pid() {
 }
 
 # edl_run NAME PIDFILE LOGFILE DAEMON CMD...: runs CMD in the foreground (exec) or, when DAEMON is
-# 1, detached in its own session with output appended to LOGFILE and its pid in PIDFILE. When
+# 1, detached in its own session with output appended to LOGFILE and its pid in PIDFILE (the stop
+# command it prints is EDL_STOP_HINT when set: ssh_cluster.sh sets its own). When
 # PIDFILE names a live process, that one is kept and reported (start what is missing, leave what
 # runs: starting a cluster again after a crash only restarts what died).
 edl_run() {
@@ -128,9 +129,9 @@ edl_run() {
     rm -f "$pidfile"
     echo "$(basename "$0"): $name exited at once; the end of $logfile:" >&2
     tail -n 20 "$logfile" >&2 || true
-    exit 1
+    edl_die "$name exited at start: $(edl_explain "$(edl_last_error "$logfile")") (log $logfile)"
   fi
-  echo "$(basename "$0"): $name started (pid $pid); log $logfile; stop with: $0 --stop" >&2
+  echo "$(basename "$0"): $name started (pid $pid); log $logfile; stop with: ${EDL_STOP_HINT:-$0 --stop}" >&2
 }
 
 # edl_stop NAME PIDFILE TIMEOUT_S: SIGTERM, up to TIMEOUT_S seconds, then SIGKILL. Removes PIDFILE.
@@ -174,4 +175,141 @@ edl_status() {
   fi
   echo "$name: not running"
   return 3
+}
+
+# ---- checks before a start, and what a start is waiting for (the scripts' "no silent failure")
+
+# Prints a daemon's reason for failing from LOGFILE: its last error line (a glog E or F line, as
+# "E20260102 12:00:00.1 42 f.cc:9] msg" -> "msg", or a line of its own such as "edl server: IOError:
+# ..."), else its last warning, else its last non-empty line; nothing without a log.
+edl_last_error() {
+  local logfile="$1" line
+  [ -f "$logfile" ] || return 0
+  line="$(grep -E '^[EF][0-9]{4}|^[^IWEF[:space:]]|^[IWEF]([^0-9]|$)' "$logfile" 2>/dev/null | tail -n 1 || true)"
+  [ -n "$line" ] || line="$(grep -E '^W[0-9]{4}' "$logfile" 2>/dev/null | tail -n 1 || true)"
+  [ -n "$line" ] || line="$(grep -v '^[[:space:]]*$' "$logfile" 2>/dev/null | tail -n 1 || true)"
+  case "$line" in [IEFW][0-9][0-9][0-9][0-9]*'] '*) line="${line#*] }" ;; esac
+  echo "$line"
+}
+
+# Splits a command line into the array EDL_WORDS the way `edl client --trainer_cmd` does: at
+# blanks, with single or double quotes around parts of a word, no escapes.
+edl_split_command() {
+  local s="$1" c cur="" quote="" in_word=0 i
+  EDL_WORDS=()
+  for ((i = 0; i < ${#s}; i++)); do
+    c="${s:i:1}"
+    if [ -n "$quote" ]; then
+      if [ "$c" = "$quote" ]; then quote=""; else cur+="$c"; fi
+    elif [ "$c" = "'" ] || [ "$c" = '"' ]; then
+      quote="$c"
+      in_word=1
+    elif [ "$c" = ' ' ] || [ "$c" = $'\t' ]; then
+      if [ $in_word = 1 ]; then EDL_WORDS+=("$cur"); fi
+      cur=""
+      in_word=0
+    else
+      cur+="$c"
+      in_word=1
+    fi
+  done
+  if [ $in_word = 1 ]; then EDL_WORDS+=("$cur"); fi
+}
+
+# Prints a daemon's error line with what the scripts call the thing it names: the server's
+# --server_port is EDL_SERVER_PORT here.
+edl_explain() {
+  case "$1" in
+    *--server_port* | *"already in use"*)
+      echo "$1 (the scripts take the port from EDL_SERVER_PORT, now ${EDL_SERVER_PORT:-8180}: set EDL_SERVER_PORT to a free port)" ;;
+    *) echo "$1" ;;
+  esac
+}
+
+# Prints the program a trainer command line runs: its first word, or with `env` first the word
+# after env's options and NAME=VALUE words.
+edl_trainer_program() {
+  local w after_env=0 skip_next=0
+  edl_split_command "$1"
+  for w in "${EDL_WORDS[@]}"; do
+    if [ $skip_next = 1 ]; then
+      skip_next=0
+      continue
+    fi
+    if [ $after_env = 0 ] && [ "${w##*/}" = env ]; then
+      after_env=1
+      continue
+    fi
+    if [ $after_env = 1 ]; then
+      case "$w" in -u | --unset | -C | --chdir) skip_next=1; continue ;; -* | *=*) continue ;; esac
+    fi
+    echo "$w"
+    return 0
+  done
+}
+
+# Prints the value of --checkpoint_dir in a trainer command line (`--checkpoint_dir DIR` or
+# `--checkpoint_dir=DIR`), or nothing.
+edl_checkpoint_dir_of() {
+  local i
+  edl_split_command "$1"
+  for ((i = 0; i < ${#EDL_WORDS[@]}; i++)); do
+    case "${EDL_WORDS[$i]}" in
+      --checkpoint_dir=*) echo "${EDL_WORDS[$i]#--checkpoint_dir=}"; return 0 ;;
+      --checkpoint_dir) echo "${EDL_WORDS[$((i + 1))]:-}"; return 0 ;;
+    esac
+  done
+}
+
+# True when ADDRESS (an IP literal or a name, resolved here) is an address of this machine's
+# interfaces: a node's trainers bind the address it advertises, and clients connect to the server's.
+edl_is_own_address() {
+  local addr="$1" ip own
+  addr="${addr#[}"
+  addr="${addr%]}"
+  if edl_is_loopback "$addr"; then return 0; fi
+  own="$( { ip -o addr show 2>/dev/null | awk '{ sub(/\/.*/, "", $4); print $4 }'; hostname -I 2>/dev/null | tr ' ' '\n'; echo 127.0.0.1; echo ::1; } | sort -u)"
+  for ip in $(getent ahosts "$addr" 2>/dev/null | awk '{ print $1 }' | sort -u) "$addr"; do
+    if grep -qxF "$ip" <<<"$own"; then return 0; fi
+  done
+  return 1
+}
+
+# Prints what listens on TCP PORT here (ss), or nothing when the port is free or ss is missing.
+edl_port_listener() {
+  local port="$1"
+  command -v ss >/dev/null 2>&1 || return 0
+  ss -Hltnp "sport = :$port" 2>/dev/null | awk '{ $1 = $2 = $3 = ""; sub(/^ +/, ""); print; exit }'
+}
+
+# edl_node_state NODE: reads `edl ctl status --json` on stdin; prints where NODE stands:
+#   trainers N     its client is connected and N trainers of the current generation run there
+#   full N         connected, no trainer placed there, and the job runs all N it wants (or is done)
+#   waiting ...    connected, no trainer yet (world, target, pending follow)
+#   disconnected   the server knows the node but its client is not connected
+#   absent         the server does not know the node
+#   cluster        a cluster server (edl server --cluster): no per-node placement to wait for
+# The status body is nlohmann's dump(2): keys sorted, top-level keys indented 2, a node's 6.
+edl_node_state() {
+  awk -v node="\"$1\"" '
+    function value(line) { sub(/^[^:]*: /, "", line); sub(/,$/, "", line); return line }
+    /^  "[a-z_]+": / { k = $1; gsub(/[":]/, "", k); top[k] = value($0) }
+    /^  "nodes": \[$/ { in_nodes = 1; next }
+    in_nodes && /^  \]/ { in_nodes = 0 }
+    in_nodes && /^      "[a-z_]+": / { k = $1; gsub(/[":]/, "", k); cur[k] = value($0) }
+    in_nodes && /^    }/ {
+      if (cur["name"] == node) { found = 1; conn = cur["connected"]; used = cur["used"] + 0 }
+      split("", cur)
+    }
+    END {
+      if (top["cluster"] == "true") { print "cluster"; exit }
+      if (!found) { print "absent"; exit }
+      if (conn != "true") { print "disconnected"; exit }
+      if (used > 0) { print "trainers " used; exit }
+      world = top["world_size"] + 0
+      if (top["done"] == "true" || (top["pending"] == "false" && world > 0 && world >= top["target"] + 0)) {
+        print "full " world; exit
+      }
+      print "waiting world " world " target " top["target"] " pending " top["pending"]
+    }'
 }

@@ -4,23 +4,30 @@
 # (`edl ctl stop`), or until you stop it; it takes a second to start.
 #
 #   scripts/start_job_server.sh [--daemon] [EXTRA edl server FLAGS...]
-#   scripts/start_job_server.sh --stop | --status
+#   scripts/start_job_server.sh --stop | --status | --check | --abort
 #
 # Foreground by default (Ctrl-C stops the server alone; its trainers keep running). With --daemon
 # it detaches, appends its output to $EDL_RUN_DIR/logs/server.out and writes
-# $EDL_RUN_DIR/server.pid. A server already running from that pid file is reported and kept.
+# $EDL_RUN_DIR/server.pid, and returns once the server answers `edl ctl status` (or fails with the
+# end of its log, e.g. a port in use, naming EDL_SERVER_PORT). A server already running from that
+# pid file is reported and kept. Before it starts one it checks that EDL_SERVER_PORT is free here
+# (--check runs only the checks).
 # --stop stops the whole job as one decision (`edl ctl stop`: one stop generation, a final
 # checkpoint by rank 0, no failure records; then the clients and the server exit) and waits for
 # the server to exit [EDL_STOP_JOB_TIMEOUT_S, 330 s]; a stopped job started again resumes from its
-# latest checkpoint.
+# latest checkpoint. It exits 1 when rank 0's final checkpoint failed or was refused (the events
+# log's stop_checkpoint record), with the reason. --abort stops the server process alone (SIGTERM,
+# then SIGKILL): no stop generation, no final checkpoint (it undoes a start that failed).
 # Resume: run it again. The job's state (generation, trainer ids, desired size, scaling-script
 # position; jobserver/STATE.md) is kept in $EDL_RUN_DIR/state, synced before every change is sent,
 # so a restarted server resumes the job: clients reconnect with backoff and report their running
 # trainers, the server adopts the survivors of the stored generation (they keep training, nothing
 # restarts) and numbers every later generation above the ones it issued. A damaged state directory
-# is refused with the fix; moving it aside starts a new job. Extra arguments go to `edl server` as
-# they are (e.g. --scale_script config/x.txt, --checkpoint_dir DIR when a new state directory
-# meets an old checkpoint store).
+# is refused with the fix; moving it aside starts a new job. Extra arguments, and the words of
+# EDL_SERVER_ARGS, go to `edl server` as they are (e.g. --scale_script config/x.txt). When
+# EDL_TRAINER_CMD holds --checkpoint_dir DIR and no --checkpoint_dir is given, the server gets it
+# too: it numbers generations above the store's newest, so a new state directory beside an old
+# store does not have every save refused by the store's fence.
 #
 # Environment (defaults in brackets):
 #   EDL_BIN            the edl binary [<repo>/build/edl, else edl in PATH]
@@ -36,6 +43,9 @@
 #                      as standbys (README "Standby servers") [unset]
 #   EDL_LEASE_TTL_S    with EDL_STATE_STORE: the leader's lease [5]
 #   EDL_STOP_TIMEOUT_S seconds --stop waits after SIGTERM before SIGKILL [30]
+#   EDL_SERVER_ARGS    further `edl server` flags, split at blanks [none]
+#   EDL_TRAINER_CMD    read only for its --checkpoint_dir (see above) [unset]
+#   EDL_START_TIMEOUT_S --daemon: seconds to wait for the server to answer; 0: do not wait [60]
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
@@ -43,35 +53,117 @@ source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
 EDL_RUN_DIR="${EDL_RUN_DIR:-./edl-run}"
 PIDFILE="$EDL_RUN_DIR/server.pid"
 
+# The address `edl ctl` reaches this host's server at.
+ctl_server() {
+  local host="${EDL_BIND:-0.0.0.0}"
+  case "$host" in 0.0.0.0 | '') host=127.0.0.1 ;; :: | '[::]') host='[::1]' ;; *:*) host="[$host]" ;; esac
+  echo "$host:${EDL_SERVER_PORT:-8180}"
+}
+
+# The events log of the job (EventsLog: <events_dir>/<job_id>.events.jsonl).
+EVENTS_LOG="$EDL_RUN_DIR/events/${EDL_JOB_ID:-edl-job}.events.jsonl"
+
+# Reads events-log records appended after byte OFFSET; fails, saying why, when rank 0's final
+# checkpoint (the stop_checkpoint record) failed or was refused by the store's fence.
+check_final_checkpoint() {
+  local offset="$1" tail_records final error
+  [ -f "$EVENTS_LOG" ] || return 0
+  tail_records="$(tail -c +"$((offset + 1))" "$EVENTS_LOG")"
+  final="$(grep '"event":"stop_checkpoint"' <<<"$tail_records" | tail -n 1 || true)"
+  [ -n "$final" ] || return 0
+  case "$final" in *'"ok":false'*) ;; *) return 0 ;; esac
+  error="$(grep '"event":"checkpoint_failed"' <<<"$tail_records" | tail -n 1 |
+    sed -n 's/.*"error":"\(\([^"\\]\|\\.\)*\)".*/\1/p' || true)"
+  echo "$(basename "$0"): the job stopped, but rank 0's final checkpoint was NOT saved: ${error:-see the log of rank 0 under $EDL_RUN_DIR/logs} (events log $EVENTS_LOG)" >&2
+  return 1
+}
+
 # Stops the whole job as one decision through the running server (`edl ctl stop`: one stop
 # generation, rank 0's final checkpoint, then the clients and the server exit by themselves) and
 # waits for the server to exit; a server that does not answer or outlives the wait gets SIGTERM.
+# Fails when the final checkpoint failed or was refused.
 stop_job() {
-  local pid host="${EDL_BIND:-0.0.0.0}"
+  local pid offset=0
   if pid="$(edl_running_pid "$PIDFILE")"; then
-    case "$host" in 0.0.0.0 | '') host=127.0.0.1 ;; :: | '[::]') host='[::1]' ;; *:*) host="[$host]" ;; esac
     edl_find_bin
     EDL_SECRET_FILE="${EDL_SECRET_FILE:-$HOME/.edl/secret}"
+    if [ -f "$EVENTS_LOG" ]; then offset="$(wc -c <"$EVENTS_LOG")"; fi
     echo "$(basename "$0"): stopping the job through edl server (pid $pid): edl ctl stop" >&2
-    if timeout 30 "$EDL_BIN" ctl --server "$host:${EDL_SERVER_PORT:-8180}" --secret_file "$EDL_SECRET_FILE" stop >&2 &&
+    if timeout 30 "$EDL_BIN" ctl --server "$(ctl_server)" --secret_file "$EDL_SECRET_FILE" stop >&2 &&
       edl_wait_exit "$PIDFILE" "${EDL_STOP_JOB_TIMEOUT_S:-330}"; then
       rm -f "$PIDFILE"
       echo "$(basename "$0"): the job stopped and edl server (pid $pid) exited" >&2
-      return 0
+      check_final_checkpoint "$offset"
+      return
     fi
     echo "$(basename "$0"): edl server (pid $pid) did not stop the job; stopping the server alone" >&2
   fi
   edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"
 }
 
+# Prints one line per problem that would keep a server from starting here.
+check_server() {
+  local listener
+  if [ -n "${EDL_BIN:-}" ]; then
+    [ -x "$EDL_BIN" ] || echo "EDL_BIN=$EDL_BIN is not an executable file here; build it with \`make\` or fix EDL_BIN"
+  elif [ ! -x "$EDL_REPO_DIR/build/edl" ] && ! command -v edl >/dev/null 2>&1; then
+    echo "no edl binary here: run \`make\` in $EDL_REPO_DIR, or set EDL_BIN=/path/to/edl"
+  fi
+  if ! edl_running_pid "$PIDFILE" >/dev/null; then
+    listener="$(edl_port_listener "${EDL_SERVER_PORT:-8180}")"
+    if [ -n "$listener" ]; then
+      echo "port ${EDL_SERVER_PORT:-8180} on $(hostname) is in use ($listener): set EDL_SERVER_PORT to a free port, or stop what listens there"
+    fi
+  fi
+  # ssh_cluster.sh: the address the clients are given must be this host's own.
+  if [ -n "${EDL_CHECK_SERVER_ADDR:-}" ] && ! edl_is_own_address "$EDL_CHECK_SERVER_ADDR"; then
+    echo "the server's address $EDL_CHECK_SERVER_ADDR (the clients connect to it) is not an address of $(hostname), the server host (it has: $(hostname -I 2>/dev/null | xargs)); fix its address column in the hosts file"
+  fi
+  if [ -n "${EDL_SCALE_SCRIPT:-}" ] && [ ! -f "$EDL_SCALE_SCRIPT" ]; then
+    echo "EDL_SCALE_SCRIPT=$EDL_SCALE_SCRIPT does not exist on $(hostname)"
+  fi
+}
+
+# Waits until the server answers `edl ctl status`; fails with the end of its log (a port in use
+# named as EDL_SERVER_PORT, the variable the scripts take) when it exits first or never answers.
+wait_ready() {
+  local pid="$1" timeout="${EDL_START_TIMEOUT_S:-60}" deadline log="$EDL_RUN_DIR/logs/server.out" why
+  [ "$timeout" -gt 0 ] || return 0
+  [ -z "${EDL_STATE_STORE:-}" ] || return 0  # a standby does not listen until it leads
+  deadline=$((SECONDS + timeout))
+  while kill -0 "$pid" 2>/dev/null; do
+    if timeout 15 "$EDL_BIN" ctl --server "$(ctl_server)" --secret_file "$EDL_SECRET_FILE" status --json >/dev/null 2>&1; then
+      return 0
+    fi
+    if [ $SECONDS -ge $deadline ]; then
+      why="$(edl_last_error "$log")"
+      edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}" >/dev/null 2>&1
+      edl_die "edl server did not answer within ${timeout}s (EDL_START_TIMEOUT_S) and was stopped: ${why:-no error in its log} (log $log)"
+    fi
+    sleep 0.2
+  done
+  rm -f "$PIDFILE"
+  why="$(edl_last_error "$log")"
+  edl_die "edl server exited at start: $(edl_explain "${why:-see its log}") (log $log)"
+}
+
 daemon=0
 case "${1:-}" in
-  --stop) stop_job; exit 0 ;;
+  --stop) stop_job; exit $? ;;
+  --abort) edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"; exit 0 ;;
   --status) edl_status "edl server" "$PIDFILE"; exit $? ;;
+  --check)
+    problems="$(check_server)"
+    [ -z "$problems" ] && exit 0
+    printf '%s\n' "$problems"
+    exit 1
+    ;;
   --daemon) daemon=1; shift ;;
   -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
 esac
 
+problems="$(check_server)"
+[ -z "$problems" ] || edl_die "not started: $(printf '%s\n' "$problems" | sed '2,$s/^/  and: /')"
 edl_find_bin
 edl_ensure_secret
 mkdir -p "$EDL_RUN_DIR/events" "$EDL_RUN_DIR/logs"
@@ -94,8 +186,17 @@ else
   args+=(--state_dir "${EDL_STATE_DIR:-$EDL_RUN_DIR/state}")
 fi
 if [ -n "${EDL_SCALE_SCRIPT:-}" ]; then
-  [ -f "$EDL_SCALE_SCRIPT" ] || edl_die "EDL_SCALE_SCRIPT=$EDL_SCALE_SCRIPT does not exist"
   args+=(--scale_script "$EDL_SCALE_SCRIPT")
 fi
+read -r -a server_args <<<"${EDL_SERVER_ARGS:-}"
+args+=("${server_args[@]}" "$@")
+# The trainers' checkpoint store, for the server to number generations above it.
+ckpt_dir="$(edl_checkpoint_dir_of "${EDL_TRAINER_CMD:-}")"
+if [ -n "$ckpt_dir" ] && ! printf '%s\n' "${args[@]}" | grep -q '^--checkpoint_dir\(=\|$\)'; then
+  args+=(--checkpoint_dir "$ckpt_dir")
+fi
 
-edl_run "edl server" "$PIDFILE" "$EDL_RUN_DIR/logs/server.out" "$daemon" "$EDL_BIN" "${args[@]}" "$@"
+started=1
+if edl_running_pid "$PIDFILE" >/dev/null; then started=0; fi
+edl_run "edl server" "$PIDFILE" "$EDL_RUN_DIR/logs/server.out" "$daemon" "$EDL_BIN" "${args[@]}"
+if [ "$started" = 1 ]; then wait_ready "$(cat "$PIDFILE")"; fi

@@ -17,6 +17,7 @@
 #include <glog/logging.h>
 
 #include "edl/base/thread_annotations.h"
+#include "edl/net/admission.h"
 #include "edl/net/framed_socket.h"
 #include "edl/proto/frame.h"
 
@@ -55,8 +56,10 @@ class TeacherServer::Impl {
   struct Student {
     std::unique_ptr<net::FramedSocket> sock;
     std::thread thread;
-    int queued = 0;     // requests of this student waiting or running; guarded by mu_
-    bool done = false;  // its thread has returned; guarded by mu_
+    uint64_t id = 0;             // its admission_ id (non-zero, unique)
+    int queued = 0;              // requests of this student waiting or running; guarded by mu_
+    bool authenticated = false;  // holds one of --max_students; guarded by mu_
+    bool done = false;           // its thread has returned; guarded by mu_
   };
   struct Job {
     std::shared_ptr<Student> student;
@@ -65,6 +68,11 @@ class TeacherServer::Impl {
   };
 
   void AcceptLoop();
+  // Admits `s` among the connections that have not authenticated: the oldest of them (from the
+  // same source when that source is at its bound) is shut down to make room.
+  void AdmitUnauthenticated(const std::shared_ptr<Student>& s, const std::string& source);
+  // After `s` proved the secret: it takes one of --max_students, or the refusal says why.
+  Status TakeStudentSlot(Student* s);
   void StudentLoop(std::shared_ptr<Student> s);
   void InferLoop();
   void ServerLoop(std::string server, proto::Hello hello, std::unique_ptr<net::FramedSocket> sock);
@@ -93,7 +101,13 @@ class TeacherServer::Impl {
   mutable Mutex mu_;
   std::condition_variable cv_;  // jobs queued, or stop
   bool stop_ GUARDED_BY(mu_) = false;
+  // Every connection with a live thread: unauthenticated ones (bounded by admission_) and students
+  // (bounded by --max_students).
   std::list<std::shared_ptr<Student>> students_ GUARDED_BY(mu_);
+  net::AdmissionControl admission_ GUARDED_BY(mu_){o_.unauthenticated.max_total > 0
+                                                       ? o_.unauthenticated
+                                                       : net::AdmissionControl::FromFileLimit()};
+  uint64_t next_id_ GUARDED_BY(mu_) = 0;
   std::deque<Job> jobs_ GUARDED_BY(mu_);
   TeacherStats period_ GUARDED_BY(mu_), totals_ GUARDED_BY(mu_);
   net::FramedSocket* server_conn_ GUARDED_BY(mu_) = nullptr;  // for Stop's Shutdown
@@ -195,15 +209,45 @@ void TeacherServer::Impl::AcceptLoop() {
       }
     }
     for (auto& f : finished) f->thread.join();
+    // Not counted against --max_students until it proves the secret: connections that never do
+    // cannot lock students out, they only push out each other (the oldest first).
+    AdmitUnauthenticated(s, host);
     MutexLock l(&mu_);
-    if (static_cast<int>(students_.size()) >= o_.max_students) {
-      LOG_EVERY_N(WARNING, 50) << "teacher: refusing " << s->sock->peer() << ": "
-                               << o_.max_students << " students connected (--max_students)";
-      continue;  // closes the socket with s
-    }
     students_.push_back(s);
     s->thread = std::thread([this, s] { StudentLoop(s); });
   }
+}
+
+void TeacherServer::Impl::AdmitUnauthenticated(const std::shared_ptr<Student>& s,
+                                               const std::string& source) {
+  MutexLock l(&mu_);
+  s->id = ++next_id_;
+  const uint64_t evict = admission_.Admit(s->id, source);
+  if (evict == 0) return;
+  for (const auto& other : students_) {
+    if (other->id != evict) continue;
+    LOG_EVERY_N(WARNING, 50) << "teacher: closing " << other->sock->peer()
+                             << ": it has not authenticated and " << admission_.limits().max_total
+                             << " unauthenticated connections in all, or "
+                             << admission_.limits().max_per_source
+                             << " from one address, are the most a teacher holds";
+    other->sock->Shutdown();  // its handshake fails at once; its thread ends
+  }
+}
+
+Status TeacherServer::Impl::TakeStudentSlot(Student* s) {
+  MutexLock l(&mu_);
+  admission_.Remove(s->id);
+  int students = 0;
+  for (const auto& other : students_) students += other->authenticated && !other->done ? 1 : 0;
+  if (students >= o_.max_students) {
+    LOG_EVERY_N(WARNING, 50) << "teacher: refusing student " << s->sock->peer() << ": "
+                             << o_.max_students << " students connected (--max_students)";
+    return Status::Unavailable("teacher " + o_.name + " serves " + std::to_string(o_.max_students) +
+                               " students at most (--max_students), and has that many");
+  }
+  s->authenticated = true;
+  return Status::OK();
 }
 
 // ---- one student
@@ -213,7 +257,7 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
   w.job_id = o_.service;
   proto::Hello hello;
   Status st = net::AuthenticatePeer(
-      s->sock.get(), o_.secret, w, o_.handshake_timeout, &hello, [this](const proto::Hello& h) {
+      s->sock.get(), o_.secret, w, o_.handshake_timeout, &hello, [this, &s](const proto::Hello& h) {
         if (h.role != "student") {
           return Status::InvalidArgument("a teacher serves only role 'student', not '" + h.role + "'");
         }
@@ -221,7 +265,7 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
           return Status::NotFound("teacher " + o_.name + " serves service '" + o_.service +
                                   "', not '" + h.service + "'");
         }
-        return Status::OK();
+        return TakeStudentSlot(s.get());
       });
   if (!st.ok()) {
     LOG_EVERY_N(WARNING, 20) << "teacher: handshake with " << s->sock->peer()
@@ -293,6 +337,7 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
   s->sock->Shutdown();
   DropQueued(s.get(), nullptr);  // nobody reads their answers any more
   MutexLock l(&mu_);
+  admission_.Remove(s->id);  // a handshake that failed: no longer pending
   s->done = true;
 }
 

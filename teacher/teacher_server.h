@@ -9,7 +9,9 @@
 // and latency with every heartbeat (`Register`); the server's member list of the service is what
 // students follow.
 //
-// Every per-peer resource is capped: connections (`max_students`), requests queued per student
+// Every per-peer resource is capped: authenticated students (`max_students`), connections that
+// have not authenticated (`unauthenticated`, oldest closed first, so that idle connections without
+// the secret cannot lock students out), requests queued per student
 // (`max_queued_per_student`, beyond which a request is answered Unavailable), the frame size of
 // requests, and the handshake time. No answer is computed for nobody: a request its student
 // cancels (teacher_cancel) before its forward pass is dropped and answered Aborted, and the queued
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "edl/base/status.h"
+#include "edl/net/admission.h"
 #include "edl/proto/service_messages.h"
 
 namespace edl::teacher {
@@ -37,7 +40,11 @@ struct TeacherServerOptions {
   std::string service;           // the service this teacher serves (students must name it)
   std::string name;              // this teacher's name in the service
   std::string secret;            // the cluster secret
-  int max_students = 64;         // concurrent student connections
+  int max_students = 64;         // concurrent authenticated students
+  // Connections that have not authenticated yet, in all and per source address: beyond either
+  // bound the oldest of them is closed (edl/net/admission.h). They never count against
+  // max_students. max_total 0: the edl server's default, from the open-file limit.
+  net::AdmissionControl::Limits unauthenticated{0, 0};
   int max_queued_per_student = 16;
   int max_batch = 1024;          // samples per forward pass
   std::chrono::milliseconds handshake_timeout{5000};

@@ -88,6 +88,7 @@ bool AsyncCheckpointer::MaybeSave(const CheckpointMeta& meta,
     LOG(ERROR) << "checkpoint at step " << meta.step << " not taken: " << s.ToString();
     MutexLock lock(&mu_);
     last_status_ = s;
+    RecordFailure(s, meta.step);
     return false;
   }
   last_trigger_step_ = meta.step;
@@ -160,7 +161,15 @@ void AsyncCheckpointer::RecordResult(const Status& s, int64_t step, int64_t id, 
     ++saves_completed_;
     last_saved_step_ = step;
     last_saved_id_ = id;
+  } else {
+    RecordFailure(s, step);
   }
+}
+
+void AsyncCheckpointer::RecordFailure(const Status& s, int64_t step) {
+  ++saves_failed_;
+  last_failure_ = s;
+  last_failed_step_ = step;
 }
 
 bool AsyncCheckpointer::busy() const {
@@ -178,6 +187,18 @@ int64_t AsyncCheckpointer::saves_completed() const {
 int64_t AsyncCheckpointer::saves_skipped() const {
   MutexLock lock(&mu_);
   return saves_skipped_;
+}
+int64_t AsyncCheckpointer::saves_failed() const {
+  MutexLock lock(&mu_);
+  return saves_failed_;
+}
+Status AsyncCheckpointer::last_failure() const {
+  MutexLock lock(&mu_);
+  return last_failure_;
+}
+int64_t AsyncCheckpointer::last_failed_step() const {
+  MutexLock lock(&mu_);
+  return last_failed_step_;
 }
 int64_t AsyncCheckpointer::last_saved_step() const {
   MutexLock lock(&mu_);

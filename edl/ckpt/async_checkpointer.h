@@ -84,6 +84,11 @@ class AsyncCheckpointer {
   Status last_status() const;
   int64_t saves_completed() const;
   int64_t saves_skipped() const;  // due at a boundary but a save was in flight
+  // Saves that failed (refused by the fence, a full disk, a snapshot copy that failed), and the
+  // newest such failure with the step it was for (OK / -1 when none failed).
+  int64_t saves_failed() const;
+  Status last_failure() const;
+  int64_t last_failed_step() const;
   int64_t last_saved_step() const;  // step of the newest successful save, -1 if none
   int64_t last_saved_id() const;    // id the store gave it, 0 if none
   double last_snapshot_seconds() const;  // training-thread time of the last snapshot copy
@@ -94,6 +99,7 @@ class AsyncCheckpointer {
   Status Snapshot(const std::vector<TensorView>& tensors, const CopyFn& copy);
   void WriterLoop();
   void RecordResult(const Status& s, int64_t step, int64_t id, double seconds);
+  void RecordFailure(const Status& s, int64_t step) REQUIRES(mu_);
 
   CheckpointStore* const store_;  // not owned; outlives this (constructor contract)
   const AsyncCheckpointerOptions options_;
@@ -114,6 +120,9 @@ class AsyncCheckpointer {
   Status last_status_ GUARDED_BY(mu_);
   int64_t saves_completed_ GUARDED_BY(mu_) = 0;
   int64_t saves_skipped_ GUARDED_BY(mu_) = 0;
+  int64_t saves_failed_ GUARDED_BY(mu_) = 0;
+  Status last_failure_ GUARDED_BY(mu_);
+  int64_t last_failed_step_ GUARDED_BY(mu_) = -1;
   int64_t last_saved_step_ GUARDED_BY(mu_) = -1;
   int64_t last_saved_id_ GUARDED_BY(mu_) = 0;
   double last_snapshot_seconds_ GUARDED_BY(mu_) = 0;

@@ -250,6 +250,29 @@ Status ReadVerified(CheckpointStore* store, const CheckpointMeta& meta, LoadedCh
 
 }  // namespace
 
+Status CheckFence(const std::string& store, const CheckpointMeta& writer,
+                  const CheckpointMeta& newest, int64_t writer_since_wall_micros) {
+  if (writer.generation >= newest.generation) return Status::OK();
+  const std::string head = "save of step " + std::to_string(writer.step) + " from generation " +
+                           std::to_string(writer.generation) + " refused: " + store +
+                           " holds checkpoint " + std::to_string(newest.id) + " (step " +
+                           std::to_string(newest.step) + ") from generation " +
+                           std::to_string(newest.generation);
+  if (newest.wall_time_micros >= writer_since_wall_micros) {
+    return Status::FailedPrecondition(
+        head + ", saved by a newer generation after this writer started: this writer is stale "
+               "(only rank 0 of the current generation may save). Stop this trainer: it should "
+               "have left when generation " + std::to_string(newest.generation) + " began");
+  }
+  return Status::FailedPrecondition(
+      head + ", which was there before this writer started: the store is ahead of this job, whose "
+             "generations start lower (its server began with fresh state, e.g. a new run or state "
+             "directory beside an existing checkpoint store), so no save of this job lands there. "
+             "Fix: give the server the store (edl server --checkpoint_dir DIR; the scripts pass "
+             "the trainers' --checkpoint_dir, or set EDL_SERVER_ARGS) so it numbers generations "
+             "above the store's, or move the store aside to start afresh");
+}
+
 Status CheckpointStore::Read(int64_t id, LoadedCheckpoint* out) {
   CheckpointMeta meta;
   EDL_RETURN_IF_ERROR(FindMeta(this, id, &meta));

@@ -8,7 +8,8 @@
 //  - Save is atomic: all tensors, the metadata and the latest pointer become visible together or
 //    not at all; a crash (even SIGKILL) mid-save leaves the previous checkpoints whole.
 //  - Fencing: inside the write, a save whose generation is older than the newest stored
-//    checkpoint's is refused with FailedPrecondition naming both generations.
+//    checkpoint's is refused with FailedPrecondition naming both generations, which way the fence
+//    points and the fix (CheckFence).
 //  - Only the last `keep_checkpoints` checkpoints are kept; older ones are deleted and their disk
 //    space returned.
 //  - Reads verify: LoadLatest checks the fingerprint (a mismatch is an error naming both, never a
@@ -167,5 +168,15 @@ std::unique_ptr<CheckpointStore> OpenRocksDbStore(const RocksDbStoreOptions& opt
 
 // An in-process store with the same semantics (atomic saves, fencing, keep-K), for tests.
 std::unique_ptr<CheckpointStore> NewMemoryStore(int keep_checkpoints = 3);
+
+// The fence, for the stores' Save (one home for its rule and its message): OK when `writer` may
+// save over `newest` (the newest stored checkpoint), else FailedPrecondition saying which way the
+// fence points and the fix. `writer_since_wall_micros` is when the writer's store handle was
+// made (wall clock): a newest checkpoint written after it came from a newer generation of the
+// same job (this writer is stale); one written before it was already in the store when this
+// writer started, so the store is ahead of this job's generations (a store of an earlier run whose
+// server state was started afresh beside it). `store` names the store (Describe()).
+Status CheckFence(const std::string& store, const CheckpointMeta& writer,
+                  const CheckpointMeta& newest, int64_t writer_since_wall_micros);
 
 }  // namespace edl::ckpt

@@ -14,7 +14,8 @@ namespace {
 
 class MemoryStore : public CheckpointStore {
  public:
-  explicit MemoryStore(int keep) : keep_(keep < 1 ? 1 : keep) {}
+  explicit MemoryStore(int keep)
+      : keep_(keep < 1 ? 1 : keep), since_(Clock::Real()->WallMicros()) {}
 
   Status Save(const CheckpointMeta& meta, const std::vector<TensorView>& tensors,
               int64_t* id) override {
@@ -29,14 +30,7 @@ class MemoryStore : public CheckpointStore {
     }
     MutexLock lock(&mu_);
     if (!entries_.empty()) {
-      const CheckpointMeta& newest = entries_.rbegin()->second.meta;
-      if (meta.generation < newest.generation) {
-        return Status::FailedPrecondition(
-            "save from generation " + std::to_string(meta.generation) + " refused: " +
-            Describe() + " already holds checkpoint " + std::to_string(newest.id) +
-            " from newer generation " + std::to_string(newest.generation) +
-            " (this writer is stale; only rank 0 of the current generation may save)");
-      }
+      EDL_RETURN_IF_ERROR(CheckFence(Describe(), meta, entries_.rbegin()->second.meta, since_));
     }
     entry.meta.id = entries_.empty() ? 1 : entries_.rbegin()->first + 1;
     const int64_t new_id = entry.meta.id;
@@ -78,6 +72,7 @@ class MemoryStore : public CheckpointStore {
     std::vector<std::string> data;  // data[i]: bytes of meta.tensors[i]
   };
   const int keep_;
+  const int64_t since_;  // wall clock at construction (CheckFence)
   Mutex mu_;
   std::map<int64_t, Entry> entries_ GUARDED_BY(mu_);
 };

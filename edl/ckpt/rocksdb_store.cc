@@ -30,6 +30,7 @@ namespace fs = std::filesystem;
 
 constexpr char kLatestKey[] = "latest";
 constexpr char kMetaPrefix[] = "meta/";
+constexpr char kDataPrefix[] = "data/";  // every tensor chunk key (DataPrefix(id) below)
 constexpr char kMetaEnd[] = "meta0";  // '0' == '/' + 1: just past every "meta/..." key
 constexpr char kIngestDir[] = "ingest";
 
@@ -88,7 +89,8 @@ using DbPtr = std::unique_ptr<rocksdb::DB, DbCloser>;
 
 class RocksDbStore : public CheckpointStore {
  public:
-  explicit RocksDbStore(RocksDbStoreOptions o) : o_(std::move(o)) {
+  explicit RocksDbStore(RocksDbStoreOptions o)
+      : o_(std::move(o)), since_(Clock::Real()->WallMicros()) {
     if (o_.keep_checkpoints < 1) o_.keep_checkpoints = 1;
     if (o_.chunk_bytes < 4096) o_.chunk_bytes = 4096;
   }
@@ -115,6 +117,7 @@ class RocksDbStore : public CheckpointStore {
                    const std::function<Status(size_t)>& done, const std::atomic<bool>& cancel);
 
   RocksDbStoreOptions o_;
+  const int64_t since_;  // wall clock when this handle was made: the writer's start (CheckFence)
   std::mutex write_mu_;  // one Save at a time from this object (RocksDB allows one opener)
 };
 
@@ -292,13 +295,7 @@ Status RocksDbStore::Save(const CheckpointMeta& meta, const std::vector<TensorVi
   stored.id = 1;
   if (!existing.empty()) {
     const CheckpointMeta& newest = existing.back();
-    if (meta.generation < newest.generation) {
-      return Status::FailedPrecondition(
-          "save from generation " + std::to_string(meta.generation) + " refused: " + Describe() +
-          " already holds checkpoint " + std::to_string(newest.id) + " from newer generation " +
-          std::to_string(newest.generation) +
-          " (this writer is stale; only rank 0 of the current generation may save)");
-    }
+    EDL_RETURN_IF_ERROR(CheckFence(Describe(), meta, newest, since_));
     stored.id = newest.id + 1;
   }
   if (stored.wall_time_micros == 0) stored.wall_time_micros = Clock::Real()->WallMicros();
@@ -323,38 +320,50 @@ Status RocksDbStore::Save(const CheckpointMeta& meta, const std::vector<TensorVi
   return Status::OK();
 }
 
-// Deletes all but the newest keep_checkpoints checkpoints and returns their disk space: in the
-// SST layout each checkpoint's tensors are whole files, dropped by DeleteFilesInRange; anything
-// left in the range (WriteBatch layouts) is removed by a range delete and a compaction.
+// Deletes all but the newest keep_checkpoints checkpoints and returns their disk space. The
+// metadata goes first, in one synced write: from then on the store no longer lists them, so a
+// writer killed at any later point never leaves a listed checkpoint without its tensors. Then every
+// data key below the oldest kept checkpoint goes (ids only grow, so none of them belongs to a
+// listed checkpoint): those just unlisted, and any a killed writer left behind. In the SST layout
+// each checkpoint's tensors are whole files, dropped by DeleteFilesInRange; anything left in the
+// range (WriteBatch layouts) is removed by a range delete and a compaction.
 Status RocksDbStore::Prune(rocksdb::DB* db) {
   std::vector<CheckpointMeta> all;
   EDL_RETURN_IF_ERROR(ListOpen(db, &all));
-  if (all.size() <= static_cast<size_t>(o_.keep_checkpoints)) return Status::OK();
-  const size_t drop = all.size() - o_.keep_checkpoints;
-  rocksdb::WriteBatch batch;
-  for (size_t i = 0; i < drop; ++i) {
-    const std::string begin = DataPrefix(all[i].id), end = DataEnd(all[i].id);
-    rocksdb::Slice b(begin), e(end);
+  if (all.empty()) return Status::OK();
+  const size_t keep = static_cast<size_t>(o_.keep_checkpoints);
+  const size_t drop = all.size() > keep ? all.size() - keep : 0;
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  if (drop > 0) {
+    rocksdb::WriteBatch unlist;
+    for (size_t i = 0; i < drop; ++i) unlist.Delete(MetaKey(all[i].id));
+    EDL_RETURN_IF_ERROR(FromRocks("pruning " + Describe(), db->Write(wo, &unlist)));
+  }
+  const std::string begin = kDataPrefix, end = DataPrefix(all[drop].id);
+  rocksdb::Slice b(begin), e(end);
+  auto any_data = [&] {
+    rocksdb::ReadOptions ro;
+    ro.iterate_upper_bound = &e;
+    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(ro));
+    it->Seek(b);
+    return it->Valid();
+  };
+  rocksdb::CompactRangeOptions cro;
+  cro.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
+  if (any_data()) {
     EDL_RETURN_IF_ERROR(FromRocks("pruning " + Describe(),
                                   rocksdb::DeleteFilesInRange(db, db->DefaultColumnFamily(), &b, &e,
                                                               /*include_end=*/false)));
-    std::unique_ptr<rocksdb::Iterator> it(db->NewIterator(rocksdb::ReadOptions()));
-    it->Seek(begin);
-    if (it->Valid() && it->key().starts_with(begin)) {
-      batch.DeleteRange(begin, end);
+    if (any_data()) {
+      rocksdb::WriteBatch rest;
+      rest.DeleteRange(begin, end);
+      EDL_RETURN_IF_ERROR(FromRocks("pruning " + Describe(), db->Write(wo, &rest)));
     }
-    batch.Delete(MetaKey(all[i].id));
+    EDL_RETURN_IF_ERROR(FromRocks("compacting " + Describe(), db->CompactRange(cro, &b, &e)));
   }
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  EDL_RETURN_IF_ERROR(FromRocks("pruning " + Describe(), db->Write(wo, &batch)));
-  // Merge the small metadata files (one per save) and drop deleted ranges for good.
-  rocksdb::CompactRangeOptions cro;
-  cro.bottommost_level_compaction = rocksdb::BottommostLevelCompaction::kForce;
-  const std::string data_begin = DataPrefix(all[0].id), data_end = DataEnd(all[drop - 1].id);
-  rocksdb::Slice db_begin(data_begin), db_end(data_end);
-  EDL_RETURN_IF_ERROR(FromRocks("compacting " + Describe(),
-                                db->CompactRange(cro, &db_begin, &db_end)));
+  if (drop == 0) return Status::OK();
+  // Merge the small metadata files (one per save) and drop the deleted keys for good.
   rocksdb::Slice mb(kLatestKey), me(kMetaEnd);
   return FromRocks("compacting " + Describe(), db->CompactRange(cro, &mb, &me));
 }

@@ -88,6 +88,35 @@ Status CheckpointLoader::Finish(Trainable* trainable, const TrainingState& state
   return s.WithContext("final checkpoint to " + store_->Describe());
 }
 
+std::vector<nlohmann::json> CheckpointLoader::TakeEvents() {
+  const int64_t failed = checkpointer_.saves_failed();
+  if (failed == reported_failures_) return {};
+  std::vector<nlohmann::json> out = {
+      CheckpointFailedEvent(checkpointer_.last_failure(), checkpointer_.last_failed_step(),
+                            failed - reported_failures_, failed, store_->Describe())};
+  reported_failures_ = failed;
+  return out;
+}
+
+nlohmann::json CheckpointFailedEvent(const Status& failure, int64_t step, int64_t failed,
+                                     int64_t failed_total, const std::string& store) {
+  constexpr size_t kMaxError = 1024;  // the event stays well under the server's 4 KiB bound
+  std::string error = failure.message();
+  if (error.size() > kMaxError) {
+    size_t cut = kMaxError - 3;
+    while (cut > 0 && (static_cast<unsigned char>(error[cut]) & 0xC0) == 0x80) --cut;  // UTF-8
+    error = error.substr(0, cut) + "...";
+  }
+  return {{"event", "checkpoint_failed"},
+          {"step", step},
+          {"refused", failure.code() == Status::Code::kFailedPrecondition},
+          {"code", Status::CodeName(failure.code())},
+          {"error", error},
+          {"failed", failed},
+          {"failed_total", failed_total},
+          {"store", store}};
+}
+
 std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const ckpt::RocksDbStoreOptions& store,
                                                              CheckpointLoaderOptions options) {
   return std::make_unique<CheckpointLoader>(ckpt::OpenRocksDbStore(store), std::move(options));

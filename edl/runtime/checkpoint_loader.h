@@ -41,6 +41,8 @@ class CheckpointLoader : public StateLoader {
   Status AfterStep(Trainable* trainable, const TrainingState& state,
                    const StepContext& ctx) override;
   Status Finish(Trainable* trainable, const TrainingState& state, const StepContext& ctx) override;
+  // One "checkpoint_failed" event when saves failed since the last call (CheckpointFailedEvent).
+  std::vector<nlohmann::json> TakeEvents() override;
 
   ckpt::CheckpointStore* store() { return store_.get(); }
   const ckpt::AsyncCheckpointer& checkpointer() const { return checkpointer_; }
@@ -56,7 +58,17 @@ class CheckpointLoader : public StateLoader {
   const CheckpointLoaderOptions options_;
   ckpt::AsyncCheckpointer checkpointer_;  // uses store_; declared after it
   int64_t last_saved_step_ = -1;
+  int64_t reported_failures_ = 0;  // saves_failed() at the last TakeEvents
 };
+
+// The trainer event of failed checkpoint saves (the events log's record, README "Events"):
+//   event "checkpoint_failed"; step: the step of the newest failed save; refused: true when the
+//   store's generation fence refused it (FailedPrecondition; `error` says which way the fence
+//   points and the fix), false for any other failure (disk full, I/O, a lock held too long);
+//   code: the Status code name; error: its message (at most 1024 bytes); failed: saves failed
+//   since the previous such event; failed_total: since the trainer started; store: the store.
+nlohmann::json CheckpointFailedEvent(const Status& failure, int64_t step, int64_t failed,
+                                     int64_t failed_total, const std::string& store);
 
 // A CheckpointLoader over a RocksDB store (`store.dir`, keeping `store.keep_checkpoints`).
 std::unique_ptr<CheckpointLoader> NewRocksDbCheckpointLoader(const ckpt::RocksDbStoreOptions& store,

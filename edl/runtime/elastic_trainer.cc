@@ -129,7 +129,9 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   StopWatcher();
   JoinPrepared();
   if (!left_ && rank_ == 0 && o_.loader != nullptr) {
-    EDL_RETURN_IF_ERROR(o_.loader->Finish(trainable_, state_, Context()));
+    Status f = o_.loader->Finish(trainable_, state_, Context());
+    ReportLoaderEvents();
+    EDL_RETURN_IF_ERROR(f);
   }
   auto hash = StateHash(trainable_);
   EDL_RETURN_IF_ERROR(hash.status());
@@ -222,6 +224,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       // step is the job's, so rank 0 keeps it as the final checkpoint before everybody leaves.
       if (target.reason == proto::kStopReason && rank_ == 0 && !comm_failed_ && o_.loader != nullptr) {
         Status s = o_.loader->Finish(trainable_, state_, Context());
+        ReportLoaderEvents();  // a refused final save: checkpoint_failed with the fence's reason
         Event({{"event", "stop_checkpoint"}, {"generation", gen_.number}, {"step", state_.step},
                {"ok", s.ok()}});
         if (!s.ok()) return s.WithContext("stopping the job");
@@ -524,6 +527,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   }
   if (rank_ == 0 && o_.loader != nullptr) {
     EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_, Context()));
+    ReportLoaderEvents();
   }
   // This rank's own samples: the control plane sums the members' rates into the job's rate.
   progress_samples_ += static_cast<int64_t>(indices.size());
@@ -647,6 +651,13 @@ void ElasticTrainer::Impl::LogSamples(int64_t step, int64_t epoch,
   // One write(2) with O_APPEND: lines of trainers sharing the file never interleave.
   if (::write(sample_log_fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
     LOG(WARNING) << me_ << ": short write to sample log " << o_.sample_log_path;
+  }
+}
+
+void ElasticTrainer::Impl::ReportLoaderEvents() {
+  for (nlohmann::json& e : o_.loader->TakeEvents()) {
+    e["generation"] = gen_.number;
+    Event(std::move(e));
   }
 }
 

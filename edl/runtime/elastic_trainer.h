@@ -30,6 +30,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
@@ -66,6 +69,10 @@ class StateLoader {
   virtual Status Finish(Trainable* trainable, const TrainingState& state, const StepContext& ctx) {
     return Status::OK();
   }
+  // Records for the job's events log (each a trainer event's payload with its "event" name) of
+  // what happened since the last call, e.g. a save the checkpoint fence refused or that failed.
+  // Called on rank 0 after AfterStep and Finish; the trainer adds generation, trainer and pid.
+  virtual std::vector<nlohmann::json> TakeEvents() { return {}; }
 };
 
 // What a committed step looked like across the whole generation (every rank gets the same).

@@ -99,6 +99,8 @@ class ElasticTrainer::Impl {
                   const std::vector<int64_t>* fed = nullptr, const StepStats* fed_stats = nullptr);
   StepContext Context() const { return {gen_.number, gen_.world_size(), rank_}; }
   void Event(nlohmann::json e);
+  // The loader's events (e.g. checkpoint_failed), with this generation: rank 0, loader set.
+  void ReportLoaderEvents();
 
   const ElasticOptions o_;
   Trainable* const trainable_;          // not owned

@@ -3,7 +3,11 @@
 // "remote" side locally, each host with its own HOME (a host named dead* does not answer, as an
 // unreachable one). Nothing touches the real home directory; every daemon a script starts is
 // stopped through the script and then checked by pid.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
@@ -13,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "launcher/launcher.h"
+#include "tests/integration/process_util.h"
 #include "tests/launcher/launcher_util.h"
 #include "tests/testutil.h"
 
@@ -31,10 +36,22 @@ class ScriptsTest : public testing::Test {
     home_ = dir_.Join("home");
     std::filesystem::create_directories(home_);
     // Stand-in edl: one argument per line (after a "--" line) into $FAKE_EDL_ARGS, its environment
-    // into $FAKE_EDL_ARGS.env.<role>.<node name>, then sleeps. `ctl ... stop` plays the server's
-    // side of a whole-job stop: the server (and so the job) exits.
+    // into $FAKE_EDL_ARGS.env.<role>.<node name>, then sleeps. `ctl ... status --json` (what the
+    // scripts wait on; not recorded) lists every client with a pid file as connected to a job
+    // that has all the trainers it wants; `ctl ... stop` plays the server's side of a whole-job
+    // stop: the server (and so the job) exits.
     Exe("fake_edl",
-        "#!/bin/sh\n{ echo --; for a in \"$@\"; do echo \"$a\"; done; } >> \"$FAKE_EDL_ARGS\"\n"
+        "#!/bin/sh\n"
+        "case \" $* \" in \" ctl \"*\" status --json \"*)\n"
+        "  printf '{\\n  \"done\": false,\\n  \"nodes\": [\\n'; sep=''\n"
+        "  for f in \"$EDL_RUN_DIR\"/client-*.pid; do\n"
+        "    [ -f \"$f\" ] || continue; n=${f##*/client-}; n=${n%.pid}\n"
+        "    printf '%s    {\\n      \"connected\": true,\\n      \"name\": \"%s\",\\n      \"used\": 0\\n    }' \"$sep\" \"$n\"\n"
+        "    sep=',\n'\n"
+        "  done\n"
+        "  printf '\\n  ],\\n  \"pending\": false,\\n  \"target\": 1,\\n  \"world_size\": 1\\n}\\n'; exit 0 ;;\n"
+        "esac\n"
+        "{ echo --; for a in \"$@\"; do echo \"$a\"; done; } >> \"$FAKE_EDL_ARGS\"\n"
         "if [ \"$1\" = ctl ]; then kill \"$(cat \"$EDL_RUN_DIR/server.pid\")\"; exit 0; fi\n"
         "env > \"$FAKE_EDL_ARGS.env.$1.${EDL_NODE_NAME:-}\"\n"
         "exec sleep 1000\n");
@@ -99,6 +116,15 @@ class ScriptsTest : public testing::Test {
       }
     }
     return out;
+  }
+
+  // The client invocation of node `name` (ssh_cluster.sh starts the clients all at once, in no
+  // particular order), or an empty list.
+  std::vector<std::string> ClientOf(const std::string& name) {
+    for (const auto& args : Invocations()) {
+      if (!args.empty() && args[0] == "client" && Flag(args, "--node_name") == name) return args;
+    }
+    return {};
   }
 
   static std::string Flag(const std::vector<std::string>& args, const std::string& flag) {
@@ -184,11 +210,56 @@ TEST_F(ScriptsTest, ServerDaemonCreatesSecretRefusesTwiceAndStops) {
   if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
 }
 
+// A port the server cannot bind (here: bound, not listening, so the check before the start does
+// not see it) makes the real server exit at once: the script says so, naming EDL_SERVER_PORT (the
+// variable it takes) rather than only the server's --server_port, and leaves no pid file.
+TEST_F(ScriptsTest, ServerThatCannotBindItsPortIsReportedWithEdlServerPort) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"},
+                      {{"EDL_BIN", edl::test::EdlBinary()}, {"EDL_SERVER_PORT", port}}),
+            1)
+      << Log();
+  ::close(fd);
+  EXPECT_NE(Log().find("edl server exited at start"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("set EDL_SERVER_PORT to a free port"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("now " + port), std::string::npos) << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/server.pid")));
+}
+
+// The real server and a client holding another secret: the client exits, and the script says so
+// with the client's own error line instead of reporting it started; nothing of it is left.
+TEST_F(ScriptsTest, ClientThatExitsBeforeJoiningIsReportedWithItsError) {
+  const std::string port = std::to_string(itest::FreePort());
+  const std::map<std::string, std::string> real = {{"EDL_BIN", edl::test::EdlBinary()},
+                                                   {"EDL_SERVER_PORT", port}};
+  ASSERT_EQ(RunScript("start_job_server.sh", {"--daemon"}, real), 0) << Log();
+  const int server = ReadPid(dir_.Join("run/server.pid"));
+  itest::WriteSecretFile(dir_.Join("other-secret"), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+  std::map<std::string, std::string> client = real;
+  client.insert({{"EDL_NODE_NAME", "n1"}, {"EDL_SECRET_FILE", dir_.Join("other-secret")},
+                 {"EDL_TRAINER_CMD", "/bin/sleep 1000"}, {"EDL_JOIN_TIMEOUT_S", "60"}});
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"}, client), 1) << Log();
+  // Exited at once (within edl_run's first look) or later, while the script waited for it to join.
+  EXPECT_NE(Log().find("edl client (n1) exited"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("--secret_file"), std::string::npos) << "the client's own reason: " << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/client-n1.pid")));
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--stop"}, real), 0) << Log();
+  EXPECT_TRUE(test::WaitUntil([&] { return !ProcessAlive(server); }));
+  if (ProcessAlive(server)) ::kill(server, SIGKILL);
+}
+
 TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
   GiveSecret();
   ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
                       {{"EDL_SERVER", "10.1.1.1:9000"}, {"EDL_GPUS", "0,1"},
-                       {"EDL_ADVERTISE_ADDR", "10.1.1.2"},
+                       {"EDL_ADVERTISE_ADDR", "127.0.0.3"},
                        {"EDL_TRAINER_CMD", "python3 train.py --lr 0.1"}, {"EDL_NODE_NAME", "n7"},
                        {"EDL_MODE", "restart"}}),
             0)
@@ -203,7 +274,9 @@ TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
   EXPECT_EQ(Flag(inv[0], "--trainer_cmd"), "python3 train.py --lr 0.1");
   EXPECT_EQ(Flag(inv[0], "--node_name"), "n7");
   EXPECT_EQ(Flag(inv[0], "--mode"), "restart");
-  EXPECT_EQ(Flag(inv[0], "--advertise_addr"), "10.1.1.2");
+  EXPECT_EQ(Flag(inv[0], "--advertise_addr"), "127.0.0.3");
+  EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run")) << "the session token lives with the run";
+  EXPECT_NE(Log().find("edl client (n7) joined the server at 10.1.1.1:9000"), std::string::npos) << Log();
   EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "n7"}}), 0) << Log();
   EXPECT_FALSE(ProcessAlive(pid));
   if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
@@ -248,6 +321,29 @@ TEST_F(ScriptsTest, ClientAdvertisesTheAddressItReachesTheServerFrom) {
   EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "remote"}}), 0) << Log();
 }
 
+// A client is not started on a node whose given address is not its own (its trainers could not
+// bind it) or whose trainer program is missing: every problem is named, nothing runs.
+TEST_F(ScriptsTest, ClientRefusesAForeignAddressAndAMissingTrainerProgram) {
+  GiveSecret();
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_SERVER", "127.0.0.1:9000"}, {"EDL_NODE_NAME", "n1"},
+                       {"EDL_ADVERTISE_ADDR", "192.0.2.33"},
+                       {"EDL_TRAINER_CMD", "env OMP_NUM_THREADS=1 /no/such/train.bin --x 'a b'"}}),
+            1)
+      << Log();
+  EXPECT_NE(Log().find("EDL_ADVERTISE_ADDR=192.0.2.33 (this node's address, which its trainers bind) is not "
+                       "an address of"),
+            std::string::npos)
+      << Log();
+  EXPECT_NE(Log().find("the trainer command's program '/no/such/train.bin'"), std::string::npos) << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "edl was started";
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--check"},
+                      {{"EDL_SERVER", "127.0.0.1:9000"}, {"EDL_ADVERTISE_ADDR", "127.0.0.1"},
+                       {"EDL_TRAINER_CMD", "env OMP_NUM_THREADS=1 /bin/true"}}),
+            0)
+      << Log();
+}
+
 TEST_F(ScriptsTest, ClientRefusesAServerItCannotResolve) {
   GiveSecret();
   EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
@@ -259,7 +355,7 @@ TEST_F(ScriptsTest, ClientRefusesAServerItCannotResolve) {
 }
 
 TEST_F(ScriptsTest, SshClusterStartsEveryHostCopiesSecretAndStops) {
-  WriteFile(dir_.Join("hosts"), "# two nodes\nnodeA\n\nuser@nodeB 10.0.0.2\n");
+  WriteFile(dir_.Join("hosts"), "# two nodes\nnodeA\n\nuser@nodeB 127.0.0.2\n");
   ASSERT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}, {{"EDL_SLOTS", "3"}}), 0)
       << Log();
   const std::string local_secret = ReadFile(home_ + "/.edl/secret");
@@ -275,14 +371,13 @@ TEST_F(ScriptsTest, SshClusterStartsEveryHostCopiesSecretAndStops) {
   ASSERT_EQ(inv.size(), 3u) << ReadFile(dir_.Join("args"));
   EXPECT_EQ(inv[0][0], "server");
   EXPECT_EQ(Flag(inv[0], "--secret_file"), dir_.Join("remote/nodeA/.edl/secret"));
-  EXPECT_EQ(inv[1][0], "client");
-  EXPECT_EQ(Flag(inv[1], "--node_name"), "nodeA");
+  const auto a = ClientOf("nodeA"), b = ClientOf("nodeB");
+  ASSERT_FALSE(a.empty() || b.empty()) << ReadFile(dir_.Join("args"));
   // nodeA is an ssh alias without an address column: the clients get the address nodeA reports.
-  EXPECT_NE(Flag(inv[1], "--server"), "nodeA:8180");
-  EXPECT_EQ(Flag(inv[1], "--server"), Flag(inv[1], "--advertise_addr") + ":8180");
-  EXPECT_EQ(Flag(inv[1], "--slots"), "3");
-  EXPECT_EQ(Flag(inv[2], "--node_name"), "nodeB");
-  EXPECT_EQ(Flag(inv[2], "--advertise_addr"), "10.0.0.2");
+  EXPECT_NE(Flag(a, "--server"), "nodeA:8180");
+  EXPECT_EQ(Flag(a, "--server"), Flag(a, "--advertise_addr") + ":8180");
+  EXPECT_EQ(Flag(a, "--slots"), "3");
+  EXPECT_EQ(Flag(b, "--advertise_addr"), "127.0.0.2");
   std::vector<int> pids;
   for (const char* f : {"run/server.pid", "run/client-nodeA.pid", "run/client-nodeB.pid"}) {
     pids.push_back(ReadPid(dir_.Join(f)));
@@ -324,7 +419,7 @@ TEST_F(ScriptsTest, SshClusterStartAgainStartsWhatIsMissingAndKeepsWhatRuns) {
   inv = Invocations();
   ASSERT_EQ(inv.size(), 5u) << ReadFile(dir_.Join("args"));
   EXPECT_EQ(inv[4][0], "ctl") << "the job is stopped through the server, not host by host";
-  EXPECT_LT(Log().find("stopping the job through edl server"), Log().find("checking edl client")) << Log();
+  EXPECT_LT(Log().find("stopping the job through edl server"), Log().find("of the edl clients of nodes")) << Log();
 }
 
 // The MPI / Horovod form (slots=N), node names, keyed columns, and EDL_PASS_ENV's variables.
@@ -339,12 +434,12 @@ TEST_F(ScriptsTest, SshClusterReadsMpiFormNodeNamesAndPassesEnv) {
       << Log();
   auto inv = Invocations();
   ASSERT_EQ(inv.size(), 3u) << ReadFile(dir_.Join("args"));
-  EXPECT_EQ(Flag(inv[1], "--node_name"), "alpha");
-  EXPECT_EQ(Flag(inv[1], "--slots"), "4");
-  EXPECT_EQ(Flag(inv[1], "--server"), "127.0.0.1:8180") << "the address column reaches the server";
-  EXPECT_EQ(Flag(inv[1], "--advertise_addr"), "127.0.0.1");
-  EXPECT_EQ(Flag(inv[2], "--node_name"), "beta");
-  EXPECT_EQ(Flag(inv[2], "--slots"), "2");
+  const auto alpha = ClientOf("alpha"), beta = ClientOf("beta");
+  ASSERT_FALSE(alpha.empty() || beta.empty()) << ReadFile(dir_.Join("args"));
+  EXPECT_EQ(Flag(alpha, "--slots"), "4");
+  EXPECT_EQ(Flag(alpha, "--server"), "127.0.0.1:8180") << "the address column reaches the server";
+  EXPECT_EQ(Flag(alpha, "--advertise_addr"), "127.0.0.1");
+  EXPECT_EQ(Flag(beta, "--slots"), "2");
   for (const std::string& env : {EnvOf("client", "alpha"), EnvOf("client", "beta"), EnvOf("server")}) {
     EXPECT_NE(env.find("NCCL_DEBUG=INFO\n"), std::string::npos) << env;
     EXPECT_NE(env.find("GLOO_SOCKET_IFNAME=lo\n"), std::string::npos) << env;

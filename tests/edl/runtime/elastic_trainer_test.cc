@@ -17,6 +17,8 @@
 
 #include <gtest/gtest.h>
 
+#include "edl/ckpt/checkpoint_store.h"
+#include "edl/runtime/checkpoint_loader.h"
 #include "edl/runtime/comm/file_kv_store.h"
 #include "edl/runtime/comm/memory_kv_store.h"
 #include "edl/runtime/elastic_trainer.h"
@@ -550,6 +552,63 @@ TEST(ElasticTrainerTest, StopGenerationMakesRankZeroSaveTheAgreedStepBeforeEvery
       EXPECT_TRUE(loader.calls.empty()) << "leaving is not finishing";
     }
   }
+}
+
+// A store already holding a checkpoint of a newer generation refuses every save of this job (the
+// fence): each refusal reaches the events as a trainer event of rank 0, with the fence's reason,
+// and the stop's final save is reported refused too (checkpoint_failed, then stop_checkpoint ok
+// false), instead of only a line in rank 0's log.
+TEST(ElasticTrainerTest, RefusedCheckpointSavesAreTrainerEvents) {
+  test::ScratchDir dir("refused");
+  FakeCluster c;
+  auto store = ckpt::NewMemoryStore();
+  // The earlier run's checkpoint, which this job resumes from: same model, generation 40.
+  LinearModel earlier(kTrain, kTest, 30);
+  TrainingState at;
+  at.step = 1;
+  ckpt::CheckpointMeta newer;
+  EncodeCheckpointMeta(at, &newer);
+  newer.generation = 40;
+  newer.wall_time_micros = 1;  // saved long before this job's writer started
+  newer.fingerprint = earlier.Fingerprint() + ";";
+  std::vector<ckpt::TensorView> views;
+  for (const StateTensor& t : earlier.StateTensors()) {
+    views.push_back({t.name, t.dtype, t.shape, t.data, t.bytes});
+  }
+  ASSERT_OK(store->Save(newer, views, nullptr));
+  CheckpointLoaderOptions lo;
+  lo.save.checkpoint_steps = 2;
+  CheckpointLoader loader(std::move(store), lo);
+  const int64_t start = c.Commit({"a", "b"}, false, "start");
+  TrainerThread t[2];
+  StartWithLoader(&c, dir, &loader, 30, 0, t);
+  auto refusals = [&] {
+    int n = 0;
+    for (const auto& e : c.events_) n += e["event"] == "checkpoint_failed" ? 1 : 0;
+    return n;
+  };
+  ASSERT_TRUE(c.WaitFor([&] { return refusals() >= 2; })) << "no refused save became an event";
+  c.Commit({}, false, "stop");
+  for (auto& tt : t) tt.thread.join();
+  std::lock_guard<std::mutex> l(c.mu_);
+  bool stop_reported = false;
+  for (const auto& e : c.events_) {
+    if (e["event"] == "stop_checkpoint") {
+      EXPECT_EQ(e["ok"], false) << e.dump();
+      stop_reported = true;
+    }
+    if (e["event"] != "checkpoint_failed") continue;
+    EXPECT_EQ(e["trainer"], "a") << "rank 0 alone saves: " << e.dump();
+    EXPECT_EQ(e["generation"], start) << e.dump();
+    EXPECT_EQ(e["refused"], true) << e.dump();
+    EXPECT_EQ(e["code"], "FailedPrecondition") << e.dump();
+    EXPECT_GE(e["failed"].get<int64_t>(), 1) << e.dump();
+    EXPECT_GT(e["step"].get<int64_t>(), 0) << e.dump();
+    const std::string error = e["error"];
+    EXPECT_NE(error.find("generation 40"), std::string::npos) << error;
+    EXPECT_NE(error.find("before this writer started"), std::string::npos) << error;
+  }
+  EXPECT_TRUE(stop_reported);
 }
 
 // Two ranks over Gloo in static mode (rendezvous and logs under `dir`), one epoch; returns each
