@@ -20,6 +20,7 @@
 #include "edl/net/auth.h"
 #include "edl/net/connection.h"
 #include "edl/net/framed_socket.h"
+#include "edl/net/handshake.h"
 #include "edl/proto/messages.h"
 
 namespace {
@@ -60,26 +61,32 @@ struct Sim {
     if (type == "challenge") {
       edl::proto::Hello h;
       h.role = "client";
-      h.nonce = edl::net::NewNonce();
-      nonces[i] = {m["nonce"].get<std::string>(), h.nonce};
       h.node = "sim" + std::to_string(i);
       h.host = "127.0.0.1";
       h.mode = "inplace";
       for (int s = 0; s < slots; ++s) h.slots.push_back(s);
-      json j;
-      h.EncodeTo(&j);
-      j["mac"] = edl::net::HelloMac(secret, m["nonce"].get<std::string>(), j);
-      conn->Send(j);
+      auto& hs = handshakes[i] = std::make_unique<edl::net::PeerHandshake>(secret, std::move(h));
+      json hello;
+      if (edl::Status s = hs->OnChallenge(m, "server", &hello); !s.ok()) {
+        std::cerr << "sim client " << i << ": " << s.ToString() << "\n";
+        return;
+      }
+      conn->Send(hello);
     } else if (type == "welcome") {
-      // Frames after the welcome are sealed (PROTOCOL.md); a real client checks the MAC first.
-      conn->StartSession(std::make_unique<edl::net::SessionMac>(secret, nonces[i].first,
-                                                                 nonces[i].second, false),
-                         edl::proto::kMaxFrameBytes);
+      // Frames after the welcome are sealed (PROTOCOL.md); the handshake checks the server's proof.
+      edl::proto::Welcome w;
+      bool proven = false;
+      if (edl::Status s = handshakes[i]->OnReply(m, "server", &w, &proven); !s.ok()) {
+        std::cerr << "sim client " << i << ": " << s.ToString() << "\n";
+        return;
+      }
+      conn->StartSession(handshakes[i]->TakeSession(), edl::proto::kMaxFrameBytes);
+      handshakes.erase(i);
       ++registered;
       // The server admits a bounded number of unauthenticated connections per address: keep
       // the handshakes in flight below it.
       if (next_start < clients) Start(next_start++);
-      Heartbeat(conn, m["heartbeat_ms"].get<int>());
+      Heartbeat(conn, w.heartbeat_ms);
     } else if (type == "prepare") {
       edl::proto::Prepare p;
       if (!p.DecodeFrom(m).ok()) return;
@@ -159,7 +166,7 @@ struct Sim {
   }
 
   std::vector<std::shared_ptr<edl::net::Connection>> conns;
-  std::map<int, std::pair<std::string, std::string>> nonces;  // client -> (server's, ours)
+  std::map<int, std::unique_ptr<edl::net::PeerHandshake>> handshakes;  // client -> its handshake, until welcomed
   int next_start = 0;
   edl::proto::GenerationInfo client0_generation;  // what client 0 holds (DecodeAsAClientDoes)
 };

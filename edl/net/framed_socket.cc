@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "edl/net/auth.h"
+#include "edl/net/handshake.h"
 #include "edl/proto/frame.h"
 
 namespace edl::net {
@@ -219,58 +220,18 @@ Status FramedSocket::Receive(nlohmann::json* msg, std::chrono::milliseconds time
 
 void FramedSocket::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
-namespace {
-
-// The status an `error` before the welcome stands for: the server's own words when it proved
-// them (ServerErrorMac over our nonce), else an Unavailable that says nothing is proven.
-Status PreAuthError(const nlohmann::json& j, const std::string& secret, const std::string& nonce,
-                    const std::string& peer) {
-  proto::ErrorMsg e;
-  Status s = e.DecodeFrom(j);
-  if (!s.ok()) return s;
-  if (!nonce.empty() && MacEqual(e.mac, ServerErrorMac(secret, nonce, e.code, e.message))) {
-    return e.ToStatus();
-  }
-  const Status claimed = e.ToStatus();
-  return Status(claimed.code() == Status::Code::kUnauthenticated ? Status::Code::kUnauthenticated
-                                                                 : Status::Code::kUnavailable,
-                peer + " refused the handshake with an error it cannot prove (a server with a "
-                       "different --secret_file, or not the edl server): " + claimed.ToString());
-}
-
-}  // namespace
-
 Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto::Hello hello,
                             std::chrono::milliseconds timeout, proto::Welcome* welcome) {
   sock->set_max_frame_bytes(proto::kMaxPreAuthFrameBytes);
-  nlohmann::json j;
-  EDL_RETURN_IF_ERROR(sock->Receive(&j, timeout).WithContext("waiting for the server's challenge"));
-  if (j["type"] == proto::msg::kError) return PreAuthError(j, secret, "", sock->peer());
-  proto::Challenge ch;
-  if (j["type"] != proto::msg::kChallenge) {
-    return Status::Corruption("expected a challenge from " + sock->peer() + ", got " +
-                              proto::QuoteJson(j["type"]));
-  }
-  EDL_RETURN_IF_ERROR(ch.DecodeFrom(j));
-  hello.nonce = NewNonce();
-  nlohmann::json out;
-  hello.EncodeTo(&out);
-  out["mac"] = HelloMac(secret, ch.nonce, out);
+  PeerHandshake hs(secret, std::move(hello));
+  nlohmann::json in, out;
+  EDL_RETURN_IF_ERROR(sock->Receive(&in, timeout).WithContext("waiting for the server's challenge"));
+  EDL_RETURN_IF_ERROR(hs.OnChallenge(in, sock->peer(), &out));
   EDL_RETURN_IF_ERROR(sock->Send(out, timeout));
-  EDL_RETURN_IF_ERROR(sock->Receive(&j, timeout).WithContext("waiting for the server's welcome"));
-  if (j["type"] == proto::msg::kError) return PreAuthError(j, secret, hello.nonce, sock->peer());
-  if (j["type"] != proto::msg::kWelcome) {
-    return Status::Corruption("expected a welcome from " + sock->peer() + ", got " +
-                              proto::QuoteJson(j["type"]));
-  }
-  EDL_RETURN_IF_ERROR(welcome->DecodeFrom(j));
-  if (!MacEqual(welcome->mac, WelcomeMac(secret, hello.nonce, j))) {
-    return Status::Unauthenticated("server " + sock->peer() +
-                                   " could not prove it holds the cluster secret: check "
-                                   "--secret_file on both sides");
-  }
-  sock->StartSession(
-      std::make_unique<SessionMac>(secret, ch.nonce, hello.nonce, /*server_side=*/false));
+  EDL_RETURN_IF_ERROR(sock->Receive(&in, timeout).WithContext("waiting for the server's welcome"));
+  bool proven = false;
+  EDL_RETURN_IF_ERROR(hs.OnReply(in, sock->peer(), welcome, &proven));
+  sock->StartSession(hs.TakeSession());
   sock->set_max_frame_bytes(proto::kMaxFrameBytes);
   return Status::OK();
 }
@@ -279,37 +240,18 @@ Status AuthenticatePeer(FramedSocket* sock, const std::string& secret, proto::We
                         std::chrono::milliseconds timeout, proto::Hello* hello,
                         const std::function<Status(const proto::Hello&)>& admit) {
   sock->set_max_frame_bytes(proto::kMaxPreAuthFrameBytes);
-  proto::Challenge ch;
-  ch.nonce = NewNonce();
+  ServerHandshake hs(secret);
+  EDL_RETURN_IF_ERROR(sock->Send(hs.Challenge(), timeout));
   nlohmann::json j;
-  ch.EncodeTo(&j);
-  EDL_RETURN_IF_ERROR(sock->Send(j, timeout));
   EDL_RETURN_IF_ERROR(sock->Receive(&j, timeout).WithContext("waiting for the peer's hello"));
-  auto reject = [&](const Status& why, const std::string& peer_nonce) {
-    proto::ErrorMsg e = proto::ErrorMsg::From(why);
-    if (!peer_nonce.empty()) e.mac = ServerErrorMac(secret, peer_nonce, e.code, e.message);
-    nlohmann::json ej;
-    e.EncodeTo(&ej);
-    (void)sock->Send(ej, timeout);  // best effort: the peer may be gone
-    return why;
-  };
-  if (j["type"] != proto::msg::kHello) {
-    return reject(Status::Unauthenticated("expected 'hello' before anything else, got " +
-                                          proto::QuoteJson(j["type"])), "");
+  Status s = hs.OnHello(j, sock->peer(), hello);
+  if (s.ok()) s = admit(*hello);
+  if (!s.ok()) {
+    (void)sock->Send(hs.Refusal(s), timeout);  // best effort: the peer may be gone
+    return s;
   }
-  // The MAC first: a peer without the secret gets no further, whatever else it sent.
-  const auto mac = j.find("mac");
-  if (mac == j.end() || !mac->is_string() ||
-      !MacEqual(mac->get_ref<const std::string&>(), HelloMac(secret, ch.nonce, j))) {
-    return reject(Status::Unauthenticated("bad HMAC from " + sock->peer() +
-                                          ": the peer's --secret_file differs from ours"), "");
-  }
-  EDL_RETURN_IF_ERROR(hello->DecodeFrom(j));
-  if (Status s = admit(*hello); !s.ok()) return reject(s, hello->nonce);
-  welcome.EncodeTo(&j);
-  j["mac"] = WelcomeMac(secret, hello->nonce, j);
-  EDL_RETURN_IF_ERROR(sock->Send(j, timeout));
-  sock->StartSession(std::make_unique<SessionMac>(secret, ch.nonce, hello->nonce, /*server_side=*/true));
+  EDL_RETURN_IF_ERROR(sock->Send(hs.Welcome(welcome), timeout));
+  sock->StartSession(hs.TakeSession());
   sock->set_max_frame_bytes(proto::kMaxFrameBytes);
   return Status::OK();
 }

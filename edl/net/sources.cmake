@@ -4,6 +4,7 @@ list(APPEND EDL_SOURCES
   net/admission.cc
   net/auth.cc
   net/framed_socket.cc
+  net/handshake.cc
   net/connection.cc
   net/trainer_channel.cc
 )
