@@ -1,7 +1,8 @@
 // Reading one stored state value (jobserver/STATE.md "Values"): the bytes are hostile, so a value
-// is parsed with a size bound and a format-version check, and every field is read through typed,
-// range-checked readers that fail with Corruption naming the key, the field and the fix. Shared by
-// the single-job layout (job_state.cc) and the cluster layout (cluster_state.cc).
+// is parsed with a size bound and a format-version check, and every field is read through the
+// typed, range-checked reader of edl/proto/fields.h, failing with Corruption naming the key, the
+// field and the fix. Shared by the value encodings (job_state.cc, service_state.cc) and the
+// layout (cluster_state.cc).
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "edl/base/status.h"
+#include "edl/proto/fields.h"
 #include "jobserver/job_state.h"
 
 namespace edl::jobserver::state_value {
@@ -49,48 +51,11 @@ inline Status ParseValue(const std::string& key, const std::string& value, json*
   return Status::OK();
 }
 
-// Typed field readers that fail with Corruption naming the key and field.
-class Reader {
+// The fields of the value stored under `key` (edl/proto/fields.h, the one reader of hostile JSON):
+// a refusal is Corruption "stored field '<field>' <why>" naming the key and the fix.
+class Reader : public proto::Fields {
  public:
-  Reader(const json& j, const std::string& key) : j_(j), key_(key) {}
-  template <typename T>
-  Reader& Int(const char* f, T* out, int64_t lo, int64_t hi) {
-    const auto it = j_.find(f);
-    if (!ok()) return *this;
-    if (it == j_.end() || !it->is_number_integer()) return Fail(f, "is missing or not an integer");
-    const int64_t x = it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(kMaxI64)
-                          ? -1
-                          : it->get<int64_t>();
-    if (x < lo || x > hi) return Fail(f, "is out of range");
-    *out = static_cast<T>(x);
-    return *this;
-  }
-  Reader& Bool(const char* f, bool* out) {
-    const auto it = j_.find(f);
-    if (!ok()) return *this;
-    if (it == j_.end() || !it->is_boolean()) return Fail(f, "is missing or not a boolean");
-    *out = it->get<bool>();
-    return *this;
-  }
-  Reader& Str(const char* f, std::string* out, size_t max) {
-    const auto it = j_.find(f);
-    if (!ok()) return *this;
-    if (it == j_.end() || !it->is_string()) return Fail(f, "is missing or not a string");
-    if (it->get_ref<const std::string&>().size() > max) return Fail(f, "is too long");
-    *out = it->get<std::string>();
-    return *this;
-  }
-  Reader& Fail(const char* f, const std::string& why) {
-    if (ok()) status_ = Status::Corruption(std::string("stored field '") + f + "' " + why + Fix(key_));
-    return *this;
-  }
-  bool ok() const { return status_.ok(); }
-  Status status() const { return status_; }
-
- private:
-  const json& j_;
-  const std::string& key_;
-  Status status_;
+  Reader(const json& j, const std::string& key) : proto::Fields(j, "stored", Fix(key)) {}
 };
 
 }  // namespace edl::jobserver::state_value

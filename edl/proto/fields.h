@@ -1,6 +1,8 @@
-// Field validation shared by the message codecs (messages.cc, service_messages.cc): a Fields
-// reader checks one JSON object's fields in turn; the first error sticks and names the message
-// and the field (Corruption). Internal to edl/proto.
+// The one reader of hostile JSON objects: the message codecs (messages.cc, service_messages.cc),
+// the job server's stored state (jobserver/state_value.h) and `edl ctl`'s reading of replies. A
+// Fields reader checks one object's fields in turn (presence, type, range, length, name and host
+// characters); the first error sticks and is Corruption naming the subject ("message 'hello'",
+// "stored"), the field and the problem, plus a suffix (the stored key and the fix).
 //
 // Thread-safety: a Fields object is used by one thread; GetInt is pure.
 #pragma once
@@ -17,7 +19,7 @@
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
 
-namespace edl::proto::internal {
+namespace edl::proto {
 
 using nlohmann::json;
 
@@ -39,7 +41,11 @@ inline bool GetInt(const json& v, int64_t lo, int64_t hi, int64_t* out) {
 
 class Fields {
  public:
-  Fields(const json& j, const char* what) : j_(j), what_(what) {
+  // Fields of message `what` (its type): errors read "message '<what>' field '<key>' <why>".
+  Fields(const json& j, const char* what) : Fields(j, "message '" + std::string(what) + "'", std::string()) {}
+  // Fields of `subject`: errors read "<subject> field '<key>' <why><suffix>".
+  Fields(const json& j, std::string subject, std::string suffix)
+      : j_(j), subject_(std::move(subject)), suffix_(std::move(suffix)) {
     if (!j.is_object()) Fail("", "is not a JSON object");
   }
 
@@ -127,8 +133,7 @@ class Fields {
   }
   Fields& Fail(const std::string& key, const std::string& why) {
     if (status_.ok()) {
-      status_ = Status::Corruption("message '" + std::string(what_) + "'" +
-                                   (key.empty() ? "" : " field '" + key + "'") + " " + why);
+      status_ = Status::Corruption(subject_ + (key.empty() ? "" : " field '" + key + "'") + " " + why + suffix_);
     }
     return *this;
   }
@@ -150,8 +155,13 @@ class Fields {
   }
 
   const json& j_;
-  const char* what_;
+  const std::string subject_, suffix_;
   Status status_;
 };
 
-}  // namespace edl::proto::internal
+namespace internal {  // the codecs' historical spelling
+using proto::Fields;
+using proto::GetInt;
+}  // namespace internal
+
+}  // namespace edl::proto
