@@ -45,6 +45,29 @@ Client::Client(asio::io_context* io, ClientOptions options,
 
 namespace {
 
+// The last non-empty line of the file at `path` (read from its last 8 KiB), cut to `max` bytes and
+// with control bytes replaced, or "" when there is none.
+std::string LastLogLine(const std::string& path, size_t max) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  const std::streamoff size = in.tellg();
+  const std::streamoff from = std::max<std::streamoff>(0, size - 8192);
+  in.seekg(from);
+  std::string tail(static_cast<size_t>(size - from), '\0');
+  in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+  tail.resize(static_cast<size_t>(in.gcount()));
+  size_t end = tail.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return "";
+  const size_t start = tail.find_last_of('\n', end);
+  std::string line = tail.substr(start == std::string::npos ? 0 : start + 1, end + 1 - (start == std::string::npos ? 0 : start + 1));
+  if (line.size() > max) line = line.substr(line.size() - max);
+  for (char& c : line) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  return line;
+}
+
+
 bool IsHexToken(const std::string& s) {
   if (s.size() != proto::kSessionTokenBytes) return false;
   for (char c : s) {
@@ -292,7 +315,7 @@ void Client::Connect() {
                               server_ = net::Connection::Create(
                                   net::ToGeneric(std::move(*socket)), ServerAddr(), o);
                               authenticated_ = false;
-                              nonce_.clear();  // an error before our hello proves nothing
+                              handshake_.reset();  // an error before our hello proves nothing
                               auto conn = server_;
                               server_->Start([this](const json& m) { OnServerMessage(m); },
                                              [this, conn](const Status& s) {
@@ -320,45 +343,13 @@ void Client::ScheduleReconnect(const std::string& why) {
 }
 
 void Client::OnServerMessage(const json& msg) {
+  if (!authenticated_) return OnHandshakeFrame(msg);
   const std::string& type = msg["type"].get_ref<const std::string&>();
   if (type == proto::msg::kError) {
+    // After the welcome every frame is sealed, so an error then is the server's.
     proto::ErrorMsg e;
     Status s = e.DecodeFrom(msg);
-    // After the welcome every frame is sealed, so an error then is the server's. Before it, only
-    // an error carrying the server's proof over our nonce is; anyone can send the others (a
-    // process that took the port of a dead server): log them and retry, never stop for them.
-    const bool proven =
-        s.ok() && (authenticated_ ||
-                   (!nonce_.empty() &&
-                    net::MacEqual(e.mac, net::ServerErrorMac(options_.secret, nonce_, e.code,
-                                                             e.message))));
-    s = s.ok() ? e.ToStatus() : s;
-    if (!proven) {
-      ++unproven_refusals_;
-      LOG(ERROR) << "edl client " << options_.node_name << ": " << server_->peer()
-                 << " refused the handshake with an error it cannot prove (a server with a "
-                    "different --secret_file, or not the edl server): "
-                 << s.ToString();
-      // A client that never got in and runs nothing has nothing to protect: after a few
-      // refusals of its secret it exits with the reason instead of retrying forever.
-      if (!ever_authenticated_ && trainers_.empty() && unproven_refusals_ >= 3 &&
-          s.code() == Status::Code::kUnauthenticated) {
-        return Shutdown(2, s.ToString() + " (3 times; check --secret_file on both sides)");
-      }
-      return server_->Close(s);  // reconnects with backoff
-    }
-    LOG(ERROR) << "edl client " << options_.node_name << ": server refused us: " << s.ToString();
-    if (s.code() == Status::Code::kAlreadyExists || s.code() == Status::Code::kUnauthenticated ||
-        s.code() == Status::Code::kInvalidArgument) {
-      Shutdown(2, s.ToString());  // retrying cannot help
-    }
-    return;
-  }
-  if (!authenticated_) {
-    if (type == proto::msg::kChallenge) return OnChallenge(msg);
-    if (type == proto::msg::kWelcome) return OnWelcome(msg);
-    server_->Close(Status::Corruption("server sent '" + type + "' before the handshake finished"));
-    return;
+    return OnRefused(s.ok() ? e.ToStatus() : s, /*proven=*/true);
   }
   if (type == proto::msg::kHeartbeat) return;
   if (type == proto::msg::kGeneration) return OnGeneration(msg);
@@ -377,15 +368,46 @@ void Client::OnServerMessage(const json& msg) {
   LOG(WARNING) << "ignoring unexpected '" << type << "' from the server";
 }
 
-void Client::OnChallenge(const json& msg) {
-  proto::Challenge ch;
-  Status s = ch.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
+void Client::OnRefused(const Status& s, bool proven) {
+  if (!proven) {
+    // Anyone can send an unproven error (a process that took the port of a dead server): log it
+    // and retry, never stop for it.
+    ++unproven_refusals_;
+    LOG(ERROR) << "edl client " << options_.node_name << ": " << s.ToString();
+    // A client that never got in and runs nothing has nothing to protect: after a few refusals of
+    // its secret it exits with the reason instead of retrying forever.
+    if (!ever_authenticated_ && trainers_.empty() && unproven_refusals_ >= 3 &&
+        s.code() == Status::Code::kUnauthenticated) {
+      return Shutdown(2, s.ToString() + " (3 times; check --secret_file on both sides)");
+    }
+    return server_->Close(s);  // reconnects with backoff
+  }
+  LOG(ERROR) << "edl client " << options_.node_name << ": server refused us: " << s.ToString();
+  // Retrying cannot help a name taken by a connected client, a secret the server refuses, or a
+  // field of ours it refuses (e.g. --advertise_addr not a host): the same hello would be refused again.
+  if (s.code() == Status::Code::kAlreadyExists || s.code() == Status::Code::kUnauthenticated ||
+      s.code() == Status::Code::kInvalidArgument || s.code() == Status::Code::kCorruption) {
+    Shutdown(2, s.ToString());
+  }
+}
+
+void Client::OnHandshakeFrame(const json& msg) {
+  if (handshake_ == nullptr) {  // the server's first frame: the challenge
+    handshake_ = std::make_unique<net::PeerHandshake>(options_.secret, OurHello());
+    json hello;
+    if (Status s = handshake_->OnChallenge(msg, server_->peer(), &hello); !s.ok()) return OnRefused(s, false);
+    server_->Send(hello);
+    return;
+  }
+  proto::Welcome w;
+  bool proven = false;
+  if (Status s = handshake_->OnReply(msg, server_->peer(), &w, &proven); !s.ok()) return OnRefused(s, proven);
+  OnWelcome(w);
+}
+
+proto::Hello Client::OurHello() {
   proto::Hello h;
   h.role = "client";
-  server_nonce_ = ch.nonce;
-  nonce_ = net::NewNonce();
-  h.nonce = nonce_;
   h.node = options_.node_name;
   h.host = options_.advertise_addr;
   h.mode = options_.restart_mode ? "restart" : "inplace";
@@ -407,27 +429,13 @@ void Client::OnChallenge(const json& msg) {
     const int64_t held = run == runs_.end() ? 0 : run->second.latest.generation;
     h.trainer_generations.push_back(t.member ? std::max(held, t.generation_sent) : t.joining_generation);
   }
-  json j;
-  h.EncodeTo(&j);
-  j["mac"] = net::HelloMac(options_.secret, ch.nonce, j);
-  server_->Send(j);
+  return h;
 }
 
-void Client::OnWelcome(const json& msg) {
-  proto::Welcome w;
-  Status s = w.DecodeFrom(msg);
-  if (s.ok() && !net::MacEqual(w.mac, net::WelcomeMac(options_.secret, nonce_, msg))) {
-    s = Status::Unauthenticated("the server could not prove it holds the cluster secret; check "
-                                "--secret_file on both sides");
-  }
-  if (!s.ok()) {
-    LOG(ERROR) << s.ToString();
-    return server_->Close(s);
-  }
+void Client::OnWelcome(const proto::Welcome& w) {
   // welcome is the server's last unsealed frame and our hello was our last one.
-  server_->StartSession(std::make_unique<net::SessionMac>(options_.secret, server_nonce_, nonce_,
-                                                          /*server_side=*/false),
-                        proto::kMaxFrameBytes);
+  server_->StartSession(handshake_->TakeSession(), proto::kMaxFrameBytes);
+  handshake_.reset();
   authenticated_ = true;
   ever_authenticated_ = true;
   unproven_refusals_ = 0;
@@ -852,6 +860,7 @@ void Client::StartTrainer(StartRequest req) {
     e.trainer_id = req.id;
     e.exited = true;
     e.code = 127;
+    e.error = proc.status().ToString().substr(0, proto::kMaxErrorLineBytes);
     json j;
     e.EncodeTo(&j);
     SendToServer(j, true);
@@ -902,6 +911,8 @@ void Client::ReportExit(const std::string& id, const launcher::ExitInfo& info) {
   e.exited = info.exited && !info.lost;
   e.code = info.lost ? 1 : info.code;
   e.signal = info.signal;
+  // Why it failed, in its own words, for `edl ctl status` (a job that keeps failing says so).
+  if (!e.success()) e.error = LastLogLine(options_.log_dir + "/" + id + ".log", proto::kMaxErrorLineBytes);
   json j;
   e.EncodeTo(&j);
   SendToServer(j, /*queue_if_offline=*/true);

@@ -22,6 +22,7 @@
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
 #include "edl/net/connection.h"
+#include "edl/net/handshake.h"
 #include "edl/proto/messages.h"
 #include "jobclient/gpu_utilization.h"
 #include "jobclient/teacher_runner.h"
@@ -115,8 +116,13 @@ class Client {
   void Connect();
   void ScheduleReconnect(const std::string& why);
   void OnServerMessage(const nlohmann::json& msg);
-  void OnChallenge(const nlohmann::json& msg);
-  void OnWelcome(const nlohmann::json& msg);
+  // Frames before the welcome, through the handshake (edl/net/handshake.h).
+  void OnHandshakeFrame(const nlohmann::json& msg);
+  // What this client says of its node in its hello.
+  proto::Hello OurHello();
+  void OnWelcome(const proto::Welcome& w);
+  // An error from the server: `proven` when it is the server's (sealed, or with its proof).
+  void OnRefused(const Status& s, bool proven);
   void KeepSession(const std::string& token);  // from a welcome: remember and save it
   void RemoveSocket();
   void OnGeneration(const nlohmann::json& msg);
@@ -172,8 +178,7 @@ class Client {
 
   std::shared_ptr<net::Connection> server_;
   bool authenticated_ = false;
-  std::string nonce_;         // ours, in the hello
-  std::string server_nonce_;  // the server's, from the challenge (session key)
+  std::unique_ptr<net::PeerHandshake> handshake_;  // from the challenge to the welcome
   bool ever_authenticated_ = false;
   int unproven_refusals_ = 0;  // errors before a welcome that the server could not prove
   std::string session_;  // the node's session token (from session_path or the last welcome)

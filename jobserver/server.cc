@@ -256,7 +256,7 @@ void Server::OnAccepted(tcp::socket socket) {
   o.max_frame_bytes = proto::kMaxPreAuthFrameBytes;             // a hello is small
   auto peer = std::make_shared<Peer>();
   peer->conn = net::Connection::Create(net::ToGeneric(std::move(socket)), name, o);
-  peer->nonce = net::NewNonce();
+  peer->handshake = std::make_unique<net::ServerHandshake>(options_.secret);
   // Room for this one among the pre-auth connections: the oldest pending one may have to go.
   const uint64_t evict = admission_.Admit(reinterpret_cast<uintptr_t>(peer.get()), source);
   if (evict != 0) {
@@ -279,11 +279,7 @@ void Server::OnAccepted(tcp::socket socket) {
       [this, weak](const Status& s) {
         if (auto p = weak.lock()) OnClose(p, s);
       });
-  proto::Challenge ch;
-  ch.nonce = peer->nonce;
-  json j;
-  ch.EncodeTo(&j);
-  peer->conn->Send(j);
+  peer->conn->Send(peer->handshake->Challenge());
 }
 
 void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
@@ -305,6 +301,12 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
   } else if (peer->state == Peer::State::kAuth && !why.IsAborted()) {
     LogUnauthenticated("dropped unauthenticated connection from " + peer->conn->peer() + ": " +
                        why.ToString());
+  } else if (!why.IsAborted() && why.code() != Status::Code::kUnavailable) {
+    // A ctl, teacher or student connection closed for a reason of its own (a frame that failed
+    // its session MAC, a bad frame, a read error), not because the peer left (Unavailable) or we
+    // closed it (Aborted): say why, as for a client.
+    LOG(WARNING) << (peer->state == Peer::State::kCtl ? "ctl" : "service peer") << " connection from "
+                 << peer->conn->peer() << " closed: " << why.ToString();
   }
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
   services_.Remove(peer->id);
@@ -339,11 +341,6 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
   const std::string& type = msg["type"].get_ref<const std::string&>();
   switch (peer->state) {
     case Peer::State::kAuth:
-      if (type != proto::msg::kHello) {
-        Reject(peer, Status::Unauthenticated("expected 'hello' before anything else, got " +
-                                             proto::Quote(type)));
-        return;
-      }
       OnHello(peer, msg);
       break;
     case Peer::State::kClient:
@@ -364,44 +361,29 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
 }
 
 void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
-  // The MAC first: a peer without the secret gets no further than this, whatever else it sent.
-  const auto mac = msg.find("mac");
-  const bool proved = mac != msg.end() && mac->is_string() &&
-                      net::MacEqual(mac->get_ref<const std::string&>(),
-                                    net::HelloMac(options_.secret, peer->nonce, msg));
-  if (!proved) {
-    Reject(peer, Status::Unauthenticated("bad HMAC from " + peer->conn->peer() +
-                                         ": the peer's --secret_file differs from the server's"));
-    return;
-  }
+  net::ServerHandshake& hs = *peer->handshake;
   proto::Hello hello;
-  Status s = hello.DecodeFrom(msg);
-  if (!s.ok()) {
-    Reject(peer, s);
-    return;
-  }
-  // From here on the peer holds the secret: errors carry our proof, so it can trust them.
+  Status s = hs.OnHello(msg, peer->conn->peer(), &hello);
+  // A refusal after the hello's MAC verified carries our proof, so the peer can trust it; before
+  // that the peer gets no further, whatever else it sent.
   auto refuse = [&](const Status& why) {
-    LOG(WARNING) << "refusing " << peer->conn->peer() << ": " << why.ToString();
-    proto::ErrorMsg e = proto::ErrorMsg::From(why);
-    e.mac = net::ServerErrorMac(options_.secret, hello.nonce, e.code, e.message);
-    json j;
-    e.EncodeTo(&j);
-    peer->conn->SendAndClose(j, why);
+    if (hs.proven()) {
+      LOG(WARNING) << "refusing " << peer->conn->peer() << ": " << why.ToString();
+    } else {
+      LogUnauthenticated("rejecting " + peer->conn->peer() + ": " + why.ToString());
+    }
+    peer->conn->SendAndClose(hs.Refusal(why), why);
   };
+  if (!s.ok()) return refuse(s);
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
   proto::Welcome w;
   w.job_id = options_.id;
   w.heartbeat_ms = static_cast<int>(std::max<int64_t>(50, heartbeat_timeout_ms() / 5));
   // The welcome is our last unsealed frame (the hello was the peer's): seal everything after it.
   auto welcome = [&] {
-    json wj;
-    w.EncodeTo(&wj);
-    wj["mac"] = net::WelcomeMac(options_.secret, hello.nonce, wj);
-    peer->conn->Send(wj);
-    peer->conn->StartSession(std::make_unique<net::SessionMac>(options_.secret, peer->nonce,
-                                                               hello.nonce, /*server_side=*/true),
-                             proto::kMaxFrameBytes);
+    peer->conn->Send(hs.Welcome(w));
+    peer->conn->StartSession(hs.TakeSession(), proto::kMaxFrameBytes);
+    peer->handshake.reset();
   };
   if (hello.role == "teacher" || hello.role == "student") {  // service_registry.h
     uint64_t replaced = 0;
@@ -558,6 +540,7 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
   rec["node"] = peer->node;
   rec.erase("time");  // the log's own fields (EventsLog::Append)
   rec.erase("job");
+  cluster_.TrainerEvent(job, e.trainer_id, peer->node, rec);  // what ctl status shows of it
   Record(job, std::move(rec));
 }
 
@@ -611,7 +594,7 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
   if (type == proto::msg::kTrainerExit) {
     const std::string how =
         exit.exited ? "exit " + std::to_string(exit.code) : "signal " + std::to_string(exit.signal);
-    cluster_.TrainerExited(exit.trainer_id, peer->node, exit.success(), how);
+    cluster_.TrainerExited(exit.trainer_id, peer->node, exit.success(), how, exit.error);
     status_dirty_ = true;
     if (stop_waiting_.erase(exit.trainer_id) > 0) MaybeEndStop();
   } else if (type == proto::msg::kReady) {

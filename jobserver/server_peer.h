@@ -8,6 +8,7 @@
 #include <string>
 
 #include "edl/net/connection.h"
+#include "edl/net/handshake.h"
 #include "jobserver/server.h"
 
 namespace edl::jobserver {
@@ -16,7 +17,7 @@ struct Server::Peer {
   enum class State { kAuth, kClient, kCtl, kService };  // kService: a teacher or a student
   std::shared_ptr<net::Connection> conn;
   State state = State::kAuth;
-  std::string nonce;           // ours, in the challenge
+  std::unique_ptr<net::ServerHandshake> handshake;  // from accept to the welcome or refusal
   std::string node;            // kClient
   // The jobs this client holds (the one job from its welcome, others told by job_info), each
   // with the newest generation it holds (0: none yet), for deltas.

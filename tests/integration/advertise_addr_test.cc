@@ -80,6 +80,16 @@ TEST(AdvertiseAddrTest, LoopbackAdvertisedFromAnotherAddressIsRefusedWithTheFix)
   }, milliseconds(60000)))
       << Slurp(dir.Join("server.log"), 4000);
   EXPECT_LT(good->Wait(milliseconds(0)), 0) << "a correctly configured client exited";
+
+  // An address the server cannot take ('[::1]' is no host: IPv6 literals go without brackets):
+  // the client holds the secret, so the refusal carries the server's proof and the client exits 2
+  // naming the field, instead of retrying for ever (issue 32, item 10).
+  auto brackets = client("brackets", "127.0.0.1", "[::1]");
+  EXPECT_EQ(brackets->Wait(milliseconds(60000)), 2) << Slurp(dir.Join("brackets.log"), 4000);
+  const std::string refused = Slurp(dir.Join("brackets.log"));
+  EXPECT_NE(refused.find("server refused us"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("is not a host name or IP address"), std::string::npos) << refused;
+  EXPECT_EQ(refused.find("cannot prove"), std::string::npos) << refused;
 }
 
 }  // namespace
