@@ -4,6 +4,8 @@
 
 #include <glog/logging.h>
 
+#include "edl/proto/frame.h"
+
 namespace edl::jobserver {
 
 using nlohmann::json;
@@ -256,7 +258,7 @@ bool Cluster::Authorized(const std::string& trainer_id, const std::string& node,
   job->clear();
   for (const auto& [name, j] : jobs_) {
     if (!j.membership->PlacedOn(trainer_id, node)) continue;
-    if (j.membership->IsLiveTrainerOf(trainer_id, node)) *job = name;
+    *job = name;  // a leaver's too: its last events (e.g. the final checkpoint of a stop) are its job's
     return true;
   }
   auto s = stale_.find(trainer_id);
@@ -264,15 +266,34 @@ bool Cluster::Authorized(const std::string& trainer_id, const std::string& node,
 }
 
 void Cluster::TrainerExited(const std::string& trainer_id, const std::string& node, bool success,
-                            const std::string& how) {
+                            const std::string& how, const std::string& error) {
   const std::string id = trainer_id;  // a copy: the caller's may live in a generation the exit replaces
   stale_.erase(id);
   for (auto& [name, job] : jobs_) {
     if (!job.membership->PlacedOn(id, node)) continue;
+    const bool counts = !success && job.membership->IsLiveTrainer(id);  // a leaver's end is expected
+    job.configs.erase(id);
     job.membership->TrainerExited(id, success, how);
+    if (counts) NoteFailure(name, &job, how, error);
     break;
   }
   AfterPolicy();
+}
+
+void Cluster::NoteFailure(const std::string& name, Job* job, const std::string& how, const std::string& error) {
+  const std::string key = how + "\n" + error;
+  job->failures_alike = key == job->failure_key ? job->failures_alike + 1 : 1;
+  job->failure_key = key;
+  job->failure_how = how;
+  job->failure_error = error;
+  if (job->failures_alike != kFailingAfter) return;
+  job->failing_since_us = clock_->NowMicros();
+  LOG(WARNING) << "job " << name << " is failing: " << kFailingAfter << " trainers in a row ended with " << how
+               << (error.empty() ? "" : ", last log line: " + error) << "; the back-off grows until one makes progress";
+  Action a;
+  a.kind = Action::Kind::kEvent;
+  a.event = {{"type", "failing"}, {"exits", job->failures_alike}, {"how", how}, {"last_error", error}};
+  actions_.push_back({name, std::move(a)});
 }
 
 void Cluster::TrainerReady(const std::string& trainer_id, const std::string& node, int64_t generation) {
@@ -284,7 +305,90 @@ void Cluster::TrainerReady(const std::string& trainer_id, const std::string& nod
 
 void Cluster::Progress(const std::string& job, const std::string& trainer_id, const proto::ProgressReport& r) {
   auto it = jobs_.find(job);
-  if (it != jobs_.end() && it->second.membership->IsLiveTrainer(trainer_id)) it->second.progress[trainer_id] = r;
+  if (it == jobs_.end() || !it->second.membership->IsLiveTrainer(trainer_id)) return;
+  Job& j = it->second;
+  j.progress[trainer_id] = r;
+  if (r.step > j.last_step) {  // training moves: whatever kept failing no longer does
+    j.last_step = r.step;
+    j.last_progress_us = clock_->NowMicros();
+    j.failures_alike = 0;
+    j.failure_key.clear();
+    j.failing_since_us = -1;
+  }
+}
+
+namespace {
+
+// The ";"-separated fields of two configuration fingerprints that differ, as "name: a vs b".
+std::string ConfigDifference(const std::string& job, const std::string& joiner) {
+  auto fields = [](const std::string& s) {
+    std::map<std::string, std::string> out;
+    size_t pos = 0, i = 0;
+    while (pos <= s.size()) {
+      const size_t end = std::min(s.find(';', pos), s.size());
+      const std::string f = s.substr(pos, end - pos);
+      const size_t eq = f.find('=');
+      out[eq == std::string::npos ? "field " + std::to_string(i) : f.substr(0, eq)] =
+          eq == std::string::npos ? f : f.substr(eq + 1);
+      pos = end + 1;
+      ++i;
+    }
+    return out;
+  };
+  const auto a = fields(job), b = fields(joiner);
+  std::string diff;
+  std::set<std::string> names;
+  for (const auto& [k, v] : a) names.insert(k);
+  for (const auto& [k, v] : b) names.insert(k);
+  for (const std::string& k : names) {
+    auto x = a.find(k), y = b.find(k);
+    const std::string vx = x == a.end() ? "(none)" : x->second, vy = y == b.end() ? "(none)" : y->second;
+    if (vx != vy) diff += (diff.empty() ? "" : ", ") + k + ": the job's " + proto::Quote(vx, 48) + ", this trainer's " + proto::Quote(vy, 48);
+  }
+  return diff;
+}
+
+}  // namespace
+
+void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_id, const std::string& node,
+                           const json& e) {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  const std::string kind = e.value("event", "");
+  if (kind == "checkpoint_failed") {
+    ++job.checkpoint_failures;
+    if (e.value("refused", false)) ++job.checkpoint_refusals;
+    job.checkpoint_failed_step = e.value("step", int64_t{-1});
+    job.checkpoint_error = e.value("error", std::string()).substr(0, proto::kMaxErrorLineBytes);
+  } else if (kind == "stop_checkpoint") {
+    job.final_checkpoint_reported = true;
+    job.final_checkpoint_ok = e.value("ok", true);
+    job.final_checkpoint_error = e.value("error", std::string()).substr(0, proto::kMaxErrorLineBytes);
+  } else if (kind == "config") {
+    const auto fp = e.find("fingerprint");
+    if (fp == e.end() || !fp->is_string() || fp->get_ref<const std::string&>().size() > kMaxConfigBytes) return;
+    const std::string config = fp->get<std::string>();
+    if (job.membership->IsMember(trainer_id) || job.config.empty()) {
+      job.config = config;  // the members' configuration is the job's (a resumed job may change it)
+      return;
+    }
+    if (config == job.config || !job.membership->IsLiveTrainerOf(trainer_id, node)) return;
+    // A joiner started with another configuration would break the ring (another data size, batch
+    // or model): refused before it is committed, naming what differs.
+    job.membership->RefuseJoiner(trainer_id, "its configuration differs from the job's (" +
+                                                 ConfigDifference(job.config, config) +
+                                                 "); start its client with the job's trainer command");
+    AfterPolicy();
+  }
+}
+
+Cluster::FinalCheckpoint Cluster::FinalCheckpointOf(const std::string& name, std::string* error) const {
+  auto it = jobs_.find(name);
+  if (it == jobs_.end() || !it->second.final_checkpoint_reported) return FinalCheckpoint::kNotReported;
+  if (it->second.final_checkpoint_ok) return FinalCheckpoint::kSaved;
+  *error = it->second.final_checkpoint_error;
+  return FinalCheckpoint::kFailed;
 }
 
 void Cluster::Tick() {
@@ -517,6 +621,7 @@ void Cluster::Snapshot(ClusterState* s) const {
       js.deadline_reported = pj->deadline_reported;
     }
     job.membership->Snapshot(&js.sched);
+    js.sched.config = job.config;
   }
   s->ended.clear();
   for (const json& e : finished_) {
@@ -585,6 +690,7 @@ Status Cluster::Restore(const ClusterState& s) {
     }
     job.membership = NewMembership(name, job.port_index);
     job.membership->Restore(js.sched, Grants(job));
+    job.config = js.sched.config;
     if (name != own_job_) policy_jobs.push_back(std::move(pj));
     jobs_.emplace(name, std::move(job));
   }

@@ -72,6 +72,12 @@ struct JobAction {
   Action action;
 };
 
+// Failures alike in a row (same exit, same last log line, no progress between) that make a job
+// `failing` in `edl ctl status`.
+constexpr int kFailingAfter = 3;
+// Longest configuration fingerprint kept from a trainer's "config" event.
+constexpr size_t kMaxConfigBytes = 2048;
+
 class Cluster {
  public:
   Cluster(ClusterOptions options, Clock* clock);
@@ -123,13 +129,25 @@ class Cluster {
   std::string JobOfTrainer(const std::string& trainer_id, const std::string& node) const;
   // Whether `node` may report about `trainer_id` (PROTOCOL.md "Client -> server"): a job placed it
   // there and it may still run (live, or leaving), or the cluster killed it there as stale. *job:
-  // its live job, or "" when it is not live (its reports change nothing).
+  // the job that placed it ("" for a stale one); its progress counts only while it is live.
   bool Authorized(const std::string& trainer_id, const std::string& node, std::string* job) const;
+  // `error`: the failed trainer's last log line (may be empty). A job whose trainers fail the same
+  // way (same exit, same line) kFailingAfter times in a row, with no step of progress between, is
+  // `failing` (StatusJson, and a "failing" record once); progress clears it.
   void TrainerExited(const std::string& trainer_id, const std::string& node, bool success,
-                     const std::string& how);
+                     const std::string& how, const std::string& error = "");
   void TrainerReady(const std::string& trainer_id, const std::string& node, int64_t generation);
   // A live trainer's progress (kept until it leaves the job's generations).
   void Progress(const std::string& job, const std::string& trainer_id, const proto::ProgressReport& r);
+  // A trainer event of `job` the server recorded (`event` is the record): the cluster keeps what
+  // `edl ctl status` shows of it: checkpoint saves that failed or the fence refused
+  // ("checkpoint_failed"), the final save of a stop ("stop_checkpoint"), and each member's
+  // configuration ("config": a joiner whose configuration differs from the job's is refused).
+  void TrainerEvent(const std::string& job, const std::string& trainer_id, const std::string& node,
+                    const nlohmann::json& event);
+  // The final checkpoint of `job`'s stop, as rank 0 reported it (*error: why it failed).
+  enum class FinalCheckpoint { kNotReported, kSaved, kFailed };
+  FinalCheckpoint FinalCheckpointOf(const std::string& job, std::string* error) const;
 
   void Tick();  // heartbeats, the policy's timers, each job's membership
   // Takes every action since the last call, in order.
@@ -176,7 +194,24 @@ class Cluster {
     std::map<std::string, std::vector<int>> slots;  // node -> the slots it holds there
     int port_index = 0;  // MASTER_PORT range: job_defaults.master_port_base + 1000 * port_index
     std::map<std::string, proto::ProgressReport> progress;  // live trainers' latest, by id
+    int64_t last_step = -1;            // the highest step reported, and when it was first seen
+    int64_t last_progress_us = -1;
+    // Failures in a row that looked the same (how + error line), since the last progress.
+    std::string failure_key, failure_how, failure_error;
+    int failures_alike = 0;
+    int64_t failing_since_us = -1;
+    // Checkpoint saves that failed (refused by the fence, or an error), from rank 0's events.
+    int64_t checkpoint_failures = 0, checkpoint_refusals = 0, checkpoint_failed_step = -1;
+    std::string checkpoint_error;
+    bool final_checkpoint_reported = false, final_checkpoint_ok = true;
+    std::string final_checkpoint_error;
+    std::string config;  // the configuration fingerprint its members share (the first reported)
+    std::map<std::string, std::string> configs;  // joiners' reported configurations, by id
   };
+  // A job's status fields beyond its membership's: failing, last progress, checkpoint failures.
+  void AddHealth(const Job& job, nlohmann::json* out) const;
+  // A live trainer of `job` failed (`how`, its last log line `error`): counts failures alike.
+  void NoteFailure(const std::string& name, Job* job, const std::string& how, const std::string& error);
 
   std::unique_ptr<JobMembership> NewMembership(const std::string& name, int port_index) const;
   bool one_job() const { return !own_job_.empty(); }

@@ -58,10 +58,29 @@ json Cluster::JobsJson() const {
   return {{"jobs", live}, {"ended", json(std::vector<json>(finished_.begin(), finished_.end()))}};
 }
 
+void Cluster::AddHealth(const Job& job, json* out) const {
+  const int64_t now = clock_->NowMicros();
+  if (job.last_progress_us >= 0) (*out)["last_progress_s"] = MicrosToSeconds(now - job.last_progress_us);
+  if (job.failures_alike >= kFailingAfter) {
+    (*out)["failing"] = {{"exits", job.failures_alike}, {"how", job.failure_how}, {"last_error", job.failure_error},
+                         {"since_s", MicrosToSeconds(now - job.failing_since_us)}};
+  }
+  if (job.checkpoint_failures > 0 || (job.final_checkpoint_reported && !job.final_checkpoint_ok)) {
+    json c = {{"failed", job.checkpoint_failures}, {"refused", job.checkpoint_refusals},
+              {"last_step", job.checkpoint_failed_step}, {"last_error", job.checkpoint_error}};
+    if (job.final_checkpoint_reported) {
+      c["final_ok"] = job.final_checkpoint_ok;
+      c["final_error"] = job.final_checkpoint_error;
+    }
+    (*out)["checkpoint_failures"] = std::move(c);
+  }
+}
+
 json Cluster::StatusJson() const {
   if (one_job()) {  // the job's own summary, as `edl ctl status` of one job prints it
     json s = FindJob(own_job_)->Summary();
     s["progress"] = ProgressSummary(own_job_);
+    AddHealth(jobs_.at(own_job_), &s);
     return s;
   }
   json s = JobsJson();
@@ -75,6 +94,8 @@ json Cluster::StatusJson() const {
     j["step"] = progress.value("step", 0);
     j["epoch"] = progress.value("epoch", 0);
     j["loss"] = progress.value("loss", 0.0);
+    AddHealth(jobs_.at(name), &j);
+    if (j.contains("failing")) j["state"] = "failing";
     total_ips += ips;
     running += (running.empty() ? "" : "|") + name + ":" + std::to_string(j.value("trainers", 0));
   }

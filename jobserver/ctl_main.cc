@@ -85,6 +85,8 @@ std::string ClusterHeader() {
          Pad("GPU-UTILS", 11) + Pad("SLOTS", 8) + "IMAGES/S";
 }
 
+void PrintHealth(const json& j);
+
 void PrintJobs(const json& b) {
   std::cout << Pad("JOB", 16) << Pad("TYPE", 12) << Pad("STATE", 9) << Pad("TRAINERS", 10) << Pad("MIN..MAX", 10)
             << Pad("PRIO", 6) << Pad("GEN", 6) << Pad("IMAGES/S", 10) << "PENDING-REASON\n";
@@ -95,6 +97,7 @@ void PrintJobs(const json& b) {
               << Pad(std::to_string(Field(j, "priority", 0)), 6) << Pad(std::to_string(Field(j, "generation", 0)), 6)
               << Pad(Fixed(Field(j, "images_per_sec", 0.0), 1), 10) << Field(j, "pending_reason", std::string("-"))
               << "\n";
+    PrintHealth(j);
   }
   for (const json& j : Field(b, "ended", json::array())) {
     std::cout << Pad(Field(j, "name", std::string()), 16) << Pad(Field(j, "type", std::string()), 12)
@@ -103,6 +106,32 @@ void PrintJobs(const json& b) {
 }
 
 void PrintServices(const json& b);
+
+// What keeps a job from training, under its line: failures alike in a row with the trainers' last
+// log line, seconds since the last step, checkpoint saves that failed or were refused, nodes whose
+// joiner was refused.
+void PrintHealth(const json& j) {
+  const json failing = Field(j, "failing", json::object());
+  if (!failing.empty()) {
+    std::cout << "  failing: " << Field(failing, "exits", 0) << " trainers in a row ended with "
+              << Field(failing, "how", std::string("?")) << "; last log line: "
+              << proto::Quote(Field(failing, "last_error", std::string()), 200) << "\n";
+  }
+  const json last = Field(j, "last_progress_s", json());
+  if (last.is_number()) std::cout << "  last progress: " << Fixed(last.get<double>(), 1) << " s ago\n";
+  const json ckpt = Field(j, "checkpoint_failures", json::object());
+  if (!ckpt.empty()) {
+    std::cout << "  checkpoint saves failed: " << Field(ckpt, "failed", 0) << " (refused by the store's fence: "
+              << Field(ckpt, "refused", 0) << "), the last at step " << Field(ckpt, "last_step", int64_t{-1}) << ": "
+              << proto::Quote(Field(ckpt, "last_error", std::string()), 300) << "\n";
+  }
+  const json refused = Field(j, "refused_nodes", json::object());
+  if (refused.is_object()) {
+    for (const auto& [node, why] : refused.items()) {
+      std::cout << "  node " << node << " gets no joiner: " << (why.is_string() ? why.get<std::string>() : "?") << "\n";
+    }
+  }
+}
 
 void PrintStatus(const json& b) {
   if (Field(b, "cluster", false)) {
@@ -123,7 +152,11 @@ void PrintStatus(const json& b) {
   std::cout << Pad("1", 18) << Pad(world == 0 && !done ? "1" : "0", 16)
             << Pad(job + ":" + std::to_string(running), 20) << util << "\n\n";
   const json p = Field(b, "progress", json::object());
-  std::string state = done ? "finished" : Field(b, "pending", false) ? "joining" : world > 0 ? "running" : "pending";
+  std::string state = done                                      ? "finished"
+                      : !Field(b, "failing", json::object()).empty() ? "failing"
+                      : Field(b, "pending", false)                  ? "joining"
+                      : world > 0                                   ? "running"
+                                                                    : "pending";
   std::cout << Pad("JOB", 14) << Pad("GEN", 6) << Pad("REASON", 12) << Pad("WORLD", 7) << Pad("DESIRED", 9)
             << Pad("NODES", 7) << Pad("STEP", 9) << Pad("EPOCH", 7) << Pad("LOSS", 9) << Pad("IMAGES/S", 10)
             << "STATE\n";
@@ -136,6 +169,7 @@ void PrintStatus(const json& b) {
             << Pad(Field(p, "reporting", 0) > 0 ? Fixed(Field(p, "loss", 0.0), 4) : "-", 9)
             << Pad(Field(p, "reporting", 0) > 0 ? Fixed(Field(p, "images_per_sec", 0.0), 1) : "-", 10)
             << state << "\n";
+  PrintHealth(b);
   PrintServices(b);
 }
 
@@ -230,6 +264,32 @@ Status Call(net::FramedSocket* sock, const proto::CtlRequest& req, proto::CtlRep
   }
   EDL_RETURN_IF_ERROR(rep->DecodeFrom(j));
   return rep->status;
+}
+
+// After `stop` was accepted with trainers to wait for (`timeout_s` >= 0, the server's
+// --stop_timeout_s): the server's word on how the stop ended, when it has one. 1 when the final
+// checkpoint failed or was refused (the stop itself went through), 0 otherwise.
+int StopOutcome(net::FramedSocket* sock, int64_t timeout_s) {
+  if (timeout_s < 0) return 0;  // stopped at once: nothing ran
+  json j;
+  Status s = sock->Receive(&j, milliseconds((timeout_s + 30) * 1000));
+  proto::CtlReply rep;
+  if (!s.ok() || !rep.DecodeFrom(j).ok() || !rep.body.contains("stopped")) {
+    std::cout << "the server stopped without saying how the final checkpoint went"
+              << (s.ok() ? "" : " (" + s.message() + ")") << "\n";
+    return 0;
+  }
+  if (!rep.status.ok()) {
+    std::cerr << "edl ctl stop: " << rep.status.ToString() << "\n";
+    return 1;
+  }
+  const json stopped = Field(rep.body, "stopped", json::object());
+  std::cout << "job stopped" << (Field(stopped, "final_checkpoint", std::string()) == "saved" ? "; final checkpoint saved" : "")
+            << (Field(stopped, "not_left", 0) > 0 ? "; " + std::to_string(Field(stopped, "not_left", 0)) +
+                                                        " trainer(s) did not leave in time and were stopped by their clients"
+                                                  : "")
+            << "\n";
+  return 0;
 }
 
 int Watch(net::FramedSocket* sock) {
@@ -374,6 +434,7 @@ int RunCtlMain(int argc, char** argv) {
     std::cout << "desired size set to " << req.n << "; now " << StatusLine(rep.body) << "\n";
   } else {
     std::cout << "stopping job " << Field(rep.body, "job_id", std::string()) << " and its server\n";
+    return StopOutcome(sock.get(), Field(rep.body, "stop_timeout_s", int64_t{-1}));
   }
   return 0;
 }

@@ -31,6 +31,7 @@ void JobMembership::NodeAttached(const std::string& name, const std::vector<std:
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return;  // not in this job's allocation
   it->second.connected = true;
+  refused_nodes_.erase(name);  // its client reconnected: perhaps with the right configuration
   if (first_node_us_ < 0) first_node_us_ = clock_->NowMicros();
   // Re-attached after a short disconnect: members the client no longer runs have died meanwhile.
   const std::set<std::string> still(running.begin(), running.end());
@@ -98,6 +99,7 @@ void JobMembership::NodeLost(const std::string& name, const std::string& why) {
     }
   }
   if (node != nodes_.end()) nodes_.erase(node);
+  refused_nodes_.erase(name);
   for (auto it = leaving_.begin(); it != leaving_.end();) {  // nobody is left to report them
     it = it->second == name ? leaving_.erase(it) : std::next(it);
   }
@@ -161,6 +163,28 @@ void JobMembership::TrainerReady(const std::string& trainer_id, int64_t generati
   // O(log n) per report until the last one: a large growth gets thousands of them.
   if (pending_.ready.size() < pending_.joiners.size()) return;
   MaybeCommitPending(false);
+  Reconcile();
+}
+
+void JobMembership::RefuseJoiner(const std::string& trainer_id, const std::string& why) {
+  auto it = pending_.joiner_ids.find(trainer_id);
+  if (!pending_.active || it == pending_.joiner_ids.end()) return;
+  const std::string id = trainer_id, node = it->second;
+  LOG(WARNING) << "job " << options_.job_id << ": refusing joiner " << id << " on node " << node << ": " << why
+               << "; no joiner goes to node " << node << " until its client re-attaches";
+  EmitEvent({{"type", "joiner_refused"}, {"trainer_id", id}, {"node", node}, {"why", why}});
+  refused_nodes_[node] = why;
+  EmitKill(node, {id});
+  pending_.joiners.erase(std::find_if(pending_.joiners.begin(), pending_.joiners.end(),
+                                      [&](const MemberInfo& m) { return m.trainer_id == id; }));
+  pending_.joiner_ids.erase(id);
+  pending_.ready.erase(id);
+  if (pending_.joiners.empty()) {
+    pending_ = Pending();
+  } else {
+    MaybeCommitPending(false);
+  }
+  NoteFailure();
   Reconcile();
 }
 
@@ -279,7 +303,7 @@ int JobMembership::target() const {
   for (const MemberInfo& m : current_.members) occupied[m.node].push_back(m.slot);
   for (const MemberInfo& m : pending_.joiners) occupied[m.node].push_back(m.slot);
   for (const auto& [name, n] : nodes_) {
-    if (!n.connected) continue;
+    if (!n.connected || refused_nodes_.count(name)) continue;  // no joiner goes there
     auto it = occupied.find(name);
     for (int s : n.slots) {
       const bool taken = it != occupied.end() &&
@@ -522,7 +546,7 @@ std::set<std::pair<std::string, int>> JobMembership::TakenSlots() const {
 std::vector<MemberInfo> JobMembership::FreeSlots(int count) const {
   std::vector<const Node*> order;
   for (const auto& [name, n] : nodes_) {
-    if (n.connected) order.push_back(&n);
+    if (n.connected && refused_nodes_.count(name) == 0) order.push_back(&n);
   }
   std::sort(order.begin(), order.end(), [](const Node* a, const Node* b) { return a->order < b->order; });
   std::vector<MemberInfo> out;
@@ -608,7 +632,7 @@ json JobMembership::Summary() const {
     members.push_back({{"trainer_id", m.trainer_id}, {"node", m.node}, {"slot", m.slot},
                        {"rank", m.rank}, {"finished", finished_.count(m.trainer_id) > 0}});
   }
-  return {{"job_id", options_.job_id},
+  json out = {{"job_id", options_.job_id},
           {"generation", current_.generation},
           {"reason", current_.reason},
           {"world_size", current_.world_size()},
@@ -626,6 +650,8 @@ json JobMembership::Summary() const {
           {"done", done_},
           {"nodes", nodes},
           {"members", members}};
+  if (!refused_nodes_.empty()) out["refused_nodes"] = refused_nodes_;  // node -> why its joiner was refused
+  return out;
 }
 
 

@@ -102,6 +102,10 @@ class JobMembership {
   void NodeLost(const std::string& name, const std::string& why);
   void TrainerExited(const std::string& trainer_id, bool success, const std::string& how);
   void TrainerReady(const std::string& trainer_id, int64_t generation);
+  // A pending joiner the cluster refuses (its configuration differs from the job's): killed, the
+  // change goes on without it, and no joiner is placed on its node again until the node
+  // re-attaches (a client restarted, perhaps with the right configuration) or is lost.
+  void RefuseJoiner(const std::string& trainer_id, const std::string& why);
   void SetDesired(int n, const std::string& reason);
   void AddDesired(int delta, const std::string& reason);
   // SIGKILLs up to `k` running members (highest ranks first) through their clients.
@@ -157,6 +161,7 @@ class JobMembership {
   bool IsLiveTrainer(const std::string& trainer_id) const {
     return FindMember(trainer_id) != nullptr || pending_.joiner_ids.count(trainer_id) > 0;
   }
+  bool IsMember(const std::string& trainer_id) const { return FindMember(trainer_id) != nullptr; }
   // Whether `node` is in the allocation (its trainers may use the job's rendezvous KV).
   bool HasNode(const std::string& node) const {
     auto it = nodes_.find(node);
@@ -230,6 +235,8 @@ class JobMembership {
   std::set<std::string> finished_;  // members that exited 0: training is complete for them
   // Trainers removed from the job whose exit their node has not reported: id -> node.
   std::map<std::string, std::string> leaving_;
+  // Nodes whose joiner was refused (RefuseJoiner): node -> why; no joiner goes there meanwhile.
+  std::map<std::string, std::string> refused_nodes_;
   bool done_ = false;
   uint64_t next_trainer_seq_ = 1;
   int64_t generation_floor_ = 0;  // numbers issued by earlier servers (Restore) or seen in the store

@@ -50,6 +50,7 @@ std::string EncodeJobMeta(const JobState& s) {
             {"demo_size", s.demo_size},
             {"demo_steps", s.demo_steps}};
   if (!s.leaving.empty()) j["leaving"] = s.leaving;
+  if (!s.config.empty()) j["config"] = s.config;
   return j.dump();
 }
 
@@ -74,6 +75,8 @@ Status DecodeJobMeta(const std::string& key, const std::string& value, JobState*
   if (r.ok() && !proto::IsValidName(t.job_id)) r.Fail("job_id", "is not a valid job name");
   EDL_RETURN_IF_ERROR(r.status());
   t.leaving.clear();
+  t.config.clear();
+  EDL_RETURN_IF_ERROR(Reader(j, key).Str("config", &t.config, 2048, /*required=*/false).status());
   if (const auto lv = j.find("leaving"); lv != j.end()) {  // absent in values written before it was kept
     if (!lv->is_object() || lv->size() > kMaxLeavingKept) {
       return Status::Corruption("stored field 'leaving' is not an object of at most " +

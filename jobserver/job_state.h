@@ -58,6 +58,8 @@ struct JobState {
   int64_t demo_steps = 0;
   // Trainers removed from the job whose exit their node has not reported yet: id -> node.
   std::map<std::string, std::string> leaving;
+  // The configuration fingerprint the job's members share (their "config" events); "": unknown.
+  std::string config;
   std::map<std::string, NodeState> nodes;  // by name; the old single-job layout only (migration)
   ServicesState services;  // the teacher services (`job/<job_id>/services`; absent: none)
 };

@@ -200,6 +200,7 @@ class Server {
   // deadline (-1: not stopping).
   std::map<std::string, std::string> stop_waiting_;
   int64_t stop_deadline_us_ = -1;
+  std::vector<std::shared_ptr<Peer>> stop_callers_;  // ctl peers told how the stop ended
 
   std::map<std::string, std::shared_ptr<Peer>> nodes_;  // connected clients by node name
   std::map<Peer*, std::shared_ptr<Peer>> peers_;        // every open connection

@@ -26,9 +26,12 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     Record("", {{"type", "stopped"}, {"by", "ctl"}});
     stopping = BeginStop("ctl");
   }
+  // A stop's caller also hears how it ended (MaybeEndStop): whether the final checkpoint was saved.
+  if (r.command == "stop" && stopping) stop_callers_.push_back(peer);
   Dispatch();
   if (!DropIfNotReading(peer)) {
     rep.body = StatusBody();
+    if (r.command == "stop" && stopping) rep.body["stop_timeout_s"] = options_.stop_timeout_ms / 1000;
     json j;
     rep.EncodeTo(&j);
     peer->conn->Send(j);
@@ -96,8 +99,25 @@ void Server::MaybeEndStop() {
   }
   LOG(INFO) << "job " << cluster_.own_job() << " stopped; telling the clients to exit";
   const JobMembership* own = cluster_.FindJob(cluster_.own_job());
+  std::string error;
+  const Cluster::FinalCheckpoint final = cluster_.FinalCheckpointOf(cluster_.own_job(), &error);
+  const char* final_name = final == Cluster::FinalCheckpoint::kSaved    ? "saved"
+                           : final == Cluster::FinalCheckpoint::kFailed ? "failed"
+                                                                        : "none";
   Record("", {{"type", "stop_complete"}, {"generation", own != nullptr ? own->current().generation : 0},
-              {"not_left", stop_waiting_.size()}});
+              {"not_left", stop_waiting_.size()}, {"final_checkpoint", final_name}});
+  proto::CtlReply outcome;
+  if (final == Cluster::FinalCheckpoint::kFailed) {
+    outcome.status = Status::FailedPrecondition(
+        "job " + cluster_.own_job() + " stopped, but rank 0's final checkpoint failed: " + error +
+        "; its trainers resume from the newest checkpoint the store accepted (`edl ckpt ls`)");
+  }
+  outcome.body = {{"stopped", {{"final_checkpoint", final_name}, {"not_left", stop_waiting_.size()}}}};
+  json j;
+  outcome.EncodeTo(&j);
+  for (const auto& caller : stop_callers_) {
+    if (!caller->conn->closed()) caller->conn->Send(j);
+  }
   Shutdown(/*stop_clients=*/true);
 }
 

@@ -276,6 +276,11 @@ int RunTrainMain(int argc, char** argv) {
   auto teacher = SetUpDistillation(c.distill, c.data, c.trainer.seed, c.batch(), t,
                                    membership.value()->service_feed());
   if (!teacher.ok()) return Fail(teacher.status());
+  // What every member must share: a joiner started with another command line (batch, data, seed,
+  // model) is refused by the server instead of breaking the ring.
+  c.loop.elastic.config_fingerprint = "model=" + t->Fingerprint() + ";seed=" + std::to_string(c.trainer.seed) +
+                                      ";train=" + std::to_string(t->train_size()) + ";batch=" + std::to_string(c.batch()) +
+                                      ";batch_policy=" + c.batch_policy;
   std::unique_ptr<runtime::CheckpointLoader> loader;
   if (!c.store.dir.empty()) {
     c.checkpoint.config_fingerprint = "seed=" + std::to_string(c.trainer.seed) +

@@ -743,13 +743,16 @@ Status Kill::DecodeFrom(const json& j) {
 void TrainerExit::EncodeTo(json* j) const {
   *j = {{"type", msg::kTrainerExit}, {"trainer_id", trainer_id}, {"exited", exited},
         {"code", code}, {"signal", signal}};
+  if (!error.empty()) (*j)["error"] = error;
 }
 Status TrainerExit::DecodeFrom(const json& j) {
+  error.clear();
   return Fields(j, msg::kTrainerExit)
       .Name("trainer_id", &trainer_id)
       .Bool("exited", &exited)
       .Int("code", &code, -255, 255)
       .Int("signal", &signal, 0, 128)
+      .Str("error", &error, kMaxErrorLineBytes, /*required=*/false)
       .status();
 }
 

@@ -248,11 +248,17 @@ struct Kill : Message<Kill> {
   Status DecodeFrom(const nlohmann::json& j);
 };
 
+// Longest error line a trainer_exit carries (the trainer's last log line; shown quoted).
+constexpr size_t kMaxErrorLineBytes = 512;
+
 struct TrainerExit : Message<TrainerExit> {
   std::string trainer_id;
   bool exited = false;  // true: exited with `code`; false: killed by `signal`
   int code = 0;
   int signal = 0;
+  // Optional: a failed trainer's last non-empty log line (at most kMaxErrorLineBytes), so the
+  // server can say why a job keeps failing (`edl ctl status`).
+  std::string error;
   bool success() const { return exited && code == 0; }
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);

@@ -146,6 +146,9 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
 }
 
 Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
+  // What every member of a generation must share, before anything else (a joiner's ready follows
+  // it): the server refuses a joiner whose configuration differs from the job's.
+  if (!o_.config_fingerprint.empty()) Event({{"event", "config"}, {"fingerprint", o_.config_fingerprint}});
   Generation known;
   if (!membership_->Latest(&known)) known.number = 0;
   if (o_.joining) {

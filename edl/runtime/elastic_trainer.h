@@ -139,6 +139,10 @@ struct ElasticOptions {
   bool evaluate_each_epoch = false;  // sharded evaluation at every epoch end and at the end
   int64_t eval_batch = 256;          // test samples per Evaluate call
   int progress_every = 10;           // ReportProgress every this many steps
+  // What every member of one job must share (the model's shapes, the data, the seed, the batch),
+  // as ";"-separated "name=value" fields; reported once as a "config" event, and the server refuses
+  // a joiner whose value differs from the job's (PROTOCOL.md "Trainer events"). Empty: not reported.
+  std::string config_fingerprint;
   // Tests: append one JSON line per committed step with the GLOBAL step's indices (every rank's
   // slice, which each rank derives from the DataPlan): {"trainer","generation","rank","world",
   // "step","epoch","loss","idx":[...]}, plus what this rank fed its model in that step when it

@@ -4,7 +4,12 @@
 //  - otherwise (in-place): connects its TrainerChannel, reports ready when EDL_JOINING=1, follows
 //    generations, does a KV round per generation, and exits 0 once a generation no longer
 //    contains it, or, with STANDIN_EXIT_AFTER_MS=T, T ms after starting (training "finished");
-//    with STANDIN_HOLD_READY_FILE=F a joiner holds its ready report while F exists.
+//    with STANDIN_HOLD_READY_FILE=F a joiner holds its ready report while F exists;
+//  - STANDIN_FAIL_WITH=LINE: prints LINE to stderr and exits 3 at once (a trainer that keeps failing);
+//  - STANDIN_CONFIG=FP: reports a "config" event with fingerprint FP before anything else (as the
+//    runtime does with ElasticOptions::config_fingerprint);
+//  - STANDIN_FINAL_CHECKPOINT_ERROR=MSG: rank 0 leaving a stop generation reports its final save as
+//    failed with MSG (a "stop_checkpoint" event with ok false, as `edl train` does).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -12,6 +17,7 @@
 #include <chrono>
 #include <climits>
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -62,6 +68,10 @@ int main() {
           {"joining", g_env.joining},
           {"restart_mode", g_env.restart_mode},
           {"master", g_env.master_addr + ":" + std::to_string(g_env.master_port)}});
+  if (!Env("STANDIN_FAIL_WITH").empty()) {
+    std::fprintf(stderr, "%s\n", Env("STANDIN_FAIL_WITH").c_str());
+    return 3;
+  }
   if (Env("STANDIN_MODE") == "restart") {
     while (!g_term) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     Record({{"event", "term"}});
@@ -76,6 +86,9 @@ int main() {
     return 3;
   }
   const int64_t start_gen = g_env.generation;
+  if (!Env("STANDIN_CONFIG").empty()) {
+    (void)ch.value()->ReportEvent({{"event", "config"}, {"fingerprint", Env("STANDIN_CONFIG")}});
+  }
   // STANDIN_HOLD_READY_FILE=F: a joiner reports ready only once F no longer exists (a prepare
   // phase that lasts as long as a test needs, e.g. to kill the server in the middle of a grow).
   const std::string hold = Env("STANDIN_HOLD_READY_FILE");
@@ -85,6 +98,7 @@ int main() {
   }
   if (g_env.joining) (void)ch.value()->ReportReady(start_gen);
   int64_t seen = 0;
+  int last_rank = -1;
   const std::string exit_after = Env("STANDIN_EXIT_AFTER_MS");
   const auto finish_at = std::chrono::steady_clock::now() +
                          milliseconds(exit_after.empty() ? INT32_MAX : std::atoll(exit_after.c_str()));
@@ -106,11 +120,16 @@ int main() {
             {"world_size", g.world_size()}, {"reason", g.reason}, {"failure", g.failure}});
     if (rank < 0) {
       if (g.generation >= start_gen) {
+        if (g.reason == edl::proto::kStopReason && last_rank == 0 && !Env("STANDIN_FINAL_CHECKPOINT_ERROR").empty()) {
+          (void)ch.value()->ReportEvent(
+              {{"event", "stop_checkpoint"}, {"ok", false}, {"error", Env("STANDIN_FINAL_CHECKPOINT_ERROR")}});
+        }
         Record({{"event", "leave"}, {"generation", g.generation}});
         return 0;
       }
       continue;  // a joiner that has not been committed yet
     }
+    last_rank = rank;
     edl::net::ProgressReport p;
     p.generation = g.generation;
     p.step = g.generation * 10;

@@ -381,6 +381,26 @@ TEST_F(ClusterTest, AMemberAheadOfTheRestoredGenerationCountsAsFailed) {
   EXPECT_GT(gens_["A"][0].generation, g.generation);
 }
 
+// Issue 32, item 9: pending jobs are bounded (--max_pending_jobs); a submission beyond the bound
+// is refused naming the flag and changes nothing, and is taken again once a pending job started
+// or was cancelled.
+TEST_F(ClusterTest, PendingJobsAreBounded) {
+  ClusterOptions o;
+  o.max_pending_jobs = 2;
+  Make(o);
+  AddNode("n1", 1);
+  ASSERT_OK(cluster_->Submit(Job("A", 1, 1)));  // runs: the node's one slot
+  ASSERT_OK(cluster_->Submit(Job("B", 1, 1)));  // pending
+  ASSERT_OK(cluster_->Submit(Job("C", 1, 1)));  // pending
+  const nlohmann::json before = cluster_->JobsJson();
+  const Status s = cluster_->Submit(Job("D", 1, 1));
+  EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("--max_pending_jobs"), std::string::npos) << s.ToString();
+  EXPECT_EQ(cluster_->JobsJson(), before);
+  ASSERT_OK(cluster_->Cancel("C"));
+  EXPECT_OK(cluster_->Submit(Job("D", 1, 1)));
+}
+
 // Damaged or foreign state is refused with the key and the fix; nothing is restored from it.
 TEST_F(ClusterTest, DamagedClusterStateIsRefusedNamingTheKey) {
   Make();
