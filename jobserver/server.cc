@@ -628,6 +628,7 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
       job_progress_[job][progress.trainer_id] = progress.report;
     } else if (scheduler_.IsLiveTrainerOf(progress.trainer_id, peer->node)) {  // not a leaving one
       progress_[progress.trainer_id] = progress.report;
+      if (script_) script_->ObserveStep(progress.report.step);  // `step N` lines (scaling.h)
     }
     status_dirty_ = true;
   } else {
