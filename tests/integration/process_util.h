@@ -79,6 +79,9 @@ class Proc {
       ::execv(args[0], args.data());
       _exit(127);
     }
+    // The parent too (either may run first), so that a signal to the group sent right away, as
+    // the destructor's Stop() may, finds the group (EACCES once the child has exec'd: it set it).
+    if (pid_ > 0) ::setpgid(pid_, pid_);
   }
   ~Proc() {
     Stop();
