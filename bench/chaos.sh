@@ -22,7 +22,8 @@
 # where committed images are the samples of the steps in the job's final history (a step redone
 # after a rollback counts once) over the run's wall window (server start to DURATION_S), and where
 # the loss went: seconds without a committed step after each kind of chaos event, and time at each
-# world size. The load average is printed at the start and the end.
+# world size. The load average is printed at the start and the end. When a run fails its check,
+# no RESULT line is printed and the script exits 1.
 # Takes 2 x DURATION_S + ~1 min (~21 min at the defaults). Smoke run (~5 min):
 #   DURATION_S=120 TRAINER_KILL_S=10 CLIENT_KILL_S=40 SERVER_KILL_S=60 STOP_AT_S=25 \
 #     TRAIN_SAMPLES=4096 bench/chaos.sh
@@ -199,11 +200,14 @@ echo "reference run: fixed size 4, no chaos, ${DURATION_S} s" >&2
 run ref 0
 load
 
+rc=0
 for r in chaos ref; do
   "$CHECK" --sample_log "$WORK/$r/samples.jsonl" --events "$WORK/$r/events/chaos.events.jsonl" \
     --labels "$DATA_DIR/train-labels-idx1-ubyte.gz" --train_samples "$TRAIN_SAMPLES" > "$WORK/$r/check.json" \
-    || echo "$r: CHECK FAILED: $(cat "$WORK/$r/check.json")" >&2
+    || { echo "$r: CHECK FAILED: $(cat "$WORK/$r/check.json")" >&2; rc=1; }
 done
-/usr/bin/python3 "$(dirname "$0")/chaos_report.py" "$WORK" "$DURATION_S" "$TRAIN_SAMPLES" "$(cut -d' ' -f1-3 /proc/loadavg)"
+# No goodput without exactly-once: the report prints none and exits 1 when a check failed.
+/usr/bin/python3 "$(dirname "$0")/chaos_report.py" "$WORK" "$DURATION_S" "$TRAIN_SAMPLES" \
+  "$(cut -d' ' -f1-3 /proc/loadavg)" || rc=1
 [ -n "${KEEP:-}" ] && echo "run files kept in $WORK" >&2
-exit 0
+exit "$rc"

@@ -58,9 +58,12 @@ def load_run(name):
 
 
 chaos, ref = load_run("chaos"), load_run("ref")
+failed = []  # runs whose records failed the exactly-once or identical-state check
 for name, r in (("chaos", chaos), ("ref", ref)):
     c = r["check"]
     ok = not c.get("data_error") and not c.get("state_error")
+    if not ok:
+        failed.append(name)
     print(f"# {name}: {c.get('steps', 0)} committed steps, {c.get('samples', 0)} samples in "
           f"{r['window']:.1f} s, {c.get('complete_epochs', 0)} complete epochs checked exactly-once, "
           f"{c.get('generations_checked', 0)} generations with identical state on every member, "
@@ -144,9 +147,15 @@ for kind, g in sorted(stalls.items()):
     print(f"# stall records, {kind}: {len(v)} re-forms, longest survivor stall median {statistics.median(v):.2f} s, "
           f"max {max(v):.2f} s, sum {sum(v):.1f} s")
 
+print(f"# load average (1/5/15 min) at the end: {load}")
+if failed:
+    # Goodput counts committed samples: with a run that consumed some twice or lost some, or whose
+    # members diverged, there is no goodput to report, and the benchmark fails.
+    print(f"# NO RESULT: the {' and '.join(failed)} run failed its exactly-once / identical-state check "
+          "(above); goodput and accuracy are not reported")
+    sys.exit(1)
 ours = chaos["check"].get("samples", 0) / chaos["window"]
 theirs = ref["check"].get("samples", 0) / ref["window"]
-print(f"# load average (1/5/15 min) at the end: {load}")
 print(f"RESULT chaos_goodput ours={ours:.1f}img/s ref={theirs:.1f}img/s "
       f"ratio={ours / theirs if theirs > 0 else float('nan'):.3f}")
 common = sorted(set(chaos["acc"]) & set(ref["acc"]))

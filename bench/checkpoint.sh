@@ -8,7 +8,9 @@
 #    boundary (so the synchronous snapshot copy counts) to the end of the step, of a loop whose
 #    compute uses every core (an FMA kernel thread per core, ~100 ms/step) with a save due every
 #    10 steps, against the same loop without saves, interleaved in one run. The step keeps every
-#    core busy, so the background write competes with compute as it does in real training.
+#    core busy, so the background write competes with compute as it does in real training; every
+#    save's write falls inside the timed steps (one still running after the last is waited for and
+#    charged to the saves).
 # Usage: bench/checkpoint.sh [BUILD_DIR] [SCRATCH_DIR]   (builds ckpt_bench if needed)
 set -euo pipefail
 BUILD=${1:-build}

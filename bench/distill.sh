@@ -9,8 +9,10 @@
 #   (c) distilled from the same teacher run inside the student's process (--distill_local), the
 #       original's "teacher and student on the same GPUs" row.
 # Students are pinned to STUDENT_CPUS and teachers to TEACHER_CPUS (taskset), so (b) measures
-# "teachers on spare capacity": the teachers' cores are not the student's. (a) and (c) run on
-# STUDENT_CPUS too. Prints test accuracy and student images/s for each run, then
+# "teachers on spare capacity": the teachers' cores are not the student's. (a) runs on
+# STUDENT_CPUS too; (c), whose process holds the teacher, gets both sets (and threads for both):
+# the same cores as (b)'s student and teachers together. Prints test accuracy and student
+# images/s for each run, then
 #   RESULT distill_accuracy      (b) vs (a) mean test accuracy (ratio > 1: distillation helps)
 #   RESULT distill_images_per_s  (b) vs (a) student images/s (target >= 0.9)
 #   RESULT distill_vs_same_proc  (b) vs (c) student images/s
@@ -73,8 +75,7 @@ SECRET=$WORK/secret
 [ -f "$SECRET" ] || { head -c 32 /dev/urandom | base64 > "$SECRET"; }
 chmod 600 "$SECRET"
 DATA=(--data fashion-mnist --train_samples "$TRAIN_SAMPLES")
-STUDENT=(--model resnet20 "${DATA[@]}" --batch_size "$BATCH" --epochs "$EPOCHS"
-         --threads "$n_student_cpus")
+STUDENT=(--model resnet20 "${DATA[@]}" --batch_size "$BATCH" --epochs "$EPOCHS")
 
 # ---- the teacher (trained once; kept with KEEP)
 if [ ! -d "$WORK/teacher" ]; then
@@ -109,10 +110,12 @@ stop_teachers() {
   TEACHER_PIDS=()
   rm -f "$WORK"/t*.port
 }
-# Student: $1 log, rest: extra flags. Prints "acc images/s" from the summary line.
+# Student: $1 log, rest: extra flags. Prints "acc images/s" from the summary line. Runs on
+# RUN_CPUS with RUN_THREADS threads (default: STUDENT_CPUS, one thread per core of it).
 student() {
   local log=$1; shift
-  taskset -c "$STUDENT_CPUS" "$EDL" train "${STUDENT[@]}" --log_every 0 "$@" > "$log" 2>&1
+  taskset -c "${RUN_CPUS:-$STUDENT_CPUS}" "$EDL" train "${STUDENT[@]}" \
+    --threads "${RUN_THREADS:-$n_student_cpus}" --log_every 0 "$@" > "$log" 2>&1
   awk '$1 == "summary:" { for (i = 1; i <= NF; i++) { if ($i == "test_acc") a = $(i+1);
        if ($i == "train_images/s") r = $(i+1) } } END { sub("%", "", a); print a, r }' "$log"
 }
@@ -132,7 +135,8 @@ for seed in $SEEDS; do
   echo "b $seed $acc $ips" >> "$WORK/results"
   echo "(b) services   seed $seed: test acc $acc%  student images/s $ips  ($N_TEACHERS teachers;" \
        "$(grep -o 'distill answered=.*' "$WORK/b.$seed.log"))"
-  read -r acc ips < <(student "$WORK/c.$seed.log" --seed "$seed" "${LOCAL[@]}")
+  read -r acc ips < <(RUN_CPUS="$STUDENT_CPUS,$TEACHER_CPUS" RUN_THREADS=$((n_student_cpus + n_teacher_cpus)) \
+                      student "$WORK/c.$seed.log" --seed "$seed" "${LOCAL[@]}")
   echo "c $seed $acc $ips" >> "$WORK/results"
   echo "(c) same proc  seed $seed: test acc $acc%  student images/s $ips"
 done
@@ -164,7 +168,8 @@ fi  # ONLY_KILL
 # ---- a teacher SIGKILLed mid-epoch (2 teachers; a third one joins)
 stop_teachers
 start_teacher t1; start_teacher t2
-taskset -c "$STUDENT_CPUS" "$EDL" train "${STUDENT[@]}" --seed "$seed" "${DISTILL[@]}" --log_every 2 \
+taskset -c "$STUDENT_CPUS" "$EDL" train "${STUDENT[@]}" --threads "$n_student_cpus" --seed "$seed" \
+  "${DISTILL[@]}" --log_every 2 \
   > "$WORK/kill.log" 2>&1 &
 student_pid=$!; PIDS+=($student_pid)
 steps_per_epoch=$(( ( ${TRAIN_SAMPLES/#0/60000} + BATCH - 1 ) / BATCH ))

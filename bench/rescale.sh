@@ -19,8 +19,12 @@
 # (`edl server` and both `edl client`s for the runtime; `edl launch` for the launch runs; user +
 # system from /proc, sampled while they run) are reported too. The machine's load average is
 # printed at the start and the end, next to the figures.
-# Then the real reference, torchrun restarting every worker (bench/torchrun_restart.py; needs
-# python3-torch, TORCHRUN_KILLS=0 skips it): RESULT stall_<kind>_vs_torchrun_s lines. Each kind
+# Then the real reference, torchrun restarting every worker after a kill (bench/torchrun_restart.py;
+# needs python3-torch, TORCHRUN_KILLS=0 skips it), twice: with torchrun's defaults (monitor
+# interval 5 s in torch 1.13, c10d last_call_timeout 30 s) and tuned (TORCHRUN_MONITOR_S, default
+# 0.5 s; last_call_timeout 1 s): RESULT stall_<kind>_vs_torchrun_{tuned,default}_s lines. Only the
+# failure rows are like for like (a kill against a kill); torchrun has no planned resize, so for
+# shrink and grow its restart after a kill stands in for what a change of size costs there. Each kind
 # also prints the median of each phase of its stall (docs/ARCHITECTURE.md, "The stall and its
 # phases").
 # Takes ~10 min for CYCLES=10 on 2 cores. Usage: bench/rescale.sh [BUILD_DIR] (default build).
@@ -104,13 +108,20 @@ run_job stopresume "0 set 4\n$sr" 4 24 --checkpoint_dir "$WORK/ckpt" --checkpoin
 # (4 x 16) and threads under Debian's torchrun, checkpoint every 5 steps, a worker SIGKILLed
 # TORCHRUN_KILLS times; torchrun restarts every worker (bench/torchrun_restart.py).
 if [ "${TORCHRUN_KILLS:-3}" -gt 0 ] && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  echo "torchrun restart-all reference: ${TORCHRUN_KILLS:-3} kills" >&2
-  mkdir -p "$WORK/torchrun"
-  /usr/bin/python3 "$(dirname "$0")/torchrun_restart.py" --work "$WORK/torchrun" --out "$WORK/torchrun/result.json" \
-    --script "$(dirname "$0")/../examples/pytorch/train_ddp.py" --kills "${TORCHRUN_KILLS:-3}" \
-    --monitor_interval "${TORCHRUN_MONITOR_S:-0}" -- --train_samples 2048 --batch_size 64 \
-    --lr_decay constant --threads 1 --test_samples 0 --steps 100000 --checkpoint_every 5 \
-    || echo "torchrun reference failed: $(tail -5 "$WORK/torchrun/torchrun.log" 2>/dev/null)" >&2
+  # name, monitor interval (0: torchrun's default), last_call_timeout (30 s: c10d's default)
+  for cfg in "tuned ${TORCHRUN_MONITOR_S:-0.5} 1" "default 0 30"; do
+    read -r name monitor last_call <<<"$cfg"
+    shown=$monitor; [ "$monitor" = 0 ] && shown="torchrun's default"
+    echo "torchrun restart-all reference, $name (monitor_interval $shown, last_call_timeout" \
+         "$last_call s): ${TORCHRUN_KILLS:-3} kills" >&2
+    mkdir -p "$WORK/torchrun_$name"
+    /usr/bin/python3 "$(dirname "$0")/torchrun_restart.py" --work "$WORK/torchrun_$name" \
+      --out "$WORK/torchrun_$name/result.json" --script "$(dirname "$0")/../examples/pytorch/train_ddp.py" \
+      --kills "${TORCHRUN_KILLS:-3}" --monitor_interval "$monitor" --last_call_s "$last_call" -- \
+      --train_samples 2048 --batch_size 64 --lr_decay constant --threads 1 --test_samples 0 \
+      --steps 100000 --checkpoint_every 5 \
+      || echo "torchrun reference ($name) failed: $(tail -5 "$WORK/torchrun_$name/torchrun.log" 2>/dev/null)" >&2
+  done
 else
   echo "torchrun reference skipped (TORCHRUN_KILLS=0 or no python3-torch)" >&2
 fi
@@ -198,16 +209,18 @@ resume = adj
 base = statistics.median(resume) if resume else float("nan")
 print(f"steady step {step_s:.4f} s; stop-resume events without backoff {len(resume)}: "
       f"{[round(r, 2) for r in resume]} (steps redone after the checkpoint: {redone})")
-try:
-    tr = json.load(open(f"{work}/torchrun/result.json"))
-except (FileNotFoundError, ValueError):
-    tr = {"stalls": []}
-tref = statistics.median(tr["stalls"]) if tr["stalls"] else float("nan")
-if tr["stalls"]:
-    print(f"torchrun {tr['torch']} restart-all stalls {[round(x, 2) for x in tr['stalls']]} s, median "
-          f"{tref:.2f} s; its steady step {tr['steady_step_s']:.4f} s; worker start to first step "
-          f"{[round(x, 2) for x in tr['start_to_first_step_s']]} s; monitor_interval "
-          f"{tr['monitor_interval_s']}, rendezvous last_call_timeout {tr.get('last_call_s')} s")
+tref = {}  # "tuned" / "default": median restart-all stall of that torchrun configuration
+for name in ("tuned", "default"):
+    try:
+        tr = json.load(open(f"{work}/torchrun_{name}/result.json"))
+    except (FileNotFoundError, ValueError):
+        tr = {"stalls": []}
+    tref[name] = statistics.median(tr["stalls"]) if tr["stalls"] else float("nan")
+    if tr["stalls"]:
+        print(f"torchrun {tr['torch']} ({name}) restart-all stalls {[round(x, 2) for x in tr['stalls']]} s, "
+              f"median {tref[name]:.2f} s; its steady step {tr['steady_step_s']:.4f} s; worker start to "
+              f"first step {[round(x, 2) for x in tr['start_to_first_step_s']]} s; monitor_interval "
+              f"{tr['monitor_interval_s']}, rendezvous last_call_timeout {tr.get('last_call_s')} s")
 # The breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): the trainer's additive phases,
 # plus detection (failure: the server's `kill` to its failure generation record) and decision and
 # push (the generation record to the trainer's seen_time), joined on the generation number.
@@ -241,7 +254,12 @@ for kind in ("shrink", "grow", "failure"):
           " ".join(f"{p[:-2]}={med[p]:.4f}" for p in PHASES if p in med))
     print(f"RESULT stall_{kind}_s ours={m:.3f}s ref={base:.3f}s ratio={base / m:.1f}")
     print(f"RESULT stall_{kind}_steps ours={m / step_s:.2f}steps ref={base / step_s:.2f}steps ratio={base / m:.1f}")
-    print(f"RESULT stall_{kind}_vs_torchrun_s ours={m:.3f}s ref={tref:.3f}s ratio={tref / m:.1f}")
+    like = ("like for like: a kill against a kill" if kind == "failure" else
+            "not like for like: a planned change against torchrun's restart after a kill, "
+            "torchrun having no planned resize")
+    for name in ("tuned", "default"):
+        print(f"RESULT stall_{kind}_vs_torchrun_{name}_s ours={m:.3f}s ref={tref[name]:.3f}s "
+              f"ratio={tref[name] / m:.1f} ({like})")
 
 def images_per_s(path, first_step=6):
     t = {}

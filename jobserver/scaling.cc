@@ -1,6 +1,7 @@
 #include "jobserver/scaling.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -12,8 +13,10 @@ namespace edl::jobserver {
 
 std::string ScaleEvent::ToString() const {
   static const char* kNames[] = {"set", "add", "remove", "kill", "repeat", "kill all", "teachers"};
-  if (op == Op::kTeachers) return std::to_string(static_cast<double>(at_us) * 1e-6) + " teachers " + service + " " + std::to_string(n);
-  return std::to_string(static_cast<double>(at_us) * 1e-6) + " " + kNames[static_cast<int>(op)] +
+  const std::string when = at_step >= 0 ? std::string(step_relative ? "step +" : "step ") + std::to_string(at_step)
+                                         : std::to_string(static_cast<double>(at_us) * 1e-6);
+  if (op == Op::kTeachers) return when + " teachers " + service + " " + std::to_string(n);
+  return when + " " + kNames[static_cast<int>(op)] +
          (op == Op::kRepeat || op == Op::kKillAll ? "" : " " + std::to_string(n));
 }
 
@@ -22,7 +25,9 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
   std::istringstream in(text);
   std::string line;
   int lineno = 0;
-  int64_t last = 0;
+  int64_t last = 0;       // the latest time of a timed line
+  int64_t last_step = 0;  // the latest step of a step line
+  bool stepped = false;   // a step line was seen
   bool repeated = false;
   while (std::getline(in, line)) {
     ++lineno;
@@ -33,17 +38,44 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
     if (!(ls >> t)) continue;
     const std::string where = source + ":" + std::to_string(lineno) + ": ";
     if (repeated) return Status::InvalidArgument(where + "nothing may follow 'repeat'");
-    if (!(ls >> cmd)) return Status::InvalidArgument(where + "expected '<seconds> <command> [N]'");
     char* end = nullptr;
-    const double secs = std::strtod(t.c_str(), &end);
-    if (*end != '\0' || !std::isfinite(secs) || secs < 0 || secs > 1e7) {
-      return Status::InvalidArgument(where + "time '" + t + "' is not a number of seconds >= 0");
-    }
     ScaleEvent e;
-    e.at_us = static_cast<int64_t>(secs * 1e6);
-    if (e.at_us < last) return Status::InvalidArgument(where + "times must not go backwards");
-    last = e.at_us;
+    if (t == "step") {
+      // `step N <command>`: due once the job reached step N; `step +N`: N steps after the line above.
+      std::string n;
+      ls >> n;
+      e.step_relative = !n.empty() && n[0] == '+';
+      const std::string digits = e.step_relative ? n.substr(1) : n;
+      const long long step = std::strtoll(digits.c_str(), &end, 10);
+      if (digits.empty() || !std::isdigit(static_cast<unsigned char>(digits[0])) || *end != '\0' ||
+          step > 1'000'000'000'000LL) {
+        return Status::InvalidArgument(where + "step '" + n.substr(0, 32) + "' is not an integer >= 0 nor +N");
+      }
+      if (!e.step_relative && step < last_step) {
+        return Status::InvalidArgument(where + "steps must not go backwards");
+      }
+      e.at_step = step;
+      if (!e.step_relative) last_step = step;
+      e.at_us = last;  // keeps at_us ordered for the readers of timed events
+      stepped = true;
+    } else {
+      const double secs = std::strtod(t.c_str(), &end);
+      if (*end != '\0' || !std::isfinite(secs) || secs < 0 || secs > 1e7) {
+        return Status::InvalidArgument(where + "time '" + t.substr(0, 32) +
+                                       "' is not a number of seconds >= 0 nor 'step N'");
+      }
+      e.at_us = static_cast<int64_t>(secs * 1e6);
+      if (e.at_us < last) return Status::InvalidArgument(where + "times must not go backwards");
+      last = e.at_us;
+    }
+    if (!(ls >> cmd)) {
+      return Status::InvalidArgument(where + "expected '<seconds> <command> [N]' or 'step <N> <command> [N]'");
+    }
     if (cmd == "repeat") {
+      if (e.at_step >= 0 || stepped) {
+        return Status::InvalidArgument(where + "'repeat' in a script with step lines (steps do not repeat; "
+                                       "write the events out)");
+      }
       if (e.at_us == 0) return Status::InvalidArgument(where + "'repeat' needs a time > 0");
       e.op = ScaleEvent::Op::kRepeat;
       repeated = true;
@@ -106,8 +138,19 @@ Status ScalingScript::Load(const std::string& path, ScalingScript* out) {
 
 std::vector<ScaleEvent> ScalingScript::Poll(int64_t elapsed_us) {
   std::vector<ScaleEvent> due;
-  while (next_ < events_.size() && offset_us_ + events_[next_].at_us <= elapsed_us) {
+  if (rebase_) {
+    base_step_ = std::max<int64_t>(0, step_);
+    rebase_ = false;
+  }
+  while (next_ < events_.size()) {
+    const ScaleEvent& next = events_[next_];
+    if (next.step_relative && !due.empty()) break;  // counts from the next poll (see Poll)
+    if (next.at_step >= 0 ? step_ < (next.step_relative ? base_step_ : 0) + next.at_step
+                          : offset_us_ + next.at_us > elapsed_us) {
+      break;
+    }
     ScaleEvent e = events_[next_++];
+    if (e.op != ScaleEvent::Op::kRepeat) rebase_ = true;
     if (e.op == ScaleEvent::Op::kRepeat) {
       offset_us_ += e.at_us;
       next_ = 0;

@@ -5,19 +5,29 @@
 // pauses while a grow is being prepared (joiners loading): an event never cuts a join short.
 //
 // Script format (one event per line, '#' starts a comment; see config/*.script):
-//   <seconds>  set N      desired size := N
-//   <seconds>  add K      desired size += K
-//   <seconds>  remove K   desired size -= K
-//   <seconds>  kill K     SIGKILL K running trainers (rehearses failures; they are grown back).
+//   <when> <command>, <when> being either
+//   <seconds>             on the scaling clock above, or
+//   step <N>              once a trainer of the job has reported step N (its progress reports,
+//                         every --log_every steps), or
+//   step +<N>             once the job trained N steps more than when the line above took effect
+//                         (counted from the first poll after it: a grow's joiners were ready then).
+// Step lines land at the same point of training on a fast machine and a slow one (the demo
+// test's script keys on them); a relative one also keeps its distance from a hot join however
+// long the joiners took to start.
+// Events happen in the order written: an event waits for every one above it. Times never go
+// backwards among the timed lines, nor steps among the step lines. Commands:
+//   set N                 desired size := N
+//   add K                 desired size += K
+//   remove K              desired size -= K
+//   kill K                SIGKILL K running trainers (rehearses failures; they are grown back).
 //                         Each death is noticed on its own, so survivors may re-form in between.
-//   <seconds>  kill all   SIGKILL every running trainer in one step: the server commits the empty
+//   kill all              SIGKILL every running trainer in one step: the server commits the empty
 //                         failure generation at once (nobody re-forms in between), then restarts
 //                         the job from its latest checkpoint (the stop-resume baseline)
-//   <seconds>  teachers SERVICE N
-//                         desired teacher count of inference service SERVICE := N (0..1024), as
+//   teachers SERVICE N    desired teacher count of inference service SERVICE := N (0..1024), as
 //                         `edl ctl scale SERVICE N` (README, "Distillation")
-//   <seconds>  repeat     start over from the top, shifted by <seconds>
-// Times are non-decreasing; `repeat` is last and later than 0.
+//   repeat                start over from the top, shifted by <seconds>
+// `repeat` is last, timed and later than 0, in a script without step lines (steps do not repeat).
 //
 // Thread-safety: none (one owner).
 #pragma once
@@ -36,7 +46,9 @@ struct ScaleEvent {
   Op op = Op::kSet;
   int n = 0;
   std::string service;  // kTeachers: a valid name (proto::IsValidName)
-  int64_t at_us = 0;
+  int64_t at_us = 0;     // timed: due at this scaling-clock time (repetitions shifted)
+  int64_t at_step = -1;  // >= 0: a step line, due once the job reached this step (at_us unused)
+  bool step_relative = false;  // `step +N`: at_step counts from where the line above took effect
   std::string ToString() const;
 };
 
@@ -46,8 +58,14 @@ class ScalingScript {
   static Status Parse(const std::string& text, const std::string& source, ScalingScript* out);
   static Status Load(const std::string& path, ScalingScript* out);
 
-  // Events due at or before `elapsed_us` not returned before (a `repeat` is expanded, never returned).
+  // Events due at or before `elapsed_us` (or, step lines, at or before the highest step observed)
+  // not returned before, in order (a `repeat` is expanded, never returned). The server polls only
+  // while no change is being prepared, so a `step +N` line counts from the first poll after the
+  // previous event: for a grow, once its joiners were ready.
   std::vector<ScaleEvent> Poll(int64_t elapsed_us);
+  // A trainer of the job reported `step` (the server calls it with every progress report; a
+  // restarted server learns it again from the next reports). Only ever raises the step.
+  void ObserveStep(int64_t step) { step_ = std::max(step_, step); }
   const std::vector<ScaleEvent>& events() const { return events_; }
   // Where Poll stands, to resume it in a restarted server (jobserver/STATE.md): the next event's
   // index and the shift of the current repetition. Resume clamps an index past the end.
@@ -62,6 +80,9 @@ class ScalingScript {
   std::vector<ScaleEvent> events_;
   size_t next_ = 0;
   int64_t offset_us_ = 0;
+  int64_t step_ = -1;  // the highest step observed
+  int64_t base_step_ = 0;  // where a `step +N` line counts from
+  bool rebase_ = true;     // the next Poll sets base_step_ (the first one, and after an event)
 };
 
 // PaddlePaddle EDL demo policy, with the meaning its collective demo's job server gave the flags:

@@ -601,6 +601,7 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
     cluster_.TrainerReady(ready.trainer_id, peer->node, ready.generation);
   } else if (type == proto::msg::kProgress) {
     cluster_.Progress(job, progress.trainer_id, progress.report);  // kept for live trainers only
+    if (script_ && job == options_.id) script_->ObserveStep(progress.report.step);  // `step N` lines (scaling.h)
     status_dirty_ = true;
   } else {
     OnEvent(peer, event, job);

@@ -7,6 +7,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake pkg-config git
+  ccache   # the Makefile compiles through it when present: a rebuild of an unchanged file is a cache hit
   clang libclang-rt-14-dev llvm   # make test's ASan/UBSan/TSan trees, libFuzzer, llvm-symbolizer
   libboost-dev libboost-program-options-dev libboost-filesystem-dev libboost-system-dev
   libgoogle-glog-dev libgflags-dev

@@ -1,9 +1,17 @@
-// Helpers shared by every test: Status assertions, scratch directories, paths to the built binary.
+// Helpers shared by every test: Status assertions, scratch directories, paths to the built binary,
+// and the check for sanitizer reports in the logs of the processes a test started.
+//
+// Thread-safety: ScratchDir and the sanitizer checks from one test thread.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -34,8 +42,57 @@ inline std::string EdlBinary() { return FromEnv("EDL_BINARY", EDL_BINARY); }
 inline std::string SourceDir() { return FromEnv("EDL_SOURCE_DIR", EDL_SOURCE_DIR); }
 inline std::string BuildDir() { return FromEnv("EDL_BUILD_DIR", EDL_BUILD_DIR); }
 
+// What a sanitizer report starts with (ASan, LSan, TSan, UBSan), '|' between markers: set once in
+// tests/CMakeLists.txt, which also fails a test whose own output holds one.
+inline std::vector<std::string> SanitizerMarkers() {
+  std::vector<std::string> out;
+  std::stringstream in(EDL_SANITIZER_MARKERS);
+  for (std::string m; std::getline(in, m, '|');) out.push_back(m);
+  return out;
+}
+
+// The first sanitizer report in `text` with the lines after it (about 3000 bytes); "" if none.
+inline std::string SanitizerReport(const std::string& text) {
+  size_t first = std::string::npos;
+  for (const std::string& m : SanitizerMarkers()) first = std::min(first, text.find(m));
+  if (first == std::string::npos) return "";
+  const size_t line = text.rfind('\n', first);
+  const size_t from = line == std::string::npos ? 0 : line + 1;
+  return text.substr(from, 3000);
+}
+
+// Adds a test failure naming `path` (and `who` wrote it) when the file holds a sanitizer report.
+// A file is reported once per test process (a log several processes append to, a scratch
+// directory's sweep after the process's own check).
+inline void ExpectNoSanitizerReport(const std::string& path, const std::string& who) {
+  static std::set<std::string> reported;
+  if (reported.count(path) > 0) return;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string report = SanitizerReport(ss.str());
+  if (report.empty()) return;
+  reported.insert(path);
+  ADD_FAILURE() << "sanitizer report in " << path << " (" << who << "):\n" << report;
+}
+
+// Every log-like file under `dir` (*.log, *.out, *.err, *.txt: the logs of the processes a test
+// started, the trainers' and teachers' under a client's --log_dir included) checked as above.
+inline void ExpectNoSanitizerReportUnder(const std::string& dir) {
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    const std::string ext = it->path().extension().string();
+    if (it->is_regular_file(ec) && (ext == ".log" || ext == ".out" || ext == ".err" || ext == ".txt")) {
+      ExpectNoSanitizerReport(it->path().string(), "a log in the test's scratch directory");
+    }
+  }
+}
+
 // A fresh directory under $TMPDIR (or /tmp), removed when the object goes out of scope unless
-// EDL_KEEP_TEST_DIRS is set (for post-mortems).
+// EDL_KEEP_TEST_DIRS is set (for post-mortems). Before that, the logs in it are checked for
+// sanitizer reports (ExpectNoSanitizerReportUnder): every process a test starts logs there.
 class ScratchDir {
  public:
   explicit ScratchDir(const std::string& tag = "edl") {
@@ -46,6 +103,7 @@ class ScratchDir {
     path_ = tmpl;
   }
   ~ScratchDir() {
+    ExpectNoSanitizerReportUnder(path_);
     if (std::getenv("EDL_KEEP_TEST_DIRS") == nullptr) {
       std::error_code ec;
       std::filesystem::remove_all(path_, ec);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <map>
 #include <random>
@@ -76,6 +77,8 @@ const char* VariantName(Variant v) {
   switch (v) {
     case Variant::kStatic:
       return "static";
+    case Variant::kStaticEasy:
+      return "static_easy";
     case Variant::kElastic:
       return "elastic";
     case Variant::kFull:
@@ -92,6 +95,111 @@ double OfferedLoad(const std::vector<TraceJob>& trace, int total_slots) {
   return span <= 0 ? 0 : demand / (total_slots * span);
 }
 
+namespace {
+
+// Means, makespan and utilisation from the jobs' outcomes and the slot-time they held.
+void Summarize(int total_slots, double slot_us, SimResult* out) {
+  const size_t n = out->jobs.size();
+  int64_t first = n == 0 ? 0 : out->jobs.front().arrival_us, last = first;
+  double pending = 0, jct = 0;
+  for (const JobOutcome& j : out->jobs) {
+    pending += (j.start_us - j.arrival_us) * 1e-6;
+    jct += (j.finish_us - j.arrival_us) * 1e-6;
+    last = std::max(last, j.finish_us);
+  }
+  if (n > 0) {
+    out->mean_pending_s = pending / n;
+    out->mean_jct_s = jct / n;
+  }
+  out->makespan_s = (last - first) * 1e-6;
+  out->utilisation = out->makespan_s > 0 ? slot_us * 1e-6 / (total_slots * out->makespan_s) : 0;
+}
+
+// The static_easy variant (sched_sim.h): every job at its requested size for start_s + its
+// duration; FIFO with EASY backfilling over one pool of slots.
+Status SimulateEasyBackfill(const std::vector<TraceJob>& trace, const SimOptions& o, SimResult* out) {
+  const size_t n = trace.size();
+  const int total = o.nodes * o.slots_per_node;
+  out->jobs.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    out->jobs[i].arrival_us = trace[i].arrival_us;
+    if (trace[i].requested > total) {
+      return Status::FailedPrecondition("job " + trace[i].name + " needs " + std::to_string(trace[i].requested) +
+                                        " slots; the cluster has " + std::to_string(total));
+    }
+  }
+  auto run_us = [&](size_t i) {
+    return static_cast<int64_t>(std::ceil((o.model.start_s + trace[i].duration_s) * 1e6));
+  };
+  std::deque<size_t> queue;
+  std::vector<size_t> running;
+  int free = total;
+  size_t next = 0, done = 0;
+  int64_t now = 0;
+  double slot_us = 0;
+  auto start = [&](size_t i) {
+    out->jobs[i].start_us = now;
+    out->jobs[i].finish_us = now + run_us(i);
+    free -= trace[i].requested;
+    running.push_back(i);
+  };
+  while (done < n) {
+    int64_t t = std::numeric_limits<int64_t>::max();
+    if (next < n) t = trace[next].arrival_us;
+    for (size_t i : running) t = std::min(t, out->jobs[i].finish_us);
+    slot_us += static_cast<double>(total - free) * (t - now);
+    now = t;
+    ++out->steps;
+    for (auto it = running.begin(); it != running.end();) {
+      if (out->jobs[*it].finish_us <= now) {
+        free += trace[*it].requested;
+        ++done;
+        it = running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    while (next < n && trace[next].arrival_us <= now) queue.push_back(next++);
+    while (!queue.empty() && trace[queue.front()].requested <= free) {
+      start(queue.front());
+      queue.pop_front();
+    }
+    if (!queue.empty()) {
+      // The head's reservation: the earliest end after which enough slots are free (shadow), and
+      // the slots it leaves spare then (extra).
+      const int need = trace[queue.front()].requested;
+      std::vector<std::pair<int64_t, int>> ends;
+      for (size_t i : running) ends.emplace_back(out->jobs[i].finish_us, trace[i].requested);
+      std::sort(ends.begin(), ends.end());
+      int avail = free;
+      int64_t shadow = now;
+      for (const auto& [end, slots] : ends) {
+        if (avail >= need) break;
+        avail += slots;
+        shadow = end;
+      }
+      int extra = avail - need;
+      for (auto it = queue.begin() + 1; it != queue.end();) {
+        const size_t i = *it;
+        const int req = trace[i].requested;
+        const bool ends_first = now + run_us(i) <= shadow;
+        if (req <= free && (ends_first || req <= extra)) {
+          if (!ends_first) extra -= req;
+          start(i);
+          it = queue.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    out->max_used_slots = std::max(out->max_used_slots, total - free);
+  }
+  Summarize(total, slot_us, out);
+  return Status::OK();
+}
+
+}  // namespace
+
 Status Simulate(const std::vector<TraceJob>& trace, const SimOptions& o, SimResult* out) {
   *out = SimResult();
   for (size_t i = 1; i < trace.size(); ++i) {
@@ -100,6 +208,7 @@ Status Simulate(const std::vector<TraceJob>& trace, const SimOptions& o, SimResu
                                      ")");
     }
   }
+  if (o.variant == Variant::kStaticEasy) return SimulateEasyBackfill(trace, o, out);
   ManualClock clock(0);
   jobserver::ClusterPolicyOptions po;
   po.min_change_interval_us = o.min_change_interval_us;
@@ -235,19 +344,7 @@ Status Simulate(const std::vector<TraceJob>& trace, const SimOptions& o, SimResu
     out->max_used_slots = std::max(out->max_used_slots, used);
   }
 
-  int64_t first = trace.empty() ? 0 : trace.front().arrival_us, last = first;
-  double pending = 0, jct = 0;
-  for (const JobOutcome& j : out->jobs) {
-    pending += (j.start_us - j.arrival_us) * 1e-6;
-    jct += (j.finish_us - j.arrival_us) * 1e-6;
-    last = std::max(last, j.finish_us);
-  }
-  if (n > 0) {
-    out->mean_pending_s = pending / n;
-    out->mean_jct_s = jct / n;
-  }
-  out->makespan_s = (last - first) * 1e-6;
-  out->utilisation = out->makespan_s > 0 ? slot_us * 1e-6 / (total_slots * out->makespan_s) : 0;
+  Summarize(total_slots, slot_us, out);
   return Status::OK();
 }
 

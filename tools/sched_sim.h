@@ -27,9 +27,18 @@
 // uniform and Box-Muller transforms, so the trace does not depend on the standard library.
 //
 // Variants, on the same trace:
-//  - static: every job restart mode at its requested size, FIFO, no preemption (the baseline);
+//  - static: every job restart mode at its requested size, FIFO, no preemption, through the
+//    policy (a job that does not fit blocks the queue behind it);
+//  - static_easy: every job at its requested size, FIFO with EASY backfilling (Lifka 1995; what
+//    Slurm's backfill scheduler does): when the queue's head does not fit it gets a reservation at
+//    the earliest time enough slots free up, and a later job starts now if it fits and either ends
+//    by then or uses only slots the head will not need. Run times are known exactly (the
+//    reference's best case: real estimates are padded). Its own loop, not the policy; slots are
+//    one pool, as the policy places a job's trainers on any nodes with free slots;
 //  - elastic: jobs as traced, started at min and grown into free slots, never shrunk for others;
 //  - full: the whole policy (priority preemption toward min, fair share, rate limit).
+// The elastic variants may run an elastic job above its requested size (up to max = 2 x
+// requested): headroom the static variants, at the requested size, never use.
 #pragma once
 
 #include <cstdint>
@@ -67,7 +76,7 @@ struct ThroughputModel {
   double Speed(int n) const;  // work units per second on n trainers
 };
 
-enum class Variant { kStatic, kElastic, kFull };
+enum class Variant { kStatic, kStaticEasy, kElastic, kFull };
 const char* VariantName(Variant v);
 
 struct SimOptions {

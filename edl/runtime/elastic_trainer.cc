@@ -239,7 +239,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       Event({{"event", "leave"}, {"generation", target.number}, {"step", state_.step}});
       return Status::OK();
     }
-    const int64_t t_build = clock_->NowMicros();
+    const int64_t t_build = phases_.mark_us > 0 ? phases_.mark_us : clock_->NowMicros();
     StatusOr<std::unique_ptr<Communicator>> comm{Status::Unavailable("not built")};
     phases_.prepared = TakePrepared(&target, &comm);
     bool shrunk = false;
@@ -286,7 +286,8 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     } else {
       EDL_RETURN_IF_ERROR(WaitNewer(target.number, &next));
     }
-    phases_.wait_gen_us += clock_->NowMicros() - t_wait;
+    phases_.mark_us = clock_->NowMicros();
+    phases_.wait_gen_us += phases_.mark_us - t_wait;
     target = next;
   }
 }
@@ -569,7 +570,8 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
             << " after step " << state_.step;
   // Everything up to the re-form but the wait (the log line included: it may block on a loaded
   // machine, and the phases must cover the stall).
-  phases_.agree_us = clock_->NowMicros() - last_step_end_us_ - phases_.wait_gen_us;
+  phases_.mark_us = clock_->NowMicros();
+  phases_.agree_us = phases_.mark_us - last_step_end_us_ - phases_.wait_gen_us;
   return Reform(latest);
 }
 
@@ -590,7 +592,8 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   if (!membership_->Latest(&next) || next.number <= failed_gen) {
     EDL_RETURN_IF_ERROR(WaitNewer(failed_gen, &next));
   }
-  phases_.wait_gen_us += clock_->NowMicros() - failed_at;
+  phases_.mark_us = clock_->NowMicros();
+  phases_.wait_gen_us += phases_.mark_us - failed_at;
   return Reform(next);
 }
 

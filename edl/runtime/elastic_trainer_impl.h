@@ -146,6 +146,9 @@ class ElasticTrainer::Impl {
     int64_t reform_us = 0;    // closing the old communicator and building the new one(s)
     int64_t sync_us = 0;      // state sync: the root's agreement and the broadcasts
     int64_t sync_end_us = 0;  // when the last sync ended (the first step starts there)
+    int64_t mark_us = 0;      // the clock reading that ended the latest phase (0: none yet): the
+                              // next phase starts at it, so the phases are contiguous and add up
+                              // to the stall exactly, whatever preemption lands between them
     int attempts = 0;         // communicators built (> 1: superseded or failed meanwhile)
     bool prepared = false;    // the last one was built ahead, while training (make-before-break)
   } phases_;

@@ -30,26 +30,21 @@ constexpr milliseconds kStepTimeout{240000};
 
 class InstallTest : public ::testing::Test {
  protected:
-  // One install for every test: into stage/, then moved to moved/edl (a different path and depth).
-  static void SetUpTestSuite() {
-    dir_ = new test::ScratchDir("edl-install");
-    const std::string log = dir_->Join("install.log");
-    install_rc_ = RunCommand({EDL_CMAKE, "--install", test::BuildDir(), "--prefix", dir_->Join("stage")},
-                             log, kStepTimeout);
-    if (install_rc_ == 0) {
-      fs::create_directories(dir_->Join("moved"));
-      fs::rename(dir_->Join("stage"), Prefix());
-    }
-  }
+  // One install for every case, made by the ctest fixture install_test.fixture (tests/install/
+  // CMakeLists.txt): into stage/, then moved to moved/edl (a different path and depth). Each case
+  // works in a scratch directory of its own.
+  static void SetUpTestSuite() { dir_ = new test::ScratchDir("edl-install"); }
   static void TearDownTestSuite() {
     delete dir_;
     dir_ = nullptr;
   }
   void SetUp() override {
-    ASSERT_EQ(install_rc_, 0) << "cmake --install failed:\n" << Slurp(dir_->Join("install.log"), 4000);
+    ASSERT_TRUE(fs::exists(Prefix() + "/bin/edl"))
+        << "no installed tree at " << Prefix() << ": run the test through ctest (ctest -R '^install_test\\.' "
+        << "runs the fixture install_test.fixture, `cmake --install` of this tree, first)";
   }
 
-  static std::string Prefix() { return dir_->Join("moved/edl"); }
+  static std::string Prefix() { return std::string(EDL_INSTALLED) + "/moved/edl"; }
   // The installed library directory (lib/, or lib/<multiarch> for the prefix /usr).
   static std::string LibDir() {
     for (const auto& e : fs::recursive_directory_iterator(Prefix())) {
@@ -83,11 +78,9 @@ class InstallTest : public ::testing::Test {
   }
 
   static test::ScratchDir* dir_;
-  static int install_rc_;
 };
 
 test::ScratchDir* InstallTest::dir_ = nullptr;
-int InstallTest::install_rc_ = -1;
 
 TEST_F(InstallTest, InstalledTreeRunsAfterBeingMoved) {
   const std::string lib = LibDir();

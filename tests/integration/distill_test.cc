@@ -190,7 +190,7 @@ TEST_F(DistillTest, TeachersComeAndGoWhileStudentsTrainAndReform) {
   ASSERT_GT(g1, 0) << Diagnostics();
   ASSERT_TRUE(WaitForMoreSteps(5)) << Diagnostics();
   // A teacher dies mid-epoch; another one joins the service.
-  ASSERT_EQ(::kill(t1->pid(), SIGKILL), 0);
+  t1->Kill(SIGKILL);
   auto t3 = StartTeacher("t3", dir_.Join("ckpt"));
   ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"t2", "t3"}; },
                       milliseconds(120000)))
@@ -358,7 +358,7 @@ TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
     return false;
   };
   ASSERT_TRUE(WaitFor(on_n2, milliseconds(60000))) << Diagnostics();
-  ASSERT_EQ(::kill(client2->pid(), SIGKILL), 0);
+  client2->Kill(SIGKILL);
   EXPECT_TRUE(WaitFor([&] { return !on_n2(); }, milliseconds(60000))) << "the killed client's teacher still runs";
   EXPECT_TRUE(WaitFor([&] { return TeacherPids(secret_).size() == 2 && ListedTeachers().size() == 2; },
                       milliseconds(60000)))

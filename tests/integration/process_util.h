@@ -1,5 +1,6 @@
-// Process and file helpers shared by the integration tests: child processes stopped by pid and
-// JSON-lines readers.
+// Process and file helpers shared by the integration tests (and every other test that starts a
+// process): child processes stopped by pid and checked for a clean exit and sanitizer reports,
+// and JSON-lines readers.
 //
 // Thread-safety: none; one test thread.
 #pragma once
@@ -18,12 +19,16 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+
+#include "tests/testutil.h"
 
 namespace edl::itest {
 
@@ -46,11 +51,19 @@ inline int FreePort() {
   return port;
 }
 
-// One child process in its own process group, stopped by pid (SIGTERM to the group, then SIGKILL)
-// when the object goes away.
+// One child process in its own process group, its stdout and stderr appended to `log`; stopped by
+// pid when the object goes away, and checked then (test failures):
+//  - how it ended: exit 0, or what the test declared (Kill(sig): by that signal; ExpectExit), or
+//    a status Wait() returned to the test (the test checks that one itself);
+//  - a process still running is stopped with SIGTERM (Stop) and must exit 0 within the grace,
+//    else it is SIGKILLed and the test fails (ExpectExit(128 + SIGTERM) for a program that dies
+//    of SIGTERM by design);
+//  - its log holds no sanitizer report (tests/testutil.h).
 class Proc {
  public:
-  Proc(std::vector<std::string> argv, const std::string& log, std::map<std::string, std::string> env = {}) {
+  Proc(std::vector<std::string> argv, const std::string& log, std::map<std::string, std::string> env = {})
+      : name_(argv.empty() ? "" : argv[0]), log_(log) {
+    for (size_t i = 1; i < argv.size() && i < 3; ++i) name_ += " " + argv[i];  // "edl server"
     pid_ = ::fork();
     if (pid_ == 0) {
       ::setpgid(0, 0);
@@ -66,42 +79,86 @@ class Proc {
       ::execv(args[0], args.data());
       _exit(127);
     }
+    // The parent too (either may run first), so that a signal to the group sent right away, as
+    // the destructor's Stop() may, finds the group (EACCES once the child has exec'd: it set it).
+    if (pid_ > 0) ::setpgid(pid_, pid_);
   }
-  ~Proc() { Stop(); }
+  ~Proc() {
+    Stop();
+    if (done_ && !seen_by_test_ && expected_.count(code_) == 0) {
+      ADD_FAILURE() << name_ << " (pid " << pid_ << ") ended with status " << code_
+                    << " (128+N: signal N), not 0 nor a status the test expected; log " << log_ << ":\n"
+                    << Tail();
+    }
+    test::ExpectNoSanitizerReport(log_, name_);
+  }
   Proc(const Proc&) = delete;
   Proc& operator=(const Proc&) = delete;
 
   // Waits up to `timeout` for the exit; returns the exit code, -1 on timeout, 128+sig if signalled.
+  // A status returned here is the caller's to check.
   int Wait(milliseconds timeout) {
+    const int code = Reap(timeout);
+    if (code >= 0) seen_by_test_ = true;
+    return code;
+  }
+  // Whether it still runs (reaps it when not, without handing the status to the test).
+  bool Running() { return Reap(milliseconds(0)) < 0; }
+
+  // SIGTERM to the group; SIGKILL if it has not exited after `grace` (a client stopping its
+  // trainers needs a few seconds; a loaded machine more). Checks, as the destructor does, that it
+  // exited 0 (or as ExpectExit said) by itself after the SIGTERM.
+  void Stop(milliseconds grace = milliseconds(60000)) {
+    if (pid_ <= 0 || Reap(milliseconds(0)) >= 0) return;
+    ::kill(-pid_, SIGTERM);
+    if (Reap(grace) < 0) {
+      ADD_FAILURE() << name_ << " (pid " << pid_ << ") still ran " << grace.count()
+                    << " ms after SIGTERM; SIGKILL. Log " << log_ << ":\n" << Tail();
+      ::kill(-pid_, SIGKILL);
+      Reap(milliseconds(10000));
+      seen_by_test_ = true;  // reported
+    }
+  }
+  // Sends `sig` to the process (not its group: a client's trainers run in groups of their own)
+  // and records that ending by it is expected. SIGSTOP/SIGCONT: use ::kill on pid().
+  void Kill(int sig) {
+    expected_.insert(128 + sig);
+    ::kill(pid_, sig);
+  }
+  // An exit status (128 + N: signal N) besides 0 that ends this process as the test intends.
+  void ExpectExit(int code) { expected_.insert(code); }
+  int pid() const { return pid_; }
+  const std::string& log() const { return log_; }
+
+ private:
+  int Reap(milliseconds timeout) {
     if (done_) return code_;
     const auto end = std::chrono::steady_clock::now() + timeout;
     while (true) {
       int st = 0;
-      if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      if (pid_ > 0 && ::waitpid(pid_, &st, WNOHANG) == pid_) {
         done_ = true;
         code_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
         return code_;
       }
-      if (std::chrono::steady_clock::now() >= end) return -1;
+      if (pid_ <= 0 || std::chrono::steady_clock::now() >= end) return -1;
       std::this_thread::sleep_for(milliseconds(20));
     }
   }
-  // SIGTERM to the group; SIGKILL if it has not exited after `grace` (a client stopping its
-  // trainers needs a few seconds).
-  void Stop(milliseconds grace = milliseconds(8000)) {
-    if (done_ || pid_ <= 0) return;
-    ::kill(-pid_, SIGTERM);
-    if (Wait(grace) < 0) {
-      ::kill(-pid_, SIGKILL);
-      Wait(milliseconds(5000));
-    }
+  std::string Tail() const {
+    std::ifstream in(log_);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string s = ss.str();
+    return s.size() > 4000 ? s.substr(s.size() - 4000) : s;
   }
-  int pid() const { return pid_; }
 
- private:
+  std::string name_, log_;
   pid_t pid_ = -1;
   bool done_ = false;
+  bool seen_by_test_ = false;
   int code_ = -1;
+  std::set<int> expected_ = {0};
 };
 
 // Runs argv to completion (at most `timeout`, then SIGKILL); returns its exit code, -1 on timeout.
@@ -170,7 +227,7 @@ inline std::string WaitForPortFile(const std::string& path, Proc* server,
       [&] {
         const std::string p = Slurp(path);
         if (!p.empty() && p.back() == '\n') port = p.substr(0, p.size() - 1);
-        return !port.empty() || server->Wait(milliseconds(0)) >= 0;
+        return !port.empty() || !server->Running();
       },
       timeout);
   return port;

@@ -321,8 +321,8 @@ TEST_F(ServerRestartTest, FinishedJobStaysFinishedAcrossClientAndServerRestarts)
   EXPECT_NE(out.find("finished"), std::string::npos) << out;
 
   // A restarted client is told the job is done and starts nothing.
-  ASSERT_EQ(::kill(c2->pid(), SIGKILL), 0);
-  c2->Wait(milliseconds(10000));
+  c2->Kill(SIGKILL);
+  ASSERT_EQ(c2->Wait(milliseconds(10000)), 128 + SIGKILL);
   c2 = StartClient("n2", "inplace", "", {}, finish);
   ASSERT_TRUE(WaitFor([&] { return told_done("n2") == 2; }, milliseconds(30000))) << Diagnostics();
   // So is every client of a restarted server.

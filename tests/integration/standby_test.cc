@@ -77,6 +77,8 @@ class StandbyTest : public itest::ControlPlaneHarness {
                                  "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
                                  "--initial-cluster", "edl-test=" + peer_url},
         dir_.Join("etcd.log"));
+    // etcd shuts down on SIGTERM and then re-raises it (Go's osutil.HandleInterrupts): it dies of it.
+    etcd_->ExpectExit(128 + SIGTERM);
     jobserver::EtcdClientOptions o;
     o.endpoints = {{"127.0.0.1", client_port}};
     client_ = std::make_unique<EtcdClient>(o);

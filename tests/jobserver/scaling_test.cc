@@ -68,10 +68,73 @@ TEST(ScalingScriptTest, TeachersSetsAServicesCount) {
   EXPECT_NE(ScalingScript::Parse("1 teachers kd 1x", "t.script", &s).message().find("0..1024"), std::string::npos);
 }
 
+// `step N` lines (the demo test's script): due once the job reached step N, whatever the clock
+// says; events stay in the order written, so a timed line after a step line waits for it.
+TEST(ScalingScriptTest, StepLinesWaitForTheJobsProgressInOrder) {
+  ScalingScript s;
+  ASSERT_OK(ScalingScript::Parse("0 set 4\nstep 30 set 2  # shrink\nstep 30 add 1\n5 kill 1\nstep 90 kill all\n",
+                                 "t.script", &s));
+  ASSERT_EQ(s.events().size(), 5u);
+  EXPECT_EQ(s.events()[1].at_step, 30);
+  EXPECT_EQ(s.events()[0].at_step, -1);
+  EXPECT_NE(s.events()[4].ToString().find("step 90 kill all"), std::string::npos) << s.events()[4].ToString();
+  ASSERT_EQ(s.Poll(0).size(), 1u);
+  EXPECT_TRUE(s.Poll(1'000'000'000).empty()) << "no step reported yet: time alone never fires a step line";
+  s.ObserveStep(29);
+  EXPECT_TRUE(s.Poll(1'000'000'000).empty());
+  s.ObserveStep(40);
+  s.ObserveStep(10);  // an older report (a restarted trainer) does not lower the step
+  auto due = s.Poll(1'000'000);
+  ASSERT_EQ(due.size(), 2u) << "both step-30 lines; the timed kill at 5 s waits for its time";
+  EXPECT_EQ(due[0].op, Op::kSet);
+  EXPECT_EQ(due[1].op, Op::kAdd);
+  due = s.Poll(5'000'000);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].op, Op::kKill);
+  EXPECT_TRUE(s.Poll(1'000'000'000).empty());
+  s.ObserveStep(90);
+  due = s.Poll(5'000'000);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].op, Op::kKillAll);
+  // `step +N` counts from the first poll after the line above took effect (the server does not poll
+  // while a grow's joiners start, however many steps the others train meanwhile).
+  ScalingScript rel;
+  ASSERT_OK(ScalingScript::Parse("step +10 set 2\nstep +0 add 1\nstep +20 kill 1\n", "t.script", &rel));
+  EXPECT_TRUE(rel.events()[2].step_relative);
+  EXPECT_NE(rel.events()[2].ToString().find("step +20 kill 1"), std::string::npos);
+  rel.ObserveStep(5);
+  EXPECT_TRUE(rel.Poll(0).empty()) << "the first poll sets the base: step 5";
+  rel.ObserveStep(14);
+  EXPECT_TRUE(rel.Poll(0).empty());
+  rel.ObserveStep(15);
+  due = rel.Poll(0);
+  ASSERT_EQ(due.size(), 1u) << "the +0 line waits for the next poll";
+  EXPECT_EQ(due[0].op, Op::kSet);
+  rel.ObserveStep(50);  // the server did not poll meanwhile (joiners starting)
+  due = rel.Poll(0);
+  ASSERT_EQ(due.size(), 1u);
+  EXPECT_EQ(due[0].op, Op::kAdd);
+  EXPECT_TRUE(rel.Poll(0).empty()) << "the poll after the grow took effect: counts from step 50";
+  rel.ObserveStep(69);
+  EXPECT_TRUE(rel.Poll(0).empty()) << "20 steps from step 50";
+  rel.ObserveStep(70);
+  EXPECT_EQ(rel.Poll(0).size(), 1u);
+  // Where Poll stands survives a server restart (Resume); the step comes back with the next report.
+  ScalingScript again;
+  ASSERT_OK(ScalingScript::Parse("0 set 4\nstep 30 set 2\n", "t.script", &again));
+  again.Resume(1, 0);
+  EXPECT_TRUE(again.Poll(1'000'000'000).empty());
+  again.ObserveStep(30);
+  EXPECT_EQ(again.Poll(0).size(), 1u);
+}
+
 TEST(ScalingScriptTest, RejectsBadLinesNamingThem) {
   const std::vector<std::string> bad = {"x set 1", "1 grow 2", "1 add", "1 add -1", "1 add 0",
                                         "2 set 1\n1 set 2", "0 repeat", "5 repeat\n6 set 1",
-                                        "1 set 2 3", "-1 set 1"};
+                                        "1 set 2 3", "-1 set 1", "step set 1", "step -1 set 1",
+                                        "step 2x set 1", "step 5 set 1\nstep 4 set 2", "step 5",
+                                        "step 5 set 1\n10 repeat", "step 1e3 set 1", "step + set 1",
+                                        "step +-2 set 1", "step +2\n"};
   for (const std::string& text : bad) {
     ScalingScript s;
     Status st = ScalingScript::Parse(text, "bad.script", &s);

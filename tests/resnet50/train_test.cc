@@ -126,7 +126,8 @@ TEST(TrainTest, DistillationAsksEveryStepAheadWithItsOwnEpochsSeed) {
 int RunEdlTrain(const std::vector<std::string>& args, std::string* err, std::string* out = nullptr,
                 const std::map<std::string, std::string>& env = {}) {
   test::ScratchDir dir("edltrain");
-  const std::string err_path = dir.Join("stderr"), out_path = dir.Join("stdout");
+  // *.log: the scratch directory's sanitizer check reads them (tests/testutil.h).
+  const std::string err_path = dir.Join("stderr.log"), out_path = dir.Join("stdout.log");
   const pid_t pid = fork();
   if (pid == 0) {
     FILE* f = std::freopen(err_path.c_str(), "w", stderr);

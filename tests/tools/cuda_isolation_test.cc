@@ -2,7 +2,9 @@
 // trainers map no CUDA library. An idle `edl server` and a CPU `edl train` are checked through
 // /proc/<pid>/maps while they run; short-lived roles (`edl ctl`, `--help` of the others) through
 // the dynamic loader's own trace (LD_DEBUG=libs), which names every library it initialises. Also
-// prints the idle server's resident set (README, "GPU trainers").
+// prints the idle server's resident set (README, "GPU trainers"). The isolation cases are compiled
+// only in a tree that builds the CUDA plugin (EDL_TREE_HAS_CUDA): without it nothing could map CUDA
+// and they could not fail. The refusals at the end hold in every tree.
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -52,6 +54,7 @@ class CudaIsolationTest : public ::testing::Test {
   std::string secret_;
 };
 
+#if EDL_TREE_HAS_CUDA
 TEST_F(CudaIsolationTest, IdleServerAndCtlMapNoCudaLibrary) {
   Proc server({test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1",
                "--port_file", dir_.Join("port"), "--secret_file", secret_, "--job_id", "iso",
@@ -93,17 +96,18 @@ TEST_F(CudaIsolationTest, CpuTrainerMapsNoCudaLibrary) {
               "--eval", "false", "--log_every", "1"},
              log);
   // The first progress line: the model, the data and the communicator are all up.
-  ASSERT_TRUE(WaitFor([&] { return Slurp(log).find(" loss ") != std::string::npos ||
-                                   train.Wait(milliseconds(0)) >= 0; },
+  ASSERT_TRUE(WaitFor([&] { return Slurp(log).find(" loss ") != std::string::npos || !train.Running(); },
                       milliseconds(240000)))
       << Slurp(log, 4000);
-  ASSERT_LT(train.Wait(milliseconds(0)), 0) << "edl train exited: " << Slurp(log, 4000);
+  ASSERT_TRUE(train.Running()) << "edl train exited: " << Slurp(log, 4000);
   const std::string maps = Slurp("/proc/" + std::to_string(train.pid()) + "/maps");
   ASSERT_NE(maps.find("libedl_resnet50.so"), std::string::npos) << "the maps were not read";
   EXPECT_EQ(CudaLibsIn(maps), "") << "a CPU trainer maps CUDA";
   EXPECT_NE(Slurp(log).find("comm gloo"), std::string::npos) << Slurp(log, 4000);
+  train.ExpectExit(128 + SIGTERM);  // a standalone `edl train` has no SIGTERM handler: it dies of it
   train.Stop();
 }
+#endif  // EDL_TREE_HAS_CUDA
 
 TEST_F(CudaIsolationTest, CudaTrainerWithoutThePluginFailsAtStartNamingTheFix) {
   const std::string log = dir_.Join("cuda.log");

@@ -40,7 +40,7 @@ TEST(SchedSimTest, EveryJobOfATinyTraceFinishesWithinTheSlotsInEveryVariant) {
   t.max_trainers = 16;
   const auto trace = GenerateTrace(t);
   ASSERT_EQ(trace.size(), 30u);
-  for (Variant v : {Variant::kStatic, Variant::kElastic, Variant::kFull}) {
+  for (Variant v : {Variant::kStatic, Variant::kStaticEasy, Variant::kElastic, Variant::kFull}) {
     SCOPED_TRACE(VariantName(v));
     SimResult r;
     // Simulate checks the policy's invariants and the slot count after every step itself.
@@ -49,7 +49,7 @@ TEST(SchedSimTest, EveryJobOfATinyTraceFinishesWithinTheSlotsInEveryVariant) {
     for (size_t i = 0; i < trace.size(); ++i) {
       EXPECT_GE(r.jobs[i].start_us, trace[i].arrival_us) << trace[i].name;
       EXPECT_GT(r.jobs[i].finish_us, r.jobs[i].start_us) << trace[i].name;
-      if (v == Variant::kStatic || !trace[i].elastic) {
+      if (v == Variant::kStatic || v == Variant::kStaticEasy || !trace[i].elastic) {
         EXPECT_EQ(r.jobs[i].resizes, 0) << trace[i].name;
       }
     }
@@ -57,7 +57,7 @@ TEST(SchedSimTest, EveryJobOfATinyTraceFinishesWithinTheSlotsInEveryVariant) {
     EXPECT_GT(r.max_used_slots, 0);
     EXPECT_GT(r.utilisation, 0);
     EXPECT_LE(r.utilisation, 1.0);
-    if (v == Variant::kStatic) {
+    if (v == Variant::kStatic || v == Variant::kStaticEasy) {
       EXPECT_EQ(r.resizes, 0);
     }
   }
@@ -92,6 +92,26 @@ TEST(SchedSimTest, AResizeCostsTheReformTime) {
   const double done = 70 * speed16 + 50 * speed12;
   const double expect = 210 + (work - done) / speed16;
   EXPECT_NEAR(r.jobs[0].finish_us * 1e-6, expect, 1e-3);
+}
+
+// EASY backfill on 16 slots: a holds 12 until 30 + 100 s; b (16) waits for it at the head and
+// reserves t = 130 s. c (4 slots) ends by then (30 + 50 s from t = 20): it starts at once; d (4
+// slots, long) would hold slots b needs at its reservation: it waits for b. FIFO (static) starts
+// neither before b.
+TEST(SchedSimTest, EasyBackfillStartsOnlyJobsThatDoNotDelayTheHead) {
+  const std::vector<TraceJob> trace = {Job("a", 0, 12, 12, 12, 100, false), Job("b", 10, 16, 16, 16, 100, false),
+                                       Job("c", 20, 4, 4, 4, 50, false), Job("d", 20, 4, 4, 4, 1000, false)};
+  SimResult easy, fifo;
+  ASSERT_OK(Simulate(trace, Tiny(Variant::kStaticEasy), &easy));
+  ASSERT_OK(Simulate(trace, Tiny(Variant::kStatic), &fifo));
+  EXPECT_EQ(easy.jobs[0].finish_us, 130'000'000);
+  EXPECT_EQ(easy.jobs[2].start_us, 20'000'000) << "c fits and ends by b's reservation";
+  EXPECT_EQ(easy.jobs[1].start_us, 130'000'000) << "b starts at its reservation";
+  EXPECT_EQ(easy.jobs[3].start_us, 260'000'000) << "d waits for b";
+  EXPECT_EQ(fifo.jobs[1].start_us, 130'000'000);
+  EXPECT_GE(fifo.jobs[2].start_us, 130'000'000) << "FIFO: c queues behind b";
+  EXPECT_LT(easy.mean_pending_s, fifo.mean_pending_s);
+  EXPECT_EQ(easy.max_used_slots, 16);
 }
 
 TEST(SchedSimTest, AJobLargerThanTheClusterIsReportedNotHung) {

@@ -323,12 +323,15 @@ TEST(RocksDbStoreTest, TakesBackDiskSpaceOfDroppedCheckpoints) {
 
 // ---- a writer process killed mid-save
 
+// Its output goes to <dir>.writer.log, beside the store in the test's scratch directory (checked for
+// sanitizer reports with the directory).
 pid_t StartWriter(const std::string& dir, int mb) {
+  const std::string log = dir + ".writer.log";
   pid_t pid = fork();
   if (pid == 0) {
-    int devnull = open("/dev/null", O_WRONLY);
-    dup2(devnull, 1);
-    dup2(devnull, 2);
+    int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    dup2(out, 1);
+    dup2(out, 2);
     execl(CKPT_BENCH, CKPT_BENCH, "writer", "--dir", dir.c_str(), "--mb", std::to_string(mb).c_str(),
           "--seconds", "600", static_cast<char*>(nullptr));
     _exit(127);

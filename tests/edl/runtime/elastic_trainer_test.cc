@@ -3,6 +3,7 @@
 // plane. Scenario: 4 -> 2 (script shrink) -> 3 (hot join) -> 2 (one trainer fails mid-step).
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <chrono>
 #include <cmath>
@@ -19,6 +20,7 @@
 
 #include "edl/ckpt/checkpoint_store.h"
 #include "edl/runtime/checkpoint_loader.h"
+#include "edl/proto/rendezvous_key.h"
 #include "edl/runtime/comm/file_kv_store.h"
 #include "edl/runtime/comm/memory_kv_store.h"
 #include "edl/runtime/elastic_trainer.h"
@@ -198,11 +200,19 @@ class FakeCluster {
   }
 
   // The rendezvous store, counting writes (a rendezvous key per rank and communicator) and waking
-  // WaitFor at each.
+  // WaitFor at each. A closed gate (CloseGate) holds every write under its prefix until it opens.
   class CountingKv : public KvStore {
    public:
     explicit CountingKv(FakeCluster* c) : c_(c) {}
     Status Set(const std::string& key, const std::string& value) override {
+      {
+        std::unique_lock<std::mutex> lock(c_->mu_);
+        if (!c_->gate_.empty() && key.rfind(c_->gate_, 0) == 0) {
+          c_->held_at_gate_++;
+          c_->cv_.notify_all();
+          c_->cv_.wait_for(lock, milliseconds(120000), [&] { return c_->gate_.empty(); });
+        }
+      }
       Status s = kv_.Set(key, value);
       std::lock_guard<std::mutex> lock(c_->mu_);
       c_->kv_sets_++;
@@ -235,6 +245,24 @@ class FakeCluster {
     std::lock_guard<std::mutex> lock(mu_);
     return kv_sets_;
   }
+  void CloseGate(const std::string& prefix) {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_ = prefix;
+  }
+  void OpenGate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    gate_.clear();
+    cv_.notify_all();
+  }
+  // Whether `trainer` reported `event` (with mu_ held).
+  bool Reported(const std::string& trainer, const std::string& event) const {
+    for (const auto& e : events_) {
+      if (e["trainer"] == trainer && e["event"] == event) return true;
+    }
+    return false;
+  }
+  std::string gate_;      // rendezvous writes under this prefix wait (empty: none)
+  int held_at_gate_ = 0;  // writes that arrived at the closed gate
   CountingKv kv{this};
   int64_t kv_sets_ = 0;
   std::mutex mu_;
@@ -896,6 +924,82 @@ TEST(ElasticTrainerTest, JoinerSupersededBeforeItsFirstStepReportsNoStall) {
     first_steps += e["event"] == "joiner_first_step";
   }
   EXPECT_EQ(first_steps, 1);
+}
+
+// The real clock moved forward by what the test skips: a wait the runtime times, passed at once.
+class SkippingClock : public Clock {
+ public:
+  int64_t NowMicros() const override { return Clock::Real()->NowMicros() + skipped_.load(); }
+  int64_t WallMicros() const override { return Clock::Real()->WallMicros() + skipped_.load(); }
+  void Skip(milliseconds d) { skipped_ += d.count() * 1000; }
+
+ private:
+  std::atomic<int64_t> skipped_{0};
+};
+
+// Make-before-break's fallback (elastic_trainer_switch.cc, kMaxPrepareWait: 2 s): when the builds
+// ahead are held up (here every rendezvous write of the new generation waits at a gate), members
+// vote against the switch and train on in the old generation; once one has waited 2 s since it
+// saw the generation it votes for the switch anyway, and the members switch and finish the build
+// in the re-form. The 2 s pass on a clock the test skips forward, so the switch step is exact.
+TEST(ElasticTrainerTest, HeldUpBuildsAheadSwitchAnywayAfterTheMaxPrepareWait) {
+  test::ScratchDir dir("held_up_build");
+  FakeCluster c;
+  SkippingClock clock;
+  TrainerThread t[3];
+  c.Commit({"h0", "h1", "h2"}, false, "start");
+  c.HoldAt(5);
+  for (int i = 0; i < 3; ++i) {
+    t[i].id = "h" + std::to_string(i);
+    t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 50 + i);
+    t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+  }
+  for (auto& tt : t) {
+    tt.thread = std::thread([&] {
+      ElasticOptions o = Options(dir, tt.id, false);
+      o.epochs = 2;
+      o.evaluate_each_epoch = false;
+      o.clock = &clock;
+      ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
+      tt.status = trainer.Run(&tt.result);
+    });
+  }
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 5; }));
+  c.CloseGate(proto::RendezvousPrefix(2, "gloo"));
+  const int64_t gen = c.Commit({"h0", "h1"}, false, "script");
+  // Both survivors saw the shrink and started building its communicator (held at the gate).
+  ASSERT_TRUE(c.WaitFor([&] { return c.held_at_gate_ >= 2; }));
+  // Steps 6..8 under the held builds: nobody switches (h2 would leave at the switch step).
+  c.HoldAt(8);
+  ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 8; }));
+  {
+    std::lock_guard<std::mutex> lock(c.mu_);
+    EXPECT_FALSE(c.Reported("h2", "leave")) << "switched before the builds ahead were done or waited for";
+  }
+  clock.Skip(milliseconds(2000));
+  c.HoldAt(INT64_MAX);
+  // The next step's votes carry the switch: h2 leaves there, while the builds are still held.
+  ASSERT_TRUE(c.WaitFor([&] { return c.Reported("h2", "leave"); }));
+  {
+    std::lock_guard<std::mutex> lock(c.mu_);
+    EXPECT_FALSE(c.BuiltAhead(gen, {"h0"}) || c.BuiltAhead(gen, {"h1"}));
+  }
+  c.OpenGate();
+  for (auto& tt : t) tt.thread.join();
+  for (auto& tt : t) ASSERT_TRUE(tt.status.ok()) << tt.id << ": " << tt.status.ToString();
+  EXPECT_TRUE(t[2].result.left);
+  EXPECT_EQ(t[0].result.state_hash, t[1].result.state_hash);
+  int stalls = 0;
+  for (const auto& e : c.events_) {
+    if (e["event"] == "leave") EXPECT_EQ(e["step"], 9) << "the switch step: " << e.dump();
+    if (e["event"] != "stall" || e["generation"] != gen) continue;
+    ++stalls;
+    EXPECT_EQ(e["switch_step"], 9) << e.dump();
+    EXPECT_EQ(e["prepared"], true) << "the held build is finished in the re-form, not redone: " << e.dump();
+    EXPECT_EQ(test::CheckStallBreakdown(e), "");
+  }
+  EXPECT_EQ(stalls, 2);
+  ExpectExactlyOnce(dir, {"h0", "h1", "h2"}, 2);
 }
 
 TEST(ElasticTrainerTest, JoinerThatIsNeverCommittedTimesOut) {
