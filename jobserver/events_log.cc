@@ -7,7 +7,8 @@
 
 namespace edl::jobserver {
 
-Status EventsLog::Open(const std::string& dir, const std::string& job_id, Clock* clock) {
+Status EventsLog::Open(const std::string& dir, const std::string& job_id, Clock* clock,
+                       EventsObserver* observer) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IOError("--events_dir " + dir + ": cannot create it: " + ec.message());
@@ -16,6 +17,7 @@ Status EventsLog::Open(const std::string& dir, const std::string& job_id, Clock*
   if (!out_) return PosixError("--events_dir: cannot open " + path_ + " for appending", errno);
   job_id_ = job_id;
   clock_ = clock;
+  observer_ = observer;
   return Status::OK();
 }
 
@@ -27,6 +29,7 @@ nlohmann::json EventsLog::Append(nlohmann::json record) {
     out_.flush();
     if (!out_) LOG(ERROR) << "events log " << path_ << ": write failed (disk full?)";
   }
+  if (observer_ != nullptr) observer_->OnRecord(record);
   return record;
 }
 
