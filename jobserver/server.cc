@@ -81,7 +81,7 @@ Status Server::Start() {
     demo_.emplace(options_.demo);
     scheduler_.SetDesired(demo_->initial_size(), "policy");
   }
-  EDL_RETURN_IF_ERROR(events_.Open(options_.events_dir, options_.scheduler.job_id, clock_));
+  EDL_RETURN_IF_ERROR(events_.Open(options_.events_dir, options_.scheduler.job_id, clock_, &metrics_));  // #30
   EDL_RETURN_IF_ERROR(OpenState());
   boost::system::error_code ec;
   const auto addr = asio::ip::make_address(options_.bind, ec);
@@ -97,6 +97,10 @@ Status Server::Start() {
         .WithContext("is another edl server running? pick another --server_port");
   }
   port_ = acceptor_.local_endpoint().port();
+  if (!options_.http.addr.empty()) {  // #30: up before the port file says the server is
+    http_ = std::make_unique<HttpEndpoint>(io_, options_.http, &metrics_, [this] { return StatusBody(); });
+    EDL_RETURN_IF_ERROR(http_->Start());
+  }
   LOG(INFO) << "edl server for job " << options_.scheduler.job_id << " listening on "
             << options_.bind << ":" << port_ << "; events in " << events_.path();
   if (!options_.port_file.empty()) {
@@ -217,6 +221,7 @@ void Server::Shutdown(bool stop_clients) {
   shutting_down_ = true;
   boost::system::error_code ec;
   acceptor_.close(ec);
+  if (http_) http_->Stop();  // #30
   tick_timer_.cancel();
   auto peers = peers_;
   for (auto& [raw, peer] : peers) {
@@ -266,6 +271,7 @@ void Server::OnAccepted(tcp::socket socket) {
   // Room for this one among the pre-auth connections: the oldest pending one may have to go.
   const uint64_t evict = admission_.Admit(reinterpret_cast<uintptr_t>(peer.get()), source);
   if (evict != 0) {
+    metrics_.FrameRefused(FrameRefusal::kEvicted);  // #30
     auto it = peers_.find(reinterpret_cast<Peer*>(evict));
     if (it != peers_.end()) {
       auto old = it->second;  // Close() runs OnClose, which erases the map entry
@@ -277,6 +283,7 @@ void Server::OnAccepted(tcp::socket socket) {
   }
   peer->id = next_peer_id_++;
   peers_[peer.get()] = peer;
+  metrics_.ConnectionOpened();  // #30
   std::weak_ptr<Peer> weak = peer;
   peer->conn->Start(
       [this, weak](const json& m) {
@@ -315,6 +322,7 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
                        why.ToString());
   }
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
+  metrics_.ConnectionClosed();  // #30
   services_.Remove(peer->id);
   const size_t waits = kv_.CancelOwner(peer->id);  // nobody left to answer
   if (waits > 0) VLOG(1) << "dropped " << waits << " kv waits of " << peer->conn->peer();
@@ -324,6 +332,8 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
 
 void Server::Reject(const std::shared_ptr<Peer>& peer, const Status& why) {
   const std::string line = "rejecting " + peer->conn->peer() + ": " + why.ToString();
+  metrics_.FrameRefused(peer->state == Peer::State::kAuth ? FrameRefusal::kUnauthenticated  // #30
+                                                          : FrameRefusal::kInvalid);
   if (peer->state == Peer::State::kAuth) {
     LogUnauthenticated(line);
   } else {
@@ -496,6 +506,7 @@ bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& wh
   if (cluster_) {
     *job = cluster_->JobOfTrainer(trainer_id, peer->node);
     if (!job->empty()) return true;
+    metrics_.FrameRefused(FrameRefusal::kNotPlaced);  // #30
     if (LogThis(++peer->refused)) {
       VLOG(1) << "dropped '" << what << "' from node " << peer->node << " about trainer " << trainer_id
               << ": no live job placed it on that node (a leaving trainer, or an ended job's)";
@@ -503,6 +514,7 @@ bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& wh
     return false;
   }
   if (scheduler_.PlacedOn(trainer_id, peer->node)) return true;
+  metrics_.FrameRefused(FrameRefusal::kNotPlaced);  // #30
   // Not closed: an honest client may still hold a report queued across a server restart (ids of
   // the previous server); dropping the frame costs nothing, closing would make it reconnect.
   if (LogThis(++peer->refused)) {
@@ -540,6 +552,7 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
     }
   }
   if (!why.empty()) {
+    metrics_.FrameRefused(FrameRefusal::kEventLimit);  // #30
     if (LogThis(++peer->refused)) {
       LOG(WARNING) << "dropped an event of trainer " << e.trainer_id << " from node " << peer->node
                    << ": it " << why << " (" << peer->refused << " refused so far)";
@@ -562,6 +575,7 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                              const json& msg) {
   // Any frame proves the node alive.
+  metrics_.NodeHeard(peer->node);  // #30
   if (cluster_) {
     cluster_->Heartbeat(peer->node);
   } else {
@@ -640,6 +654,7 @@ void Server::OnNodeStats(const std::shared_ptr<Peer>& peer, const json& msg) {
   Status s = st.DecodeFrom(msg);
   if (!s.ok()) return Reject(peer, s);
   node_stats_[peer->node] = st;
+  metrics_.NodeStatsReported(peer->node, st);  // #30
 }
 
 void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {

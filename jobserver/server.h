@@ -22,6 +22,7 @@
 #include "edl/net/connection.h"
 #include "jobserver/cluster.h"
 #include "jobserver/events_log.h"
+#include "jobserver/http_endpoint.h"  // #30: metrics and dashboard
 #include "jobserver/job_state.h"
 #include "jobserver/kv_store.h"
 #include "jobserver/scaling.h"
@@ -69,6 +70,7 @@ struct ServerOptions {
   // Trainer events per client connection: bursts of event_burst, then events_per_second.
   double event_burst = 1000;
   double events_per_second = 100;
+  HttpOptions http;  // #30: --http_addr (jobserver/http_endpoint.h); addr "": off
 };
 
 class Server {
@@ -221,6 +223,9 @@ class Server {
   std::map<std::string, proto::NodeStats> node_stats_;  // connected nodes' latest report
   // Live trainers' progress, by job then trainer id.
   std::map<std::string, std::map<std::string, proto::ProgressReport>> job_progress_;
+
+  ServerMetrics metrics_{clock_};        // #30: fed below, served by http_
+  std::unique_ptr<HttpEndpoint> http_;  // #30: null without --http_addr
 };
 
 }  // namespace edl::jobserver

@@ -203,7 +203,7 @@ void Server::RecordJob(const std::string& job, json event) {
   auto it = job_events_.find(job);
   if (it == job_events_.end()) {
     auto log = std::make_unique<EventsLog>();
-    Status s = log->Open(options_.events_dir, job, clock_);
+    Status s = log->Open(options_.events_dir, job, clock_, &metrics_);  // #30
     if (!s.ok()) {
       LOG(ERROR) << "events log of job " << job << ": " << s.ToString();
       return;
