@@ -73,6 +73,15 @@ Status CheckpointLoader::AfterStep(Trainable* trainable, const TrainingState& st
   return Status::OK();  // save errors are kept in last_status() and logged, never fatal
 }
 
+bool CheckpointLoader::TakeFinishedSaves(int64_t* saves, double* seconds) {
+  const int64_t done = checkpointer_.saves_completed();
+  if (done == saves_reported_) return false;
+  *saves = done - saves_reported_;
+  *seconds = checkpointer_.last_snapshot_seconds() + checkpointer_.last_write_seconds();
+  saves_reported_ = done;
+  return true;
+}
+
 Status CheckpointLoader::Finish(Trainable* trainable, const TrainingState& state,
                                 const StepContext& ctx) {
   if (!options_.final_save || state.step == last_saved_step_) {

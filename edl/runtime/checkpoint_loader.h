@@ -41,6 +41,8 @@ class CheckpointLoader : public StateLoader {
   Status AfterStep(Trainable* trainable, const TrainingState& state,
                    const StepContext& ctx) override;
   Status Finish(Trainable* trainable, const TrainingState& state, const StepContext& ctx) override;
+  // Background saves completed since the last call; *seconds: snapshot plus write of the newest.
+  bool TakeFinishedSaves(int64_t* saves, double* seconds) override;
 
   ckpt::CheckpointStore* store() { return store_.get(); }
   const ckpt::AsyncCheckpointer& checkpointer() const { return checkpointer_; }
@@ -56,6 +58,7 @@ class CheckpointLoader : public StateLoader {
   const CheckpointLoaderOptions options_;
   ckpt::AsyncCheckpointer checkpointer_;  // uses store_; declared after it
   int64_t last_saved_step_ = -1;
+  int64_t saves_reported_ = 0;  // TakeFinishedSaves
 };
 
 // A CheckpointLoader over a RocksDB store (`store.dir`, keeping `store.keep_checkpoints`).

@@ -515,6 +515,12 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   }
   if (rank_ == 0 && o_.loader != nullptr) {
     EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_, Context()));
+    int64_t saves = 0;
+    double seconds = 0;
+    if (o_.loader->TakeFinishedSaves(&saves, &seconds)) {  // for the job's metrics (jobserver/metrics.h)
+      Event({{"event", "checkpoint_saved"}, {"ok", true}, {"saves", saves}, {"seconds", seconds},
+             {"step", state_.step}});
+    }
   }
   // This rank's own samples: the control plane sums the members' rates into the job's rate.
   progress_samples_ += static_cast<int64_t>(indices.size());

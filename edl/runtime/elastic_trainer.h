@@ -66,6 +66,9 @@ class StateLoader {
   virtual Status Finish(Trainable* trainable, const TrainingState& state, const StepContext& ctx) {
     return Status::OK();
   }
+  // Called on rank 0 after AfterStep: true, with the newest one's time in *seconds, when saves
+  // finished since the last call (the trainer reports a checkpoint_saved event: the job's metrics).
+  virtual bool TakeFinishedSaves(int64_t* saves, double* seconds) { return false; }
 };
 
 // What a committed step looked like across the whole generation (every rank gets the same).
