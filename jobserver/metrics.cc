@@ -111,6 +111,14 @@ struct JobView {
   bool rescale_pending = false;
 };
 
+// The progress fields, named alike in both bodies (a single job's "progress", a cluster's job).
+void ReadProgress(const json& p, JobView* v) {
+  v->ips = Num(p, "images_per_sec");
+  v->step = Num(p, "step");
+  v->epoch = Num(p, "epoch");
+  v->loss = Num(p, "loss");
+}
+
 std::vector<JobView> JobsOf(const json& status) {
   std::vector<JobView> out;
   if (!status.is_object()) return out;
@@ -124,10 +132,7 @@ std::vector<JobView> JobsOf(const json& status) {
     v.rescale_pending = Bool(status, "pending");
     const json p = status.value("progress", json::object());
     v.reports = Num(p, "reporting") > 0;
-    v.ips = Num(p, "images_per_sec");
-    v.step = Num(p, "step");
-    v.epoch = Num(p, "epoch");
-    v.loss = Num(p, "loss");
+    ReadProgress(p, &v);
     out.push_back(v);
     return out;
   }
@@ -141,10 +146,7 @@ std::vector<JobView> JobsOf(const json& status) {
     v.generation = Num(j, "generation");
     v.state = Str(j, "state") == "running" ? "running" : "pending";
     v.reports = v.state == "running" && v.trainers > 0;
-    v.ips = Num(j, "images_per_sec");
-    v.step = Num(j, "step");
-    v.epoch = Num(j, "epoch");
-    v.loss = Num(j, "loss");
+    ReadProgress(j, &v);
     out.push_back(v);
   }
   return out;

@@ -7,11 +7,6 @@
 //  - on a non-loopback address: the token rules at start, 401 without or with a wrong token, and
 //    hostile requests that get a 4xx or a closed connection while the control plane goes on.
 // Each tool is skipped, with the reason printed, where it is not installed.
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -154,22 +149,6 @@ TEST_F(DashboardTest, ChromiumRendersTheJobItsScaleAndTheGenerationChange) {
   EXPECT_NE(dom.find("data-node=\"n1\""), std::string::npos) << "the nodes table";
   EXPECT_NE(dom.find("live, updated"), std::string::npos) << "the page updated itself";
   StopJob();
-}
-
-// The first IPv4 address of an up, non-loopback interface; "" when there is none.
-std::string NonLoopbackAddress() {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return "";
-  std::string found;
-  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    char buf[INET_ADDRSTRLEN];
-    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
-    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) found = buf;
-  }
-  ::freeifaddrs(list);
-  return found;
 }
 
 TEST_F(DashboardTest, OffLoopbackATokenIsRequiredAndHostileRequestsDoNotStopTheJob) {
