@@ -5,7 +5,8 @@
 //  - headless Chromium loading the dashboard: the rendered DOM holds the job's row with its world
 //    size after the scale and a generation change in the timeline;
 //  - on a non-loopback address: the token rules at start, 401 without or with a wrong token, and
-//    hostile requests that get a 4xx or a closed connection while the control plane goes on.
+//    hostile requests that get a 4xx or a closed connection while the control plane goes on;
+//  - a cluster server (--cluster): a submitted job's metrics, its timeline, the node's utilisation.
 // Each tool is skipped, with the reason printed, where it is not installed.
 #include <filesystem>
 #include <fstream>
@@ -200,6 +201,49 @@ TEST_F(DashboardTest, OffLoopbackATokenIsRequiredAndHostileRequestsDoNotStopTheJ
   for (const json& n : Status(auth)["nodes"]) EXPECT_EQ(n["connected"], true) << n.dump();
   slow.clear();
   StopJob();
+}
+
+TEST_F(DashboardTest, AClusterServersJobsAndNodes) {
+  server_ = std::make_unique<Proc>(
+      std::vector<std::string>{test::EdlBinary(), "server", "--cluster", "--server_port", "0", "--bind", "127.0.0.1",
+                               "--port_file", dir_.Join("port"), "--secret_file", secret_, "--events_dir",
+                               dir_.Join("events"), "--http_addr", "127.0.0.1:0", "--http_port_file",
+                               dir_.Join("http.port")},
+      dir_.Join("server.log"));
+  port_ = WaitForPortFile(dir_.Join("port"), server_.get());
+  ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
+  http_port_ = std::stoi(Slurp(dir_.Join("http.port")));
+  c1_ = StartClient("n1", "inplace", "", {{"job_type", std::string("standin = ") + STAND_IN_TRAINER}});
+  std::ofstream(dir_.Join("a.ini")) << "name = a\ntype = standin\nmin = 1\nmax = 2\n";
+  std::string out;
+  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("node n1 registered") != std::string::npos; },
+                      milliseconds(30000)))
+      << Diagnostics();
+  ASSERT_EQ(Ctl({"submit", dir_.Join("a.ini")}, &out), 0) << out;
+  auto metric = [&](const std::string& line) {
+    return test::HttpGet("127.0.0.1", http_port_, "/metrics").body.find("\n" + line + "\n") != std::string::npos;
+  };
+  EXPECT_TRUE(WaitFor([&] { return metric("edl_job_trainers{job_name=\"a\"} 2"); }, milliseconds(30000)))
+      << test::HttpGet("127.0.0.1", http_port_, "/metrics").body;
+  EXPECT_TRUE(metric("edl_job_state{job_name=\"a\",state=\"running\"} 1"));
+  EXPECT_TRUE(metric("edl_server_info{mode=\"cluster\"} 1"));
+  EXPECT_TRUE(metric("edl_cluster_slots 2"));
+  // The node's utilisation, from its node_stats reports (a cluster's clients send them).
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return test::HttpGet("127.0.0.1", http_port_, "/metrics").body.find("edl_node_cpu_utilization_ratio{node=\"n1\"}") !=
+               std::string::npos;
+      },
+      milliseconds(30000)));
+  const json events = json::parse(test::HttpGet("127.0.0.1", http_port_, "/api/events?job=a&since=0").body, nullptr, false);
+  ASSERT_TRUE(events.is_object());
+  bool generation = false;
+  for (const json& r : events["records"]) generation |= r["type"] == "generation" && r["world_size_after"] == 2;
+  EXPECT_TRUE(generation) << events.dump();
+  c1_->Stop();
+  EXPECT_EQ(c1_->Wait(milliseconds(0)), 0) << Slurp(dir_.Join("n1.log"), 4000);
+  server_->Stop();
+  EXPECT_EQ(server_->Wait(milliseconds(0)), 0) << Diagnostics();
 }
 
 }  // namespace
