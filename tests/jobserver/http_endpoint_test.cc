@@ -130,8 +130,8 @@ TEST_F(HttpEndpointTest, HostileRequestsGet4xxOrACloseAndOthersAreStillServed) {
   EXPECT_EQ(denied.body, "not found\n") << "no detail leaked";
 
   // Slowloris: heads that never end are closed after request_timeout, meanwhile others are served.
+  boost::asio::io_context cio;  // outlives its sockets
   std::vector<std::unique_ptr<boost::asio::ip::tcp::socket>> slow;
-  boost::asio::io_context cio;
   for (int i = 0; i < 8; ++i) {
     auto s = std::make_unique<boost::asio::ip::tcp::socket>(cio);
     s->connect({boost::asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port_)});
