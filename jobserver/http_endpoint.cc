@@ -31,8 +31,9 @@ namespace {
 
 // The page runs its own inline script and style, talks only to this server, loads nothing else.
 constexpr char kDashboardPolicy[] =
-    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; "
-    "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'";
 
 bool IsB64Token(const std::string& t) {
   // RFC 6750: 1*( ALPHA / DIGIT / "-" / "." / "_" / "~" / "+" / "/" ) *"="
@@ -63,9 +64,10 @@ std::string HostOf(const std::string& field) {
 }  // namespace
 
 Status ParseHttpAddr(const std::string& addr, std::string* host, int* port) {
-  const Status bad = Status::InvalidArgument("--http_addr '" + addr +
-                                             "': give HOST:PORT with HOST an IP address (127.0.0.1:8181, "
-                                             "[::1]:8181, or this machine's address with --http_token_file)");
+  const Status bad =
+      Status::InvalidArgument("--http_addr '" + addr +
+                              "': give HOST:PORT with HOST an IP address (127.0.0.1:8181, "
+                              "[::1]:8181, or this machine's address with --http_token_file)");
   const size_t colon = addr.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 >= addr.size()) return bad;
   std::string h = addr.substr(0, colon);
@@ -103,13 +105,15 @@ Status CheckHttpOptions(const HttpOptions& o) {
   EDL_RETURN_IF_ERROR(ParseHttpAddr(o.addr, &host, &port));
   if (o.token.empty() && !IsLoopbackIp(host)) {
     return Status::InvalidArgument(
-        "--http_addr " + o.addr + " is not a loopback address: anyone who reaches it could read the "
-        "cluster's state, so give --http_token_file FILE (a bearer token, mode 0600; create one with "
+        "--http_addr " + o.addr +
+        " is not a loopback address: anyone who reaches it could read the cluster's state, so "
+        "give --http_token_file FILE (a bearer token, mode 0600; create one with "
         "`head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`), or bind 127.0.0.1");
   }
   if (!o.token.empty() && !IsB64Token(o.token)) {
-    return Status::InvalidArgument("--http_token_file: the token must be one line of base64 or "
-                                   "[A-Za-z0-9-._~+/] characters (`head -c 32 /dev/urandom | base64`)");
+    return Status::InvalidArgument(
+        "--http_token_file: the token must be one line of base64 or "
+        "[A-Za-z0-9-._~+/] characters (`head -c 32 /dev/urandom | base64`)");
   }
   return Status::OK();
 }
@@ -136,7 +140,9 @@ struct HttpEndpoint::Core {
     size_t suppressed = 0;
     if (!log.Allow(std::chrono::steady_clock::now(), &suppressed)) return;
     LOG(WARNING) << "http: " << line
-                 << (suppressed == 0 ? "" : " (" + std::to_string(suppressed) + " similar lines suppressed)");
+                 << (suppressed == 0
+                         ? ""
+                         : " (" + std::to_string(suppressed) + " similar lines suppressed)");
   }
 };
 
@@ -178,7 +184,8 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
       auto it = core_->sessions.find(evict);
       if (it != core_->sessions.end()) {
         if (auto s = it->second.lock()) {
-          core_->Log("too many idle connections (" + std::to_string(core_->options.max_idle_connections) +
+          core_->Log("too many idle connections (" +
+                     std::to_string(core_->options.max_idle_connections) +
                      "): dropped the oldest, from " + s->source_);
           s->Close();
         }
@@ -187,9 +194,8 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
     parser_.emplace(core_->options.limits);
     Deadline(core_->options.request_timeout);
     auto self = shared_from_this();
-    http::async_read(socket_, buffer_, *parser_, [self](const boost::system::error_code& ec, size_t) {
-      self->OnRead(ec);
-    });
+    http::async_read(socket_, buffer_, *parser_,
+                     [self](const boost::system::error_code& ec, size_t) { self->OnRead(ec); });
   }
 
   void Deadline(std::chrono::milliseconds d) {
@@ -223,7 +229,8 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
   }
 
   void Route(const HttpRequestHead& h, bool keep_alive) {
-    if (h.method == HttpMethod::kOther) return Answer(405, "text/plain", "method not allowed\n", false);
+    if (h.method == HttpMethod::kOther)
+      return Answer(405, "text/plain", "method not allowed\n", false);
     if (core_->loopback && core_->token_mac.empty() && !h.host.empty()) {
       const std::string host = HostOf(h.host);
       if (host != "localhost" && !IsLoopbackIp(host)) {
@@ -233,7 +240,8 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
     }
     head_only_ = h.method == HttpMethod::kHead;
     if (h.path == "/" || h.path == "/index.html") {
-      return Answer(200, "text/html; charset=utf-8", std::string(reinterpret_cast<const char*>(kDashboardHtml), kDashboardHtmlBytes),
+      return Answer(200, "text/html; charset=utf-8",
+                    std::string(reinterpret_cast<const char*>(kDashboardHtml), kDashboardHtmlBytes),
                     keep_alive, /*page=*/true);
     }
     const bool known = h.path == "/metrics" || h.path == "/api/status" || h.path == "/api/events" ||
@@ -246,14 +254,16 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
     }
     if (!core_->metrics || !core_->status) return Close();
     if (h.path == "/metrics") {
-      return Answer(200, "text/plain; version=0.0.4; charset=utf-8", core_->metrics->Render(core_->status()),
-                    keep_alive);
+      return Answer(200, "text/plain; version=0.0.4; charset=utf-8",
+                    core_->metrics->Render(core_->status()), keep_alive);
     }
     if (h.path == "/api/status") {
       return Answer(200, "application/json",
-                    core_->status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), keep_alive);
+                    core_->status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                    keep_alive);
     }
-    if (h.path == "/api/nodes") return Answer(200, "application/json", core_->metrics->NodesJson().dump(), keep_alive);
+    if (h.path == "/api/nodes")
+      return Answer(200, "application/json", core_->metrics->NodesJson().dump(), keep_alive);
     std::map<std::string, std::string> q;
     if (!ParseHttpQuery(h.query, core_->options.limits.max_query_params, &q)) {
       return Answer(400, "text/plain", "bad request\n", false);
@@ -286,11 +296,12 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
     head_only_ = false;
     Deadline(core_->options.write_timeout);
     auto self = shared_from_this();
-    http::async_write(socket_, response_, [self, keep_alive](const boost::system::error_code& ec, size_t) {
-      if (ec || self->closed_ || self->core_->stopped) return self->Close();
-      if (!keep_alive) return self->Linger();
-      self->ReadRequest();
-    });
+    http::async_write(socket_, response_,
+                      [self, keep_alive](const boost::system::error_code& ec, size_t) {
+                        if (ec || self->closed_ || self->core_->stopped) return self->Close();
+                        if (!keep_alive) return self->Linger();
+                        self->ReadRequest();
+                      });
   }
 
   // After a last answer: no more sending, and what the peer still sends is read and dropped for a
@@ -306,11 +317,13 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
   void Drain() {
     static constexpr size_t kLingerBytes = 256 << 10;
     auto self = shared_from_this();
-    socket_.async_read_some(asio::buffer(drain_), [self](const boost::system::error_code& ec, size_t n) {
-      self->drained_ += n;
-      if (ec || self->closed_ || self->drained_ > kLingerBytes) return self->Close();
-      self->Drain();
-    });
+    socket_.async_read_some(asio::buffer(drain_),
+                            [self](const boost::system::error_code& ec, size_t n) {
+                              self->drained_ += n;
+                              if (ec || self->closed_ || self->drained_ > kLingerBytes)
+                                return self->Close();
+                              self->Drain();
+                            });
   }
 
   std::shared_ptr<Core> core_;
@@ -327,7 +340,8 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
   bool closed_ = false;
 };
 
-HttpEndpoint::HttpEndpoint(asio::io_context* io, HttpOptions options, ServerMetrics* metrics, StatusFn status)
+HttpEndpoint::HttpEndpoint(asio::io_context* io, HttpOptions options, ServerMetrics* metrics,
+                           StatusFn status)
     : io_(io), core_(std::make_shared<Core>(options)), acceptor_(*io) {
   core_->metrics = metrics;
   core_->status = std::move(status);
@@ -352,11 +366,14 @@ Status HttpEndpoint::Start() {
   if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return FromErrorCode("--http_addr: listen on " + c.options.addr, ec).WithContext("pick another port");
+  if (ec)
+    return FromErrorCode("--http_addr: listen on " + c.options.addr, ec)
+        .WithContext("pick another port");
   port_ = acceptor_.local_endpoint().port();
   const std::string shown = ep.address().is_v6() ? "[" + host + "]" : host;
-  LOG(INFO) << "edl server: dashboard at http://" << shown << ":" << port_ << "/ (Prometheus: /metrics"
-            << (c.token_mac.empty() ? "" : "; bearer token required") << ")";
+  LOG(INFO) << "edl server: dashboard at http://" << shown << ":" << port_
+            << "/ (Prometheus: /metrics" << (c.token_mac.empty() ? "" : "; bearer token required")
+            << ")";
   if (!c.options.port_file.empty()) {
     const std::string tmp = c.options.port_file + ".tmp";
     std::ofstream(tmp) << port_ << "\n";
@@ -382,34 +399,35 @@ void HttpEndpoint::Stop() {
 }
 
 void HttpEndpoint::Accept() {
-  acceptor_.async_accept([this, core = core_](const boost::system::error_code& ec, tcp::socket socket) {
-    if (core->stopped) return;
-    if (ec) {
-      core->Log("accept: " + ec.message());
-      if (ec == asio::error::no_descriptors) {
-        auto t = std::make_shared<asio::steady_timer>(*io_, std::chrono::milliseconds(100));
-        t->async_wait([this, t, core](const boost::system::error_code&) {
-          if (!core->stopped) Accept();
-        });
-        return;
-      }
-    } else {
-      boost::system::error_code rec;
-      const auto remote = socket.remote_endpoint(rec);
-      const std::string source = rec ? "unknown" : remote.address().to_string();
-      if (core->sessions.size() >= core->options.max_connections) {
-        core->Log("refused a connection from " + source + ": " + std::to_string(core->sessions.size()) +
-                  " are open, the limit");
-        socket.close(rec);
+  acceptor_.async_accept(
+      [this, core = core_](const boost::system::error_code& ec, tcp::socket socket) {
+        if (core->stopped) return;
+        if (ec) {
+          core->Log("accept: " + ec.message());
+          if (ec == asio::error::no_descriptors) {
+            auto t = std::make_shared<asio::steady_timer>(*io_, std::chrono::milliseconds(100));
+            t->async_wait([this, t, core](const boost::system::error_code&) {
+              if (!core->stopped) Accept();
+            });
+            return;
+          }
+        } else {
+          boost::system::error_code rec;
+          const auto remote = socket.remote_endpoint(rec);
+          const std::string source = rec ? "unknown" : remote.address().to_string();
+          if (core->sessions.size() >= core->options.max_connections) {
+            core->Log("refused a connection from " + source + ": " +
+                      std::to_string(core->sessions.size()) + " are open, the limit");
+            socket.close(rec);
+            Accept();
+            return;
+          }
+          auto s = std::make_shared<Session>(core, std::move(socket), core->next_id++, source);
+          core->sessions[s->id()] = s;
+          s->Start();
+        }
         Accept();
-        return;
-      }
-      auto s = std::make_shared<Session>(core, std::move(socket), core->next_id++, source);
-      core->sessions[s->id()] = s;
-      s->Start();
-    }
-    Accept();
-  });
+      });
 }
 
 }  // namespace edl::jobserver

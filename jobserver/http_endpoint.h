@@ -36,14 +36,15 @@
 namespace edl::jobserver {
 
 struct HttpOptions {
-  std::string addr;        // "HOST:PORT" (--http_addr; HOST an IP literal, [v6] bracketed); "": off
-  std::string token;       // the bearer token (--http_token_file); required off loopback
-  std::string port_file;   // when set, the bound port is written here once listening
+  std::string addr;       // "HOST:PORT" (--http_addr; HOST an IP literal, [v6] bracketed); "": off
+  std::string token;      // the bearer token (--http_token_file); required off loopback
+  std::string port_file;  // when set, the bound port is written here once listening
   HttpLimits limits;
   size_t max_connections = 64;       // open at once; a new one beyond is closed at once
   size_t max_idle_connections = 32;  // waiting for (or sending) a request; the oldest makes room
-  std::chrono::milliseconds request_timeout{10000};  // to send a whole request head, or keep-alive idle
-  std::chrono::milliseconds write_timeout{10000};    // to take a whole response
+  std::chrono::milliseconds request_timeout{
+      10000};  // to send a whole request head, or keep-alive idle
+  std::chrono::milliseconds write_timeout{10000};  // to take a whole response
 };
 
 // Splits "HOST:PORT" ("[::1]:9100" for IPv6). InvalidArgument naming --http_addr and the form.
@@ -72,7 +73,7 @@ class HttpEndpoint {
   int port() const { return port_; }
 
  private:
-  struct Core;     // what the connections share with the endpoint (they may outlive it)
+  struct Core;  // what the connections share with the endpoint (they may outlive it)
   class Session;
   void Accept();
 

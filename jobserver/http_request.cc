@@ -29,11 +29,16 @@ bool IEquals(std::string_view a, std::string_view b) {
 
 int HttpStatusOf(HttpRefusal r) {
   switch (r) {
-    case HttpRefusal::kNone: return 200;
-    case HttpRefusal::kBadRequest: return 400;
-    case HttpRefusal::kHeadTooLarge: return 431;
-    case HttpRefusal::kTargetTooLong: return 414;
-    case HttpRefusal::kBodyNotAllowed: return 413;
+    case HttpRefusal::kNone:
+      return 200;
+    case HttpRefusal::kBadRequest:
+      return 400;
+    case HttpRefusal::kHeadTooLarge:
+      return 431;
+    case HttpRefusal::kTargetTooLong:
+      return 414;
+    case HttpRefusal::kBodyNotAllowed:
+      return 413;
   }
   return 400;
 }
@@ -63,7 +68,8 @@ void HttpRequestParser::on_request_impl(http::verb method, beast::string_view me
                                         boost::system::error_code& ec) {
   if (version != 10 && version != 11) return Refuse(HttpRefusal::kBadRequest, ec);
   if (target.size() > limits_.max_target_bytes) return Refuse(HttpRefusal::kTargetTooLong, ec);
-  if (target.empty() || target[0] != '/') return Refuse(HttpRefusal::kBadRequest, ec);  // origin-form
+  if (target.empty() || target[0] != '/')
+    return Refuse(HttpRefusal::kBadRequest, ec);  // origin-form
   head_.method = method == http::verb::get    ? HttpMethod::kGet
                  : method == http::verb::head ? HttpMethod::kHead
                                               : HttpMethod::kOther;
@@ -73,7 +79,8 @@ void HttpRequestParser::on_request_impl(http::verb method, beast::string_view me
   head_.query = q == std::string_view::npos ? "" : std::string(t.substr(q + 1));
 }
 
-void HttpRequestParser::on_response_impl(int, beast::string_view, int, boost::system::error_code& ec) {
+void HttpRequestParser::on_response_impl(int, beast::string_view, int,
+                                         boost::system::error_code& ec) {
   Refuse(HttpRefusal::kBadRequest, ec);  // never called on a request parser
 }
 
@@ -148,7 +155,8 @@ HttpRefusal ParseHttpRequestHead(std::string_view bytes, const HttpLimits& limit
   return HttpRefusal::kNone;
 }
 
-bool ParseHttpQuery(std::string_view query, int max_params, std::map<std::string, std::string>* out) {
+bool ParseHttpQuery(std::string_view query, int max_params,
+                    std::map<std::string, std::string>* out) {
   out->clear();
   if (query.empty()) return true;
   int n = 0;

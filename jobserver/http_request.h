@@ -18,9 +18,9 @@
 namespace edl::jobserver {
 
 struct HttpLimits {
-  size_t max_head_bytes = 8192;   // request line and header fields together
-  size_t max_target_bytes = 1024; // path and query
-  int max_fields = 48;            // header fields
+  size_t max_head_bytes = 8192;    // request line and header fields together
+  size_t max_target_bytes = 1024;  // path and query
+  int max_fields = 48;             // header fields
   int max_query_params = 8;
 };
 
@@ -94,6 +94,7 @@ HttpRefusal ParseHttpRequestHead(std::string_view bytes, const HttpLimits& limit
 // "a=1&b=x" -> {a: 1, b: x}. False (the request is a 400) on more than `max_params` parameters, a
 // repeated or empty name, or a byte outside [A-Za-z0-9._-] in a name or value: the endpoint's
 // parameters are job names and numbers, so nothing needs decoding.
-bool ParseHttpQuery(std::string_view query, int max_params, std::map<std::string, std::string>* out);
+bool ParseHttpQuery(std::string_view query, int max_params,
+                    std::map<std::string, std::string>* out);
 
 }  // namespace edl::jobserver

@@ -156,12 +156,18 @@ std::vector<JobView> JobsOf(const json& status) {
 
 const char* FrameRefusalName(FrameRefusal r) {
   switch (r) {
-    case FrameRefusal::kUnauthenticated: return "unauthenticated";
-    case FrameRefusal::kInvalid: return "invalid";
-    case FrameRefusal::kNotPlaced: return "not_placed";
-    case FrameRefusal::kEventLimit: return "event_limit";
-    case FrameRefusal::kEvicted: return "evicted";
-    case FrameRefusal::kCount: break;
+    case FrameRefusal::kUnauthenticated:
+      return "unauthenticated";
+    case FrameRefusal::kInvalid:
+      return "invalid";
+    case FrameRefusal::kNotPlaced:
+      return "not_placed";
+    case FrameRefusal::kEventLimit:
+      return "event_limit";
+    case FrameRefusal::kEvicted:
+      return "evicted";
+    case FrameRefusal::kCount:
+      break;
   }
   return "unknown";
 }
@@ -222,21 +228,31 @@ void ServerMetrics::OnRecord(const json& record) {
   if (type == "generation") {
     Job* j = JobFor(job);
     std::string reason = ReasonLabel(Str(record, "reason"));
-    if (!j->generations.count(reason) && j->generations.size() >= kMaxReasonsPerJob) reason = "other";
+    if (!j->generations.count(reason) && j->generations.size() >= kMaxReasonsPerJob)
+      reason = "other";
     ++j->generations[reason];
-    Keep(j, {{"type", type}, {"time", time}, {"generation", Num(record, "generation")},
-             {"reason", Str(record, "reason")}, {"failure", Bool(record, "failure")},
+    Keep(j, {{"type", type},
+             {"time", time},
+             {"generation", Num(record, "generation")},
+             {"reason", Str(record, "reason")},
+             {"failure", Bool(record, "failure")},
              {"world_size_before", Num(record, "world_size_before")},
              {"world_size_after", Num(record, "world_size_after")}});
   } else if (type == "progress") {
-    Keep(JobFor(job), {{"type", type}, {"time", time}, {"generation", Num(record, "generation")},
+    Keep(JobFor(job), {{"type", type},
+                       {"time", time},
+                       {"generation", Num(record, "generation")},
                        {"world_size", Num(record, "world_size")},
-                       {"images_per_sec", Num(record, "images_per_sec")}, {"loss", Num(record, "loss")},
-                       {"step", Num(record, "step")}, {"epoch", Num(record, "epoch")}});
+                       {"images_per_sec", Num(record, "images_per_sec")},
+                       {"loss", Num(record, "loss")},
+                       {"step", Num(record, "step")},
+                       {"epoch", Num(record, "epoch")}});
   } else if ((type == "trainer_exit" && !Bool(record, "success")) || type == "joiner_exit") {
     Job* j = JobFor(job);
     ++j->trainer_failures;
-    Keep(j, {{"type", type}, {"time", time}, {"trainer_id", Str(record, "trainer_id")},
+    Keep(j, {{"type", type},
+             {"time", time},
+             {"trainer_id", Str(record, "trainer_id")},
              {"how", Str(record, "how")}});
   } else if (type == "node_lost") {
     Keep(JobFor(job), {{"type", type}, {"time", time}, {"node", Str(record, "node")}});
@@ -275,7 +291,9 @@ void ServerMetrics::ConnectionClosed() { --connections_; }
 void ServerMetrics::FrameRefused(FrameRefusal why) {
   if (why != FrameRefusal::kCount) ++refused_[static_cast<size_t>(why)];
 }
-void ServerMetrics::NodeHeard(const std::string& node) { nodes_[node].heard_us = clock_->NowMicros(); }
+void ServerMetrics::NodeHeard(const std::string& node) {
+  nodes_[node].heard_us = clock_->NowMicros();
+}
 void ServerMetrics::NodeStatsReported(const std::string& node, const proto::NodeStats& stats) {
   Node& n = nodes_[node];
   n.has_stats = true;
@@ -312,7 +330,8 @@ json ServerMetrics::NodesJson() const {
     json& j = nodes[name];
     j = json::object();
     if (n.heard_us > 0) j["heartbeat_age_s"] = (now - n.heard_us) * 1e-6;
-    if (n.has_stats && n.stats.cpu_cores > 0) j["cpu_utilization"] = n.stats.cpu_busy / n.stats.cpu_cores;
+    if (n.has_stats && n.stats.cpu_cores > 0)
+      j["cpu_utilization"] = n.stats.cpu_busy / n.stats.cpu_cores;
     if (n.has_stats && n.stats.gpu_util >= 0) j["gpu_utilization"] = n.stats.gpu_util / 100;
   }
   return {{"nodes", std::move(nodes)}};
@@ -351,19 +370,23 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
   for (const Gauge& g : kGauges) {
     Family(g.name, "gauge", g.help, out);
     for (const JobView& j : jobs) {
-      if (!g.needs_reports || j.reports) Sample(g.name, Label("job_name", j.name), j.*(g.field), out);
+      if (!g.needs_reports || j.reports)
+        Sample(g.name, Label("job_name", j.name), j.*(g.field), out);
     }
   }
-  Family("edl_job_state", "gauge", "1 for the job's state: pending (no trainers yet), running or done.", out);
+  Family("edl_job_state", "gauge",
+         "1 for the job's state: pending (no trainers yet), running or done.", out);
   for (const JobView& j : jobs) {
     for (const char* s : {"pending", "running", "done"}) {
-      Sample("edl_job_state", Label("job_name", j.name) + "," + Label("state", s), j.state == s ? 1 : 0, out);
+      Sample("edl_job_state", Label("job_name", j.name) + "," + Label("state", s),
+             j.state == s ? 1 : 0, out);
     }
   }
   Family("edl_job_rescale_pending", "gauge",
          "1 while a grow is being prepared (hot joiners starting; single-job server).", out);
   for (const JobView& j : jobs) {
-    if (status.contains("job_id")) Sample("edl_job_rescale_pending", Label("job_name", j.name), j.rescale_pending, out);
+    if (status.contains("job_id"))
+      Sample("edl_job_rescale_pending", Label("job_name", j.name), j.rescale_pending, out);
   }
   // Counters of the records seen since this server started.
   Family("edl_job_generations_total", "counter", "Generations committed, by reason.", out);
@@ -380,20 +403,24 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
   for (const auto& [name, j] : jobs_) {
     for (int k = 0; k < 4; ++k) {
       if (j.stalls[k].count() > 0) {
-        j.stalls[k].Render("edl_job_stall_seconds", Label("job_name", name) + "," + Label("kind", kStallKinds[k]), out);
+        j.stalls[k].Render("edl_job_stall_seconds",
+                           Label("job_name", name) + "," + Label("kind", kStallKinds[k]), out);
       }
     }
   }
   Family("edl_job_trainer_failures_total", "counter",
          "Trainers that exited with a failure (members and hot joiners).", out);
   for (const auto& [name, j] : jobs_) {
-    Sample("edl_job_trainer_failures_total", Label("job_name", name), static_cast<double>(j.trainer_failures), out);
+    Sample("edl_job_trainer_failures_total", Label("job_name", name),
+           static_cast<double>(j.trainer_failures), out);
   }
   Family("edl_job_checkpoint_saves_total", "counter", "Checkpoints rank 0 reported saved.", out);
   for (const auto& [name, j] : jobs_) {
-    Sample("edl_job_checkpoint_saves_total", Label("job_name", name), static_cast<double>(j.checkpoint_saves), out);
+    Sample("edl_job_checkpoint_saves_total", Label("job_name", name),
+           static_cast<double>(j.checkpoint_saves), out);
   }
-  Family("edl_job_checkpoint_save_failures_total", "counter", "Checkpoint saves rank 0 reported failed.", out);
+  Family("edl_job_checkpoint_save_failures_total", "counter",
+         "Checkpoint saves rank 0 reported failed.", out);
   for (const auto& [name, j] : jobs_) {
     Sample("edl_job_checkpoint_save_failures_total", Label("job_name", name),
            static_cast<double>(j.checkpoint_failures), out);
@@ -413,25 +440,32 @@ void ServerMetrics::RenderNodes(const json& status, std::string* out) const {
   const json empty = json::array();
   const json& nodes = have_list ? *listed : empty;
   Family("edl_node_slots", "gauge", "Trainer slots the node offers.", out);
-  for (const json& n : nodes) Sample("edl_node_slots", Label("node", Str(n, "name")), Num(n, "slots"), out);
+  for (const json& n : nodes)
+    Sample("edl_node_slots", Label("node", Str(n, "name")), Num(n, "slots"), out);
   Family("edl_node_trainers", "gauge", "Trainers of the current generation on the node.", out);
-  for (const json& n : nodes) Sample("edl_node_trainers", Label("node", Str(n, "name")), Num(n, "used"), out);
+  for (const json& n : nodes)
+    Sample("edl_node_trainers", Label("node", Str(n, "name")), Num(n, "used"), out);
   Family("edl_node_connected", "gauge", "1 while the node's client is connected.", out);
   for (const json& n : nodes) {
     Sample("edl_node_connected", Label("node", Str(n, "name")), Bool(n, "connected"), out);
   }
   const int64_t now = clock_->NowMicros();
-  Family("edl_node_heartbeat_age_seconds", "gauge", "Time since the node's client last sent a frame.", out);
+  Family("edl_node_heartbeat_age_seconds", "gauge",
+         "Time since the node's client last sent a frame.", out);
   for (const auto& [name, n] : nodes_) {
-    if (n.heard_us > 0) Sample("edl_node_heartbeat_age_seconds", Label("node", name), (now - n.heard_us) * 1e-6, out);
+    if (n.heard_us > 0)
+      Sample("edl_node_heartbeat_age_seconds", Label("node", name), (now - n.heard_us) * 1e-6, out);
   }
-  Family("edl_node_cpu_utilization_ratio", "gauge", "Busy CPUs over the node's cores, 0..1 (cluster nodes).", out);
+  Family("edl_node_cpu_utilization_ratio", "gauge",
+         "Busy CPUs over the node's cores, 0..1 (cluster nodes).", out);
   for (const auto& [name, n] : nodes_) {
     if (n.has_stats && n.stats.cpu_cores > 0) {
-      Sample("edl_node_cpu_utilization_ratio", Label("node", name), n.stats.cpu_busy / n.stats.cpu_cores, out);
+      Sample("edl_node_cpu_utilization_ratio", Label("node", name),
+             n.stats.cpu_busy / n.stats.cpu_cores, out);
     }
   }
-  Family("edl_node_gpu_utilization_ratio", "gauge", "Mean GPU utilisation of the node, 0..1 (where measured).", out);
+  Family("edl_node_gpu_utilization_ratio", "gauge",
+         "Mean GPU utilisation of the node, 0..1 (where measured).", out);
   for (const auto& [name, n] : nodes_) {
     if (n.has_stats && n.stats.gpu_util >= 0) {
       Sample("edl_node_gpu_utilization_ratio", Label("node", name), n.stats.gpu_util / 100, out);
@@ -440,7 +474,8 @@ void ServerMetrics::RenderNodes(const json& status, std::string* out) const {
 }
 
 void ServerMetrics::RenderServices(const json& status, std::string* out) const {
-  const json services = status.is_object() ? status.value("services", json::object()) : json::object();
+  const json services =
+      status.is_object() ? status.value("services", json::object()) : json::object();
   if (!services.is_object()) return;
   struct Row {
     std::string name;
@@ -468,29 +503,42 @@ void ServerMetrics::RenderServices(const json& status, std::string* out) const {
     r.restarts = Num(s, "restarts");
     rows.push_back(r);
   }
-  auto family = [&](const char* name, const char* type, const char* help, auto value, auto present) {
+  auto family = [&](const char* name, const char* type, const char* help, auto value,
+                    auto present) {
     Family(name, type, help, out);
     for (const Row& r : rows) {
       if (present(r)) Sample(name, Label("service", r.name), value(r), out);
     }
   };
   auto always = [](const Row&) { return true; };
-  family("edl_service_desired_teachers", "gauge", "Teachers asked for (edl ctl scale SERVICE N).",
-         [](const Row& r) { return r.desired; }, [](const Row& r) { return r.has_desired; });
-  family("edl_service_placed_teachers", "gauge", "Teachers the server placed on nodes (not stopping).",
-         [](const Row& r) { return r.placed; }, always);
-  family("edl_service_teachers", "gauge", "Teachers registered and serving.",
-         [](const Row& r) { return r.teachers; }, always);
-  family("edl_service_students", "gauge", "Students watching the service.",
-         [](const Row& r) { return r.students; }, always);
-  family("edl_service_requests_per_second", "gauge", "Requests per second the teachers reported, summed.",
-         [](const Row& r) { return r.requests; }, always);
-  family("edl_service_samples_per_second", "gauge", "Samples per second the teachers reported, summed.",
-         [](const Row& r) { return r.samples; }, always);
-  family("edl_service_latency_seconds", "gauge", "Teachers' mean request latency, weighted by requests.",
-         [](const Row& r) { return r.latency; }, [](const Row& r) { return r.latency >= 0; });
-  family("edl_service_teacher_restarts_total", "counter", "Teachers the server replaced after they exited.",
-         [](const Row& r) { return r.restarts; }, always);
+  family(
+      "edl_service_desired_teachers", "gauge", "Teachers asked for (edl ctl scale SERVICE N).",
+      [](const Row& r) { return r.desired; }, [](const Row& r) { return r.has_desired; });
+  family(
+      "edl_service_placed_teachers", "gauge", "Teachers the server placed on nodes (not stopping).",
+      [](const Row& r) { return r.placed; }, always);
+  family(
+      "edl_service_teachers", "gauge", "Teachers registered and serving.",
+      [](const Row& r) { return r.teachers; }, always);
+  family(
+      "edl_service_students", "gauge", "Students watching the service.",
+      [](const Row& r) { return r.students; }, always);
+  family(
+      "edl_service_requests_per_second", "gauge",
+      "Requests per second the teachers reported, summed.", [](const Row& r) { return r.requests; },
+      always);
+  family(
+      "edl_service_samples_per_second", "gauge",
+      "Samples per second the teachers reported, summed.", [](const Row& r) { return r.samples; },
+      always);
+  family(
+      "edl_service_latency_seconds", "gauge",
+      "Teachers' mean request latency, weighted by requests.",
+      [](const Row& r) { return r.latency; }, [](const Row& r) { return r.latency >= 0; });
+  family(
+      "edl_service_teacher_restarts_total", "counter",
+      "Teachers the server replaced after they exited.", [](const Row& r) { return r.restarts; },
+      always);
 }
 
 void ServerMetrics::RenderServer(const json& status, std::string* out) const {
@@ -498,7 +546,9 @@ void ServerMetrics::RenderServer(const json& status, std::string* out) const {
   Family("edl_server_info", "gauge", "1; the mode label says single-job or cluster server.", out);
   Sample("edl_server_info", Label("mode", cluster ? "cluster" : "single"), 1, out);
   Family("edl_server_leader", "gauge",
-         "1: this server leads its job (a standby waits without serving anything, so it is down here).", out);
+         "1: this server leads its job (a standby waits without serving anything, so it is down "
+         "here).",
+         out);
   Sample("edl_server_leader", "", 1, out);
   Family("edl_server_start_time_seconds", "gauge", "When the server started, Unix time.", out);
   Sample("edl_server_start_time_seconds", "", start_wall_us_ * 1e-6, out);
@@ -508,18 +558,24 @@ void ServerMetrics::RenderServer(const json& status, std::string* out) const {
   Sample("edl_cluster_slots", "", Num(status, "total_slots"), out);
   Family("edl_cluster_used_slots", "gauge", "Slots holding a trainer.", out);
   Sample("edl_cluster_used_slots", "", Num(status, "used_slots"), out);
-  Family("edl_server_connections", "gauge", "Open control-plane connections (clients, ctl, services, unauthenticated).", out);
+  Family("edl_server_connections", "gauge",
+         "Open control-plane connections (clients, ctl, services, unauthenticated).", out);
   Sample("edl_server_connections", "", static_cast<double>(connections_), out);
-  Family("edl_server_connections_accepted_total", "counter", "Control-plane connections accepted.", out);
+  Family("edl_server_connections_accepted_total", "counter", "Control-plane connections accepted.",
+         out);
   Sample("edl_server_connections_accepted_total", "", static_cast<double>(connections_total_), out);
-  Family("edl_server_frames_refused_total", "counter", "Frames and connections the server refused, by reason.", out);
+  Family("edl_server_frames_refused_total", "counter",
+         "Frames and connections the server refused, by reason.", out);
   for (size_t i = 0; i < refused_.size(); ++i) {
-    Sample("edl_server_frames_refused_total", Label("reason", FrameRefusalName(static_cast<FrameRefusal>(i))),
+    Sample("edl_server_frames_refused_total",
+           Label("reason", FrameRefusalName(static_cast<FrameRefusal>(i))),
            static_cast<double>(refused_[i]), out);
   }
-  Family("edl_http_responses_total", "counter", "Answers of this HTTP endpoint, by status code.", out);
+  Family("edl_http_responses_total", "counter", "Answers of this HTTP endpoint, by status code.",
+         out);
   for (const auto& [code, n] : http_answers_) {
-    Sample("edl_http_responses_total", Label("code", std::to_string(code)), static_cast<double>(n), out);
+    Sample("edl_http_responses_total", Label("code", std::to_string(code)), static_cast<double>(n),
+           out);
   }
   Family("edl_http_connections", "gauge", "Open connections to this HTTP endpoint.", out);
   Sample("edl_http_connections", "", static_cast<double>(http_connections_), out);

@@ -1,6 +1,6 @@
 // ServerMetrics: what `edl server --http_addr` serves about the cluster (jobserver/http_endpoint.h)
-// beyond the status body `edl ctl status --json` prints: counters the server feeds as things happen,
-// and the Prometheus text exposition of both.
+// beyond the status body `edl ctl status --json` prints: counters the server feeds as things
+// happen, and the Prometheus text exposition of both.
 //
 // Fed by
 //  - OnRecord: every record an events log appends (EventsLog's observer): generations by reason,
@@ -11,9 +11,10 @@
 //  - the HTTP endpoint: its answers by status code and its open connections.
 // Render turns a status body (single job or cluster; the same JSON as /api/status) and these
 // counters into Prometheus text: `edl_` prefix, base units (seconds, ratios), `_total` counters,
-// label values escaped; a job is labelled `job_name` (Prometheus keeps `job` for the scrape job). Everything a peer can make it hold is bounded: jobs (kMaxJobs, the
-// least recently written dropped), reasons per job, ring entries per job; nodes are dropped with
-// their node_disconnected or node_lost record.
+// label values escaped; a job is labelled `job_name` (Prometheus keeps `job` for the scrape job).
+// Everything a peer can make it hold is bounded: jobs (kMaxJobs, the least recently written
+// dropped), reasons per job, ring entries per job; nodes are dropped with their node_disconnected
+// or node_lost record.
 //
 // Thread-safety: none; used on the server's io_context thread.
 #pragma once
@@ -33,7 +34,8 @@
 
 namespace edl::jobserver {
 
-// Why the server refused a frame (a closed set: the label values of edl_server_frames_refused_total).
+// Why the server refused a frame (a closed set: the label values of
+// edl_server_frames_refused_total).
 enum class FrameRefusal {
   kUnauthenticated,  // a peer without the secret: bad MAC, or anything but hello first
   kInvalid,          // an authenticated peer's malformed or unexpected frame (the peer is closed)
@@ -47,7 +49,8 @@ const char* FrameRefusalName(FrameRefusal r);
 // Prometheus histogram with fixed bucket bounds (upper bounds, seconds).
 class Histogram {
  public:
-  static constexpr std::array<double, 11> kBounds = {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
+  static constexpr std::array<double, 11> kBounds = {0.05, 0.1, 0.25, 0.5, 1,  2.5,
+                                                     5,    10,  30,   60,  300};
   void Observe(double v);
   // `name`_bucket / _sum / _count lines with `labels` (`k="v",...` or "") before "le".
   void Render(const std::string& name, const std::string& labels, std::string* out) const;
@@ -61,9 +64,9 @@ class Histogram {
 
 class ServerMetrics : public EventsObserver {
  public:
-  static constexpr size_t kMaxJobs = 256;            // jobs whose counters and ring are kept
-  static constexpr size_t kMaxReasonsPerJob = 16;    // then "other"
-  static constexpr size_t kRingPerJob = 2048;        // timeline records kept per job (~150 B each)
+  static constexpr size_t kMaxJobs = 256;          // jobs whose counters and ring are kept
+  static constexpr size_t kMaxReasonsPerJob = 16;  // then "other"
+  static constexpr size_t kRingPerJob = 2048;      // timeline records kept per job (~150 B each)
   static constexpr size_t kMaxRecentPerReply = 2048;
 
   // `clock` is not owned and must outlive this.
@@ -103,8 +106,8 @@ class ServerMetrics : public EventsObserver {
       uint64_t seq;
       std::string json;  // compact, with "seq"
     };
-    std::deque<Entry> ring;  // timeline records
-    uint64_t last_write = 0;          // sequence number of its newest record (LRU)
+    std::deque<Entry> ring;   // timeline records
+    uint64_t last_write = 0;  // sequence number of its newest record (LRU)
   };
   struct Node {
     int64_t heard_us = 0;

@@ -37,7 +37,8 @@ inline HttpReply HttpGet(const std::string& host, int port, const std::string& t
   parser.body_limit(64u << 20);
   HttpReply out;
   stream.expires_after(timeout);
-  const boost::asio::ip::tcp::endpoint ep(boost::asio::ip::make_address(host), static_cast<uint16_t>(port));
+  const boost::asio::ip::tcp::endpoint ep(boost::asio::ip::make_address(host),
+                                          static_cast<uint16_t>(port));
   stream.async_connect(ep, [&](beast::error_code ec) {
     if (ec) {
       out.error = "connect: " + ec.message();
@@ -71,8 +72,9 @@ inline HttpReply HttpGet(const std::string& host, int port, const std::string& t
 // Sends `bytes` to 127.0.0.1:`port` (after `gap` between each of `chunks` equal pieces, when
 // given) and returns whatever comes back until the server closes or `timeout` passes; *closed
 // says whether the server closed the connection.
-inline std::string RawExchange(int port, const std::string& bytes, bool* closed,
-                               std::chrono::milliseconds timeout = std::chrono::milliseconds(15000)) {
+inline std::string RawExchange(
+    int port, const std::string& bytes, bool* closed,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(15000)) {
   namespace beast = boost::beast;
   boost::asio::io_context io;
   beast::tcp_stream stream(io);
@@ -90,7 +92,8 @@ inline std::string RawExchange(int port, const std::string& bytes, bool* closed,
       read_more();
     });
   };
-  const boost::asio::ip::tcp::endpoint ep(boost::asio::ip::make_address("127.0.0.1"), static_cast<uint16_t>(port));
+  const boost::asio::ip::tcp::endpoint ep(boost::asio::ip::make_address("127.0.0.1"),
+                                          static_cast<uint16_t>(port));
   stream.async_connect(ep, [&](beast::error_code ec) {
     if (ec) return;
     boost::asio::async_write(stream, boost::asio::buffer(bytes), [&](beast::error_code ec, size_t) {

@@ -63,7 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const std::string text = m.Render(rec);
       FUZZ_CHECK(text.find("edl_server_uptime_seconds") != std::string::npos);
       const std::string job = rec.is_object() && rec.contains("job") && rec["job"].is_string()
-                                  ? rec["job"].get<std::string>() : "j";
+                                  ? rec["job"].get<std::string>()
+                                  : "j";
       FUZZ_CHECK(nlohmann::json::parse(m.Recent(job, 0), nullptr, false).is_object());
     }
   }

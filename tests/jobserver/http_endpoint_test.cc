@@ -27,10 +27,18 @@ class HttpEndpointTest : public ::testing::Test {
   void Start(HttpOptions o) {
     o.addr = o.addr.empty() ? "127.0.0.1:0" : o.addr;
     metrics_ = std::make_unique<ServerMetrics>(Clock::Real());
-    metrics_->OnRecord({{"type", "generation"}, {"job", "j1"}, {"generation", 2}, {"reason", "ctl"}, {"time", 1.0}});
+    metrics_->OnRecord({{"type", "generation"},
+                        {"job", "j1"},
+                        {"generation", 2},
+                        {"reason", "ctl"},
+                        {"time", 1.0}});
     endpoint_ = std::make_unique<HttpEndpoint>(&io_, o, metrics_.get(), [this] {
       ++status_calls_;
-      return json{{"job_id", "j1"}, {"generation", 2}, {"world_size", 3}, {"desired", 3}, {"nodes", json::array()}};
+      return json{{"job_id", "j1"},
+                  {"generation", 2},
+                  {"world_size", 3},
+                  {"desired", 3},
+                  {"nodes", json::array()}};
     });
     ASSERT_OK(endpoint_->Start());
     port_ = endpoint_->port();
@@ -81,14 +89,16 @@ TEST_F(HttpEndpointTest, ServesMetricsStatusEventsAndThePage) {
   EXPECT_EQ(r.headers["content-type"], "text/html; charset=utf-8");
   EXPECT_NE(r.body.find("<title>EDL cluster</title>"), std::string::npos);
   EXPECT_NE(r.headers["content-security-policy"].find("default-src 'none'"), std::string::npos);
-  EXPECT_EQ(r.body.find("http://"), r.body.find("http://www.w3.org/2000/svg")) << "no external resources";
+  EXPECT_EQ(r.body.find("http://"), r.body.find("http://www.w3.org/2000/svg"))
+      << "no external resources";
   EXPECT_EQ(r.body.find("https://"), std::string::npos) << "no external resources";
   // Two requests on one connection (keep-alive), the second a HEAD.
   bool closed = false;
-  const std::string both = RawExchange(port_,
-                                       "GET /api/status HTTP/1.1\r\nHost: localhost\r\n\r\n"
-                                       "HEAD /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-                                       &closed);
+  const std::string both =
+      RawExchange(port_,
+                  "GET /api/status HTTP/1.1\r\nHost: localhost\r\n\r\n"
+                  "HEAD /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+                  &closed);
   EXPECT_EQ(both.find("HTTP/1.1 200 OK"), 0u) << both;
   EXPECT_NE(both.find("HTTP/1.1 200 OK", 10), std::string::npos) << both;
   EXPECT_TRUE(closed);
@@ -108,8 +118,9 @@ TEST_F(HttpEndpointTest, HostileRequestsGet4xxOrACloseAndOthersAreStillServed) {
     return got.substr(0, got.find("\r\n"));
   };
   // Path traversal and unknown paths: 404, nothing from the file system.
-  for (const char* path : {"/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/metrics/../../etc/passwd",
-                                  "//etc/passwd", "/api/status/../../x", "/index.html/.."}) {
+  for (const char* path :
+       {"/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "/metrics/../../etc/passwd",
+        "//etc/passwd", "/api/status/../../x", "/index.html/.."}) {
     EXPECT_EQ(Get(path).status, 404) << path;
   }
   EXPECT_EQ(Get("/api/events?job=../../x").status, 400);
@@ -121,7 +132,8 @@ TEST_F(HttpEndpointTest, HostileRequestsGet4xxOrACloseAndOthersAreStillServed) {
   std::string many = "GET / HTTP/1.1\r\n";
   for (int i = 0; i < 100; ++i) many += "X" + std::to_string(i) + ": 1\r\n";
   EXPECT_EQ(status_line(many + "\r\n"), "HTTP/1.1 431 Request Header Fields Too Large");
-  EXPECT_EQ(status_line("POST /metrics HTTP/1.1\r\nContent-Length: 4\r\n\r\nabcd"), "HTTP/1.1 413 Payload Too Large");
+  EXPECT_EQ(status_line("POST /metrics HTTP/1.1\r\nContent-Length: 4\r\n\r\nabcd"),
+            "HTTP/1.1 413 Payload Too Large");
   EXPECT_EQ(status_line("DELETE /metrics HTTP/1.1\r\n\r\n"), "HTTP/1.1 405 Method Not Allowed");
   EXPECT_EQ(status_line("\x16\x03\x01\x02garbage\r\n\r\n"), "HTTP/1.1 400 Bad Request");
   EXPECT_EQ(Get("/api/status", {{"Host", "evil.example:80"}}).status, 403) << "DNS rebinding";
@@ -146,7 +158,8 @@ TEST_F(HttpEndpointTest, HostileRequestsGet4xxOrACloseAndOthersAreStillServed) {
     boost::system::error_code ec;
     const size_t n = s->read_some(boost::asio::buffer(&c, 1), ec);
     EXPECT_EQ(n, 0u);
-    EXPECT_TRUE(ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset) << ec.message();
+    EXPECT_TRUE(ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset)
+        << ec.message();
   }
   ExpectServing();
 }
@@ -195,7 +208,9 @@ TEST_F(HttpEndpointTest, ATokenIsRequiredAndComparedExactly) {
     EXPECT_EQ(Get(path, {{"Authorization", "Bearer " + o.token}}).status, 200) << path;
   }
   // With a token, the Host is not checked (the token is the defence).
-  EXPECT_EQ(Get("/api/status", {{"Authorization", "Bearer " + o.token}, {"Host", "edl.example"}}).status, 200);
+  EXPECT_EQ(
+      Get("/api/status", {{"Authorization", "Bearer " + o.token}, {"Host", "edl.example"}}).status,
+      200);
 }
 
 TEST(HttpOptionsTest, AddressesAndTokens) {
@@ -206,8 +221,8 @@ TEST(HttpOptionsTest, AddressesAndTokens) {
   EXPECT_EQ(port, 8181);
   ASSERT_OK(ParseHttpAddr("[::1]:0", &host, &port));
   EXPECT_EQ(host, "::1");
-  for (const char* bad : {"", "8181", "localhost:8181", "::1:80", "1.2.3.4:99999", "1.2.3.4:", ":80",
-                                 "1.2.3.4:8x", "[::1]80"}) {
+  for (const char* bad : {"", "8181", "localhost:8181", "::1:80", "1.2.3.4:99999",
+                          "1.2.3.4:", ":80", "1.2.3.4:8x", "[::1]80"}) {
     EXPECT_FALSE(ParseHttpAddr(bad, &host, &port).ok()) << bad;
   }
   EXPECT_TRUE(IsLoopbackIp("127.0.0.2"));

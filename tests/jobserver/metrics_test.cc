@@ -24,16 +24,27 @@ bool Has(const std::string& text, const std::string& line) {
 }
 
 json SingleStatus() {
-  return {{"job_id", "j1"}, {"generation", 3}, {"world_size", 4}, {"desired", 4}, {"pending", false},
-          {"done", false}, {"total_slots", 8}, {"used_slots", 4},
-          {"progress", {{"reporting", 4}, {"step", 120}, {"epoch", 1}, {"loss", 0.5}, {"images_per_sec", 800.5}}},
-          {"nodes", json::array({{{"name", "n1"}, {"slots", 4}, {"used", 2}, {"connected", true}},
-                                 {{"name", "n\"2"}, {"slots", 4}, {"used", 2}, {"connected", false}}})},
-          {"services", {{"teach", {{"students", 2}, {"desired", 3},
-                                   {"teachers", json::array({{{"requests_per_sec", 10}, {"latency_ms", 20}},
-                                                             {{"requests_per_sec", 30}, {"latency_ms", 40}}})},
-                                   {"placed", json::array({{{"stopping", false}}, {{"stopping", true}}})},
-                                   {"restarts", 1}}}}}};
+  return {
+      {"job_id", "j1"},
+      {"generation", 3},
+      {"world_size", 4},
+      {"desired", 4},
+      {"pending", false},
+      {"done", false},
+      {"total_slots", 8},
+      {"used_slots", 4},
+      {"progress",
+       {{"reporting", 4}, {"step", 120}, {"epoch", 1}, {"loss", 0.5}, {"images_per_sec", 800.5}}},
+      {"nodes", json::array({{{"name", "n1"}, {"slots", 4}, {"used", 2}, {"connected", true}},
+                             {{"name", "n\"2"}, {"slots", 4}, {"used", 2}, {"connected", false}}})},
+      {"services",
+       {{"teach",
+         {{"students", 2},
+          {"desired", 3},
+          {"teachers", json::array({{{"requests_per_sec", 10}, {"latency_ms", 20}},
+                                    {{"requests_per_sec", 30}, {"latency_ms", 40}}})},
+          {"placed", json::array({{{"stopping", false}}, {{"stopping", true}}})},
+          {"restarts", 1}}}}}};
 }
 
 TEST(MetricsTest, RendersTheStatusOfASingleJobServer) {
@@ -57,9 +68,11 @@ TEST(MetricsTest, RendersTheStatusOfASingleJobServer) {
   EXPECT_TRUE(Has(t, "edl_node_connected{node=\"n\\\"2\"} 0")) << "label values escaped: " << t;
   EXPECT_TRUE(Has(t, "edl_node_heartbeat_age_seconds{node=\"n1\"} 2.5")) << t;
   EXPECT_TRUE(Has(t, "edl_service_desired_teachers{service=\"teach\"} 3")) << t;
-  EXPECT_TRUE(Has(t, "edl_service_placed_teachers{service=\"teach\"} 1")) << "not the stopping one: " << t;
+  EXPECT_TRUE(Has(t, "edl_service_placed_teachers{service=\"teach\"} 1"))
+      << "not the stopping one: " << t;
   EXPECT_TRUE(Has(t, "edl_service_requests_per_second{service=\"teach\"} 40")) << t;
-  EXPECT_TRUE(Has(t, "edl_service_latency_seconds{service=\"teach\"} 0.035")) << "request-weighted: " << t;
+  EXPECT_TRUE(Has(t, "edl_service_latency_seconds{service=\"teach\"} 0.035"))
+      << "request-weighted: " << t;
   EXPECT_TRUE(Has(t, "edl_server_connections 1")) << t;
   EXPECT_TRUE(Has(t, "edl_server_connections_accepted_total 2")) << t;
   EXPECT_TRUE(Has(t, "edl_server_frames_refused_total{reason=\"not_placed\"} 1")) << t;
@@ -75,17 +88,37 @@ TEST(MetricsTest, CountsRecordsAndKeepsTheTimeline) {
     r["time"] = 100.0;
     m.OnRecord(r);
   };
-  rec({{"type", "generation"}, {"generation", 1}, {"reason", "start"}, {"world_size_before", 0}, {"world_size_after", 4}});
-  rec({{"type", "progress"}, {"generation", 1}, {"world_size", 4}, {"images_per_sec", 100}, {"loss", 2.0}});
+  rec({{"type", "generation"},
+       {"generation", 1},
+       {"reason", "start"},
+       {"world_size_before", 0},
+       {"world_size_after", 4}});
+  rec({{"type", "progress"},
+       {"generation", 1},
+       {"world_size", 4},
+       {"images_per_sec", 100},
+       {"loss", 2.0}});
   rec({{"type", "trainer_exit"}, {"trainer_id", "t1"}, {"how", "signal 9"}, {"success", false}});
   rec({{"type", "trainer_exit"}, {"trainer_id", "t2"}, {"how", "exit 0"}, {"success", true}});
-  rec({{"type", "generation"}, {"generation", 2}, {"reason", "failure"}, {"failure", true}, {"world_size_before", 4},
+  rec({{"type", "generation"},
+       {"generation", 2},
+       {"reason", "failure"},
+       {"failure", true},
+       {"world_size_before", 4},
        {"world_size_after", 3}});
   for (int i = 0; i < 3; ++i) {
-    rec({{"type", "trainer_event"}, {"event", "stall"}, {"failure", true}, {"world_before", 4}, {"world_after", 3},
+    rec({{"type", "trainer_event"},
+         {"event", "stall"},
+         {"failure", true},
+         {"world_before", 4},
+         {"world_after", 3},
          {"stall_s", 0.3}});
   }
-  rec({{"type", "trainer_event"}, {"event", "stall"}, {"world_before", 3}, {"world_after", 4}, {"stall_s", "oops"}});
+  rec({{"type", "trainer_event"},
+       {"event", "stall"},
+       {"world_before", 3},
+       {"world_after", 4},
+       {"stall_s", "oops"}});
   rec({{"type", "trainer_event"}, {"event", "checkpoint_saved"}, {"ok", true}, {"seconds", 1.5}});
   rec({{"type", "trainer_event"}, {"event", "checkpoint_saved"}, {"ok", false}});
   rec({{"type", "generation"}, {"generation", 3}, {"reason", "Weird Reason!"}});
@@ -94,11 +127,17 @@ TEST(MetricsTest, CountsRecordsAndKeepsTheTimeline) {
   EXPECT_TRUE(Has(t, "edl_job_generations_total{job_name=\"j1\",reason=\"failure\"} 1")) << t;
   EXPECT_TRUE(Has(t, "edl_job_generations_total{job_name=\"j1\",reason=\"other\"} 1")) << t;
   EXPECT_TRUE(Has(t, "edl_job_trainer_failures_total{job_name=\"j1\"} 1")) << t;
-  EXPECT_TRUE(Has(t, "edl_job_stall_seconds_bucket{job_name=\"j1\",kind=\"failure\",le=\"0.25\"} 0")) << t;
-  EXPECT_TRUE(Has(t, "edl_job_stall_seconds_bucket{job_name=\"j1\",kind=\"failure\",le=\"0.5\"} 3")) << t;
-  EXPECT_TRUE(Has(t, "edl_job_stall_seconds_bucket{job_name=\"j1\",kind=\"failure\",le=\"+Inf\"} 3")) << t;
+  EXPECT_TRUE(
+      Has(t, "edl_job_stall_seconds_bucket{job_name=\"j1\",kind=\"failure\",le=\"0.25\"} 0"))
+      << t;
+  EXPECT_TRUE(Has(t, "edl_job_stall_seconds_bucket{job_name=\"j1\",kind=\"failure\",le=\"0.5\"} 3"))
+      << t;
+  EXPECT_TRUE(
+      Has(t, "edl_job_stall_seconds_bucket{job_name=\"j1\",kind=\"failure\",le=\"+Inf\"} 3"))
+      << t;
   EXPECT_TRUE(Has(t, "edl_job_stall_seconds_count{job_name=\"j1\",kind=\"failure\"} 3")) << t;
-  EXPECT_EQ(t.find("kind=\"grow\""), std::string::npos) << "a stall_s that is not a number is ignored: " << t;
+  EXPECT_EQ(t.find("kind=\"grow\""), std::string::npos)
+      << "a stall_s that is not a number is ignored: " << t;
   EXPECT_TRUE(Has(t, "edl_job_checkpoint_saves_total{job_name=\"j1\"} 1")) << t;
   EXPECT_TRUE(Has(t, "edl_job_checkpoint_save_failures_total{job_name=\"j1\"} 1")) << t;
   EXPECT_TRUE(Has(t, "edl_job_checkpoint_save_seconds_sum{job_name=\"j1\"} 1.5")) << t;
@@ -114,7 +153,8 @@ TEST(MetricsTest, CountsRecordsAndKeepsTheTimeline) {
   ASSERT_EQ(rest["records"].size(), 2u) << rest.dump();
   EXPECT_EQ(rest["next"], all["next"]);
   EXPECT_EQ(json::parse(m.Recent("j1", all["next"].get<uint64_t>()))["records"].size(), 0u);
-  EXPECT_EQ(json::parse(m.Recent("j1", 1'000'000))["records"].size(), 5u) << "a newer server's numbers: from 0";
+  EXPECT_EQ(json::parse(m.Recent("j1", 1'000'000))["records"].size(), 5u)
+      << "a newer server's numbers: from 0";
   EXPECT_EQ(json::parse(m.Recent("nobody", 0))["records"].size(), 0u);
 }
 
@@ -124,8 +164,11 @@ TEST(MetricsTest, WhatRecordsCanMakeItHoldIsBounded) {
   for (size_t i = 0; i < ServerMetrics::kMaxJobs + 10; ++i) {
     m.OnRecord({{"type", "progress"}, {"job", "job" + std::to_string(i)}, {"time", 1.0}});
   }
-  EXPECT_EQ(json::parse(m.Recent("job0", 0))["records"].size(), 0u) << "the least recently written job went";
-  EXPECT_EQ(json::parse(m.Recent("job" + std::to_string(ServerMetrics::kMaxJobs + 9), 0))["records"].size(), 1u);
+  EXPECT_EQ(json::parse(m.Recent("job0", 0))["records"].size(), 0u)
+      << "the least recently written job went";
+  EXPECT_EQ(json::parse(m.Recent("job" + std::to_string(ServerMetrics::kMaxJobs + 9), 0))["records"]
+                .size(),
+            1u);
   for (size_t i = 0; i < ServerMetrics::kRingPerJob + 100; ++i) {
     m.OnRecord({{"type", "progress"}, {"job", "busy"}, {"time", 1.0}});
   }
@@ -164,33 +207,52 @@ TEST(MetricsTest, ClusterStatusAndPromtoolAcceptsTheText) {
   st.gpu_util = 50;
   m.NodeStatsReported("gpu1", st);
   m.OnRecord({{"type", "generation"}, {"job", "a"}, {"reason", "policy"}});
-  m.OnRecord({{"type", "trainer_event"}, {"job", "a"}, {"event", "stall"}, {"world_before", 1}, {"world_after", 2},
+  m.OnRecord({{"type", "trainer_event"},
+              {"job", "a"},
+              {"event", "stall"},
+              {"world_before", 1},
+              {"world_after", 2},
               {"stall_s", 0.2}});
   m.HttpAnswered(200);
-  const json status = {{"cluster", true}, {"total_slots", 16}, {"used_slots", 3}, {"nodes", 2},
-                       {"jobs", json::array({{{"name", "a"}, {"state", "running"}, {"trainers", 2}, {"target", 3},
-                                              {"generation", 5}, {"images_per_sec", 10.0}, {"step", 7},
-                                              {"epoch", 0}, {"loss", 1.25}},
-                                             {{"name", "b"}, {"state", "pending"}, {"trainers", 0},
-                                              {"target", 0}, {"generation", 0}}})},
+  const json status = {{"cluster", true},
+                       {"total_slots", 16},
+                       {"used_slots", 3},
+                       {"nodes", 2},
+                       {"jobs", json::array({{{"name", "a"},
+                                              {"state", "running"},
+                                              {"trainers", 2},
+                                              {"target", 3},
+                                              {"generation", 5},
+                                              {"images_per_sec", 10.0},
+                                              {"step", 7},
+                                              {"epoch", 0},
+                                              {"loss", 1.25}},
+                                             {{"name", "b"},
+                                              {"state", "pending"},
+                                              {"trainers", 0},
+                                              {"target", 0},
+                                              {"generation", 0}}})},
                        {"services", json::object()}};
   const std::string t = m.Render(status);
   EXPECT_TRUE(Has(t, "edl_job_trainers{job_name=\"a\"} 2")) << t;
   EXPECT_TRUE(Has(t, "edl_job_desired_trainers{job_name=\"a\"} 3")) << t;
   EXPECT_TRUE(Has(t, "edl_job_state{job_name=\"b\",state=\"pending\"} 1")) << t;
-  EXPECT_EQ(t.find("edl_job_loss{job_name=\"b\"}"), std::string::npos) << "no trainers, no loss: " << t;
+  EXPECT_EQ(t.find("edl_job_loss{job_name=\"b\"}"), std::string::npos)
+      << "no trainers, no loss: " << t;
   EXPECT_TRUE(Has(t, "edl_node_cpu_utilization_ratio{node=\"gpu1\"} 0.25")) << t;
   EXPECT_TRUE(Has(t, "edl_node_gpu_utilization_ratio{node=\"gpu1\"} 0.5")) << t;
   EXPECT_TRUE(Has(t, "edl_cluster_slots 16")) << t;
   EXPECT_TRUE(Has(t, "edl_server_info{mode=\"cluster\"} 1")) << t;
   EXPECT_TRUE(Has(t, "edl_http_responses_total{code=\"200\"} 1")) << t;
 
-  if (::access("/usr/bin/promtool", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/promtool (Debian's prometheus)";
+  if (::access("/usr/bin/promtool", X_OK) != 0)
+    GTEST_SKIP() << "no /usr/bin/promtool (Debian's prometheus)";
   test::ScratchDir dir("metrics");
   for (const std::string& text : {t, m.Render(SingleStatus())}) {
     std::ofstream(dir.Join("metrics.txt")) << text;
-    const int rc = itest::RunCommand({"/bin/sh", "-c", "/usr/bin/promtool check metrics < " + dir.Join("metrics.txt")},
-                                     dir.Join("promtool.out"), std::chrono::milliseconds(60000));
+    const int rc = itest::RunCommand(
+        {"/bin/sh", "-c", "/usr/bin/promtool check metrics < " + dir.Join("metrics.txt")},
+        dir.Join("promtool.out"), std::chrono::milliseconds(60000));
     EXPECT_EQ(rc, 0) << itest::Slurp(dir.Join("promtool.out")) << "\n" << text;
   }
 }
@@ -217,7 +279,8 @@ TEST(HttpRequestTest, KeepsWhatTheEndpointNeeds) {
   ASSERT_EQ(Parse("HEAD / HTTP/1.0\r\n\r\n", &h), HttpRefusal::kNone);
   EXPECT_EQ(h.method, HttpMethod::kHead);
   EXPECT_FALSE(h.has_authorization);
-  ASSERT_EQ(Parse("DELETE /x HTTP/1.1\r\nAuthorization: Basic Zm9v\r\n\r\n", &h), HttpRefusal::kNone);
+  ASSERT_EQ(Parse("DELETE /x HTTP/1.1\r\nAuthorization: Basic Zm9v\r\n\r\n", &h),
+            HttpRefusal::kNone);
   EXPECT_EQ(h.method, HttpMethod::kOther);  // the endpoint answers 405
   EXPECT_TRUE(h.has_authorization);
   EXPECT_EQ(h.bearer, "");
@@ -235,22 +298,29 @@ TEST(HttpRequestTest, RefusesWhatAReadOnlyEndpointHasNoUseFor) {
   small.max_head_bytes = 256;
   small.max_fields = 4;
   small.max_target_bytes = 32;
-  EXPECT_EQ(Parse("GET / HTTP/1.1\r\nX: " + std::string(400, 'a') + "\r\n\r\n", &h, small), HttpRefusal::kHeadTooLarge);
+  EXPECT_EQ(Parse("GET / HTTP/1.1\r\nX: " + std::string(400, 'a') + "\r\n\r\n", &h, small),
+            HttpRefusal::kHeadTooLarge);
   std::string many = "GET / HTTP/1.1\r\n";
   for (int i = 0; i < 5; ++i) many += "X" + std::to_string(i) + ": 1\r\n";
   EXPECT_EQ(Parse(many + "\r\n", &h, small), HttpRefusal::kHeadTooLarge);
-  EXPECT_EQ(Parse("GET /" + std::string(40, 'a') + " HTTP/1.1\r\n\r\n", &h, small), HttpRefusal::kTargetTooLong);
-  EXPECT_EQ(Parse("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", &h), HttpRefusal::kBodyNotAllowed);
-  EXPECT_EQ(Parse("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", &h),
+  EXPECT_EQ(Parse("GET /" + std::string(40, 'a') + " HTTP/1.1\r\n\r\n", &h, small),
+            HttpRefusal::kTargetTooLong);
+  EXPECT_EQ(Parse("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", &h),
             HttpRefusal::kBodyNotAllowed);
+  EXPECT_EQ(
+      Parse("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n", &h),
+      HttpRefusal::kBodyNotAllowed);
   EXPECT_EQ(Parse("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", &h), HttpRefusal::kBadRequest);
-  EXPECT_EQ(Parse("GET / HTTP/1.1\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n", &h),
-            HttpRefusal::kBadRequest);
-  EXPECT_EQ(Parse("GET http://evil/ HTTP/1.1\r\n\r\n", &h), HttpRefusal::kBadRequest) << "origin-form only";
+  EXPECT_EQ(
+      Parse("GET / HTTP/1.1\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n", &h),
+      HttpRefusal::kBadRequest);
+  EXPECT_EQ(Parse("GET http://evil/ HTTP/1.1\r\n\r\n", &h), HttpRefusal::kBadRequest)
+      << "origin-form only";
   EXPECT_EQ(Parse("GET / HTTP/2.0\r\n\r\n", &h), HttpRefusal::kBadRequest);
   EXPECT_EQ(Parse("GET /\r\n\r\n", &h), HttpRefusal::kBadRequest);
   EXPECT_EQ(Parse("GET / HTTP/1.1\r\nHost: a\r\n", &h), HttpRefusal::kBadRequest) << "ends early";
-  EXPECT_EQ(Parse(std::string("GET / HTTP/1.1\r\nX: a\0b\r\n\r\n", 26), &h), HttpRefusal::kBadRequest);
+  EXPECT_EQ(Parse(std::string("GET / HTTP/1.1\r\nX: a\0b\r\n\r\n", 26), &h),
+            HttpRefusal::kBadRequest);
   EXPECT_EQ(HttpStatusOf(HttpRefusal::kHeadTooLarge), 431);
   std::map<std::string, std::string> q;
   EXPECT_FALSE(ParseHttpQuery("job=../../etc", 8, &q));
