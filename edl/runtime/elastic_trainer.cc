@@ -129,6 +129,7 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   JoinPrepared();
   if (!left_ && rank_ == 0 && o_.loader != nullptr) {
     EDL_RETURN_IF_ERROR(o_.loader->Finish(trainable_, state_, Context()));
+    ReportSaves();
   }
   auto hash = StateHash(trainable_);
   EDL_RETURN_IF_ERROR(hash.status());
@@ -515,12 +516,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   }
   if (rank_ == 0 && o_.loader != nullptr) {
     EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_, Context()));
-    int64_t saves = 0;
-    double seconds = 0;
-    if (o_.loader->TakeFinishedSaves(&saves, &seconds)) {  // for the job's metrics (jobserver/metrics.h)
-      Event({{"event", "checkpoint_saved"}, {"ok", true}, {"saves", saves}, {"seconds", seconds},
-             {"step", state_.step}});
-    }
+    ReportSaves();
   }
   // This rank's own samples: the control plane sums the members' rates into the job's rate.
   progress_samples_ += static_cast<int64_t>(indices.size());
@@ -644,6 +640,15 @@ void ElasticTrainer::Impl::LogSamples(int64_t step, int64_t epoch,
   // One write(2) with O_APPEND: lines of trainers sharing the file never interleave.
   if (::write(sample_log_fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
     LOG(WARNING) << me_ << ": short write to sample log " << o_.sample_log_path;
+  }
+}
+
+void ElasticTrainer::Impl::ReportSaves() {
+  int64_t saves = 0;
+  double seconds = 0;
+  if (o_.loader->TakeFinishedSaves(&saves, &seconds)) {
+    Event({{"event", "checkpoint_saved"}, {"ok", true}, {"saves", saves}, {"seconds", seconds},
+           {"step", state_.step}});
   }
 }
 

@@ -85,6 +85,9 @@ class ElasticTrainer::Impl {
                   const std::vector<int64_t>* fed = nullptr, const StepStats* fed_stats = nullptr);
   StepContext Context() const { return {gen_.number, gen_.world_size(), rank_}; }
   void Event(nlohmann::json e);
+  // Rank 0: a checkpoint_saved event for the loader's saves finished since the last call (the
+  // server counts them: jobserver/metrics.h).
+  void ReportSaves();
 
   const ElasticOptions o_;
   Trainable* const trainable_;          // not owned
