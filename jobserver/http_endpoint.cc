@@ -229,8 +229,9 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
   }
 
   void Route(const HttpRequestHead& h, bool keep_alive) {
-    if (h.method == HttpMethod::kOther)
+    if (h.method == HttpMethod::kOther) {
       return Answer(405, "text/plain", "method not allowed\n", false);
+    }
     if (core_->loopback && core_->token_mac.empty() && !h.host.empty()) {
       const std::string host = HostOf(h.host);
       if (host != "localhost" && !IsLoopbackIp(host)) {
@@ -262,8 +263,9 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
                     core_->status().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                     keep_alive);
     }
-    if (h.path == "/api/nodes")
+    if (h.path == "/api/nodes") {
       return Answer(200, "application/json", core_->metrics->NodesJson().dump(), keep_alive);
+    }
     std::map<std::string, std::string> q;
     if (!ParseHttpQuery(h.query, core_->options.limits.max_query_params, &q)) {
       return Answer(400, "text/plain", "bad request\n", false);
@@ -320,8 +322,9 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
     socket_.async_read_some(asio::buffer(drain_),
                             [self](const boost::system::error_code& ec, size_t n) {
                               self->drained_ += n;
-                              if (ec || self->closed_ || self->drained_ > kLingerBytes)
+                              if (ec || self->closed_ || self->drained_ > kLingerBytes) {
                                 return self->Close();
+                              }
                               self->Drain();
                             });
   }
