@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzing run (~10-30 minutes on 2 cores): every libFuzzer harness of tests/fuzz (wire frames,
-# message decoders, scaling script, --config INI, checkpoint metadata, image files) under ASan+UBSan, starting
+# message decoders, scaling script, --config INI, checkpoint metadata, image files, HTTP request
+# heads) under ASan+UBSan, starting
 # from its seed corpus, until TOTAL executions have run across them, JOBS harnesses at a time. Each
 # harness gets a share of TOTAL (percent, SHARES below) so that they take similar times: the config
 # harness goes through Boost.Program_options and a file per input, ~20x slower than the others.
@@ -19,8 +20,8 @@ TOTAL=${1:-10000000}
 JOBS=${JOBS:-$(nproc)}
 ASAN_DIR=${ASAN_DIR:-build-asan}
 MAX_CRASHES=${MAX_CRASHES:-3}
-HARNESSES=(frame messages scaling config ckpt_meta image)
-SHARES=(27 18 27 3 15 10)
+HARNESSES=(frame messages scaling config ckpt_meta image http_request)
+SHARES=(24 16 24 3 13 10 10)
 
 targets=""
 for h in "${HARNESSES[@]}"; do targets="$targets fuzz_$h"; done

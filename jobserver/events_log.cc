@@ -8,7 +8,8 @@
 
 namespace edl::jobserver {
 
-Status EventsLog::Open(const std::string& dir, const std::string& job_id, Clock* clock, bool keep_open) {
+Status EventsLog::Open(const std::string& dir, const std::string& job_id, Clock* clock,
+                       EventsObserver* observer, bool keep_open) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IOError("--events_dir " + dir + ": cannot create it: " + ec.message());
@@ -19,6 +20,7 @@ Status EventsLog::Open(const std::string& dir, const std::string& job_id, Clock*
   keep_open_ = keep_open;
   job_id_ = job_id;
   clock_ = clock;
+  observer_ = observer;
   return Status::OK();
 }
 
@@ -26,6 +28,7 @@ nlohmann::json EventsLog::Append(nlohmann::json record) {
   record["time"] = static_cast<double>(clock_->WallMicros()) * 1e-6;
   record["job"] = job_id_;
   Write(record);
+  if (observer_ != nullptr) observer_->OnRecord(record);
   return record;
 }
 

@@ -73,7 +73,7 @@ Status Server::Start() {
     demo_.emplace(options_.demo);
     cluster_.SetDesired(demo_->initial_size(), "policy");
   }
-  EDL_RETURN_IF_ERROR(events_.Open(options_.events_dir, options_.id, clock_));
+  EDL_RETURN_IF_ERROR(events_.Open(options_.events_dir, options_.id, clock_, &metrics_));
   EDL_RETURN_IF_ERROR(OpenState());
   boost::system::error_code ec;
   const auto addr = asio::ip::make_address(options_.bind, ec);
@@ -89,6 +89,10 @@ Status Server::Start() {
         .WithContext("is another edl server running? pick another --server_port");
   }
   port_ = acceptor_.local_endpoint().port();
+  if (!options_.http.addr.empty()) {  // the read-only HTTP endpoint, up before the port file says the server is
+    http_ = std::make_unique<HttpEndpoint>(io_, options_.http, &metrics_, [this] { return StatusBody(); });
+    EDL_RETURN_IF_ERROR(http_->Start());
+  }
   LOG(INFO) << "edl server " << options_.id << (cluster_.own_job().empty() ? " (a cluster of submitted jobs)" : "")
             << " listening on " << options_.bind << ":" << port_ << "; events in " << events_.path();
   if (!options_.port_file.empty()) {
@@ -211,6 +215,7 @@ void Server::Shutdown(bool stop_clients) {
   shutting_down_ = true;
   boost::system::error_code ec;
   acceptor_.close(ec);
+  if (http_) http_->Stop();
   tick_timer_.cancel();
   auto peers = peers_;
   for (auto& [raw, peer] : peers) {
@@ -260,6 +265,7 @@ void Server::OnAccepted(tcp::socket socket) {
   // Room for this one among the pre-auth connections: the oldest pending one may have to go.
   const uint64_t evict = admission_.Admit(reinterpret_cast<uintptr_t>(peer.get()), source);
   if (evict != 0) {
+    metrics_.FrameRefused(FrameRefusal::kEvicted);
     auto it = peers_.find(reinterpret_cast<Peer*>(evict));
     if (it != peers_.end()) {
       auto old = it->second;  // Close() runs OnClose, which erases the map entry
@@ -271,6 +277,7 @@ void Server::OnAccepted(tcp::socket socket) {
   }
   peer->id = next_peer_id_++;
   peers_[peer.get()] = peer;
+  metrics_.ConnectionOpened();
   std::weak_ptr<Peer> weak = peer;
   peer->conn->Start(
       [this, weak](const json& m) {
@@ -313,11 +320,13 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
   const size_t waits = kv_.CancelOwner(peer->id);  // nobody left to answer
   if (waits > 0) VLOG(1) << "dropped " << waits << " kv waits of " << peer->conn->peer();
   peers_.erase(peer.get());
+  metrics_.ConnectionClosed();
   Dispatch();
 }
 
 void Server::Reject(const std::shared_ptr<Peer>& peer, const Status& why) {
   const std::string line = "rejecting " + peer->conn->peer() + ": " + why.ToString();
+  metrics_.FrameRefused(peer->state == Peer::State::kAuth ? FrameRefusal::kUnauthenticated : FrameRefusal::kInvalid);
   if (peer->state == Peer::State::kAuth) {
     LogUnauthenticated(line);
   } else {
@@ -492,6 +501,7 @@ void Server::TellJob(const std::shared_ptr<Peer>& peer, const std::string& job) 
 bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& what, const std::string& trainer_id,
                         std::string* job) {
   if (cluster_.Authorized(trainer_id, peer->node, job)) return true;
+  metrics_.FrameRefused(FrameRefusal::kNotPlaced);
   // Not closed: an honest client may still hold a report queued across a server restart (ids of
   // the previous server); dropping the frame costs nothing, closing would make it reconnect.
   if (LogThis(++peer->refused)) {
@@ -528,6 +538,7 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
     }
   }
   if (!why.empty()) {
+    metrics_.FrameRefused(FrameRefusal::kEventLimit);
     if (LogThis(++peer->refused)) {
       LOG(WARNING) << "dropped an event of trainer " << e.trainer_id << " from node " << peer->node
                    << ": it " << why << " (" << peer->refused << " refused so far)";
@@ -547,6 +558,7 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
                              const json& msg) {
   cluster_.Heartbeat(peer->node);  // any frame proves the node alive
+  metrics_.NodeHeard(peer->node);
   if (type == proto::msg::kTeacherExit) return OnTeacherExit(peer, msg);
   if (type == proto::msg::kServiceWatch) {  // for the node's distilling trainers
     proto::ServiceWatch w;
@@ -564,6 +576,7 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::strin
   if (type == proto::msg::kNodeStats) {
     proto::NodeStats st;
     if (Status s = st.DecodeFrom(msg); !s.ok()) return Reject(peer, s);
+    metrics_.NodeStatsReported(peer->node, st);
     return cluster_.SetNodeStats(peer->node, st);
   }
   // A report about one trainer: decoded, authorised (its job placed it on this node), acted on.
@@ -827,7 +840,7 @@ EventsLog* Server::LogOf(const std::string& job) {
   if (it == job_events_.end()) {
     auto opened = std::make_unique<EventsLog>();
     // Opened per record, not held open: a job's log costs no file descriptor while it waits.
-    if (Status s = opened->Open(options_.events_dir, job, clock_, /*keep_open=*/false); !s.ok()) {
+    if (Status s = opened->Open(options_.events_dir, job, clock_, &metrics_, /*keep_open=*/false); !s.ok()) {
       LOG(ERROR) << "events log of job " << job << ": " << s.ToString();
       return nullptr;
     }

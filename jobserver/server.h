@@ -29,6 +29,7 @@
 #include "edl/net/connection.h"
 #include "jobserver/cluster.h"
 #include "jobserver/events_log.h"
+#include "jobserver/http_endpoint.h"
 #include "jobserver/job_state.h"
 #include "jobserver/kv_store.h"
 #include "jobserver/scaling.h"
@@ -76,6 +77,7 @@ struct ServerOptions {
   // Trainer events per client connection: bursts of event_burst, then events_per_second.
   double event_burst = 1000;
   double events_per_second = 100;
+  HttpOptions http;  // --http_addr (jobserver/http_endpoint.h); addr "": off
 };
 
 class Server {
@@ -209,6 +211,9 @@ class Server {
   uint64_t next_peer_id_ = 1;  // Peer::id, the KV's waiter owner
   bool status_dirty_ = false;
   int64_t last_watch_push_us_ = 0;
+
+  ServerMetrics metrics_{clock_};        // fed by the server, served by http_
+  std::unique_ptr<HttpEndpoint> http_;  // null without --http_addr
 };
 
 }  // namespace edl::jobserver

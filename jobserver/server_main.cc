@@ -33,7 +33,7 @@ std::vector<std::string> SplitCommas(const std::string& s) {
 
 Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   po::options_description d("server");
-  std::string secret_file, node_ips, job_types;
+  std::string secret_file, node_ips, job_types, http_token_file;
   bool cluster = false;
   double min_change_s = 0;
   MembershipOptions job;
@@ -101,13 +101,29 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
        "--cluster: most jobs waiting to start at once; a submission beyond it is refused until some start or are "
        "cancelled")
       ("min_change_interval_s", po::value<double>(&min_change_s)->default_value(0, "0"),
-       "--cluster: the policy resizes a job at most once per this many seconds (0: no limit)");
+       "--cluster: the policy resizes a job at most once per this many seconds (0: no limit)")
+      // the read-only HTTP endpoint (jobserver/http_endpoint.h, README "Watching a cluster")
+      ("http_addr", po::value<std::string>(&o->http.addr),
+       "HOST:PORT of the dashboard, /metrics (Prometheus) and /api/status, e.g. 127.0.0.1:8181 (unset: off; "
+       "a non-loopback HOST needs --http_token_file)")
+      ("http_token_file", po::value<std::string>(&http_token_file),
+       "bearer token that HTTP requests must carry (mode 0600, like --secret_file); required when "
+       "--http_addr is not a loopback address")
+      ("http_port_file", po::value<std::string>(&o->http.port_file),
+       "write the HTTP port to this file once listening (for --http_addr HOST:0)");
   ParsedFlags pf;
   EDL_RETURN_IF_ERROR(ParseFlags("server", kUsage, d, argc, argv, &pf));
   *help = pf.help;
   if (pf.help) return Status::OK();
   if (pf.vm.count("log_dir")) EDL_RETURN_IF_ERROR(UseLogDir(pf.vm["log_dir"].as<std::string>()));
   EDL_RETURN_IF_ERROR(net::ReadSecretFile(secret_file, &o->secret));
+  if (!http_token_file.empty() && o->http.addr.empty()) {
+    return Status::InvalidArgument("--http_token_file is for --http_addr, which is not given");
+  }
+  if (!http_token_file.empty()) {
+    EDL_RETURN_IF_ERROR(net::ReadTokenFile(http_token_file, "--http_token_file", &o->http.token));
+  }
+  if (!o->http.addr.empty()) EDL_RETURN_IF_ERROR(CheckHttpOptions(o->http));
   if (o->port < 0 || o->port > 65535) return Status::InvalidArgument("--server_port must be in 0..65535");
   EDL_RETURN_IF_ERROR(proto::CheckName("--job_id", o->id, kMaxJobNameBytes));
   if (job.min_trainers < 1) return Status::InvalidArgument("--min_trainers must be >= 1");

@@ -4,7 +4,8 @@
 # ResNet-20 on Fashion-MNIST (`edl train`, one thread each) while config/demo.script shrinks the
 # job to 2, grows it to 3 and SIGKILLs a trainer. It prints live progress, then a summary: every
 # generation change with its reason and stall, the final test accuracy, and where the events log,
-# the timeline picture (scripts/plot_events.sh) and the logs are.
+# the timeline picture (scripts/plot_events.sh) and the logs are. While it runs, the server's live
+# dashboard (and Prometheus /metrics) is at the http://127.0.0.1:PORT/ address it prints.
 #
 #   scripts/demo.sh [--short]      (make demo runs it without flags after building)
 #
@@ -22,6 +23,7 @@
 #                           the run on 2 idle cores: the demo test's bound for a slow machine]
 #   EDL_DEMO_TRAINER_FLAGS  more `edl train` flags, appended (e.g. "--device cuda --comm gloo
 #                           --data_dir DIR --sample_log FILE": scripts/gpu_check.sh's check 3) []
+#   EDL_DEMO_HTTP_ADDR      the dashboard's address [127.0.0.1:0 = a free port, printed]
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
@@ -140,7 +142,7 @@ DIR="$(cd "$DIR" && pwd)"
 case "$DIR" in *[[:space:]]*) edl_die "EDL_DEMO_DIR '$DIR' contains a space; pick another directory" ;; esac
 LOG_DIR="$DIR/logs"
 EVENTS="$DIR/events/demo.events.jsonl"
-rm -rf "$DIR/ckpt" "$DIR/events" "$LOG_DIR" "$DIR/timeline.png" "$DIR/server.port" "$DIR/pids"
+rm -rf "$DIR/ckpt" "$DIR/events" "$LOG_DIR" "$DIR/timeline.png" "$DIR/server.port" "$DIR/http.port" "$DIR/pids"
 mkdir -p "$DIR/ckpt" "$DIR/events" "$LOG_DIR/trainers"
 EDL_SECRET_FILE="$DIR/secret"
 edl_ensure_secret 2>/dev/null
@@ -157,7 +159,8 @@ echo "  everything goes to $DIR; Ctrl-C stops it all"
 
 start "edl server" "$LOG_DIR/server.log" "$EDL_BIN" server --config "$EDL_REPO_DIR/config/demo_server.ini" \
   --server_port 0 --port_file "$DIR/server.port" --secret_file "$EDL_SECRET_FILE" \
-  --events_dir "$DIR/events" --scale_script "$SCRIPT"
+  --events_dir "$DIR/events" --scale_script "$SCRIPT" \
+  --http_addr "${EDL_DEMO_HTTP_ADDR:-127.0.0.1:0}" --http_port_file "$DIR/http.port"
 SERVER_PID=$STARTED_PID
 for ((i = 0; i < 600; i++)); do  # up to 60 s (well under 1 s on idle cores)
   [ -s "$DIR/server.port" ] && break
@@ -170,6 +173,9 @@ if [ ! -s "$DIR/server.port" ]; then
 fi
 PORT="$(cat "$DIR/server.port")"
 SERVER="127.0.0.1:$PORT"
+HTTP_HOST="${EDL_DEMO_HTTP_ADDR:-127.0.0.1:0}"
+HTTP_HOST="${HTTP_HOST%:*}"
+note "live dashboard: http://$HTTP_HOST:$(cat "$DIR/http.port")/ (Prometheus: /metrics)"
 
 for n in "${NODES[@]}"; do
   start "edl client $n" "$LOG_DIR/client-$n.log" "$EDL_BIN" client \

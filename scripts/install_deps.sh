@@ -28,6 +28,7 @@ PACKAGES=(
   slurm-wlm munge   # tests only: tests/integration/slurm_test starts a one-node Slurm of its own
   nfs-kernel-server nfs-common   # tests only: the checkpoint store on an NFS mount over loopback
   etcd-server etcd-client   # tests only: standby_test runs its own etcd (edl server --state_store etcd://...)
+  prometheus chromium   # tests only: dashboard_test scrapes `edl server --http_addr` and renders its dashboard
 )
 
 missing=()

@@ -46,6 +46,10 @@
 #   EDL_SERVER_ARGS    further `edl server` flags, split at blanks [none]
 #   EDL_TRAINER_CMD    read only for its --checkpoint_dir (see above) [unset]
 #   EDL_START_TIMEOUT_S --daemon: seconds to wait for the server to answer; 0: do not wait [60]
+#   EDL_HTTP_ADDR      the dashboard, Prometheus /metrics and /api/status (README "Watching a
+#                      cluster"); "off": none [127.0.0.1:8181]
+#   EDL_HTTP_TOKEN_FILE bearer token (0600) the HTTP endpoint requires; needed when EDL_HTTP_ADDR
+#                      is not a loopback address [unset]
 set -euo pipefail
 # shellcheck source=scripts/edl_common.sh
 source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
@@ -184,6 +188,10 @@ if [ -n "${EDL_STATE_STORE:-}" ]; then
   args+=(--state_store "$EDL_STATE_STORE" --lease_ttl_s "${EDL_LEASE_TTL_S:-5}")
 else
   args+=(--state_dir "${EDL_STATE_DIR:-$EDL_RUN_DIR/state}")
+fi
+if [ "${EDL_HTTP_ADDR:-}" != off ]; then
+  args+=(--http_addr "${EDL_HTTP_ADDR:-127.0.0.1:8181}")
+  [ -z "${EDL_HTTP_TOKEN_FILE:-}" ] || args+=(--http_token_file "$EDL_HTTP_TOKEN_FILE")
 fi
 if [ -n "${EDL_SCALE_SCRIPT:-}" ]; then
   args+=(--scale_script "$EDL_SCALE_SCRIPT")

@@ -74,22 +74,27 @@ std::string DefaultSecretFile() {
   return std::string(home != nullptr ? home : ".") + "/.edl/secret";
 }
 
-Status ReadSecretFile(const std::string& path, std::string* secret) {
+namespace {
+
+// The checks every key file gets (a regular file of this user's, mode 0600 or stricter, at most
+// 4096 bytes, of at least kMinSecretBytes random-looking bytes after trailing whitespace), its
+// errors naming `flag` and the fix `make`.
+Status ReadKeyFile(const std::string& path, const std::string& flag, const char* make, std::string* key) {
   if (path.empty()) {
-    return Status::InvalidArgument(std::string("--secret_file is required: ") + kMakeSecret);
+    return Status::InvalidArgument(flag + " is required: " + make);
   }
-  const std::string what = "--secret_file " + path;
+  const std::string what = flag + " " + path;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     return Status::InvalidArgument(what + ": cannot read the file (" + std::strerror(errno) +
-                                   "); check the path and permissions, or " + kMakeSecret);
+                                   "); check the path and permissions, or " + make);
   }
   struct stat st {};
   std::string s;
   const bool read_ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ReadAll(fd, 4096, &s);
   ::close(fd);
   if (!read_ok) {
-    return Status::InvalidArgument(what + ": not a readable regular file; " + kMakeSecret);
+    return Status::InvalidArgument(what + ": not a readable regular file; " + make);
   }
   if (st.st_uid != ::geteuid()) {
     return Status::InvalidArgument(what + ": owned by uid " + std::to_string(st.st_uid) +
@@ -100,11 +105,11 @@ Status ReadSecretFile(const std::string& path, std::string* secret) {
     char mode[8];
     snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return Status::InvalidArgument(what + ": mode " + mode +
-                                   " lets other users read or change the cluster secret; run "
+                                   " lets other users read or change the secret it holds; run "
                                    "`chmod 600 " + path + "`");
   }
   if (s.size() > 4096) {
-    return Status::InvalidArgument(what + ": larger than 4096 bytes; " + kMakeSecret);
+    return Status::InvalidArgument(what + ": larger than 4096 bytes; " + make);
   }
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) {
     s.pop_back();
@@ -112,7 +117,7 @@ Status ReadSecretFile(const std::string& path, std::string* secret) {
   if (s.size() < kMinSecretBytes) {
     return Status::InvalidArgument(what + ": the secret is " + std::to_string(s.size()) +
                                    " bytes, at least " + std::to_string(kMinSecretBytes) +
-                                   " are required; " + kMakeSecret);
+                                   " are required; " + make);
   }
   bool seen[256] = {};
   size_t distinct = 0;
@@ -122,10 +127,21 @@ Status ReadSecretFile(const std::string& path, std::string* secret) {
   }
   if (distinct < kMinSecretDistinctBytes) {
     return Status::InvalidArgument(what + ": the secret has only " + std::to_string(distinct) +
-                                   " distinct byte values, it is not random; " + kMakeSecret);
+                                   " distinct byte values, it is not random; " + make);
   }
-  *secret = std::move(s);
+  *key = std::move(s);
   return Status::OK();
+}
+
+}  // namespace
+
+Status ReadSecretFile(const std::string& path, std::string* secret) {
+  return ReadKeyFile(path, "--secret_file", kMakeSecret, secret);
+}
+
+Status ReadTokenFile(const std::string& path, const std::string& flag, std::string* token) {
+  return ReadKeyFile(path, flag, "create one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`",
+                     token);
 }
 
 std::string NewNonce() {

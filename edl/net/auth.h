@@ -40,6 +40,9 @@ constexpr size_t kMinSecretDistinctBytes = 8;
 // group or others, is shorter than kMinSecretBytes, or is not random-looking (fewer than
 // kMinSecretDistinctBytes distinct bytes).
 Status ReadSecretFile(const std::string& path, std::string* secret);
+// Another key file with the same checks (e.g. the bearer token of `edl server --http_token_file`),
+// errors naming `flag`.
+Status ReadTokenFile(const std::string& path, const std::string& flag, std::string* token);
 // $HOME/.edl/secret (what scripts/ssh_cluster.sh creates): the default --secret_file.
 std::string DefaultSecretFile();
 

@@ -41,7 +41,9 @@ class CheckpointLoader : public StateLoader {
   Status AfterStep(Trainable* trainable, const TrainingState& state,
                    const StepContext& ctx) override;
   Status Finish(Trainable* trainable, const TrainingState& state, const StepContext& ctx) override;
-  // One "checkpoint_failed" event when saves failed since the last call (CheckpointFailedEvent).
+  // A "checkpoint_saved" event when saves finished since the last call (how many, and the newest
+  // one's snapshot plus write time), and a "checkpoint_failed" one when saves failed
+  // (CheckpointFailedEvent).
   std::vector<nlohmann::json> TakeEvents() override;
 
   ckpt::CheckpointStore* store() { return store_.get(); }
@@ -59,6 +61,7 @@ class CheckpointLoader : public StateLoader {
   ckpt::AsyncCheckpointer checkpointer_;  // uses store_; declared after it
   int64_t last_saved_step_ = -1;
   int64_t reported_failures_ = 0;  // saves_failed() at the last TakeEvents
+  int64_t saves_reported_ = 0;     // saves_completed() at the last TakeEvents
 };
 
 // The trainer event of failed checkpoint saves (the events log's record, README "Events"):

@@ -663,6 +663,7 @@ void ElasticTrainer::Impl::LogSamples(int64_t step, int64_t epoch,
 void ElasticTrainer::Impl::ReportLoaderEvents() {
   for (nlohmann::json& e : o_.loader->TakeEvents()) {
     e["generation"] = gen_.number;
+    if (!e.contains("step")) e["step"] = state_.step;
     Event(std::move(e));
   }
 }

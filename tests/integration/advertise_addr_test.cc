@@ -2,11 +2,6 @@
 // by the server with the fix, and exits (README, "Running on several machines"). A real server
 // and real clients; "another machine" is this machine's own non-loopback address, which the
 // server sees as the connection's source.
-#include <ifaddrs.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -24,24 +19,8 @@ using itest::Slurp;
 using itest::WaitFor;
 using std::chrono::milliseconds;
 
-// The first IPv4 address of an up, non-loopback interface; "" when there is none.
-std::string NonLoopbackAddress() {
-  ifaddrs* list = nullptr;
-  if (::getifaddrs(&list) != 0) return "";
-  std::string found;
-  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
-    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
-    char buf[INET_ADDRSTRLEN];
-    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
-    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) found = buf;
-  }
-  ::freeifaddrs(list);
-  return found;
-}
-
 TEST(AdvertiseAddrTest, LoopbackAdvertisedFromAnotherAddressIsRefusedWithTheFix) {
-  const std::string addr = NonLoopbackAddress();
+  const std::string addr = itest::NonLoopbackAddress();
   if (addr.empty()) GTEST_SKIP() << "this machine has no non-loopback IPv4 address to connect from";
   test::ScratchDir dir("advertise");
   const std::string secret = dir.Join("secret");

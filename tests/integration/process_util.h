@@ -6,6 +6,8 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -49,6 +51,22 @@ inline int FreePort() {
   }
   ::close(fd);
   return port;
+}
+
+// The first IPv4 address of an up, non-loopback interface; "" when there is none.
+inline std::string NonLoopbackAddress() {
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = list; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char buf[INET_ADDRSTRLEN];
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof(buf)) != nullptr) found = buf;
+  }
+  ::freeifaddrs(list);
+  return found;
 }
 
 // One child process in its own process group, its stdout and stderr appended to `log`; stopped by

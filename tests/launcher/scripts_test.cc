@@ -184,6 +184,7 @@ TEST_F(ScriptsTest, ServerDaemonCreatesSecretRefusesTwiceAndStops) {
   EXPECT_EQ(Flag(inv[0], "--secret_file"), secret);
   EXPECT_EQ(Flag(inv[0], "--events_dir"), dir_.Join("run") + "/events");
   EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run") + "/state") << "a restarted server resumes the job";
+  EXPECT_EQ(Flag(inv[0], "--http_addr"), "127.0.0.1:8181") << "the dashboard, on loopback";
   EXPECT_EQ(inv[0].back(), "x.txt") << "extra flags are passed through";
 
   // Start what is missing, leave what runs: the running server is reported and kept.

@@ -99,6 +99,20 @@ TEST(AuthTest, SecretFileMustBePrivateLongAndRandom) {
   EXPECT_EQ(s.size(), 64u);
 }
 
+TEST(AuthTest, TokenFileHasTheSecretFilesChecksAndNamesItsFlag) {
+  test::ScratchDir dir;
+  std::string t;
+  const std::string good = "Zm9vYmFyYmF6cXV4MTIzNDU2Nzg5MGFiY2RlZmdoaWo=";
+  Status st = ReadTokenFile(WriteSecret(dir.Join("open"), good, 0644), "--http_token_file", &t);
+  EXPECT_EQ(st.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(st.message().find("--http_token_file"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("chmod 600"), std::string::npos) << st.ToString();
+  st = ReadTokenFile(WriteSecret(dir.Join("short"), "abc"), "--http_token_file", &t);
+  EXPECT_NE(st.message().find("head -c 32 /dev/urandom | base64"), std::string::npos) << st.ToString();
+  ASSERT_OK(ReadTokenFile(WriteSecret(dir.Join("good"), good + "\n"), "--http_token_file", &t));
+  EXPECT_EQ(t, good);
+}
+
 // A reference MAC built the slow way, to pin the documented layout (PROTOCOL.md).
 std::string RefTag(const std::string& secret, const std::string& ns, const std::string& np,
                    unsigned char dir, uint64_t seq, const std::string& header, const std::string& payload) {

@@ -539,6 +539,43 @@ TEST(ElasticTrainerTest, ColdStartLoadsOnOneRankAndBroadcasts) {
   EXPECT_EQ(first["idx"].size(), 3u * 8) << "the global step: every rank's slice";
 }
 
+// A loader whose background saves "finish", two at once, once rank 0 is past step 10.
+class SavingLoader : public FixedLoader {
+ public:
+  Status AfterStep(Trainable*, const TrainingState& state, const StepContext&) override {
+    step = state.step;
+    return Status::OK();
+  }
+  std::vector<nlohmann::json> TakeEvents() override {
+    if (step < 10 || reported) return {};
+    reported = true;
+    return {{{"event", "checkpoint_saved"}, {"ok", true}, {"saves", 2}, {"seconds", 0.5}}};
+  }
+  int64_t step = 0;  // rank 0's thread only
+  bool reported = false;
+};
+
+TEST(ElasticTrainerTest, RankZeroReportsFinishedCheckpointSaves) {
+  test::ScratchDir dir("saves");
+  FakeCluster c;
+  SavingLoader loader;
+  c.Commit({"a", "b"}, false, "start");
+  TrainerThread t[2];
+  StartWithLoader(&c, dir, &loader, 10, 14, t);
+  for (auto& tt : t) tt.thread.join();
+  int reports = 0;
+  for (const auto& e : c.events_) {
+    if (e["event"] != "checkpoint_saved") continue;
+    ++reports;
+    EXPECT_EQ(e["trainer"], "a") << "rank 0 saves: " << e.dump();
+    EXPECT_EQ(e["saves"], 2);
+    EXPECT_EQ(e["seconds"], 0.5);
+    EXPECT_EQ(e["ok"], true);
+    EXPECT_GE(e["step"].get<int64_t>(), 10);
+  }
+  EXPECT_EQ(reports, 1) << "the server counts these (jobserver/metrics.h)";
+}
+
 // Records the final saves (Finish) it is asked for.
 class FinishRecorder : public StateLoader {
  public:
