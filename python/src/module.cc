@@ -267,6 +267,7 @@ PYBIND11_MODULE(_edl, m) {
 
   m.def("plan", &Plan, "The run mode this process's environment selects (a dict).");
   static py::exception<TrainingErrorTag> training_error(m, "TrainingError", PyExc_RuntimeError);
+  training_error.attr("__module__") = "edl";  // as the package exports it: edl.TrainingError
   g_training_error = training_error.ptr();
   m.def("run", &Run, py::arg("trainable"), py::arg("options"), py::arg("on_step"),
         py::arg("on_eval"),

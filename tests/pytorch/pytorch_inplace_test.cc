@@ -223,7 +223,8 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
     }
     return out;
   }
-  bool Finished() { return !EventsOfType("finished").empty(); }
+  // The job ended: trained to its end, or stopped by `edl ctl stop`.
+  bool Finished() { return !EventsOfType("finished").empty() || !EventsOfType("stop_complete").empty(); }
 
   int64_t MaxStep() {
     int64_t max = 0;
@@ -395,8 +396,9 @@ TEST_F(PyTorchInPlaceJobTest, ShrinkGrowKillAndColdStartKeepStateAndData) {
 
   const std::vector<json> cold = TrainerEvents("cold_start");
   ASSERT_EQ(cold.size(), 1u) << "only the start after the kill finds a checkpoint" << Diagnostics();
+  // The newest checkpoint when the trainers were killed (they may have saved once more after
+  // saved_before was read).
   EXPECT_GE(cold[0]["step"].get<int64_t>(), saved_before);
-  EXPECT_EQ(cold[0]["step"].get<int64_t>() % 5, 0) << "checkpoints every 5 steps";
   for (const json& e : TrainerEvents("sync")) {
     if (e["generation"] == cold[0]["generation"]) {
       EXPECT_EQ(e["step"], cold[0]["step"]);
@@ -464,8 +466,9 @@ TEST_F(PyTorchInPlaceJobTest, BadTrainersFailAloneAndTheJobGoesOn) {
   ASSERT_GT(after_raise, 0) << Diagnostics();
   std::string log = Slurp(dir_.Join("logs/" + rank0 + ".log"));
   EXPECT_NE(log.find("ValueError: injected fault in forward"), std::string::npos) << log;
-  EXPECT_NE(log.find("edl.TrainingError"), std::string::npos) << log;
-  EXPECT_NE(log.find("forward_backward() raised ValueError"), std::string::npos) << log;
+  EXPECT_NE(log.find("edl.TrainingError: Aborted: forward_backward() raised ValueError: injected"),
+            std::string::npos)
+      << log;
   // Nothing of the step it left unfinished reached the store: its generation's checkpoints are of
   // steps that generation committed.
   int64_t committed_in_g1 = 0;
@@ -497,12 +500,21 @@ TEST_F(PyTorchInPlaceJobTest, BadTrainersFailAloneAndTheJobGoesOn) {
         << Diagnostics();
     EXPECT_EQ(WaitForExit(bad), "exit 1") << Diagnostics();
     log = Slurp(dir_.Join("logs/" + bad + ".log"));
-    EXPECT_NE(log.find("edl.TrainingError"), std::string::npos) << log;
-    EXPECT_NE(log.find("this trainer's model or optimizer differs from the job's"), std::string::npos) << log;
-    EXPECT_NE(log.find(fault == "adam" ? "optimizer Adam [state exp_avg,exp_avg_sq,step"
-                                        : "ResNet20 [122 tensors, 272484 values"),
+    EXPECT_NE(log.find("edl.TrainingError: FailedPrecondition: this trainer's model or optimizer "
+                       "differs from the job's"),
               std::string::npos)
         << log;
+    // Both fingerprints, which show what differs: the fc layer's 11 classes (65 values more), or
+    // Adam's state against SGD's.
+    const std::vector<std::string> named =
+        fault == "adam"
+            ? std::vector<std::string>{"this trainer has 'model FaultyResNet20 [128 tensors, 273775 values",
+                                       "optimizer Adam [state exp_avg,exp_avg_sq,step, 195 tensors",
+                                       "the job has 'model FaultyResNet20 [128 tensors, 273775 values",
+                                       "optimizer SGD [state momentum_buffer, 65 tensors"}
+            : std::vector<std::string>{"this trainer has 'model FaultyResNet20 [128 tensors, 273840 values",
+                                       "the job has 'model FaultyResNet20 [128 tensors, 273775 values"};
+    for (const std::string& n : named) EXPECT_NE(log.find(n), std::string::npos) << n << "\n" << log;
     // The job re-forms without it, then grows back to 4 with a good joiner, and shrinks to 3.
     formed = WaitForFormedGeneration(4, formed);
     ASSERT_GT(formed, 0) << Diagnostics();
