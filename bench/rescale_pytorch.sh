@@ -43,9 +43,11 @@ trap cleanup EXIT
 head -c 32 /dev/urandom | base64 > "$WORK/secret"; chmod 600 "$WORK/secret"
 
 # Runs one job under a server and two clients until the events log holds STOP_GENS generation
-# records (then 3 s more) or STOP_AFTER_S passed; then stops all of it by pid.
-run_job() {  # $1 name, $2 client mode, $3 script, then the trainer command
-  local name=$1 mode=$2 script=$3; shift 3
+# records and the file $4 has a line matching $5 (with "@" replaced by that number and "%" by one
+# less: a step of the last generation), or STOP_AFTER_S passed; then stops all of it by pid.
+run_job() {  # $1 name, $2 client mode, $3 script, $4 step file, $5 pattern, then the trainer command
+  local name=$1 mode=$2 script=$3 steps=$4 pattern=${5//@/$STOP_GENS}; shift 5
+  pattern=${pattern//%/$((STOP_GENS - 1))}
   local d="$WORK/$name"; mkdir -p "$d"; printf "%b" "$script" > "$d/scale.script"
   setsid "$EDL" server --server_port 0 --bind 127.0.0.1 --port_file "$d/port" --secret_file "$WORK/secret" \
     --job_id bench --min_trainers 1 --trainers 4 --scale_script "$d/scale.script" \
@@ -61,7 +63,7 @@ run_job() {  # $1 name, $2 client mode, $3 script, then the trainer command
   local ev="$d/events/bench.events.jsonl" deadline=$((SECONDS + STOP_AFTER_S)) n
   while [ $SECONDS -lt $deadline ]; do
     n=$(grep -c '"type":"generation"' "$ev" 2>/dev/null || true)
-    [ "${n:-0}" -ge "$STOP_GENS" ] && { sleep 3; break; }
+    [ "${n:-0}" -ge "$STOP_GENS" ] && grep -q "$pattern" "$steps" 2>/dev/null && break
     sleep 0.5
   done
   cleanup; PIDS=()
@@ -77,12 +79,14 @@ load
 script=$(cycles "$CYCLES")
 echo "in place: $CYCLES cycles, ~$(cat "$WORK/script_end") s" >&2
 STOP_GENS=$((1 + 4 * CYCLES)) STOP_AFTER_S=$(($(cat "$WORK/script_end") + 120)) \
-  run_job inplace inplace "0 set 4\n$script" "${INPLACE[@]}" --epochs 1000 --sample_log "$WORK/inplace/samples.jsonl"
+  run_job inplace inplace "0 set 4\n$script" "$WORK/inplace/samples.jsonl" '"generation":@,' \
+  "${INPLACE[@]}" --epochs 1000 --sample_log "$WORK/inplace/samples.jsonl"
 
 script=$(cycles "$RESTART_CYCLES")
 echo "restart mode: $RESTART_CYCLES cycles, ~$(cat "$WORK/script_end") s" >&2
 STOP_GENS=$((1 + 4 * RESTART_CYCLES)) STOP_AFTER_S=$(($(cat "$WORK/script_end") + 120)) \
-  run_job restart restart "0 set 4\n$script" "${DDP[@]}" --steps 100000 --checkpoint_dir "$WORK/restart/ckpt" \
+  run_job restart restart "0 set 4\n$script" "$WORK/restart/metrics.jsonl" '"restart_count": %,' \
+  "${DDP[@]}" --steps 100000 --checkpoint_dir "$WORK/restart/ckpt" \
   --checkpoint_every 5 --metrics_file "$WORK/restart/metrics.jsonl" --peer_failure_wait_s 60
 
 if [ "$TORCHRUN_KILLS" -gt 0 ]; then
