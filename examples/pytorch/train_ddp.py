@@ -269,10 +269,12 @@ def main(argv):
             (loss_sum * (world / args.batch_size)).backward()
             opt.step()
             step += 1
-            loss = loss_sum.detach().clone()
-            if distributed:
-                dist.all_reduce(loss)
-            loss = loss.item() / args.batch_size
+            # The job's loss takes a collective of its own: only for the steps that log it.
+            if step % args.log_every == 0 or step == total:
+                loss = loss_sum.detach().clone()
+                if distributed:
+                    dist.all_reduce(loss)
+                loss = loss.item() / args.batch_size
             if rank == 0 and (step % args.log_every == 0 or step == total):
                 rate = (step - started_step) * args.batch_size / max(1e-9, time.monotonic() - started)
                 log(rank, "step %d/%d loss %.4f lr %.4f %.0f images/s" % (step, total, loss, lr, rate))

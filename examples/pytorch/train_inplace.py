@@ -34,7 +34,8 @@ from resnet20_fashion import DEFAULT_DATA_DIR, ResNet20, load_split  # noqa: E40
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data_dir", default=DEFAULT_DATA_DIR, help="Fashion-MNIST IDX files")
-    p.add_argument("--train_samples", type=int, default=0, help="the first N training samples (0: all)")
+    p.add_argument("--train_samples", type=int, default=0,
+                   help="the first N training samples (0: all)")
     p.add_argument("--test_samples", type=int, default=10000,
                    help="test samples, evaluated (sharded across the trainers) after each epoch")
     p.add_argument("--batch_size", type=int, default=64, help="samples per step and trainer")
@@ -47,7 +48,8 @@ def parse_args(argv):
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight_decay", type=float, default=5e-4)
     p.add_argument("--seed", type=int, default=1, help="init and data order seed")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: cores / trainers here)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads (0: cores / trainers on this node)")
     p.add_argument("--workers", type=int, default=1, help="loader threads fetching the next batch")
     p.add_argument("--checkpoint_dir", default="", help="checkpoint store (empty: none)")
     p.add_argument("--checkpoint_steps", type=int, default=50, help="checkpoint every N steps")

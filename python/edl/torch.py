@@ -172,8 +172,10 @@ class TorchTrainable(edl.Trainable):
         params = [p for p in model.parameters() if p.requires_grad]
         for n, t in list(model.named_parameters()) + list(model.named_buffers()):
             if t is not None and t.device.type != "cpu":
-                raise ValueError("%s is on %s: edl.torch trains CPU tensors (over Gloo)" % (n, t.device))
-        bad = [n for n, p in model.named_parameters() if p.requires_grad and p.dtype != torch.float32]
+                raise ValueError("%s is on %s: edl.torch trains CPU tensors (over Gloo)"
+                                 % (n, t.device))
+        bad = [n for n, p in model.named_parameters()
+               if p.requires_grad and p.dtype != torch.float32]
         if bad:
             raise ValueError("parameter %s is not float32: the runtime all-reduces float32 "
                              "gradients" % bad[0])
@@ -187,7 +189,8 @@ class TorchTrainable(edl.Trainable):
             if not t.is_contiguous():
                 raise ValueError("state tensor %s is not contiguous" % n)
         self.set_state([(n, t, t.data_ptr(), list(t.shape), str(t.dtype)[6:],
-                         t.numel() * t.element_size(), per_rank) for n, t, per_rank in self.tensors])
+                         t.numel() * t.element_size(), per_rank)
+                        for n, t, per_rank in self.tensors])
         self.set_gradients(self.flat, self.flat.data_ptr(), count)
         self.set_sizes(len(train_data), len(test_data) if test_data is not None else 0)
         self.set_fingerprint(fingerprint(model, optimizer, self.tensors))
@@ -217,10 +220,9 @@ class TorchTrainable(edl.Trainable):
                 if p.grad is not None:
                     view.copy_(p.grad)
                 p.grad = view
-        n = len(indices)
         labels = _labels(y)
-        correct = int((out.argmax(1) == y).sum()) if labels is not None and out.dim() == 2 else 0
-        return float(loss) * n, correct, n, edl.label_hash(labels.numpy()) if labels is not None else 0
+        label_hash = edl.label_hash(labels.numpy()) if labels is not None else 0
+        return float(loss) * len(indices), _correct(out, labels), len(indices), label_hash
 
     def warm_up(self, indices):
         self.forward_backward(indices)
@@ -247,9 +249,7 @@ class TorchTrainable(edl.Trainable):
                 loss = float(self.loss_fn(out, y))
         finally:
             self.model.train()
-        labels = _labels(y)
-        correct = int((out.argmax(1) == y).sum()) if labels is not None and out.dim() == 2 else 0
-        return loss * len(indices), correct, len(indices)
+        return loss * len(indices), _correct(out, _labels(y)), len(indices)
 
 
 def _labels(y):
@@ -257,6 +257,27 @@ def _labels(y):
     if torch.is_tensor(y) and y.dim() == 1 and not y.is_floating_point():
         return y.to(torch.int32)
     return None
+
+
+def _correct(out, labels):
+    """Top-1 correct predictions of class scores `out` (0 when the targets are not labels)."""
+    if labels is None or out.dim() != 2:
+        return 0
+    return int((out.argmax(1) == labels).sum())
+
+
+def _where(info):
+    """How this trainer takes part, in words (the runtime's mode and its world)."""
+    mode = info["mode"]
+    if mode == "standalone":
+        return ("no launcher, so world size 1 (run it under `edl launch -n N` or `edl client` to "
+                "train on several)")
+    if mode == "static":
+        return "rank %d of a fixed world of %d (edl launch)" % (info["rank"], info["world_size"])
+    if mode == "elastic":
+        return "in place under an edl client, trainer %s%s" % (
+            info["trainer_id"], " (joining)" if info["joining"] else "")
+    return "restart mode under an edl client, trainer %s" % info["trainer_id"]
 
 
 class ElasticTrainer:
@@ -280,33 +301,37 @@ class ElasticTrainer:
                  generation_wait_s=120.0, on_step=None, on_eval=None):
         self.info = launch_info()
         self.trainable = TorchTrainable(model, optimizer, train_data, test_data, loss_fn, workers)
-        o = edl.RunOptions()
-        o.batch, o.batch_policy, o.seed, o.epochs, o.max_steps = batch_size, batch_policy, seed, epochs, max_steps
-        o.lr = optimizer.param_groups[0]["lr"] if lr is None else lr
-        o.base_batch, o.lr_decay, o.warmup_epochs = base_batch, lr_decay, warmup_epochs
-        o.milestones, o.rescale_ramp_steps = list(milestones), rescale_ramp_steps
-        o.checkpoint_dir, o.checkpoint_steps, o.checkpoint_secs = checkpoint_dir, checkpoint_steps, checkpoint_secs
-        o.keep_checkpoints, o.evaluate_each_epoch = keep_checkpoints, evaluate_each_epoch and test_data is not None
-        o.eval_batch, o.sample_log = eval_batch, sample_log
-        o.progress_every = max(1, min(log_every, 10)) if log_every > 0 else 10
-        o.comm_timeout_s, o.generation_wait_s = comm_timeout_s, generation_wait_s
-        o.start_micros = edl.START_MICROS
+        o = edl.RunOptions()  # typed: a value of the wrong type raises TypeError here
+        for name, value in dict(
+                batch=batch_size, batch_policy=batch_policy, seed=seed, epochs=epochs,
+                max_steps=max_steps, lr=optimizer.param_groups[0]["lr"] if lr is None else lr,
+                base_batch=base_batch, lr_decay=lr_decay, warmup_epochs=warmup_epochs,
+                milestones=list(milestones), rescale_ramp_steps=rescale_ramp_steps,
+                checkpoint_dir=checkpoint_dir, checkpoint_steps=checkpoint_steps,
+                checkpoint_secs=checkpoint_secs, keep_checkpoints=keep_checkpoints,
+                evaluate_each_epoch=evaluate_each_epoch and test_data is not None,
+                eval_batch=eval_batch, sample_log=sample_log,
+                progress_every=max(1, min(log_every, 10)) if log_every > 0 else 10,
+                comm_timeout_s=comm_timeout_s, generation_wait_s=generation_wait_s,
+                start_micros=edl.START_MICROS).items():
+            setattr(o, name, value)
         self.options, self.log_every = o, log_every
         self.user_on_step, self.user_on_eval = on_step, on_eval
-        self.rank, self.generation, self.world_size, self.step = 0, 0, 0, 0
+        self.rank, self.world_size = 0, 0  # of the last committed step
         self.window = (time.monotonic(), 0)
 
     def _on_step(self, r):
-        self.rank, self.generation, self.world_size, self.step = r["rank"], r["generation"], r["world_size"], r["step"]
+        self.rank, self.world_size = r["rank"], r["world_size"]
         t0, samples = self.window
         samples += r["samples"]
         self.window = (t0, samples)
         if self.log_every > 0 and r["step"] % self.log_every == 0:
             now = time.monotonic()
             if r["rank"] == 0:
-                _log("step %d epoch %.2f loss %.4f acc %.1f%% lr %.5f images/s %.1f generation %d world %d"
-                     % (r["step"], r["epochs_done"], r["loss"], 100.0 * r["correct"] / max(1, r["samples"]),
-                        r["lr"], samples / max(1e-9, now - t0), r["generation"], r["world_size"]))
+                _log("step %d epoch %.2f loss %.4f acc %.1f%% lr %.5f images/s %.1f generation %d "
+                     "world %d" % (r["step"], r["epochs_done"], r["loss"],
+                                   100.0 * r["correct"] / max(1, r["samples"]), r["lr"],
+                                   samples / max(1e-9, now - t0), r["generation"], r["world_size"]))
             self.window = (now, 0)
         if self.user_on_step is not None:
             self.user_on_step(r)
@@ -314,7 +339,8 @@ class ElasticTrainer:
     def _on_eval(self, r):
         if r["rank"] == 0:
             _log("eval after step %d (epoch %d): test loss %.4f acc %.2f%% on %d samples, %d ranks"
-                 % (r["step"], r["epoch"], r["loss"], 100.0 * r["accuracy"], r["samples"], r["world_size"]))
+                 % (r["step"], r["epoch"], r["loss"], 100.0 * r["accuracy"], r["samples"],
+                    r["world_size"]))
         if self.user_on_eval is not None:
             self.user_on_eval(r)
 
@@ -322,20 +348,15 @@ class ElasticTrainer:
         """Trains until the epochs / max_steps are done or this trainer leaves the job. Returns a
         dict: left, step, generation, last_loss, accuracy (-1: none), state_hash. Raises
         edl.TrainingError when training fails (a Python exception from the model: its cause)."""
-        i = self.info
-        where = {"standalone": "no launcher, so world size 1 (run it under `edl launch -n N` or "
-                               "`edl client` to train on several)",
-                 "static": "rank %d of a fixed world of %d (edl launch)" % (i["rank"], i["world_size"]),
-                 "elastic": "in place under an edl client, trainer %s%s" % (i["trainer_id"],
-                                                                            " (joining)" if i["joining"] else ""),
-                 "restart": "restart mode under an edl client, trainer %s" % i["trainer_id"]}[i["mode"]]
-        _log("%s mode: %s; %s" % (i["mode"], where, self.trainable.fingerprint))
+        _log("%s mode: %s; %s" % (self.info["mode"], _where(self.info), self.trainable.fingerprint))
         self.window = (time.monotonic(), 0)
         result = edl.run(self.trainable, self.options, self._on_step, self._on_eval)
         if result["left"]:
-            _log("left the job at generation %d after step %d" % (result["generation"], result["step"]))
+            _log("left the job at generation %d after step %d"
+                 % (result["generation"], result["step"]))
         elif self.rank == 0:
+            accuracy = result["accuracy"]
             _log("finished at step %d, generation %d, world %d, last loss %.4f%s"
                  % (result["step"], result["generation"], self.world_size, result["last_loss"],
-                    "" if result["accuracy"] < 0 else ", test accuracy %.2f%%" % (100 * result["accuracy"])))
+                    "" if accuracy < 0 else ", test accuracy %.2f%%" % (100 * accuracy)))
         return result

@@ -7,11 +7,10 @@
 //   label_hash()  runtime::LabelHash, for the sample log's fed-label check
 //   now_micros()  the runtime's clock (time to ready of a joiner is measured from a reading)
 //   TrainingError what run() raises when training fails (the Python exception as its cause)
+#include <glog/logging.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#include <glog/logging.h>
 
 #include <chrono>
 #include <memory>
@@ -132,8 +131,12 @@ class PyObserver : public runtime::TrainingObserver {
  public:
   PyObserver(PyTrainable* t, py::object on_step, py::object on_eval)
       : t_(t), on_step_(std::move(on_step)), on_eval_(std::move(on_eval)) {}
-  void OnStep(const runtime::StepReport& r) override { Call(on_step_, "on_step", [&] { return StepDict(r); }); }
-  void OnEval(const runtime::EvalReport& r) override { Call(on_eval_, "on_eval", [&] { return EvalDict(r); }); }
+  void OnStep(const runtime::StepReport& r) override {
+    Call(on_step_, "on_step", [&] { return StepDict(r); });
+  }
+  void OnEval(const runtime::EvalReport& r) override {
+    Call(on_eval_, "on_eval", [&] { return EvalDict(r); });
+  }
 
  private:
   template <typename MakeDict>
@@ -184,8 +187,8 @@ Status RunReleased(PyTrainable* t, const RunOptions& o, runtime::TrainingObserve
     co.save.checkpoint_steps = o.checkpoint_steps;
     co.save.checkpoint_secs = o.checkpoint_secs;
     // The data cursor means the same samples only for the same seed and data set size.
-    co.config_fingerprint = "seed=" + std::to_string(o.seed) + ";train=" +
-                            std::to_string(t->train_size());
+    co.config_fingerprint =
+        "seed=" + std::to_string(o.seed) + ";train=" + std::to_string(t->train_size());
     loader = runtime::NewRocksDbCheckpointLoader(store, co);
     e.loader = loader.get();
   }
@@ -202,9 +205,10 @@ py::dict Run(PyTrainable* t, const RunOptions& o, py::object on_step, py::object
   runtime::ElasticResult r;
   Status s;
   {
+    const RunOptions options = o;  // Python threads may touch `o` once the GIL is released
     PyObserver observer(t, std::move(on_step), std::move(on_eval));
     py::gil_scoped_release release;
-    s = RunReleased(t, o, &observer, &r);
+    s = RunReleased(t, options, &observer, &r);
   }
   if (!s.ok()) t->Raise(py::handle(g_training_error), s.ToString());
   py::dict d;
@@ -217,7 +221,8 @@ py::dict Run(PyTrainable* t, const RunOptions& o, py::object on_step, py::object
   return d;
 }
 
-uint64_t LabelHashOf(const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& labels) {
+uint64_t LabelHashOf(
+    const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& labels) {
   return runtime::LabelHash(labels.data(), static_cast<size_t>(labels.size()));
 }
 

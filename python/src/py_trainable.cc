@@ -129,13 +129,16 @@ Status PyTrainable::CopyFromHost(const runtime::StateTensor& t, const void* src)
   return Status::OK();
 }
 
-Status PyTrainable::Hook(const char* name, const std::function<void(const py::function&)>& body) {
+Status PyTrainable::Hook(const char* name, const std::function<void(const py::function&)>& body,
+                         bool required) {
   py::gil_scoped_acquire gil;
   if (!failed_.ok()) return failed_;
   try {
     py::function f = py::get_override(this, name);
     if (!f) {
-      failed_ = Status::Internal(std::string("the edl.Trainable subclass defines no ") + name + "()");
+      if (!required) return Status::OK();
+      failed_ = Status::InvalidArgument(std::string("the edl.Trainable subclass defines no ") +
+                                        name + "()");
       return failed_;
     }
     body(f);
@@ -143,21 +146,23 @@ Status PyTrainable::Hook(const char* name, const std::function<void(const py::fu
   } catch (py::error_already_set& e) {
     Fail(e, std::string(name) + "()");
   } catch (const py::cast_error& e) {
-    failed_ = Status::Aborted(std::string(name) + "() returned a value of the wrong type: " + e.what());
+    failed_ =
+        Status::Aborted(std::string(name) + "() returned a value of the wrong type: " + e.what());
   }
   return failed_;
 }
 
 void PyTrainable::Prefetch(int64_t epoch, const std::vector<int64_t>& indices) {
   // A hint: a failure shows at the next ForwardBackward (every hook fails once one has).
-  Hook("prefetch", [&](const py::function& f) { f(epoch, ToArray(indices)); });
+  Hook("prefetch", [&](const py::function& f) { f(epoch, ToArray(indices)); }, false);
 }
 
 void PyTrainable::SetEpoch(int64_t epoch) {
-  Hook("set_epoch", [&](const py::function& f) { f(epoch); });
+  Hook("set_epoch", [&](const py::function& f) { f(epoch); }, false);
 }
 
-Status PyTrainable::ForwardBackward(const std::vector<int64_t>& indices, runtime::StepStats* stats) {
+Status PyTrainable::ForwardBackward(const std::vector<int64_t>& indices,
+                                    runtime::StepStats* stats) {
   return Hook("forward_backward", [&](const py::function& f) {
     auto [loss_sum, correct, samples, label_hash] =
         f(ToArray(indices)).cast<std::tuple<double, int64_t, int64_t, uint64_t>>();
@@ -169,6 +174,12 @@ Status PyTrainable::ForwardBackward(const std::vector<int64_t>& indices, runtime
 }
 
 Status PyTrainable::WarmUpStep(const std::vector<int64_t>& indices) {
+  bool defined = true;
+  {
+    py::gil_scoped_acquire gil;
+    defined = static_cast<bool>(py::get_override(this, "warm_up"));
+  }
+  if (!defined) return runtime::Trainable::WarmUpStep(indices);  // a forward_backward
   return Hook("warm_up", [&](const py::function& f) { f(ToArray(indices)); });
 }
 

@@ -5,9 +5,12 @@
 // The split: what the runtime touches every step or from its own bookkeeping stays in C++ over
 // memory Python registered once (SetState, SetGradients): the state tensors' bytes (copied,
 // broadcast, hashed and checkpointed with memcpy), the flat gradient buffer the communicator
-// all-reduces in place, ScaleGradients and the fingerprint. Only the compute goes to Python, through
-// methods a Python subclass defines (the trampoline): forward_backward, warm_up, apply_update,
-// evaluate, prefetch, set_epoch. Each C++ override takes the GIL for the call and nothing else.
+// all-reduces in place, ScaleGradients and the fingerprint. Only the compute goes to Python,
+// through methods a Python subclass defines (the trampoline): forward_backward(indices) ->
+// (loss_sum, correct, samples, label_hash), apply_update(lr), evaluate(indices) -> (loss_sum,
+// correct, samples), and optionally prefetch(epoch, indices), set_epoch(epoch) and
+// warm_up(indices) (default: forward_backward); indices are int64 numpy arrays. Each C++ override
+// takes the GIL for the call and nothing else.
 //
 // A hook that raises is turned into an Aborted Status naming the hook and the exception, which ends
 // ElasticTrainer::Run; the exception itself is kept (error()) so the binding re-raises it as the
@@ -45,8 +48,8 @@ class PyTrainable : public runtime::Trainable {
 
   // ---- registration (Python, GIL held)
   // `tensors`: a sequence of (name, owner, data_ptr, shape, dtype, nbytes, per_rank), where dtype
-  // is "float32", "float64", "int64", "int32", "uint8", "bfloat16" or "float16" and owner the object
-  // that keeps the memory alive. Throws ValueError naming the tensor for a bad entry.
+  // is "float32", "float64", "int64", "int32", "uint8", "bfloat16" or "float16" and owner the
+  // object that keeps the memory alive. Throws ValueError naming the tensor for a bad entry.
   void SetState(const py::sequence& tensors);
   // The flat float32 gradient buffer: `count` gradient floats followed by kInbandSlots spare ones
   // at `data_ptr`, kept alive by `owner`.
@@ -58,8 +61,9 @@ class PyTrainable : public runtime::Trainable {
   py::object error() const;
   // Raises `type`(message) in Python, with the exception a hook raised (if one did) as its cause.
   [[noreturn]] void Raise(py::handle type, const std::string& message);
-  // Marks the trainable failed by a Python error outside a hook (an observer callback): the next
-  // hook returns `status` instead of calling Python.
+  // Marks the trainable failed by a Python error outside a hook (an observer callback, raised in
+  // `where`), unless it failed already: every later hook returns that failure instead of calling
+  // Python, and Raise() makes the exception the cause. GIL held.
   void Fail(py::error_already_set& e, const std::string& where);
 
   // ---- runtime::Trainable (the runtime's training thread)
@@ -81,8 +85,10 @@ class PyTrainable : public runtime::Trainable {
 
  private:
   // Calls the Python method `name` with the GIL held: `body` gets the bound method. A Python
-  // exception or a return value of the wrong type becomes Aborted naming `name` (and is kept).
-  Status Hook(const char* name, const std::function<void(const py::function&)>& body);
+  // exception or a return value of the wrong type becomes Aborted naming `name` (and is kept). A
+  // method the subclass does not define is InvalidArgument when `required`, else skipped.
+  Status Hook(const char* name, const std::function<void(const py::function&)>& body,
+              bool required = true);
 
   std::vector<runtime::StateTensor> state_;
   std::vector<py::object> owners_;  // keep the registered memory alive (released with the GIL)

@@ -61,7 +61,9 @@ REAL_SGD = torch.optim.SGD
 
 
 def make_optimizer(params, lr, **kwargs):
-    return torch.optim.Adam(params, lr=lr / 100) if take("adam") else REAL_SGD(params, lr=lr, **kwargs)
+    if take("adam"):
+        return torch.optim.Adam(params, lr=lr / 100)
+    return REAL_SGD(params, lr=lr, **kwargs)
 
 
 train_inplace.ResNet20 = make_model

@@ -7,6 +7,7 @@
 // checkpoint store. Every change is made once the previous one has been seen (a formed generation,
 // N more committed steps), so nothing depends on the machine's speed. Skipped, with the reason
 // printed, where python3-torch, the data set or the edl Python module is missing.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,18 +17,17 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "edl/ckpt/checkpoint_store.h"
 #include "resnet50/data/dataset.h"
 #include "tests/edl/runtime/sample_log_check.h"
 #include "tests/edl/runtime/stall_check.h"
 #include "tests/integration/process_util.h"
+#include "tests/pytorch/pytorch_util.h"
 #include "tests/testutil.h"
 
 namespace edl {
@@ -40,11 +40,8 @@ using itest::WaitFor;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-std::string Python() {
-  const char* p = std::getenv("EDL_TEST_PYTHON");
-  return p != nullptr && p[0] != '\0' ? p : "/usr/bin/python3";
-}
-constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+using pytorch_test::kFashionDir;
+using pytorch_test::Python;
 constexpr int64_t kSamples = 256;
 // Generous: every trainer start imports torch, on 2 shared cores.
 constexpr milliseconds kPhase{240000};
@@ -59,21 +56,11 @@ std::map<std::string, std::string> PythonEnv() {
 
 // Why this machine cannot run the tests ("" when it can).
 std::string SkipReason(const std::string& scratch) {
-  if (!std::filesystem::exists(std::string(kFashionDir) + "/train-images-idx3-ubyte.gz")) {
-    return std::string("Fashion-MNIST not installed at ") + kFashionDir +
-           " (Debian: dataset-fashion-mnist, scripts/install_deps.sh)";
-  }
   if (!EDL_HAVE_PYTHON_MODULE) {
-    return "the edl Python module was not built (configure says why: pybind11-dev, python3-dev)";
+    return "the edl Python module was not built (the configure step says why: pybind11-dev, "
+           "python3-dev)";
   }
-  Proc check({Python(), "-c", "import torch, edl.torch"}, scratch + "/python-check.log",
-             PythonEnv());
-  if (check.Wait(milliseconds(120000)) != 0) {
-    check.Stop();
-    return Python() + " cannot import torch and edl.torch (Debian: python3-torch): " +
-           Slurp(scratch + "/python-check.log", 600);
-  }
-  return "";
+  return pytorch_test::SkipReason(scratch, "import torch, edl.torch", PythonEnv());
 }
 
 class PyTorchInPlaceTest : public ::testing::Test {
@@ -100,14 +87,72 @@ class PyTorchInPlaceTest : public ::testing::Test {
 
 TEST_F(PyTorchInPlaceTest, RunsAloneAtWorldSizeOneAndSaysSo) {
   std::string out;
-  ASSERT_EQ(Run({Python(), Example("train_inplace.py"), "--train_samples", "128", "--batch_size",
-                 "16", "--steps", "3", "--test_samples", "64", "--threads", "1", "--log_every", "1"},
-                "alone", &out),
-            0)
+  ASSERT_EQ(
+      Run({Python(), Example("train_inplace.py"), "--train_samples", "128", "--batch_size", "16",
+           "--steps", "3", "--test_samples", "64", "--threads", "1", "--log_every", "1"},
+          "alone", &out),
+      0)
       << out;
   EXPECT_NE(out.find("standalone mode: no launcher, so world size 1"), std::string::npos) << out;
   EXPECT_NE(out.find("finished at step 3, generation 1, world 1"), std::string::npos) << out;
   EXPECT_NE(out.find("eval after step 3"), std::string::npos) << "the end's evaluation" << out;
+}
+
+// The binding's own checks, through edl._edl directly (a Trainable subclass without edl.torch):
+// each bad use is one clear Python error, raised in the caller, never a crash.
+TEST_F(PyTorchInPlaceTest, TheBindingRefusesBadUseWithClearErrors) {
+  const std::string script = R"(
+import edl, numpy as np
+class T(edl.Trainable):
+    def __init__(self, reply):
+        super().__init__()
+        self.reply = reply
+        self.w = np.zeros(8, np.float32)
+        self.g = np.zeros(8 + edl.Trainable.inband_slots, np.float32)
+        self.set_state([("w", self.w, self.w.ctypes.data, [8], "float32", 32, False)])
+        self.set_gradients(self.g, self.g.ctypes.data, 8)
+        self.set_sizes(16, 0)
+        self.set_fingerprint("test")
+    def forward_backward(self, indices):
+        return self.reply(indices)
+    def apply_update(self, lr):
+        pass
+    def evaluate(self, indices):
+        return 0.0, 0, 0
+def run(t):
+    o = edl.RunOptions(); o.batch = 4; o.max_steps = 2
+    try:
+        edl.run(t, o, None, None)
+        return "no error"
+    except edl.TrainingError as e:
+        return "TrainingError: %s; cause %r" % (e, e.__cause__)
+print(run(T(lambda i: (float(len(i)), 0, len(i), 0))))
+print(run(T(lambda i: None)))
+print(run(T(lambda i: 1 / 0)))
+t = T(lambda i: None)
+for bad in [("b", t.w, t.w.ctypes.data, [8], "bool", 8, False),
+            ("w2", t.w, t.w.ctypes.data, [8], "float32", 16, False)]:
+    try:
+        t.set_state([bad])
+    except ValueError as e:
+        print("ValueError:", e)
+class Empty(edl.Trainable):
+    pass
+e = Empty(); e.set_gradients(t.g, t.g.ctypes.data, 8); e.set_sizes(16, 0)
+print(run(e))
+)";
+  std::string out;
+  ASSERT_EQ(Run({Python(), "-c", script}, "binding", &out), 0) << out;
+  for (const char* want : {
+           "no error\n",
+           "TrainingError: Aborted: forward_backward() returned a value of the wrong type",
+           "TrainingError: Aborted: forward_backward() raised ZeroDivisionError: division by zero; "
+           "cause ZeroDivisionError('division by zero')",
+           "ValueError: state tensor 'b' has dtype bool, which edl cannot carry",
+           "ValueError: state tensor 'w2': 16 bytes registered for its shape and dtype",
+           "TrainingError: InvalidArgument: the edl.Trainable subclass defines no forward_backward()"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
+  }
 }
 
 // The parity check: the same seed, model, data order (train_ddp.py trains the global batches the
@@ -115,25 +160,59 @@ TEST_F(PyTorchInPlaceTest, RunsAloneAtWorldSizeOneAndSaysSo) {
 // parameters, BatchNorm statistics and step counts after N steps agree within float tolerance.
 TEST_F(PyTorchInPlaceTest, MatchesPlainDdpFromTheSameSeed) {
   constexpr int kSteps = 12;
-  const std::vector<std::string> common = {"--train_samples", "512", "--steps",
-                                           std::to_string(kSteps), "--lr", "0.05", "--lr_decay",
-                                           "constant", "--threads", "1", "--seed", "7",
-                                           "--test_samples", "0"};
-  std::vector<std::string> inplace = {test::EdlBinary(), "launch", "-n", "2", "--log_dir",
-                                      dir_.Join("inplace-logs"), "--", Python(),
-                                      Example("train_inplace.py"), "--batch_size", "16",
-                                      "--sample_log", dir_.Join("samples.jsonl"), "--save_model",
-                                      dir_.Join("inplace.pt"), "--workers", "0"};
+  const std::vector<std::string> common = {"--train_samples",
+                                           "512",
+                                           "--steps",
+                                           std::to_string(kSteps),
+                                           "--lr",
+                                           "0.05",
+                                           "--lr_decay",
+                                           "constant",
+                                           "--threads",
+                                           "1",
+                                           "--seed",
+                                           "7",
+                                           "--test_samples",
+                                           "0"};
+  std::vector<std::string> inplace = {test::EdlBinary(),
+                                      "launch",
+                                      "-n",
+                                      "2",
+                                      "--log_dir",
+                                      dir_.Join("inplace-logs"),
+                                      "--",
+                                      Python(),
+                                      Example("train_inplace.py"),
+                                      "--batch_size",
+                                      "16",
+                                      "--sample_log",
+                                      dir_.Join("samples.jsonl"),
+                                      "--save_model",
+                                      dir_.Join("inplace.pt"),
+                                      "--workers",
+                                      "0"};
   inplace.insert(inplace.end(), common.begin(), common.end());
   std::string out;
   ASSERT_EQ(Run(inplace, "inplace", &out), 0)
       << out << Slurp(dir_.Join("inplace-logs/trainer-0.log"), 4000);
-  EXPECT_NE(Slurp(dir_.Join("inplace-logs/trainer-0.log")).find("static mode: rank 0 of a fixed world of 2"),
+  EXPECT_NE(Slurp(dir_.Join("inplace-logs/trainer-0.log"))
+                .find("static mode: rank 0 of a fixed world of 2"),
             std::string::npos);
-  std::vector<std::string> ddp = {test::EdlBinary(), "launch", "-n", "2", "--log_dir",
-                                  dir_.Join("ddp-logs"), "--", Python(), Example("train_ddp.py"),
-                                  "--batch_size", "32", "--sample_order", dir_.Join("samples.jsonl"),
-                                  "--checkpoint_dir", dir_.Join("ddp")};
+  std::vector<std::string> ddp = {test::EdlBinary(),
+                                  "launch",
+                                  "-n",
+                                  "2",
+                                  "--log_dir",
+                                  dir_.Join("ddp-logs"),
+                                  "--",
+                                  Python(),
+                                  Example("train_ddp.py"),
+                                  "--batch_size",
+                                  "32",
+                                  "--sample_order",
+                                  dir_.Join("samples.jsonl"),
+                                  "--checkpoint_dir",
+                                  dir_.Join("ddp")};
   ddp.insert(ddp.end(), common.begin(), common.end());
   ASSERT_EQ(Run(ddp, "ddp", &out), 0) << out << Slurp(dir_.Join("ddp-logs/trainer-0.log"), 4000);
 
@@ -149,15 +228,17 @@ ok = all(torch.allclose(x.double(), b[k].double(), rtol=1e-4, atol=1e-5) for k, 
 sys.exit(0 if ok and moved > 1e-3 else 1)
 )";
   // The initial parameters (seed 7), to show that training moved them well beyond the tolerance.
-  const std::string init = "import sys, torch; sys.path.insert(0, sys.argv[1]); "
-                           "import resnet20_fashion as r; torch.manual_seed(7); "
-                           "torch.save(r.ResNet20().state_dict(), sys.argv[2])";
-  ASSERT_EQ(Run({Python(), "-c", init, test::SourceDir() + "/examples/pytorch", dir_.Join("init.pt")},
-                "init", &out),
-            0)
+  const std::string init =
+      "import sys, torch; sys.path.insert(0, sys.argv[1]); "
+      "import resnet20_fashion as r; torch.manual_seed(7); "
+      "torch.save(r.ResNet20().state_dict(), sys.argv[2])";
+  ASSERT_EQ(
+      Run({Python(), "-c", init, test::SourceDir() + "/examples/pytorch", dir_.Join("init.pt")},
+          "init", &out),
+      0)
       << out;
-  const int rc = Run({Python(), "-c", compare, dir_.Join("inplace.pt"), dir_.Join("ddp/checkpoint.pt"),
-                      dir_.Join("init.pt")},
+  const int rc = Run({Python(), "-c", compare, dir_.Join("inplace.pt"),
+                      dir_.Join("ddp/checkpoint.pt"), dir_.Join("init.pt")},
                      "compare", &out);
   std::cout << out;
   EXPECT_EQ(rc, 0) << out;
@@ -171,12 +252,18 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
     secret_ = dir_.Join("secret");
     itest::WriteSecretFile(secret_, "pytorch-inplace-secret-0123456789");
     server_ = std::make_unique<Proc>(
-        std::vector<std::string>{test::EdlBinary(), "server", "--server_port", "0", "--bind",
-                                 "127.0.0.1", "--port_file", dir_.Join("port"), "--secret_file",
-                                 secret_, "--job_id", "pyjob", "--min_trainers", "1", "--trainers",
-                                 std::to_string(trainers), "--events_dir", dir_.Join("events"),
-                                 "--join_timeout_s", "120", "--backoff_min_s", "1",
-                                 "--backoff_max_s", "1"},
+        std::vector<std::string>{test::EdlBinary(),  "server",
+                                 "--server_port",    "0",
+                                 "--bind",           "127.0.0.1",
+                                 "--port_file",      dir_.Join("port"),
+                                 "--secret_file",    secret_,
+                                 "--job_id",         "pyjob",
+                                 "--min_trainers",   "1",
+                                 "--trainers",       std::to_string(trainers),
+                                 "--events_dir",     dir_.Join("events"),
+                                 "--join_timeout_s", "120",
+                                 "--backoff_min_s",  "1",
+                                 "--backoff_max_s",  "1"},
         dir_.Join("server.log"));
     port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
     ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
@@ -186,12 +273,30 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
   // job's flags: 256 samples, 8 per trainer and step, checkpoints every 5 steps, no end of its own.
   void StartClients(const std::vector<std::string>& trainer) {
     for (const char* node : {"n1", "n2"}) {
-      std::vector<std::string> argv = {
-          test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file", secret_,
-          "--node_name", node, "--slots", "2", "--mode", "inplace", "--socket_path",
-          dir_.Join(std::string(node) + ".sock"), "--log_dir", dir_.Join("logs"),
-          "--leave_grace_s", "60", "--stop_grace_s", "5", "--trainer_timeout_s", "60",
-          "--exit_when_done", "--"};
+      std::vector<std::string> argv = {test::EdlBinary(),
+                                       "client",
+                                       "--server",
+                                       "127.0.0.1:" + port_,
+                                       "--secret_file",
+                                       secret_,
+                                       "--node_name",
+                                       node,
+                                       "--slots",
+                                       "2",
+                                       "--mode",
+                                       "inplace",
+                                       "--socket_path",
+                                       dir_.Join(std::string(node) + ".sock"),
+                                       "--log_dir",
+                                       dir_.Join("logs"),
+                                       "--leave_grace_s",
+                                       "60",
+                                       "--stop_grace_s",
+                                       "5",
+                                       "--trainer_timeout_s",
+                                       "60",
+                                       "--exit_when_done",
+                                       "--"};
       argv.insert(argv.end(), trainer.begin(), trainer.end());
       for (const char* a :
            {"--train_samples", "256", "--batch_size", "8", "--epochs", "1000", "--lr", "0.05",
@@ -224,11 +329,14 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
     return out;
   }
   // The job ended: trained to its end, or stopped by `edl ctl stop`.
-  bool Finished() { return !EventsOfType("finished").empty() || !EventsOfType("stop_complete").empty(); }
+  bool Finished() {
+    return !EventsOfType("finished").empty() || !EventsOfType("stop_complete").empty();
+  }
 
   int64_t MaxStep() {
     int64_t max = 0;
-    for (const json& l : ReadLines(dir_.Join("samples.jsonl"))) max = std::max(max, l.value("step", int64_t{0}));
+    for (const json& l : ReadLines(dir_.Join("samples.jsonl")))
+      max = std::max(max, l.value("step", int64_t{0}));
     return max;
   }
   bool WaitForMoreSteps(int64_t n) {
@@ -282,8 +390,8 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
     return how;
   }
   int Ctl(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {test::EdlBinary(), "ctl", "--server", "127.0.0.1:" + port_,
-                                     "--secret_file", secret_};
+    std::vector<std::string> argv = {test::EdlBinary(),    "ctl",           "--server",
+                                     "127.0.0.1:" + port_, "--secret_file", secret_};
     argv.insert(argv.end(), args.begin(), args.end());
     return itest::RunCommand(argv, dir_.Join("ctl.log"), milliseconds(60000));
   }
@@ -309,7 +417,8 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
       hashes[e["generation"].get<int64_t>()].insert(e["state_hash"].get<std::string>());
     }
     ASSERT_FALSE(hashes.empty());
-    for (const auto& [gen, h] : hashes) EXPECT_EQ(h.size(), 1u) << "generation " << gen << " differs";
+    for (const auto& [gen, h] : hashes)
+      EXPECT_EQ(h.size(), 1u) << "generation " << gen << " differs";
   }
   // Samples: every complete epoch exactly once, every rank fed its planned samples' labels.
   std::map<int64_t, test::LoggedStep> ExpectExactlyOnce(int64_t max_unconfirmed) {
@@ -323,11 +432,13 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
     EXPECT_GE(complete, 3);
     EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, complete), "") << Diagnostics();
     std::vector<uint8_t> labels;
-    EXPECT_OK(resnet50::ReadIdxLabels(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz", &labels));
+    EXPECT_OK(
+        resnet50::ReadIdxLabels(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz", &labels));
     int64_t unconfirmed = 0;
-    EXPECT_EQ(test::CheckFedBatches(
-                  steps, [&](int64_t i) { return static_cast<int32_t>(labels.at(i)); }, &unconfirmed),
-              "");
+    EXPECT_EQ(
+        test::CheckFedBatches(
+            steps, [&](int64_t i) { return static_cast<int32_t>(labels.at(i)); }, &unconfirmed),
+        "");
     EXPECT_LE(unconfirmed, max_unconfirmed) << "of " << steps.size() << " steps";
     return steps;
   }
@@ -387,7 +498,8 @@ TEST_F(PyTorchInPlaceJobTest, ShrinkGrowKillAndColdStartKeepStateAndData) {
   }();
   ASSERT_GT(saved_before, 0) << "no checkpoint before the kill" << Diagnostics();
   for (const auto& [id, m] : MembersOf(back)) ::kill(m.second, SIGKILL);
-  ASSERT_TRUE(WaitFor([&] { return !TrainerEvents("cold_start").empty(); }, kPhase)) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return !TrainerEvents("cold_start").empty(); }, kPhase))
+      << Diagnostics();
   const int64_t cold_gen = WaitForFormedGeneration(3, back);
   ASSERT_GT(cold_gen, 0) << Diagnostics();
   ASSERT_TRUE(WaitForMoreSteps(5)) << Diagnostics();
@@ -407,7 +519,8 @@ TEST_F(PyTorchInPlaceJobTest, ShrinkGrowKillAndColdStartKeepStateAndData) {
 
   // In place: each trainer id wrote every event from one pid (none was restarted).
   std::map<std::string, std::set<int64_t>> pids;
-  for (const json& e : EventsOfType("trainer_event")) pids[e["trainer"]].insert(e["pid"].get<int64_t>());
+  for (const json& e : EventsOfType("trainer_event"))
+    pids[e["trainer"]].insert(e["pid"].get<int64_t>());
   for (const auto& [id, p] : pids) EXPECT_EQ(p.size(), 1u) << id << " changed pid";
   EXPECT_GE(pids.size(), 8u) << "4 + a joiner + the grow-back + 3 after the kill";
   ExpectIdenticalStateAfterEveryReform();
@@ -416,8 +529,9 @@ TEST_F(PyTorchInPlaceJobTest, ShrinkGrowKillAndColdStartKeepStateAndData) {
   std::set<std::string> kinds;
   for (const json& e : TrainerEvents("stall")) {
     EXPECT_EQ(test::CheckStallBreakdown(e), "");
-    kinds.insert(e["failure"].get<bool>() ? "failure"
-                 : e["world_after"] < e["world_before"] ? "shrink" : "grow");
+    kinds.insert(e["failure"].get<bool>()               ? "failure"
+                 : e["world_after"] < e["world_before"] ? "shrink"
+                                                        : "grow");
   }
   EXPECT_EQ(kinds.size(), 3u) << Diagnostics();
 
@@ -473,7 +587,8 @@ TEST_F(PyTorchInPlaceJobTest, BadTrainersFailAloneAndTheJobGoesOn) {
   // steps that generation committed.
   int64_t committed_in_g1 = 0;
   for (const json& l : ReadLines(dir_.Join("samples.jsonl"))) {
-    if (l["generation"] == g1) committed_in_g1 = std::max(committed_in_g1, l["step"].get<int64_t>());
+    if (l["generation"] == g1)
+      committed_in_g1 = std::max(committed_in_g1, l["step"].get<int64_t>());
   }
   for (const auto& m : Checkpoints()) {
     if (m.generation == g1) {
@@ -508,13 +623,16 @@ TEST_F(PyTorchInPlaceJobTest, BadTrainersFailAloneAndTheJobGoesOn) {
     // Adam's state against SGD's.
     const std::vector<std::string> named =
         fault == "adam"
-            ? std::vector<std::string>{"this trainer has 'model FaultyResNet20 [128 tensors, 273775 values",
-                                       "optimizer Adam [state exp_avg,exp_avg_sq,step, 195 tensors",
-                                       "the job has 'model FaultyResNet20 [128 tensors, 273775 values",
-                                       "optimizer SGD [state momentum_buffer, 65 tensors"}
-            : std::vector<std::string>{"this trainer has 'model FaultyResNet20 [128 tensors, 273840 values",
-                                       "the job has 'model FaultyResNet20 [128 tensors, 273775 values"};
-    for (const std::string& n : named) EXPECT_NE(log.find(n), std::string::npos) << n << "\n" << log;
+            ? std::vector<
+                  std::string>{"this trainer has 'model FaultyResNet20 [128 tensors, 273775 values",
+                               "optimizer Adam [state exp_avg,exp_avg_sq,step, 195 tensors",
+                               "the job has 'model FaultyResNet20 [128 tensors, 273775 values",
+                               "optimizer SGD [state momentum_buffer, 65 tensors"}
+            : std::vector<std::string>{
+                  "this trainer has 'model FaultyResNet20 [128 tensors, 273840 values",
+                  "the job has 'model FaultyResNet20 [128 tensors, 273775 values"};
+    for (const std::string& n : named)
+      EXPECT_NE(log.find(n), std::string::npos) << n << "\n" << log;
     // The job re-forms without it, then grows back to 4 with a good joiner, and shrinks to 3.
     formed = WaitForFormedGeneration(4, formed);
     ASSERT_GT(formed, 0) << Diagnostics();
@@ -530,8 +648,9 @@ TEST_F(PyTorchInPlaceJobTest, BadTrainersFailAloneAndTheJobGoesOn) {
   ExpectIdenticalStateAfterEveryReform();
   ExpectExactlyOnce(3);  // unconfirmed: the raising trainer's step
   std::string out;
-  EXPECT_EQ(itest::RunCommand({test::EdlBinary(), "ckpt", "verify", "--checkpoint_dir", dir_.Join("ckpt")},
-                              dir_.Join("verify.log"), kPhase),
+  EXPECT_EQ(itest::RunCommand(
+                {test::EdlBinary(), "ckpt", "verify", "--checkpoint_dir", dir_.Join("ckpt")},
+                dir_.Join("verify.log"), kPhase),
             0)
       << Slurp(dir_.Join("verify.log"));
 }
