@@ -18,7 +18,9 @@
 #      (train_ddp.py logs, and all-reduces its loss for the log, every 10th step).
 # Targets (issue 28): shrink and grow <= 2 steady steps, failure <= 3, each >= 20x shorter than
 # torchrun's; steady images/s >= 0.97 of DDP. The machine's load average is printed at the start
-# and the end. Takes ~12 min with the defaults on 2 cores (loaded). Usage: bench/rescale_pytorch.sh [BUILD_DIR]
+# and the end. Takes ~12 min with the defaults on 2 cores (loaded). Knobs: CYCLES, RESTART_CYCLES,
+# TORCHRUN_KILLS, STEADY_RUNS, STEADY_STEPS, PARTS (a subset of "inplace restart torchrun steady").
+# Usage: bench/rescale_pytorch.sh [BUILD_DIR]
 set -euo pipefail
 BUILD=${1:-build}
 EDL=$(realpath "$BUILD/edl")
@@ -29,6 +31,8 @@ RESTART_CYCLES=${RESTART_CYCLES:-2}
 TORCHRUN_KILLS=${TORCHRUN_KILLS:-3}
 STEADY_RUNS=${STEADY_RUNS:-3}
 STEADY_STEPS=${STEADY_STEPS:-100}
+PARTS=${PARTS:-"inplace restart torchrun steady"}  # which of 1-4 to run (the others print nan)
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 HERE=$(realpath "$(dirname "$0")")
 EX="$HERE/../examples/pytorch"
 COMMON=(--train_samples 2048 --lr_decay constant --threads 1 --test_samples 0)
@@ -77,20 +81,25 @@ cycles() {
   echo "$s"; echo "$t" > "$WORK/script_end"
 }
 load
+if part inplace; then
 script=$(cycles "$CYCLES")
 echo "in place: $CYCLES cycles, ~$(cat "$WORK/script_end") s" >&2
 STOP_GENS=$((1 + 4 * CYCLES)) STOP_AFTER_S=$(($(cat "$WORK/script_end") + 120)) \
   run_job inplace inplace "0 set 4\n$script" "$WORK/inplace/samples.jsonl" '"generation":@,' \
   "${INPLACE[@]}" --epochs 1000 --sample_log "$WORK/inplace/samples.jsonl"
 
+fi
+
+if part restart; then
 script=$(cycles "$RESTART_CYCLES")
 echo "restart mode: $RESTART_CYCLES cycles, ~$(cat "$WORK/script_end") s" >&2
 STOP_GENS=$((1 + 4 * RESTART_CYCLES)) STOP_AFTER_S=$(($(cat "$WORK/script_end") + 120)) \
   run_job restart restart "0 set 4\n$script" "$WORK/restart/metrics.jsonl" '"restart_count": %,' \
   "${DDP[@]}" --log_every 1 --steps 100000 --checkpoint_dir "$WORK/restart/ckpt" \
   --checkpoint_every 5 --metrics_file "$WORK/restart/metrics.jsonl" --peer_failure_wait_s 60
+fi
 
-if [ "$TORCHRUN_KILLS" -gt 0 ]; then
+if part torchrun && [ "$TORCHRUN_KILLS" -gt 0 ]; then
   echo "torchrun restart-all reference: $TORCHRUN_KILLS kills" >&2
   mkdir -p "$WORK/torchrun"
   "$PY" "$HERE/torchrun_restart.py" --work "$WORK/torchrun" --out "$WORK/torchrun/result.json" \
@@ -99,6 +108,7 @@ if [ "$TORCHRUN_KILLS" -gt 0 ]; then
     || echo "torchrun reference failed: $(tail -5 "$WORK/torchrun/torchrun.log" 2>/dev/null)" >&2
 fi
 
+if part steady; then
 echo "steady: $STEADY_RUNS x (train_inplace.py, train_ddp.py) under edl launch -n 4, $STEADY_STEPS steps" >&2
 for i in $(seq "$STEADY_RUNS"); do
   for side in inplace ddp; do
@@ -108,14 +118,18 @@ for i in $(seq "$STEADY_RUNS"); do
     else
       cmd=("${DDP[@]}" --log_every 10 --steps "$STEADY_STEPS" --metrics_file "$d/metrics.jsonl")
     fi
-    setsid "$EDL" launch -n 4 --log_dir "$d/logs" -- "${cmd[@]}" > "$d/launch.log" 2>&1 & PIDS+=($!)
+    # Each trainer's CPU seconds (user + system, start-up included) from bash's `times`.
+    setsid "$EDL" launch -n 4 --log_dir "$d/logs" -- bash -c \
+      'rc=0; "$@" || rc=$?; times > "$0/cpu.$$"; exit $rc' "$d" "${cmd[@]}" \
+      > "$d/launch.log" 2>&1 & PIDS+=($!)
     wait "${PIDS[-1]}" || echo "$side run $i failed: $(tail -3 "$d/launch.log")" >&2
     PIDS=()
   done
 done
+fi
 load
 
-"$PY" - "$WORK" <<'PY'
+"$PY" - "$WORK" "$STEADY_STEPS" <<'PY'
 import glob, json, statistics, sys
 work = sys.argv[1]
 def lines(p):
@@ -198,6 +212,20 @@ for d in sorted(glob.glob(f"{work}/steady-ddp*")):
     t = {m["step"]: m["time"] for m in lines(f"{d}/metrics.jsonl") if m.get("event") == "step"}
     ref.append(rate(t))
 print(f"# steady images/s: in place {[round(x, 1) for x in ours]}, DDP {[round(x, 1) for x in ref]}")
+# CPU seconds per 1000 images, all 4 trainers, start-up included: robust to a busy machine.
+def cpu_per_kimg(d, steps):
+    total = 0.0
+    for f in glob.glob(f"{d}/cpu.*"):
+        for field in open(f).read().splitlines()[-1].split():  # children: "1m2.345s 0m0.456s"
+            m, sec = field.rstrip("s").split("m")
+            total += 60 * float(m) + float(sec)
+    return 1000 * total / (steps * 64) if total else float("nan")
+steps_run = int(sys.argv[2])
+cpu_ours = [cpu_per_kimg(d, steps_run) for d in sorted(glob.glob(f"{work}/steady-inplace*"))]
+cpu_ref = [cpu_per_kimg(d, steps_run) for d in sorted(glob.glob(f"{work}/steady-ddp*"))]
+print(f"# CPU s per 1000 images: in place {[round(x, 2) for x in cpu_ours]}, DDP {[round(x, 2) for x in cpu_ref]}")
+print(f"RESULT pytorch_steady_cpu_s_per_kimg ours={med(cpu_ours):.3f}s ref={med(cpu_ref):.3f}s "
+      f"ratio={med(cpu_ref) / med(cpu_ours):.3f}")
 print(f"RESULT pytorch_steady_images_per_s ours={med(ours):.1f}img/s ref={med(ref):.1f}img/s "
       f"ratio={med(ours) / med(ref):.3f} (target >= 0.97)")
 PY
