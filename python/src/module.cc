@@ -7,7 +7,6 @@
 //   label_hash()  runtime::LabelHash, for the sample log's fed-label check
 //   now_micros()  the runtime's clock (time to ready of a joiner is measured from a reading)
 //   TrainingError what run() raises when training fails (the Python exception as its cause)
-#include <glog/logging.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -16,6 +15,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <glog/logging.h>
 
 #include "edl/base/clock.h"
 #include "edl/runtime/checkpoint_loader.h"
