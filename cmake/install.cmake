@@ -38,6 +38,9 @@ if(TARGET edl_python)
   install(TARGETS edl_python LIBRARY DESTINATION ${EDL_PYTHON_INSTALL_DIR}/edl COMPONENT edl)
   install(FILES python/edl/__init__.py python/edl/torch.py
           DESTINATION ${EDL_PYTHON_INSTALL_DIR}/edl COMPONENT edl)
+  # Only for the Python package: a control node needs neither.
+  set(CPACK_DEBIAN_EDL_PACKAGE_SUGGESTS
+      "python3 (>= ${EDL_PYTHON_VERSION}), python3-torch")
 endif()
 foreach(h ${EDL_PUBLIC_HEADERS})
   get_filename_component(dir ${h} DIRECTORY)
