@@ -6,6 +6,8 @@
 #                                    next to libedl.so, README "GPU trainers")
 #   include/edl/...                  the runtime's public headers (edl/CMakeLists.txt)
 #   lib/cmake/edl/                   find_package(edl) -> edl::runtime, EDL_EXECUTABLE
+#   lib/python3.<minor>/dist-packages/edl/   the Python package edl (edl.torch), where Debian's
+#                                    python3 finds it under /usr and /usr/local alike
 # (lib/ is CMAKE_INSTALL_LIBDIR: lib/<multiarch> when configured for the prefix /usr.)
 include(CMakePackageConfigHelpers)
 # cpack and `make install` in build/ install what is built and build nothing: the Makefile's
@@ -28,6 +30,17 @@ if(TARGET edl_cuda)
   # to ship. Its own package, so a control node installs edl alone.
   set_target_properties(edl_cuda PROPERTIES INSTALL_RPATH "$ORIGIN;${CUDAToolkit_LIBRARY_DIR}")
   install(TARGETS edl_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT cuda)
+endif()
+if(TARGET edl_python)
+  # The Python package edl (python/CMakeLists.txt): its module finds libedl.so relative to itself.
+  file(RELATIVE_PATH EDL_PY_TO_LIB /p/${EDL_PYTHON_INSTALL_DIR}/edl /p/${CMAKE_INSTALL_LIBDIR})
+  set_target_properties(edl_python PROPERTIES INSTALL_RPATH "$ORIGIN/${EDL_PY_TO_LIB}")
+  install(TARGETS edl_python LIBRARY DESTINATION ${EDL_PYTHON_INSTALL_DIR}/edl COMPONENT edl)
+  install(FILES python/edl/__init__.py python/edl/torch.py
+          DESTINATION ${EDL_PYTHON_INSTALL_DIR}/edl COMPONENT edl)
+  # Only for the Python package: a control node needs neither.
+  set(CPACK_DEBIAN_EDL_PACKAGE_SUGGESTS
+      "python3 (>= ${EDL_PYTHON_VERSION}), python3-torch")
 endif()
 foreach(h ${EDL_PUBLIC_HEADERS})
   get_filename_component(dir ${h} DIRECTORY)

@@ -23,6 +23,7 @@ PACKAGES=(
   gnuplot-nox
   iproute2 procps psmisc shellcheck
   python3-torch python3-torchvision python3-numpy
+  python3-dev pybind11-dev   # the Python package edl (edl.torch): a pybind11 module over libedl
   python3-pil   # tests and bench only: scripts/make_imagefolder.sh, the PIL reference decoder
   jq
   slurm-wlm munge   # tests only: tests/integration/slurm_test starts a one-node Slurm of its own

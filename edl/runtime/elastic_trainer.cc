@@ -320,16 +320,19 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
   Generation latest;
   membership_->Latest(&latest);
   // [0]: level * w + (w-1-r), whose MAX names the highest level and the lowest rank holding it;
-  // [1]: newest generation seen; [2]: -level (its MAX is minus the lowest level).
-  int64_t v[3] = {level * w + (w - 1 - r), latest.number, -level};
-  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 3, DataType::kInt64, ReduceOp::kMax)));
+  // [1]: newest generation seen; [2]: -level (its MAX is minus the lowest level); [3], [4]: the
+  // fingerprint word and its negation (every rank's is the same iff [3] == -[4]).
+  const int64_t fp = FingerprintWord();
+  int64_t v[5] = {level * w + (w - 1 - r), latest.number, -level, fp, -fp};
+  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 5, DataType::kInt64, ReduceOp::kMax)));
   *newest_seen = v[1];
   if (v[1] > gen_.number) return Status::OK();  // every rank saw the same: re-form again
   const int64_t max_level = v[0] / w, min_level = -v[2];
   int root = static_cast<int>(w - 1 - v[0] % w);
+  if (max_level == 0) root = 0;  // cold start (below)
+  if (v[3] != -v[4]) return FingerprintMismatch(root);
   bool need_tensors = max_level != min_level || o_.always_broadcast_state;
   if (max_level == 0) {  // nobody holds state: cold start on rank 0
-    root = 0;
     need_tensors = true;
     if (r == 0) {
       state_ = TrainingState();
@@ -365,6 +368,42 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
          {"step", state_.step}, {"root", root}, {"tensors_broadcast", need_tensors},
          {"state_hash", std::to_string(hash.value())}});
   return Status::OK();
+}
+
+int64_t ElasticTrainer::Impl::FingerprintWord() {
+  if (fingerprint_word_ < 0) {
+    uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
+    for (unsigned char c : trainable_->Fingerprint()) h = (h ^ c) * 0x100000001b3ULL;
+    fingerprint_word_ = static_cast<int64_t>(h >> 1);  // >= 0, so its negation fits
+  }
+  return fingerprint_word_;
+}
+
+// Some rank's Trainable::Fingerprint() differs from the others' (another model, shapes or
+// optimizer): the state broadcast would not fit it. The root's (the state every rank would get) is
+// the job's. A rank whose fingerprint differs from it fails with both named (its trainer exits and
+// the job re-forms without it); the others treat the generation as failed and wait for that one.
+Status ElasticTrainer::Impl::FingerprintMismatch(int root) {
+  constexpr uint64_t kMaxBytes = 1 << 20;
+  const std::string mine = trainable_->Fingerprint();
+  uint64_t len = std::min<uint64_t>(mine.size(), kMaxBytes);
+  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(&len, sizeof(len), root)));
+  if (len > kMaxBytes) return Comm(Status::Corruption("rank " + std::to_string(root) + " sent a " +
+                                                      std::to_string(len) + "-byte fingerprint"));
+  std::string theirs = rank_ == root ? mine.substr(0, len) : std::string(len, '\0');
+  EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(theirs.data(), len, root)));
+  if (mine.substr(0, kMaxBytes) == theirs) {
+    Event({{"event", "fingerprint_mismatch"}, {"generation", gen_.number}, {"root", root}});
+    return Comm(Status::Aborted("a trainer of generation " + std::to_string(gen_.number) +
+                                " has another model or optimizer than rank " +
+                                std::to_string(root) + ", which holds the job's state; waiting "
+                                "for the job to re-form without it"));
+  }
+  return Status::FailedPrecondition(
+      "this trainer's model or optimizer differs from the job's, so the training state of rank " +
+      std::to_string(root) + " (generation " + std::to_string(gen_.number) + ") cannot be loaded "
+      "into it: this trainer has '" + mine + "', the job has '" + theirs + "'; start every "
+      "trainer of a job with the same model and optimizer");
 }
 
 Status ElasticTrainer::Impl::BroadcastState(int root, bool per_rank_only, TrainingState* synced) {

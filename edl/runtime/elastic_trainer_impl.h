@@ -80,6 +80,9 @@ class ElasticTrainer::Impl {
 
   // ---- steps and state
   Status SyncState(int64_t* newest_seen);
+  // A hash of Trainable::Fingerprint() in [0, 2^63) (computed once), which SyncState compares.
+  int64_t FingerprintWord();
+  Status FingerprintMismatch(int root);  // the ranks' fingerprints differ; see the definition
   // Broadcasts the training state's header and the StateTensors (only the per_rank ones when
   // `per_rank_only`) from `root`, in one collective on the host path; *synced gets the root's
   // header, checked before any tensor is written.
@@ -119,6 +122,7 @@ class ElasticTrainer::Impl {
 
   TrainingState state_;
   bool has_state_ = false;
+  int64_t fingerprint_word_ = -1;  // FingerprintWord(); -1 until computed
   bool left_ = false;
   struct Pending {
     int64_t step = -1, epoch = 0;

@@ -28,11 +28,9 @@ Examples:
 
 import argparse
 import datetime
-import gzip
 import json
 import math
 import os
-import struct
 import sys
 import time
 
@@ -43,8 +41,9 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from resnet20_fashion import ResNet20, load_split  # noqa: E402  (next to this script)
+
 CHECKPOINT_NAME = "checkpoint.pt"
-FASHION_MEAN, FASHION_STD = 0.2860, 0.3530
 
 
 def parse_args(argv):
@@ -79,6 +78,10 @@ def parse_args(argv):
     p.add_argument("--peer_failure_wait_s", type=float, default=60,
                    help="after a failed collective, wait this long for the launcher's SIGTERM "
                         "before exiting 1")
+    p.add_argument("--sample_order", default="",
+                   help="test flag: train step s on the global batch that line {\"step\": s+1, "
+                        "\"idx\": [...]} of this JSON-lines file lists (an edl --sample_log) "
+                        "instead of this script's own data order")
     args = p.parse_args(argv)
     for name in ("batch_size", "checkpoint_every", "log_every"):
         if getattr(args, name) < 1:
@@ -99,43 +102,7 @@ def env_int(name, default):
                  "edl launch or edl client)" % (name, value))
 
 
-# ---- data: the IDX files as Debian ships them
-
-def read_idx(path, limit):
-    """The first `limit` items (0: all) of an IDX file (plain or .gz) as a uint8 tensor."""
-    for candidate in (path + ".gz", path):
-        if os.path.exists(candidate):
-            break
-    else:
-        sys.exit("train_ddp.py: %s(.gz) not found: install dataset-fashion-mnist "
-                 "(scripts/install_deps.sh) or give --data_dir" % path)
-    opener = gzip.open if candidate.endswith(".gz") else open
-    with opener(candidate, "rb") as f:
-        magic = f.read(4)
-        if len(magic) != 4 or magic[0] != 0 or magic[1] != 0 or magic[2] != 0x08:
-            sys.exit("train_ddp.py: %s is not an unsigned-byte IDX file" % candidate)
-        ndim = magic[3]
-        if ndim < 1 or ndim > 3:
-            sys.exit("train_ddp.py: %s has %d dimensions; expected 1 to 3" % (candidate, ndim))
-        dims = list(struct.unpack(">" + "I" * ndim, f.read(4 * ndim)))
-        count = dims[0] if limit == 0 else min(limit, dims[0])
-        item = 1
-        for d in dims[1:]:
-            item *= d
-        raw = f.read(count * item)
-        if len(raw) != count * item:
-            sys.exit("train_ddp.py: %s is truncated" % candidate)
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).reshape([count] + dims[1:])
-
-
-def load_split(data_dir, prefix, limit):
-    images = read_idx(os.path.join(data_dir, prefix + "-images-idx3-ubyte"), limit)
-    labels = read_idx(os.path.join(data_dir, prefix + "-labels-idx1-ubyte"), limit)
-    if images.shape[0] != labels.shape[0]:
-        sys.exit("train_ddp.py: %s images and labels differ in count" % prefix)
-    x = (images.float().div_(255.0).sub_(FASHION_MEAN).div_(FASHION_STD)).unsqueeze(1)
-    return x, labels.long()
-
+# ---- data order
 
 def step_indices(step, n, batch, seed):
     """The global batch of `step`: a slice of epoch (step // steps_per_epoch)'s permutation."""
@@ -147,49 +114,21 @@ def step_indices(step, n, batch, seed):
     return perm[offset * batch:(offset + 1) * batch]
 
 
+def read_sample_order(path):
+    """Global batches by 0-based step from an edl sample log (its steps count from 1)."""
+    order = {}
+    with open(path) as f:
+        for line in f:
+            record = json.loads(line)
+            order[record["step"] - 1] = torch.tensor(record["idx"], dtype=torch.long)
+    return order
+
+
 def rank_slice(indices, rank, world):
     """This rank's contiguous share of the global batch (sizes differ by at most one)."""
     base, extra = divmod(len(indices), world)
     start = rank * base + min(rank, extra)
     return indices[start:start + base + (1 if rank < extra else 0)]
-
-
-# ---- ResNet-20 (He et al. 2016, CIFAR variant: 3 stages of 3 basic blocks, 16/32/64 channels)
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.shortcut = nn.Sequential()
-        if stride != 1 or cin != cout:
-            self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                          nn.BatchNorm2d(cout))
-
-    def forward(self, x):
-        y = F.relu(self.bn1(self.conv1(x)))
-        y = self.bn2(self.conv2(y))
-        return F.relu(y + self.shortcut(x))
-
-
-class ResNet20(nn.Module):
-    def __init__(self, in_channels=1, classes=10):
-        super().__init__()
-        self.conv = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=False)
-        self.bn = nn.BatchNorm2d(16)
-        layers, cin = [], 16
-        for cout, stride in ((16, 1), (32, 2), (64, 2)):
-            for i in range(3):
-                layers.append(BasicBlock(cin, cout, stride if i == 0 else 1))
-                cin = cout
-        self.layers = nn.Sequential(*layers)
-        self.fc = nn.Linear(64, classes)
-
-    def forward(self, x):
-        x = self.layers(F.relu(self.bn(self.conv(x))))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
 # ---- checkpoints
@@ -310,6 +249,9 @@ def main(argv):
                                               "optimizer": opt.state_dict(), "step": step,
                                               "fingerprint": fingerprint})
 
+    order = read_sample_order(args.sample_order) if args.sample_order else None
+    if order is not None and any(s not in order for s in range(step, total)):
+        sys.exit("train_ddp.py: %s lacks steps of this run's %d" % (args.sample_order, total))
     started, started_step = time.monotonic(), step
     try:
         while step < total:
@@ -317,7 +259,8 @@ def main(argv):
                 0.5 * args.lr * (1 + math.cos(math.pi * step / total))
             for group in opt.param_groups:
                 group["lr"] = lr
-            mine = rank_slice(step_indices(step, n, args.batch_size, args.seed), rank, world)
+            batch = order[step] if order is not None else step_indices(step, n, args.batch_size, args.seed)
+            mine = rank_slice(batch, rank, world)
             out = net(x_train[mine])
             # Sum over this rank's samples / the global batch, times the world size that DDP's
             # gradient averaging divides by: the gradient of the global batch's mean loss.
@@ -326,10 +269,12 @@ def main(argv):
             (loss_sum * (world / args.batch_size)).backward()
             opt.step()
             step += 1
-            loss = loss_sum.detach().clone()
-            if distributed:
-                dist.all_reduce(loss)
-            loss = loss.item() / args.batch_size
+            # The job's loss takes a collective of its own: only for the steps that log it.
+            if step % args.log_every == 0 or step == total:
+                loss = loss_sum.detach().clone()
+                if distributed:
+                    dist.all_reduce(loss)
+                loss = loss.item() / args.batch_size
             if rank == 0 and (step % args.log_every == 0 or step == total):
                 rate = (step - started_step) * args.batch_size / max(1e-9, time.monotonic() - started)
                 log(rank, "step %d/%d loss %.4f lr %.4f %.0f images/s" % (step, total, loss, lr, rate))

@@ -69,6 +69,19 @@ class InstallTest : public ::testing::Test {
     const std::regex re(R"(\((?:RUNPATH|RPATH)\)\s+Library r(?:un)?path: \[([^\]]*)\])");
     return std::regex_search(out, m, re) ? m[1].str() : "";
   }
+  // Imports the Python package edl installed under `prefix` (EDL_PYTHON_INSTALL_DIR) with Debian's
+  // python3, its module finding libedl.so by its own RUNPATH, and asks it for the run mode.
+  static int ImportPython(const std::string& prefix, const std::string& name, std::string* out) {
+    const std::string dir = prefix + "/" + EDL_PYTHON_INSTALL_DIR;
+    if (!fs::exists(dir + "/edl/torch.py")) {
+      *out = "no " + dir + "/edl/torch.py";
+      return -1;
+    }
+    const int rc = Run({"/usr/bin/env", "PYTHONPATH=" + dir, "/usr/bin/python3", "-c",
+                        "import edl; assert edl.__file__.startswith('" + dir + "'); print(edl.plan())"},
+                       name, out);
+    return rc != 0 || out->find("'mode': 'standalone'") == std::string::npos ? 1 : 0;
+  }
   // The first "loss A -> B" of a trainer's final line: {A, B}, or {-1, -1} when there is none.
   static std::pair<double, double> Losses(const std::string& out) {
     std::smatch m;
@@ -99,6 +112,9 @@ TEST_F(InstallTest, InstalledTreeRunsAfterBeingMoved) {
         << elf << " still points into the build tree: RUNPATH '" << RunPath(elf) << "'";
   }
   std::string out;
+  if (EDL_HAVE_PYTHON_MODULE) {  // the Python package imports from the moved tree too
+    EXPECT_EQ(ImportPython(Prefix(), "python-moved", &out), 0) << out;
+  }
   EXPECT_EQ(Run({Prefix() + "/bin/edl", "ckpt", "--help"}, "ckpt-help", &out), 0) << out;
   EXPECT_NE(out.find("usage: edl ckpt"), std::string::npos) << out;
   EXPECT_EQ(Run({Prefix() + "/bin/edl", "train", "--help"}, "train-help", &out), 0) << out;
@@ -202,6 +218,9 @@ TEST_F(InstallTest, DebianPackageNamesItsDependenciesAndRuns) {
   ASSERT_EQ(Run({EDL_DPKG_DEB, "-x", deb, root}, "deb-extract", &out), 0) << out;
   ASSERT_TRUE(fs::exists(root + "/usr/bin/edl")) << "the package has no /usr/bin/edl";
   EXPECT_TRUE(fs::exists(root + "/usr/include/edl/runtime/elastic_trainer.h"));
+  if (EDL_HAVE_PYTHON_MODULE) {  // under /usr: a directory on Debian's sys.path
+    EXPECT_EQ(ImportPython(root + "/usr", "python-deb", &out), 0) << out;
+  }
   EXPECT_EQ(Run({root + "/usr/bin/edl", "ckpt", "--help"}, "deb-edl", &out), 0) << out;
   EXPECT_NE(out.find("usage: edl ckpt"), std::string::npos) << out;
   if (!EDL_HAVE_CUDA) return;

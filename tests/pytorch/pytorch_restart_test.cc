@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/integration/process_util.h"
+#include "tests/pytorch/pytorch_util.h"
 #include "tests/testutil.h"
 
 namespace edl {
@@ -34,13 +35,8 @@ using itest::WaitFor;
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-// Debian's interpreter (python3-torch is installed for it); EDL_TEST_PYTHON overrides it, e.g. to
-// see the skip path with an interpreter that lacks torch.
-std::string Python() {
-  const char* p = std::getenv("EDL_TEST_PYTHON");
-  return p != nullptr && p[0] != '\0' ? p : "/usr/bin/python3";
-}
-constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+using pytorch_test::kFashionDir;
+using pytorch_test::Python;
 // Long enough that the three changes land well before the end even where steps run several times
 // faster than a change takes to reach the trainers (a change is made once a step of the previous
 // world size is seen; each restart resumes from the last checkpoint, every 4 steps).
@@ -53,18 +49,7 @@ std::string Script() { return std::string(EDL_SOURCE_DIR) + "/examples/pytorch/t
 
 // Why this machine cannot run the test ("" when it can).
 std::string SkipReason(const std::string& scratch) {
-  if (!std::filesystem::exists(std::string(kFashionDir) + "/train-images-idx3-ubyte.gz")) {
-    return std::string("Fashion-MNIST not installed at ") + kFashionDir +
-           " (Debian: dataset-fashion-mnist, scripts/install_deps.sh)";
-  }
-  const int rc = itest::RunCommand(
-      {Python(), "-c", "import torch.distributed as d; assert d.is_gloo_available()"},
-      scratch + "/python-check.log", milliseconds(120000));
-  if (rc != 0) {
-    return Python() + " cannot import torch with Gloo (Debian: python3-torch, " +
-           "scripts/install_deps.sh): " + Slurp(scratch + "/python-check.log", 400);
-  }
-  return "";
+  return pytorch_test::SkipReason(scratch, "import torch.distributed as d; assert d.is_gloo_available()");
 }
 
 class PyTorchTest : public ::testing::Test {
@@ -271,7 +256,9 @@ TEST_F(PyTorchRestartModeTest, ShrinkGrowAndSigkillFinishWithTheExpectedStepsAnd
   int last = 0;
   for (const auto& [rc, step] : resumed) {
     EXPECT_GE(step, last) << "restart " << rc << " went back before an earlier start's step";
-    if (rc > at3) EXPECT_GT(step, resumed[at3]) << "restart " << rc << " after the SIGKILL";
+    if (rc > at3) {
+      EXPECT_GT(step, resumed[at3]) << "restart " << rc << " after the SIGKILL";
+    }
     last = std::max(last, step);
   }
   EXPECT_EQ(ranks.begin()->first, 0) << "the first start is restart 0";
