@@ -365,6 +365,7 @@ void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_i
     job.final_checkpoint_reported = true;
     job.final_checkpoint_ok = e.value("ok", true);
     job.final_checkpoint_error = e.value("error", std::string()).substr(0, proto::kMaxErrorLineBytes);
+    if (job.final_checkpoint_error.empty()) job.final_checkpoint_error = job.checkpoint_error;  // the save's own
   } else if (kind == "config") {
     const auto fp = e.find("fingerprint");
     if (fp == e.end() || !fp->is_string() || fp->get_ref<const std::string&>().size() > kMaxConfigBytes) return;

@@ -93,8 +93,12 @@ stop_job() {
     EDL_SECRET_FILE="${EDL_SECRET_FILE:-$HOME/.edl/secret}"
     if [ -f "$EVENTS_LOG" ]; then offset="$(wc -c <"$EVENTS_LOG")"; fi
     echo "$(basename "$0"): stopping the job through edl server (pid $pid): edl ctl stop" >&2
-    if timeout 30 "$EDL_BIN" ctl --server "$(ctl_server)" --secret_file "$EDL_SECRET_FILE" stop >&2 &&
-      edl_wait_exit "$PIDFILE" "${EDL_STOP_JOB_TIMEOUT_S:-330}"; then
+    # `edl ctl stop` waits for the stop to end: 0 once it did, 1 when it did and the final checkpoint
+    # failed (said below from the events log), anything else when the server did not answer.
+    local rc=0
+    timeout "${EDL_STOP_JOB_TIMEOUT_S:-330}" "$EDL_BIN" ctl --server "$(ctl_server)" --secret_file "$EDL_SECRET_FILE" \
+      stop >&2 || rc=$?
+    if [ "$rc" -le 1 ] && edl_wait_exit "$PIDFILE" "${EDL_STOP_JOB_TIMEOUT_S:-330}"; then
       rm -f "$PIDFILE"
       echo "$(basename "$0"): the job stopped and edl server (pid $pid) exited" >&2
       check_final_checkpoint "$offset"

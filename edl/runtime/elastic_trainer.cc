@@ -228,8 +228,10 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       if (target.reason == proto::kStopReason && rank_ == 0 && !comm_failed_ && o_.loader != nullptr) {
         Status s = o_.loader->Finish(trainable_, state_, Context());
         ReportLoaderEvents();  // a refused final save: checkpoint_failed with the fence's reason
-        Event({{"event", "stop_checkpoint"}, {"generation", gen_.number}, {"step", state_.step},
-               {"ok", s.ok()}});
+        nlohmann::json e = {{"event", "stop_checkpoint"}, {"generation", gen_.number}, {"step", state_.step},
+                            {"ok", s.ok()}};
+        if (!s.ok()) e["error"] = s.ToString().substr(0, 1024);  // the server's stop outcome quotes it
+        Event(std::move(e));
         if (!s.ok()) return s.WithContext("stopping the job");
         LOG(INFO) << me_ << ": the job stops (generation " << target.number
                   << "); final checkpoint saved at step " << state_.step;

@@ -244,6 +244,7 @@ TEST_F(SshClusterTest, ServerPortInUseIsNamedAsEdlServerPort) {
     argv.push_back(a);
   }
   itest::Proc squatter(argv, dir_.Join("squatter.log"));
+  squatter.ExpectExit(128 + SIGTERM);  // python3 dies of the SIGTERM that stops it
   ASSERT_TRUE(itest::WaitFor([&] { return std::filesystem::exists(dir_.Join("listening")); }, milliseconds(30000)))
       << Slurp(dir_.Join("squatter.log"));
   EXPECT_EQ(Script({"start", Hosts()}), 1);
