@@ -97,6 +97,12 @@ class Insider {
   }
   const std::vector<json>& seen() const { return seen_; }
   const proto::Welcome& welcome() const { return welcome_; }
+  // From now on seals frames under a key the server does not share: what a relay that altered a
+  // frame on the way, or a peer that lost its session state, would send.
+  void SealWithAForeignKey() {
+    sock_->StartSession(std::make_unique<net::SessionMac>("foreign-secret-0123456789abcdefghij", net::NewNonce(),
+                                                          net::NewNonce(), /*server_side=*/false));
+  }
   uint64_t next_req() { return next_req_++; }
 
  private:
@@ -420,6 +426,23 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
 
 // A node name whose trainer ids would pass the 128-byte id limit is refused at hello, by the
 // server (a raw hello) and by `edl client` itself; the longest legal name registers.
+// Issue "No silent failures", item 11: a ctl connection whose frame fails its session MAC is
+// closed with a line in the server's log naming why, as a client's is.
+TEST_F(InsiderTest, ACtlFrameThatFailsItsSessionMacIsLoggedWithTheReason) {
+  StartServer("", 1);
+  if (HasFatalFailure()) return;
+  std::unique_ptr<Insider> ctl;
+  ASSERT_OK(Insider::Open(std::stoi(port_), Secret(), "ctl", "", 0, "", &ctl));
+  ctl->SealWithAForeignKey();
+  ASSERT_OK(ctl->Send(json{{"type", "ctl"}, {"command", "status"}}));
+  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("ctl connection from") != std::string::npos; },
+                      milliseconds(30000)))
+      << Slurp(dir_.Join("server.log"));
+  const std::string log = Slurp(dir_.Join("server.log"));
+  EXPECT_NE(log.find("failed its session MAC"), std::string::npos) << log;
+  EXPECT_EQ(Status_()["generation"].is_number(), true) << "the server goes on";
+}
+
 TEST_F(InsiderTest, ATooLongNodeNameIsRefusedAtHello) {
   StartServer("", 1);
   if (HasFatalFailure()) return;
