@@ -118,22 +118,11 @@ void JobMembership::TrainerExited(const std::string& trainer_id, bool success, c
 
 void JobMembership::OnExit(const std::string& trainer_id, bool success, const std::string& how) {
   if (pending_.active && pending_.joiner_ids.count(trainer_id) > 0) {
-    auto it = std::find_if(pending_.joiners.begin(), pending_.joiners.end(),
-                           [&](const MemberInfo& m) { return m.trainer_id == trainer_id; });
-    if (it != pending_.joiners.end()) {
-      EmitEvent({{"type", "joiner_exit"}, {"trainer_id", trainer_id}, {"how", how}});
-      pending_.joiners.erase(it);
-      pending_.joiner_ids.erase(trainer_id);
-      pending_.ready.erase(trainer_id);
-      if (pending_.joiners.empty()) {
-        pending_ = Pending();
-      } else {
-        MaybeCommitPending(false);
-      }
-      if (!success) NoteFailure();
-      Reconcile();
-      return;
-    }
+    EmitEvent({{"type", "joiner_exit"}, {"trainer_id", trainer_id}, {"how", how}});
+    DropJoiner(trainer_id);
+    if (!success) NoteFailure();
+    Reconcile();
+    return;
   }
   if (FindMember(trainer_id) == nullptr) return;  // a leaving trainer: expected
   EmitEvent({{"type", "trainer_exit"}, {"trainer_id", trainer_id}, {"how", how},
@@ -175,15 +164,7 @@ void JobMembership::RefuseJoiner(const std::string& trainer_id, const std::strin
   EmitEvent({{"type", "joiner_refused"}, {"trainer_id", id}, {"node", node}, {"why", why}});
   refused_nodes_[node] = why;
   EmitKill(node, {id});
-  pending_.joiners.erase(std::find_if(pending_.joiners.begin(), pending_.joiners.end(),
-                                      [&](const MemberInfo& m) { return m.trainer_id == id; }));
-  pending_.joiner_ids.erase(id);
-  pending_.ready.erase(id);
-  if (pending_.joiners.empty()) {
-    pending_ = Pending();
-  } else {
-    MaybeCommitPending(false);
-  }
+  DropJoiner(id);
   NoteFailure();
   Reconcile();
 }
@@ -521,6 +502,20 @@ void JobMembership::NoteFailure() {
 }
 
 // ---- helpers
+
+void JobMembership::DropJoiner(const std::string& trainer_id) {
+  const std::string id = trainer_id;  // a copy: it may be the joiner's own id about to be erased
+  auto it = std::find_if(pending_.joiners.begin(), pending_.joiners.end(),
+                         [&](const MemberInfo& m) { return m.trainer_id == id; });
+  if (it != pending_.joiners.end()) pending_.joiners.erase(it);
+  pending_.joiner_ids.erase(id);
+  pending_.ready.erase(id);
+  if (pending_.joiners.empty()) {
+    pending_ = Pending();
+  } else {
+    MaybeCommitPending(false);  // the others may all be ready
+  }
+}
 
 void JobMembership::EmitKill(const std::string& node, std::vector<std::string> ids) {
   for (const std::string& id : ids) MarkLeaving(id, node);

@@ -204,6 +204,9 @@ class JobMembership {
               int64_t stall_us);
   void NoteFailure();
   void OnExit(const std::string& trainer_id, bool success, const std::string& how);
+  // Removes pending joiner `trainer_id` from the change being prepared (which goes on without it,
+  // or ends when it was the last).
+  void DropJoiner(const std::string& trainer_id);
   void EmitKill(const std::string& node, std::vector<std::string> ids);  // and marks them leaving
   void MarkLeaving(const std::string& id, const std::string& node);
   std::vector<proto::MemberInfo> FreeSlots(int count) const;

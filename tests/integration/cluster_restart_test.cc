@@ -60,34 +60,6 @@ class ClusterRestartTest : public itest::ControlPlaneHarness {
     std::string out;
     ASSERT_EQ(Ctl({"submit", path}, &out), 0) << out;
   }
-  std::vector<json> JobEvents(const std::string& job) { return ReadLines(dir_.Join("events/" + job + ".events.jsonl")); }
-  int64_t LastGeneration(const std::string& job) {
-    int64_t g = 0;
-    for (const json& e : JobEvents(job)) {
-      if (e.value("type", "") == "generation") g = e["generation"].get<int64_t>();
-    }
-    return g;
-  }
-  int CountJobEvents(const std::string& job, const std::string& type) {
-    int n = 0;
-    for (const json& e : JobEvents(job)) n += e.value("type", "") == type;
-    return n;
-  }
-  // Trainers of `job` that finished a KV round in generation `g`.
-  std::set<std::string> KvDone(const std::string& job, int64_t g) {
-    std::set<std::string> out;
-    for (const json& r : ReadLines(records_)) {
-      if (r["event"] == "kv" && r["generation"] == g && r["ok"] == true && r.value("job_id", "") == job) {
-        out.insert(r["trainer_id"].get<std::string>());
-      }
-    }
-    return out;
-  }
-  std::map<std::string, std::set<int>> Pids() {
-    std::map<std::string, std::set<int>> out;
-    for (const json& r : ReadLines(records_)) out[r["trainer_id"]].insert(r["pid"].get<int>());
-    return out;
-  }
   std::string Diag() {
     return "\n--- server\n" + Slurp(dir_.Join("server.log")).substr(0, 30000) + "\n--- a\n" +
            Slurp(dir_.Join("events/a.events.jsonl")) + "\n--- b\n" + Slurp(dir_.Join("events/b.events.jsonl"));

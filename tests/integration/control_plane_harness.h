@@ -123,6 +123,37 @@ class ControlPlaneHarness : public ::testing::Test {
 
   std::vector<json> Events() { return ReadLines(dir_.Join("events/itest.events.jsonl")); }
 
+  // ---- a cluster server's jobs (`--cluster`: one events log per job)
+  std::vector<json> JobEvents(const std::string& job) { return ReadLines(dir_.Join("events/" + job + ".events.jsonl")); }
+  int64_t LastGeneration(const std::string& job) {
+    int64_t g = 0;
+    for (const json& e : JobEvents(job)) {
+      if (e.value("type", "") == "generation") g = e["generation"].get<int64_t>();
+    }
+    return g;
+  }
+  int CountJobEvents(const std::string& job, const std::string& type) {
+    int n = 0;
+    for (const json& e : JobEvents(job)) n += e.value("type", "") == type;
+    return n;
+  }
+  // Trainers of `job` that finished a KV round in generation `g`.
+  std::set<std::string> KvDone(const std::string& job, int64_t g) {
+    std::set<std::string> out;
+    for (const json& r : ReadLines(records_)) {
+      if (r["event"] == "kv" && r["generation"] == g && r["ok"] == true && r.value("job_id", "") == job) {
+        out.insert(r["trainer_id"].get<std::string>());
+      }
+    }
+    return out;
+  }
+  std::map<std::string, std::set<int>> Pids() {
+    std::map<std::string, std::set<int>> out;
+    for (const json& r : ReadLines(records_)) out[r["trainer_id"]].insert(r["pid"].get<int>());
+    return out;
+  }
+
+
   std::vector<json> Generations() {
     std::vector<json> out;
     for (const json& e : Events()) {

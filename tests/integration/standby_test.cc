@@ -109,6 +109,17 @@ class StandbyTest : public itest::ControlPlaneHarness {
     return std::make_unique<Proc>(argv, dir_.Join(name + ".log"));
   }
 
+  // SIGKILLs leader a and waits until standby b listens; prints how long that took (`what`).
+  void KillLeaderUntilTheStandbyListens(const char* what) {
+    ASSERT_EQ(::kill(servers_[0]->pid(), SIGKILL), 0);
+    ASSERT_EQ(servers_[0]->Wait(milliseconds(10000)), 128 + SIGKILL);
+    const auto killed = std::chrono::steady_clock::now();
+    ASSERT_FALSE(itest::WaitForPortFile(dir_.Join("b.port"), servers_[1].get()).empty()) << Logs();
+    const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - killed);
+    std::printf("%s: b listens %lld ms after a's SIGKILL (lease TTL 2 s; load %s)\n", what,
+                static_cast<long long>(took.count()), Slurp("/proc/loadavg").substr(0, 14).c_str());
+  }
+
   std::string LeaderValue() {
     std::vector<EtcdKv> kvs;
     Status s = client_->Range(jobserver::EtcdLeaderKey("itest"), "", &kvs);
@@ -181,13 +192,7 @@ TEST_F(StandbyTest, TheStandbyTakesOverAfterTheLeaderIsKilledAndAdoptsTheTrainer
   for (const json& r : ReadLines(records_)) pids_before[r["trainer_id"]].insert(r["pid"].get<int>());
   ASSERT_EQ(pids_before.size(), 4u) << Logs();
 
-  ASSERT_EQ(::kill(servers_[0]->pid(), SIGKILL), 0);
-  ASSERT_EQ(servers_[0]->Wait(milliseconds(10000)), 128 + SIGKILL);
-  const auto killed = std::chrono::steady_clock::now();
-  ASSERT_FALSE(itest::WaitForPortFile(dir_.Join("b.port"), servers_[1].get()).empty()) << Logs();
-  const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - killed);
-  std::printf("takeover: b listens %lld ms after a's SIGKILL (lease TTL 2 s; load %s)\n",
-              static_cast<long long>(took.count()), Slurp("/proc/loadavg").substr(0, 14).c_str());
+  KillLeaderUntilTheStandbyListens("takeover");
   EXPECT_NE(Slurp(dir_.Join("b.log")).find("resuming job itest from --state_store " + store_), std::string::npos)
       << Logs();
   EXPECT_NE(LeaderValue().find(std::to_string(port_b)), std::string::npos) << LeaderValue();
@@ -255,29 +260,12 @@ TEST_F(StandbyTest, AClusterServerIsTakenOverWithEveryJobAndItsTrainers) {
   submit("ja", 1, 2);
   submit("jb", 1, 2);
   submit("jc", 3, 3);  // 4 slots, 2 each for ja and jb: jc cannot start, and shrinking them would not fit it
-  auto job_events = [&](const std::string& job) { return ReadLines(dir_.Join("events/" + job + ".events.jsonl")); };
-  auto last_generation = [&](const std::string& job) {
-    int64_t g = 0;
-    for (const json& e : job_events(job)) {
-      if (e.value("type", "") == "generation") g = e["generation"].get<int64_t>();
-    }
-    return g;
-  };
-  auto kv_done = [&](const std::string& job, int64_t g) {
-    std::set<std::string> out;
-    for (const json& r : ReadLines(records_)) {
-      if (r["event"] == "kv" && r["generation"] == g && r["ok"] == true && r.value("job_id", "") == job) {
-        out.insert(r["trainer_id"].get<std::string>());
-      }
-    }
-    return out;
-  };
   std::map<std::string, int64_t> gen;
   ASSERT_TRUE(WaitFor(
       [&] {
         for (const std::string job : {"ja", "jb"}) {
-          gen[job] = last_generation(job);
-          if (gen[job] == 0 || kv_done(job, gen[job]).size() < 2) return false;
+          gen[job] = LastGeneration(job);
+          if (gen[job] == 0 || KvDone(job, gen[job]).size() < 2) return false;
         }
         return true;
       },
@@ -292,27 +280,16 @@ TEST_F(StandbyTest, AClusterServerIsTakenOverWithEveryJobAndItsTrainers) {
   const json before = Jobs();
   ASSERT_EQ(before["jobs"].size(), 3u) << before.dump();
   EXPECT_EQ(state_of(before, "jc")["state"], "pending") << before.dump();
-  std::map<std::string, std::set<int>> pids_before;
-  for (const json& r : ReadLines(records_)) pids_before[r["trainer_id"]].insert(r["pid"].get<int>());
+  const auto pids_before = Pids();
   ASSERT_EQ(pids_before.size(), 4u) << Logs();
 
-  ASSERT_EQ(::kill(servers_[0]->pid(), SIGKILL), 0);
-  ASSERT_EQ(servers_[0]->Wait(milliseconds(10000)), 128 + SIGKILL);
-  const auto killed = std::chrono::steady_clock::now();
-  ASSERT_FALSE(itest::WaitForPortFile(dir_.Join("b.port"), servers_[1].get()).empty()) << Logs();
-  const auto took = std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - killed);
-  std::printf("cluster takeover: b listens %lld ms after a's SIGKILL (lease TTL 2 s; load %s)\n",
-              static_cast<long long>(took.count()), Slurp("/proc/loadavg").substr(0, 14).c_str());
+  KillLeaderUntilTheStandbyListens("cluster takeover");
   EXPECT_NE(Slurp(dir_.Join("b.log")).find("resuming the cluster from --state_store " + store_), std::string::npos)
       << Logs();
   // Each running job adopts its two trainers as their clients re-attach to b.
   ASSERT_TRUE(WaitFor(
       [&] {
-        int recovered = 0;
-        for (const std::string job : {"ja", "jb"}) {
-          for (const json& e : job_events(job)) recovered += e.value("type", "") == "recovered";
-        }
-        return recovered == 2;
+        return CountJobEvents("ja", "recovered") + CountJobEvents("jb", "recovered") == 2;
       },
       milliseconds(60000)))
       << Logs();
@@ -329,12 +306,11 @@ TEST_F(StandbyTest, AClusterServerIsTakenOverWithEveryJobAndItsTrainers) {
   // The next change is numbered above the old ones and reaches the same trainers.
   std::string out;
   ASSERT_EQ(Ctl({"scale", "ja", "1"}, &out), 0) << out;
-  ASSERT_TRUE(WaitFor([&] { return last_generation("ja") > gen["ja"]; }, milliseconds(60000))) << Logs();
-  std::map<std::string, std::set<int>> pids_after;
-  for (const json& r : ReadLines(records_)) pids_after[r["trainer_id"]].insert(r["pid"].get<int>());
+  ASSERT_TRUE(WaitFor([&] { return LastGeneration("ja") > gen["ja"]; }, milliseconds(60000))) << Logs();
+  auto pids_after = Pids();
   for (const auto& [id, pids] : pids_before) EXPECT_EQ(pids_after[id], pids) << id << " was restarted" << Logs();
   for (const std::string job : {"ja", "jb"}) {
-    for (const json& e : job_events(job)) {
+    for (const json& e : JobEvents(job)) {
       if (e.value("type", "") == "generation") EXPECT_FALSE(e["failure"].get<bool>()) << e.dump() << Logs();
     }
   }

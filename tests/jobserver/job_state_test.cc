@@ -223,6 +223,15 @@ Status LoadState(const std::string& path, const std::string& one_job, ClusterSta
   return Status::OK();
 }
 
+// Writes `s` to the store in `path` (created when missing), as a server saves it.
+void SaveState(const std::string& path, const ClusterState& s) {
+  StateStore store;
+  bool created = false;
+  ASSERT_OK(store.Open(path, &created));
+  ClusterStateWriter w(&store);
+  ASSERT_OK(w.Save(s));
+}
+
 // Every key and value in the store in `path`.
 std::map<std::string, std::string> RawKeys(const std::string& path) {
   StateStore store;
@@ -271,13 +280,7 @@ TEST(StateStoreTest, SavesAndLoadsAcrossReopenAndDropsForgottenNodes) {
 TEST(StateStoreTest, ADamagedValueOrDirectoryIsRefusedNamingTheFix) {
   test::ScratchDir dir("edl-state");
   const std::string path = dir.Join("state");
-  {
-    StateStore store;
-    bool created = false;
-    ASSERT_OK(store.Open(path, &created));
-    ClusterStateWriter w(&store);
-    ASSERT_OK(w.Save(OneJobSample()));
-  }
+  SaveState(path, OneJobSample());
   {  // Another program writes a truncated value.
     rocksdb::DB* raw = nullptr;
     rocksdb::Options o;
@@ -376,12 +379,11 @@ TEST(StateStoreTest, TheOldOneJobLayoutIsReadOnceAndRewrittenInTheOneLayout) {
 TEST(StateStoreTest, ANewerLayoutIsRefusedNamingBothVersions) {
   test::ScratchDir dir("edl-state");
   const std::string path = dir.Join("state");
+  SaveState(path, OneJobSample());
   {
     StateStore store;
     bool created = false;
     ASSERT_OK(store.Open(path, &created));
-    ClusterStateWriter w(&store);
-    ASSERT_OK(w.Save(OneJobSample()));
     json meta = json::parse(EncodeClusterState(OneJobSample()).at("cluster/meta"));
     meta["v"] = kClusterLayoutVersion + 1;
     ASSERT_OK(store.Write({{"cluster/meta", meta.dump()}}, {}));
@@ -415,13 +417,7 @@ TEST(StateStoreTest, ServicesAreKeptBesideTheJobAndADamagedValueIsRefused) {
     std::unique_ptr<rocksdb::DB> owned(db);
     ASSERT_TRUE((value.empty() ? db->Delete(rocksdb::WriteOptions(), key) : db->Put(rocksdb::WriteOptions(), key, value)).ok());
   };
-  {
-    StateStore store;
-    bool created = false;
-    ASSERT_OK(store.Open(path, &created));
-    ClusterStateWriter w(&store);
-    ASSERT_OK(w.Save(s));
-  }
+  SaveState(path, s);
   ClusterState d;
   bool found = false;
   ASSERT_OK(LoadState(path, "job", &d, &found));
