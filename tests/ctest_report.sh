@@ -20,7 +20,7 @@ awk -v dir="$1" '
   /^Skip regular expression found in output/ {
     skipped++; lines[skipped] = "  " name ": " (reason == "" ? "(no reason printed)" : reason); next }
   /^Test Passed\./ { passed++; next }
-  /^Test (Failed|Timeout)/ { failed++; next }
+  /^Test (Failed|Timeout)/ || /^Test Fail Reason:/ { failed++; next }  # the latter: FAIL_REGULAR_EXPRESSION, a crash
   END {
     printf "== ctest (%s): %d cases run: %d passed, %d failed, %d skipped\n", dir, run, passed, failed, skipped
     for (i = 1; i <= skipped; i++) print lines[i]

@@ -223,8 +223,9 @@ TEST_F(DashboardTest, OffLoopbackATokenIsRequiredAndHostileRequestsDoNotStopTheJ
       431);
   ScaleToThree(auth);
   if (HasFatalFailure()) return;
-  EXPECT_EQ(Status(auth)["nodes"].size(), 2u);
-  for (const json& n : Status(auth)["nodes"]) EXPECT_EQ(n["connected"], true) << n.dump();
+  const json st = Status(auth);  // kept: a loop over a temporary's member would read freed memory
+  EXPECT_EQ(st["nodes"].size(), 2u);
+  for (const json& n : st["nodes"]) EXPECT_EQ(n["connected"], true) << n.dump();
   slow.clear();
   StopJob();
 }
