@@ -1,5 +1,5 @@
 // The elastic loop. Invariants:
-//   - comm_ is null or was formed for gen_ (both change together under comm_mu_);
+//   - comm_ is null or was formed for gen_ (both change together, in InstallComm);
 //   - state_ and the Trainable's tensors are identical on every rank of gen_ after SyncState();
 //   - a step is committed (state_.step advanced, samples logged) only after its all-reduce
 //     completed on this rank; a rank whose all-reduce failed logs that step's samples at the next
@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -580,8 +579,8 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   switch_step_ = state_.step;
   reform_was_failure_ = true;
   {
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_) comm_->Abort();
+    MutexLock lock(&comm_mu_);  // the watcher may be aborting it too
+    if (watched_comm_ != nullptr) watched_comm_->Abort();
   }
   Generation next;
   if (!membership_->Latest(&next) || next.number <= failed_gen) {
