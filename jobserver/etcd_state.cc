@@ -189,7 +189,7 @@ Status BecomeEtcdLeader(const EtcdStateOptions& o, std::function<void(const Stat
         *out = std::make_unique<EtcdBackend>(endpoints, o, lease, ranges[1][0].create_revision, std::move(on_lost));
         return Status::OK();
       }
-      if (lease != 0) c.LeaseRevoke(lease);  // best effort: it would expire anyway
+      if (lease != 0) (void)c.LeaseRevoke(lease);  // best effort: it expires within its TTL anyway
       if (!s.ok()) {
         LOG_EVERY_N(WARNING, 20) << "standby for job " << o.job_id << ": " << s.ToString() << " (retrying)";
         continue;

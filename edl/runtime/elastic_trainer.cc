@@ -542,7 +542,8 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
     p.images_per_sec = secs > 0 ? progress_samples_ / secs : 0;
     progress_t0_us_ = now;
     progress_samples_ = 0;
-    membership_->ReportProgress(p);  // best effort: progress is advisory
+    // Best effort: progress is advisory; a broken channel fails the next membership wait.
+    (void)membership_->ReportProgress(p);
   }
   return Status::OK();
 }
@@ -663,7 +664,7 @@ void ElasticTrainer::Impl::ReportLoaderEvents() {
 void ElasticTrainer::Impl::Event(nlohmann::json e) {
   e["trainer"] = me_;
   e["pid"] = static_cast<int64_t>(::getpid());
-  membership_->ReportEvent(e);  // best effort: events are advisory
+  (void)membership_->ReportEvent(e);  // best effort, as progress (TrainStep)
 }
 
 // ---------------------------------------------------------------------------------------------
