@@ -9,10 +9,10 @@
 // Thread-safety: CalledOnOwningThread and Detach may be called from any thread.
 #pragma once
 
+#include <glog/logging.h>
+
 #include <atomic>
 #include <thread>
-
-#include <glog/logging.h>
 
 namespace edl {
 

@@ -1,8 +1,8 @@
 #include "edl/base/thread_checker.h"
 
-#include <thread>
-
 #include <gtest/gtest.h>
+
+#include <thread>
 
 namespace edl {
 namespace {
