@@ -5,7 +5,9 @@
 # installs bin/edl, its libraries, the runtime's headers and CMake package (find_package(edl));
 # `make package` writes the Debian package.
 # Knobs: BUILD_DIR=build, BUILD_TYPE=Release, JOBS=$(nproc), EDL_USE_CUDA=AUTO|ON|OFF,
-#        SANITIZE=address,undefined|thread (for BUILD_DIR itself), SANITIZERS=0 (skip the stages).
+#        SANITIZE=address,undefined|thread (for BUILD_DIR itself), SANITIZERS=0 (skip the stages),
+#        FORMAT_CHECK=1 (`make test` first checks the sources against .clang-format; `make
+#        format-check` alone; scripts/check_format.sh --fix reformats).
 #
 # Sanitizer stages of `make test`, each a clang tree of its own with EDL_USE_CUDA=OFF (the sanitizers
 # check host code; CUDA kernels are out of their reach):
@@ -22,6 +24,7 @@ EDL_USE_CUDA ?= AUTO
 SANITIZE   ?=
 CTEST_ARGS ?=
 SANITIZERS ?= 1
+FORMAT_CHECK ?= 0
 PREFIX     ?= /usr/local
 ASAN_DIR   ?= build-asan
 TSAN_DIR   ?= build-tsan
@@ -81,7 +84,7 @@ define ctest_stage
 	  echo "== make test: $(1): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 endef
 
-.PHONY: all deps configure build install package test test-unit asan test-asan test-tsan demo bench clean gpu-check
+.PHONY: all deps configure build install package test test-unit asan test-asan test-tsan demo bench clean gpu-check format-check
 
 all: build
 
@@ -103,7 +106,10 @@ install: build
 package: build
 	cd $(BUILD_DIR) && cpack -G DEB -B packages
 
-test-unit: build
+format-check: deps
+	@bash scripts/check_format.sh
+
+test-unit: $(if $(filter-out 0,$(FORMAT_CHECK)),format-check) build
 	$(call ctest_stage,ctest ($(BUILD_DIR)),$(BUILD_DIR),)
 
 test: test-unit

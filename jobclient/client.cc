@@ -231,10 +231,12 @@ Status Client::Start() {
   }
   Connect();
   Tick();
+  io_thread_.Detach();  // the io_context's thread takes over (it may be another)
   return Status::OK();
 }
 
 void Client::Shutdown(int exit_code, const std::string& why) {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (shutting_down_) return;
   shutting_down_ = true;
   exit_code_ = exit_code;
@@ -343,6 +345,7 @@ void Client::ScheduleReconnect(const std::string& why) {
 }
 
 void Client::OnServerMessage(const json& msg) {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (!authenticated_) return OnHandshakeFrame(msg);
   const std::string& type = msg["type"].get_ref<const std::string&>();
   if (type == proto::msg::kError) {
@@ -726,6 +729,7 @@ void Client::AcceptTrainer() {
 
 void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std::string* trainer_id,
                               const json& msg) {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   const std::string& type = msg["type"].get_ref<const std::string&>();
   if (trainer_id->empty()) {
     proto::TrainerHello h;
@@ -952,6 +956,7 @@ void Client::TerminateTrainer(Trainer* t, int64_t now_us) {
 }
 
 void Client::Tick() {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (shutting_down_) return;
   PollTrainers();
   PollTeachers();

@@ -5,7 +5,8 @@
 // serves its trainers on a Unix socket (mode 0600) and relays their frames (KV, ready, progress,
 // events) to the server, and kills a trainer whose channel heartbeats stop.
 //
-// Thread-safety: none. Everything runs on the io_context thread passed in.
+// Thread-safety: none. Start on any thread before the io_context runs; everything after, on the
+// io_context thread passed in.
 #pragma once
 
 #include <deque>
@@ -21,6 +22,7 @@
 
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
+#include "edl/base/thread_checker.h"
 #include "edl/net/connection.h"
 #include "edl/net/handshake.h"
 #include "edl/proto/messages.h"
@@ -168,6 +170,7 @@ class Client {
                                const proto::MemberInfo& m) const;
 
   boost::asio::io_context* const io_;  // not owned
+  ThreadChecker io_thread_;            // Shutdown and the io_context's handlers
   const ClientOptions options_;
   const std::unique_ptr<launcher::ProcessLauncher> launcher_;
   std::unique_ptr<TeacherRunner> teacher_runner_;  // see Teachers()

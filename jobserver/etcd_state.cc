@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
-#include <mutex>
 #include <thread>
 
 #include <glog/logging.h>
 
+#include "edl/base/thread_annotations.h"
 #include "edl/proto/frame.h"
 
 namespace edl::jobserver {
@@ -41,7 +41,7 @@ class EtcdBackend : public StateBackend {
 
   ~EtcdBackend() override {
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -102,11 +102,11 @@ class EtcdBackend : public StateBackend {
   // Renews the lease every TTL/3 until stopped; reports a lost lease once.
   void Renew() {
     auto last_ok = Clock::now();
-    std::unique_lock<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     while (!stop_) {
-      cv_.wait_for(l, ttl_ / 3, [this] { return stop_; });
+      cv_.wait_for(l.native(), ttl_ / 3, [this]() REQUIRES(mu_) { return stop_; });
       if (stop_) break;
-      l.unlock();
+      l.Unlock();
       const auto sent = Clock::now();
       int64_t left = 0;
       Status s = renew_client_.LeaseKeepAlive(lease_, &left);
@@ -127,7 +127,7 @@ class EtcdBackend : public StateBackend {
         on_lost_(lost);
         return;
       }
-      l.lock();
+      l.Lock();
     }
   }
 
@@ -138,9 +138,9 @@ class EtcdBackend : public StateBackend {
   const int64_t lease_, revision_;
   const std::function<void(const Status&)> on_lost_;
   std::atomic<bool> lost_{false};
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread renewer_;
 };
 
@@ -189,7 +189,7 @@ Status BecomeEtcdLeader(const EtcdStateOptions& o, std::function<void(const Stat
         *out = std::make_unique<EtcdBackend>(endpoints, o, lease, ranges[1][0].create_revision, std::move(on_lost));
         return Status::OK();
       }
-      if (lease != 0) c.LeaseRevoke(lease);  // best effort: it would expire anyway
+      if (lease != 0) (void)c.LeaseRevoke(lease);  // best effort: it expires within its TTL anyway
       if (!s.ok()) {
         LOG_EVERY_N(WARNING, 20) << "standby for job " << o.job_id << ": " << s.ToString() << " (retrying)";
         continue;

@@ -64,6 +64,7 @@ Server::Server(asio::io_context* io, ServerOptions options, Clock* clock)
 Server::~Server() = default;
 
 Status Server::Start() {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (!options_.scale_script.empty()) {
     ScalingScript s;
     EDL_RETURN_IF_ERROR(ScalingScript::Load(options_.scale_script, &s));
@@ -211,6 +212,7 @@ bool Server::Persist() {
 }
 
 void Server::Shutdown(bool stop_clients) {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (shutting_down_) return;
   shutting_down_ = true;
   boost::system::error_code ec;
@@ -251,6 +253,7 @@ void Server::Accept() {
 }
 
 void Server::OnAccepted(tcp::socket socket) {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   boost::system::error_code ec;
   const auto remote = socket.remote_endpoint(ec);
   const std::string source = ec ? "unknown" : remote.address().to_string();
@@ -290,6 +293,7 @@ void Server::OnAccepted(tcp::socket socket) {
 }
 
 void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (peer->state == Peer::State::kClient) {
     LOG(WARNING) << "client of node " << peer->node << " (" << peer->conn->peer()
                  << ") disconnected: " << why.ToString();
@@ -347,6 +351,7 @@ void Server::LogUnauthenticated(const std::string& line) {
 }
 
 void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   const std::string& type = msg["type"].get_ref<const std::string&>();
   switch (peer->state) {
     case Peer::State::kAuth:
@@ -670,6 +675,7 @@ void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
 // ---- time and actions
 
 void Server::Tick() {
+  EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (shutting_down_) return;
   const int64_t now = clock_->NowMicros();
   // The one job's scaling sources run on their own clock: from its first generation, paused while

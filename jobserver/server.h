@@ -25,6 +25,7 @@
 
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
+#include "edl/base/thread_checker.h"
 #include "edl/net/admission.h"
 #include "edl/net/connection.h"
 #include "jobserver/cluster.h"
@@ -174,6 +175,7 @@ class Server {
   int64_t heartbeat_timeout_ms() const { return options_.cluster.heartbeat_timeout_us / 1000; }
 
   boost::asio::io_context* const io_;  // not owned
+  ThreadChecker io_thread_;            // Start, Shutdown and the io_context's handlers
   const ServerOptions options_;
   Clock* const clock_;  // not owned
   boost::asio::ip::tcp::acceptor acceptor_;

@@ -2,6 +2,9 @@
 // bad frame, corrupt checkpoint, bad config). Modelled on leveldb's Status: OK is cheap, an error
 // carries a code and a message that names the object and suggests a fix.
 //
+// Status and StatusOr are [[nodiscard]]: a call whose result is dropped does not compile silently.
+// Where dropping it is right, the call says so: `(void)Call();  // why`.
+//
 // Thread-safety: a Status is a value; distinct objects may be used from distinct threads freely.
 #pragma once
 
@@ -12,7 +15,7 @@
 
 namespace edl {
 
-class Status {
+class [[nodiscard]] Status {
  public:
   enum class Code {
     kOk = 0,
@@ -75,7 +78,7 @@ Status FromErrorCode(const std::string& context, const boost::system::error_code
 
 // A value or an error. REQUIRES: ok() before value().
 template <typename T>
-class StatusOr {
+class [[nodiscard]] StatusOr {
  public:
   StatusOr(Status s) : status_(std::move(s)) {}  // NOLINT: implicit by design
   StatusOr(T v) : value_(std::move(v)) {}        // NOLINT: implicit by design

@@ -3,13 +3,13 @@
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
-#include <mutex>
 #include <new>
 
 #include <nlohmann/json.hpp>
 
 #include <glog/logging.h>
 
+#include "edl/base/thread_annotations.h"
 #include "edl/ckpt/crc32c.h"
 
 namespace edl::ckpt {
@@ -209,7 +209,7 @@ class TensorBuffers {
       bufs_[i].reset(new (std::nothrow) uint8_t[static_cast<size_t>(bytes)]);
     }
     if (bufs_[i] == nullptr) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (failed_.ok()) {
         failed_ = Status::Corruption(
             "checkpoint " + std::to_string(meta_.id) + " tensor '" + meta_.tensors[i].name +
@@ -220,7 +220,7 @@ class TensorBuffers {
     return bufs_[i].get();
   }
   Status status() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return failed_;
   }
   std::unique_ptr<uint8_t[]>& operator[](size_t i) { return bufs_[i]; }
@@ -229,8 +229,8 @@ class TensorBuffers {
  private:
   const CheckpointMeta& meta_;
   std::vector<std::unique_ptr<uint8_t[]>> bufs_;
-  std::mutex mu_;  // dst_for runs on several reader threads
-  Status failed_;
+  Mutex mu_;  // dst_for runs on several reader threads
+  Status failed_ GUARDED_BY(mu_);
 };
 
 // Reads checkpoint `meta` into *out, verifying every tensor.
@@ -286,15 +286,18 @@ Status CheckpointStore::Verify(int64_t id, VerifyReport* report) {
   report->id = id;
   // One buffer per tensor in flight (callbacks may run on several threads), freed once checked.
   TensorBuffers bufs(meta);
-  std::mutex mu;
+  struct {
+    Mutex mu;
+    VerifyReport* report PT_GUARDED_BY(mu);
+  } tally{{}, report};
   auto dst_for = [&](size_t i) -> void* { return bufs.Allocate(i); };
   auto done = [&](size_t i) {
     Status s = CheckTensor(meta, i, bufs[i].get());
     bufs[i].reset();
-    std::lock_guard<std::mutex> lock(mu);
-    if (!s.ok()) report->corrupt.push_back(meta.tensors[i].name + ": " + s.message());
-    report->tensors_checked++;
-    report->bytes_checked += meta.tensors[i].bytes;
+    MutexLock lock(&tally.mu);
+    if (!s.ok()) tally.report->corrupt.push_back(meta.tensors[i].name + ": " + s.message());
+    tally.report->tensors_checked++;
+    tally.report->bytes_checked += meta.tensors[i].bytes;
     return Status::OK();
   };
   Status s = ReadTensors(meta, dst_for, done);

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <mutex>
 #include <thread>
 
 #include <glog/logging.h>
@@ -18,6 +17,7 @@
 #include <rocksdb/write_batch.h>
 
 #include "edl/base/clock.h"
+#include "edl/base/thread_annotations.h"
 #include "edl/ckpt/checkpoint_store.h"
 #include "edl/ckpt/crc32c.h"
 
@@ -104,21 +104,24 @@ class RocksDbStore : public CheckpointStore {
 
  private:
   rocksdb::Options DbOptions() const;
-  Status OpenForWrite(DbPtr* db);
+  // The write path, one Save at a time: RocksDB allows one opener for writing, and the files a
+  // save stages in the ingest directory are its own (OpenForWrite removes what is left there).
+  Status OpenForWrite(DbPtr* db) REQUIRES(write_mu_);
   Status OpenForRead(DbPtr* db);
   Status ListOpen(rocksdb::DB* db, std::vector<CheckpointMeta>* out);
   Status WriteSst(const CheckpointMeta& meta, const std::vector<TensorView>& tensors,
-                  std::vector<std::string>* files, CheckpointMeta* stored);
+                  std::vector<std::string>* files, CheckpointMeta* stored) REQUIRES(write_mu_);
   Status WriteBatch(rocksdb::DB* db, const CheckpointMeta& meta,
-                    const std::vector<TensorView>& tensors, CheckpointMeta* stored);
-  Status Prune(rocksdb::DB* db);
+                    const std::vector<TensorView>& tensors, CheckpointMeta* stored)
+      REQUIRES(write_mu_);
+  Status Prune(rocksdb::DB* db) REQUIRES(write_mu_);
   Status ReadRange(rocksdb::DB* db, const CheckpointMeta& meta, size_t begin, size_t end,
                    const std::function<void*(size_t)>& dst_for,
                    const std::function<Status(size_t)>& done, const std::atomic<bool>& cancel);
 
   RocksDbStoreOptions o_;
   const int64_t since_;  // wall clock when this handle was made: the writer's start (CheckFence)
-  std::mutex write_mu_;  // one Save at a time from this object (RocksDB allows one opener)
+  Mutex write_mu_;
 };
 
 rocksdb::Options RocksDbStore::DbOptions() const {
@@ -285,7 +288,7 @@ Status RocksDbStore::WriteBatch(rocksdb::DB* db, const CheckpointMeta& meta,
 
 Status RocksDbStore::Save(const CheckpointMeta& meta, const std::vector<TensorView>& tensors,
                           int64_t* id) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   DbPtr db;
   EDL_RETURN_IF_ERROR(OpenForWrite(&db));
   // Fencing, under the database LOCK: nobody else can write between this check and the ingest.

@@ -160,7 +160,7 @@ Status FramedSocket::SendAll(const char* p, size_t n, Clock::time_point deadline
 Status FramedSocket::Send(const nlohmann::json& msg, std::chrono::milliseconds timeout) {
   const std::string frame = proto::EncodeFrame(msg);
   const auto deadline = Clock::now() + timeout;
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   if (session_ == nullptr) return SendAll(frame.data(), frame.size(), deadline);
   const size_t size = frame.size() - proto::kFrameHeaderBytes;
   char header[proto::kFrameHeaderBytes];

@@ -13,12 +13,12 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "edl/base/status.h"
+#include "edl/base/thread_annotations.h"
 #include "edl/net/auth.h"
 #include "edl/proto/messages.h"
 
@@ -63,12 +63,15 @@ class FramedSocket {
  private:
   Status WaitFd(short events, std::chrono::steady_clock::time_point deadline);
   Status ReadFull(char* p, size_t n, std::chrono::steady_clock::time_point deadline);
-  Status SendAll(const char* p, size_t n, std::chrono::steady_clock::time_point deadline);
+  // Every write to fd_ goes through SendAll, under write_mu_: frames from concurrent Sends never
+  // interleave, and they leave in the order session_ sealed them.
+  Status SendAll(const char* p, size_t n, std::chrono::steady_clock::time_point deadline)
+      REQUIRES(write_mu_);
 
   const int fd_;
   const std::string peer_;
-  std::mutex write_mu_;  // serialises Send (and so the sealing order)
-  std::unique_ptr<SessionMac> session_;
+  Mutex write_mu_;
+  std::unique_ptr<SessionMac> session_;  // set before any Send or Receive (StartSession)
   uint32_t max_frame_bytes_;
 };
 

@@ -51,7 +51,7 @@ TrainerChannel::TrainerChannel(std::unique_ptr<FramedSocket> sock, std::string t
 
 TrainerChannel::~TrainerChannel() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -63,14 +63,14 @@ TrainerChannel::~TrainerChannel() {
 void TrainerChannel::ReaderLoop() {
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (stop_) return;
     }
     json msg;
     Status s = sock_->Receive(&msg, milliseconds(200));
     if (s.IsTimeout()) continue;
     if (!s.ok()) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (!stop_) LOG(WARNING) << "trainer " << trainer_id_ << ": channel to client broken: " << s.ToString();
       broken_ = true;
       broken_reason_ = s;
@@ -86,7 +86,7 @@ void TrainerChannel::HandleMessage(const json& msg) {
   if (type == proto::msg::kGeneration) {
     proto::GenerationUpdate u;
     Status s = u.DecodeFrom(msg);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (s.ok()) s = u.ApplyTo(&latest_);
     if (!s.ok()) {
       LOG(ERROR) << "trainer " << trainer_id_ << ": bad generation from client: " << s.ToString();
@@ -101,13 +101,13 @@ void TrainerChannel::HandleMessage(const json& msg) {
       LOG(ERROR) << "trainer " << trainer_id_ << ": bad kv reply: " << s.ToString();
       return;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     replies_[r.req_id] = std::move(r);
     cv_.notify_all();
   } else if (type == proto::msg::kServiceMembers) {
     proto::ServiceMembers m;
     Status s = m.DecodeFrom(msg);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!s.ok() || members_.count(m.service) == 0) {
       LOG(ERROR) << "trainer " << trainer_id_ << ": bad or unasked member list from client: "
                  << (s.ok() ? "service '" + m.service + "' is not watched" : s.ToString());
@@ -123,7 +123,7 @@ void TrainerChannel::HandleMessage(const json& msg) {
 
 Status TrainerChannel::WatchService(const std::string& service) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     members_.emplace(service, std::make_pair(uint64_t{0}, proto::ServiceMembers()));
   }
   proto::ServiceWatch w;
@@ -133,12 +133,12 @@ Status TrainerChannel::WatchService(const std::string& service) {
 
 Status TrainerChannel::WaitServiceMembers(const std::string& service, uint64_t* version,
                                           std::chrono::milliseconds timeout, proto::ServiceMembers* out) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto newer = [&] {
+  MutexLock lock(&mu_);
+  auto newer = [&]() REQUIRES(mu_) {
     auto it = members_.find(service);
     return it != members_.end() && it->second.first > *version;
   };
-  cv_.wait_for(lock, timeout, [&] { return stop_ || broken_ || newer(); });
+  cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) { return stop_ || broken_ || newer(); });
   if (newer()) {
     const auto& [seq, m] = members_.at(service);
     *version = seq;
@@ -150,34 +150,34 @@ Status TrainerChannel::WaitServiceMembers(const std::string& service, uint64_t* 
 }
 
 void TrainerChannel::HeartbeatLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (!stop_ && !broken_) {
-    lock.unlock();
+    lock.Unlock();
     Status s = sock_->Send(json{{"type", proto::msg::kHeartbeat}}, kSendTimeout);
-    lock.lock();
+    lock.Lock();
     if (!s.ok()) return;
-    cv_.wait_for(lock, heartbeat_, [this] { return stop_ || broken_; });
+    cv_.wait_for(lock.native(), heartbeat_, [this]() REQUIRES(mu_) { return stop_ || broken_; });
   }
 }
 
 Status TrainerChannel::SendMsg(const json& msg) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (broken_) return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
   }
   return sock_->Send(msg, kSendTimeout);
 }
 
 bool TrainerChannel::Latest(proto::GenerationInfo* out) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!have_generation_) return false;
   *out = latest_;
   return true;
 }
 
 Status TrainerChannel::WaitGeneration(int64_t after, milliseconds timeout, proto::GenerationInfo* out) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const bool got = cv_.wait_for(lock, timeout, [&] {
+  MutexLock lock(&mu_);
+  const bool got = cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) {
     return (have_generation_ && latest_.generation > after) || broken_ || stop_;
   });
   if (have_generation_ && latest_.generation > after) {
@@ -192,14 +192,14 @@ Status TrainerChannel::WaitGeneration(int64_t after, milliseconds timeout, proto
 
 Status TrainerChannel::KvCall(proto::KvRequest req, milliseconds timeout, std::string* value) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     req.req_id = next_req_id_++;
   }
   json j;
   req.EncodeTo(&j);
   EDL_RETURN_IF_ERROR(SendMsg(j));
-  std::unique_lock<std::mutex> lock(mu_);
-  const bool got = cv_.wait_for(lock, timeout, [&] {
+  MutexLock lock(&mu_);
+  const bool got = cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) {
     return replies_.count(req.req_id) > 0 || broken_ || stop_;
   });
   auto it = replies_.find(req.req_id);
@@ -261,7 +261,7 @@ Status TrainerChannel::ReportEvent(const json& event) {
 }
 
 bool TrainerChannel::connected() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return !broken_ && !stop_;
 }
 

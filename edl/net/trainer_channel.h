@@ -12,13 +12,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "edl/base/status.h"
+#include "edl/base/thread_annotations.h"
 #include "edl/net/framed_socket.h"
 #include "edl/proto/messages.h"
 #include "edl/proto/service_messages.h"
@@ -84,19 +84,19 @@ class TrainerChannel {
   const std::string trainer_id_;
   const std::chrono::milliseconds heartbeat_;
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::condition_variable cv_;
-  // Guarded by mu_:
-  bool stop_ = false;
-  bool broken_ = false;
-  Status broken_reason_;
-  bool have_generation_ = false;
-  proto::GenerationInfo latest_;
-  uint64_t next_req_id_ = 1;
-  std::map<uint64_t, proto::KvReply> replies_;  // arrived replies, taken by the waiting caller
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool broken_ GUARDED_BY(mu_) = false;
+  Status broken_reason_ GUARDED_BY(mu_);
+  bool have_generation_ GUARDED_BY(mu_) = false;
+  proto::GenerationInfo latest_ GUARDED_BY(mu_);
+  uint64_t next_req_id_ GUARDED_BY(mu_) = 1;
+  // Arrived replies, taken by the waiting caller.
+  std::map<uint64_t, proto::KvReply> replies_ GUARDED_BY(mu_);
   // Newest member list of each watched service, with its number (counting every list received).
-  std::map<std::string, std::pair<uint64_t, proto::ServiceMembers>> members_;
-  uint64_t members_seq_ = 0;
+  std::map<std::string, std::pair<uint64_t, proto::ServiceMembers>> members_ GUARDED_BY(mu_);
+  uint64_t members_seq_ GUARDED_BY(mu_) = 0;
 
   std::thread reader_;
   std::thread heartbeater_;

@@ -6,16 +6,16 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <mutex>
 #include <vector>
 
+#include "edl/base/thread_annotations.h"
 
 namespace edl::runtime {
 namespace {
 
-std::mutex mu;
-void* handle = nullptr;  // GUARDED_BY(mu); never closed: the plugin's code stays in use
-std::string loaded_path;  // GUARDED_BY(mu)
+Mutex mu;
+void* handle GUARDED_BY(mu) = nullptr;  // never closed: the plugin's code stays in use
+std::string loaded_path GUARDED_BY(mu);
 
 std::string DirName(const std::string& path) {
   const size_t slash = path.rfind('/');
@@ -50,7 +50,7 @@ const char kFix[] =
     "writes libedl_cuda.so next to libedl.so) and keep the plugin there, set EDL_CUDA_PLUGIN to "
     "its path, or use --device cpu";
 
-Status LoadLocked() {
+Status LoadLocked() REQUIRES(mu) {
   if (handle != nullptr) return Status::OK();
   std::string path;
   const char* env = std::getenv("EDL_CUDA_PLUGIN");
@@ -105,17 +105,17 @@ Status LoadLocked() {
 }  // namespace
 
 Status LoadCudaPlugin() {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   return LoadLocked();
 }
 
 std::string CudaPluginPath() {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   return loaded_path;
 }
 
 StatusOr<void*> CudaPluginSymbol(const std::string& name) {
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   EDL_RETURN_IF_ERROR(LoadLocked());
   ::dlerror();
   void* sym = ::dlsym(handle, name.c_str());

@@ -1,5 +1,5 @@
 // The elastic loop. Invariants:
-//   - comm_ is null or was formed for gen_ (both change together under comm_mu_);
+//   - comm_ is null or was formed for gen_ (both change together, in InstallComm);
 //   - state_ and the Trainable's tensors are identical on every rank of gen_ after SyncState();
 //   - a step is committed (state_.step advanced, samples logged) only after its all-reduce
 //     completed on this rank; a rank whose all-reduce failed logs that step's samples at the next
@@ -13,7 +13,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <numeric>
 #include <thread>
 
@@ -588,7 +587,8 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
     p.images_per_sec = secs > 0 ? progress_samples_ / secs : 0;
     progress_t0_us_ = now;
     progress_samples_ = 0;
-    membership_->ReportProgress(p);  // best effort: progress is advisory
+    // Best effort: progress is advisory; a broken channel fails the next membership wait.
+    (void)membership_->ReportProgress(p);
   }
   return Status::OK();
 }
@@ -626,8 +626,8 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   switch_step_ = state_.step;
   reform_was_failure_ = true;
   {
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_) comm_->Abort();
+    MutexLock lock(&comm_mu_);  // the watcher may be aborting it too
+    if (watched_comm_ != nullptr) watched_comm_->Abort();
   }
   Generation next;
   if (!membership_->Latest(&next) || next.number <= failed_gen) {
@@ -712,7 +712,7 @@ void ElasticTrainer::Impl::ReportLoaderEvents() {
 void ElasticTrainer::Impl::Event(nlohmann::json e) {
   e["trainer"] = me_;
   e["pid"] = static_cast<int64_t>(::getpid());
-  membership_->ReportEvent(e);  // best effort: events are advisory
+  (void)membership_->ReportEvent(e);  // best effort, as progress (TrainStep)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,7 +8,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -16,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "edl/base/thread_annotations.h"
 #include "edl/runtime/comm/nccl_reform.h"
 #include "edl/runtime/elastic_trainer.h"
 #include "edl/runtime/host_staging.h"
@@ -52,12 +52,13 @@ class ElasticTrainer::Impl {
   // A planned generation with this trainer in it whose communicator is built ahead (Gloo, and
   // NCCL unless it is a shrink of the current one).
   bool BuildsAhead(const Generation& g);  // watcher or training thread
-  void MaybePrepare(const Generation& g);  // watcher thread; SwitchVote
+  void MaybePrepare(const Generation& g) EXCLUDES(prep_mu_);  // watcher thread; SwitchVote
   // Training thread: true and the communicator built ahead for `*target` (or for a newer
   // generation, which then replaces *target), or false when there is none; either way no
   // prepared build of `*target` starts afterwards.
-  bool TakePrepared(Generation* target, StatusOr<std::unique_ptr<Communicator>>* comm);
-  void JoinPrepared();  // waits for a prepared build in flight (shutdown)
+  bool TakePrepared(Generation* target, StatusOr<std::unique_ptr<Communicator>>* comm)
+      EXCLUDES(prep_mu_);
+  void JoinPrepared() EXCLUDES(prep_mu_);  // waits for a prepared build in flight (shutdown)
   // Training thread: this trainer's vote on the switch to `latest` (newer than gen_), carried
   // in-band and SUM-reduced; the switch step is the first whose sum reaches the world size. See
   // "Prepared communicators" in elastic_trainer_switch.cc.
@@ -69,7 +70,8 @@ class ElasticTrainer::Impl {
   // is committed (then also while it runs collectives). Reads the watcher's atomics only.
   std::function<Status(CommPhase)> Interrupt(int64_t number);
   Status WarmUp(int world);  // a joiner's first forward/backward, before it reports ready
-  void InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen, int rank);
+  void InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen, int rank)
+      EXCLUDES(comm_mu_);
   void StartWatcher();
   void StopWatcher();
   void WatchLoop();
@@ -113,12 +115,17 @@ class ElasticTrainer::Impl {
   DataPlan plan_;
   const LrSchedule schedule_;
 
-  std::mutex comm_mu_;  // guards comm_ and gen_number_ against the watcher
-  std::unique_ptr<Communicator> comm_;  // swapped under comm_mu_; read unlocked by this thread
-  std::atomic<int64_t> gen_number_{0};
-  Generation gen_;  // the generation comm_ belongs to (training thread only)
+  // The communicator and the generation it belongs to are the training thread's: it alone
+  // replaces them (InstallComm) and reads them without a lock. The watcher sees them through the
+  // copies under comm_mu_, which InstallComm publishes with every replacement.
+  std::unique_ptr<Communicator> comm_;
+  Generation gen_;
   int rank_ = -1;
   bool comm_failed_ = false;
+  Mutex comm_mu_;  // also serialises the Abort() of the training thread and of the watcher
+  Communicator* watched_comm_ GUARDED_BY(comm_mu_) = nullptr;      // comm_.get()
+  std::vector<std::string> watched_members_ GUARDED_BY(comm_mu_);  // gen_.members
+  std::atomic<int64_t> gen_number_{0};                             // gen_.number
 
   TrainingState state_;
   bool has_state_ = false;
@@ -158,10 +165,11 @@ class ElasticTrainer::Impl {
   } phases_;
   // When this trainer first saw each generation newer than gen_ (monotonic and wall-clock
   // micros), recorded by the watcher; bounded: entries up to gen_ are dropped at each re-form.
-  std::mutex seen_mu_;
-  std::map<int64_t, std::pair<int64_t, int64_t>> seen_at_;
-  void NoteSeen(int64_t number);
-  std::pair<int64_t, int64_t> SeenAt(int64_t number);  // and forgets generations up to `number`
+  Mutex seen_mu_;
+  std::map<int64_t, std::pair<int64_t, int64_t>> seen_at_ GUARDED_BY(seen_mu_);
+  void NoteSeen(int64_t number) EXCLUDES(seen_mu_);
+  // And forgets generations up to `number`.
+  std::pair<int64_t, int64_t> SeenAt(int64_t number) EXCLUDES(seen_mu_);
   nlohmann::json StallEvent(int64_t now);
 
   double last_loss_ = 0, accuracy_ = -1;
@@ -183,19 +191,21 @@ class ElasticTrainer::Impl {
   std::atomic<int64_t> newest_failure_{0};
 
   std::atomic<int> nccl_version_{0};  // NcclRuntimeVersion() (NCCL jobs; set once in Run())
-  std::vector<std::string> GenMembers() {  // gen_.members, for the watcher
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    return gen_.members;
+  std::vector<std::string> GenMembers() EXCLUDES(comm_mu_) {  // gen_.members, for the watcher
+    MutexLock lock(&comm_mu_);
+    return watched_members_;
   }
-  // Prepared communicators. Guarded by prep_mu_; prep_thread_ is started by the watcher
-  // and joined by the training thread (or at shutdown).
-  std::mutex prep_mu_;
+  // Prepared communicators: prep_thread_ is started by the watcher (or the training thread) and
+  // joined by the training thread (or at shutdown), each moving it out under prep_mu_ to join it.
+  Mutex prep_mu_;
   std::atomic<bool> cancel_prep_{false};  // shutdown: rendezvous waits give up
-  int64_t claimed_ = 0;      // highest generation a communicator build was started for
-  Generation prep_gen_;      // number 0: no prepared build
-  std::thread prep_thread_;
-  bool prep_done_ = false;
-  StatusOr<std::unique_ptr<Communicator>> prep_comm_{Status::Unavailable("not built")};
+  // Highest generation a communicator build was started for.
+  int64_t claimed_ GUARDED_BY(prep_mu_) = 0;
+  Generation prep_gen_ GUARDED_BY(prep_mu_);  // number 0: no prepared build
+  std::thread prep_thread_ GUARDED_BY(prep_mu_);
+  bool prep_done_ GUARDED_BY(prep_mu_) = false;
+  StatusOr<std::unique_ptr<Communicator>> prep_comm_ GUARDED_BY(prep_mu_){
+      Status::Unavailable("not built")};
   // Teardowns of old communicators in flight (training thread only), each with its done flag.
   struct Retiring {
     std::thread thread;

@@ -1,7 +1,6 @@
 // Switching generations (docs/ARCHITECTURE.md, "Inside each trainer"): communicators built ahead
 // of a planned switch, the watcher thread, and the stall events of each re-form.
 #include <algorithm>
-#include <mutex>
 #include <thread>
 
 #include <glog/logging.h>
@@ -79,7 +78,7 @@ StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::ShrinkComm(
 void ElasticTrainer::Impl::MaybePrepare(const Generation& g) {
   if (!BuildsAhead(g)) return;
   const int rank = g.RankOf(me_);
-  std::lock_guard<std::mutex> lock(prep_mu_);
+  MutexLock lock(&prep_mu_);
   if (g.number <= claimed_ || g.number <= gen_number_) return;
   if (prep_thread_.joinable()) {
     if (!prep_done_) return;  // one build at a time; the one in flight gives way if superseded
@@ -94,7 +93,7 @@ void ElasticTrainer::Impl::MaybePrepare(const Generation& g) {
     auto comm = BuildComm(g, rank);
     const bool ok = comm.ok();
     {
-      std::lock_guard<std::mutex> lock(prep_mu_);
+      MutexLock lock(&prep_mu_);
       prep_comm_ = std::move(comm);
       prep_done_ = true;
     }
@@ -110,12 +109,12 @@ float ElasticTrainer::Impl::SwitchVote(const Generation& latest) {
   if (!BuildsAhead(latest)) return 1.0f;
   MaybePrepare(latest);  // the watcher's call may have found an older build still in flight
   {
-    std::lock_guard<std::mutex> lock(prep_mu_);
+    MutexLock lock(&prep_mu_);
     if (claimed_ >= latest.number && (!prep_thread_.joinable() || prep_done_)) return 1.0f;
   }
   int64_t first_seen = 0;
   {
-    std::lock_guard<std::mutex> lock(seen_mu_);
+    MutexLock lock(&seen_mu_);
     first_seen = seen_at_.at(latest.number).first;
   }
   const bool waited = clock_->NowMicros() - first_seen >= kMaxPrepareWait;
@@ -126,7 +125,7 @@ bool ElasticTrainer::Impl::TakePrepared(Generation* target,
                                         StatusOr<std::unique_ptr<Communicator>>* comm) {
   std::thread t;
   {
-    std::lock_guard<std::mutex> lock(prep_mu_);
+    MutexLock lock(&prep_mu_);
     if (!prep_thread_.joinable() || prep_gen_.number < target->number) {
       // None, or an older one still in flight (it gives way: a newer generation exists) or done.
       claimed_ = std::max(claimed_, target->number);
@@ -136,7 +135,7 @@ bool ElasticTrainer::Impl::TakePrepared(Generation* target,
     t = std::move(prep_thread_);
   }
   t.join();  // the other members build the same generation (or give up on it soon)
-  std::lock_guard<std::mutex> lock(prep_mu_);
+  MutexLock lock(&prep_mu_);
   *target = prep_gen_;
   *comm = std::move(prep_comm_);
   prep_comm_ = Status::Unavailable("taken");
@@ -148,31 +147,35 @@ void ElasticTrainer::Impl::JoinPrepared() {
   cancel_prep_ = true;
   std::thread t;
   {
-    std::lock_guard<std::mutex> lock(prep_mu_);
+    MutexLock lock(&prep_mu_);
     t = std::move(prep_thread_);
   }
   if (t.joinable()) t.join();
   JoinRetired(/*all=*/true);
-  std::lock_guard<std::mutex> lock(prep_mu_);
+  MutexLock lock(&prep_mu_);
   prep_comm_ = Status::Unavailable("shut down");
 }
 
 void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const Generation& gen,
                                        int rank) {
-  std::unique_ptr<Communicator> old;
+  std::unique_ptr<Communicator> old = std::move(comm_);
+  comm_ = std::move(comm);
+  if (comm_) {
+    if (gen_.number != gen.number && gen_.number != 0) {
+      after_reform_ = true;
+      reform_from_gen_ = gen_.number;
+      reform_from_world_ = gen_.world_size();
+    }
+    gen_ = gen;
+    rank_ = rank;
+  }
   {
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    old = std::move(comm_);
-    comm_ = std::move(comm);
+    // The watcher lets go of `old` here, before it is torn down.
+    MutexLock lock(&comm_mu_);
+    watched_comm_ = comm_.get();
     if (comm_) {
-      if (gen_.number != gen.number && gen_.number != 0) {
-        after_reform_ = true;
-        reform_from_gen_ = gen_.number;
-        reform_from_world_ = gen_.world_size();
-      }
-      gen_ = gen;
-      rank_ = rank;
-      gen_number_ = gen.number;
+      watched_members_ = gen_.members;
+      gen_number_ = gen_.number;
     }
   }
   Retire(std::move(old));  // outside the lock: closing sockets may take a moment
@@ -252,11 +255,11 @@ void ElasticTrainer::Impl::WatchLoop() {
       newest_seen_.store(g.number);  // after the failure: an interrupt reads them in this order
       MaybePrepare(g);
     }
-    std::lock_guard<std::mutex> lock(comm_mu_);
-    if (comm_ && failed > gen_number_ && aborted != gen_number_) {
+    MutexLock lock(&comm_mu_);
+    if (watched_comm_ != nullptr && failed > gen_number_ && aborted != gen_number_) {
       LOG(INFO) << me_ << ": failure generation " << failed << " committed; aborting "
                 << "communicator of generation " << gen_number_;
-      comm_->Abort();
+      watched_comm_->Abort();
       aborted = gen_number_;
     }
   }
@@ -264,12 +267,12 @@ void ElasticTrainer::Impl::WatchLoop() {
 
 void ElasticTrainer::Impl::NoteSeen(int64_t number) {
   const int64_t mono = clock_->NowMicros(), wall = clock_->WallMicros();
-  std::lock_guard<std::mutex> lock(seen_mu_);
+  MutexLock lock(&seen_mu_);
   seen_at_.emplace(number, std::make_pair(mono, wall));  // keeps the first sighting
 }
 
 std::pair<int64_t, int64_t> ElasticTrainer::Impl::SeenAt(int64_t number) {
-  std::lock_guard<std::mutex> lock(seen_mu_);
+  MutexLock lock(&seen_mu_);
   auto it = seen_at_.find(number);
   if (it == seen_at_.end()) {  // the training thread got it before the watcher: now is close
     it = seen_at_.emplace(number, std::make_pair(clock_->NowMicros(), clock_->WallMicros())).first;

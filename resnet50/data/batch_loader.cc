@@ -12,7 +12,7 @@ BatchLoader::BatchLoader(const Dataset* dataset, Augment augment, uint64_t seed)
 
 BatchLoader::~BatchLoader() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   cv_.notify_all();
@@ -35,10 +35,10 @@ uint64_t BatchLoader::AugSeed(int64_t epoch) const {
 }
 
 void BatchLoader::WorkerLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
     std::shared_ptr<Job> job;
-    cv_.wait(lock, [&] {
+    cv_.wait(lock.native(), [&]() REQUIRES(mu_) {
       if (stop_) return true;
       for (auto& j : jobs_) {
         if (!j->started) return true;
@@ -53,9 +53,9 @@ void BatchLoader::WorkerLoop() {
       }
     }
     job->started = true;
-    lock.unlock();
+    lock.Unlock();
     Status s = Fill(&job->batch);
-    lock.lock();
+    lock.Lock();
     job->status = s;
     job->done = true;
     cv_.notify_all();
@@ -72,7 +72,7 @@ void BatchLoader::Prefetch(int64_t epoch, const std::vector<int64_t>& indices) {
   job->batch.epoch = epoch;
   job->batch.indices = indices;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     while (jobs_.size() >= kMaxQueued) jobs_.pop_front();
     jobs_.push_back(std::move(job));
   }
@@ -84,7 +84,7 @@ Status BatchLoader::Get(int64_t epoch, const std::vector<int64_t>& indices, Host
   std::shared_ptr<Job> job;
   bool queued = false;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     // The matching job, if queued; jobs queued before it were skipped and are dropped. Jobs
     // after it (or all, when none matches) stay: they are the following steps' prefetches.
     auto it = std::find_if(jobs_.begin(), jobs_.end(), [&](const std::shared_ptr<Job>& j) {
@@ -100,7 +100,7 @@ Status BatchLoader::Get(int64_t epoch, const std::vector<int64_t>& indices, Host
       job.reset();
     }
     if (job) {
-      if (!cv_.wait_for(lock, timeout, [&] { return job->done; })) {
+      if (!cv_.wait_for(lock.native(), timeout, [&] { return job->done; })) {
         return Status::Timeout("batch prefetch did not finish within " +
                                std::to_string(timeout.count()) + " ms");
       }

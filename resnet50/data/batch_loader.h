@@ -14,11 +14,11 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "edl/base/status.h"
+#include "edl/base/thread_annotations.h"
 #include "resnet50/data/dataset.h"
 
 namespace edl::resnet50 {
@@ -57,6 +57,8 @@ class BatchLoader {
 
  private:
   static constexpr size_t kMaxQueued = 2;
+  // started, done and status are read and written under mu_; batch by whoever set started (the
+  // worker or Get), and by Get once done.
   struct Job {
     HostBatch batch;
     Status status;
@@ -71,11 +73,10 @@ class BatchLoader {
   const uint64_t seed_;
   int64_t hits_ = 0;  // training thread only
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable cv_;
-  // Guarded by mu_.
-  std::deque<std::shared_ptr<Job>> jobs_;
-  bool stop_ = false;
+  std::deque<std::shared_ptr<Job>> jobs_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread worker_;
 };
 

@@ -8,39 +8,42 @@ DecodePool::DecodePool(int threads) {
 
 DecodePool::~DecodePool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
   start_cv_.notify_all();
   for (std::thread& t : helpers_) t.join();
 }
 
-void DecodePool::Drain(int worker) {
+void DecodePool::Drain(const std::function<void(int64_t, int)>& fn, int64_t n, int worker) {
   while (true) {
     const int64_t i = next_.fetch_add(1);
-    if (i >= n_) return;
-    (*fn_)(i, worker);
+    if (i >= n) return;
+    fn(i, worker);
   }
 }
 
 void DecodePool::HelperLoop(int worker) {
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   while (true) {
-    start_cv_.wait(lock, [&] { return stop_ || round_ != seen; });
+    start_cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return stop_ || round_ != seen; });
     if (stop_) return;
     seen = round_;
-    lock.unlock();
-    Drain(worker);
-    lock.lock();
+    // Both stay valid until this helper's busy_ count is given back (ParallelFor waits for it).
+    const std::function<void(int64_t, int)>& fn = *fn_;
+    const int64_t n = n_;
+    lock.Unlock();
+    Drain(fn, n, worker);
+    lock.Lock();
     if (--busy_ == 0) done_cv_.notify_all();
   }
 }
 
 void DecodePool::ParallelFor(int64_t n, const std::function<void(int64_t, int)>& fn) {
-  std::lock_guard<std::mutex> run(run_mu_);
+  MutexLock run(&run_mu_);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     fn_ = &fn;
     n_ = n;
     next_.store(0);
@@ -48,9 +51,9 @@ void DecodePool::ParallelFor(int64_t n, const std::function<void(int64_t, int)>&
     ++round_;
   }
   start_cv_.notify_all();
-  Drain(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return busy_ == 0; });
+  Drain(fn, n, 0);
+  MutexLock lock(&mu_);
+  done_cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return busy_ == 0; });
   fn_ = nullptr;
 }
 

@@ -12,9 +12,10 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "edl/base/thread_annotations.h"
 
 namespace edl::resnet50 {
 
@@ -35,18 +36,18 @@ class DecodePool {
 
  private:
   void HelperLoop(int worker);
-  void Drain(int worker);
+  // Calls fn(i, worker) for the indices it claims, until all n are claimed.
+  void Drain(const std::function<void(int64_t, int)>& fn, int64_t n, int worker);
 
-  std::mutex run_mu_;  // one ParallelFor at a time
+  Mutex run_mu_;  // one ParallelFor at a time: a round's fn_ and n_ stay until it ends
 
-  std::mutex mu_;
+  Mutex mu_;
   std::condition_variable start_cv_, done_cv_;
-  // Guarded by mu_ (written only while no helper is draining).
-  const std::function<void(int64_t, int)>* fn_ = nullptr;
-  int64_t n_ = 0;
-  uint64_t round_ = 0;  // bumped for every ParallelFor
-  int busy_ = 0;        // helpers still draining this round
-  bool stop_ = false;
+  const std::function<void(int64_t, int)>* fn_ GUARDED_BY(mu_) = nullptr;
+  int64_t n_ GUARDED_BY(mu_) = 0;
+  uint64_t round_ GUARDED_BY(mu_) = 0;  // bumped for every ParallelFor
+  int busy_ GUARDED_BY(mu_) = 0;        // helpers still draining this round
+  bool stop_ GUARDED_BY(mu_) = false;
   std::atomic<int64_t> next_{0};  // next index to claim
 
   std::vector<std::thread> helpers_;

@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <mutex>
 #include <unordered_set>
 
+#include "edl/base/thread_annotations.h"
 #include "resnet50/data/decode_pool.h"
 #include "resnet50/data/image_decode.h"
 
@@ -128,7 +128,7 @@ class ImageFolder : public Dataset {
 
   // Logs `message` (which names the file) the first time sample `idx` has a problem.
   void WarnOnce(int64_t idx, const std::string& message) const {
-    std::lock_guard<std::mutex> lock(warned_mu_);
+    MutexLock lock(&warned_mu_);
     if (warned_.insert(idx).second) LOG(WARNING) << message;
   }
 
@@ -142,8 +142,8 @@ class ImageFolder : public Dataset {
   // One decoder per pool thread (ParallelFor calls run one at a time, so worker w is one thread).
   std::vector<std::unique_ptr<ImageDecoder>> decoders_;
 
-  mutable std::mutex warned_mu_;
-  mutable std::unordered_set<int64_t> warned_;  // guarded by warned_mu_
+  mutable Mutex warned_mu_;
+  mutable std::unordered_set<int64_t> warned_ GUARDED_BY(warned_mu_);
 };
 
 // Sorted names of the subfolders of `dir`.

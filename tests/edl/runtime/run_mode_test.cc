@@ -49,7 +49,7 @@ TEST(RunScopedKvTest, ALateRankZeroIsWaitedForAndTheStaleRunIsNeverRead) {
   std::string hello = "0ldn0nce";
   const auto deadline = std::chrono::steady_clock::now() + kBound;
   while (hello == "0ldn0nce" && std::chrono::steady_clock::now() < deadline) {
-    raw.Wait("run/hello/1", milliseconds(100), &hello);
+    (void)raw.Wait("run/hello/1", milliseconds(100), &hello);  // Timeout until it is written
     std::this_thread::yield();
   }
   EXPECT_NE(hello, "0ldn0nce");

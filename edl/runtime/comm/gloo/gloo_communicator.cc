@@ -24,7 +24,6 @@
 // (ThreadSanitizer found buffers destroyed under a late completion and under an abort.)
 #include <memory>
 #include <atomic>
-#include <mutex>
 
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -37,6 +36,7 @@
 #include <gloo/transport/tcp/pair.h>
 #include <glog/logging.h>
 
+#include "edl/base/thread_annotations.h"
 #include "edl/runtime/comm/communicator.h"
 
 namespace edl::runtime {
@@ -104,7 +104,7 @@ class GlooCommunicator : public Communicator {
       : options_(options), context_(std::move(context)) {}
 
   ~GlooCommunicator() override {
-    std::lock_guard<std::mutex> lock(abort_mu_);  // no Abort() may touch the pairs past here
+    MutexLock lock(&abort_mu_);  // no Abort() may touch the pairs past here
     if (!graveyard_.empty()) CloseAllPairs("communicator destroyed after a failed collective");
     graveyard_.clear();
     context_.reset();
@@ -126,7 +126,7 @@ class GlooCommunicator : public Communicator {
   template <typename Opts, typename Fn>
   Status Run(const char* what, std::shared_ptr<Opts> opts, Fn&& fn);
   // Makes every pair fail (closing its socket): blocked collectives here and on the peers throw.
-  void CloseAllPairs(const char* why);
+  void CloseAllPairs(const char* why) REQUIRES(abort_mu_);
   std::string Name() const {
     return "gloo communicator of generation " + std::to_string(options_.generation) + " (rank " +
            std::to_string(options_.rank) + "/" + std::to_string(options_.world_size) + ")";
@@ -135,7 +135,9 @@ class GlooCommunicator : public Communicator {
   const CommOptions options_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::atomic<bool> aborted_{false};
-  std::mutex abort_mu_;  // serialises Abort() against destruction
+  // Held while the pairs are signalled (CloseAllPairs) and while the options of a collective,
+  // which own the buffers a signal wakes, are destroyed; Abort() against destruction likewise.
+  Mutex abort_mu_;
   Status failed_;        // first error; touched only by the collective thread
   std::vector<std::shared_ptr<void>> graveyard_;  // options of failed collectives (collective thread)
 };
@@ -148,7 +150,7 @@ Status GlooCommunicator::Run(const char* what, std::shared_ptr<Opts> opts, Fn&& 
     fn(*opts);
     // An Abort() from another thread signals the pairs' pending buffers; it must not do so while
     // the options (owning this collective's buffers) are being destroyed.
-    std::lock_guard<std::mutex> lock(abort_mu_);
+    MutexLock lock(&abort_mu_);
     opts.reset();
     return Status::OK();
   } catch (const std::exception& e) {
@@ -211,7 +213,7 @@ Status GlooCommunicator::Barrier() {
 }
 
 void GlooCommunicator::Abort() {
-  std::lock_guard<std::mutex> lock(abort_mu_);
+  MutexLock lock(&abort_mu_);
   if (aborted_.exchange(true) || !context_) return;
   CloseAllPairs("communicator aborted by the elastic runtime");
 }
