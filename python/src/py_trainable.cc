@@ -153,12 +153,14 @@ Status PyTrainable::Hook(const char* name, const std::function<void(const py::fu
 }
 
 void PyTrainable::Prefetch(int64_t epoch, const std::vector<int64_t>& indices) {
-  // A hint: a failure shows at the next ForwardBackward (every hook fails once one has).
-  Hook("prefetch", [&](const py::function& f) { f(epoch, ToArray(indices)); }, false);
+  // A hint: a failure is kept (failed_) and shows at the next ForwardBackward (every hook fails
+  // once one has), so the Status is not needed here.
+  (void)Hook("prefetch", [&](const py::function& f) { f(epoch, ToArray(indices)); }, false);
 }
 
 void PyTrainable::SetEpoch(int64_t epoch) {
-  Hook("set_epoch", [&](const py::function& f) { f(epoch); }, false);
+  // As Prefetch: a failure is kept and reported by the next step.
+  (void)Hook("set_epoch", [&](const py::function& f) { f(epoch); }, false);
 }
 
 Status PyTrainable::ForwardBackward(const std::vector<int64_t>& indices,
