@@ -19,8 +19,10 @@
 
 #include <glog/logging.h>
 
+#include "edl/base/enum_names.h"
 #include "edl/net/auth.h"
 #include "edl/proto/frame.h"
+#include "edl/proto/frames.h"
 
 namespace edl::jobclient {
 
@@ -344,28 +346,36 @@ void Client::ScheduleReconnect(const std::string& why) {
 
 void Client::OnServerMessage(const json& msg) {
   if (!authenticated_) return OnHandshakeFrame(msg);
-  const std::string& type = msg["type"].get_ref<const std::string&>();
-  if (type == proto::msg::kError) {
+  proto::ServerFrame frame;
+  if (Status s = proto::DecodeServerFrame(msg, &frame); !s.ok()) {
+    if (s.code() == Status::Code::kInvalidArgument) {  // a type not of the set
+      LOG(WARNING) << "ignoring unexpected '" << msg["type"].get<std::string>() << "' from the server";
+      return;
+    }
     // After the welcome every frame is sealed, so an error then is the server's.
-    proto::ErrorMsg e;
-    Status s = e.DecodeFrom(msg);
-    return OnRefused(s.ok() ? e.ToStatus() : s, /*proven=*/true);
+    if (std::holds_alternative<proto::ErrorMsg>(frame)) return OnRefused(s, /*proven=*/true);
+    if (std::holds_alternative<proto::GenerationUpdate>(frame)) {
+      LOG(ERROR) << "bad generation from the server: " << s.ToString() << "; reconnecting for a full one";
+    }
+    return server_->Close(s);
   }
-  if (type == proto::msg::kHeartbeat) return;
-  if (type == proto::msg::kGeneration) return OnGeneration(msg);
-  if (type == proto::msg::kPrepare) return OnPrepare(msg);
-  if (type == proto::msg::kKill) return OnKill(msg);
-  if (type == proto::msg::kJobInfo) return OnJobInfo(msg);
-  if (type == proto::msg::kKvReply) return OnKvReply(msg);
-  if (type == proto::msg::kTeacherStart || type == proto::msg::kTeacherStop) return OnTeacherOrder(msg);
-  if (type == proto::msg::kServiceMembers) return OnServiceMembers(msg);
-  if (type == proto::msg::kStop) return Shutdown(0, "the server asked to stop (edl ctl stop)");
-  if (type == proto::msg::kDone) {
-    done_ = true;
-    LOG(INFO) << "edl client " << options_.node_name << ": the job finished";
-    return;
-  }
-  LOG(WARNING) << "ignoring unexpected '" << type << "' from the server";
+  std::visit(Overloaded{
+                 [&](const proto::ErrorMsg& e) { OnRefused(e.ToStatus(), /*proven=*/true); },
+                 [&](const proto::Heartbeat&) {},
+                 [&](const proto::GenerationUpdate& u) { OnGeneration(u); },
+                 [&](const proto::Prepare& p) { OnPrepare(p); },
+                 [&](const proto::Kill& k) { OnKill(k); },
+                 [&](const proto::JobInfo& info) { OnJobInfo(info); },
+                 [&](proto::KvReply& r) { OnKvReply(&r); },
+                 [&](const proto::TeacherOrder& o) { OnTeacherOrder(o); },
+                 [&](const proto::ServiceMembers& m) { OnServiceMembers(m); },
+                 [&](const proto::Stop&) { Shutdown(0, "the server asked to stop (edl ctl stop)"); },
+                 [&](const proto::Done&) {
+                   done_ = true;
+                   LOG(INFO) << "edl client " << options_.node_name << ": the job finished";
+                 },
+             },
+             frame);
 }
 
 void Client::OnRefused(const Status& s, bool proven) {
@@ -407,10 +417,10 @@ void Client::OnHandshakeFrame(const json& msg) {
 
 proto::Hello Client::OurHello() {
   proto::Hello h;
-  h.role = "client";
+  h.role = proto::Role::kClient;
   h.node = options_.node_name;
   h.host = options_.advertise_addr;
-  h.mode = options_.restart_mode ? "restart" : "inplace";
+  h.mode = options_.restart_mode ? proto::NodeMode::kRestart : proto::NodeMode::kInplace;
   h.slots = options_.slots;
   h.node_token = session_;
   for (const auto& [name, type] : options_.job_types) h.job_types.push_back({name, type.settable});
@@ -537,18 +547,15 @@ launcher::EnvContract Client::EnvFor(const std::string& job, const proto::Genera
   return c;
 }
 
-void Client::OnGeneration(const json& msg) {
-  proto::GenerationUpdate u;
-  Status s = u.DecodeFrom(msg);
+void Client::OnGeneration(const proto::GenerationUpdate& u) {
   const std::string job = u.header.job_id.empty() ? job_id_ : u.header.job_id;
   auto run = runs_.find(job);
-  if (s.ok() && run == runs_.end()) {
+  if (run == runs_.end()) {
     LOG(ERROR) << "generation of job " << job << ", whose type this node was not told (no job_info); ignored";
     return;
   }
-  proto::GenerationInfo next = s.ok() ? run->second.latest : proto::GenerationInfo();
-  if (s.ok()) s = u.ApplyTo(&next);
-  if (!s.ok()) {
+  proto::GenerationInfo next = run->second.latest;
+  if (Status s = u.ApplyTo(&next); !s.ok()) {
     LOG(ERROR) << "bad generation from the server: " << s.ToString() << "; reconnecting for a full one";
     return server_->Close(s);
   }
@@ -608,10 +615,7 @@ void Client::OnGeneration(const json& msg) {
   }
 }
 
-void Client::OnPrepare(const json& msg) {
-  proto::Prepare p;
-  Status s = p.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
+void Client::OnPrepare(const proto::Prepare& p) {
   const std::string job = p.job_id.empty() ? job_id_ : p.job_id;
   for (const proto::MemberInfo& j : p.joiners) {
     if (j.node != options_.node_name ||
@@ -639,10 +643,7 @@ void Client::OnPrepare(const json& msg) {
   }
 }
 
-void Client::OnKill(const json& msg) {
-  proto::Kill k;
-  Status s = k.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
+void Client::OnKill(const proto::Kill& k) {
   for (const std::string& id : k.trainer_ids) {
     auto it = trainers_.find(id);
     if (it == trainers_.end()) continue;
@@ -652,10 +653,7 @@ void Client::OnKill(const json& msg) {
   PollTrainers();
 }
 
-void Client::OnJobInfo(const json& msg) {
-  proto::JobInfo info;
-  Status s = info.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
+void Client::OnJobInfo(const proto::JobInfo& info) {
   // The server proposes; this node's own configuration decides what runs.
   auto type = options_.job_types.find(info.job_type);
   std::string why;
@@ -680,19 +678,16 @@ void Client::OnJobInfo(const json& msg) {
             << " flags set)";
 }
 
-void Client::OnKvReply(const json& msg) {
-  proto::KvReply r;
-  Status s = r.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
-  auto route = kv_routes_.find(r.req_id);
+void Client::OnKvReply(proto::KvReply* r) {
+  auto route = kv_routes_.find(r->req_id);
   if (route == kv_routes_.end()) return;
   auto [trainer_id, their_id] = route->second;
   kv_routes_.erase(route);
   auto t = trainers_.find(trainer_id);
   if (t == trainers_.end() || !t->second.channel) return;
-  r.req_id = their_id;
+  r->req_id = their_id;
   json j;
-  r.EncodeTo(&j);
+  r->EncodeTo(&j);
   t->second.channel->Send(j);
 }
 

@@ -27,6 +27,8 @@
 #include "edl/base/status.h"
 #include "edl/net/admission.h"
 #include "edl/net/connection.h"
+#include "edl/proto/messages.h"
+#include "edl/proto/service_messages.h"
 #include "jobserver/cluster.h"
 #include "jobserver/events_log.h"
 #include "jobserver/http_endpoint.h"
@@ -111,18 +113,19 @@ class Server {
   Status AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello, std::string* session);
   // Whether `peer`'s node may report about `trainer_id` (Cluster::Authorized); *job gets the
   // trainer's job. A refusal is logged (rate-limited per connection) and the frame has no effect.
-  bool Authorized(const std::shared_ptr<Peer>& peer, const std::string& what, const std::string& trainer_id,
+  bool Authorized(const std::shared_ptr<Peer>& peer, const char* what, const std::string& trainer_id,
                   std::string* job);
   // Records a trainer's event in the events log of `job` (empty: the server's own log).
   void OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, const std::string& job);
   // True (and the peer is closed with a logged reason) when a ctl/watch peer does not read.
   bool DropIfNotReading(const std::shared_ptr<Peer>& peer);
-  void OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
-                       const nlohmann::json& msg);
+  // A frame of an authenticated client (proto::ClientFrame), decoded and acted on; a frame that
+  // does not decode closes the connection (Reject).
+  void OnClientMessage(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void OnCtl(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   // A ctl command about jobs (submit, jobs, cancel, scale): the reply's status.
   Status OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r);
-  void OnKv(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  void OnKv(const std::shared_ptr<Peer>& peer, const proto::KvRequest& r);
   void Reject(const std::shared_ptr<Peer>& peer, const Status& why);
   // Logs about peers that have not authenticated, rate-limited (anybody can cause them).
   void LogUnauthenticated(const std::string& line);
@@ -168,7 +171,7 @@ class Server {
   // Sends the placer's teacher starts and stops to the nodes (service_placement.h).
   void PlaceTeachers();
   // A client's teacher_exit: the placer replaces the teacher.
-  void OnTeacherExit(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  void OnTeacherExit(const std::shared_ptr<Peer>& peer, const proto::TeacherOrder& exit);
   // services_.Summary() with each service's desired count and placed teachers.
   nlohmann::json ServicesSummary() const;
   int64_t heartbeat_timeout_ms() const { return options_.cluster.heartbeat_timeout_us / 1000; }
