@@ -13,6 +13,7 @@
 #include "edl/proto/frames.h"
 #include "edl/proto/messages.h"
 #include "jobserver/etcd_state.h"
+#include "jobserver/events.h"
 #include "jobserver/server_peer.h"
 
 namespace edl::jobserver {
@@ -104,7 +105,7 @@ Status Server::Start() {
       return PosixError("--port_file " + options_.port_file, errno);
     }
   }
-  Record("", {{"type", "server_started"}, {"port", port_}});
+  Record("", events::ServerStarted{port_});
   Accept();
   Tick();
   return Status::OK();
@@ -163,13 +164,16 @@ Status Server::OpenState() {
   if (!found) {
     LOG(INFO) << "no state for " << what << " in " << state_->dir() << (created ? " (a new state directory)" : "")
               << ": " << (own.empty() ? "starting with no jobs" : "starting a new job");
-    Record("", {{"type", own.empty() ? "new_cluster" : "new_job"}, {"state_dir", options_.state_dir},
-                {"state_store", options_.state_store}});
+    if (own.empty()) {
+      Record("", events::NewCluster{options_.state_dir, options_.state_store});
+    } else {
+      Record("", events::NewJob{options_.state_dir, options_.state_store});
+    }
   } else {
     LOG(INFO) << "resuming " << what << " from " << state_->dir() << ": " << st.jobs.size() << " live job(s), "
               << st.nodes.size() << " node(s), " << st.ended.size() << " ended job(s)"
               << (migrated ? "; the state was in the old one-job layout: read once, rewritten in the current one" : "");
-    if (migrated) Record("", {{"type", "state_migrated"}, {"state", state_->dir()}});
+    if (migrated) Record("", events::StateMigrated{state_->dir()});
     EDL_RETURN_IF_ERROR(cluster_.Restore(st));
     if (auto j = st.jobs.find(own); j != st.jobs.end()) {  // the one job's scaling sources and their clock
       const JobState& js = j->second.sched;
@@ -300,7 +304,7 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
       nodes_.erase(it);
       placer_.NodeDown(peer->node);
       cluster_.NodeDisconnected(peer->node);
-      Record("", {{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
+      Record("", events::NodeDisconnected{peer->node, why.ToString()});
       // Stopping: a node that went away takes its trainers with it.
       for (auto w = stop_waiting_.begin(); w != stop_waiting_.end();) {
         w = w->second == peer->node ? stop_waiting_.erase(w) : std::next(w);
@@ -423,7 +427,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   w.dropped = !hello.node_token.empty() && cluster_.registry().SessionOf(hello.node).empty();
   if (s.ok()) s = AttachNode(peer, hello, &w.node_token);
   if (s.ok() && w.dropped) {
-    Record("", {{"type", "node_dropped_rejoins"}, {"node", hello.node}, {"stale_trainers", hello.trainers.size()}});
+    Record("", events::NodeDroppedRejoins{hello.node, hello.trainers.size()});
   }
   if (!s.ok()) {
     refuse(s);
@@ -518,7 +522,7 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
   // Nodes write trainer events only: no other record type, a bounded payload, a bounded rate.
   std::string why;
   const auto t = e.event.find("type");
-  if (t != e.event.end() && *t != "trainer_event") {
+  if (t != e.event.end() && *t != events::NameOf(events::Type::kTrainerEvent)) {
     why = "sets record type " + t->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 64) +
           "; nodes write only 'trainer_event'";
   } else if (const size_t n = e.event.dump(-1, ' ', false, json::error_handler_t::replace).size();
@@ -547,14 +551,9 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
     }
     return;
   }
-  json rec = e.event;
-  rec["type"] = "trainer_event";
-  rec["trainer_id"] = e.trainer_id;
-  rec["node"] = peer->node;
-  rec.erase("time");  // the log's own fields (EventsLog::Append)
-  rec.erase("job");
+  json rec = events::TrainerEvent{e.event, e.trainer_id, peer->node}.ToJson();
   cluster_.TrainerEvent(job, e.trainer_id, peer->node, rec);  // what ctl status shows of it
-  Record(job, std::move(rec));
+  AppendRecord(job, std::move(rec));
 }
 
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
@@ -755,15 +754,13 @@ void Server::Dispatch() {
         if (options_.exit_when_done) Shutdown(/*stop_clients=*/false);
         break;
       case Action::Kind::kEvent:
-        if (ja.job.empty()) {
-          const std::string type = a.event.value("type", "");
-          if (type == "job_finished" || type == "job_cancelled") {
-            const std::string name = a.event.value("job_name", "");
-            job_events_.erase(name);
-            for (auto& [n, peer] : nodes_) peer->job_generation.erase(name);
-          }
+        if (events::Type type; ja.job.empty() && events::TypeOf(a.event, &type) &&
+                                 (type == events::Type::kJobFinished || type == events::Type::kJobCancelled)) {
+          const std::string name = a.event.value("job_name", "");
+          job_events_.erase(name);
+          for (auto& [n, peer] : nodes_) peer->job_generation.erase(name);
         }
-        Record(ja.job, std::move(a.event));
+        AppendRecord(ja.job, std::move(a.event));
         break;
     }
   }
@@ -836,20 +833,16 @@ EventsLog* Server::LogOf(const std::string& job) {
   return it->second.get();
 }
 
-void Server::Record(const std::string& job, json event) {
+void Server::AppendRecord(const std::string& job, json event) {
   if (EventsLog* log = LogOf(job)) NotifyWatchers(json{{"event", log->Append(std::move(event))}});
 }
 
 void Server::RecordProgress() {
   for (const std::string& job : cluster_.JobNames()) {
-    json rec = cluster_.ProgressSummary(job);
-    if (rec.value("reporting", 0) == 0) continue;
-    const JobMembership* m = cluster_.FindJob(job);
-    rec["type"] = "progress";
-    rec["generation"] = m->current().generation;
-    rec["world_size"] = m->current().world_size();
+    const events::Progress rec = cluster_.ProgressOf(job);
+    if (rec.reporting == 0) continue;
     // Not sent to watchers as an event: they already got the status this record is made from.
-    if (EventsLog* log = LogOf(job)) log->Append(std::move(rec));
+    if (EventsLog* log = LogOf(job)) log->Append(rec.ToJson());
   }
 }
 

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include <boost/asio.hpp>
 #include <nlohmann/json.hpp>
@@ -160,8 +161,14 @@ class Server {
   // The events log of `job` (the server's own log for its own id or an empty job); null when it
   // cannot be opened (logged).
   EventsLog* LogOf(const std::string& job);
-  // Appends `event` to LogOf(job) and streams it to watchers.
-  void Record(const std::string& job, nlohmann::json event);
+  // Appends record `e` (an events.h struct) to LogOf(job) and streams it to watchers.
+  template <typename E>
+  void Record(const std::string& job, const E& e) {
+    static_assert(std::is_enum_v<decltype(E::kType)>, "an events-log record is built from its events.h struct");
+    AppendRecord(job, e.ToJson());
+  }
+  // The same for a record already built (a Cluster action's, a trainer event's).
+  void AppendRecord(const std::string& job, nlohmann::json record);
   bool HasWatchers() const;  // O(peers); cheap next to the status body it saves building
   void NotifyWatchers(const nlohmann::json& body);
   // At most once a second while trainers report: a "progress" record per running job (rank 0's

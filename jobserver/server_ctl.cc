@@ -4,6 +4,7 @@
 
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
+#include "jobserver/events.h"
 #include "jobserver/server.h"
 #include "jobserver/server_peer.h"
 
@@ -32,7 +33,7 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
     case Command::kStop:
       if (stop_deadline_us_ >= 0) break;
       LOG(INFO) << "ctl " << peer->conn->peer() << ": stop";
-      Record("", {{"type", "stopped"}, {"by", "ctl"}});
+      Record("", events::Stopped{"ctl"});
       stopping = BeginStop("ctl");
       break;
     case Command::kStatus:
@@ -71,7 +72,7 @@ Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlReque
     LOG(INFO) << "ctl " << peer->conn->peer() << ": submitted job " << spec.job.name << " (type "
               << spec.job.type << ", " << spec.job.min_trainers << ".." << spec.job.max_trainers
               << " trainers, priority " << spec.job.priority << ")";
-    Record(spec.job.name, {{"type", "submitted"}, {"spec", EncodeJobSpec(spec)}});
+    Record(spec.job.name, events::Submitted{spec});
     return Status::OK();
   }
   if (r.command == Command::kCancel) {
@@ -117,8 +118,7 @@ void Server::MaybeEndStop() {
   const char* final_name = final == Cluster::FinalCheckpoint::kSaved    ? "saved"
                            : final == Cluster::FinalCheckpoint::kFailed ? "failed"
                                                                         : "none";
-  Record("", {{"type", "stop_complete"}, {"generation", own != nullptr ? own->current().generation : 0},
-              {"not_left", stop_waiting_.size()}, {"final_checkpoint", final_name}});
+  Record("", events::StopComplete{own != nullptr ? own->current().generation : 0, stop_waiting_.size(), final_name});
   proto::CtlReply outcome;
   if (final == Cluster::FinalCheckpoint::kFailed) {
     outcome.status = Status::FailedPrecondition(
