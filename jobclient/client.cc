@@ -483,7 +483,7 @@ void Client::Heartbeat() {
   heartbeat_timer_.expires_after(milliseconds(heartbeat_ms_));
   heartbeat_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || shutting_down_) return;
-    if (server_ && authenticated_) server_->Send(json{{"type", proto::msg::kHeartbeat}});
+    if (server_ && authenticated_) server_->Send(proto::Heartbeat().Encoded());
     if (server_ && authenticated_ && !options_.job_types.empty()) SendNodeStats();
     Heartbeat();
   });
@@ -760,50 +760,45 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
   if (it == trainers_.end()) return conn->Close(Status::Aborted("trainer gone"));
   Trainer& t = it->second;
   t.last_heard_us = clock_->NowMicros();
-  if (type == proto::msg::kHeartbeat) return;
-  Status s;
-  json out;
-  if (type == proto::msg::kReady) {
-    proto::Ready r;
-    s = r.DecodeFrom(msg);
-    r.trainer_id = t.id;
-    r.EncodeTo(&out);
-    if (s.ok()) SendToServer(out, /*queue_if_offline=*/true);
-  } else if (type == proto::msg::kProgress) {
-    proto::Progress p;
-    s = p.DecodeFrom(msg);
-    p.trainer_id = t.id;
-    p.EncodeTo(&out);
-    if (s.ok()) SendToServer(out, false);
-  } else if (type == proto::msg::kEvent) {
-    proto::Event e;
-    s = e.DecodeFrom(msg);
-    e.trainer_id = t.id;
-    e.EncodeTo(&out);
-    if (s.ok()) SendToServer(out, true);
-  } else if (type == proto::msg::kKv) {
-    proto::KvRequest r;
-    s = r.DecodeFrom(msg);
-    if (s.ok()) {
-      if (!server_ || !authenticated_) {
-        proto::KvReply rep;
-        rep.req_id = r.req_id;
-        rep.status = Status::Unavailable("the node's client is not connected to the server; retry");
-        rep.EncodeTo(&out);
-        conn->Send(out);
-        return;
-      }
-      const uint64_t ours = next_req_id_++;
-      kv_routes_[ours] = {t.id, r.req_id};
-      r.req_id = ours;
-      r.job = t.job == job_id_ ? "" : t.job;  // the server's own job keeps the unscoped form
-      r.EncodeTo(&out);
-      server_->Send(out);
-    }
-  } else if (type == proto::msg::kServiceWatch) {
-    s = OnServiceWatch(&t, msg);
-  } else {
-    s = Status::InvalidArgument("unexpected message '" + type + "' from a trainer");
+  proto::TrainerFrame frame;
+  Status s = proto::DecodeTrainerFrame(msg, &frame);
+  if (s.ok()) {
+    s = std::visit(
+        Overloaded{
+            [&](const proto::Heartbeat&) { return Status::OK(); },
+            [&](proto::Ready& r) {
+              r.trainer_id = t.id;
+              SendToServer(r.Encoded(), /*queue_if_offline=*/true);
+              return Status::OK();
+            },
+            [&](proto::Progress& p) {
+              p.trainer_id = t.id;
+              SendToServer(p.Encoded(), false);
+              return Status::OK();
+            },
+            [&](proto::Event& e) {
+              e.trainer_id = t.id;
+              SendToServer(e.Encoded(), true);
+              return Status::OK();
+            },
+            [&](proto::KvRequest& r) {
+              if (!server_ || !authenticated_) {
+                proto::KvReply rep;
+                rep.req_id = r.req_id;
+                rep.status = Status::Unavailable("the node's client is not connected to the server; retry");
+                conn->Send(rep.Encoded());
+                return Status::OK();
+              }
+              const uint64_t ours = next_req_id_++;
+              kv_routes_[ours] = {t.id, r.req_id};
+              r.req_id = ours;
+              r.job = t.job == job_id_ ? "" : t.job;  // the server's own job keeps the unscoped form
+              server_->Send(r.Encoded());
+              return Status::OK();
+            },
+            [&](const proto::ServiceWatch& w) { return OnServiceWatch(&t, w); },
+        },
+        frame);
   }
   if (!s.ok()) {
     LOG(WARNING) << "trainer " << t.id << ": " << s.ToString() << "; closing its channel";

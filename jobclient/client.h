@@ -146,7 +146,7 @@ class Client {
   TeacherRunner* Teachers();
   // A distilling trainer's service_watch (client_teachers.cc): asks the server once per service
   // and hands the trainer the newest member list at once when there is one.
-  Status OnServiceWatch(Trainer* t, const nlohmann::json& msg);
+  Status OnServiceWatch(Trainer* t, const proto::ServiceWatch& w);
   // The server's service_members: kept and relayed to every trainer watching that service.
   void OnServiceMembers(const proto::ServiceMembers& m);
   void ResendServiceWatches();  // after a welcome: the new connection watches nothing yet

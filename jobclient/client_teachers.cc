@@ -54,9 +54,7 @@ void Client::PollTeachers() {
   }
 }
 
-Status Client::OnServiceWatch(Trainer* t, const json& msg) {
-  proto::ServiceWatch w;
-  EDL_RETURN_IF_ERROR(w.DecodeFrom(msg));
+Status Client::OnServiceWatch(Trainer* t, const proto::ServiceWatch& w) {
   auto it = service_watchers_.find(w.service);
   if (it == service_watchers_.end()) {
     if (service_watchers_.size() >= kMaxWatchedServices) {

@@ -226,7 +226,7 @@ void Server::Shutdown(bool stop_clients) {
   auto peers = peers_;
   for (auto& [raw, peer] : peers) {
     if (stop_clients && peer->state == Peer::State::kClient) {
-      peer->conn->SendAndClose(json{{"type", proto::msg::kStop}}, Status::Aborted("server stopping"));
+      peer->conn->SendAndClose(proto::Stop().Encoded(), Status::Aborted("server stopping"));
     } else {
       peer->conn->Close(Status::Aborted("server shutting down"));
     }
@@ -477,7 +477,7 @@ void Server::SendJobsTo(const std::shared_ptr<Peer>& peer) {
     // A finished job sends `done` only: its last generation lists members that exited, which a
     // client would start again (a restarted client, or any client of a restarted server).
     if (m->done()) {
-      if (job == cluster_.own_job()) peer->conn->Send(json{{"type", proto::msg::kDone}});
+      if (job == cluster_.own_job()) peer->conn->Send(proto::Done().Encoded());
       continue;
     }
     // The newest generation, in full, unless a commit queued by AddNode is about to carry it.
@@ -566,7 +566,7 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const json& msg)
   std::visit(
       Overloaded{
           [&](const proto::Heartbeat&) {
-            peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});  // proves the server alive
+            peer->conn->Send(proto::Heartbeat().Encoded());  // proves the server alive
           },
           [&](const proto::TeacherOrder& exit) { OnTeacherExit(peer, exit); },
           [&](const proto::ServiceWatch& w) {  // for the node's distilling trainers
@@ -750,7 +750,7 @@ void Server::Dispatch() {
       case Action::Kind::kDone:
         LOG(INFO) << "job " << ja.job << " finished: every member exited 0";
         if (ja.job != cluster_.own_job()) break;  // a submitted job ends by job_finished (below)
-        for (auto& [name, peer] : nodes_) peer->conn->Send(json{{"type", proto::msg::kDone}});
+        for (auto& [name, peer] : nodes_) peer->conn->Send(proto::Done().Encoded());
         if (options_.exit_when_done) Shutdown(/*stop_clients=*/false);
         break;
       case Action::Kind::kEvent:

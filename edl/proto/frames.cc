@@ -45,6 +45,18 @@ Status DecodeClientFrame(const json& j, ClientFrame* out) {
   return Status::InvalidArgument("unexpected message '" + type + "' from a client");
 }
 
+Status DecodeTrainerFrame(const json& j, TrainerFrame* out) {
+  std::string type;
+  EDL_RETURN_IF_ERROR(TypeOf(j, &type));
+  if (type == msg::kHeartbeat) return DecodeAs<Heartbeat>(j, out);
+  if (type == msg::kReady) return DecodeAs<Ready>(j, out);
+  if (type == msg::kProgress) return DecodeAs<Progress>(j, out);
+  if (type == msg::kEvent) return DecodeAs<Event>(j, out);
+  if (type == msg::kKv) return DecodeAs<KvRequest>(j, out);
+  if (type == msg::kServiceWatch) return DecodeAs<ServiceWatch>(j, out);
+  return Status::InvalidArgument("unexpected message '" + type + "' from a trainer");
+}
+
 Status DecodeServerFrame(const json& j, ServerFrame* out) {
   std::string type;
   EDL_RETURN_IF_ERROR(TypeOf(j, &type));

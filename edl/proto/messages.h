@@ -78,13 +78,16 @@ constexpr size_t kMaxValueBytes = 1u << 20;  // a KV value (e.g. an NCCL unique 
 // '-' and '_', 1..63 bytes each, at most kMaxHostBytes) or an IPv4 / IPv6 literal.
 bool IsValidHost(const std::string& s);
 
-// CRTP base: DebugString() is the encoded JSON on one line.
+// CRTP base: Encoded() is EncodeTo's JSON, DebugString() that JSON on one line.
 template <typename T>
 struct Message {
-  std::string DebugString() const {
+  nlohmann::json Encoded() const {
     nlohmann::json j;
     static_cast<const T*>(this)->EncodeTo(&j);
-    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return j;
+  }
+  std::string DebugString() const {
+    return Encoded().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
 };
 

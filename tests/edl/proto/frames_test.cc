@@ -129,13 +129,6 @@ TEST(EnumNamesTest, UnknownValuesAreCorruptionNamingTheField) {
   EXPECT_EQ(s.message(), "teacher order: type 'teacher_pause' is not teacher_start, teacher_stop or teacher_exit");
 }
 
-template <typename M>
-json Encoded(const M& m) {
-  json j;
-  m.EncodeTo(&j);
-  return j;
-}
-
 TEST(FramesTest, ClientFramesDecodeToTheirAlternative) {
   ClientFrame f;
   ASSERT_OK(DecodeClientFrame(json{{"type", "heartbeat"}}, &f));
@@ -145,14 +138,14 @@ TEST(FramesTest, ClientFramesDecodeToTheirAlternative) {
   exit.trainer_id = "n1-s0-1";
   exit.exited = true;
   exit.code = 3;
-  ASSERT_OK(DecodeClientFrame(Encoded(exit), &f));
+  ASSERT_OK(DecodeClientFrame(exit.Encoded(), &f));
   ASSERT_TRUE(std::holds_alternative<TrainerExit>(f));
   EXPECT_EQ(std::get<TrainerExit>(f).code, 3);
 
   KvRequest kv;
   kv.op = KvOp::kGet;
   kv.key = "k";
-  ASSERT_OK(DecodeClientFrame(Encoded(kv), &f));
+  ASSERT_OK(DecodeClientFrame(kv.Encoded(), &f));
   ASSERT_TRUE(std::holds_alternative<KvRequest>(f));
   EXPECT_EQ(std::get<KvRequest>(f).op, KvOp::kGet);
 
@@ -161,7 +154,7 @@ TEST(FramesTest, ClientFramesDecodeToTheirAlternative) {
   o.service = "kd";
   o.name = "t1";
   o.why = "exit 1";
-  ASSERT_OK(DecodeClientFrame(Encoded(o), &f));
+  ASSERT_OK(DecodeClientFrame(o.Encoded(), &f));
   ASSERT_TRUE(std::holds_alternative<TeacherOrder>(f));
   EXPECT_EQ(std::get<TeacherOrder>(f).why, "exit 1");
 
@@ -193,6 +186,27 @@ TEST(FramesTest, ClientFramesOutsideTheSetAreRefusedByType) {
   EXPECT_TRUE(DecodeClientFrame(json{{"type", 7}}, &f).IsCorruption());
 }
 
+TEST(FramesTest, TrainerFramesDecodeToTheirAlternative) {
+  TrainerFrame f;
+  Ready r;
+  r.generation = 4;
+  ASSERT_OK(DecodeTrainerFrame(r.Encoded(), &f));
+  ASSERT_TRUE(std::holds_alternative<Ready>(f));
+  EXPECT_EQ(std::get<Ready>(f).generation, 4);
+  ServiceWatch w;
+  w.service = "kd";
+  ASSERT_OK(DecodeTrainerFrame(w.Encoded(), &f));
+  EXPECT_EQ(std::get<ServiceWatch>(f).service, "kd");
+  // What only a node's client reports (an exit, its stats) or says first (the hello): not after it.
+  for (const char* type : {"trainer_exit", "node_stats", "trainer_hello", "teacher_exit"}) {
+    const Status s = DecodeTrainerFrame(json{{"type", type}}, &f);
+    EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << type;
+    EXPECT_EQ(s.message(), std::string("unexpected message '") + type + "' from a trainer");
+  }
+  EXPECT_TRUE(DecodeTrainerFrame(json{{"type", "event"}, {"event", 3}}, &f).IsCorruption());
+  EXPECT_TRUE(std::holds_alternative<Event>(f));
+}
+
 TEST(FramesTest, ServerFramesDecodeToTheirAlternative) {
   ServerFrame f;
   for (const char* type : {"heartbeat", "stop", "done"}) ASSERT_OK(DecodeServerFrame(json{{"type", type}}, &f));
@@ -203,7 +217,7 @@ TEST(FramesTest, ServerFramesDecodeToTheirAlternative) {
   g.job_id = "j";
   g.reason = "start";
   g.members = {{"n1-s0-1", "n1", 0, 0, "10.0.0.1"}};
-  ASSERT_OK(DecodeServerFrame(Encoded(GenerationUpdate::Full(g)), &f));
+  ASSERT_OK(DecodeServerFrame(GenerationUpdate::Full(g).Encoded(), &f));
   ASSERT_TRUE(std::holds_alternative<GenerationUpdate>(f));
   GenerationInfo back;
   ASSERT_OK(std::get<GenerationUpdate>(f).ApplyTo(&back));
@@ -213,11 +227,11 @@ TEST(FramesTest, ServerFramesDecodeToTheirAlternative) {
   o.type = TeacherOrderType::kStart;
   o.service = "kd";
   o.name = "t1";
-  ASSERT_OK(DecodeServerFrame(Encoded(o), &f));
+  ASSERT_OK(DecodeServerFrame(o.Encoded(), &f));
   ASSERT_TRUE(std::holds_alternative<TeacherOrder>(f));
   EXPECT_EQ(std::get<TeacherOrder>(f).type, TeacherOrderType::kStart);
 
-  ASSERT_OK(DecodeServerFrame(Encoded(ErrorMsg::From(Status::AlreadyExists("taken"))), &f));
+  ASSERT_OK(DecodeServerFrame(ErrorMsg::From(Status::AlreadyExists("taken")).Encoded(), &f));
   ASSERT_TRUE(std::holds_alternative<ErrorMsg>(f));
   EXPECT_EQ(std::get<ErrorMsg>(f).ToStatus().code(), Status::Code::kAlreadyExists);
 }
