@@ -220,7 +220,7 @@ Status Client::Start() {
   };
   sigchld_.async_wait(Rearm{this});
   LOG(INFO) << "edl client node " << options_.node_name << ": " << options_.slots.size()
-            << " slots, " << (options_.restart_mode ? "restart" : "inplace") << " mode, trainers on "
+            << " slots, " << proto::NameOf(proto::NodeModeOf(options_.restart_mode)) << " mode, trainers on "
             << options_.socket_path << ", server " << ServerAddr()
             << (servers_.size() > 1 ? " (first of " + std::to_string(servers_.size()) + ")" : "");
   if (!options_.job_types.empty()) {  // a cluster's node: it reports utilisation (node_stats)

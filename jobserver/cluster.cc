@@ -59,8 +59,7 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
                         const std::vector<int64_t>& generations, std::string* session, bool* known) {
   EDL_RETURN_IF_ERROR(registry_.Register(node, /*require_types=*/!one_job(), session, known));
   const NodeRegistry::Node* n = registry_.Find(node.name);
-  events::NodeJoined joined{node.name, node.host, n->info.slots.size(),
-                            n->info.restart_mode ? proto::NodeMode::kRestart : proto::NodeMode::kInplace, {}};
+  events::NodeJoined joined{node.name, node.host, n->info.slots.size(), proto::NodeModeOf(n->info.restart_mode), {}};
   for (const JobTypeOffer& t : n->info.types) joined.job_types.push_back(t.name);
   Record(joined);
   // Each reported trainer goes to the job that placed it on this node (live or leaving); any other

@@ -147,7 +147,7 @@ class Cluster {
   void TrainerEvent(const std::string& job, const std::string& trainer_id, const std::string& node,
                     const nlohmann::json& event);
   // The final checkpoint of `job`'s stop, as rank 0 reported it (*error: why it failed).
-  enum class FinalCheckpoint { kNotReported, kSaved, kFailed };
+  using FinalCheckpoint = events::FinalCheckpoint;
   FinalCheckpoint FinalCheckpointOf(const std::string& job, std::string* error) const;
 
   void Tick();  // heartbeats, the policy's timers, each job's membership

@@ -418,13 +418,6 @@ int RunCtlMain(int argc, char** argv) {
     return 1;
   }
   switch (req.command) {
-    case Command::kJobs:
-      if (as_json) {
-        std::cout << rep.body.dump(2) << "\n";
-      } else {
-        PrintJobs(rep.body);
-      }
-      break;
     case Command::kSubmit:
       std::cout << "submitted job " << req.spec.value("name", std::string()) << "\n";
       break;
@@ -440,9 +433,12 @@ int RunCtlMain(int argc, char** argv) {
         std::cout << "desired size set to " << req.n << "; now " << StatusLine(rep.body) << "\n";
       }
       break;
+    case Command::kJobs:
     case Command::kStatus:
       if (as_json) {
         std::cout << rep.body.dump(2) << "\n";
+      } else if (req.command == Command::kJobs) {
+        PrintJobs(rep.body);
       } else {
         PrintStatus(rep.body);
       }

@@ -32,7 +32,7 @@ json StopComplete::ToJson() const {
   return {{"type", NameOf(kType)},
           {"generation", generation},
           {"not_left", not_left},
-          {"final_checkpoint", final_checkpoint}};
+          {"final_checkpoint", kFinalCheckpointNames.Name(final_checkpoint)}};
 }
 
 json Submitted::ToJson() const { return {{"type", NameOf(kType)}, {"spec", EncodeJobSpec(spec)}}; }

@@ -127,12 +127,17 @@ struct Stopped {
   nlohmann::json ToJson() const;
 };
 
+// Rank 0's final checkpoint of a stop, as it reported it (Cluster::FinalCheckpointOf); the names
+// are those of stop_complete's "final_checkpoint" and of `edl ctl stop`'s reply.
+enum class FinalCheckpoint { kNotReported, kSaved, kFailed };
+inline constexpr EnumNames<FinalCheckpoint, 3> kFinalCheckpointNames({"none", "saved", "failed"});
+
 // The stop ended: how many trainers had not left, and rank 0's final checkpoint.
 struct StopComplete {
   static constexpr Type kType = Type::kStopComplete;
   int64_t generation = 0;
   size_t not_left = 0;
-  std::string final_checkpoint;  // "saved", "failed" or "none"
+  FinalCheckpoint final_checkpoint = FinalCheckpoint::kNotReported;
   nlohmann::json ToJson() const;
 };
 

@@ -610,7 +610,7 @@ json JobMembership::Summary() const {
   for (const auto& [name, n] : nodes_) {
     auto u = used_on.find(name);
     const int used = u == used_on.end() ? 0 : u->second;
-    nodes.push_back({{"name", name}, {"host", n.host}, {"mode", n.restart_mode ? "restart" : "inplace"},
+    nodes.push_back({{"name", name}, {"host", n.host}, {"mode", proto::NameOf(proto::NodeModeOf(n.restart_mode))},
                      {"slots", n.slots.size()}, {"used", used}, {"connected", n.connected}});
   }
   json members = json::array();

@@ -115,10 +115,8 @@ void Server::MaybeEndStop() {
   const JobMembership* own = cluster_.FindJob(cluster_.own_job());
   std::string error;
   const Cluster::FinalCheckpoint final = cluster_.FinalCheckpointOf(cluster_.own_job(), &error);
-  const char* final_name = final == Cluster::FinalCheckpoint::kSaved    ? "saved"
-                           : final == Cluster::FinalCheckpoint::kFailed ? "failed"
-                                                                        : "none";
-  Record("", events::StopComplete{own != nullptr ? own->current().generation : 0, stop_waiting_.size(), final_name});
+  const char* final_name = events::kFinalCheckpointNames.Name(final);
+  Record("", events::StopComplete{own != nullptr ? own->current().generation : 0, stop_waiting_.size(), final});
   proto::CtlReply outcome;
   if (final == Cluster::FinalCheckpoint::kFailed) {
     outcome.status = Status::FailedPrecondition(

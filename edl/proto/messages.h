@@ -67,6 +67,8 @@ inline const char* NameOf(Role r) { return kRoleNames.Name(r); }
 inline const char* NameOf(NodeMode m) { return kNodeModeNames.Name(m); }
 inline const char* NameOf(KvOp o) { return kKvOpNames.Name(o); }
 inline const char* NameOf(CtlCommand c) { return kCtlCommandNames.Name(c); }
+// Parts that keep the mode as a flag (restart or not).
+inline NodeMode NodeModeOf(bool restart) { return restart ? NodeMode::kRestart : NodeMode::kInplace; }
 
 // Largest host / key accepted on the wire (names and slots: names.h).
 constexpr size_t kMaxHostBytes = 253;        // a DNS name

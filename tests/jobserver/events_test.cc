@@ -45,8 +45,11 @@ TEST(EventsTest, ServerRecordsKeepTheirLines) {
   EXPECT_EQ(Line(NodeDisconnected{"n1", "IOError: eof"}), R"({"node":"n1","type":"node_disconnected","why":"IOError: eof"})");
   EXPECT_EQ(Line(NodeDroppedRejoins{"n1", 2}), R"({"node":"n1","stale_trainers":2,"type":"node_dropped_rejoins"})");
   EXPECT_EQ(Line(Stopped{"ctl"}), R"({"by":"ctl","type":"stopped"})");
-  EXPECT_EQ(Line(StopComplete{4, 0, "saved"}),
+  EXPECT_EQ(Line(StopComplete{4, 0, FinalCheckpoint::kSaved}),
             R"({"final_checkpoint":"saved","generation":4,"not_left":0,"type":"stop_complete"})");
+  EXPECT_EQ(Line(StopComplete{4, 2, FinalCheckpoint::kNotReported}),
+            R"({"final_checkpoint":"none","generation":4,"not_left":2,"type":"stop_complete"})");
+  EXPECT_EQ((StopComplete{4, 2, FinalCheckpoint::kFailed}.ToJson()["final_checkpoint"]), "failed");
   Progress p;
   p.reporting = 2;
   p.step = 10;
