@@ -19,8 +19,10 @@
 
 #include <glog/logging.h>
 
+#include "edl/base/enum_names.h"
 #include "edl/net/auth.h"
 #include "edl/proto/frame.h"
+#include "edl/proto/frames.h"
 
 namespace edl::jobclient {
 
@@ -218,7 +220,7 @@ Status Client::Start() {
   };
   sigchld_.async_wait(Rearm{this});
   LOG(INFO) << "edl client node " << options_.node_name << ": " << options_.slots.size()
-            << " slots, " << (options_.restart_mode ? "restart" : "inplace") << " mode, trainers on "
+            << " slots, " << proto::NameOf(proto::NodeModeOf(options_.restart_mode)) << " mode, trainers on "
             << options_.socket_path << ", server " << ServerAddr()
             << (servers_.size() > 1 ? " (first of " + std::to_string(servers_.size()) + ")" : "");
   if (!options_.job_types.empty()) {  // a cluster's node: it reports utilisation (node_stats)
@@ -347,28 +349,36 @@ void Client::ScheduleReconnect(const std::string& why) {
 void Client::OnServerMessage(const json& msg) {
   EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (!authenticated_) return OnHandshakeFrame(msg);
-  const std::string& type = msg["type"].get_ref<const std::string&>();
-  if (type == proto::msg::kError) {
+  proto::ServerFrame frame;
+  if (Status s = proto::DecodeServerFrame(msg, &frame); !s.ok()) {
+    if (s.code() == Status::Code::kInvalidArgument) {  // a type not of the set
+      LOG(WARNING) << "ignoring unexpected '" << msg["type"].get<std::string>() << "' from the server";
+      return;
+    }
     // After the welcome every frame is sealed, so an error then is the server's.
-    proto::ErrorMsg e;
-    Status s = e.DecodeFrom(msg);
-    return OnRefused(s.ok() ? e.ToStatus() : s, /*proven=*/true);
+    if (std::holds_alternative<proto::ErrorMsg>(frame)) return OnRefused(s, /*proven=*/true);
+    if (std::holds_alternative<proto::GenerationUpdate>(frame)) {
+      LOG(ERROR) << "bad generation from the server: " << s.ToString() << "; reconnecting for a full one";
+    }
+    return server_->Close(s);
   }
-  if (type == proto::msg::kHeartbeat) return;
-  if (type == proto::msg::kGeneration) return OnGeneration(msg);
-  if (type == proto::msg::kPrepare) return OnPrepare(msg);
-  if (type == proto::msg::kKill) return OnKill(msg);
-  if (type == proto::msg::kJobInfo) return OnJobInfo(msg);
-  if (type == proto::msg::kKvReply) return OnKvReply(msg);
-  if (type == proto::msg::kTeacherStart || type == proto::msg::kTeacherStop) return OnTeacherOrder(msg);
-  if (type == proto::msg::kServiceMembers) return OnServiceMembers(msg);
-  if (type == proto::msg::kStop) return Shutdown(0, "the server asked to stop (edl ctl stop)");
-  if (type == proto::msg::kDone) {
-    done_ = true;
-    LOG(INFO) << "edl client " << options_.node_name << ": the job finished";
-    return;
-  }
-  LOG(WARNING) << "ignoring unexpected '" << type << "' from the server";
+  std::visit(Overloaded{
+                 [&](const proto::ErrorMsg& e) { OnRefused(e.ToStatus(), /*proven=*/true); },
+                 [&](const proto::Heartbeat&) {},
+                 [&](const proto::GenerationUpdate& u) { OnGeneration(u); },
+                 [&](const proto::Prepare& p) { OnPrepare(p); },
+                 [&](const proto::Kill& k) { OnKill(k); },
+                 [&](const proto::JobInfo& info) { OnJobInfo(info); },
+                 [&](proto::KvReply& r) { OnKvReply(&r); },
+                 [&](const proto::TeacherOrder& o) { OnTeacherOrder(o); },
+                 [&](const proto::ServiceMembers& m) { OnServiceMembers(m); },
+                 [&](const proto::Stop&) { Shutdown(0, "the server asked to stop (edl ctl stop)"); },
+                 [&](const proto::Done&) {
+                   done_ = true;
+                   LOG(INFO) << "edl client " << options_.node_name << ": the job finished";
+                 },
+             },
+             frame);
 }
 
 void Client::OnRefused(const Status& s, bool proven) {
@@ -410,10 +420,10 @@ void Client::OnHandshakeFrame(const json& msg) {
 
 proto::Hello Client::OurHello() {
   proto::Hello h;
-  h.role = "client";
+  h.role = proto::Role::kClient;
   h.node = options_.node_name;
   h.host = options_.advertise_addr;
-  h.mode = options_.restart_mode ? "restart" : "inplace";
+  h.mode = options_.restart_mode ? proto::NodeMode::kRestart : proto::NodeMode::kInplace;
   h.slots = options_.slots;
   h.node_token = session_;
   for (const auto& [name, type] : options_.job_types) h.job_types.push_back({name, type.settable});
@@ -476,7 +486,7 @@ void Client::Heartbeat() {
   heartbeat_timer_.expires_after(milliseconds(heartbeat_ms_));
   heartbeat_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || shutting_down_) return;
-    if (server_ && authenticated_) server_->Send(json{{"type", proto::msg::kHeartbeat}});
+    if (server_ && authenticated_) server_->Send(proto::Heartbeat().Encoded());
     if (server_ && authenticated_ && !options_.job_types.empty()) SendNodeStats();
     Heartbeat();
   });
@@ -540,18 +550,15 @@ launcher::EnvContract Client::EnvFor(const std::string& job, const proto::Genera
   return c;
 }
 
-void Client::OnGeneration(const json& msg) {
-  proto::GenerationUpdate u;
-  Status s = u.DecodeFrom(msg);
+void Client::OnGeneration(const proto::GenerationUpdate& u) {
   const std::string job = u.header.job_id.empty() ? job_id_ : u.header.job_id;
   auto run = runs_.find(job);
-  if (s.ok() && run == runs_.end()) {
+  if (run == runs_.end()) {
     LOG(ERROR) << "generation of job " << job << ", whose type this node was not told (no job_info); ignored";
     return;
   }
-  proto::GenerationInfo next = s.ok() ? run->second.latest : proto::GenerationInfo();
-  if (s.ok()) s = u.ApplyTo(&next);
-  if (!s.ok()) {
+  proto::GenerationInfo next = run->second.latest;
+  if (Status s = u.ApplyTo(&next); !s.ok()) {
     LOG(ERROR) << "bad generation from the server: " << s.ToString() << "; reconnecting for a full one";
     return server_->Close(s);
   }
@@ -611,10 +618,7 @@ void Client::OnGeneration(const json& msg) {
   }
 }
 
-void Client::OnPrepare(const json& msg) {
-  proto::Prepare p;
-  Status s = p.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
+void Client::OnPrepare(const proto::Prepare& p) {
   const std::string job = p.job_id.empty() ? job_id_ : p.job_id;
   for (const proto::MemberInfo& j : p.joiners) {
     if (j.node != options_.node_name ||
@@ -642,10 +646,7 @@ void Client::OnPrepare(const json& msg) {
   }
 }
 
-void Client::OnKill(const json& msg) {
-  proto::Kill k;
-  Status s = k.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
+void Client::OnKill(const proto::Kill& k) {
   for (const std::string& id : k.trainer_ids) {
     auto it = trainers_.find(id);
     if (it == trainers_.end()) continue;
@@ -655,10 +656,7 @@ void Client::OnKill(const json& msg) {
   PollTrainers();
 }
 
-void Client::OnJobInfo(const json& msg) {
-  proto::JobInfo info;
-  Status s = info.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
+void Client::OnJobInfo(const proto::JobInfo& info) {
   // The server proposes; this node's own configuration decides what runs.
   auto type = options_.job_types.find(info.job_type);
   std::string why;
@@ -683,19 +681,16 @@ void Client::OnJobInfo(const json& msg) {
             << " flags set)";
 }
 
-void Client::OnKvReply(const json& msg) {
-  proto::KvReply r;
-  Status s = r.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
-  auto route = kv_routes_.find(r.req_id);
+void Client::OnKvReply(proto::KvReply* r) {
+  auto route = kv_routes_.find(r->req_id);
   if (route == kv_routes_.end()) return;
   auto [trainer_id, their_id] = route->second;
   kv_routes_.erase(route);
   auto t = trainers_.find(trainer_id);
   if (t == trainers_.end() || !t->second.channel) return;
-  r.req_id = their_id;
+  r->req_id = their_id;
   json j;
-  r.EncodeTo(&j);
+  r->EncodeTo(&j);
   t->second.channel->Send(j);
 }
 
@@ -769,50 +764,45 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
   if (it == trainers_.end()) return conn->Close(Status::Aborted("trainer gone"));
   Trainer& t = it->second;
   t.last_heard_us = clock_->NowMicros();
-  if (type == proto::msg::kHeartbeat) return;
-  Status s;
-  json out;
-  if (type == proto::msg::kReady) {
-    proto::Ready r;
-    s = r.DecodeFrom(msg);
-    r.trainer_id = t.id;
-    r.EncodeTo(&out);
-    if (s.ok()) SendToServer(out, /*queue_if_offline=*/true);
-  } else if (type == proto::msg::kProgress) {
-    proto::Progress p;
-    s = p.DecodeFrom(msg);
-    p.trainer_id = t.id;
-    p.EncodeTo(&out);
-    if (s.ok()) SendToServer(out, false);
-  } else if (type == proto::msg::kEvent) {
-    proto::Event e;
-    s = e.DecodeFrom(msg);
-    e.trainer_id = t.id;
-    e.EncodeTo(&out);
-    if (s.ok()) SendToServer(out, true);
-  } else if (type == proto::msg::kKv) {
-    proto::KvRequest r;
-    s = r.DecodeFrom(msg);
-    if (s.ok()) {
-      if (!server_ || !authenticated_) {
-        proto::KvReply rep;
-        rep.req_id = r.req_id;
-        rep.status = Status::Unavailable("the node's client is not connected to the server; retry");
-        rep.EncodeTo(&out);
-        conn->Send(out);
-        return;
-      }
-      const uint64_t ours = next_req_id_++;
-      kv_routes_[ours] = {t.id, r.req_id};
-      r.req_id = ours;
-      r.job = t.job == job_id_ ? "" : t.job;  // the server's own job keeps the unscoped form
-      r.EncodeTo(&out);
-      server_->Send(out);
-    }
-  } else if (type == proto::msg::kServiceWatch) {
-    s = OnServiceWatch(&t, msg);
-  } else {
-    s = Status::InvalidArgument("unexpected message '" + type + "' from a trainer");
+  proto::TrainerFrame frame;
+  Status s = proto::DecodeTrainerFrame(msg, &frame);
+  if (s.ok()) {
+    s = std::visit(
+        Overloaded{
+            [&](const proto::Heartbeat&) { return Status::OK(); },
+            [&](proto::Ready& r) {
+              r.trainer_id = t.id;
+              SendToServer(r.Encoded(), /*queue_if_offline=*/true);
+              return Status::OK();
+            },
+            [&](proto::Progress& p) {
+              p.trainer_id = t.id;
+              SendToServer(p.Encoded(), false);
+              return Status::OK();
+            },
+            [&](proto::Event& e) {
+              e.trainer_id = t.id;
+              SendToServer(e.Encoded(), true);
+              return Status::OK();
+            },
+            [&](proto::KvRequest& r) {
+              if (!server_ || !authenticated_) {
+                proto::KvReply rep;
+                rep.req_id = r.req_id;
+                rep.status = Status::Unavailable("the node's client is not connected to the server; retry");
+                conn->Send(rep.Encoded());
+                return Status::OK();
+              }
+              const uint64_t ours = next_req_id_++;
+              kv_routes_[ours] = {t.id, r.req_id};
+              r.req_id = ours;
+              r.job = t.job == job_id_ ? "" : t.job;  // the server's own job keeps the unscoped form
+              server_->Send(r.Encoded());
+              return Status::OK();
+            },
+            [&](const proto::ServiceWatch& w) { return OnServiceWatch(&t, w); },
+        },
+        frame);
   }
   if (!s.ok()) {
     LOG(WARNING) << "trainer " << t.id << ": " << s.ToString() << "; closing its channel";

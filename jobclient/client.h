@@ -26,6 +26,7 @@
 #include "edl/net/connection.h"
 #include "edl/net/handshake.h"
 #include "edl/proto/messages.h"
+#include "edl/proto/service_messages.h"
 #include "jobclient/gpu_utilization.h"
 #include "jobclient/teacher_runner.h"
 #include "launcher/launcher.h"
@@ -117,6 +118,8 @@ class Client {
   // ---- server side
   void Connect();
   void ScheduleReconnect(const std::string& why);
+  // A frame from the server (proto::ServerFrame) after the handshake; one that does not decode
+  // closes the connection (the client reconnects), an error is a refusal (OnRefused).
   void OnServerMessage(const nlohmann::json& msg);
   // Frames before the welcome, through the handshake (edl/net/handshake.h).
   void OnHandshakeFrame(const nlohmann::json& msg);
@@ -127,27 +130,27 @@ class Client {
   void OnRefused(const Status& s, bool proven);
   void KeepSession(const std::string& token);  // from a welcome: remember and save it
   void RemoveSocket();
-  void OnGeneration(const nlohmann::json& msg);
-  void OnPrepare(const nlohmann::json& msg);
-  void OnKill(const nlohmann::json& msg);
-  void OnJobInfo(const nlohmann::json& msg);
-  void OnKvReply(const nlohmann::json& msg);
+  void OnGeneration(const proto::GenerationUpdate& u);
+  void OnPrepare(const proto::Prepare& p);
+  void OnKill(const proto::Kill& k);
+  void OnJobInfo(const proto::JobInfo& info);
+  void OnKvReply(proto::KvReply* r);  // relayed to its trainer under the trainer's own req_id
   void SendToServer(const nlohmann::json& msg, bool queue_if_offline);
   void Heartbeat();
   // Cluster mode: the node's CPU use since the previous call (/proc/stat), as node_stats.
   void SendNodeStats();
   // teacher_start / teacher_stop from the server (client_teachers.cc); a refused order is
   // answered with a teacher_exit saying why.
-  void OnTeacherOrder(const nlohmann::json& msg);
+  void OnTeacherOrder(const proto::TeacherOrder& o);
   // Reports teachers that ended (every tick).
   void PollTeachers();
   // The node's teachers; null when it offers no service (made at first use).
   TeacherRunner* Teachers();
   // A distilling trainer's service_watch (client_teachers.cc): asks the server once per service
   // and hands the trainer the newest member list at once when there is one.
-  Status OnServiceWatch(Trainer* t, const nlohmann::json& msg);
+  Status OnServiceWatch(Trainer* t, const proto::ServiceWatch& w);
   // The server's service_members: kept and relayed to every trainer watching that service.
-  void OnServiceMembers(const nlohmann::json& msg);
+  void OnServiceMembers(const proto::ServiceMembers& m);
   void ResendServiceWatches();  // after a welcome: the new connection watches nothing yet
 
   // ---- trainers

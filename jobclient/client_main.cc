@@ -206,8 +206,11 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
                                    std::to_string(proto::kMaxNameBytes) + " bytes)");
   }
   EDL_RETURN_IF_ERROR(ParseSlots(gpus, slots, o));
-  if (mode != "inplace" && mode != "restart") return Status::InvalidArgument("--mode must be inplace or restart, not '" + mode + "'");
-  o->restart_mode = mode == "restart";
+  proto::NodeMode m = proto::NodeMode::kInplace;
+  if (!proto::kNodeModeNames.Parse(mode, &m)) {
+    return Status::InvalidArgument("--mode must be " + proto::kNodeModeNames.List("") + ", not '" + mode + "'");
+  }
+  o->restart_mode = m == proto::NodeMode::kRestart;
   o->trainer_argv = !rest.empty() ? rest : SplitCommand(trainer_cmd);
   if (!rest.empty() && !trainer_cmd.empty()) return Status::InvalidArgument("give the trainer command with --trainer_cmd or after --, not both");
   EDL_RETURN_IF_ERROR(ParseJobTypes(job_types, job_flags, o));

@@ -19,14 +19,12 @@ TeacherRunner* Client::Teachers() {
   return teacher_runner_.get();
 }
 
-void Client::OnTeacherOrder(const json& msg) {
-  proto::TeacherOrder o;
-  Status s = o.DecodeFrom(msg);
-  if (!s.ok()) return server_->Close(s);
+void Client::OnTeacherOrder(const proto::TeacherOrder& o) {
   auto refuse = [&](const std::string& why) {
-    LOG(WARNING) << "edl client " << options_.node_name << ": " << o.type << " " << o.name << ": " << why;
+    LOG(WARNING) << "edl client " << options_.node_name << ": " << proto::NameOf(o.type) << " " << o.name << ": "
+                 << why;
     proto::TeacherOrder e;
-    e.type = proto::msg::kTeacherExit;
+    e.type = proto::TeacherOrderType::kExit;
     e.service = o.service;
     e.name = o.name;
     e.why = why.substr(0, proto::kMaxTeacherWhyBytes);
@@ -39,9 +37,9 @@ void Client::OnTeacherOrder(const json& msg) {
   };
   TeacherRunner* r = Teachers();
   if (r == nullptr) return refuse("this node offers no service (start its client with --service NAME = COMMAND)");
-  if (o.type == proto::msg::kTeacherStart) {
+  if (o.type == proto::TeacherOrderType::kStart) {
     // The teacher registers with the server this client is connected to now.
-    if (s = r->Start(o.service, o.name, server_->peer()); !s.ok()) refuse(s.ToString());
+    if (Status s = r->Start(o.service, o.name, server_->peer()); !s.ok()) refuse(s.ToString());
   } else if (!r->Stop(o.name, clock_->NowMicros())) {
     refuse("not running");
   }
@@ -56,9 +54,7 @@ void Client::PollTeachers() {
   }
 }
 
-Status Client::OnServiceWatch(Trainer* t, const json& msg) {
-  proto::ServiceWatch w;
-  EDL_RETURN_IF_ERROR(w.DecodeFrom(msg));
+Status Client::OnServiceWatch(Trainer* t, const proto::ServiceWatch& w) {
   auto it = service_watchers_.find(w.service);
   if (it == service_watchers_.end()) {
     if (service_watchers_.size() >= kMaxWatchedServices) {
@@ -76,9 +72,7 @@ Status Client::OnServiceWatch(Trainer* t, const json& msg) {
   return Status::OK();
 }
 
-void Client::OnServiceMembers(const json& msg) {
-  proto::ServiceMembers m;
-  if (Status s = m.DecodeFrom(msg); !s.ok()) return server_->Close(s);
+void Client::OnServiceMembers(const proto::ServiceMembers& m) {
   auto it = service_watchers_.find(m.service);
   if (it == service_watchers_.end()) return;  // nobody here watches it (any more)
   json clean;  // only the fields we decoded travel on

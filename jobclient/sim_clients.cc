@@ -60,10 +60,10 @@ struct Sim {
     const std::string type = m["type"];
     if (type == "challenge") {
       edl::proto::Hello h;
-      h.role = "client";
+      h.role = edl::proto::Role::kClient;
       h.node = "sim" + std::to_string(i);
       h.host = "127.0.0.1";
-      h.mode = "inplace";
+      h.mode = edl::proto::NodeMode::kInplace;
       for (int s = 0; s < slots; ++s) h.slots.push_back(s);
       auto& hs = handshakes[i] = std::make_unique<edl::net::PeerHandshake>(secret, std::move(h));
       json hello;

@@ -88,7 +88,7 @@ std::vector<proto::TeacherOrder> TeacherRunner::Poll(int64_t now_us) {
     }
     LOG(INFO) << "teacher " << it->first << " (pid " << it->second.proc->pid() << ") ended: " << info.ToString();
     proto::TeacherOrder e;
-    e.type = proto::msg::kTeacherExit;
+    e.type = proto::TeacherOrderType::kExit;
     e.service = it->second.service;
     e.name = it->first;
     e.why = info.ToString().substr(0, proto::kMaxTeacherWhyBytes);

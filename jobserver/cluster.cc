@@ -5,6 +5,7 @@
 #include <glog/logging.h>
 
 #include "edl/proto/frame.h"
+#include "jobserver/events.h"
 
 namespace edl::jobserver {
 
@@ -58,10 +59,9 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
                         const std::vector<int64_t>& generations, std::string* session, bool* known) {
   EDL_RETURN_IF_ERROR(registry_.Register(node, /*require_types=*/!one_job(), session, known));
   const NodeRegistry::Node* n = registry_.Find(node.name);
-  json types = json::array();
-  for (const JobTypeOffer& t : n->info.types) types.push_back(t.name);
-  Record({{"type", "node_joined"}, {"node", node.name}, {"host", node.host}, {"slots", n->info.slots.size()},
-          {"mode", n->info.restart_mode ? "restart" : "inplace"}, {"job_types", types}});
+  events::NodeJoined joined{node.name, node.host, n->info.slots.size(), proto::NodeModeOf(n->info.restart_mode), {}};
+  for (const JobTypeOffer& t : n->info.types) joined.job_types.push_back(t.name);
+  Record(joined);
   // Each reported trainer goes to the job that placed it on this node (live or leaving); any other
   // is stale: a node new to the cluster runs nothing of its jobs (it was lost, so the others
   // re-formed without it; or the server started anew), and a trainer of a job that ended is done.
@@ -84,7 +84,7 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
   if (!stale.empty()) {
     LOG(WARNING) << "node " << node.name << " runs " << stale.size() << " trainer(s) of no live job"
                  << (*known ? "" : " (the node had been dropped, or the server started anew)") << ": killing them";
-    Record({{"type", "stale_trainers"}, {"node", node.name}, {"trainer_ids", stale}});
+    Record(events::StaleTrainers{node.name, stale, std::nullopt});
     KillStale(node.name, std::move(stale));
   }
   if (!*known) {
@@ -290,10 +290,7 @@ void Cluster::NoteFailure(const std::string& name, Job* job, const std::string& 
   job->failing_since_us = clock_->NowMicros();
   LOG(WARNING) << "job " << name << " is failing: " << kFailingAfter << " trainers in a row ended with " << how
                << (error.empty() ? "" : ", last log line: " + error) << "; the back-off grows until one makes progress";
-  Action a;
-  a.kind = Action::Kind::kEvent;
-  a.event = {{"type", "failing"}, {"exits", job->failures_alike}, {"how", how}, {"last_error", error}};
-  actions_.push_back({name, std::move(a)});
+  actions_.push_back({name, Action::Record(events::Failing{job->failures_alike, how, error})});
 }
 
 void Cluster::TrainerReady(const std::string& trainer_id, const std::string& node, int64_t generation) {
@@ -421,9 +418,7 @@ std::vector<JobAction> Cluster::TakeActions() {
 void Cluster::AfterPolicy() {
   for (int round = 0; round < 100; ++round) {  // a finish re-plans; bounded by the jobs anyway
     for (const PolicyEvent& e : policy_.TakeEvents()) {
-      json rec = e.ToJson();
-      rec["type"] = "policy";
-      Record(std::move(rec));
+      Record(events::Policy{e});
       if (!e.job.empty()) reasons_[e.job] = e.kind;
     }
     if (!one_job()) {
@@ -526,7 +521,11 @@ void Cluster::Forget(const std::string& name, const std::string& state) {
   finished_.push_back({{"name", name}, {"type", it->second.spec.job.type}, {"state", state},
                        {"generation", it->second.membership->current().generation}});
   while (finished_.size() > options_.max_finished_kept) finished_.pop_front();
-  Record({{"type", "job_" + state}, {"job_name", name}});
+  if (state == "cancelled") {
+    Record(events::JobCancelled{name});
+  } else {
+    Record(events::JobFinished{name});
+  }
   jobs_.erase(it);
 }
 
@@ -539,13 +538,6 @@ void Cluster::Collect(const std::string& name, Job* job) {
     }
     actions_.push_back({name, std::move(a)});
   }
-}
-
-void Cluster::Record(json event) {
-  Action a;
-  a.kind = Action::Kind::kEvent;
-  a.event = std::move(event);
-  actions_.push_back({"", std::move(a)});
 }
 
 // ---- state
@@ -704,8 +696,7 @@ Status Cluster::Restore(const ClusterState& s) {
   if (one_job()) GrantEverySlot("restore");  // every node the state knows, its members' included
   for (auto& [name, job] : jobs_) Collect(name, &job);  // each job's "restored" record
   if (!one_job()) {  // (a one-job server's log is its job's: the job's record says it all)
-    Record({{"type", "restored"}, {"jobs", jobs_.size()}, {"nodes", registry_.nodes().size()},
-            {"ended", finished_.size()}});
+    Record(events::ClusterRestored{jobs_.size(), registry_.nodes().size(), finished_.size()});
   }
   return Status::OK();
 }

@@ -42,6 +42,7 @@
 #include "edl/base/status.h"
 #include "jobserver/cluster_policy.h"
 #include "jobserver/cluster_state.h"
+#include "jobserver/events.h"
 #include "jobserver/job_membership.h"
 #include "jobserver/job_spec.h"
 #include "jobserver/node_registry.h"
@@ -146,7 +147,7 @@ class Cluster {
   void TrainerEvent(const std::string& job, const std::string& trainer_id, const std::string& node,
                     const nlohmann::json& event);
   // The final checkpoint of `job`'s stop, as rank 0 reported it (*error: why it failed).
-  enum class FinalCheckpoint { kNotReported, kSaved, kFailed };
+  using FinalCheckpoint = events::FinalCheckpoint;
   FinalCheckpoint FinalCheckpointOf(const std::string& job, std::string* error) const;
 
   void Tick();  // heartbeats, the policy's timers, each job's membership
@@ -176,6 +177,9 @@ class Cluster {
   // Progress of live job `job` from its members' reports: how many report, the highest step and
   // epoch, rank 0's loss and accuracy, the sum of images/s (an empty object for no such job).
   nlohmann::json ProgressSummary(const std::string& job) const;
+  // The same as the events log's "progress" record, with the job's generation and world size
+  // (reporting 0 for no such job).
+  events::Progress ProgressOf(const std::string& job) const;
 
   // ---- durable state (jobserver/STATE.md)
   // Everything a restarted server needs to resume every job, the nodes with their tokens.
@@ -227,7 +231,11 @@ class Cluster {
   std::vector<SlotGrant> Grants(const Job& job) const;
   void Forget(const std::string& name, const std::string& state);
   void Collect(const std::string& name, Job* job);
-  void Record(nlohmann::json event);
+  // An events-log record of the server's own log (an events.h struct).
+  template <typename E>
+  void Record(const E& e) {
+    actions_.push_back({"", Action::Record(e)});
+  }
   void KillStale(const std::string& node, std::vector<std::string> ids);
 
   const ClusterOptions options_;

@@ -9,28 +9,35 @@ namespace edl::jobserver {
 
 using nlohmann::json;
 
-json Cluster::ProgressSummary(const std::string& job) const {
+events::Progress Cluster::ProgressOf(const std::string& job) const {
+  events::Progress p;
   auto it = jobs_.find(job);
-  if (it == jobs_.end()) return json::object();
+  if (it == jobs_.end()) return p;
   const proto::GenerationInfo& g = it->second.membership->current();
   const std::map<std::string, proto::ProgressReport>& reports = it->second.progress;
-  int64_t step = 0, epoch = 0;
-  double loss = 0, ips = 0, acc = -1;
-  int reporting = 0;
+  p.generation = g.generation;
+  p.world_size = g.world_size();
   for (const proto::MemberInfo& m : g.members) {
     auto r = reports.find(m.trainer_id);
     if (r == reports.end()) continue;
-    ++reporting;
-    step = std::max(step, r->second.step);
-    epoch = std::max(epoch, r->second.epoch);
-    ips += r->second.images_per_sec;
+    ++p.reporting;
+    p.step = std::max(p.step, r->second.step);
+    p.epoch = std::max(p.epoch, r->second.epoch);
+    p.images_per_sec += r->second.images_per_sec;
     if (m.rank == 0) {
-      loss = r->second.loss;
-      acc = r->second.accuracy;
+      p.loss = r->second.loss;
+      p.accuracy = r->second.accuracy;
     }
   }
-  return {{"reporting", reporting}, {"step", step}, {"epoch", epoch}, {"loss", loss},
-          {"images_per_sec", ips}, {"accuracy", acc}};
+  return p;
+}
+
+json Cluster::ProgressSummary(const std::string& job) const {
+  if (jobs_.count(job) == 0) return json::object();
+  const events::Progress p = ProgressOf(job);
+  return {{"reporting", p.reporting}, {"step", p.step},
+          {"epoch", p.epoch},         {"loss", p.loss},
+          {"images_per_sec", p.images_per_sec}, {"accuracy", p.accuracy}};
 }
 
 json Cluster::JobsJson() const {

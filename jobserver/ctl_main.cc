@@ -240,7 +240,7 @@ Status Connect(const std::string& server, const std::string& secret_file,
       continue;
     }
     proto::Hello hello;
-    hello.role = "ctl";
+    hello.role = proto::Role::kCtl;
     proto::Welcome w;
     last = net::AuthenticateToServer(sock.value().get(), secret, hello, milliseconds(5000), &w);
     if (last.ok()) {
@@ -294,7 +294,7 @@ int StopOutcome(net::FramedSocket* sock, int64_t timeout_s) {
 
 int Watch(net::FramedSocket* sock) {
   proto::CtlRequest req;
-  req.command = "watch";
+  req.command = proto::CtlCommand::kWatch;
   proto::CtlReply rep;
   Status s = Call(sock, req, &rep);
   if (!s.ok()) {
@@ -333,9 +333,12 @@ Status ReadJobFile(const std::string& path, JobSpec* spec) {
   return ParseJobIni(text, spec).WithContext(path);
 }
 
-// Fills `req` (command already set) from the positional arguments.
-Status BuildRequest(const std::vector<std::string>& args, proto::CtlRequest* req) {
-  const std::string& c = req->command;
+// Fills `req` from the command `c` and its positional arguments.
+Status BuildRequest(const std::string& c, const std::vector<std::string>& args, proto::CtlRequest* req) {
+  using Command = proto::CtlCommand;
+  if (!proto::kCtlCommandNames.Parse(c, &req->command)) {
+    return Status::InvalidArgument(c.empty() ? "no command" : "unknown command '" + c + "'");
+  }
   auto count = [&](size_t lo, size_t hi, const char* usage) {
     return args.size() >= lo && args.size() <= hi ? Status::OK()
                                                   : Status::InvalidArgument(std::string("usage: edl ctl ") + usage);
@@ -347,25 +350,29 @@ Status BuildRequest(const std::vector<std::string>& args, proto::CtlRequest* req
                ? Status::OK()
                : Status::InvalidArgument("'" + v + "' is not a number in " + std::to_string(lo) + "..65536");
   };
-  if (c == "status" || c == "watch" || c == "stop" || c == "jobs") return count(0, 0, c.c_str());
-  if (c == "scale") {
-    EDL_RETURN_IF_ERROR(count(1, 2, "scale N  |  scale SERVICE N  |  scale NAME N (cluster)"));
-    if (args.size() == 2) req->job = args[0];
-    return number(args.back(), &req->n, args.size() == 2 ? 0 : 1);  // a service may go to 0
+  switch (req->command) {
+    case Command::kStatus:
+    case Command::kWatch:
+    case Command::kStop:
+    case Command::kJobs:
+      return count(0, 0, c.c_str());
+    case Command::kScale:
+      EDL_RETURN_IF_ERROR(count(1, 2, "scale N  |  scale SERVICE N  |  scale NAME N (cluster)"));
+      if (args.size() == 2) req->job = args[0];
+      return number(args.back(), &req->n, args.size() == 2 ? 0 : 1);  // a service may go to 0
+    case Command::kCancel:
+      EDL_RETURN_IF_ERROR(count(1, 1, "cancel NAME"));
+      req->job = args[0];
+      return Status::OK();
+    case Command::kSubmit: {
+      EDL_RETURN_IF_ERROR(count(1, 1, "submit JOB.ini"));
+      JobSpec spec;
+      EDL_RETURN_IF_ERROR(ReadJobFile(args[0], &spec));
+      req->spec = EncodeJobSpec(spec);
+      return Status::OK();
+    }
   }
-  if (c == "cancel") {
-    EDL_RETURN_IF_ERROR(count(1, 1, "cancel NAME"));
-    req->job = args[0];
-    return Status::OK();
-  }
-  if (c == "submit") {
-    EDL_RETURN_IF_ERROR(count(1, 1, "submit JOB.ini"));
-    JobSpec spec;
-    EDL_RETURN_IF_ERROR(ReadJobFile(args[0], &spec));
-    req->spec = EncodeJobSpec(spec);
-    return Status::OK();
-  }
-  return Status::InvalidArgument(c.empty() ? "no command" : "unknown command '" + c + "'");
+  return Status::Internal("unhandled command '" + c + "'");
 }
 
 }  // namespace
@@ -391,8 +398,7 @@ int RunCtlMain(int argc, char** argv) {
   }
   if (pf.help) return 0;
   proto::CtlRequest req;
-  req.command = command;
-  s = BuildRequest(args, &req);
+  s = BuildRequest(command, args, &req);
   if (!s.ok()) {
     std::cerr << "edl ctl: " << s.message() << "\n\n" << kUsage << "\n";
     return 2;
@@ -403,38 +409,45 @@ int RunCtlMain(int argc, char** argv) {
     std::cerr << "edl ctl: " << s.ToString() << "\n";
     return s.code() == Status::Code::kInvalidArgument ? 2 : 1;
   }
-  if (command == "watch") return Watch(sock.get());
+  using Command = proto::CtlCommand;
+  if (req.command == Command::kWatch) return Watch(sock.get());
   proto::CtlReply rep;
   s = Call(sock.get(), req, &rep);
   if (!s.ok()) {
     std::cerr << "edl ctl " << command << ": " << s.ToString() << "\n";
     return 1;
   }
-  if (command == "jobs") {
-    if (as_json) {
-      std::cout << rep.body.dump(2) << "\n";
-    } else {
-      PrintJobs(rep.body);
-    }
-  } else if (command == "submit") {
-    std::cout << "submitted job " << req.spec.value("name", std::string()) << "\n";
-  } else if (command == "cancel") {
-    std::cout << "cancelled job " << req.job << "\n";
-  } else if (command == "scale" && Field(Field(rep.body, "services", json::object()), req.job.c_str(), json::object()).contains("placed")) {
-    std::cout << "service " << req.job << ": desired teachers set to " << req.n << "\n";
-  } else if (command == "scale" && !req.job.empty()) {
-    std::cout << "job " << req.job << " asked for " << req.n << " trainers\n";
-  } else if (command == "status") {
-    if (as_json) {
-      std::cout << rep.body.dump(2) << "\n";
-    } else {
-      PrintStatus(rep.body);
-    }
-  } else if (command == "scale") {
-    std::cout << "desired size set to " << req.n << "; now " << StatusLine(rep.body) << "\n";
-  } else {
-    std::cout << "stopping job " << Field(rep.body, "job_id", std::string()) << " and its server\n";
-    return StopOutcome(sock.get(), Field(rep.body, "stop_timeout_s", int64_t{-1}));
+  switch (req.command) {
+    case Command::kSubmit:
+      std::cout << "submitted job " << req.spec.value("name", std::string()) << "\n";
+      break;
+    case Command::kCancel:
+      std::cout << "cancelled job " << req.job << "\n";
+      break;
+    case Command::kScale:
+      if (Field(Field(rep.body, "services", json::object()), req.job.c_str(), json::object()).contains("placed")) {
+        std::cout << "service " << req.job << ": desired teachers set to " << req.n << "\n";
+      } else if (!req.job.empty()) {
+        std::cout << "job " << req.job << " asked for " << req.n << " trainers\n";
+      } else {
+        std::cout << "desired size set to " << req.n << "; now " << StatusLine(rep.body) << "\n";
+      }
+      break;
+    case Command::kJobs:
+    case Command::kStatus:
+      if (as_json) {
+        std::cout << rep.body.dump(2) << "\n";
+      } else if (req.command == Command::kJobs) {
+        PrintJobs(rep.body);
+      } else {
+        PrintStatus(rep.body);
+      }
+      break;
+    case Command::kWatch:  // Watch() above
+      break;
+    case Command::kStop:
+      std::cout << "stopping job " << Field(rep.body, "job_id", std::string()) << " and its server\n";
+      return StopOutcome(sock.get(), Field(rep.body, "stop_timeout_s", int64_t{-1}));
   }
   return 0;
 }

@@ -7,6 +7,7 @@
 
 #include <glog/logging.h>
 
+#include "jobserver/events.h"
 
 namespace edl::jobserver {
 
@@ -60,8 +61,7 @@ void JobMembership::NodeAttached(const std::string& name, const std::vector<std:
     LOG(WARNING) << "job " << options_.job_id << ": node " << name << " runs " << stale.size()
                  << " trainer(s) that are in no generation of this job (a change the previous server had not "
                     "completed): killing them";
-    EmitEvent({{"type", "stale_trainers"}, {"node", name}, {"trainer_ids", stale},
-               {"generation", current_.generation}});
+    EmitEvent(events::StaleTrainers{name, stale, current_.generation});
     EmitKill(name, stale);
   }
   for (const MemberInfo& m : current_.members) {
@@ -85,7 +85,7 @@ void JobMembership::NodeDisconnected(const std::string& name) {
 void JobMembership::NodeLost(const std::string& name, const std::string& why) {
   auto node = nodes_.find(name);
   LOG(WARNING) << "job " << options_.job_id << ": lost node " << name << ": " << why;
-  EmitEvent({{"type", "node_lost"}, {"node", name}, {"why", why}});
+  EmitEvent(events::NodeLost{name, why});
   std::set<std::string> gone;
   for (const MemberInfo& m : current_.members) {
     if (m.node == name) gone.insert(m.trainer_id);
@@ -118,22 +118,21 @@ void JobMembership::TrainerExited(const std::string& trainer_id, bool success, c
 
 void JobMembership::OnExit(const std::string& trainer_id, bool success, const std::string& how) {
   if (pending_.active && pending_.joiner_ids.count(trainer_id) > 0) {
-    EmitEvent({{"type", "joiner_exit"}, {"trainer_id", trainer_id}, {"how", how}});
+    EmitEvent(events::JoinerExit{trainer_id, how});
     DropJoiner(trainer_id);
     if (!success) NoteFailure();
     Reconcile();
     return;
   }
   if (FindMember(trainer_id) == nullptr) return;  // a leaving trainer: expected
-  EmitEvent({{"type", "trainer_exit"}, {"trainer_id", trainer_id}, {"how", how},
-             {"success", success}});
+  EmitEvent(events::TrainerExit{trainer_id, how, success});
   if (!success && !finished_.empty()) {
     // Finishing: members train in lockstep, so one that exited 0 means training is complete. A
     // failure now (e.g. rank 0's final save) re-forms nothing: a generation would restart members
     // that already finished. It is recorded, and the job finishes once every member has exited.
     LOG(WARNING) << "job " << options_.job_id << ": trainer " << trainer_id << " failed (" << how
                  << ") after other members finished training; the job finishes without re-forming";
-    EmitEvent({{"type", "failed_while_finishing"}, {"trainer_id", trainer_id}, {"how", how}});
+    EmitEvent(events::FailedWhileFinishing{trainer_id, how});
   }
   if (success || !finished_.empty()) {
     finished_.insert(trainer_id);
@@ -161,7 +160,7 @@ void JobMembership::RefuseJoiner(const std::string& trainer_id, const std::strin
   const std::string id = trainer_id, node = it->second;
   LOG(WARNING) << "job " << options_.job_id << ": refusing joiner " << id << " on node " << node << ": " << why
                << "; no joiner goes to node " << node << " until its client re-attaches";
-  EmitEvent({{"type", "joiner_refused"}, {"trainer_id", id}, {"node", node}, {"why", why}});
+  EmitEvent(events::JoinerRefused{id, node, why});
   refused_nodes_[node] = why;
   EmitKill(node, {id});
   DropJoiner(id);
@@ -173,7 +172,7 @@ void JobMembership::SetDesired(int n, const std::string& reason) {
   desired_ = std::max(0, n);
   desired_reason_ = reason;
   need_grow_back_ = false;
-  EmitEvent({{"type", "desired"}, {"desired", desired_}, {"reason", reason}});
+  EmitEvent(events::Desired{desired_, reason});
   Reconcile();
 }
 
@@ -184,7 +183,7 @@ void JobMembership::AddDesired(int delta, const std::string& reason) {
 
 void JobMembership::KillTrainers(int k) {
   std::map<std::string, std::vector<std::string>> by_node;
-  json killed = json::array();
+  std::vector<std::string> killed;
   for (auto it = current_.members.rbegin(); it != current_.members.rend() && k > 0; ++it) {
     if (finished_.count(it->trainer_id)) continue;
     by_node[it->node].push_back(it->trainer_id);
@@ -192,7 +191,7 @@ void JobMembership::KillTrainers(int k) {
     --k;
   }
   for (auto& [node, ids] : by_node) EmitKill(node, std::move(ids));
-  EmitEvent({{"type", "kill"}, {"trainers", killed}});
+  EmitEvent(events::Kill{std::move(killed)});
 }
 
 void JobMembership::KillAllTrainers() {
@@ -213,8 +212,7 @@ bool JobMembership::Stop(const std::string& by, std::vector<MemberInfo>* leaving
   for (const MemberInfo& m : current_.members) {
     if (finished_.count(m.trainer_id) == 0) leaving->push_back(m);
   }
-  EmitEvent({{"type", "stop"}, {"by", by}, {"generation", current_.generation},
-             {"trainers", leaving->size()}});
+  EmitEvent(events::Stop{by, current_.generation, leaving->size()});
   Commit({}, kStopReason, false, 0);
   stopping_ = true;
   return true;
@@ -251,7 +249,7 @@ void JobMembership::SetAllocation(const std::vector<SlotGrant>& grants, const st
   if (desired) {
     desired_ = *desired;
     desired_reason_ = reason;
-    EmitEvent({{"type", "desired"}, {"desired", desired_}, {"reason", reason}});
+    EmitEvent(events::Desired{desired_, reason});
   }
   if (!gone.empty()) RemoveMembers(gone, reason, false);
   Reconcile();
@@ -302,8 +300,7 @@ void JobMembership::Reconcile() {
       if (finished_.count(m.trainer_id) == 0) return;  // finishing: no more changes
     }
     done_ = true;
-    EmitEvent({{"type", "finished"}, {"generation", current_.generation},
-               {"world_size", current_.world_size()}});
+    EmitEvent(events::Finished{current_.generation, current_.world_size()});
     Action a;
     a.kind = Action::Kind::kDone;
     Emit(std::move(a));
@@ -381,8 +378,7 @@ void JobMembership::Grow(int count) {
     a.prepare = std::move(p);
     Emit(std::move(a));
   }
-  EmitEvent({{"type", "prepare"}, {"generation", pending_.generation}, {"reason", reason},
-             {"joiners", joiners.size()}});
+  EmitEvent(events::Prepare{pending_.generation, reason, joiners.size()});
   MaybeCommitPending(false);
 }
 
@@ -411,7 +407,7 @@ void JobMembership::AbortPending(const std::string& why) {
     if (nodes_.count(node) && nodes_.at(node).restart_mode) continue;  // never started
     EmitKill(node, std::move(ids));
   }
-  EmitEvent({{"type", "prepare_aborted"}, {"generation", pending_.generation}, {"why", why}});
+  EmitEvent(events::PrepareAborted{pending_.generation, why});
   pending_ = Pending();
 }
 
@@ -474,10 +470,8 @@ void JobMembership::Commit(std::vector<MemberInfo> members, const std::string& r
   }
   if (!next.members.empty()) next.master_addr = next.members[0].host;
   next.master_port = options_.master_port_base + static_cast<int>(next.generation % 1000);
-  EmitEvent({{"type", "generation"}, {"generation", next.generation}, {"reason", reason},
-             {"failure", failure}, {"world_size_before", current_.world_size()},
-             {"world_size_after", next.world_size()},
-             {"stall_s", MicrosToSeconds(stall_us)}});
+  EmitEvent(events::Generation{next.generation, reason, failure, current_.world_size(), next.world_size(),
+                                MicrosToSeconds(stall_us)});
   LOG(INFO) << "job " << options_.job_id << ": generation " << next.generation << " (" << reason
             << (failure ? ", failure" : "") << "): world size " << current_.world_size() << " -> "
             << next.world_size();
@@ -568,13 +562,6 @@ std::string JobMembership::NewTrainerId(const std::string& node, int slot) {
   return id;
 }
 
-void JobMembership::EmitEvent(json e) {
-  Action a;
-  a.kind = Action::Kind::kEvent;
-  a.event = std::move(e);
-  Emit(std::move(a));
-}
-
 // ---- state
 
 int JobMembership::total_slots() const {
@@ -618,7 +605,7 @@ json JobMembership::Summary() const {
   for (const auto& [name, n] : nodes_) {
     auto u = used_on.find(name);
     const int used = u == used_on.end() ? 0 : u->second;
-    nodes.push_back({{"name", name}, {"host", n.host}, {"mode", n.restart_mode ? "restart" : "inplace"},
+    nodes.push_back({{"name", name}, {"host", n.host}, {"mode", proto::NameOf(proto::NodeModeOf(n.restart_mode))},
                      {"slots", n.slots.size()}, {"used", used}, {"connected", n.connected}});
   }
   json members = json::array();
@@ -690,9 +677,8 @@ void JobMembership::Restore(const JobState& s, const std::vector<SlotGrant>& gra
   }
   first_node_us_ = now;
   recovering_ = !done_ && !current_.members.empty();
-  EmitEvent({{"type", "restored"}, {"generation", current_.generation},
-             {"world_size", current_.world_size()}, {"max_generation", s.max_generation},
-             {"nodes", nodes_.size()}, {"done", done_}});
+  EmitEvent(events::JobRestored{current_.generation, current_.world_size(), s.max_generation, nodes_.size(),
+                                 done_});
   LOG(INFO) << "job " << options_.job_id << ": resumed generation " << current_.generation << " (world size "
             << current_.world_size() << ", " << nodes_.size() << " known nodes); new generations start above "
             << max_generation() << (recovering_ ? "; waiting for the members' nodes to re-attach" : "");
@@ -706,8 +692,7 @@ void JobMembership::UpdateRecovery() {
     if (it != nodes_.end() && !it->second.connected) return;  // still waiting for it
   }
   recovering_ = false;
-  EmitEvent({{"type", "recovered"}, {"generation", current_.generation},
-             {"world_size", current_.world_size()}});
+  EmitEvent(events::Recovered{current_.generation, current_.world_size()});
   LOG(INFO) << "job " << options_.job_id << ": every member's node re-attached or was lost; generation "
             << current_.generation << " (world size " << current_.world_size() << ") goes on";
 }

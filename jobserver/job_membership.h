@@ -27,6 +27,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -73,7 +74,18 @@ struct Action {
   proto::Prepare prepare;           // kPrepare
   proto::GenerationInfo prev, next; // kCommit: the generation before and the new one
   std::vector<std::string> trainer_ids;  // kKill
-  nlohmann::json event;             // kEvent: one events-log record (without time/job)
+  // kEvent: one events-log record (without time/job), built from its struct (events.h) by Record.
+  nlohmann::json event;
+
+  // The kEvent action of record `e` (an events.h struct).
+  template <typename E>
+  static Action Record(const E& e) {
+    static_assert(std::is_enum_v<decltype(E::kType)>, "an events-log record is built from its events.h struct");
+    Action a;
+    a.kind = Kind::kEvent;
+    a.event = e.ToJson();
+    return a;
+  }
 };
 
 class JobMembership {
@@ -213,7 +225,10 @@ class JobMembership {
   std::set<std::pair<std::string, int>> TakenSlots() const;
   std::string NewTrainerId(const std::string& node, int slot);
   void Emit(Action a) { actions_.push_back(std::move(a)); }
-  void EmitEvent(nlohmann::json e);
+  template <typename E>
+  void EmitEvent(const E& e) {  // an events.h record
+    Emit(Action::Record(e));
+  }
   int64_t NextGeneration() const { return std::max(current_.generation, generation_floor_) + 1; }
   uint64_t& TrainerSeq() { return options_.shared_trainer_seq ? *options_.shared_trainer_seq : next_trainer_seq_; }
   uint64_t TrainerSeq() const {

@@ -133,7 +133,7 @@ Status DecodeGeneration(const std::string& key, const std::string& value, JobSta
 
 std::string EncodeNode(const NodeState& n) {
   json j = {{"v", kStateFormatVersion}, {"name", n.name},   {"host", n.host},
-            {"mode", n.restart_mode ? "restart" : "inplace"}, {"slots", n.slots},
+            {"mode", proto::NameOf(proto::NodeModeOf(n.restart_mode))}, {"slots", n.slots},
             {"order", n.order},          {"session", n.session}};
   return j.dump();
 }
@@ -151,7 +151,8 @@ Status DecodeNode(const std::string& key, const std::string& value, NodeState* n
       .Str("session", &t.session, proto::kSessionTokenBytes);
   if (r.ok() && (!proto::IsValidName(t.name) || key != NodeKey(t.name))) r.Fail("name", "does not match its key");
   if (r.ok() && !proto::IsValidHost(t.host)) r.Fail("host", "is not a host name or address");
-  if (r.ok() && mode != "inplace" && mode != "restart") r.Fail("mode", "is not 'inplace' or 'restart'");
+  proto::NodeMode parsed = proto::NodeMode::kInplace;
+  if (r.ok() && !proto::kNodeModeNames.Parse(mode, &parsed)) r.Fail("mode", "is not " + proto::kNodeModeNames.List("'"));
   const auto sl = j.find("slots");
   if (r.ok() && (sl == j.end() || !sl->is_array() || sl->empty() || sl->size() > proto::kMaxSlotsPerNode)) {
     r.Fail("slots", "is not a non-empty list of slots");
@@ -165,7 +166,7 @@ Status DecodeNode(const std::string& key, const std::string& value, NodeState* n
     }
     t.slots.push_back(x.get<int>());
   }
-  t.restart_mode = mode == "restart";
+  t.restart_mode = parsed == proto::NodeMode::kRestart;
   *n = std::move(t);
   return Status::OK();
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "jobserver/events.h"
+
 namespace edl::jobserver {
 
 using nlohmann::json;
@@ -221,11 +223,14 @@ void ServerMetrics::Keep(Job* job, json entry) {
 
 void ServerMetrics::OnRecord(const json& record) {
   ++seq_;
+  using T = events::Type;
   const std::string type = Str(record, "type");
+  T t{};
+  if (!events::TypeOf(record, &t)) return;  // not a record of ours
   const std::string job = Str(record, "job");
   const double time = Num(record, "time");
-  if (type == "node_disconnected" || type == "node_lost") nodes_.erase(Str(record, "node"));
-  if (type == "generation") {
+  if (t == T::kNodeDisconnected || t == T::kNodeLost) nodes_.erase(Str(record, "node"));
+  if (t == T::kGeneration) {
     Job* j = JobFor(job);
     std::string reason = ReasonLabel(Str(record, "reason"));
     if (!j->generations.count(reason) && j->generations.size() >= kMaxReasonsPerJob)
@@ -238,7 +243,7 @@ void ServerMetrics::OnRecord(const json& record) {
              {"failure", Bool(record, "failure")},
              {"world_size_before", Num(record, "world_size_before")},
              {"world_size_after", Num(record, "world_size_after")}});
-  } else if (type == "progress") {
+  } else if (t == T::kProgress) {
     Keep(JobFor(job), {{"type", type},
                        {"time", time},
                        {"generation", Num(record, "generation")},
@@ -247,16 +252,16 @@ void ServerMetrics::OnRecord(const json& record) {
                        {"loss", Num(record, "loss")},
                        {"step", Num(record, "step")},
                        {"epoch", Num(record, "epoch")}});
-  } else if ((type == "trainer_exit" && !Bool(record, "success")) || type == "joiner_exit") {
+  } else if ((t == T::kTrainerExit && !Bool(record, "success")) || t == T::kJoinerExit) {
     Job* j = JobFor(job);
     ++j->trainer_failures;
     Keep(j, {{"type", type},
              {"time", time},
              {"trainer_id", Str(record, "trainer_id")},
              {"how", Str(record, "how")}});
-  } else if (type == "node_lost") {
+  } else if (t == T::kNodeLost) {
     Keep(JobFor(job), {{"type", type}, {"time", time}, {"node", Str(record, "node")}});
-  } else if (type == "trainer_event") {
+  } else if (t == T::kTrainerEvent) {
     OnTrainerEvent(record);
   }
 }

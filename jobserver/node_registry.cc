@@ -63,7 +63,7 @@ Status NodeRegistry::Register(const ClusterNode& node, bool require_types, std::
     ClusterNode& was = it->second.info;
     if (was.slots != node.slots || was.restart_mode != node.restart_mode) {
       LOG(WARNING) << "node " << node.name << " re-attached offering " << node.slots.size() << " slots ("
-                   << (node.restart_mode ? "restart" : "inplace") << " mode); it keeps the " << was.slots.size()
+                   << proto::NameOf(proto::NodeModeOf(node.restart_mode)) << " mode); it keeps the " << was.slots.size()
                    << " it joined with until it is lost (stop its client past the heartbeat timeout to change them)";
     }
     was.host = node.host;

@@ -7,10 +7,13 @@
 #include <glog/logging.h>
 
 #include "edl/ckpt/checkpoint_store.h"
+#include "edl/base/enum_names.h"
 #include "edl/net/auth.h"
 #include "edl/proto/frame.h"
+#include "edl/proto/frames.h"
 #include "edl/proto/messages.h"
 #include "jobserver/etcd_state.h"
+#include "jobserver/events.h"
 #include "jobserver/server_peer.h"
 
 namespace edl::jobserver {
@@ -103,7 +106,7 @@ Status Server::Start() {
       return PosixError("--port_file " + options_.port_file, errno);
     }
   }
-  Record("", {{"type", "server_started"}, {"port", port_}});
+  Record("", events::ServerStarted{port_});
   Accept();
   Tick();
   return Status::OK();
@@ -162,13 +165,16 @@ Status Server::OpenState() {
   if (!found) {
     LOG(INFO) << "no state for " << what << " in " << state_->dir() << (created ? " (a new state directory)" : "")
               << ": " << (own.empty() ? "starting with no jobs" : "starting a new job");
-    Record("", {{"type", own.empty() ? "new_cluster" : "new_job"}, {"state_dir", options_.state_dir},
-                {"state_store", options_.state_store}});
+    if (own.empty()) {
+      Record("", events::NewCluster{options_.state_dir, options_.state_store});
+    } else {
+      Record("", events::NewJob{options_.state_dir, options_.state_store});
+    }
   } else {
     LOG(INFO) << "resuming " << what << " from " << state_->dir() << ": " << st.jobs.size() << " live job(s), "
               << st.nodes.size() << " node(s), " << st.ended.size() << " ended job(s)"
               << (migrated ? "; the state was in the old one-job layout: read once, rewritten in the current one" : "");
-    if (migrated) Record("", {{"type", "state_migrated"}, {"state", state_->dir()}});
+    if (migrated) Record("", events::StateMigrated{state_->dir()});
     EDL_RETURN_IF_ERROR(cluster_.Restore(st));
     if (auto j = st.jobs.find(own); j != st.jobs.end()) {  // the one job's scaling sources and their clock
       const JobState& js = j->second.sched;
@@ -222,7 +228,7 @@ void Server::Shutdown(bool stop_clients) {
   auto peers = peers_;
   for (auto& [raw, peer] : peers) {
     if (stop_clients && peer->state == Peer::State::kClient) {
-      peer->conn->SendAndClose(json{{"type", proto::msg::kStop}}, Status::Aborted("server stopping"));
+      peer->conn->SendAndClose(proto::Stop().Encoded(), Status::Aborted("server stopping"));
     } else {
       peer->conn->Close(Status::Aborted("server shutting down"));
     }
@@ -302,7 +308,7 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
       nodes_.erase(it);
       placer_.NodeDown(peer->node);
       cluster_.NodeDisconnected(peer->node);
-      Record("", {{"type", "node_disconnected"}, {"node", peer->node}, {"why", why.ToString()}});
+      Record("", events::NodeDisconnected{peer->node, why.ToString()});
       // Stopping: a node that went away takes its trainers with it.
       for (auto w = stop_waiting_.begin(); w != stop_waiting_.end();) {
         w = w->second == peer->node ? stop_waiting_.erase(w) : std::next(w);
@@ -358,7 +364,7 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
       OnHello(peer, msg);
       break;
     case Peer::State::kClient:
-      OnClientMessage(peer, type, msg);
+      OnClientMessage(peer, msg);
       break;
     case Peer::State::kService:
       if (Status s = services_.OnMessage(peer->id, type, msg); !s.ok()) return Reject(peer, s);
@@ -399,12 +405,12 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     peer->conn->StartSession(hs.TakeSession(), proto::kMaxFrameBytes);
     peer->handshake.reset();
   };
-  if (hello.role == "teacher" || hello.role == "student") {  // service_registry.h
+  if (hello.role == proto::Role::kTeacher || hello.role == proto::Role::kStudent) {  // service_registry.h
     uint64_t replaced = 0;
     if (s = services_.Attach(peer->id, hello, &replaced); !s.ok()) return refuse(s);
     peer->state = Peer::State::kService;
     peer->conn->SetIdleTimeout(milliseconds(
-        hello.role == "teacher" ? heartbeat_timeout_ms() : 0));
+        hello.role == proto::Role::kTeacher ? heartbeat_timeout_ms() : 0));
     welcome();
     services_.Welcomed(peer->id);
     std::shared_ptr<Peer> old;  // a re-registered teacher's previous connection
@@ -414,7 +420,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     if (old) old->conn->Close(Status::Aborted("replaced by a new registration of the teacher"));
     return;
   }
-  if (hello.role == "ctl") {
+  if (hello.role == proto::Role::kCtl) {
     peer->state = Peer::State::kCtl;
     peer->conn->SetIdleTimeout(milliseconds(0));
     welcome();
@@ -426,7 +432,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   w.dropped = !hello.node_token.empty() && cluster_.registry().SessionOf(hello.node).empty();
   if (s.ok()) s = AttachNode(peer, hello, &w.node_token);
   if (s.ok() && w.dropped) {
-    Record("", {{"type", "node_dropped_rejoins"}, {"node", hello.node}, {"stale_trainers", hello.trainers.size()}});
+    Record("", events::NodeDroppedRejoins{hello.node, hello.trainers.size()});
   }
   if (!s.ok()) {
     refuse(s);
@@ -435,7 +441,7 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   welcome();
   placer_.NodeUp(hello.node, hello.services, hello.teacher_slots, hello.teachers, clock_->NowMicros());
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
-            << hello.slots.size() << " slots, " << hello.mode << " mode, host " << hello.host << ")";
+            << hello.slots.size() << " slots, " << proto::NameOf(hello.mode) << " mode, host " << hello.host << ")";
   SendJobsTo(peer);
 }
 
@@ -455,7 +461,7 @@ Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello&
   ClusterNode n;
   n.name = hello.node;
   n.host = hello.host;
-  n.restart_mode = hello.mode == "restart";
+  n.restart_mode = hello.mode == proto::NodeMode::kRestart;
   n.slots = hello.slots;
   for (const proto::JobTypeDecl& t : hello.job_types) {
     n.types.push_back({t.name, std::set<std::string>(t.settable.begin(), t.settable.end())});
@@ -476,7 +482,7 @@ void Server::SendJobsTo(const std::shared_ptr<Peer>& peer) {
     // A finished job sends `done` only: its last generation lists members that exited, which a
     // client would start again (a restarted client, or any client of a restarted server).
     if (m->done()) {
-      if (job == cluster_.own_job()) peer->conn->Send(json{{"type", proto::msg::kDone}});
+      if (job == cluster_.own_job()) peer->conn->Send(proto::Done().Encoded());
       continue;
     }
     // The newest generation, in full, unless a commit queued by AddNode is about to carry it.
@@ -503,7 +509,7 @@ void Server::TellJob(const std::shared_ptr<Peer>& peer, const std::string& job) 
   peer->job_generation[job] = 0;
 }
 
-bool Server::Authorized(const std::shared_ptr<Peer>& peer, const std::string& what, const std::string& trainer_id,
+bool Server::Authorized(const std::shared_ptr<Peer>& peer, const char* what, const std::string& trainer_id,
                         std::string* job) {
   if (cluster_.Authorized(trainer_id, peer->node, job)) return true;
   metrics_.FrameRefused(FrameRefusal::kNotPlaced);
@@ -521,7 +527,7 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
   // Nodes write trainer events only: no other record type, a bounded payload, a bounded rate.
   std::string why;
   const auto t = e.event.find("type");
-  if (t != e.event.end() && *t != "trainer_event") {
+  if (t != e.event.end() && *t != events::NameOf(events::Type::kTrainerEvent)) {
     why = "sets record type " + t->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 64) +
           "; nodes write only 'trainer_event'";
   } else if (const size_t n = e.event.dump(-1, ' ', false, json::error_handler_t::replace).size();
@@ -550,86 +556,61 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
     }
     return;
   }
-  json rec = e.event;
-  rec["type"] = "trainer_event";
-  rec["trainer_id"] = e.trainer_id;
-  rec["node"] = peer->node;
-  rec.erase("time");  // the log's own fields (EventsLog::Append)
-  rec.erase("job");
+  json rec = events::TrainerEvent{e.event, e.trainer_id, peer->node}.ToJson();
   cluster_.TrainerEvent(job, e.trainer_id, peer->node, rec);  // what ctl status shows of it
-  Record(job, std::move(rec));
+  AppendRecord(job, std::move(rec));
 }
 
-void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
-                             const json& msg) {
+void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
   cluster_.Heartbeat(peer->node);  // any frame proves the node alive
   metrics_.NodeHeard(peer->node);
-  if (type == proto::msg::kTeacherExit) return OnTeacherExit(peer, msg);
-  if (type == proto::msg::kServiceWatch) {  // for the node's distilling trainers
-    proto::ServiceWatch w;
-    if (Status s = w.DecodeFrom(msg); !s.ok()) return Reject(peer, s);
-    if (Status s = services_.Watch(peer->id, w.service); !s.ok() && LogThis(++peer->refused)) {
-      LOG(WARNING) << "service_watch from node " << peer->node << " refused: " << s.ToString();
-    }
-    return;
-  }
-  if (type == proto::msg::kHeartbeat) {
-    peer->conn->Send(json{{"type", proto::msg::kHeartbeat}});  // proves the server alive
-    return;
-  }
-  if (type == proto::msg::kKv) return OnKv(peer, msg);
-  if (type == proto::msg::kNodeStats) {
-    proto::NodeStats st;
-    if (Status s = st.DecodeFrom(msg); !s.ok()) return Reject(peer, s);
-    metrics_.NodeStatsReported(peer->node, st);
-    return cluster_.SetNodeStats(peer->node, st);
-  }
-  // A report about one trainer: decoded, authorised (its job placed it on this node), acted on.
-  proto::TrainerExit exit;
-  proto::Ready ready;
-  proto::Progress progress;
-  proto::Event event;
-  Status s;
-  const std::string* trainer_id = nullptr;
-  if (type == proto::msg::kTrainerExit) {
-    s = exit.DecodeFrom(msg);
-    trainer_id = &exit.trainer_id;
-  } else if (type == proto::msg::kReady) {
-    s = ready.DecodeFrom(msg);
-    trainer_id = &ready.trainer_id;
-  } else if (type == proto::msg::kProgress) {
-    s = progress.DecodeFrom(msg);
-    trainer_id = &progress.trainer_id;
-  } else if (type == proto::msg::kEvent) {
-    s = event.DecodeFrom(msg);
-    trainer_id = &event.trainer_id;
-  } else {
-    s = Status::InvalidArgument("unexpected message '" + type + "' from a client");
-  }
-  if (!s.ok()) return Reject(peer, s);
+  proto::ClientFrame frame;
+  if (Status s = proto::DecodeClientFrame(msg, &frame); !s.ok()) return Reject(peer, s);
+  // A report about one trainer is acted on only when authorised: its job placed it on this node.
   std::string job;  // the trainer's job
-  if (!Authorized(peer, type, *trainer_id, &job)) return;
-  if (type == proto::msg::kTrainerExit) {
-    const std::string how =
-        exit.exited ? "exit " + std::to_string(exit.code) : "signal " + std::to_string(exit.signal);
-    cluster_.TrainerExited(exit.trainer_id, peer->node, exit.success(), how, exit.error);
-    status_dirty_ = true;
-    if (stop_waiting_.erase(exit.trainer_id) > 0) MaybeEndStop();
-  } else if (type == proto::msg::kReady) {
-    cluster_.TrainerReady(ready.trainer_id, peer->node, ready.generation);
-  } else if (type == proto::msg::kProgress) {
-    cluster_.Progress(job, progress.trainer_id, progress.report);  // kept for live trainers only
-    if (script_ && job == options_.id) script_->ObserveStep(progress.report.step);  // `step N` lines (scaling.h)
-    status_dirty_ = true;
-  } else {
-    OnEvent(peer, event, job);
-  }
+  std::visit(
+      Overloaded{
+          [&](const proto::Heartbeat&) {
+            peer->conn->Send(proto::Heartbeat().Encoded());  // proves the server alive
+          },
+          [&](const proto::TeacherOrder& exit) { OnTeacherExit(peer, exit); },
+          [&](const proto::ServiceWatch& w) {  // for the node's distilling trainers
+            if (Status s = services_.Watch(peer->id, w.service); !s.ok() && LogThis(++peer->refused)) {
+              LOG(WARNING) << "service_watch from node " << peer->node << " refused: " << s.ToString();
+            }
+          },
+          [&](const proto::KvRequest& r) { OnKv(peer, r); },
+          [&](const proto::NodeStats& st) {
+            metrics_.NodeStatsReported(peer->node, st);
+            cluster_.SetNodeStats(peer->node, st);
+          },
+          [&](const proto::TrainerExit& exit) {
+            if (!Authorized(peer, proto::msg::kTrainerExit, exit.trainer_id, &job)) return;
+            const std::string how =
+                exit.exited ? "exit " + std::to_string(exit.code) : "signal " + std::to_string(exit.signal);
+            cluster_.TrainerExited(exit.trainer_id, peer->node, exit.success(), how, exit.error);
+            status_dirty_ = true;
+            if (stop_waiting_.erase(exit.trainer_id) > 0) MaybeEndStop();
+          },
+          [&](const proto::Ready& ready) {
+            if (!Authorized(peer, proto::msg::kReady, ready.trainer_id, &job)) return;
+            cluster_.TrainerReady(ready.trainer_id, peer->node, ready.generation);
+          },
+          [&](const proto::Progress& progress) {
+            if (!Authorized(peer, proto::msg::kProgress, progress.trainer_id, &job)) return;
+            cluster_.Progress(job, progress.trainer_id, progress.report);  // kept for live trainers only
+            if (script_ && job == options_.id) script_->ObserveStep(progress.report.step);  // `step N` lines (scaling.h)
+            status_dirty_ = true;
+          },
+          [&](const proto::Event& event) {
+            if (!Authorized(peer, proto::msg::kEvent, event.trainer_id, &job)) return;
+            OnEvent(peer, event, job);
+          },
+      },
+      frame);
 }
 
-void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
-  proto::KvRequest r;
-  Status s = r.DecodeFrom(msg);
-  if (!s.ok()) return Reject(peer, s);
+void Server::OnKv(const std::shared_ptr<Peer>& peer, const proto::KvRequest& r) {
   std::weak_ptr<net::Connection> weak = peer->conn;
   const uint64_t req_id = r.req_id;
   auto reply = [weak, req_id](const Status& st, const std::string& value) {
@@ -648,27 +629,32 @@ void Server::OnKv(const std::shared_ptr<Peer>& peer, const json& msg) {
   const std::string scope = r.job.empty() ? options_.id : r.job;
   if (!cluster_.Hosts(peer->node, scope)) {
     if (LogThis(++peer->refused)) {
-      LOG(WARNING) << "kv " << r.op << " from node " << peer->node << " refused: job '" << r.job
+      LOG(WARNING) << "kv " << proto::NameOf(r.op) << " from node " << peer->node << " refused: job '" << r.job
                    << "' has no slot on that node";
     }
     return reply(Status::FailedPrecondition("kv: job '" + r.job + "' has no slot on node " + peer->node), "");
   }
   const std::string key = scope + "/" + r.key;
   Status st;
-  if (r.op == "set") {
-    st = kv_.Set(key, r.value);
-    reply(st, "");
-  } else if (r.op == "get") {
-    std::string v;
-    st = kv_.Get(key, &v);
-    reply(st.ok() ? st : Status::NotFound("kv key '" + r.key + "' is not set"), v);
-    st = Status::OK();
-  } else {
-    st = kv_.Wait(key, clock_->NowMicros() + r.timeout_ms * 1000, peer->id, reply);
-    if (!st.ok()) reply(st, "");
+  switch (r.op) {
+    case proto::KvOp::kSet:
+      st = kv_.Set(key, r.value);
+      reply(st, "");
+      break;
+    case proto::KvOp::kGet: {
+      std::string v;
+      st = kv_.Get(key, &v);
+      reply(st.ok() ? st : Status::NotFound("kv key '" + r.key + "' is not set"), v);
+      st = Status::OK();
+      break;
+    }
+    case proto::KvOp::kWait:
+      st = kv_.Wait(key, clock_->NowMicros() + r.timeout_ms * 1000, peer->id, reply);
+      if (!st.ok()) reply(st, "");
+      break;
   }
   if (!st.ok() && LogThis(++peer->refused)) {
-    LOG(WARNING) << "kv " << r.op << " from node " << peer->node << " refused: " << st.ToString();
+    LOG(WARNING) << "kv " << proto::NameOf(r.op) << " from node " << peer->node << " refused: " << st.ToString();
   }
 }
 
@@ -770,19 +756,17 @@ void Server::Dispatch() {
       case Action::Kind::kDone:
         LOG(INFO) << "job " << ja.job << " finished: every member exited 0";
         if (ja.job != cluster_.own_job()) break;  // a submitted job ends by job_finished (below)
-        for (auto& [name, peer] : nodes_) peer->conn->Send(json{{"type", proto::msg::kDone}});
+        for (auto& [name, peer] : nodes_) peer->conn->Send(proto::Done().Encoded());
         if (options_.exit_when_done) Shutdown(/*stop_clients=*/false);
         break;
       case Action::Kind::kEvent:
-        if (ja.job.empty()) {
-          const std::string type = a.event.value("type", "");
-          if (type == "job_finished" || type == "job_cancelled") {
-            const std::string name = a.event.value("job_name", "");
-            job_events_.erase(name);
-            for (auto& [n, peer] : nodes_) peer->job_generation.erase(name);
-          }
+        if (events::Type type; ja.job.empty() && events::TypeOf(a.event, &type) &&
+                                 (type == events::Type::kJobFinished || type == events::Type::kJobCancelled)) {
+          const std::string name = a.event.value("job_name", "");
+          job_events_.erase(name);
+          for (auto& [n, peer] : nodes_) peer->job_generation.erase(name);
         }
-        Record(ja.job, std::move(a.event));
+        AppendRecord(ja.job, std::move(a.event));
         break;
     }
   }
@@ -855,20 +839,16 @@ EventsLog* Server::LogOf(const std::string& job) {
   return it->second.get();
 }
 
-void Server::Record(const std::string& job, json event) {
+void Server::AppendRecord(const std::string& job, json event) {
   if (EventsLog* log = LogOf(job)) NotifyWatchers(json{{"event", log->Append(std::move(event))}});
 }
 
 void Server::RecordProgress() {
   for (const std::string& job : cluster_.JobNames()) {
-    json rec = cluster_.ProgressSummary(job);
-    if (rec.value("reporting", 0) == 0) continue;
-    const JobMembership* m = cluster_.FindJob(job);
-    rec["type"] = "progress";
-    rec["generation"] = m->current().generation;
-    rec["world_size"] = m->current().world_size();
+    const events::Progress rec = cluster_.ProgressOf(job);
+    if (rec.reporting == 0) continue;
     // Not sent to watchers as an event: they already got the status this record is made from.
-    if (EventsLog* log = LogOf(job)) log->Append(std::move(rec));
+    if (EventsLog* log = LogOf(job)) log->Append(rec.ToJson());
   }
 }
 

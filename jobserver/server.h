@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include <boost/asio.hpp>
 #include <nlohmann/json.hpp>
@@ -28,6 +29,8 @@
 #include "edl/base/thread_checker.h"
 #include "edl/net/admission.h"
 #include "edl/net/connection.h"
+#include "edl/proto/messages.h"
+#include "edl/proto/service_messages.h"
 #include "jobserver/cluster.h"
 #include "jobserver/events_log.h"
 #include "jobserver/http_endpoint.h"
@@ -112,18 +115,19 @@ class Server {
   Status AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello, std::string* session);
   // Whether `peer`'s node may report about `trainer_id` (Cluster::Authorized); *job gets the
   // trainer's job. A refusal is logged (rate-limited per connection) and the frame has no effect.
-  bool Authorized(const std::shared_ptr<Peer>& peer, const std::string& what, const std::string& trainer_id,
+  bool Authorized(const std::shared_ptr<Peer>& peer, const char* what, const std::string& trainer_id,
                   std::string* job);
   // Records a trainer's event in the events log of `job` (empty: the server's own log).
   void OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, const std::string& job);
   // True (and the peer is closed with a logged reason) when a ctl/watch peer does not read.
   bool DropIfNotReading(const std::shared_ptr<Peer>& peer);
-  void OnClientMessage(const std::shared_ptr<Peer>& peer, const std::string& type,
-                       const nlohmann::json& msg);
+  // A frame of an authenticated client (proto::ClientFrame), decoded and acted on; a frame that
+  // does not decode closes the connection (Reject).
+  void OnClientMessage(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   void OnCtl(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   // A ctl command about jobs (submit, jobs, cancel, scale): the reply's status.
   Status OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r);
-  void OnKv(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  void OnKv(const std::shared_ptr<Peer>& peer, const proto::KvRequest& r);
   void Reject(const std::shared_ptr<Peer>& peer, const Status& why);
   // Logs about peers that have not authenticated, rate-limited (anybody can cause them).
   void LogUnauthenticated(const std::string& line);
@@ -158,8 +162,14 @@ class Server {
   // The events log of `job` (the server's own log for its own id or an empty job); null when it
   // cannot be opened (logged).
   EventsLog* LogOf(const std::string& job);
-  // Appends `event` to LogOf(job) and streams it to watchers.
-  void Record(const std::string& job, nlohmann::json event);
+  // Appends record `e` (an events.h struct) to LogOf(job) and streams it to watchers.
+  template <typename E>
+  void Record(const std::string& job, const E& e) {
+    static_assert(std::is_enum_v<decltype(E::kType)>, "an events-log record is built from its events.h struct");
+    AppendRecord(job, e.ToJson());
+  }
+  // The same for a record already built (a Cluster action's, a trainer event's).
+  void AppendRecord(const std::string& job, nlohmann::json record);
   bool HasWatchers() const;  // O(peers); cheap next to the status body it saves building
   void NotifyWatchers(const nlohmann::json& body);
   // At most once a second while trainers report: a "progress" record per running job (rank 0's
@@ -169,7 +179,7 @@ class Server {
   // Sends the placer's teacher starts and stops to the nodes (service_placement.h).
   void PlaceTeachers();
   // A client's teacher_exit: the placer replaces the teacher.
-  void OnTeacherExit(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
+  void OnTeacherExit(const std::shared_ptr<Peer>& peer, const proto::TeacherOrder& exit);
   // services_.Summary() with each service's desired count and placed teachers.
   nlohmann::json ServicesSummary() const;
   int64_t heartbeat_timeout_ms() const { return options_.cluster.heartbeat_timeout_us / 1000; }

@@ -4,6 +4,7 @@
 
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
+#include "jobserver/events.h"
 #include "jobserver/server.h"
 #include "jobserver/server_peer.h"
 
@@ -15,39 +16,52 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
   proto::CtlRequest r;
   Status s = r.DecodeFrom(msg);
   if (!s.ok()) return Reject(peer, s);
+  using Command = proto::CtlCommand;
   proto::CtlReply rep;
   bool stopping = stop_deadline_us_ >= 0;
-  if (r.command == "submit" || r.command == "jobs" || r.command == "cancel" || r.command == "scale") {
-    rep.status = OnJobCtl(peer, r);
-  } else if (r.command == "watch") {
-    peer->watch = true;
-  } else if (r.command == "stop" && stop_deadline_us_ < 0) {
-    LOG(INFO) << "ctl " << peer->conn->peer() << ": stop";
-    Record("", {{"type", "stopped"}, {"by", "ctl"}});
-    stopping = BeginStop("ctl");
+  const bool stop = r.command == Command::kStop;
+  switch (r.command) {
+    case Command::kSubmit:
+    case Command::kJobs:
+    case Command::kCancel:
+    case Command::kScale:
+      rep.status = OnJobCtl(peer, r);
+      break;
+    case Command::kWatch:
+      peer->watch = true;
+      break;
+    case Command::kStop:
+      if (stop_deadline_us_ >= 0) break;
+      LOG(INFO) << "ctl " << peer->conn->peer() << ": stop";
+      Record("", events::Stopped{"ctl"});
+      stopping = BeginStop("ctl");
+      break;
+    case Command::kStatus:
+      break;
   }
   // A stop's caller also hears how it ended (MaybeEndStop): whether the final checkpoint was saved.
-  if (r.command == "stop" && stopping) stop_callers_.push_back(peer);
+  if (stop && stopping) stop_callers_.push_back(peer);
   Dispatch();
   if (!DropIfNotReading(peer)) {
     rep.body = StatusBody();
-    if (r.command == "stop" && stopping) rep.body["stop_timeout_s"] = options_.stop_timeout_ms / 1000;
+    if (stop && stopping) rep.body["stop_timeout_s"] = options_.stop_timeout_ms / 1000;
     json j;
     rep.EncodeTo(&j);
     peer->conn->Send(j);
   }
-  if (r.command == "stop" && !stopping) Shutdown(/*stop_clients=*/true);
+  if (stop && !stopping) Shutdown(/*stop_clients=*/true);
 }
 
 Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r) {
-  if (r.command == "jobs") return Status::OK();  // the reply's body lists them
+  using Command = proto::CtlCommand;
+  if (r.command == Command::kJobs) return Status::OK();  // the reply's body lists them
   // `scale NAME N` names a service when a client offers NAME or it has a desired count, and no
   // job is called NAME.
-  if (r.command == "scale" && !r.job.empty() && placer_.Knows(r.job) && cluster_.FindJob(r.job) == nullptr) {
+  if (r.command == Command::kScale && !r.job.empty() && placer_.Knows(r.job) && cluster_.FindJob(r.job) == nullptr) {
     LOG(INFO) << "ctl " << peer->conn->peer() << ": scale service " << r.job << " to " << r.n;
     return placer_.SetDesired(r.job, static_cast<int>(r.n));
   }
-  if (r.command == "submit") {
+  if (r.command == Command::kSubmit) {
     JobSpec spec;
     EDL_RETURN_IF_ERROR(DecodeJobSpec(r.spec, &spec));
     if (spec.job.name == options_.id) {
@@ -58,10 +72,10 @@ Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlReque
     LOG(INFO) << "ctl " << peer->conn->peer() << ": submitted job " << spec.job.name << " (type "
               << spec.job.type << ", " << spec.job.min_trainers << ".." << spec.job.max_trainers
               << " trainers, priority " << spec.job.priority << ")";
-    Record(spec.job.name, {{"type", "submitted"}, {"spec", EncodeJobSpec(spec)}});
+    Record(spec.job.name, events::Submitted{spec});
     return Status::OK();
   }
-  if (r.command == "cancel") {
+  if (r.command == Command::kCancel) {
     if (r.job.empty()) return Status::InvalidArgument("'cancel' names a job: `edl ctl cancel NAME`");
     LOG(INFO) << "ctl " << peer->conn->peer() << ": cancel " << r.job;
     return cluster_.Cancel(r.job);
@@ -101,11 +115,8 @@ void Server::MaybeEndStop() {
   const JobMembership* own = cluster_.FindJob(cluster_.own_job());
   std::string error;
   const Cluster::FinalCheckpoint final = cluster_.FinalCheckpointOf(cluster_.own_job(), &error);
-  const char* final_name = final == Cluster::FinalCheckpoint::kSaved    ? "saved"
-                           : final == Cluster::FinalCheckpoint::kFailed ? "failed"
-                                                                        : "none";
-  Record("", {{"type", "stop_complete"}, {"generation", own != nullptr ? own->current().generation : 0},
-              {"not_left", stop_waiting_.size()}, {"final_checkpoint", final_name}});
+  const char* final_name = events::kFinalCheckpointNames.Name(final);
+  Record("", events::StopComplete{own != nullptr ? own->current().generation : 0, stop_waiting_.size(), final});
   proto::CtlReply outcome;
   if (final == Cluster::FinalCheckpoint::kFailed) {
     outcome.status = Status::FailedPrecondition(

@@ -18,7 +18,7 @@ void Server::PlaceTeachers() {
   if (placer_.TakeChanged() && !Persist()) return;
   for (const ServicePlacer::Order& o : orders) {
     proto::TeacherOrder t;
-    t.type = o.start ? proto::msg::kTeacherStart : proto::msg::kTeacherStop;
+    t.type = o.start ? proto::TeacherOrderType::kStart : proto::TeacherOrderType::kStop;
     t.service = o.service;
     t.name = o.name;
     json j;
@@ -38,11 +38,7 @@ void Server::RestoreServices(const ServicesState& s) {
             << " teacher(s) placed, awaiting their nodes";
 }
 
-void Server::OnTeacherExit(const std::shared_ptr<Peer>& peer, const json& msg) {
-  proto::TeacherOrder e;
-  if (Status s = e.DecodeFrom(msg); !s.ok() || e.type != proto::msg::kTeacherExit) {
-    return Reject(peer, s.ok() ? Status::InvalidArgument("expected teacher_exit") : s);
-  }
+void Server::OnTeacherExit(const std::shared_ptr<Peer>& peer, const proto::TeacherOrder& e) {
   placer_.Exited(peer->node, e.name, e.why, clock_->NowMicros());  // only the node's own teachers
   status_dirty_ = true;
 }

@@ -11,15 +11,16 @@ ServiceRegistry::ServiceRegistry(Clock* clock, SendFn send, ServiceLimits limits
 
 Status ServiceRegistry::Attach(uint64_t peer, const proto::Hello& hello, uint64_t* replaced) {
   *replaced = 0;
-  if (hello.role != "teacher" && hello.role != "student") {
-    return Status::InvalidArgument("ServiceRegistry: role '" + hello.role + "' is not a service role");
+  if (hello.role != proto::Role::kTeacher && hello.role != proto::Role::kStudent) {
+    return Status::InvalidArgument("ServiceRegistry: role '" + std::string(proto::NameOf(hello.role)) +
+                                   "' is not a service role");
   }
   if (services_.count(hello.service) == 0 && services_.size() >= limits_.max_services) {
     return Status::InvalidArgument("the server already tracks " + std::to_string(limits_.max_services) +
                                    " services; service '" + hello.service + "' is one too many");
   }
   Service& s = services_[hello.service];
-  if (hello.role == "student") {
+  if (hello.role == proto::Role::kStudent) {
     if (s.watchers.size() >= limits_.max_watchers_per_service) {
       return Status::InvalidArgument("service '" + hello.service + "' already has " +
                                      std::to_string(limits_.max_watchers_per_service) + " students");

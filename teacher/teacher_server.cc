@@ -258,8 +258,9 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
   proto::Hello hello;
   Status st = net::AuthenticatePeer(
       s->sock.get(), o_.secret, w, o_.handshake_timeout, &hello, [this, &s](const proto::Hello& h) {
-        if (h.role != "student") {
-          return Status::InvalidArgument("a teacher serves only role 'student', not '" + h.role + "'");
+        if (h.role != proto::Role::kStudent) {
+          return Status::InvalidArgument("a teacher serves only role 'student', not '" +
+                                         std::string(proto::NameOf(h.role)) + "'");
         }
         if (h.service != o_.service) {
           return Status::NotFound("teacher " + o_.name + " serves service '" + o_.service +
@@ -480,7 +481,7 @@ StatusOr<std::unique_ptr<net::FramedSocket>> TeacherServer::Impl::ConnectServer(
 
 Status TeacherServer::Impl::Register(const std::string& server, const std::string& advertise_host) {
   proto::Hello hello;
-  hello.role = "teacher";
+  hello.role = proto::Role::kTeacher;
   hello.node = o_.name;
   hello.host = advertise_host;
   hello.port = port_;

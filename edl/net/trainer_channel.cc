@@ -206,7 +206,7 @@ Status TrainerChannel::KvCall(proto::KvRequest req, milliseconds timeout, std::s
   if (it == replies_.end()) {
     if (broken_) return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
     (void)got;
-    return Status::Timeout("kv " + req.op + " '" + req.key + "': no reply within " +
+    return Status::Timeout(std::string("kv ") + proto::NameOf(req.op) + " '" + req.key + "': no reply within " +
                            std::to_string(timeout.count()) + " ms (is the server reachable?)");
   }
   proto::KvReply r = std::move(it->second);
@@ -217,7 +217,7 @@ Status TrainerChannel::KvCall(proto::KvRequest req, milliseconds timeout, std::s
 
 Status TrainerChannel::KvSet(const std::string& key, const std::string& value) {
   proto::KvRequest r;
-  r.op = "set";
+  r.op = proto::KvOp::kSet;
   r.key = key;
   r.value = value;
   return KvCall(std::move(r), kKvTimeout, nullptr);
@@ -225,14 +225,14 @@ Status TrainerChannel::KvSet(const std::string& key, const std::string& value) {
 
 Status TrainerChannel::KvGet(const std::string& key, std::string* value) {
   proto::KvRequest r;
-  r.op = "get";
+  r.op = proto::KvOp::kGet;
   r.key = key;
   return KvCall(std::move(r), kKvTimeout, value);
 }
 
 Status TrainerChannel::KvWait(const std::string& key, milliseconds timeout, std::string* value) {
   proto::KvRequest r;
-  r.op = "wait";
+  r.op = proto::KvOp::kWait;
   r.key = key;
   r.timeout_ms = timeout.count();
   return KvCall(std::move(r), timeout + kKvWaitMargin, value);

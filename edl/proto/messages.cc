@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <iterator>
 #include <limits>
 #include <sstream>
 #include <unordered_set>
@@ -456,11 +455,11 @@ void DecodeHelloServices(const json& j, Fields* f, Hello* h) {
 }  // namespace
 
 void Hello::EncodeTo(json* j) const {
-  *j = {{"type", msg::kHello}, {"role", role}, {"mac", mac}, {"nonce", nonce}};
-  if (role == "client") {
+  *j = {{"type", msg::kHello}, {"role", NameOf(role)}, {"mac", mac}, {"nonce", nonce}};
+  if (role == Role::kClient) {
     (*j)["node"] = node;
     (*j)["host"] = host;
-    (*j)["mode"] = mode;
+    (*j)["mode"] = NameOf(mode);
     (*j)["slots"] = slots;
     (*j)["trainers"] = trainers;
     if (!trainer_generations.empty()) (*j)["trainer_generations"] = trainer_generations;
@@ -477,30 +476,29 @@ void Hello::EncodeTo(json* j) const {
       for (const auto& [service, name] : teachers) a.push_back(json::array({service, name}));
       (*j)["teachers"] = std::move(a);
     }
-  } else if (role == "teacher") {
+  } else if (role == Role::kTeacher) {
     (*j)["node"] = node;
     (*j)["host"] = host;
     (*j)["service"] = service;
     (*j)["port"] = port;
-  } else if (role == "student") {
+  } else if (role == Role::kStudent) {
     (*j)["service"] = service;
   }
 }
 Status Hello::DecodeFrom(const json& j) {
   Hello h;
   Fields f(j, msg::kHello);
-  f.Str("role", &h.role, 16).Str("mac", &h.mac, 64).Str("nonce", &h.nonce, 64);
-  if (f.ok() && h.role != "client" && h.role != "ctl" && h.role != "teacher" && h.role != "student") {
-    f.Fail("role", "is not 'client', 'ctl', 'teacher' or 'student'");
-  }
+  std::string role, mode;
+  f.Str("role", &role, 16).Str("mac", &h.mac, 64).Str("nonce", &h.nonce, 64);
+  if (f.ok() && !kRoleNames.Parse(role, &h.role)) f.Fail("role", "is not " + kRoleNames.List("'"));
   if (f.ok() && h.nonce.size() != 64) f.Fail("nonce", "is not 64 hex characters");
-  if (f.ok() && (h.role == "teacher" || h.role == "student")) f.Name("service", &h.service);
-  if (f.ok() && h.role == "teacher") {
+  if (f.ok() && (h.role == Role::kTeacher || h.role == Role::kStudent)) f.Name("service", &h.service);
+  if (f.ok() && h.role == Role::kTeacher) {
     f.Name("node", &h.node).Host("host", &h.host).Int("port", &h.port, 1, 65535);
   }
-  if (f.ok() && h.role == "client") {
+  if (f.ok() && h.role == Role::kClient) {
     const json* slots = nullptr;
-    f.Name("node", &h.node).Host("host", &h.host).Str("mode", &h.mode, 16).Arr("slots", &slots);
+    f.Name("node", &h.node).Host("host", &h.host).Str("mode", &mode, 16).Arr("slots", &slots);
     f.NameList("trainers", &h.trainers);
     f.Str("node_token", &h.node_token, kSessionTokenBytes, /*required=*/false);
     const auto gens = j.find("trainer_generations");
@@ -518,9 +516,7 @@ Status Hello::DecodeFrom(const json& j) {
         }
       }
     }
-    if (f.ok() && h.mode != "inplace" && h.mode != "restart") {
-      f.Fail("mode", "is not 'inplace' or 'restart'");
-    }
+    if (f.ok() && !kNodeModeNames.Parse(mode, &h.mode)) f.Fail("mode", "is not " + kNodeModeNames.List("'"));
     const json* types = nullptr;
     f.Arr("job_types", &types, /*required=*/false);
     if (f.ok() && types != nullptr && types->size() > kMaxJobTypesPerNode) {
@@ -613,6 +609,13 @@ void TrainerHello::EncodeTo(json* j) const {
 Status TrainerHello::DecodeFrom(const json& j) {
   return Fields(j, msg::kTrainerHello).Name("trainer_id", &trainer_id).status();
 }
+
+void Heartbeat::EncodeTo(json* j) const { *j = {{"type", msg::kHeartbeat}}; }
+Status Heartbeat::DecodeFrom(const json& j) { return Fields(j, msg::kHeartbeat).status(); }
+void Stop::EncodeTo(json* j) const { *j = {{"type", msg::kStop}}; }
+Status Stop::DecodeFrom(const json& j) { return Fields(j, msg::kStop).status(); }
+void Done::EncodeTo(json* j) const { *j = {{"type", msg::kDone}}; }
+Status Done::DecodeFrom(const json& j) { return Fields(j, msg::kDone).status(); }
 
 // ---- scaling
 
@@ -806,20 +809,22 @@ Status Event::DecodeFrom(const json& j) {
 // ---- KV
 
 void KvRequest::EncodeTo(json* j) const {
-  *j = {{"type", msg::kKv}, {"req_id", req_id}, {"op", op}, {"key", key}};
-  if (op == "set") (*j)["value"] = value;
-  if (op == "wait") (*j)["timeout_ms"] = timeout_ms;
+  *j = {{"type", msg::kKv}, {"req_id", req_id}, {"op", NameOf(op)}, {"key", key}};
+  if (op == KvOp::kSet) (*j)["value"] = value;
+  if (op == KvOp::kWait) (*j)["timeout_ms"] = timeout_ms;
   if (!job.empty()) (*j)["job"] = job;
 }
 Status KvRequest::DecodeFrom(const json& j) {
   KvRequest r;
   Fields f(j, msg::kKv);
-  f.Int("req_id", &r.req_id, 0, kMaxI64).Str("op", &r.op, 8).Str("key", &r.key, kMaxKeyBytes);
+  std::string op;
+  f.Int("req_id", &r.req_id, 0, kMaxI64).Str("op", &op, 8).Str("key", &r.key, kMaxKeyBytes);
   f.Name("job", &r.job, /*required=*/false);
   if (f.ok() && r.key.empty()) f.Fail("key", "is empty");
-  if (f.ok() && r.op == "set") f.Str("value", &r.value, kMaxValueBytes);
-  else if (f.ok() && r.op == "wait") f.Int("timeout_ms", &r.timeout_ms, 0, 3600 * 1000);
-  else if (f.ok() && r.op != "get") f.Fail("op", "is not 'set', 'get' or 'wait'");
+  const bool known = kKvOpNames.Parse(op, &r.op);
+  if (f.ok() && known && r.op == KvOp::kSet) f.Str("value", &r.value, kMaxValueBytes);
+  else if (f.ok() && known && r.op == KvOp::kWait) f.Int("timeout_ms", &r.timeout_ms, 0, 3600 * 1000);
+  else if (f.ok() && !known) f.Fail("op", "is not " + kKvOpNames.List("'"));
   if (!f.ok()) return f.status();
   *this = std::move(r);
   return Status::OK();
@@ -846,20 +851,19 @@ Status KvReply::DecodeFrom(const json& j) {
 // ---- ctl
 
 void CtlRequest::EncodeTo(json* j) const {
-  *j = {{"type", msg::kCtl}, {"command", command}, {"n", n}};
+  *j = {{"type", msg::kCtl}, {"command", NameOf(command)}, {"n", n}};
   if (!job.empty()) (*j)["job"] = job;
   if (spec.is_object()) (*j)["spec"] = spec;
 }
 Status CtlRequest::DecodeFrom(const json& j) {
   CtlRequest r;
   Fields f(j, msg::kCtl);
-  f.Str("command", &r.command, 16).Int("n", &r.n, 0, kMaxListItems, /*required=*/false);
-  f.Name("job", &r.job, /*required=*/false).Obj("spec", &r.spec, /*required=*/r.command == "submit");
-  static const char* const kCommands[] = {"status", "scale", "watch", "stop", "submit", "jobs", "cancel"};
-  if (f.ok() && std::find(std::begin(kCommands), std::end(kCommands), r.command) == std::end(kCommands)) {
-    f.Fail("command", Quote(r.command) + " is not status, scale, watch, stop, submit, jobs or cancel");
-  }
-  if (f.ok() && r.command == "cancel" && r.job.empty()) f.Fail("job", "is missing (cancel names a job)");
+  std::string command;
+  f.Str("command", &command, 16).Int("n", &r.n, 0, kMaxListItems, /*required=*/false);
+  const bool known = kCtlCommandNames.Parse(command, &r.command);
+  f.Name("job", &r.job, /*required=*/false).Obj("spec", &r.spec, /*required=*/known && r.command == CtlCommand::kSubmit);
+  if (f.ok() && !known) f.Fail("command", Quote(command) + " is not " + kCtlCommandNames.List(""));
+  if (f.ok() && r.command == CtlCommand::kCancel && r.job.empty()) f.Fail("job", "is missing (cancel names a job)");
   if (!f.ok()) return f.status();
   *this = std::move(r);
   return Status::OK();

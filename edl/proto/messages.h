@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "edl/base/enum_names.h"
 #include "edl/base/status.h"
 #include "edl/proto/names.h"
 
@@ -44,6 +45,31 @@ inline constexpr char kJobInfo[] = "job_info";            // server -> client: a
 inline constexpr char kNodeStats[] = "node_stats";        // client -> server: measured utilisation
 }  // namespace msg
 
+// ---- closed sets on the wire: each enum's names live in its one table, which the encoders write
+// and the decoders accept (any other name is refused: Corruption naming the field).
+
+// Who a hello says it is: a node's client, `edl ctl`, a teacher registering its service with the
+// server, or a student (watching a service's teachers at the server, or asking a teacher).
+enum class Role { kClient, kCtl, kTeacher, kStudent };
+inline constexpr EnumNames<Role, 4> kRoleNames({"client", "ctl", "teacher", "student"});
+// How a node's client runs trainers: in place (they link the runtime and re-form in place) or
+// restart (torchrun-style: every change restarts them).
+enum class NodeMode { kInplace, kRestart };
+inline constexpr EnumNames<NodeMode, 2> kNodeModeNames({"inplace", "restart"});
+enum class KvOp { kSet, kGet, kWait };
+inline constexpr EnumNames<KvOp, 3> kKvOpNames({"set", "get", "wait"});
+// `edl ctl` commands (submit, jobs and cancel: a cluster server's).
+enum class CtlCommand { kStatus, kScale, kWatch, kStop, kSubmit, kJobs, kCancel };
+inline constexpr EnumNames<CtlCommand, 7> kCtlCommandNames(
+    {"status", "scale", "watch", "stop", "submit", "jobs", "cancel"});
+
+inline const char* NameOf(Role r) { return kRoleNames.Name(r); }
+inline const char* NameOf(NodeMode m) { return kNodeModeNames.Name(m); }
+inline const char* NameOf(KvOp o) { return kKvOpNames.Name(o); }
+inline const char* NameOf(CtlCommand c) { return kCtlCommandNames.Name(c); }
+// Parts that keep the mode as a flag (restart or not).
+inline NodeMode NodeModeOf(bool restart) { return restart ? NodeMode::kRestart : NodeMode::kInplace; }
+
 // Largest host / key accepted on the wire (names and slots: names.h).
 constexpr size_t kMaxHostBytes = 253;        // a DNS name
 constexpr size_t kMaxKeyBytes = 512;
@@ -54,13 +80,16 @@ constexpr size_t kMaxValueBytes = 1u << 20;  // a KV value (e.g. an NCCL unique 
 // '-' and '_', 1..63 bytes each, at most kMaxHostBytes) or an IPv4 / IPv6 literal.
 bool IsValidHost(const std::string& s);
 
-// CRTP base: DebugString() is the encoded JSON on one line.
+// CRTP base: Encoded() is EncodeTo's JSON, DebugString() that JSON on one line.
 template <typename T>
 struct Message {
-  std::string DebugString() const {
+  nlohmann::json Encoded() const {
     nlohmann::json j;
     static_cast<const T*>(this)->EncodeTo(&j);
-    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    return j;
+  }
+  std::string DebugString() const {
+    return Encoded().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   }
 };
 
@@ -149,25 +178,24 @@ bool IsValidFlagValue(const std::string& s);
 std::string CheckpointDirProblem(const std::string& path, const std::string& root);
 
 struct Hello : Message<Hello> {
-  // "client", "ctl", "teacher" (a teacher registering its service with the server) or "student"
-  // (a student watching a service's teachers at the server, or asking a teacher for logits)
-  std::string role;
+  Role role = Role::kClient;
   std::string mac;    // net::HelloMac over every other field and the server's nonce
   std::string nonce;  // the peer's own nonce, for the server's proof in Welcome
-  // role "client" only:
-  std::string node, host, mode;     // mode: "inplace" or "restart"
+  // role kClient only:
+  std::string node, host;
+  NodeMode mode = NodeMode::kInplace;
   std::vector<int> slots;           // slot / GPU indices this node offers
   std::vector<std::string> trainers;  // trainers this client still runs (after a reconnect)
   // Parallel to `trainers` (same length, or empty from an older client): the generation each is
   // in, a prepared joiner's being the one it was prepared for (a server restart adopts survivors).
   std::vector<int64_t> trainer_generations;
   std::string node_token;  // the node's session token from an earlier welcome (64 hex); empty at first join
-  // roles "teacher" and "student": the service name; "teacher" also fills `node` (the teacher's
+  // roles kTeacher and kStudent: the service name; kTeacher also fills `node` (the teacher's
   // name, unique in its service), `host` and `port` (where it serves students)
   std::string service;
   int port = 0;
   std::vector<JobTypeDecl> job_types;  // cluster mode: the job types this node runs (may be empty)
-  // Role "client": the services whose teachers this node runs (its --service NAME = COMMAND),
+  // Role kClient: the services whose teachers this node runs (its --service NAME = COMMAND),
   // how many teachers at once (1..64 when services is not empty), and, after a reconnect, the
   // teachers it still runs as [service, name] pairs (at most teacher_slots).
   std::vector<std::string> services;
@@ -202,6 +230,25 @@ struct ErrorMsg : Message<ErrorMsg> {
 
 struct TrainerHello : Message<TrainerHello> {
   std::string trainer_id;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// Liveness: a client's heartbeat to the server (which answers with one), and a trainer's to its
+// client. No fields.
+struct Heartbeat : Message<Heartbeat> {
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);  // any object of type heartbeat
+};
+
+// Server -> client: stop every trainer and exit (`edl ctl stop`, a server stopping its clients).
+struct Stop : Message<Stop> {
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// Server -> client: the one job finished (every member exited 0).
+struct Done : Message<Done> {
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -296,7 +343,7 @@ struct Event : Message<Event> {
 
 struct KvRequest : Message<KvRequest> {
   uint64_t req_id = 0;
-  std::string op;          // "set", "get" or "wait"
+  KvOp op = KvOp::kGet;
   std::string key, value;  // value: set only
   int64_t timeout_ms = 0;  // wait only, 0 .. 1 hour
   std::string job;         // client -> server: the trainer's job (cluster mode); empty: the default job
@@ -315,8 +362,7 @@ struct KvReply : Message<KvReply> {
 // ---- ctl
 
 struct CtlRequest : Message<CtlRequest> {
-  // "status", "scale", "watch", "stop", and for a cluster "submit", "jobs", "cancel"
-  std::string command;
+  CtlCommand command = CtlCommand::kStatus;
   int64_t n = 0;        // scale only
   std::string job;      // scale, cancel: the job (cluster mode)
   nlohmann::json spec;  // submit: the job (jobserver/job_spec.h decodes it)

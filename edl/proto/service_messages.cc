@@ -224,21 +224,20 @@ Status ServiceWatch::DecodeFrom(const json& j) {
 // ---- teacher_start / teacher_stop / teacher_exit
 
 void TeacherOrder::EncodeTo(json* j) const {
-  *j = {{"type", type}, {"service", service}, {"name", name}};
-  if (type == msg::kTeacherExit) (*j)["why"] = why;
+  *j = {{"type", NameOf(type)}, {"service", service}, {"name", name}};
+  if (type == TeacherOrderType::kExit) (*j)["why"] = why;
 }
 Status TeacherOrder::DecodeFrom(const json& j) {
   TeacherOrder o;
   const auto t = j.find("type");
   if (t == j.end() || !t->is_string()) return Status::Corruption("teacher order: no 'type'");
-  o.type = t->get<std::string>();
-  if (o.type != msg::kTeacherStart && o.type != msg::kTeacherStop && o.type != msg::kTeacherExit) {
-    return Status::Corruption("teacher order: type " + Quote(o.type) + " is not " + msg::kTeacherStart +
-                              ", " + msg::kTeacherStop + " or " + msg::kTeacherExit);
+  if (!kTeacherOrderNames.Parse(t->get_ref<const std::string&>(), &o.type)) {
+    return Status::Corruption("teacher order: type " + Quote(t->get<std::string>()) + " is not " +
+                              kTeacherOrderNames.List(""));
   }
-  Fields f(j, o.type.c_str());
+  Fields f(j, NameOf(o.type));
   f.Name("service", &o.service).Name("name", &o.name);
-  if (o.type == msg::kTeacherExit) f.Str("why", &o.why, kMaxTeacherWhyBytes);
+  if (o.type == TeacherOrderType::kExit) f.Str("why", &o.why, kMaxTeacherWhyBytes);
   if (f.ok()) {
     for (char c : o.why) {
       if (c < 0x20 || c > 0x7e) {

@@ -57,12 +57,18 @@ struct ServiceWatch : Message<ServiceWatch> {
 };
 
 // A client's teachers (PROTOCOL.md, "Services: teachers run by clients"): the server orders a
-// start or a stop, the client reports each teacher that ended. One shape for the three types.
+// start or a stop, the client reports each teacher that ended. One shape for the three message
+// types, whose names are the order's kinds.
+enum class TeacherOrderType { kStart, kStop, kExit };
+inline constexpr EnumNames<TeacherOrderType, 3> kTeacherOrderNames(
+    {msg::kTeacherStart, msg::kTeacherStop, msg::kTeacherExit});
+inline const char* NameOf(TeacherOrderType t) { return kTeacherOrderNames.Name(t); }
+
 struct TeacherOrder : Message<TeacherOrder> {
-  std::string type = msg::kTeacherStart;  // kTeacherStart, kTeacherStop or kTeacherExit
-  std::string service;                    // the service's name (the client's --service NAME)
-  std::string name;                       // the teacher's name in its service
-  std::string why;                        // kTeacherExit: how it ended ("exit 1", ...)
+  TeacherOrderType type = TeacherOrderType::kStart;
+  std::string service;  // the service's name (the client's --service NAME)
+  std::string name;     // the teacher's name in its service
+  std::string why;      // kExit: how it ended ("exit 1", ...)
   void EncodeTo(nlohmann::json* j) const;
   // Accepts any of the three types; `why` only in kTeacherExit, printable, bounded.
   Status DecodeFrom(const nlohmann::json& j);

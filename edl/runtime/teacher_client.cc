@@ -152,7 +152,7 @@ Status TeacherClient::Impl::Start() {
     if (!s.ok()) return s.status().WithContext("--distill_server");
     server_ = std::move(s.value());
     proto::Hello hello;
-    hello.role = "student";
+    hello.role = proto::Role::kStudent;
     hello.service = o_.service;
     proto::Welcome w;
     EDL_RETURN_IF_ERROR(net::AuthenticateToServer(server_.get(), o_.secret, hello, o_.io_timeout, &w)
@@ -304,7 +304,7 @@ void TeacherClient::Impl::Reconcile() {
     Status s = sock.status();
     if (s.ok()) {
       proto::Hello hello;
-      hello.role = "student";
+      hello.role = proto::Role::kStudent;
       hello.service = o_.service;
       proto::Welcome w;
       s = net::AuthenticateToServer(sock.value().get(), o_.secret, hello, o_.io_timeout, &w);

@@ -44,11 +44,11 @@ class Insider {
     auto sock = net::FramedSocket::ConnectTcp("127.0.0.1", port, milliseconds(5000));
     if (!sock.ok()) return sock.status();
     proto::Hello h;
-    h.role = role;
-    if (role == "client") {
+    if (!proto::kRoleNames.Parse(role, &h.role)) return Status::InvalidArgument("no role " + role);
+    if (h.role == proto::Role::kClient) {
       h.node = node;
       h.host = "127.0.0.1";
-      h.mode = "inplace";
+      h.mode = proto::NodeMode::kInplace;
       for (int i = 0; i < slots; ++i) h.slots.push_back(i);
       h.node_token = session;
     }

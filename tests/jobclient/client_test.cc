@@ -371,7 +371,7 @@ std::string EnvOf(const FakeChild& c, const char* key) {
 TEST_F(ClientTest, GenerationStartsThisNodesTrainersWithTheirEnv) {
   StartClient(false);
   EXPECT_EQ(hello_.node, "n1");
-  EXPECT_EQ(hello_.mode, "inplace");
+  EXPECT_EQ(hello_.mode, proto::NodeMode::kInplace);
   EXPECT_EQ(hello_.slots, (std::vector<int>{0, 1}));
   EXPECT_TRUE(hello_.trainers.empty());
   // Members in rank order; n2's trainer sits between n1's two.
@@ -516,7 +516,7 @@ TEST_F(ClientTest, SilentTrainerIsKilledAfterTheChannelTimeout) {
 
 TEST_F(ClientTest, RestartModeStopsEveryTrainerAndStartsTheNewOnesOnceTheirSlotsAreFree) {
   StartClient(true);
-  EXPECT_EQ(hello_.mode, "restart");
+  EXPECT_EQ(hello_.mode, proto::NodeMode::kRestart);
   launcher_->set_exit_on_term(false);  // the test decides when each old trainer has exited
   SendGeneration(1, {Member("n1-a", "n1", 0, 0), Member("n1-b", "n1", 1, 1)}, "start");
   ASSERT_TRUE(launcher_->WaitStarted(2));

@@ -48,7 +48,7 @@ TEST(TeacherRunnerTest, RunsStopsAndReportsTeachers) {
     return !ended.empty();
   }, milliseconds(30000)));
   ASSERT_EQ(ended.size(), 1u);
-  EXPECT_EQ(ended[0].type, proto::msg::kTeacherExit);
+  EXPECT_EQ(ended[0].type, proto::TeacherOrderType::kExit);
   EXPECT_EQ(ended[0].name, "n1-t3");
   EXPECT_EQ(ended[0].why, "exit 3");
   EXPECT_EQ(r.Running(), (std::vector<std::pair<std::string, std::string>>{{"kd", "n1-t1"}}));

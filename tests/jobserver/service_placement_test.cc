@@ -234,7 +234,7 @@ TEST(ServicesStateTest, DecodeRefusesDamagedValues) {
 
 TEST(TeacherOrderTest, DecodesTheThreeTypesAndRefusesBadFields) {
   proto::TeacherOrder e;
-  e.type = proto::msg::kTeacherExit;
+  e.type = proto::TeacherOrderType::kExit;
   e.service = "kd";
   e.name = "a-t1";
   e.why = "exit 1";
@@ -253,11 +253,11 @@ TEST(TeacherOrderTest, DecodesTheThreeTypesAndRefusesBadFields) {
                                  {"why", std::string(300, 'a')}}).ok());
   // A client hello's services: bounded and well formed.
   proto::Hello h;
-  h.role = "client";
+  h.role = proto::Role::kClient;
   h.nonce = std::string(64, 'a');
   h.node = "n1";
   h.host = "127.0.0.1";
-  h.mode = "inplace";
+  h.mode = proto::NodeMode::kInplace;
   h.services = {"kd"};
   h.teacher_slots = 2;
   h.teachers = {{"kd", "n1-t1"}};

@@ -23,7 +23,7 @@ class ServiceRegistryTest : public ::testing::Test {
 
   static proto::Hello Teacher(const std::string& service, const std::string& name, int port) {
     proto::Hello h;
-    h.role = "teacher";
+    h.role = proto::Role::kTeacher;
     h.service = service;
     h.node = name;
     h.host = "10.0.0.1";
@@ -32,7 +32,7 @@ class ServiceRegistryTest : public ::testing::Test {
   }
   static proto::Hello Student(const std::string& service) {
     proto::Hello h;
-    h.role = "student";
+    h.role = proto::Role::kStudent;
     h.service = service;
     return h;
   }

@@ -81,7 +81,7 @@ StatusOr<std::unique_ptr<net::FramedSocket>> Student(int port) {
   auto sock = net::FramedSocket::ConnectTcp("127.0.0.1", port, milliseconds(10000));
   if (!sock.ok()) return sock.status();
   proto::Hello hello;
-  hello.role = "student";
+  hello.role = proto::Role::kStudent;
   hello.service = "kd";
   proto::Welcome w;
   EDL_RETURN_IF_ERROR(net::AuthenticateToServer(sock.value().get(), kSecret, hello,

@@ -18,10 +18,10 @@ constexpr char kSecret[] = "cluster-secret-0123456789abcdefgh";
 
 proto::Hello ClientHello(const std::string& host = "10.0.0.1") {
   proto::Hello h;
-  h.role = "client";
+  h.role = proto::Role::kClient;
   h.node = "n1";
   h.host = host;
-  h.mode = "inplace";
+  h.mode = proto::NodeMode::kInplace;
   h.slots = {0, 1};
   return h;
 }

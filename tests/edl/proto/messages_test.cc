@@ -214,18 +214,18 @@ TEST(MessagesTest, BadRunsAreCorruption) {
 
 TEST(MessagesTest, OtherMessagesRoundTrip) {
   Hello h;
-  h.role = "client";
+  h.role = Role::kClient;
   h.mac = std::string(64, 'a');
   h.nonce = std::string(64, 'b');
   h.node = "node1";
   h.host = "10.1.1.1";
-  h.mode = "restart";
+  h.mode = NodeMode::kRestart;
   h.slots = {0, 1, 3};
   h.trainers = {"node1-s0-1"};
   Hello h2 = RoundTrip(h);
   EXPECT_EQ(h2.slots, h.slots);
   EXPECT_EQ(h2.trainers, h.trainers);
-  EXPECT_EQ(h2.mode, "restart");
+  EXPECT_EQ(h2.mode, NodeMode::kRestart);
 
   Prepare p;
   p.generation = 4;
@@ -239,7 +239,7 @@ TEST(MessagesTest, OtherMessagesRoundTrip) {
 
   KvRequest kv;
   kv.req_id = 9;
-  kv.op = "wait";
+  kv.op = KvOp::kWait;
   kv.key = "g3/nccl";
   kv.timeout_ms = 1500;
   EXPECT_EQ(RoundTrip(kv).timeout_ms, 1500);
@@ -260,7 +260,7 @@ TEST(MessagesTest, OtherMessagesRoundTrip) {
   EXPECT_EQ(RoundTrip(e).signal, 9);
 
   CtlRequest c;
-  c.command = "scale";
+  c.command = CtlCommand::kScale;
   c.n = 5;
   EXPECT_EQ(RoundTrip(c).n, 5);
 }
@@ -424,11 +424,11 @@ TEST(MessagesTest, PeerTextInErrorsIsEscapedAndCut) {
 // trainer's job on a KV request, and the cluster's ctl commands.
 TEST(MessagesTest, ClusterFieldsRoundTripAndAreBounded) {
   Hello h;
-  h.role = "client";
+  h.role = Role::kClient;
   h.nonce = std::string(64, 'a');
   h.node = "n1";
   h.host = "127.0.0.1";
-  h.mode = "inplace";
+  h.mode = NodeMode::kInplace;
   h.slots = {0, 1};
   h.job_types = {{"resnet", {"epochs", "lr"}}, {"bert", {}}};
   Hello back = RoundTrip(h);
@@ -443,13 +443,13 @@ TEST(MessagesTest, ClusterFieldsRoundTripAndAreBounded) {
   EXPECT_EQ(RoundTrip(info).flags, info.flags);
 
   KvRequest kv;
-  kv.op = "get";
+  kv.op = KvOp::kGet;
   kv.key = "gen/1/x";
   kv.job = "a";
   EXPECT_EQ(RoundTrip(kv).job, "a");
 
   CtlRequest c;
-  c.command = "submit";
+  c.command = CtlCommand::kSubmit;
   c.spec = {{"name", "a"}};
   EXPECT_EQ(RoundTrip(c).spec, c.spec);
 

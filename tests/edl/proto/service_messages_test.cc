@@ -165,7 +165,7 @@ TEST(ServiceMessagesTest, CancelAndWatch) {
 
 TEST(ServiceMessagesTest, HelloOfServiceRoles) {
   Hello t;
-  t.role = "teacher";
+  t.role = Role::kTeacher;
   t.nonce = std::string(64, 'a');
   t.service = "kd";
   t.node = "t1";
@@ -179,7 +179,7 @@ TEST(ServiceMessagesTest, HelloOfServiceRoles) {
   j["port"] = 70000;
   EXPECT_NE(DecodeError<Hello>(j).find("'port'"), std::string::npos);
   Hello s;
-  s.role = "student";
+  s.role = Role::kStudent;
   s.nonce = std::string(64, 'b');
   s.service = "bad name!";
   s.EncodeTo(&j);
