@@ -7,8 +7,10 @@
 #   tar xzf gpu-check.tar.gz && gpu-check/gpu_check.sh OUT_DIR
 #
 # prints one PASS/FAIL line per check, the RESULT lines of the measurements, and writes
-# OUT_DIR/report.txt (those lines, the host, the GPU, the versions) and OUT_DIR/checkN.log (each
-# check's whole output). Exit status 0 only when every check passed. About 6 min on one H100.
+# OUT_DIR/report.txt (those lines, the host, the GPU, the versions), OUT_DIR/checkN.log (each
+# check's whole output) and OUT_DIR/logs.tar.gz (every log of the run, for hosts that hand back
+# only a few files). Exit status 0 only when every check passed. Checks 1-7 took about 6 min on
+# an H100 (2026-11-26, two partial runs; EDL_NCCL_TEST_CYCLES=20 shortens check 1 by ~80 s).
 #
 #   1  the CUDA ops and parity tests, the NCCL communicator tests (100 abort/re-init cycles with
 #      the device memory before and after; a host-argument collective aborted while its stream is
@@ -73,8 +75,9 @@ else
   DATA=${GPU_CHECK_DATA:-/usr/share/datasets/fashion-mnist}
   IMAGES=${GPU_CHECK_IMAGES:-}
 fi
-# Test binaries run with the bundle's libraries (edl-gpu/run sets LD_LIBRARY_PATH as the edl
-# wrapper does); in the source tree they find them by their RUNPATH.
+# Test binaries and edl_chaos_check run with the bundle's libraries (edl-gpu/run sets
+# LD_LIBRARY_PATH as the edl wrapper does): their RUNPATH names this build tree, which a GPU host
+# does not have. In the source tree they find them by their RUNPATH.
 RUN=()
 [ -x "$ROOT/edl-gpu/run" ] && RUN=("$ROOT/edl-gpu/run")
 TRAIN_SAMPLES=${GPU_CHECK_TRAIN_SAMPLES:-12000}
@@ -234,9 +237,10 @@ if not last < first:
     print("the loss did not fall: first steps %.4f, last steps %.4f" % (first, last))
     sys.exit(1)
 PY
-  "$CHAOS" --sample_log "$dir/samples.jsonl" --events "$ev" \
-    --labels "$DATA/train-labels-idx1-ubyte.gz" --train_samples "$samples" >"$dir/check.json" ||
-    { echo "exactly-once data or identical state failed: $(cat "$dir/check.json")"; return 1; }
+  "${RUN[@]}" "$CHAOS" --sample_log "$dir/samples.jsonl" --events "$ev" \
+    --labels "$DATA/train-labels-idx1-ubyte.gz" --train_samples "$samples" >"$dir/check.json" \
+    2>"$dir/check.err" ||
+    { echo "exactly-once data or identical state failed: $(tail -c 600 "$dir/check.json" | tr '\n' ' ') $(tail -3 "$dir/check.err" | tr '\n' ' ')"; return 1; }
   cat "$dir/check.json"
 }
 
@@ -389,5 +393,7 @@ for n in 1 2 3 4 5 6 7; do
   fi
   grep '^RESULT ' "$OUT/check$n.log" | tee -a "$REPORT"
 done
-say "gpu_check: $([ "$failed" = 0 ] && echo "every check passed" || echo "FAILED") in ${SECONDS} s; report $REPORT"
+# Every log in one archive as well: some GPU hosts hand back only a few files of a run.
+tar czf "$OUT/logs.tar.gz" -C "$OUT" --exclude=logs.tar.gz --exclude='ckpt*' --exclude=secret . 2>/dev/null
+say "gpu_check: $([ "$failed" = 0 ] && echo "every check passed" || echo "FAILED") in ${SECONDS} s; report $REPORT, every log in $OUT/logs.tar.gz"
 exit "$failed"

@@ -20,12 +20,15 @@
 // "<key_prefix>/nccl_unique_id" in options.store; the other ranks Wait() for it with
 // options.timeout. A shrink needs no rendezvous (ncclCommShrink over the parent).
 //
-// Abort (from any thread): sets aborted_. The thread that owns the handle at that moment calls
-// ncclCommAbort: the collective thread, which checks the flag every poll (<= 1 ms), or Abort()
-// itself when no collective is in flight. So ncclCommAbort never runs concurrently with another
-// NCCL call on the same handle (NCCL forbids that), yet a collective stuck on a dead peer returns
-// Aborted within one poll. ncclCommAbort also stops the NCCL kernels stuck on the GPU, which lets
-// the stream drain.
+// Abort (from any thread): sets aborted_. The thread that owns the handle at that moment gives it
+// to nccl::Reaper, which calls ncclCommAbort on its own thread: the collective thread, which
+// checks the flag every poll (<= 1 ms), or Abort() itself when no collective is in flight. So
+// ncclCommAbort never runs concurrently with another NCCL call on the same handle (NCCL forbids
+// that), yet a collective stuck on a dead peer returns Aborted within one poll: ncclCommAbort frees
+// device memory, and those frees wait until the device has drained the work queued before them
+// (measured on an H100: a stream held by a host function kept ncclCommAbort, and with it the
+// collective that called it, for as long as the stream was held). ncclCommAbort also stops the
+// NCCL kernels stuck on the GPU, which lets the stream drain.
 //
 // Failure is sticky: the first error is kept in failed_ and returned by every later call; the
 // owner destroys the communicator and builds the next generation's.
@@ -186,7 +189,7 @@ NcclCommunicator::~NcclCommunicator() {
     if (clean) {
       ncclCommDestroy(comm_);
     } else {
-      ncclCommAbort(comm_);
+      nccl::Reaper::Get().Abort(comm_, device_);
     }
     comm_ = nullptr;
   }
@@ -207,11 +210,10 @@ void NcclCommunicator::Abort() {
   aborted_.store(true);
   MutexLock lock(&mu_);
   if (!in_flight_ && comm_ != nullptr) {
-    cudaSetDevice(device_);
-    ncclCommAbort(comm_);
+    nccl::Reaper::Get().Abort(comm_, device_);
     comm_ = nullptr;
   }
-  // else: the collective thread sees aborted_ at its next poll and aborts comm_ itself.
+  // else: the collective thread sees aborted_ at its next poll and hands comm_ to the reaper.
 }
 
 Status NcclCommunicator::Run(const std::function<Status(Clock::time_point)>& body) {
@@ -231,7 +233,7 @@ Status NcclCommunicator::Run(const std::function<Status(Clock::time_point)>& bod
   in_flight_ = false;
   if (!s.ok() && failed_.ok()) failed_ = s;
   if ((!s.ok() || aborted_.load()) && comm_ != nullptr) {  // failed, or Abort() arrived as we ended
-    ncclCommAbort(comm_);
+    nccl::Reaper::Get().Abort(comm_, device_);
     comm_ = nullptr;
   }
   return s.ok() ? Status::OK() : failed_;
@@ -496,7 +498,7 @@ Status WaitInit(ncclComm_t comm, const CommOptions& o, const char* what) {
   // Read before the abort, and only for NCCL's own refusal: the last error is process-wide.
   const char* last = state == ncclInvalidUsage ? ncclGetLastError(nullptr) : nullptr;
   const std::string dup = DuplicateGpuMessage(last ? last : "", o.rank_names, o.generation);
-  ncclCommAbort(comm);
+  nccl::Reaper::Get().Abort(comm, o.cuda_device);
   if (!dup.empty()) return Status::FailedPrecondition(dup);
   return s;
 }
@@ -539,7 +541,7 @@ StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(const CommOptions& o
     const ncclResult_t r = ncclCommInitRankConfig(&comm, o.world_size, id, o.rank, &config);
     if (r != ncclSuccess && r != ncclInProgress) {
       s = NcclStatus(r, "ncclCommInitRankConfig", __FILE__, __LINE__);
-      if (comm != nullptr) ncclCommAbort(comm);
+      nccl::Reaper::Get().Abort(comm, o.cuda_device);
     } else {
       s = WaitInit(comm, o, "ncclCommInitRankConfig");
     }
@@ -569,6 +571,22 @@ StatusOr<std::unique_ptr<Communicator>> NewShrunkNcclCommunicator(
                                    std::to_string(options.world_size) + " != parent " +
                                    std::to_string(p->world_size()) + " minus " +
                                    std::to_string(excluded_ranks.size()) + " excluded");
+  }
+  // NCCL's own rules (2.28 answers a breach with ncclInvalidArgument): at least one rank is left
+  // out, and the ranks calling are not among them. PlanNcclBuild only plans shrinks that remove
+  // ranks, and only survivors build the child.
+  if (excluded_ranks.empty()) {
+    return Status::InvalidArgument(
+        "ShrinkNcclCommunicator: no rank to exclude; a communicator that keeps every rank is its "
+        "parent (keep using it, or build a new one for a changed order)");
+  }
+  for (int r : excluded_ranks) {
+    if (r < 0 || r >= p->world_size() || r == p->rank()) {
+      return Status::InvalidArgument(
+          "ShrinkNcclCommunicator: cannot exclude rank " + std::to_string(r) + " (parent rank " +
+          std::to_string(p->rank()) + " of " + std::to_string(p->world_size()) +
+          "): only other ranks of the parent can be left out, and only survivors build the child");
+    }
   }
   const ShrinkFn shrink = FindShrink();
   if (shrink == nullptr) {

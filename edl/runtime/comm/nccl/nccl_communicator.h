@@ -18,7 +18,7 @@ namespace edl::runtime {
 StatusOr<std::unique_ptr<Communicator>> NewNcclCommunicator(const CommOptions& options);
 
 // ShrinkNcclCommunicator's implementation (see there). Speed against a fresh init: UNMEASURED
-// (no GPU was available when this was written).
+// (a shrink needs two GPUs; the GPU runs so far had one).
 StatusOr<std::unique_ptr<Communicator>> NewShrunkNcclCommunicator(
     Communicator* parent, const std::vector<int>& excluded_ranks, bool abort_parent,
     const CommOptions& options);

@@ -169,4 +169,48 @@ void PinnedPool::Give(void* block, cudaEvent_t last_use) {
   free_.emplace_back(block, last_use);
 }
 
+Reaper& Reaper::Get() {
+  static Reaper* reaper = new Reaper();  // never destroyed: its thread may outlive main()
+  return *reaper;
+}
+
+void Reaper::Abort(ncclComm_t comm, int device) {
+  if (comm == nullptr) return;
+  MutexLock lock(&mu_);
+  queue_.emplace_back(comm, device);
+  ++queued_;
+  if (!started_) {
+    started_ = true;
+    std::thread([this] { Loop(); }).detach();
+  }
+  cv_.notify_all();
+}
+
+bool Reaper::WaitIdle(std::chrono::milliseconds timeout) {
+  MutexLock lock(&mu_);
+  const int64_t target = queued_;
+  return cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) { return done_ >= target; });
+}
+
+void Reaper::Loop() {
+  for (;;) {
+    std::pair<ncclComm_t, int> job;
+    {
+      MutexLock lock(&mu_);
+      cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return !queue_.empty(); });
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    cudaSetDevice(job.second);
+    const ncclResult_t r = ncclCommAbort(job.first);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      LOG(WARNING) << "ncclCommAbort: " << ncclGetErrorString(r);
+    }
+    cudaGetLastError();
+    MutexLock lock(&mu_);
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
 }  // namespace edl::runtime::nccl

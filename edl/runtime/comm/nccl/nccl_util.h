@@ -3,7 +3,8 @@
 // carry host arguments of collectives. See nccl_communicator.cc for how they are used and
 // docs/ARCHITECTURE.md ("The NCCL re-form state machine") for what bounds each call.
 //
-// Thread-safety: PinnedPool is thread-safe; the rest are pure functions or per-call objects.
+// Thread-safety: PinnedPool and Reaper are thread-safe; the rest are pure functions or per-call
+// objects.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,7 +12,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
 #include <functional>
 #include <string>
 #include <utility>
@@ -87,6 +90,34 @@ class PinnedPool {
  private:
   Mutex mu_;
   std::vector<std::pair<void*, cudaEvent_t>> free_ GUARDED_BY(mu_);
+};
+
+// Aborts communicators off the caller's thread. ncclCommAbort sets NCCL's abort flag (which ends
+// the NCCL kernels at once) and then frees the communicator, and the frees synchronise with the
+// device: while other work on a stream has not drained (a kernel or host function of the trainer
+// behind the stuck collective) they wait for it. A collective that must return within one poll of
+// Abort(), a watcher and a failing init therefore hand the handle here and go on; one process-wide
+// thread aborts the handles in order. Each handle is aborted exactly once and is never used again
+// by the caller. A handle whose abort is stuck delays only the ones queued after it, never a
+// caller; the re-form builds its next communicator meanwhile (NCCL allows several at once).
+class Reaper {
+ public:
+  static Reaper& Get();
+  // Queues ncclCommAbort(comm) on device `device`; returns at once. Null handles are ignored.
+  void Abort(ncclComm_t comm, int device);
+  // Until every handle queued so far has been aborted, or `timeout`; true when it has (tests and
+  // teardown measurements; nothing on a re-form's path waits here).
+  bool WaitIdle(std::chrono::milliseconds timeout);
+
+ private:
+  void Loop();
+
+  Mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<ncclComm_t, int>> queue_ GUARDED_BY(mu_);
+  int64_t queued_ GUARDED_BY(mu_) = 0;
+  int64_t done_ GUARDED_BY(mu_) = 0;
+  bool started_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace edl::runtime::nccl
