@@ -178,18 +178,11 @@ void Reaper::Abort(ncclComm_t comm, int device) {
   if (comm == nullptr) return;
   MutexLock lock(&mu_);
   queue_.emplace_back(comm, device);
-  ++queued_;
   if (!started_) {
     started_ = true;
     std::thread([this] { Loop(); }).detach();
   }
-  cv_.notify_all();
-}
-
-bool Reaper::WaitIdle(std::chrono::milliseconds timeout) {
-  MutexLock lock(&mu_);
-  const int64_t target = queued_;
-  return cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) { return done_ >= target; });
+  cv_.notify_one();
 }
 
 void Reaper::Loop() {
@@ -207,9 +200,6 @@ void Reaper::Loop() {
       LOG(WARNING) << "ncclCommAbort: " << ncclGetErrorString(r);
     }
     cudaGetLastError();
-    MutexLock lock(&mu_);
-    ++done_;
-    cv_.notify_all();
   }
 }
 

@@ -105,9 +105,6 @@ class Reaper {
   static Reaper& Get();
   // Queues ncclCommAbort(comm) on device `device`; returns at once. Null handles are ignored.
   void Abort(ncclComm_t comm, int device);
-  // Until every handle queued so far has been aborted, or `timeout`; true when it has (tests and
-  // teardown measurements; nothing on a re-form's path waits here).
-  bool WaitIdle(std::chrono::milliseconds timeout);
 
  private:
   void Loop();
@@ -115,8 +112,6 @@ class Reaper {
   Mutex mu_;
   std::condition_variable cv_;
   std::deque<std::pair<ncclComm_t, int>> queue_ GUARDED_BY(mu_);
-  int64_t queued_ GUARDED_BY(mu_) = 0;
-  int64_t done_ GUARDED_BY(mu_) = 0;
   bool started_ GUARDED_BY(mu_) = false;
 };
 
