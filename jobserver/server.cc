@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include <glog/logging.h>
@@ -24,6 +25,9 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 
 namespace {
+
+// How long a shutdown waits for the farewell frames (Stop, Done) to reach the clients.
+constexpr milliseconds kFarewellDrain{2000};
 // True for an address of this machine only: 127.0.0.0/8, ::1 (also IPv4-mapped), "localhost".
 bool IsLoopback(const std::string& host) {
   boost::system::error_code ec;
@@ -218,6 +222,12 @@ bool Server::Persist() {
 }
 
 void Server::Shutdown(bool stop_clients) {
+  if (!stop_clients) return ShutdownWith(nullptr);
+  const nlohmann::json stop = proto::Stop().Encoded();
+  ShutdownWith(&stop);
+}
+
+void Server::ShutdownWith(const nlohmann::json* farewell) {
   EDL_DCHECK_OWNING_THREAD(io_thread_);
   if (shutting_down_) return;
   shutting_down_ = true;
@@ -226,16 +236,39 @@ void Server::Shutdown(bool stop_clients) {
   if (http_) http_->Stop();
   tick_timer_.cancel();
   auto peers = peers_;
+  auto draining = std::make_shared<std::vector<std::shared_ptr<net::Connection>>>();
   for (auto& [raw, peer] : peers) {
-    if (stop_clients && peer->state == Peer::State::kClient) {
-      peer->conn->SendAndClose(proto::Stop().Encoded(), Status::Aborted("server stopping"));
+    if (farewell != nullptr && peer->state == Peer::State::kClient) {
+      // Close() would drop a frame still queued: the client would never learn it (a client of a
+      // finished job then retried a vanished server for ever).
+      peer->conn->SendAndClose(*farewell, Status::Aborted("server shutting down"));
+      draining->push_back(peer->conn);
     } else {
       peer->conn->Close(Status::Aborted("server shutting down"));
     }
   }
-  // Give queued frames a moment to drain, then stop the loop.
-  auto timer = std::make_shared<asio::steady_timer>(*io_, milliseconds(stop_clients ? 500 : 50));
-  timer->async_wait([this, timer](const boost::system::error_code&) { io_->stop(); });
+  // Stop the loop once every farewell is written (SendAndClose bounds each at 1 s), polling.
+  auto timer = std::make_shared<asio::steady_timer>(*io_);
+  const auto give_up = std::chrono::steady_clock::now() + kFarewellDrain;
+  timer->expires_after(milliseconds(farewell != nullptr ? 10 : 50));
+  timer->async_wait([this, timer, draining, give_up](const boost::system::error_code&) {
+    StopWhenDrained(timer, draining, give_up);
+  });
+}
+
+void Server::StopWhenDrained(std::shared_ptr<asio::steady_timer> timer,
+                             std::shared_ptr<std::vector<std::shared_ptr<net::Connection>>> draining,
+                             std::chrono::steady_clock::time_point give_up) {
+  const bool drained =
+      std::all_of(draining->begin(), draining->end(), [](const auto& c) { return c->closed(); });
+  if (drained || std::chrono::steady_clock::now() >= give_up) {
+    io_->stop();
+    return;
+  }
+  timer->expires_after(milliseconds(10));
+  timer->async_wait([this, timer, draining, give_up](const boost::system::error_code&) {
+    StopWhenDrained(timer, draining, give_up);
+  });
 }
 
 // ---- connections
@@ -756,8 +789,12 @@ void Server::Dispatch() {
       case Action::Kind::kDone:
         LOG(INFO) << "job " << ja.job << " finished: every member exited 0";
         if (ja.job != cluster_.own_job()) break;  // a submitted job ends by job_finished (below)
+        if (options_.exit_when_done) {
+          const nlohmann::json done = proto::Done().Encoded();
+          ShutdownWith(&done);
+          break;
+        }
         for (auto& [name, peer] : nodes_) peer->conn->Send(proto::Done().Encoded());
-        if (options_.exit_when_done) Shutdown(/*stop_clients=*/false);
         break;
       case Action::Kind::kEvent:
         if (events::Type type; ja.job.empty() && events::TypeOf(a.event, &type) &&

@@ -15,11 +15,13 @@
 // (posted to that thread).
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include <boost/asio.hpp>
 #include <nlohmann/json.hpp>
@@ -104,6 +106,13 @@ class Server {
   void Shutdown(bool stop_clients);
 
  private:
+  // Shutdown; `farewell` (when set) is the last frame each client gets: it is written before the
+  // connection closes (bounded: Connection::SendAndClose), and the loop stops once every such
+  // connection has closed, at most kFarewellDrain after.
+  void ShutdownWith(const nlohmann::json* farewell);
+  void StopWhenDrained(std::shared_ptr<boost::asio::steady_timer> timer,
+                       std::shared_ptr<std::vector<std::shared_ptr<net::Connection>>> draining,
+                       std::chrono::steady_clock::time_point give_up);
   struct Peer;
   void Accept();
   void OnAccepted(boost::asio::ip::tcp::socket socket);
