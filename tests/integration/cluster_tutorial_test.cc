@@ -59,6 +59,14 @@ class ClusterTutorialTest : public ::testing::Test {
               "--job_flags", "resnet = epochs,sample_log"},
           dir_.Join(node + ".log")));
     }
+    // A job is placed only on nodes that offer its type: submit once both have registered theirs
+    // (under load the first submit could otherwise find no node, and be refused for it).
+    for (const std::string node : {"n1", "n2"}) {
+      const std::string line = "node " + node + " registered";
+      ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find(line) != std::string::npos; },
+                          milliseconds(120000)))
+          << Diagnostics();
+    }
   }
 
   int Ctl(const std::vector<std::string>& args) {
