@@ -79,10 +79,11 @@ define timed
 	@start=$$(date +%s); $(2); rc=$$?; \
 	  echo "== make test: $(1): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 endef
-# $(call ctest_stage,LABEL,DIR,ARGS): ctest in DIR, timed; then every skipped case with its reason
-# and the count of cases run (tests/ctest_report.sh), whatever the outcome.
+# $(call ctest_stage,LABEL,DIR,ARGS[,JOBS]): ctest in DIR (JOBS cases at once, default CTEST_JOBS),
+# timed; then every skipped case with its reason and the count of cases run
+# (tests/ctest_report.sh), whatever the outcome.
 define ctest_stage
-	@start=$$(date +%s); (cd $(2) && ctest --output-on-failure -j $(CTEST_JOBS) \
+	@start=$$(date +%s); (cd $(2) && ctest --output-on-failure -j $(or $(4),$(CTEST_JOBS)) \
 	  --resource-spec-file ctest_resources.json $(3) $(CTEST_ARGS)); rc=$$?; \
 	  bash tests/ctest_report.sh $(2); \
 	  echo "== make test: $(1): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
@@ -130,10 +131,14 @@ asan: deps
 test-asan: asan
 	$(call ctest_stage,ctest ASan+UBSan and fuzz corpus replay ($(ASAN_DIR)),$(ASAN_DIR),-E '$(ASAN_EXCLUDE)|$(ASAN_EXCLUDE_SUITES)|_NOT_BUILT$$')
 
+# TSan: JOBS cases at once, not CTEST_JOBS. At -j8 its in-process Gloo rings of thread-ranks,
+# ~10x slower under TSan, once left a joiner in a Gloo connect for 100 s past its rendezvous
+# (elastic_trainer_test.JoinerSupersededBeforeItsFirstStepReportsNoStall timed out). That hang is
+# open; until it is fixed the stage keeps the schedule it passed under (~25 s).
 test-tsan: deps
 	$(call cmake_tree,$(TSAN_DIR),$(SAN_CMAKE) -DEDL_SANITIZE=thread)
 	$(call timed,build ($(TSAN_DIR)),cmake --build $(TSAN_DIR) -j $(JOBS) --target $(TSAN_TARGETS))
-	$(call ctest_stage,ctest TSan ($(TSAN_DIR)),$(TSAN_DIR),-R '$(TSAN_TESTS)')
+	$(call ctest_stage,ctest TSan ($(TSAN_DIR)),$(TSAN_DIR),-R '$(TSAN_TESTS)',$(JOBS))
 
 demo: build
 	@bash scripts/demo.sh
