@@ -40,6 +40,10 @@ struct BroadcastBuffer {
   size_t bytes = 0;
 };
 
+// How often a communicator's wait asks CommOptions::interrupt (it may take a lock in the
+// membership source), in both backends.
+inline constexpr std::chrono::milliseconds kInterruptEvery{5};
+
 // Rendezvous key-value store. In production the server's KV reached through the local client
 // (keys scoped by job and generation there); tests use an in-process one. Thread-safe.
 class KvStore {
@@ -68,13 +72,13 @@ struct CommOptions {
   // NCCL: CUDA device ordinal and the cudaStream_t (as void*) collectives are enqueued on.
   int cuda_device = -1;
   void* cuda_stream = nullptr;
-  // NCCL: polled (at most every few milliseconds) by every wait of the communicator, during its
+  // NCCL: polled (every kInterruptEvery) by every wait of the communicator, during its
   // construction and in every collective; a non-OK answer ends that wait at once, aborts the
   // NCCL communicator and becomes the sticky error. The elastic runtime answers Aborted when a
   // newer generation supersedes one under construction, when a failure generation newer than
   // this one is committed, and at shutdown. Must stay callable for the communicator's whole life.
-  // Gloo does not poll it (its rendezvous waits go through `store`, a hung collective through
-  // Abort()).
+  // Gloo polls it (at the same rate) only while it connects the pairs of its construction: its
+  // key waits go through `store`, a hung collective through Abort().
   std::function<Status(CommPhase)> interrupt;
   // The trainer id of each rank (may be empty): names the trainers in errors that involve two
   // ranks, e.g. two ranks on one GPU.

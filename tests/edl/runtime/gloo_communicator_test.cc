@@ -107,6 +107,66 @@ TEST(GlooCommunicatorTest, RendezvousWithAMissingPeerTimesOut) {
   EXPECT_EQ(comm.status().code(), Status::Code::kTimeout) << comm.status().ToString();
 }
 
+// A KvStore whose Wait for one key fails at once: a rank that publishes its address and then
+// gives up before it connects (a member of a superseded generation).
+class RefusingKvStore : public KvStore {
+ public:
+  RefusingKvStore(KvStore* base, std::string refused) : base_(base), refused_(std::move(refused)) {}
+  Status Set(const std::string& key, const std::string& value) override {
+    return base_->Set(key, value);
+  }
+  Status Get(const std::string& key, std::string* value) override {
+    if (key == refused_) return Status::NotFound(key + " refused by the test");
+    return base_->Get(key, value);
+  }
+  Status Wait(const std::string& key, milliseconds timeout, std::string* value) override {
+    if (key == refused_) return Status::Timeout(key + " refused by the test");
+    return base_->Wait(key, timeout, value);
+  }
+
+ private:
+  KvStore* const base_;
+  const std::string refused_;
+};
+
+// Rank 0 (127.0.0.1) sorts below rank 1 (127.0.0.2), so gloo makes it the listening side of their
+// pair: it waits for rank 1 to connect. Rank 1 publishes its address and gives up before it
+// connects. Rank 0's timeout is far beyond the test's own (ctest's TIMEOUT), so only its
+// CommOptions::interrupt, turned to Aborted once rank 1 has given up, can end the wait: the
+// rendezvous must return that Aborted.
+TEST(GlooCommunicatorTest, InterruptEndsARendezvousWaitingForAPeerThatGaveUp) {
+  MemoryKvStore store;
+  RefusingKvStore refusing(&store, "gone/0");
+  Status peer;
+  std::thread t1([&] {
+    CommOptions o = Options(&refusing, 1, 2, "gone", milliseconds(3'600'000));
+    o.host = "127.0.0.2";
+    peer = CreateGlooCommunicator(o).status();
+  });
+  std::atomic<bool> superseded{false};
+  std::atomic<int> asked{0};
+  CommOptions o = Options(&store, 0, 2, "gone", milliseconds(3'600'000));
+  o.interrupt = [&](CommPhase phase) {
+    EXPECT_EQ(phase, CommPhase::kConstruct);
+    ++asked;
+    return superseded.load() ? Status::Aborted("generation 1 was superseded by 2")
+                             : Status::OK();
+  };
+  std::thread trigger([&] {
+    t1.join();
+    std::string address;
+    EXPECT_OK(store.Wait("gone/0", milliseconds(3'600'000), &address));  // rank 0 is connecting
+    superseded.store(true);
+  });
+  auto comm = CreateGlooCommunicator(o);
+  trigger.join();
+  EXPECT_FALSE(peer.ok());
+  EXPECT_TRUE(comm.status().IsAborted()) << comm.status().ToString();
+  EXPECT_NE(comm.status().message().find("superseded"), std::string::npos)
+      << comm.status().ToString();
+  EXPECT_GT(asked.load(), 0);
+}
+
 // Rank 0's collective timeout is far beyond the test's own (ctest's TIMEOUT): only the abort can end
 // its wait, so an Aborted result proves the abort unblocked it (a timeout would also read Aborted).
 // Rank 1 keeps a short one: its next collective fails, at once when it sees rank 0's sockets close,

@@ -1,7 +1,11 @@
 // Gloo implementation of Communicator (CPU, TCP transport).
 //
-// One gloo context per communicator, built by connectFullMesh over a gloo Store adapter that maps
-// onto our KvStore under options.key_prefix. Every collective uses gloo's option-struct API
+// One gloo context per communicator, connected as a full mesh over a gloo Store adapter that maps
+// onto our KvStore under options.key_prefix. The connect is gloo's connectFullMesh, step for step
+// (hostname keys, pair addresses, one connect per peer), redone here (InterruptibleContext) so
+// that CommOptions::interrupt can end it: a poller asks it every kInterruptEvery and, on a non-OK
+// answer, signals the pairs, which wakes a connect waiting for a peer that will never come (a
+// member of a superseded generation) instead of leaving it to options.timeout. Every collective uses gloo's option-struct API
 // (gloo::allreduce / broadcast / barrier) and nothing else: mixing it with the older algorithm
 // classes on one context hung with 4 ranks.
 //
@@ -22,8 +26,12 @@
 // completion can reach them. Likewise an Abort() racing with the end of a collective that succeeded:
 // the options are destroyed under abort_mu_, which Abort() holds while it signals the pairs.
 // (ThreadSanitizer found buffers destroyed under a late completion and under an abort.)
-#include <memory>
+#include <unistd.h>
+
 #include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <thread>
 
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -87,6 +95,117 @@ struct PairAccess : gloo::transport::tcp::Pair {
   static void Signal(gloo::transport::tcp::Pair* pair, const std::string& msg) {
     auto fn = &PairAccess::signalExceptionExternal;
     (pair->*fn)(msg);
+  }
+};
+
+// Signals every tcp pair of `context` (a gloo::Context or a transport context), so that whatever
+// waits on one throws; a pair that already failed ignores it.
+template <typename Ctx>
+void SignalPairs(Ctx* context, int rank, int size, const std::string& why) {
+  for (int i = 0; i < size; ++i) {
+    if (i == rank) continue;
+    auto* pair = dynamic_cast<gloo::transport::tcp::Pair*>(context->getPair(i).get());
+    if (pair == nullptr) continue;
+    try {
+      PairAccess::Signal(pair, why);
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "gloo rank " << rank << ": signalling pair " << i << ": " << e.what();
+    }
+  }
+}
+
+// Asks `interrupt` every kInterruptEvery on its own thread until stopped; on the first non-OK
+// answer keeps it and signals the pairs of `context`, so a connect blocked on a peer throws.
+class ConnectInterrupter {
+ public:
+  ConnectInterrupter(const std::function<Status(CommPhase)>& interrupt,
+                     gloo::transport::Context* context, int rank, int size) {
+    if (!interrupt) return;
+    thread_ = std::thread([this, &interrupt, context, rank, size] {
+      for (;;) {
+        Status s = interrupt(CommPhase::kConstruct);
+        MutexLock lock(&mu_);
+        if (done_) return;
+        if (!s.ok()) {
+          interrupted_ = s;
+          lock.Unlock();
+          SignalPairs(context, rank, size, "rendezvous interrupted: " + s.ToString());
+          return;
+        }
+        cv_.wait_for(lock.native(), kInterruptEvery, [this]() REQUIRES(mu_) { return done_; });
+        if (done_) return;
+      }
+    });
+  }
+  ~ConnectInterrupter() { (void)Stop(); }  // an exception unwinds past the Stop() that reads it
+  // Stops the poller (joins it); returns the interrupt's answer if it ended the connect, else OK.
+  Status Stop() {
+    {
+      MutexLock lock(&mu_);
+      done_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    MutexLock lock(&mu_);
+    return interrupted_;
+  }
+
+ private:
+  Mutex mu_;
+  std::condition_variable cv_;
+  bool done_ GUARDED_BY(mu_) = false;
+  Status interrupted_ GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+// gloo::rendezvous::Context whose full-mesh connect CommOptions::interrupt can end (top of file).
+class InterruptibleContext : public gloo::rendezvous::Context {
+ public:
+  using gloo::rendezvous::Context::Context;
+
+  // gloo's connectFullMesh with the interrupter running over the connects. Throws what gloo
+  // throws; *interrupted is the interrupt's answer when it ended the connect.
+  void ConnectFullMesh(gloo::rendezvous::Store& store,
+                       std::shared_ptr<gloo::transport::Device>& dev,
+                       const std::function<Status(CommPhase)>& interrupt, Status* interrupted) {
+    char hostname[256] = {};
+    if (gethostname(hostname, sizeof(hostname) - 1) != 0) {
+      throw std::system_error(errno, std::system_category(), "gethostname");
+    }
+    const std::string host(hostname);
+    store.set("rank_" + std::to_string(rank), std::vector<char>(host.begin(), host.end()));
+    int local_rank = 0;
+    for (int i = 0; i < rank; ++i) {
+      const std::vector<char> other = store.get("rank_" + std::to_string(i));
+      local_rank += std::string(other.begin(), other.end()) == host;
+    }
+    auto transport = dev->createContext(rank, size);
+    transport->setTimeout(getTimeout());
+    std::vector<char> addresses;
+    for (int i = 0; i < size; ++i) {
+      if (i == rank) continue;
+      auto& pair = transport->createPair(i);
+      pair->setLocalRank(local_rank);
+      const std::vector<char> bytes = pair->address().bytes();
+      addresses.insert(addresses.end(), bytes.begin(), bytes.end());
+    }
+    store.set(std::to_string(rank), addresses);
+    ConnectInterrupter interrupter(interrupt, transport.get(), rank, size);
+    try {
+      for (int i = 0; i < size; ++i) {
+        if (i == rank) continue;
+        store.wait({std::to_string(i)}, getTimeout());
+        std::vector<char> all = store.get(std::to_string(i));
+        transport->getPair(i)->connect(extractAddress(all, i));
+      }
+    } catch (...) {
+      *interrupted = interrupter.Stop();
+      throw;
+    }
+    *interrupted = interrupter.Stop();
+    if (!interrupted->ok()) throw gloo::IoException(interrupted->ToString());  // raced the end
+    device_ = dev;
+    transportContext_ = std::move(transport);
   }
 };
 
@@ -219,16 +338,7 @@ void GlooCommunicator::Abort() {
 }
 
 void GlooCommunicator::CloseAllPairs(const char* why) {
-  for (int i = 0; i < context_->size; ++i) {
-    if (i == context_->rank) continue;
-    auto* pair = dynamic_cast<gloo::transport::tcp::Pair*>(context_->getPair(i).get());
-    if (pair == nullptr) continue;
-    try {
-      PairAccess::Signal(pair, why);
-    } catch (const std::exception& e) {
-      LOG(WARNING) << Name() << ": closing pair " << i << ": " << e.what();
-    }
-  }
+  SignalPairs(context_.get(), context_->rank, context_->size, Name() + ": " + why);
 }
 
 Status ValidateOptions(const CommOptions& o) {
@@ -250,20 +360,24 @@ Status ValidateOptions(const CommOptions& o) {
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions& options) {
   EDL_RETURN_IF_ERROR(ValidateOptions(options));
   const std::string host = options.host.empty() ? "127.0.0.1" : options.host;
+  Status interrupted;  // the interrupt's answer, when it ended the connect
   try {
     gloo::transport::tcp::attr attr(host.c_str());
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+    auto context = std::make_shared<InterruptibleContext>(options.rank, options.world_size);
     context->setTimeout(options.timeout);
     KvStoreAdapter store(options.store, options.key_prefix, options.timeout);
-    context->connectFullMesh(store, device);
+    context->ConnectFullMesh(store, device, options.interrupt, &interrupted);
     return std::unique_ptr<Communicator>(new GlooCommunicator(options, std::move(context)));
   } catch (const std::exception& e) {
+    const std::string where = "gloo rendezvous of generation " +
+                              std::to_string(options.generation) + " (rank " +
+                              std::to_string(options.rank) + "/" +
+                              std::to_string(options.world_size) + ", keys " +
+                              options.key_prefix + ", host " + host + ")";
+    if (!interrupted.ok()) return interrupted.WithContext(where);
     const std::string what = e.what();
-    const std::string msg = "gloo rendezvous of generation " + std::to_string(options.generation) +
-                            " (rank " + std::to_string(options.rank) + "/" +
-                            std::to_string(options.world_size) + ", keys " + options.key_prefix +
-                            ", host " + host + ") failed: " + what;
+    const std::string msg = where + " failed: " + what;
     if (what.find("Timeout") != std::string::npos || what.find("timeout") != std::string::npos) {
       return Status::Timeout(msg + "; did every member of the generation start?");
     }

@@ -31,8 +31,6 @@ using Clock = std::chrono::steady_clock;
 // Bytes of one pinned host-argument block (and of the device slot it is staged through). Larger
 // host arguments go through in slices of this size (they are scalars in practice).
 inline constexpr size_t kHostArgBytes = 64 * 1024;
-// How often a wait asks CommOptions::interrupt (it may take a lock in the membership source).
-inline constexpr std::chrono::milliseconds kInterruptEvery{5};
 
 Status NcclStatus(ncclResult_t r, const char* expr, const char* file, int line);
 Status CudaStatus(cudaError_t e, const char* expr, const char* file, int line);
