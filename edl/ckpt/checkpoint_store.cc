@@ -311,37 +311,56 @@ Status CheckpointStore::Verify(int64_t id, VerifyReport* report) {
 }
 
 Status CheckpointStore::LoadLatest(const std::string& fingerprint, LoadedCheckpoint* out) {
-  std::vector<CheckpointMeta> all;
-  EDL_RETURN_IF_ERROR(List(&all));
-  if (all.empty()) {
-    return Status::NotFound(Describe() + " holds no checkpoint yet (cold start with fresh state)");
-  }
-  const CheckpointMeta& latest = all.back();
-  if (!fingerprint.empty() && latest.fingerprint != fingerprint) {
-    return Status::FailedPrecondition(
-        Describe() + ": latest checkpoint " + std::to_string(latest.id) +
-        " was written for fingerprint '" + latest.fingerprint + "' but this trainer's is '" +
-        fingerprint + "' (another model, shapes or config); point --checkpoint_dir at this "
-        "job's store or start from fresh state with an empty directory");
-  }
-  std::string failures;
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (!fingerprint.empty() && it->fingerprint != fingerprint) continue;
-    Status s = ReadVerified(this, *it, out);
-    if (s.ok()) {
-      if (it != all.rbegin()) {
-        LOG(WARNING) << Describe() << ": loaded checkpoint " << it->id << " (step " << it->step
-                     << ") instead of the latest because newer ones failed:" << failures;
-      }
-      return s;
+  // A writer in another process may save and prune between our List and our read of a
+  // checkpoint (and a read-only open racing with its close may see the meta of a checkpoint whose
+  // files it already dropped). A read that fails while the store has changed since our List is
+  // that race, not corruption: start over from a fresh list, a bounded number of times (each
+  // start-over follows a newer save). A failure in a store that has not changed is corruption.
+  constexpr int kMaxRelists = 16;
+  for (int relist = 0;; ++relist) {
+    std::vector<CheckpointMeta> all;
+    EDL_RETURN_IF_ERROR(List(&all));
+    if (all.empty()) {
+      return Status::NotFound(Describe() + " holds no checkpoint yet (cold start with fresh state)");
     }
-    if (!s.IsCorruption() && s.code() != Status::Code::kIOError) return s;
-    LOG(WARNING) << Describe() << ": checkpoint " << it->id << " does not verify, trying the one "
-                 << "before it: " << s.ToString();
-    failures += " [" + s.ToString() + "]";
+    const CheckpointMeta& latest = all.back();
+    if (!fingerprint.empty() && latest.fingerprint != fingerprint) {
+      return Status::FailedPrecondition(
+          Describe() + ": latest checkpoint " + std::to_string(latest.id) +
+          " was written for fingerprint '" + latest.fingerprint + "' but this trainer's is '" +
+          fingerprint + "' (another model, shapes or config); point --checkpoint_dir at this "
+          "job's store or start from fresh state with an empty directory");
+    }
+    std::string failures;
+    bool pruned = false;
+    for (auto it = all.rbegin(); it != all.rend() && !pruned; ++it) {
+      if (!fingerprint.empty() && it->fingerprint != fingerprint) continue;
+      Status s = ReadVerified(this, *it, out);
+      if (s.ok()) {
+        if (it != all.rbegin()) {
+          LOG(WARNING) << Describe() << ": loaded checkpoint " << it->id << " (step " << it->step
+                       << ") instead of the latest because newer ones failed:" << failures;
+        }
+        return s;
+      }
+      if (!s.IsCorruption() && s.code() != Status::Code::kIOError) return s;
+      std::vector<CheckpointMeta> now;
+      if (relist < kMaxRelists && List(&now).ok() &&
+          (now.empty() || now.back().id != all.back().id)) {
+        LOG(INFO) << Describe() << ": checkpoint " << it->id << " could not be read while a writer "
+                  << "saved and pruned (" << s.ToString() << "); loading the newest again";
+        pruned = true;
+        continue;
+      }
+      LOG(WARNING) << Describe() << ": checkpoint " << it->id << " does not verify, trying the "
+                   << "one before it: " << s.ToString();
+      failures += " [" + s.ToString() + "]";
+    }
+    if (!pruned) {
+      return Status::Corruption(Describe() + ": no checkpoint verifies:" + failures +
+                                "; run `edl ckpt verify` for details");
+    }
   }
-  return Status::Corruption(Describe() + ": no checkpoint verifies:" + failures +
-                            "; run `edl ckpt verify` for details");
 }
 
 }  // namespace edl::ckpt

@@ -76,6 +76,31 @@ bool IsLockHeld(const rocksdb::Status& s) {
   return m.find("lock") != std::string::npos;
 }
 
+// A file the MANIFEST lists is gone: deleted by a writer after we read that MANIFEST.
+bool IsVanishedFile(const rocksdb::Status& s) {
+  if (!s.IsCorruption() && !s.IsIOError() && !s.IsPathNotFound()) return false;
+  std::string m = s.ToString();
+  std::transform(m.begin(), m.end(), m.begin(), ::tolower);
+  return m.find("no such file") != std::string::npos || m.find("can't access") != std::string::npos;
+}
+
+// Applies `batch` and makes it durable without the WAL: the write goes to the memtable only and a
+// flush turns it into a table file, recorded by one MANIFEST edit. Every change of the store is
+// then a MANIFEST edit, so a read-only opener, which reads the MANIFEST and the WAL files at two
+// different moments, never combines a newer WAL with an older MANIFEST (that mix showed a store
+// with no checkpoint, or a listed checkpoint without its files). It sees some earlier state whole.
+Status CommitBatch(rocksdb::DB* db, rocksdb::WriteBatch* batch, const std::string& what) {
+  rocksdb::WriteOptions wo;
+  wo.disableWAL = true;
+  rocksdb::Status s = db->Write(wo, batch);
+  if (s.ok()) {
+    rocksdb::FlushOptions fo;
+    fo.wait = true;
+    s = db->Flush(fo);
+  }
+  return FromRocks(what, s);
+}
+
 // Closes the database cleanly on scope exit.
 struct DbCloser {
   void operator()(rocksdb::DB* db) const {
@@ -129,6 +154,7 @@ rocksdb::Options RocksDbStore::DbOptions() const {
   options.compression = rocksdb::kNoCompression;
   options.disable_auto_compactions = true;  // data SSTs stay whole so pruning drops files
   options.keep_log_file_num = 2;
+  options.max_open_files = -1;  // every table file open from the open on (OpenForRead)
   options.max_manifest_file_size = 16 << 20;
   options.use_direct_reads = o_.direct_reads;
   options.use_direct_io_for_flush_and_compaction = o_.direct_writes;
@@ -190,11 +216,28 @@ Status RocksDbStore::OpenForRead(DbPtr* out) {
     return Status::NotFound(Describe() + " does not exist (no checkpoint was ever saved there; "
                             "a trainer starts from fresh state)");
   }
-  rocksdb::DB* db = nullptr;
-  rocksdb::Status s = rocksdb::DB::OpenForReadOnly(DbOptions(), o_.dir, &db);
-  if (!s.ok()) return FromRocks("opening " + Describe() + " read-only", s);
-  out->reset(db);
-  return Status::OK();
+  // A writer in another process may delete files between our read of its MANIFEST and our open
+  // of the files it lists (a prune or its compaction): "Can't access 000258.sst". The next open
+  // reads the new MANIFEST, so that one error is retried, for up to lock_timeout as a writer's
+  // LOCK is. Once open, every table file is held open (max_open_files -1), so later deletions
+  // do not reach the reads.
+  const int64_t deadline = Clock::Real()->NowMicros() + o_.lock_timeout.count() * 1000;
+  for (int attempt = 0;; ++attempt) {
+    rocksdb::DB* db = nullptr;
+    rocksdb::Status s = rocksdb::DB::OpenForReadOnly(DbOptions(), o_.dir, &db);
+    if (s.ok()) {
+      out->reset(db);
+      return Status::OK();
+    }
+    if (!IsVanishedFile(s) || Clock::Real()->NowMicros() >= deadline) {
+      return FromRocks("opening " + Describe() + " read-only", s);
+    }
+    if (attempt == 0) {
+      LOG(INFO) << Describe() << ": a file vanished while opening read-only (" << s.ToString()
+                << "); a writer is pruning it, retrying";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 Status RocksDbStore::ListOpen(rocksdb::DB* db, std::vector<CheckpointMeta>* out) {
@@ -281,9 +324,7 @@ Status RocksDbStore::WriteBatch(rocksdb::DB* db, const CheckpointMeta& meta,
                                  }));
   EDL_RETURN_IF_ERROR(FromRocks(what, batch.Put(kLatestKey, std::to_string(meta.id))));
   EDL_RETURN_IF_ERROR(FromRocks(what, batch.Put(MetaKey(meta.id), stored->EncodeJson())));
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
-  return FromRocks(what, db->Write(wo, &batch));
+  return CommitBatch(db, &batch, what);
 }
 
 Status RocksDbStore::Save(const CheckpointMeta& meta, const std::vector<TensorView>& tensors,
@@ -324,7 +365,7 @@ Status RocksDbStore::Save(const CheckpointMeta& meta, const std::vector<TensorVi
 }
 
 // Deletes all but the newest keep_checkpoints checkpoints and returns their disk space. The
-// metadata goes first, in one synced write: from then on the store no longer lists them, so a
+// metadata goes first, in one flushed write (CommitBatch): from then on the store no longer lists them, so a
 // writer killed at any later point never leaves a listed checkpoint without its tensors. Then every
 // data key below the oldest kept checkpoint goes (ids only grow, so none of them belongs to a
 // listed checkpoint): those just unlisted, and any a killed writer left behind. In the SST layout
@@ -336,12 +377,10 @@ Status RocksDbStore::Prune(rocksdb::DB* db) {
   if (all.empty()) return Status::OK();
   const size_t keep = static_cast<size_t>(o_.keep_checkpoints);
   const size_t drop = all.size() > keep ? all.size() - keep : 0;
-  rocksdb::WriteOptions wo;
-  wo.sync = true;
   if (drop > 0) {
     rocksdb::WriteBatch unlist;
     for (size_t i = 0; i < drop; ++i) unlist.Delete(MetaKey(all[i].id));
-    EDL_RETURN_IF_ERROR(FromRocks("pruning " + Describe(), db->Write(wo, &unlist)));
+    EDL_RETURN_IF_ERROR(CommitBatch(db, &unlist, "pruning " + Describe()));
   }
   const std::string begin = kDataPrefix, end = DataPrefix(all[drop].id);
   rocksdb::Slice b(begin), e(end);
@@ -361,7 +400,7 @@ Status RocksDbStore::Prune(rocksdb::DB* db) {
     if (any_data()) {
       rocksdb::WriteBatch rest;
       rest.DeleteRange(begin, end);
-      EDL_RETURN_IF_ERROR(FromRocks("pruning " + Describe(), db->Write(wo, &rest)));
+      EDL_RETURN_IF_ERROR(CommitBatch(db, &rest, "pruning " + Describe()));
     }
     EDL_RETURN_IF_ERROR(FromRocks("compacting " + Describe(), db->CompactRange(cro, &b, &e)));
   }

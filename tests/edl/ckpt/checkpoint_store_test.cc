@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -302,6 +303,40 @@ TEST(RocksDbStoreTest, WriterWaitsForTheLockThenTimesOutClearly) {
   release.join();
   google::RemoveLogSink(&sink);
   EXPECT_TRUE(sink.seen()) << "the save never waited for the LOCK";
+}
+
+// Readers (a joiner's cold start, `edl ckpt list`, a test's poll) open the store read-only while a
+// trainer saves and prunes it, deleting the files of dropped checkpoints. Each reader sees a whole
+// store: every List and every load of the newest checkpoint succeeds, whatever it interleaves with.
+TEST(RocksDbStoreTest, ReadersDuringSavesAndPrunesAlwaysSeeAWholeStore) {
+  ScratchDir dir("ckpt");
+  auto writer = OpenRocksDbStore(Options(dir.path(), /*keep=*/1));
+  ASSERT_OK(writer->Save(MakeMeta(1, 1), MakeState(1, 64 << 10).views, nullptr));
+  std::atomic<bool> done{false};
+  std::atomic<int> lists{0}, loads{0};
+  std::thread reader([&] {
+    auto store = OpenRocksDbStore(Options(dir.path(), /*keep=*/1));
+    while (!done.load()) {
+      std::vector<CheckpointMeta> all;
+      Status s = store->List(&all);
+      EXPECT_OK(s);
+      if (!s.ok()) return;
+      EXPECT_TRUE(all.size() == 1 || all.size() == 2) << all.size();  // 2 between save and prune
+      ++lists;
+      LoadedCheckpoint got;
+      s = store->LoadLatest("", &got);
+      EXPECT_OK(s);
+      if (!s.ok()) return;
+      ++loads;
+    }
+  });
+  // Saves go on until the reader has opened the store many times during them.
+  for (int i = 2; i <= 400 && loads.load() < 50; ++i) {
+    ASSERT_OK(writer->Save(MakeMeta(i, 1), MakeState(i, 64 << 10).views, nullptr));
+  }
+  done.store(true);
+  reader.join();
+  EXPECT_GT(lists.load(), 0);
 }
 
 TEST(RocksDbStoreTest, TakesBackDiskSpaceOfDroppedCheckpoints) {
