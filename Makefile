@@ -4,10 +4,10 @@
 # the GPU path (scripts/build_gpu_check.sh, scripts/gpu_check.sh); `make install PREFIX=/opt/edl`
 # installs bin/edl, its libraries, the runtime's headers and CMake package (find_package(edl));
 # `make package` writes the Debian package.
-# Knobs: BUILD_DIR=build, BUILD_TYPE=Release, JOBS=$(nproc), EDL_USE_CUDA=AUTO|ON|OFF,
-#        SANITIZE=address,undefined|thread (for BUILD_DIR itself), SANITIZERS=0 (skip the stages),
-#        FORMAT_CHECK=1 (`make test` first checks the sources against .clang-format; `make
-#        format-check` alone; scripts/check_format.sh --fix reformats).
+# Knobs: BUILD_DIR=build, BUILD_TYPE=Release, JOBS=$(nproc), CTEST_JOBS=4*JOBS,
+#        EDL_USE_CUDA=AUTO|ON|OFF, SANITIZE=address,undefined|thread (for BUILD_DIR itself),
+#        SANITIZERS=0 (skip the stages), FORMAT_CHECK=1 (`make test` first checks the sources
+#        against .clang-format; `make format-check` alone; scripts/check_format.sh --fix reformats).
 #
 # Sanitizer stages of `make test`, each a clang tree of its own with EDL_USE_CUDA=OFF (the sanitizers
 # check host code; CUDA kernels are out of their reach):
@@ -20,6 +20,9 @@
 BUILD_DIR  ?= build
 BUILD_TYPE ?= Release
 JOBS       ?= $(shell nproc)
+# ctest runs this many cases at once; the cores they ask for (tests/CMakeLists.txt, CORES) never
+# exceed the machine's, so the rest are cases that mostly wait (servers, sockets, timeouts).
+CTEST_JOBS ?= $(shell echo $$(( 4 * $(JOBS) )))
 EDL_USE_CUDA ?= AUTO
 SANITIZE   ?=
 CTEST_ARGS ?=
@@ -76,10 +79,12 @@ define timed
 	@start=$$(date +%s); $(2); rc=$$?; \
 	  echo "== make test: $(1): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 endef
-# $(call ctest_stage,LABEL,DIR,ARGS): ctest in DIR, timed; then every skipped case with its reason
-# and the count of cases run (tests/ctest_report.sh), whatever the outcome.
+# $(call ctest_stage,LABEL,DIR,ARGS[,JOBS]): ctest in DIR (JOBS cases at once, default CTEST_JOBS),
+# timed; then every skipped case with its reason and the count of cases run
+# (tests/ctest_report.sh), whatever the outcome.
 define ctest_stage
-	@start=$$(date +%s); (cd $(2) && ctest --output-on-failure -j $(JOBS) $(3) $(CTEST_ARGS)); rc=$$?; \
+	@start=$$(date +%s); (cd $(2) && ctest --output-on-failure -j $(or $(4),$(CTEST_JOBS)) \
+	  --resource-spec-file ctest_resources.json $(3) $(CTEST_ARGS)); rc=$$?; \
 	  bash tests/ctest_report.sh $(2); \
 	  echo "== make test: $(1): $$(( $$(date +%s) - start )) s (exit $$rc)"; exit $$rc
 endef
@@ -126,10 +131,12 @@ asan: deps
 test-asan: asan
 	$(call ctest_stage,ctest ASan+UBSan and fuzz corpus replay ($(ASAN_DIR)),$(ASAN_DIR),-E '$(ASAN_EXCLUDE)|$(ASAN_EXCLUDE_SUITES)|_NOT_BUILT$$')
 
+# TSan: JOBS cases at once, not CTEST_JOBS: its cases are in-process rings of thread-ranks that
+# keep the cores busy (~10x slower under TSan), and the stage takes ~25 s at JOBS.
 test-tsan: deps
 	$(call cmake_tree,$(TSAN_DIR),$(SAN_CMAKE) -DEDL_SANITIZE=thread)
 	$(call timed,build ($(TSAN_DIR)),cmake --build $(TSAN_DIR) -j $(JOBS) --target $(TSAN_TARGETS))
-	$(call ctest_stage,ctest TSan ($(TSAN_DIR)),$(TSAN_DIR),-R '$(TSAN_TESTS)')
+	$(call ctest_stage,ctest TSan ($(TSAN_DIR)),$(TSAN_DIR),-R '$(TSAN_TESTS)',$(JOBS))
 
 demo: build
 	@bash scripts/demo.sh
