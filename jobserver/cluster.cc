@@ -305,6 +305,7 @@ void Cluster::Progress(const std::string& job, const std::string& trainer_id, co
   if (it == jobs_.end() || !it->second.membership->IsLiveTrainer(trainer_id)) return;
   Job& j = it->second;
   j.progress[trainer_id] = r;
+  j.membership->TrainerStepped(trainer_id);
   if (r.step > j.last_step) {  // training moves: whatever kept failing no longer does
     j.last_step = r.step;
     j.last_progress_us = clock_->NowMicros();
@@ -353,7 +354,9 @@ void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_i
   if (it == jobs_.end()) return;
   Job& job = it->second;
   const std::string kind = e.value("event", "");
-  if (kind == "checkpoint_failed") {
+  if (kind == "joiner_first_step") {
+    job.membership->TrainerStepped(trainer_id);
+  } else if (kind == "checkpoint_failed") {
     ++job.checkpoint_failures;
     if (e.value("refused", false)) ++job.checkpoint_refusals;
     job.checkpoint_failed_step = e.value("step", int64_t{-1});

@@ -70,8 +70,8 @@ void JobMembership::NodeAttached(const std::string& name, const std::vector<std:
     }
   }
   if (!gone.empty()) {
+    NoteMembersFailed(gone, "died while their node was away");  // before they leave stepped_
     RemoveMembers(gone, "failure", true);
-    NoteFailure();
   }
   UpdateRecovery();
   Reconcile();
@@ -104,8 +104,8 @@ void JobMembership::NodeLost(const std::string& name, const std::string& why) {
     it = it->second == name ? leaving_.erase(it) : std::next(it);
   }
   if (!gone.empty()) {
+    NoteMembersFailed(gone, "were lost with their node");
     RemoveMembers(gone, "node_loss", true);
-    NoteFailure();
   }
   UpdateRecovery();
 }
@@ -139,9 +139,14 @@ void JobMembership::OnExit(const std::string& trainer_id, bool success, const st
     Reconcile();
     return;
   }
-  RemoveMembers({trainer_id}, "failure", true);
-  NoteFailure();
+  const std::set<std::string> gone = {trainer_id};
+  NoteMembersFailed(gone, "failed (" + how + ")");
+  RemoveMembers(gone, "failure", true);
   Reconcile();
+}
+
+void JobMembership::TrainerStepped(const std::string& trainer_id) {
+  if (FindMember(trainer_id) != nullptr) stepped_.insert(trainer_id);
 }
 
 void JobMembership::TrainerReady(const std::string& trainer_id, int64_t generation) {
@@ -483,6 +488,20 @@ void JobMembership::Commit(std::vector<MemberInfo> members, const std::string& r
   Emit(std::move(a));
 }
 
+void JobMembership::NoteMembersFailed(const std::set<std::string>& gone, const std::string& what) {
+  for (const std::string& id : gone) {
+    if (stepped_.count(id) == 0) {
+      LOG(INFO) << "job " << options_.job_id << ": trainer " << id << " " << what
+                << " before its first step: growing back after the failure back-off";
+      NoteFailure();
+      return;
+    }
+  }
+  LOG(INFO) << "job " << options_.job_id << ": " << gone.size() << " trainer(s) " << what
+            << " after training: growing back at once";
+  need_grow_back_ = true;
+}
+
 void JobMembership::NoteFailure() {
   const int64_t now = clock_->NowMicros();
   if (backoff_us_ == 0 || now - last_failure_us_ > kQuietResetUs) {
@@ -521,6 +540,7 @@ void JobMembership::EmitKill(const std::string& node, std::vector<std::string> i
 }
 
 void JobMembership::MarkLeaving(const std::string& id, const std::string& node) {
+  stepped_.erase(id);
   if (leaving_.size() >= kMaxLeavingTrainers && leaving_.count(id) == 0) leaving_.erase(leaving_.begin());
   leaving_[id] = node;
 }
@@ -676,6 +696,8 @@ void JobMembership::Restore(const JobState& s, const std::vector<SlotGrant>& gra
     nodes_[g.node] = Node{g.node, g.host, g.restart_mode, g.slots, g.connected, g.order};
   }
   first_node_us_ = now;
+  // The restored members trained under the previous server.
+  for (const MemberInfo& m : current_.members) stepped_.insert(m.trainer_id);
   recovering_ = !done_ && !current_.members.empty();
   EmitEvent(events::JobRestored{current_.generation, current_.world_size(), s.max_generation, nodes_.size(),
                                  done_});

@@ -50,8 +50,11 @@ struct MembershipOptions {
   int initial_trainers = 0;   // desired size at start; 0: every free slot
   int64_t join_timeout_us = 60'000'000;      // joiners not ready by then are dropped
   int master_port_base = 29500;              // MASTER_PORT = base + generation % 1000
-  int64_t backoff_min_us = 1'000'000;        // grow-back delay after a failure, doubling...
-  int64_t backoff_max_us = 30'000'000;       // ...up to this; reset after a quiet minute
+  // Grow-back delay after a failure of what has not yet trained (a joiner, a member before its
+  // first step), doubling up to backoff_max_us, reset after a quiet minute. A member that trained
+  // and then failed is replaced at once: the back-off is for what keeps failing.
+  int64_t backoff_min_us = 1'000'000;
+  int64_t backoff_max_us = 30'000'000;
   // The trainer-id counter shared by every job of the server, so ids are unique across jobs (a
   // node's report is routed by the id alone). Not owned; null: the membership's own counter.
   uint64_t* shared_trainer_seq = nullptr;
@@ -114,6 +117,9 @@ class JobMembership {
   void NodeLost(const std::string& name, const std::string& why);
   void TrainerExited(const std::string& trainer_id, bool success, const std::string& how);
   void TrainerReady(const std::string& trainer_id, int64_t generation);
+  // Member `trainer_id` took a step (its progress report or its first step as a joiner): from now
+  // on its failure is replaced without the back-off.
+  void TrainerStepped(const std::string& trainer_id);
   // A pending joiner the cluster refuses (its configuration differs from the job's): killed, the
   // change goes on without it, and no joiner is placed on its node again until the node
   // re-attaches (a client restarted, perhaps with the right configuration) or is lost.
@@ -215,6 +221,9 @@ class JobMembership {
   void Commit(std::vector<proto::MemberInfo> members, const std::string& reason, bool failure,
               int64_t stall_us);
   void NoteFailure();
+  // Members `gone` failed (called before they are removed): the back-off applies unless every
+  // one of them had trained (stepped).
+  void NoteMembersFailed(const std::set<std::string>& gone, const std::string& what);
   void OnExit(const std::string& trainer_id, bool success, const std::string& how);
   // Removes pending joiner `trainer_id` from the change being prepared (which goes on without it,
   // or ends when it was the last).
@@ -251,6 +260,8 @@ class JobMembership {
   std::unordered_map<std::string, size_t> current_index_;  // trainer id -> position in current_
   Pending pending_;
   std::set<std::string> finished_;  // members that exited 0: training is complete for them
+  // Members that took a step (TrainerStepped) since they joined, or that a restored state names.
+  std::unordered_set<std::string> stepped_;
   // Trainers removed from the job whose exit their node has not reported: id -> node.
   std::map<std::string, std::string> leaving_;
   // Nodes whose joiner was refused (RefuseJoiner): node -> why; no joiner goes there meanwhile.

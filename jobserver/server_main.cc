@@ -63,7 +63,8 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("stop_timeout_s", po::value<int>(&stop_s)->default_value(300),
        "`edl ctl stop`: wait this long for the trainers to leave (rank 0 saving a final checkpoint) before the clients stop them")
       ("backoff_min_s", po::value<double>(&backoff_min_s)->default_value(1, "1"),
-       "grow-back delay after a failure; doubles per further failure within a minute...")
+       "grow-back delay after a failure of a trainer that had not yet taken a step (a trainer that "
+       "trained and then failed is replaced at once); doubles per further failure within a minute...")
       ("backoff_max_s", po::value<double>(&backoff_max_s)->default_value(30, "30"),
        "...up to this (set both equal for a fixed delay, e.g. in failure benchmarks)")
       ("kv_max_value_bytes", po::value<int64_t>(&kv_value)->default_value(kv.max_value_bytes), "largest rendezvous KV value")

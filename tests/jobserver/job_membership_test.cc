@@ -189,6 +189,53 @@ TEST_F(JobMembershipTest, FailureCommitsAtOnceThenGrowsBackAfterBackoff) {
   EXPECT_EQ(commits[0].next.world_size(), 3);
 }
 
+// The back-off is for what keeps failing: a member that trained (a progress report, or its first
+// step as a joiner) and then died is replaced at once; its replacement, dying before its first
+// step, backs off, longer each time; a replacement that stepped is again replaced at once.
+TEST_F(JobMembershipTest, TrainedMemberIsReplacedAtOnceAndOnlyWhatFailsAtOnceBacksOff) {
+  MembershipOptions o;
+  o.initial_trainers = 3;
+  o.backoff_min_us = 2'000'000;
+  Make(o);
+  AddNode("a", 3);
+  sched_->TakeActions();
+  for (const auto& m : cur().members) sched_->Progress(m.trainer_id, 10);
+  sched_->TrainerExited(cur().members[1].trainer_id, false, "signal 9");
+  auto all = All();
+  ASSERT_EQ(Filter(all, Kind::kCommit).size(), 1u);
+  EXPECT_EQ(cur().world_size(), 2);
+  auto prepares = Filter(all, Kind::kPrepare);  // no Advance: the grow-back starts with the failure
+  ASSERT_EQ(prepares.size(), 1u);
+  ASSERT_EQ(prepares[0].prepare.joiners.size(), 1u);
+  const std::string first = prepares[0].prepare.joiners[0].trainer_id;
+  ReadyAll(prepares);
+  ASSERT_EQ(cur().world_size(), 3);
+  EXPECT_EQ(cur().reason, "grow_back");
+  // The replacement dies before its first step: what fails at once backs off (2 s).
+  sched_->TrainerExited(first, false, "exit 1");
+  EXPECT_EQ(cur().world_size(), 2);
+  Advance(1.5);
+  EXPECT_TRUE(Take(Kind::kPrepare).empty()) << "a replacement that failed at once must back off";
+  Advance(1);
+  prepares = Take(Kind::kPrepare);
+  ASSERT_EQ(prepares.size(), 1u);
+  const std::string second = prepares[0].prepare.joiners[0].trainer_id;
+  ReadyAll(prepares);
+  // The next one also fails at once: the back-off doubles (4 s).
+  sched_->TrainerExited(second, false, "exit 1");
+  Advance(3.5);
+  EXPECT_TRUE(Take(Kind::kPrepare).empty()) << "the back-off must grow";
+  Advance(1);
+  prepares = Take(Kind::kPrepare);
+  ASSERT_EQ(prepares.size(), 1u);
+  const std::string third = prepares[0].prepare.joiners[0].trainer_id;
+  ReadyAll(prepares);
+  // This one steps (its first step as a joiner), then dies: replaced at once again.
+  sched_->JoinerFirstStep(third);
+  sched_->TrainerExited(third, false, "signal 9");
+  EXPECT_EQ(Take(Kind::kPrepare).size(), 1u) << "a replacement that trained is replaced at once";
+}
+
 TEST_F(JobMembershipTest, RepeatedFailuresBackOffLonger) {
   MembershipOptions o;
   o.initial_trainers = 1;

@@ -67,6 +67,16 @@ class OneJobCluster {
     cluster_->TrainerExited(id, NodeOf(id), success, how);
   }
   void TrainerReady(const std::string& id, int64_t generation) { cluster_->TrainerReady(id, NodeOf(id), generation); }
+  // A progress report of trainer `id` at `step`, as its client relays it.
+  void Progress(const std::string& id, int64_t step) {
+    proto::ProgressReport r;
+    r.step = step;
+    cluster_->Progress(cluster_->own_job(), id, r);
+  }
+  // A joiner's first step (its trainer event).
+  void JoinerFirstStep(const std::string& id) {
+    cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id), {{"event", "joiner_first_step"}});
+  }
   bool PlacedOn(const std::string& id, const std::string& node) const {
     std::string job;
     return cluster_->Authorized(id, node, &job);
