@@ -336,11 +336,16 @@ void Client::ScheduleReconnect(const std::string& why) {
   if (shutting_down_) return;
   // With several servers (a leader and standbys) the next one is tried; the delay grows once per
   // round over all of them.
+  // The cap is short: a server restart costs the job whatever passes between the server's return
+  // and the clients' next try (a trainer that died meanwhile is handled only then), and a refused
+  // connect costs the server nothing. The jitter (+-20 %) keeps many clients from trying in step.
+  constexpr int64_t kMaxReconnectMs = 1000;
   server_index_ = (server_index_ + 1) % servers_.size();
+  const int64_t delay_ms = backoff_ms_ * 4 / 5 + static_cast<int64_t>(jitter_() % (backoff_ms_ * 2 / 5 + 1));
   LOG(WARNING) << "edl client " << options_.node_name << ": server connection: " << why << "; trying "
-               << ServerAddr() << " in " << backoff_ms_ << " ms";
-  reconnect_timer_.expires_after(milliseconds(backoff_ms_));
-  if (server_index_ == 0) backoff_ms_ = std::min<int64_t>(backoff_ms_ * 2, 5000);
+               << ServerAddr() << " in " << delay_ms << " ms";
+  reconnect_timer_.expires_after(milliseconds(delay_ms));
+  if (server_index_ == 0) backoff_ms_ = std::min<int64_t>(backoff_ms_ * 2, kMaxReconnectMs);
   reconnect_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) Connect();
   });

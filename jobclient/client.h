@@ -9,10 +9,13 @@
 // io_context thread passed in.
 #pragma once
 
+#include <unistd.h>
+
 #include <deque>
 #include <map>
 #include <set>
 #include <memory>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -193,7 +196,8 @@ class Client {
   bool socket_bound_ = false;  // this client created the socket file (and so removes it)
   std::string job_id_ = "edl-job";
   int heartbeat_ms_ = 1000;
-  int64_t backoff_ms_ = 200;
+  int64_t backoff_ms_ = 200;                                 // reconnect delay, doubling to 1 s
+  std::minstd_rand jitter_{static_cast<uint32_t>(::getpid())};  // of the reconnect delays
   std::vector<std::pair<std::string, int>> servers_;  // options_.servers, or server_host:server_port
   size_t server_index_ = 0;                            // the one tried now
   std::string ServerAddr() const;                      // its "host:port"
