@@ -1,6 +1,6 @@
 """The figures of bench/chaos.sh from its two runs' records (WORK/chaos and WORK/ref).
 
-Usage: chaos_report.py WORK DURATION_S TRAIN_SAMPLES LOAD. Each run directory holds the trainers'
+Usage: chaos_report.py WORK DURATION_S TRAIN_SAMPLES LOAD [TRAINERS (the full size, default 4)]. Each run directory holds the trainers'
 sample log (samples.jsonl), the job's events log (events/chaos.events.jsonl), the chaos driver's
 actions (chaos.jsonl: wall time and what it did) and edl_chaos_check's verdict (check.json).
 Goodput: the samples of the steps in the job's final history (check.json "samples": a step redone
@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from torchrun_restart import metrics as lines  # JSON lines, skipping one cut by a SIGKILLed writer
 
 work, duration, n_train, load = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+FULL = int(sys.argv[5]) if len(sys.argv) > 5 else 4  # the job's full size, the reference's fixed one
 # The sample log's times are the trainers' steady clock (CLOCK_MONOTONIC); the driver's and the
 # events log's are wall clock: one offset, taken now on the same machine, converts them.
 MONO_TO_WALL = time.time() - time.monotonic()
@@ -76,9 +77,9 @@ def gaps(r):
     return [(a[0], b[0], b[1][1] - a[1][1], b[1][2]) for a, b in zip(seq, seq[1:]) if b[0] == a[0] + 1]
 
 
-ref_gaps = [g for _, _, g, w in gaps(ref) if w == 4]
+ref_gaps = [g for _, _, g, w in gaps(ref) if w == FULL]
 steady = statistics.median(ref_gaps) if ref_gaps else float("nan")
-print(f"# steady step at world 4 (reference median): {steady:.3f} s")
+print(f"# steady step at world {FULL} (reference median): {steady:.3f} s")
 
 ev = chaos["events"]
 kinds = {}
@@ -122,7 +123,7 @@ for prev, step, gap, w in gaps(chaos):
         cause = "epoch end (evaluation)"
     else:
         cause = (inside or before or ["start"])[-1]
-        cause = cause.rstrip("_n12").replace("start_", "restart_")
+        cause = cause.rstrip("_n0123456789").replace("start_", "restart_")
     lost[cause] = lost.get(cause, 0.0) + gap - steady
     where[cause] = where.get(cause, 0) + 1
 seq = sorted(chaos["steps"].items())
@@ -158,6 +159,50 @@ ours = chaos["check"].get("samples", 0) / chaos["window"]
 theirs = ref["check"].get("samples", 0) / ref["window"]
 print(f"RESULT chaos_goodput ours={ours:.1f}img/s ref={theirs:.1f}img/s "
       f"ratio={ours / theirs if theirs > 0 else float('nan'):.3f}")
+
+
+def ratio(ref_v, ours_v):
+    return f"{ref_v / ours_v:.3f}" if ours_v > 0 else "inf"
+
+
+# The breakdown, measured against the reference's steady step (the floor of any re-form: the
+# step that carries the change). ratio = steady / ours, above 1 when a chaos action cost less
+# than one steady step.
+# Gap per chaos action: the time without a committed step after each kind (the kill and the
+# restart of a client or the server are one action), over the number of such actions.
+per_action = {
+    "trainer_kill": (("kill_trainer",), "kill_trainer"),
+    "client_restart": (("kill_client", "restart_client"), "kill_client_n"),
+    "server_restart": (("kill_server", "restart_server"), "kill_server"),
+    "trainer_stop": (("stop_trainer",), "stop_trainer"),
+    "node_loss": (("lose_node",), "lose_node"),
+    "evaluation": (("epoch end (evaluation)",), None),
+}
+for name, (causes, action) in per_action.items():
+    n = (sum(v for a, v in acts.items() if a.startswith(action)) if action
+         else sum(where.get(c, 0) for c in causes))
+    if n == 0:
+        continue
+    gap = sum(lost.get(c, 0.0) for c in causes) / n
+    print(f"RESULT chaos_gap_per_{name} ours={gap:.2f}s ref={steady:.2f}s ratio={ratio(steady, gap)} "
+          f"({n} actions; time without a committed step after them, minus one steady step each)")
+# Failure stalls: the longest survivor stall of each failure re-form (the stall events).
+fail = sorted(stalls.get("failure", {}).values())
+if fail:
+    def pct(q):  # nearest rank
+        return fail[min(len(fail) - 1, max(0, math.ceil(q * len(fail)) - 1))]
+    for label, v in (("p50", pct(0.50)), ("p99", pct(0.99)), ("max", fail[-1])):
+        print(f"RESULT chaos_failure_stall_{label} ours={v:.2f}s ref={steady:.2f}s ratio={ratio(steady, v)} "
+              f"({len(fail)} failure re-forms)")
+# Time at each world size: the fixed run spends the window at full size. At full size more is
+# better (ratio ours/ref); below it less is (ratio ref/ours, 0 when the reference spent none).
+ref_world = {}
+for prev, step, gap, w in gaps(ref):
+    ref_world[w] = ref_world.get(w, 0.0) + gap
+for w in sorted(set(at_world) | set(ref_world)):
+    o, r = at_world.get(w, 0.0), ref_world.get(w, 0.0)
+    rt = (o / r if r > 0 else float("nan")) if w == FULL else (r / o if o > 0 else float("inf"))
+    print(f"RESULT chaos_time_at_world_{w} ours={o:.1f}s ref={r:.1f}s ratio={rt:.3f}")
 common = sorted(set(chaos["acc"]) & set(ref["acc"]))
 print("# accuracy after each epoch, chaos | reference: " + ", ".join(
     f"ep{s // STEPS_PER_EPOCH} {100 * chaos['acc'][s]:.2f} | {100 * ref['acc'][s]:.2f}" for s in common))
