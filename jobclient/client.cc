@@ -326,6 +326,7 @@ void Client::Connect() {
                                                if (server_ != conn) return;
                                                authenticated_ = false;
                                                server_.reset();
+                                               FailPendingKv(s);
                                                ScheduleReconnect(s.ToString());
                                              });
                             });
@@ -684,6 +685,20 @@ void Client::OnJobInfo(const proto::JobInfo& info) {
   run.argv = info.Argv(type->second.argv);
   LOG(INFO) << "job " << info.job_id << " of type " << info.job_type << " may run here (" << info.flags.size()
             << " flags set)";
+}
+
+void Client::FailPendingKv(const Status& why) {
+  // The server will never answer them: each trainer hears at once, not after its wait's margin
+  // (a rendezvous waiting on the server that went away would otherwise sit out timeout + 10 s).
+  std::vector<uint64_t> ids;
+  for (const auto& [ours, route] : kv_routes_) ids.push_back(ours);
+  for (uint64_t ours : ids) {
+    proto::KvReply rep;
+    rep.req_id = ours;
+    rep.status = Status::Unavailable("the node's client lost its server connection (" + why.ToString() +
+                                     "); retry");
+    OnKvReply(&rep);  // relays it and drops the route
+  }
 }
 
 void Client::OnKvReply(proto::KvReply* r) {

@@ -213,6 +213,8 @@ class Client {
   std::deque<StartRequest> waiting_;  // starts waiting for their slot to free up
   uint64_t next_req_id_ = 1;
   std::map<uint64_t, std::pair<std::string, uint64_t>> kv_routes_;  // ours -> (trainer, theirs)
+  // Answers every KV request still routed to the server with Unavailable (its connection closed).
+  void FailPendingKv(const Status& why);
   std::map<std::string, std::set<std::string>> service_watchers_;  // service -> trainer ids
   std::map<std::string, nlohmann::json> service_members_;         // service -> newest list
   bool done_ = false;

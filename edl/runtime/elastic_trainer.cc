@@ -38,42 +38,71 @@ static_assert(Trainable::kInbandSlots >= 4, "the runtime uses four in-band slots
 // the newer generation would otherwise sit out the whole communicator timeout; this way every
 // rank converges on the newest generation within a slice. Peers connect only once every rank's
 // key is present, so giving up while a key is missing never strands a peer mid-connect.
+// Unavailable from the base store (the node's client is between server connections: a server
+// restart) is retried within the attempt's bound, as a timeout is: the rendezvous outlives a
+// server restart instead of failing and leaving the trainer waiting for a generation nobody makes.
 class SupersedableKv : public KvStore {
  public:
-  // `cancel` (may be null): gives up at the next slice once it is true (shutdown).
+  // `cancel` (may be null): gives up at the next slice once it is true (shutdown). `retry_for`:
+  // how long a Set or Get keeps retrying while the base store is Unavailable.
   SupersedableKv(KvStore* base, MembershipSource* membership, int64_t target,
-                 const std::atomic<bool>* cancel = nullptr)
-      : base_(base), membership_(membership), target_(target), cancel_(cancel) {}
+                 const std::atomic<bool>* cancel, milliseconds retry_for)
+      : base_(base), membership_(membership), target_(target), cancel_(cancel), retry_for_(retry_for) {}
   Status Set(const std::string& key, const std::string& value) override {
-    return base_->Set(key, value);
+    return Retrying(key, [&] { return base_->Set(key, value); });
   }
-  Status Get(const std::string& key, std::string* value) override { return base_->Get(key, value); }
+  Status Get(const std::string& key, std::string* value) override {
+    return Retrying(key, [&] { return base_->Get(key, value); });
+  }
   Status Wait(const std::string& key, milliseconds timeout, std::string* value) override {
-    constexpr milliseconds kSlice{250};
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
       const auto left = std::chrono::duration_cast<milliseconds>(deadline -
                                                                  std::chrono::steady_clock::now());
       Status s = base_->Wait(key, std::max(milliseconds(1), std::min(left, kSlice)), value);
-      if (!s.IsTimeout() || left <= kSlice) return s;
-      if (cancel_ != nullptr && cancel_->load()) {
-        return Status::Aborted("rendezvous for generation " + std::to_string(target_) +
-                               " cancelled: the trainer is shutting down");
+      if (IsUnavailable(s)) {
+        if (left <= kSlice) return s;
+        std::this_thread::sleep_for(kUnavailableNap);
+      } else if (!s.IsTimeout() || left <= kSlice) {
+        return s;
       }
-      Generation g;
-      if (membership_->Latest(&g) && g.number > target_) {
-        return Status::Aborted("generation " + std::to_string(target_) + " was superseded by " +
-                               std::to_string(g.number) + " while waiting for rendezvous key " +
-                               key);
-      }
+      EDL_RETURN_IF_ERROR(GivenUp(key));
     }
   }
 
  private:
+  static constexpr milliseconds kSlice{250};
+  static constexpr milliseconds kUnavailableNap{50};  // the client answers at once while offline
+  static bool IsUnavailable(const Status& s) { return s.code() == Status::Code::kUnavailable; }
+  // Aborted once the trainer shuts down or a newer generation is committed.
+  Status GivenUp(const std::string& key) {
+    if (cancel_ != nullptr && cancel_->load()) {
+      return Status::Aborted("rendezvous for generation " + std::to_string(target_) +
+                             " cancelled: the trainer is shutting down");
+    }
+    Generation g;
+    if (membership_->Latest(&g) && g.number > target_) {
+      return Status::Aborted("generation " + std::to_string(target_) + " was superseded by " +
+                             std::to_string(g.number) + " while waiting for rendezvous key " + key);
+    }
+    return Status::OK();
+  }
+  template <typename Fn>
+  Status Retrying(const std::string& key, Fn&& call) {
+    const auto deadline = std::chrono::steady_clock::now() + retry_for_;
+    for (;;) {
+      Status s = call();
+      if (!IsUnavailable(s) || std::chrono::steady_clock::now() >= deadline) return s;
+      std::this_thread::sleep_for(kUnavailableNap);
+      EDL_RETURN_IF_ERROR(GivenUp(key));
+    }
+  }
+
   KvStore* const base_;
   MembershipSource* const membership_;
   const int64_t target_;
   const std::atomic<bool>* const cancel_;
+  const milliseconds retry_for_;
 };
 
 }  // namespace
@@ -300,7 +329,7 @@ StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::BuildComm(const Ge
   co.world_size = target.world_size();
   co.generation = target.number;
   co.key_prefix = proto::RendezvousPrefix(target.number, o_.backend);  // the server GCs these
-  SupersedableKv kv(membership_->kv(), membership_, target.number, &cancel_prep_);
+  SupersedableKv kv(membership_->kv(), membership_, target.number, &cancel_prep_, o_.comm_timeout);
   co.store = &kv;  // used during construction only
   co.timeout = o_.comm_timeout;
   co.host = o_.host;

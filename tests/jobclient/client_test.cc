@@ -222,6 +222,8 @@ class FakeServer {
   }
 
   void Send(const json& j) { ASSERT_OK(sock_->Send(j, kWait)); }
+  // Drops the client's connection, as a server that is killed does.
+  void Close() { sock_.reset(); }
 
   // The next message of `type` from the client (others are kept for later calls).
   bool Next(const std::string& type, json* out) {
@@ -543,6 +545,39 @@ TEST_F(ClientTest, RestartModeStopsEveryTrainerAndStartsTheNewOnesOnceTheirSlots
   EXPECT_EQ(EnvOf(c, env::kLocalWorldSize), "1");
   EXPECT_EQ(EnvOf(c, env::kMasterPort), "29502");
   EXPECT_EQ(EnvOf(c, env::kJoining), "<unset>");
+}
+
+// A trainer's KV wait that the client forwarded to the server when the server goes away: the
+// client answers it Unavailable at once (the rendezvous retries through the restart), rather than
+// leaving the trainer to sit out the wait plus its margin for a reply that will never come. The
+// wait asks for an hour, so only the client's answer can end it within the test.
+TEST_F(ClientTest, KvWaitInFlightWhenTheServerGoesAwayIsAnsweredUnavailable) {
+  StartClient(false);
+  SendGeneration(1, {Member("t1", "n1", 0, 0)}, "start");
+  ASSERT_TRUE(launcher_->WaitStarted(1));
+  auto trainer = ConnectTrainer("t1");
+  ASSERT_NE(trainer, nullptr);
+  proto::KvRequest r;
+  r.req_id = 42;
+  r.op = proto::KvOp::kWait;
+  r.key = "gen/1/gloo/0";
+  r.timeout_ms = 3'600'000;
+  ASSERT_OK(trainer->Send(r.Encoded(), kWait));
+  json forwarded;
+  ASSERT_TRUE(server_.Next(proto::msg::kKv, &forwarded)) << "the client did not forward the wait";
+  server_.Close();
+  for (;;) {  // generations may come first
+    json j;
+    ASSERT_OK(trainer->Receive(&j, kWait));
+    if (j["type"] != proto::msg::kKvReply) continue;
+    proto::KvReply rep;
+    ASSERT_OK(rep.DecodeFrom(j));
+    EXPECT_EQ(rep.req_id, 42u);  // the trainer's own id
+    EXPECT_EQ(rep.status.code(), Status::Code::kUnavailable) << rep.status.ToString();
+    EXPECT_NE(rep.status.message().find("lost its server connection"), std::string::npos)
+        << rep.status.ToString();
+    break;
+  }
 }
 
 TEST_F(ClientTest, PreparedJoinerStartsJoiningAndIsKilledWhenTheCommitLeavesItOut) {

@@ -205,6 +205,7 @@ class FakeCluster {
    public:
     explicit CountingKv(FakeCluster* c) : c_(c) {}
     Status Set(const std::string& key, const std::string& value) override {
+      if (Refused()) return Status::Unavailable("the node's client is not connected to the server; retry");
       {
         std::unique_lock<std::mutex> lock(c_->mu_);
         if (!c_->gate_.empty() && key.rfind(c_->gate_, 0) == 0) {
@@ -219,14 +220,35 @@ class FakeCluster {
       c_->cv_.notify_all();
       return s;
     }
-    Status Get(const std::string& key, std::string* value) override { return kv_.Get(key, value); }
+    Status Get(const std::string& key, std::string* value) override {
+      if (Refused()) return Status::Unavailable("the node's client is not connected to the server; retry");
+      return kv_.Get(key, value);
+    }
     Status Wait(const std::string& key, milliseconds timeout, std::string* value) override {
+      if (Refused()) return Status::Unavailable("the node's client is not connected to the server; retry");
       return kv_.Wait(key, timeout, value);
+    }
+    // The next `n` calls answer Unavailable, as a client between server connections does.
+    void Refuse(int n) {
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      refuse_ = n;
+    }
+    int refused() {
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      return refused_;
     }
 
    private:
+    bool Refused() {
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      if (refuse_ <= 0) return false;
+      --refuse_;
+      ++refused_;
+      return true;
+    }
     FakeCluster* const c_;
     MemoryKvStore kv_;
+    int refuse_ = 0, refused_ = 0;  // guarded by c_->mu_
   };
   // Whether every trainer in `ids` reported generation `gen`'s communicator built ahead (a
   // "prepared" event); call with mu_ held (inside WaitFor). Members switch to a planned generation
@@ -912,6 +934,27 @@ TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
   EXPECT_EQ(evaluated.size(), 3u);
 }
 
+// The rendezvous outlives a server restart: while the KV answers Unavailable (the node's client is
+// between server connections), a re-form retries within its bound instead of failing and then
+// waiting for a generation that nobody makes (generation_wait, 30 s here, then the trainer fails).
+// The job's first rendezvous meets a 40-call outage and still trains to the end in generation 1.
+TEST(ElasticTrainerTest, RendezvousRetriesThroughAKvOutage) {
+  test::ScratchDir dir("kv_outage");
+  FakeCluster c;
+  TrainerThread t[2];
+  t[0].id = "u0";
+  t[1].id = "u1";
+  c.kv.Refuse(40);
+  c.Commit({"u0", "u1"}, false, "start");
+  for (int i = 0; i < 2; ++i) Start(&c, dir, &t[i], i + 1, false, &c);
+  for (auto& tt : t) tt.thread.join();
+  ASSERT_OK(t[0].status);
+  ASSERT_OK(t[1].status);
+  EXPECT_EQ(c.kv.refused(), 40) << "the outage never happened";
+  EXPECT_EQ(t[0].result.state_hash, t[1].result.state_hash);
+  ExpectExactlyOnce(dir, {"u0", "u1"}, 8);
+}
+
 // A joiner whose grow is superseded by a failure generation before the survivors switch to it
 // re-forms into the failure generation without ever having trained: it reports its first step
 // (joiner_first_step), not a survivor's stall from a last step it never took.
@@ -1028,7 +1071,9 @@ TEST(ElasticTrainerTest, HeldUpBuildsAheadSwitchAnywayAfterTheMaxPrepareWait) {
   EXPECT_EQ(t[0].result.state_hash, t[1].result.state_hash);
   int stalls = 0;
   for (const auto& e : c.events_) {
-    if (e["event"] == "leave") EXPECT_EQ(e["step"], 9) << "the switch step: " << e.dump();
+    if (e["event"] == "leave") {
+      EXPECT_EQ(e["step"], 9) << "the switch step: " << e.dump();
+    }
     if (e["event"] != "stall" || e["generation"] != gen) continue;
     ++stalls;
     EXPECT_EQ(e["switch_step"], 9) << e.dump();
