@@ -356,6 +356,12 @@ void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_i
   const std::string kind = e.value("event", "");
   if (kind == "joiner_first_step") {
     job.membership->TrainerStepped(trainer_id);
+  } else if (kind == "reform_failed") {
+    const auto g = e.find("generation");
+    if (g != e.end() && g->is_number_integer()) {
+      job.membership->ReformFailed(trainer_id, g->get<int64_t>());
+      AfterPolicy();  // collects the commit, as for the other reports
+    }
   } else if (kind == "checkpoint_failed") {
     ++job.checkpoint_failures;
     if (e.value("refused", false)) ++job.checkpoint_refusals;

@@ -145,6 +145,18 @@ void JobMembership::OnExit(const std::string& trainer_id, bool success, const st
   Reconcile();
 }
 
+void JobMembership::ReformFailed(const std::string& trainer_id, int64_t generation) {
+  if (done_ || recovering_ || stopping_ || current_.members.empty()) return;
+  if (generation != current_.generation || FindMember(trainer_id) == nullptr) return;
+  const int64_t now = clock_->NowMicros();
+  if (last_reform_retry_us_ >= 0 && now - last_reform_retry_us_ < options_.backoff_min_us) return;
+  last_reform_retry_us_ = now;
+  LOG(WARNING) << "job " << options_.job_id << ": trainer " << trainer_id << " could not re-form generation "
+               << generation << "; committing its members again";
+  if (pending_.active) AbortPending("the current generation failed to re-form");
+  Commit(current_.members, "reform_retry", true, 0);
+}
+
 void JobMembership::TrainerStepped(const std::string& trainer_id) {
   if (FindMember(trainer_id) != nullptr) stepped_.insert(trainer_id);
 }

@@ -117,6 +117,11 @@ class JobMembership {
   void NodeLost(const std::string& name, const std::string& why);
   void TrainerExited(const std::string& trainer_id, bool success, const std::string& how);
   void TrainerReady(const std::string& trainer_id, int64_t generation);
+  // Member `trainer_id` could not re-form the current generation `generation` (its rendezvous or
+  // state sync failed and nothing newer was committed): the members are committed again as a
+  // failure generation, at most once per backoff_min_us, so they re-form without waiting out their
+  // generation wait. Reports about an older generation, or from a non-member, change nothing.
+  void ReformFailed(const std::string& trainer_id, int64_t generation);
   // Member `trainer_id` took a step (its progress report or its first step as a joiner): from now
   // on its failure is replaced without the back-off.
   void TrainerStepped(const std::string& trainer_id);
@@ -255,6 +260,7 @@ class JobMembership {
   bool need_grow_back_ = false;   // a failure shrank the job; the next growth is "grow_back"
   int64_t grow_blocked_until_us_ = 0;
   int64_t backoff_us_ = 0;
+  int64_t last_reform_retry_us_ = -1;  // the last commit ReformFailed made
   int64_t last_failure_us_ = 0;
   proto::GenerationInfo current_;               // changed only by SetCurrent
   std::unordered_map<std::string, size_t> current_index_;  // trainer id -> position in current_

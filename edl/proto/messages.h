@@ -115,7 +115,8 @@ struct GenerationInfo : Message<GenerationInfo> {
   int64_t generation = 0;
   std::string job_id;
   std::string reason;       // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back",
-                            // "join_timeout", "stop" (kStopReason), "resume" (first after a stop)
+                            // "join_timeout", "stop" (kStopReason), "resume" (first after a stop),
+                            // "reform_retry" (a member could not re-form the previous one)
   bool failure = false;     // true when the change removed a trainer that died or hung: survivors must abort
   std::vector<MemberInfo> members;   // ordered by rank; survivors keep relative order, joiners come last
   std::string master_addr;

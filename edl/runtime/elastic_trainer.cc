@@ -286,6 +286,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     phases_.reform_us += t_built - t_build;
     phases_.attempts++;
     int64_t t_wait = t_built;  // a failed attempt's logging counts as waiting for the next one
+    std::string failed_why;    // why this attempt failed (for reform_failed, below)
     if (comm.ok()) {
       InstallComm(std::move(comm.value()), target, rank);
       comm_failed_ = false;
@@ -303,17 +304,26 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       if (!s.ok() && !comm_failed_) return s;
       LOG(INFO) << me_ << ": generation " << target.number << " superseded or failed during sync ("
                 << (s.ok() ? "newer generation " + std::to_string(newest) : s.ToString()) << ")";
+      if (!s.ok()) failed_why = s.ToString();
     } else if (comm.status().code() == Status::Code::kInvalidArgument ||
                comm.status().code() == Status::Code::kFailedPrecondition) {
       return comm.status();
     } else {
       LOG(WARNING) << me_ << ": " << comm.status().ToString();
+      failed_why = comm.status().ToString();
     }
     Generation next;
     Generation latest;
     if (membership_->Latest(&latest) && latest.number > target.number) {
       next = latest;
     } else {
+      // Nothing newer answers this failure yet (a peer that died unseen, a transient error): say
+      // so, and the server commits the generation again (JobMembership::ReformFailed) rather than
+      // every member waiting out --generation_wait_s for a commit nobody would make.
+      if (!failed_why.empty()) {
+        Event({{"event", "reform_failed"}, {"generation", target.number},
+               {"error", failed_why.substr(0, 1024)}});
+      }
       EDL_RETURN_IF_ERROR(WaitNewer(target.number, &next));
     }
     phases_.mark_us = clock_->NowMicros();

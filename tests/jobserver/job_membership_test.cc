@@ -236,6 +236,41 @@ TEST_F(JobMembershipTest, TrainedMemberIsReplacedAtOnceAndOnlyWhatFailsAtOnceBac
   EXPECT_EQ(Take(Kind::kPrepare).size(), 1u) << "a replacement that trained is replaced at once";
 }
 
+// A member that could not re-form the current generation (and saw nothing newer) gets the same
+// members committed again, as a failure generation, once per backoff_min: the members re-form at
+// once instead of waiting out their generation wait. Reports about an older generation, from a
+// non-member, or with a malformed generation change nothing.
+TEST_F(JobMembershipTest, ReformFailureCommitsTheMembersAgainOncePerBackoff) {
+  MembershipOptions o;
+  o.initial_trainers = 3;
+  o.backoff_min_us = 1'000'000;
+  Make(o);
+  AddNode("a", 3);
+  sched_->TakeActions();
+  const auto g1 = cur();
+  sched_->ReformFailed(g1.members[2].trainer_id, g1.generation);
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.generation, g1.generation + 1);
+  EXPECT_EQ(commits[0].next.reason, "reform_retry");
+  EXPECT_TRUE(commits[0].next.failure);
+  ASSERT_EQ(commits[0].next.world_size(), 3);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(commits[0].next.members[r].trainer_id, g1.members[r].trainer_id);
+  // Within the backoff: the same report about the new generation waits.
+  sched_->ReformFailed(g1.members[0].trainer_id, g1.generation + 1);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  Advance(1.1);
+  sched_->ReformFailed(g1.members[0].trainer_id, g1.generation);  // an older generation: nothing
+  sched_->ReformFailed("nobody", g1.generation + 1);               // not a member: nothing
+  sched_->cluster().TrainerEvent("job", g1.members[0].trainer_id, "a",
+                                 {{"event", "reform_failed"}, {"generation", "2"}});  // malformed
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  sched_->ReformFailed(g1.members[0].trainer_id, g1.generation + 1);
+  commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.generation, g1.generation + 2);
+}
+
 TEST_F(JobMembershipTest, RepeatedFailuresBackOffLonger) {
   MembershipOptions o;
   o.initial_trainers = 1;

@@ -73,6 +73,11 @@ class OneJobCluster {
     r.step = step;
     cluster_->Progress(cluster_->own_job(), id, r);
   }
+  // Trainer `id` could not re-form `generation` (its trainer event).
+  void ReformFailed(const std::string& id, int64_t generation) {
+    cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id),
+                           {{"event", "reform_failed"}, {"generation", generation}, {"error", "test"}});
+  }
   // A joiner's first step (its trainer event).
   void JoinerFirstStep(const std::string& id) {
     cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id), {{"event", "joiner_first_step"}});

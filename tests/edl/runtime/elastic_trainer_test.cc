@@ -206,6 +206,7 @@ class FakeCluster {
     explicit CountingKv(FakeCluster* c) : c_(c) {}
     Status Set(const std::string& key, const std::string& value) override {
       if (Refused()) return Status::Unavailable("the node's client is not connected to the server; retry");
+      if (FailOnce()) return Status::IOError("injected: the rendezvous write failed");
       {
         std::unique_lock<std::mutex> lock(c_->mu_);
         if (!c_->gate_.empty() && key.rfind(c_->gate_, 0) == 0) {
@@ -228,6 +229,11 @@ class FakeCluster {
       if (Refused()) return Status::Unavailable("the node's client is not connected to the server; retry");
       return kv_.Wait(key, timeout, value);
     }
+    // The next Set fails with IOError (once): a rendezvous that fails with nothing newer committed.
+    void FailNextSet() {
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      fail_next_set_ = true;
+    }
     // The next `n` calls answer Unavailable, as a client between server connections does.
     void Refuse(int n) {
       std::lock_guard<std::mutex> lock(c_->mu_);
@@ -239,6 +245,12 @@ class FakeCluster {
     }
 
    private:
+    bool FailOnce() {
+      std::lock_guard<std::mutex> lock(c_->mu_);
+      const bool fail = fail_next_set_;
+      fail_next_set_ = false;
+      return fail;
+    }
     bool Refused() {
       std::lock_guard<std::mutex> lock(c_->mu_);
       if (refuse_ <= 0) return false;
@@ -249,6 +261,7 @@ class FakeCluster {
     FakeCluster* const c_;
     MemoryKvStore kv_;
     int refuse_ = 0, refused_ = 0;  // guarded by c_->mu_
+    bool fail_next_set_ = false;    // guarded by c_->mu_
   };
   // Whether every trainer in `ids` reported generation `gen`'s communicator built ahead (a
   // "prepared" event); call with mu_ held (inside WaitFor). Members switch to a planned generation
@@ -953,6 +966,40 @@ TEST(ElasticTrainerTest, RendezvousRetriesThroughAKvOutage) {
   EXPECT_EQ(c.kv.refused(), 40) << "the outage never happened";
   EXPECT_EQ(t[0].result.state_hash, t[1].result.state_hash);
   ExpectExactlyOnce(dir, {"u0", "u1"}, 8);
+}
+
+// A rendezvous that fails with nothing newer committed is reported (reform_failed, naming the
+// generation and the error); the server answers with a new generation (here the test plays it:
+// the same members again), and the job goes on. Without the report the trainers would wait out
+// generation_wait (30 s) and fail.
+TEST(ElasticTrainerTest, ReformFailureIsReportedAndTheNextGenerationRecovers) {
+  test::ScratchDir dir("reform_failed");
+  FakeCluster c;
+  TrainerThread t[2];
+  t[0].id = "r0";
+  t[1].id = "r1";
+  c.kv.FailNextSet();
+  c.Commit({"r0", "r1"}, false, "start");
+  for (int i = 0; i < 2; ++i) Start(&c, dir, &t[i], i + 1, false, &c);
+  ASSERT_TRUE(c.WaitFor([&] {
+    for (const auto& e : c.events_) {
+      if (e["event"] == "reform_failed") return true;
+    }
+    return false;
+  }));
+  c.Commit({"r0", "r1"}, true, "reform_retry");
+  for (auto& tt : t) tt.thread.join();
+  ASSERT_OK(t[0].status);
+  ASSERT_OK(t[1].status);
+  EXPECT_EQ(t[0].result.state_hash, t[1].result.state_hash);
+  bool named = false;
+  for (const auto& e : c.events_) {
+    if (e["event"] != "reform_failed") continue;
+    EXPECT_EQ(e["generation"], 1) << e.dump();
+    named |= e["error"].get<std::string>().find("injected") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << "no reform_failed event named the injected error";
+  ExpectExactlyOnce(dir, {"r0", "r1"}, 8, 1);
 }
 
 // A joiner whose grow is superseded by a failure generation before the survivors switch to it
