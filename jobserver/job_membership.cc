@@ -148,6 +148,22 @@ void JobMembership::OnExit(const std::string& trainer_id, bool success, const st
 void JobMembership::ReformFailed(const std::string& trainer_id, int64_t generation) {
   if (done_ || recovering_ || stopping_ || current_.members.empty()) return;
   if (generation != current_.generation || FindMember(trainer_id) == nullptr) return;
+  if (!finished_.empty()) {
+    // Finishing: members train in lockstep, so training is complete, and the members that cannot
+    // re-form (joiners of a change that raced the end: their peers had finished) have nothing
+    // left to do. A generation of the finished members alone lets them leave in place (exit 0),
+    // and the job finishes; committing them all again would wait on peers that are gone.
+    std::vector<MemberInfo> done_members;
+    for (const MemberInfo& m : current_.members) {
+      if (finished_.count(m.trainer_id) > 0) done_members.push_back(m);
+    }
+    LOG(INFO) << "job " << options_.job_id << ": trainer " << trainer_id << " could not re-form generation "
+              << generation << " after other members finished; the unfinished ones leave";
+    if (pending_.active) AbortPending("the job is finishing");
+    Commit(std::move(done_members), "finish", false, 0);
+    Reconcile();
+    return;
+  }
   const int64_t now = clock_->NowMicros();
   if (last_reform_retry_us_ >= 0 && now - last_reform_retry_us_ < options_.backoff_min_us) return;
   last_reform_retry_us_ = now;

@@ -121,6 +121,8 @@ class JobMembership {
   // state sync failed and nothing newer was committed): the members are committed again as a
   // failure generation, at most once per backoff_min_us, so they re-form without waiting out their
   // generation wait. Reports about an older generation, or from a non-member, change nothing.
+  // While the job finishes (a member exited 0), the unfinished members leave instead (a
+  // generation of the finished ones, reason "finish"), and the job finishes.
   void ReformFailed(const std::string& trainer_id, int64_t generation);
   // Member `trainer_id` took a step (its progress report or its first step as a joiner): from now
   // on its failure is replaced without the back-off.

@@ -116,7 +116,8 @@ struct GenerationInfo : Message<GenerationInfo> {
   std::string job_id;
   std::string reason;       // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back",
                             // "join_timeout", "stop" (kStopReason), "resume" (first after a stop),
-                            // "reform_retry" (a member could not re-form the previous one)
+                            // "reform_retry" (a member could not re-form the previous one),
+                            // "finish" (the same, while finishing: the unfinished members leave)
   bool failure = false;     // true when the change removed a trainer that died or hung: survivors must abort
   std::vector<MemberInfo> members;   // ordered by rank; survivors keep relative order, joiners come last
   std::string master_addr;

@@ -271,6 +271,36 @@ TEST_F(JobMembershipTest, ReformFailureCommitsTheMembersAgainOncePerBackoff) {
   EXPECT_EQ(commits[0].next.generation, g1.generation + 2);
 }
 
+// A grow that races the end of training: the survivors finish (exit 0) right after committing
+// it, so its joiners cannot re-form. Their report ends it: a generation of the finished members
+// alone (reason "finish"), which the joiners leave in place, and the job is done.
+TEST_F(JobMembershipTest, ReformFailureWhileFinishingLetsTheUnfinishedLeaveAndTheJobFinish) {
+  MembershipOptions o;
+  o.initial_trainers = 2;
+  Make(o);
+  AddNode("a", 4);
+  sched_->TakeActions();
+  const auto g1 = cur();
+  sched_->SetDesired(4, "ctl");
+  ReadyAll(Take(Kind::kPrepare));
+  ASSERT_EQ(cur().world_size(), 4);
+  sched_->TakeActions();  // the grow's commit
+  const auto grown = cur();
+  for (int r = 0; r < 2; ++r) sched_->TrainerExited(g1.members[r].trainer_id, /*success=*/true, "exit 0");
+  EXPECT_FALSE(sched_->done());
+  sched_->ReformFailed(grown.members[3].trainer_id, grown.generation);
+  auto all = All();
+  auto commits = Filter(all, Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "finish");
+  EXPECT_FALSE(commits[0].next.failure);
+  ASSERT_EQ(commits[0].next.world_size(), 2);
+  EXPECT_EQ(commits[0].next.members[0].trainer_id, g1.members[0].trainer_id);
+  EXPECT_EQ(commits[0].next.members[1].trainer_id, g1.members[1].trainer_id);
+  EXPECT_EQ(Filter(all, Kind::kDone).size(), 1u);
+  EXPECT_TRUE(sched_->done());
+}
+
 TEST_F(JobMembershipTest, RepeatedFailuresBackOffLonger) {
   MembershipOptions o;
   o.initial_trainers = 1;
