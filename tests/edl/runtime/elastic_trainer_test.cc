@@ -951,15 +951,21 @@ TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
 // between server connections), a re-form retries within its bound instead of failing and then
 // waiting for a generation that nobody makes (generation_wait, 30 s here, then the trainer fails).
 // The job's first rendezvous meets a 40-call outage and still trains to the end in generation 1.
+// Trainers `a` and `b` started in a first generation of the two (committed here).
+void StartPair(FakeCluster* c, const test::ScratchDir& dir, TrainerThread (&t)[2], const char* a,
+               const char* b) {
+  t[0].id = a;
+  t[1].id = b;
+  c->Commit({a, b}, false, "start");
+  for (int i = 0; i < 2; ++i) Start(c, dir, &t[i], i + 1, false, c);
+}
+
 TEST(ElasticTrainerTest, RendezvousRetriesThroughAKvOutage) {
   test::ScratchDir dir("kv_outage");
   FakeCluster c;
   TrainerThread t[2];
-  t[0].id = "u0";
-  t[1].id = "u1";
   c.kv.Refuse(40);
-  c.Commit({"u0", "u1"}, false, "start");
-  for (int i = 0; i < 2; ++i) Start(&c, dir, &t[i], i + 1, false, &c);
+  StartPair(&c, dir, t, "u0", "u1");
   for (auto& tt : t) tt.thread.join();
   ASSERT_OK(t[0].status);
   ASSERT_OK(t[1].status);
@@ -976,11 +982,8 @@ TEST(ElasticTrainerTest, ReformFailureIsReportedAndTheNextGenerationRecovers) {
   test::ScratchDir dir("reform_failed");
   FakeCluster c;
   TrainerThread t[2];
-  t[0].id = "r0";
-  t[1].id = "r1";
   c.kv.FailNextSet();
-  c.Commit({"r0", "r1"}, false, "start");
-  for (int i = 0; i < 2; ++i) Start(&c, dir, &t[i], i + 1, false, &c);
+  StartPair(&c, dir, t, "r0", "r1");
   ASSERT_TRUE(c.WaitFor([&] {
     for (const auto& e : c.events_) {
       if (e["event"] == "reform_failed") return true;
