@@ -828,6 +828,11 @@ void Server::PushGeneration(const std::string& job, const Action& a) {
   for (const std::string& name : targets) {
     auto it = nodes_.find(name);
     if (it == nodes_.end()) continue;
+    // A node the cluster has lost gets nothing more on its old connection (still open for the
+    // moment until its idle timeout): it learns the state in full when it registers again, and
+    // its trainers are then found stale and killed. A generation without them, slipped in before
+    // the connection closed, made them leave on their own instead (cluster_restart_test, once).
+    if (!cluster_.registry().IsConnected(name)) continue;
     const std::shared_ptr<Peer>& peer = it->second;
     TellJob(peer, job);
     int64_t& held = peer->job_generation[job];
