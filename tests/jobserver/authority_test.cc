@@ -104,7 +104,7 @@ TEST_F(AuthorityTest, ANodeNameIsHeldByItsSessionToken) {
   EXPECT_EQ(token_a.size(), proto::kSessionTokenBytes);
   EXPECT_EQ(sched_->SessionOf("nobody"), "");
   // A second client under the same name, without the token or with another: retryable refusal.
-  for (const std::string token : {std::string(), std::string(kTokenB), std::string("short")}) {
+  for (const std::string& token : {std::string(), std::string(kTokenB), std::string("short")}) {
     Status s = sched_->CheckAdmission("a", token);
     EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
     EXPECT_NE(s.message().find("session token"), std::string::npos) << s.ToString();
@@ -162,7 +162,7 @@ TEST_F(AuthorityTest, ANodeNameIsJudgedTheSameWayInBothModes) {
   many.heartbeat_timeout_us = 5'000'000;
   Cluster cluster(many, &clock_);
   const std::string longest(proto::kMaxNodeNameBytes, 'n');
-  for (const std::string name : {std::string("-gpu1"), std::string(".hidden"), std::string("a/b"), std::string(),
+  for (const std::string& name : {std::string("-gpu1"), std::string(".hidden"), std::string("a/b"), std::string(),
                                  longest + "x", std::string("gpu1"), std::string("_x"), longest}) {
     const Status one = sched_->CheckAdmission(name, "");
     const Status two = cluster.CheckAdmission(name, "");

@@ -61,6 +61,17 @@ class JobMembershipTest : public ::testing::Test {
     return cur();
   }
 
+  // A job of 3 trainers on node "a" (3 slots) with the given failure back-off, started, its
+  // actions taken.
+  void StartThree(int64_t backoff_min_us) {
+    MembershipOptions o;
+    o.initial_trainers = 3;
+    o.backoff_min_us = backoff_min_us;
+    Make(o);
+    AddNode("a", 3);
+    sched_->TakeActions();
+  }
+
   ManualClock clock_;
   std::unique_ptr<test::OneJobCluster> sched_;
 };
@@ -163,12 +174,7 @@ TEST_F(JobMembershipTest, JoinTimeoutCommitsReadyOnesAndKillsTheRest) {
 }
 
 TEST_F(JobMembershipTest, FailureCommitsAtOnceThenGrowsBackAfterBackoff) {
-  MembershipOptions o;
-  o.initial_trainers = 3;
-  o.backoff_min_us = 2'000'000;
-  Make(o);
-  AddNode("a", 3);
-  sched_->TakeActions();
+  StartThree(2'000'000);
   const std::string victim = cur().members[1].trainer_id;
   sched_->TrainerExited(victim, /*success=*/false, "signal 9");
   auto commits = Take(Kind::kCommit);
@@ -193,12 +199,7 @@ TEST_F(JobMembershipTest, FailureCommitsAtOnceThenGrowsBackAfterBackoff) {
 // step as a joiner) and then died is replaced at once; its replacement, dying before its first
 // step, backs off, longer each time; a replacement that stepped is again replaced at once.
 TEST_F(JobMembershipTest, TrainedMemberIsReplacedAtOnceAndOnlyWhatFailsAtOnceBacksOff) {
-  MembershipOptions o;
-  o.initial_trainers = 3;
-  o.backoff_min_us = 2'000'000;
-  Make(o);
-  AddNode("a", 3);
-  sched_->TakeActions();
+  StartThree(2'000'000);
   for (const auto& m : cur().members) sched_->Progress(m.trainer_id, 10);
   sched_->TrainerExited(cur().members[1].trainer_id, false, "signal 9");
   auto all = All();
@@ -241,12 +242,7 @@ TEST_F(JobMembershipTest, TrainedMemberIsReplacedAtOnceAndOnlyWhatFailsAtOnceBac
 // once instead of waiting out their generation wait. Reports about an older generation, from a
 // non-member, or with a malformed generation change nothing.
 TEST_F(JobMembershipTest, ReformFailureCommitsTheMembersAgainOncePerBackoff) {
-  MembershipOptions o;
-  o.initial_trainers = 3;
-  o.backoff_min_us = 1'000'000;
-  Make(o);
-  AddNode("a", 3);
-  sched_->TakeActions();
+  StartThree(1'000'000);
   const auto g1 = cur();
   sched_->ReformFailed(g1.members[2].trainer_id, g1.generation);
   auto commits = Take(Kind::kCommit);
