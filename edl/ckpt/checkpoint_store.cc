@@ -317,9 +317,9 @@ Status CheckpointStore::LoadLatest(const std::string& fingerprint, LoadedCheckpo
   // that race, not corruption: start over from a fresh list, a bounded number of times (each
   // start-over follows a newer save). A failure in a store that has not changed is corruption.
   constexpr int kMaxRelists = 16;
+  std::vector<CheckpointMeta> all;
+  EDL_RETURN_IF_ERROR(List(&all));
   for (int relist = 0;; ++relist) {
-    std::vector<CheckpointMeta> all;
-    EDL_RETURN_IF_ERROR(List(&all));
     if (all.empty()) {
       return Status::NotFound(Describe() + " holds no checkpoint yet (cold start with fresh state)");
     }
@@ -332,8 +332,8 @@ Status CheckpointStore::LoadLatest(const std::string& fingerprint, LoadedCheckpo
           "job's store or start from fresh state with an empty directory");
     }
     std::string failures;
-    bool pruned = false;
-    for (auto it = all.rbegin(); it != all.rend() && !pruned; ++it) {
+    bool changed = false;  // a read failed and the store's list had changed since ours
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
       if (!fingerprint.empty() && it->fingerprint != fingerprint) continue;
       Status s = ReadVerified(this, *it, out);
       if (s.ok()) {
@@ -349,14 +349,15 @@ Status CheckpointStore::LoadLatest(const std::string& fingerprint, LoadedCheckpo
           (now.empty() || now.back().id != all.back().id)) {
         LOG(INFO) << Describe() << ": checkpoint " << it->id << " could not be read while a writer "
                   << "saved and pruned (" << s.ToString() << "); loading the newest again";
-        pruned = true;
-        continue;
+        all = std::move(now);  // the fresh list: the next round needs no List of its own
+        changed = true;
+        break;
       }
       LOG(WARNING) << Describe() << ": checkpoint " << it->id << " does not verify, trying the "
                    << "one before it: " << s.ToString();
       failures += " [" + s.ToString() + "]";
     }
-    if (!pruned) {
+    if (!changed) {
       return Status::Corruption(Describe() + ": no checkpoint verifies:" + failures +
                                 "; run `edl ckpt verify` for details");
     }

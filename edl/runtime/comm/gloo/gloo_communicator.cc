@@ -5,9 +5,9 @@
 // (hostname keys, pair addresses, one connect per peer), redone here (InterruptibleContext) so
 // that CommOptions::interrupt can end it: a poller asks it every kInterruptEvery and, on a non-OK
 // answer, signals the pairs, which wakes a connect waiting for a peer that will never come (a
-// member of a superseded generation) instead of leaving it to options.timeout. Every collective uses gloo's option-struct API
-// (gloo::allreduce / broadcast / barrier) and nothing else: mixing it with the older algorithm
-// classes on one context hung with 4 ranks.
+// member of a superseded generation) instead of leaving it to options.timeout. Every collective
+// uses gloo's option-struct API (gloo::allreduce / broadcast / barrier) and nothing else: mixing
+// it with the older algorithm classes on one context hung with 4 ranks.
 //
 // Abort: gloo has no public cancel. A pair that hits an error (tcp::Pair::signalException) wakes
 // every unbound buffer pending on it and closes its socket; we reach that same path from another
