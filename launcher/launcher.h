@@ -96,6 +96,7 @@ std::unique_ptr<ProcessLauncher> NewProcessLauncher();
 // for the trainer); the launcher and the job client use it through these names.
 using runtime::BuildTrainerEnv;
 using runtime::EnvContract;
+using runtime::SpareKind;
 namespace env = runtime::env;
 
 }  // namespace edl::launcher

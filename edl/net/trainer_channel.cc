@@ -13,6 +13,42 @@ constexpr milliseconds kKvTimeout(30000);   // set/get: the server answers at on
 constexpr milliseconds kKvWaitMargin(10000);  // wait: the server's own timeout plus this
 }  // namespace
 
+StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path, const std::string& spare_id,
+                                         milliseconds connect_timeout) {
+  auto sock = FramedSocket::ConnectUnix(socket_path, connect_timeout);
+  if (!sock.ok()) return sock.status().WithContext("spare " + spare_id);
+  proto::SpareHello hello;
+  hello.spare_id = spare_id;
+  EDL_RETURN_IF_ERROR(sock.value()->Send(hello.Encoded(), connect_timeout));
+  for (;;) {
+    json j;
+    // No bound on the wait itself: a spare is needed when a trainer fails, whenever that is. Each
+    // receive is bounded so a broken socket is noticed; the client writes a frame at once.
+    Status s = sock.value()->Receive(&j, milliseconds(60000));
+    if (s.IsTimeout()) continue;
+    if (!s.ok()) {
+      return Status::Aborted("spare " + spare_id + ": its client closed the connection (" + s.ToString() +
+                             "): released, or the client exited");
+    }
+    const auto type = j.find("type");
+    if (type != j.end() && *type == proto::msg::kError) {
+      proto::ErrorMsg e;
+      EDL_RETURN_IF_ERROR(e.DecodeFrom(j));
+      return e.ToStatus().WithContext("spare " + spare_id);
+    }
+    if (type != j.end() && *type == proto::msg::kSpareAssign) {
+      proto::SpareAssign a;
+      EDL_RETURN_IF_ERROR(a.DecodeFrom(j).WithContext("spare " + spare_id + "'s assignment"));
+      return a;
+    }
+    if (type == j.end() || *type != proto::msg::kHeartbeat) {
+      return Status::Corruption("spare " + spare_id + ": the client at " + socket_path + " sent " +
+                                (type == j.end() ? std::string("a frame without a type") : type->dump()) +
+                                " instead of spare_assign");
+    }
+  }
+}
+
 StatusOr<std::unique_ptr<TrainerChannel>> TrainerChannel::Connect(const std::string& socket_path,
                                                                   const std::string& trainer_id,
                                                                   milliseconds timeout,

@@ -27,6 +27,14 @@ namespace edl::net {
 
 using ProgressReport = proto::ProgressReport;
 
+// A warm spare's side of the channel (PROTOCOL.md, "Spares"): connects to `socket_path`, says
+// spare_hello as `spare_id` and blocks until the client assigns an identity (returned), however
+// long that takes. Aborted when the client closes the socket (it released the spare, or exited);
+// Unavailable / Timeout when the socket does not answer within `connect_timeout`; the client's
+// refusal as its status. The connection is closed on return: the assigned trainer connects anew.
+StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path, const std::string& spare_id,
+                                         std::chrono::milliseconds connect_timeout);
+
 class TrainerChannel {
  public:
   // Connects and introduces itself as `trainer_id`. The client refuses ids it did not start

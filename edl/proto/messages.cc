@@ -610,6 +610,38 @@ Status TrainerHello::DecodeFrom(const json& j) {
   return Fields(j, msg::kTrainerHello).Name("trainer_id", &trainer_id).status();
 }
 
+void SpareHello::EncodeTo(json* j) const { *j = {{"type", msg::kSpareHello}, {"spare_id", spare_id}}; }
+Status SpareHello::DecodeFrom(const json& j) {
+  return Fields(j, msg::kSpareHello).Name("spare_id", &spare_id).status();
+}
+
+void SpareAssign::EncodeTo(json* j) const { *j = {{"type", msg::kSpareAssign}, {"env", env}}; }
+Status SpareAssign::DecodeFrom(const json& j) {
+  SpareAssign a;
+  json vars;
+  Fields f(j, msg::kSpareAssign);
+  f.Obj("env", &vars);
+  if (f.ok() && vars.size() > kMaxSpareEnvVars) {
+    f.Fail("env", "has more than " + std::to_string(kMaxSpareEnvVars) + " variables");
+  }
+  for (auto it = vars.begin(); f.ok() && it != vars.end(); ++it) {
+    const std::string& name = it.key();
+    const bool name_ok = !name.empty() && name.size() <= kMaxNameBytes &&
+                         std::all_of(name.begin(), name.end(), [](char c) {
+                           return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+                         });
+    if (!name_ok || !it->is_string() || it->get_ref<const std::string&>().size() > kMaxSpareEnvValueBytes ||
+        it->get_ref<const std::string&>().find('\0') != std::string::npos) {
+      f.Fail("env", "holds an invalid variable name or value");
+    } else {
+      a.env[name] = it->get<std::string>();
+    }
+  }
+  if (!f.ok()) return f.status();
+  *this = std::move(a);
+  return Status::OK();
+}
+
 void Heartbeat::EncodeTo(json* j) const { *j = {{"type", msg::kHeartbeat}}; }
 Status Heartbeat::DecodeFrom(const json& j) { return Fields(j, msg::kHeartbeat).status(); }
 void Stop::EncodeTo(json* j) const { *j = {{"type", msg::kStop}}; }

@@ -43,6 +43,8 @@ inline constexpr char kDone[] = "done";                  // server -> client: jo
 inline constexpr char kTrainerHello[] = "trainer_hello"; // trainer -> client, first frame
 inline constexpr char kJobInfo[] = "job_info";            // server -> client: a job's type and flags
 inline constexpr char kNodeStats[] = "node_stats";        // client -> server: measured utilisation
+inline constexpr char kSpareHello[] = "spare_hello";      // spare trainer -> client, first frame
+inline constexpr char kSpareAssign[] = "spare_assign";    // client -> spare: the identity it takes
 }  // namespace msg
 
 // ---- closed sets on the wire: each enum's names live in its one table, which the encoders write
@@ -232,6 +234,25 @@ struct ErrorMsg : Message<ErrorMsg> {
 
 struct TrainerHello : Message<TrainerHello> {
   std::string trainer_id;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// Warm spares (PROTOCOL.md, "Spares"): a spare trainer process, started by its client with the
+// spare id it names here, says it is prepared (data and model loaded) and waits.
+struct SpareHello : Message<SpareHello> {
+  std::string spare_id;
+  void EncodeTo(nlohmann::json* j) const;
+  Status DecodeFrom(const nlohmann::json& j);
+};
+
+// Client -> spare: the trainer it becomes, as the env contract's variables (name -> value, the
+// names of edl/runtime/env_contract.h; at most kMaxSpareEnvVars, values at most
+// kMaxSpareEnvValueBytes). The spare then connects again, with a trainer_hello of that identity.
+inline constexpr size_t kMaxSpareEnvVars = 64;
+inline constexpr size_t kMaxSpareEnvValueBytes = 4096;
+struct SpareAssign : Message<SpareAssign> {
+  std::map<std::string, std::string> env;
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

@@ -83,6 +83,7 @@ std::map<std::string, std::string> BuildTrainerEnv(const EnvContract& c) {
   e[env::kMasterAddr] = c.master_addr;
   e[env::kMasterPort] = std::to_string(c.master_port);
   if (c.joining) e[env::kJoining] = "1";
+  if (c.spare != SpareKind::kNone) e[env::kSpare] = c.spare == SpareKind::kFull ? "full" : "host";
   if (!c.rendezvous_dir.empty()) e[env::kRendezvousDir] = c.rendezvous_dir;
   if (c.local_trainers > 0) e[env::kLocalTrainers] = std::to_string(c.local_trainers);
   e[env::kGroupRank] = std::to_string(c.group_rank);
@@ -108,6 +109,13 @@ StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& 
   SetString(env, env::kRendezvousDir, &c.rendezvous_dir);
   EDL_RETURN_IF_ERROR(ParseFlag(env, env::kRestartMode, &c.restart_mode));
   EDL_RETURN_IF_ERROR(ParseFlag(env, env::kJoining, &c.joining));
+  if (const std::string* v = Find(env, env::kSpare)) {
+    if (*v != "full" && *v != "host") {
+      return Status::InvalidArgument(std::string(env::kSpare) + "='" + *v + "' must be full or host " +
+                                     kWhoSets);
+    }
+    c.spare = *v == "full" ? SpareKind::kFull : SpareKind::kHost;
+  }
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kGeneration, 0, std::numeric_limits<int64_t>::max(),
                                &c.generation));
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kSlot, 0, kIntMax, &c.slot));
@@ -144,6 +152,10 @@ StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& 
       return Status::InvalidArgument(std::string(env::kRestartMode) + "=1 needs " +
                                      env::kClientSocket + ": restart mode is an edl client's");
     }
+    if (c.spare != SpareKind::kNone) {
+      return Status::InvalidArgument(std::string(env::kSpare) + " needs " + env::kClientSocket +
+                                     ": only an edl client starts spares");
+    }
   } else {
     if (c.trainer_id.empty()) {
       return Status::InvalidArgument(std::string(env::kClientSocket) + " is set but " +
@@ -152,6 +164,11 @@ StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& 
     if (c.joining && c.restart_mode) {
       return Status::InvalidArgument(std::string(env::kJoining) + "=1 and " + env::kRestartMode +
                                      "=1 together: restart mode has no hot joiners");
+    }
+    if (c.spare != SpareKind::kNone && (c.joining || c.restart_mode)) {
+      return Status::InvalidArgument(std::string(env::kSpare) + " with " +
+                                     (c.joining ? env::kJoining : env::kRestartMode) +
+                                     "=1: a spare learns whether it joins from its assignment");
     }
   }
   return c;

@@ -15,6 +15,11 @@
 //   EDL_RESTART_MODE=1               the client runs in restart mode (torchrun-style)
 //   EDL_GENERATION, EDL_SLOT         generation the trainer was started in, slot / GPU index
 //   EDL_JOINING=1                    a hot joiner (in-place mode)
+//   EDL_SPARE=full|host              a warm spare (in-place mode): prepare, then wait for the
+//                                    client to assign an identity (edl/runtime/run_mode.h);
+//                                    full: model and device too, host: the device (CUDA_VISIBLE_
+//                                    DEVICES) is named only by the assignment, so nothing may
+//                                    touch it before
 //   EDL_RENDEZVOUS_DIR               static mode: the FileKvStore directory of this run
 //   EDL_LOCAL_TRAINERS               user override of the trainers sharing this node's cores
 //   RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT   torchrun-style
@@ -47,6 +52,7 @@ inline constexpr const char* kRestartMode = "EDL_RESTART_MODE";
 inline constexpr const char* kGeneration = "EDL_GENERATION";
 inline constexpr const char* kSlot = "EDL_SLOT";
 inline constexpr const char* kJoining = "EDL_JOINING";
+inline constexpr const char* kSpare = "EDL_SPARE";
 inline constexpr const char* kRendezvousDir = "EDL_RENDEZVOUS_DIR";
 inline constexpr const char* kLocalTrainers = "EDL_LOCAL_TRAINERS";
 inline constexpr const char* kCudaVisibleDevices = "CUDA_VISIBLE_DEVICES";
@@ -71,11 +77,14 @@ inline constexpr const char* kDefaultRoleName = "default";
 inline constexpr const char* kCudaPhaseTimes = "EDL_CUDA_PHASE_TIMES";
 // Every contract name above (the diagnostics excepted), for TrainerEnvFromProcess and tests.
 inline constexpr const char* kAll[] = {
-    kJobId, kTrainerId, kClientSocket, kRestartMode, kGeneration, kSlot, kJoining,
+    kJobId, kTrainerId, kClientSocket, kRestartMode, kGeneration, kSlot, kJoining, kSpare,
     kRendezvousDir, kLocalTrainers, kCudaVisibleDevices, kRank, kWorldSize, kLocalRank,
     kLocalWorldSize, kMasterAddr, kMasterPort, kGroupRank, kGroupWorldSize, kRoleRank,
     kRoleWorldSize, kRoleName, kRestartCount, kMaxRestarts, kRunId};
 }  // namespace env
+
+// A warm spare's kind (EDL_SPARE): what it may prepare before its assignment.
+enum class SpareKind { kNone, kFull, kHost };
 
 struct EnvContract {
   std::string job_id;         // EDL_JOB_ID
@@ -92,6 +101,9 @@ struct EnvContract {
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR
   int master_port = 0;                    // MASTER_PORT
   bool joining = false;        // EDL_JOINING=1 for a hot joiner (in-place mode); unset otherwise
+  // EDL_SPARE (unset: kNone). A spare's trainer_id is its spare id, its world_size the world it
+  // expects to join (warm-up), its local_world_size the joiners' (1); the rest is the assignment's.
+  SpareKind spare = SpareKind::kNone;
   std::string rendezvous_dir;  // EDL_RENDEZVOUS_DIR (unset when empty)
   int local_trainers = 0;      // EDL_LOCAL_TRAINERS (unset when 0); never set by EDL itself
   // torchrun's node ("group") view: this node's index among the generation's nodes (in the order
@@ -116,8 +128,9 @@ std::map<std::string, std::string> BuildTrainerEnv(const EnvContract& c);
 // Reads the contract back from `env` (name -> value; other names are ignored). An empty value
 // counts as unset. InvalidArgument naming the variable and the fix when a value is malformed
 // (not an integer, out of range: RANK outside [0, WORLD_SIZE), a port outside [0, 65535]) or
-// the combination is inconsistent (RANK without WORLD_SIZE, EDL_JOINING or EDL_RESTART_MODE
-// without EDL_CLIENT_SOCKET, EDL_CLIENT_SOCKET without EDL_TRAINER_ID).
+// the combination is inconsistent (RANK without WORLD_SIZE, EDL_JOINING, EDL_SPARE or
+// EDL_RESTART_MODE without EDL_CLIENT_SOCKET, EDL_CLIENT_SOCKET without EDL_TRAINER_ID, EDL_SPARE
+// with EDL_JOINING or EDL_RESTART_MODE).
 StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& env);
 
 // ParseTrainerEnv over this process's environment (the names in env::kAll).

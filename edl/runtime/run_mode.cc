@@ -1,7 +1,10 @@
 #include "edl/runtime/run_mode.h"
 
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -13,6 +16,7 @@
 #include "edl/runtime/channel_membership.h"
 #include "edl/runtime/comm/file_kv_store.h"
 #include "edl/runtime/comm/memory_kv_store.h"
+#include "edl/net/trainer_channel.h"
 
 namespace edl::runtime {
 
@@ -204,10 +208,51 @@ RunPlan PlanRun(const EnvContract& env) {
   return p;
 }
 
-StatusOr<RunPlan> PlanRunFromProcess() {
+StatusOr<RunPlan> ReadRunPlanFromProcess() {
   StatusOr<EnvContract> env = TrainerEnvFromProcess();
   if (!env.ok()) return env.status();
   return PlanRun(env.value());
+}
+
+StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare, std::chrono::milliseconds connect_timeout) {
+  if (!spare.spare()) return Status::InvalidArgument("AwaitAssignment: not a spare's plan");
+  auto assigned = net::WaitAsSpare(spare.env.client_socket, spare.env.trainer_id, connect_timeout);
+  if (!assigned.ok()) return assigned.status();
+  const std::map<std::string, std::string>& vars = assigned.value().env;
+  for (const auto& [name, value] : vars) {
+    if (std::find_if(std::begin(env::kAll), std::end(env::kAll),
+                     [&](const char* n) { return name == n; }) == std::end(env::kAll)) {
+      return Status::InvalidArgument("spare " + spare.env.trainer_id + ": the assignment sets " + name +
+                                     ", which is no env contract variable");
+    }
+  }
+  auto env = ParseTrainerEnv(vars);
+  if (!env.ok()) return env.status().WithContext("spare " + spare.env.trainer_id + "'s assignment");
+  const EnvContract& e = env.value();
+  std::string wrong;
+  if (e.job_id != spare.env.job_id) wrong = std::string(env::kJobId) + " differs from the spare's";
+  if (e.client_socket != spare.env.client_socket) wrong = std::string(env::kClientSocket) + " differs from the spare's";
+  if (e.spare != SpareKind::kNone) wrong = std::string(env::kSpare) + " is set";
+  if (e.restart_mode) wrong = std::string(env::kRestartMode) + "=1 (restart mode has no spares)";
+  if (!wrong.empty()) {
+    return Status::InvalidArgument("spare " + spare.env.trainer_id + "'s assignment: " + wrong +
+                                   "; the edl client of this node is at fault");
+  }
+  for (const char* name : env::kAll) {
+    auto it = vars.find(name);
+    if (it != vars.end() && !it->second.empty()) {
+      ::setenv(name, it->second.c_str(), 1);
+    } else {
+      ::unsetenv(name);
+    }
+  }
+  return PlanRun(e);
+}
+
+StatusOr<RunPlan> PlanRunFromProcess() {
+  auto plan = ReadRunPlanFromProcess();
+  if (!plan.ok() || !plan.value().spare()) return plan;
+  return AwaitAssignment(plan.value());
 }
 
 StatusOr<std::unique_ptr<MembershipSource>> Connect(const RunPlan& plan,

@@ -18,7 +18,15 @@
 // A model app calls PlanRunFromProcess() early (before loading data: a bad environment fails
 // fast), ApplyTo() on its ElasticOptions, and Connect() once it is ready to train.
 //
-// Thread-safety: pure functions; Connect() returns a MembershipSource (thread-safe).
+// Warm spares (EDL_SPARE, README "Warm spares"): a client keeps trainer processes that prepared
+// what does not depend on their identity and wait for one. PlanRunFromProcess() waits for the
+// assignment by itself, so every app's spare saves at least its process start; an app that can
+// prepare more (data, model, warm-up: `edl train`) reads the plan with ReadRunPlanFromProcess(),
+// prepares, then calls AwaitAssignment().
+//
+// Thread-safety: pure functions, except AwaitAssignment and PlanRunFromProcess, which write the
+// process environment (call them before starting threads that read it); Connect() returns a
+// MembershipSource (thread-safe).
 #pragma once
 
 #include <chrono>
@@ -42,6 +50,8 @@ struct RunPlan {
 
   // A hot joiner: elastic mode with EDL_JOINING=1.
   bool joining() const { return mode == RunMode::kElastic && env.joining; }
+  // A warm spare (EDL_SPARE): nothing but preparation until AwaitAssignment().
+  bool spare() const { return mode == RunMode::kElastic && env.spare != SpareKind::kNone; }
   // Sets the ElasticOptions the environment decides: joining and join_generation.
   void ApplyTo(ElasticOptions* options) const;
 };
@@ -49,7 +59,19 @@ struct RunPlan {
 // The mode `env` selects (see the file comment). Pure.
 RunPlan PlanRun(const EnvContract& env);
 
-// TrainerEnvFromProcess() + PlanRun(): InvalidArgument naming a malformed variable.
+// TrainerEnvFromProcess() + PlanRun(): InvalidArgument naming a malformed variable. A spare's
+// plan is returned as it is (spare() true).
+StatusOr<RunPlan> ReadRunPlanFromProcess();
+
+// A spare's wait (`spare` has spare() true): connects to its client and blocks until the client
+// assigns it a trainer's identity, checks that identity (the same job and client, not a spare,
+// not restart mode: InvalidArgument naming the variable), writes it into this process's
+// environment (every env contract variable: set as assigned, or unset) and returns its plan.
+// Aborted when the client released the spare or exited (the spare should then exit 0).
+StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare,
+                                  std::chrono::milliseconds connect_timeout = std::chrono::milliseconds(10000));
+
+// ReadRunPlanFromProcess(), then AwaitAssignment() for a spare.
 StatusOr<RunPlan> PlanRunFromProcess();
 
 // The MembershipSource of `plan`: connects to the edl client within `timeout` (elastic, restart;

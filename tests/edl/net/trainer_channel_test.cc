@@ -4,11 +4,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include <gtest/gtest.h>
 
+#include "edl/runtime/env_contract.h"
+#include "edl/runtime/run_mode.h"
 #include "tests/testutil.h"
 
 namespace edl::net {
@@ -145,6 +148,93 @@ TEST(TrainerChannelTest, ServiceListsOfWatchedServicesArrive) {
   EXPECT_TRUE(ch.value()->WaitServiceMembers("kd", &version, milliseconds(100), &got).IsTimeout());
   ch.value().reset();
   server.join();
+}
+
+// A warm spare (PROTOCOL.md "Spares"): spare_hello, then nothing until the assignment; the runtime
+// checks the assignment and writes it into the process environment.
+TEST(SpareTest, TheAssignmentBecomesTheProcessEnvironment) {
+  test::ScratchDir dir;
+  const std::string path = dir.Join("c.sock");
+  FakeClient client(path);
+  runtime::EnvContract spare;
+  spare.job_id = "j";
+  spare.trainer_id = "n1-spare-1";
+  spare.client_socket = path;
+  spare.spare = runtime::SpareKind::kFull;
+  spare.world_size = 4;
+  runtime::EnvContract assigned = spare;
+  assigned.trainer_id = "n1-s1-9";
+  assigned.spare = runtime::SpareKind::kNone;
+  assigned.joining = true;
+  assigned.generation = 7;
+  assigned.rank = 3;
+  std::thread server([&] {
+    auto s = client.Accept();
+    json m;
+    ASSERT_OK(s->Receive(&m, milliseconds(5000)));
+    EXPECT_EQ(m["type"], "spare_hello");
+    EXPECT_EQ(m["spare_id"], "n1-spare-1");
+    ASSERT_OK(s->Send(json{{"type", "heartbeat"}}, milliseconds(5000)));  // ignored while waiting
+    proto::SpareAssign a;
+    a.env = runtime::BuildTrainerEnv(assigned);
+    ASSERT_OK(s->Send(a.Encoded(), milliseconds(5000)));
+  });
+  ::setenv(runtime::env::kSpare, "full", 1);
+  ::setenv(runtime::env::kLocalTrainers, "3", 1);  // not in the assignment: unset by it
+  auto plan = runtime::AwaitAssignment(runtime::PlanRun(spare), milliseconds(5000));
+  server.join();
+  ASSERT_OK(plan.status());
+  EXPECT_FALSE(plan.value().spare());
+  EXPECT_TRUE(plan.value().joining());
+  EXPECT_EQ(plan.value().env.trainer_id, "n1-s1-9");
+  EXPECT_EQ(plan.value().env.rank, 3);
+  EXPECT_EQ(std::getenv(runtime::env::kSpare), nullptr);
+  EXPECT_EQ(std::getenv(runtime::env::kLocalTrainers), nullptr);
+  ASSERT_NE(std::getenv(runtime::env::kTrainerId), nullptr);
+  EXPECT_STREQ(std::getenv(runtime::env::kTrainerId), "n1-s1-9");
+  auto again = runtime::TrainerEnvFromProcess();  // what the app reads from now on
+  ASSERT_OK(again.status());
+  EXPECT_EQ(again.value().generation, 7);
+  EXPECT_TRUE(again.value().joining);
+  for (const char* name : runtime::env::kAll) ::unsetenv(name);
+}
+
+TEST(SpareTest, AWrongAssignmentOrAClosedClientIsAClearError) {
+  test::ScratchDir dir;
+  const std::string path = dir.Join("c.sock");
+  FakeClient client(path);
+  runtime::EnvContract spare;
+  spare.job_id = "j";
+  spare.trainer_id = "n1-spare-1";
+  spare.client_socket = path;
+  spare.spare = runtime::SpareKind::kHost;
+  runtime::EnvContract other_job = spare;
+  other_job.job_id = "k";
+  other_job.trainer_id = "n1-s0-1";
+  other_job.spare = runtime::SpareKind::kNone;
+  std::thread server([&] {
+    for (int i = 0; i < 3; ++i) {
+      auto s = client.Accept();
+      json m;
+      ASSERT_OK(s->Receive(&m, milliseconds(5000)));
+      proto::SpareAssign a;
+      if (i == 0) a.env = runtime::BuildTrainerEnv(other_job);
+      if (i == 1) a.env = {{"LD_PRELOAD", "/tmp/x.so"}};
+      if (i < 2) ASSERT_OK(s->Send(a.Encoded(), milliseconds(5000)));
+      // i == 2: the client releases the spare: the connection closes.
+    }
+  });
+  const runtime::RunPlan plan = runtime::PlanRun(spare);
+  auto got = runtime::AwaitAssignment(plan, milliseconds(5000));
+  EXPECT_EQ(got.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("EDL_JOB_ID"), std::string::npos) << got.status().ToString();
+  got = runtime::AwaitAssignment(plan, milliseconds(5000));
+  EXPECT_EQ(got.status().code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(got.status().message().find("LD_PRELOAD"), std::string::npos) << got.status().ToString();
+  got = runtime::AwaitAssignment(plan, milliseconds(5000));
+  EXPECT_EQ(got.status().code(), Status::Code::kAborted) << got.status().ToString();
+  server.join();
+  EXPECT_EQ(std::getenv(runtime::env::kTrainerId), nullptr) << "a refused assignment writes nothing";
 }
 
 TEST(TrainerChannelTest, NoSocketIsAClearError) {

@@ -504,4 +504,34 @@ TEST(MessagesTest, CheckpointDirMustLieUnderTheRoot) {
 }
 
 }  // namespace
+// A spare's assignment is env contract variables: bounded in count and size, names of capitals,
+// digits and '_', string values without NUL; anything else is refused naming the field.
+TEST(MessagesTest, SpareAssignIsBounded) {
+  SpareAssign a;
+  a.env = {{"EDL_TRAINER_ID", "n1-s0-3"}, {"RANK", "2"}};
+  SpareAssign back;
+  ASSERT_OK(back.DecodeFrom(a.Encoded()));
+  EXPECT_EQ(back.env, a.env);
+  SpareHello h;
+  h.spare_id = "n1-spare-1";
+  SpareHello hb;
+  ASSERT_OK(hb.DecodeFrom(h.Encoded()));
+  EXPECT_EQ(hb.spare_id, "n1-spare-1");
+  std::vector<nlohmann::json> bad;
+  nlohmann::json many = nlohmann::json::object();
+  for (size_t i = 0; i <= kMaxSpareEnvVars; ++i) many["V" + std::to_string(i)] = "x";
+  bad.push_back({{"type", "spare_assign"}, {"env", many}});
+  bad.push_back({{"type", "spare_assign"}, {"env", {{"lower", "x"}}}});
+  bad.push_back({{"type", "spare_assign"}, {"env", {{"RANK", 2}}}});
+  bad.push_back({{"type", "spare_assign"}, {"env", {{"RANK", std::string("1\0", 2)}}}});
+  bad.push_back({{"type", "spare_assign"}, {"env", {{"RANK", std::string(kMaxSpareEnvValueBytes + 1, '1')}}}});
+  bad.push_back({{"type", "spare_assign"}, {"env", "RANK=1"}});
+  for (const nlohmann::json& j : bad) {
+    SpareAssign got;
+    Status s = got.DecodeFrom(j);
+    EXPECT_FALSE(s.ok()) << j.dump().substr(0, 200);
+    EXPECT_NE(s.message().find("env"), std::string::npos) << s.ToString();
+  }
+}
+
 }  // namespace edl::proto

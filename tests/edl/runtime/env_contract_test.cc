@@ -58,6 +58,7 @@ void ExpectSame(const EnvContract& a, const EnvContract& b) {
   EXPECT_EQ(a.master_addr, b.master_addr);
   EXPECT_EQ(a.master_port, b.master_port);
   EXPECT_EQ(a.joining, b.joining);
+  EXPECT_EQ(a.spare, b.spare);
   EXPECT_EQ(a.rendezvous_dir, b.rendezvous_dir);
   EXPECT_EQ(a.local_trainers, b.local_trainers);
   EXPECT_EQ(a.group_rank, b.group_rank);
@@ -76,6 +77,16 @@ TEST(EnvContractTest, BuildThenParseRoundTrips) {
   got = ParseTrainerEnv(BuildTrainerEnv(c));
   ASSERT_OK(got.status());
   ExpectSame(got.value(), c);
+  c.restart_mode = false;
+  for (SpareKind kind : {SpareKind::kFull, SpareKind::kHost}) {
+    c.spare = kind;
+    got = ParseTrainerEnv(BuildTrainerEnv(c));
+    ASSERT_OK(got.status());
+    ExpectSame(got.value(), c);
+    EXPECT_TRUE(PlanRun(got.value()).spare());
+    EXPECT_FALSE(PlanRun(got.value()).joining());
+  }
+  EXPECT_EQ(BuildTrainerEnv(c).at("EDL_SPARE"), "host");
 }
 
 // The names are a contract with trainer scripts (torchrun's RANK, WORLD_SIZE, ...): pin them.
@@ -136,14 +147,17 @@ TEST(EnvContractTest, ReadsTorchrunsVariables) {
 }
 
 TEST(EnvContractTest, BuildUsesOnlyContractNames) {
-  // A hot joiner and a restart-mode trainer (the two are exclusive) write every variable between
-  // them, and nothing else.
+  // A hot joiner, a restart-mode trainer and a spare (the three are exclusive) write every
+  // variable between them, and nothing else.
   EnvContract restart = Full();
   restart.joining = false;
   restart.restart_mode = true;
+  EnvContract spare = Full();
+  spare.joining = false;
+  spare.spare = SpareKind::kFull;
   const std::set<std::string> names(std::begin(env::kAll), std::end(env::kAll));
   std::set<std::string> written;
-  for (const EnvContract& c : {Full(), restart}) {
+  for (const EnvContract& c : {Full(), restart, spare}) {
     for (const auto& [k, v] : BuildTrainerEnv(c)) {
       EXPECT_EQ(names.count(k), 1u) << k;
       written.insert(k);
@@ -182,6 +196,11 @@ TEST(EnvContractTest, BadValuesNameTheVariable) {
       {{{"EDL_JOINING", "1"}}, "EDL_CLIENT_SOCKET"},
       {{{"EDL_RESTART_MODE", "1"}}, "EDL_CLIENT_SOCKET"},
       {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"}}, "EDL_TRAINER_ID"},
+      {{{"EDL_SPARE", "yes"}}, "EDL_SPARE"},
+      {{{"EDL_SPARE", "full"}}, "EDL_CLIENT_SOCKET"},
+      {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"}, {"EDL_TRAINER_ID", "t"}, {"EDL_SPARE", "full"},
+        {"EDL_JOINING", "1"}},
+       "EDL_JOINING"},
       {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"}, {"EDL_TRAINER_ID", "t"}, {"EDL_JOINING", "1"},
         {"EDL_RESTART_MODE", "1"}},
        "EDL_RESTART_MODE"},
