@@ -45,10 +45,6 @@ Client::Client(asio::io_context* io, ClientOptions options,
   if (servers_.empty()) servers_.emplace_back(options_.server_host, options_.server_port);
 }
 
-namespace {
-
-// The last non-empty line of the file at `path` (read from its last 8 KiB), cut to `max` bytes and
-// with control bytes replaced, or "" when there is none.
 std::string LastLogLine(const std::string& path, size_t max) {
   std::ifstream in(path, std::ios::binary | std::ios::ate);
   if (!in) return "";
@@ -69,6 +65,7 @@ std::string LastLogLine(const std::string& path, size_t max) {
   return line;
 }
 
+namespace {
 
 bool IsHexToken(const std::string& s) {
   if (s.size() != proto::kSessionTokenBytes) return false;
@@ -243,6 +240,7 @@ void Client::Shutdown(int exit_code, const std::string& why) {
   shutting_down_ = true;
   exit_code_ = exit_code;
   LOG(INFO) << "edl client " << options_.node_name << ": shutting down: " << why;
+  ReleaseSpares("", "the client is shutting down");
   for (auto& [id, t] : trainers_) t.proc->Terminate();
   const auto deadline = std::chrono::steady_clock::now() + milliseconds(options_.stop_grace_ms);
   for (auto& [id, t] : trainers_) {
@@ -262,6 +260,15 @@ void Client::Shutdown(int exit_code, const std::string& why) {
     if (server_ && authenticated_) server_->Send(j);
   }
   trainers_.clear();
+  for (auto& [id, sp] : spares_) {
+    launcher::ExitInfo info;
+    while (!sp.proc->Poll(&info) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    if (!sp.proc->Poll(&info)) info = sp.proc->Stop(milliseconds(0));
+    LOG(INFO) << "spare " << id << " stopped: " << info.ToString();
+  }
+  spares_.clear();
   if (teacher_runner_) teacher_runner_->StopAll(milliseconds(options_.stop_grace_ms));
   boost::system::error_code ec;
   trainer_acceptor_.close(ec);
@@ -572,6 +579,7 @@ void Client::OnGeneration(const proto::GenerationUpdate& u) {
   if (next.generation <= r.latest.generation && r.latest.generation > 0) return;  // already held
   r.prev = r.latest;
   r.latest = std::move(next);
+  r.max_world = std::max(r.max_world, r.latest.world_size());
   const proto::GenerationInfo& g = r.latest;
   const int64_t now = clock_->NowMicros();
   LOG(INFO) << "job " << job << ": generation " << g.generation << " (" << g.reason << "): world size "
@@ -736,6 +744,8 @@ void Client::AcceptTrainer() {
               VLOG(1) << "trainer " << *id << " channel closed: " << s.ToString();
               t->second.channel.reset();
             }
+            auto sp = spares_.find(*id);
+            if (sp != spares_.end()) sp->second.channel.reset();
           });
     }
     AcceptTrainer();
@@ -746,12 +756,27 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
                               const json& msg) {
   EDL_DCHECK_OWNING_THREAD(io_thread_);
   const std::string& type = msg["type"].get_ref<const std::string&>();
+  if (trainer_id->empty() && type == proto::msg::kSpareHello) {
+    proto::SpareHello h;
+    Status s = h.DecodeFrom(msg);
+    if (!s.ok()) return conn->Close(s);
+    if (OnSpareHello(conn, h)) *trainer_id = h.spare_id;
+    return;
+  }
+  if (auto sp = spares_.find(*trainer_id); !trainer_id->empty() && sp != spares_.end()) {
+    // A waiting spare has nothing to say but heartbeats.
+    if (type != proto::msg::kHeartbeat) conn->Close(Status::InvalidArgument("a spare sent " + type));
+    return;
+  }
   if (trainer_id->empty()) {
     proto::TrainerHello h;
     Status s = type == proto::msg::kTrainerHello ? h.DecodeFrom(msg)
                                                  : Status::InvalidArgument("expected trainer_hello first");
     auto it = s.ok() ? trainers_.find(h.trainer_id) : trainers_.end();
-    if (s.ok() && it == trainers_.end()) {
+    if (s.ok() && it == trainers_.end() && spares_.count(h.trainer_id)) {
+      SpareCannotWait(h.trainer_id);
+      s = Status::FailedPrecondition("spare " + h.trainer_id + " said trainer_hello: its command cannot wait as a spare");
+    } else if (s.ok() && it == trainers_.end()) {
       s = Status::FailedPrecondition("trainer id '" + h.trainer_id + "' was not started by the client of node " +
                                      options_.node_name);
     }
@@ -864,7 +889,10 @@ void Client::StartTrainer(StartRequest req) {
   if (run != runs_.end()) spec.argv = run->second.argv;
   spec.env = launcher::BuildTrainerEnv(req.env);
   spec.log_path = options_.log_dir + "/" + req.id + ".log";
-  auto proc = spec.argv.empty()
+  std::unique_ptr<launcher::TrainerProcess> spare = spec.argv.empty() ? nullptr : AssignSpare(req, spec.log_path);
+  const bool from_spare = spare != nullptr;
+  auto proc = from_spare         ? StatusOr<std::unique_ptr<launcher::TrainerProcess>>(std::move(spare))
+              : spec.argv.empty()
                   ? StatusOr<std::unique_ptr<launcher::TrainerProcess>>(Status::FailedPrecondition(
                         "this node has no command for job " + req.job + " (no job_info accepted)"))
                   : launcher_->Start(spec);
@@ -880,7 +908,7 @@ void Client::StartTrainer(StartRequest req) {
     SendToServer(j, true);
     return;
   }
-  LOG(INFO) << "started trainer " << req.id << " (pid " << proc.value()->pid() << ", slot " << req.slot
+  LOG(INFO) << (from_spare ? "assigned trainer " : "started trainer ") << req.id << " (pid " << proc.value()->pid() << ", slot " << req.slot
             << ", generation " << req.env.generation << (req.env.joining ? ", joining" : "")
             << "), log " << spec.log_path;
   Trainer t;
@@ -916,6 +944,7 @@ void Client::PollTrainers() {
     trainers_.erase(it);
     ReportExit(id, info);
   }
+  PollSpares(clock_->NowMicros());
   if (!exited.empty()) StartWaiting();
 }
 
@@ -988,6 +1017,7 @@ void Client::Tick() {
       t.last_heard_us = INT64_MAX / 2;  // once
     }
   }
+  KeepSpares(now);
   if (done_ && options_.exit_when_done && trainers_.empty()) return Shutdown(0, "the job finished");
   tick_timer_.expires_after(milliseconds(options_.tick_ms));
   tick_timer_.async_wait([this](const boost::system::error_code& ec) {

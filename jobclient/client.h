@@ -3,7 +3,9 @@
 // the launcher with the trainer command from its own configuration only (never from the network).
 // It notices trainer exits at once (SIGCHLD, plus a periodic poll as a backup) and reports them,
 // serves its trainers on a Unix socket (mode 0600) and relays their frames (KV, ready, progress,
-// events) to the server, and kills a trainer whose channel heartbeats stop.
+// events) to the server, and kills a trainer whose channel heartbeats stop. In place, it keeps warm
+// spares (README "Warm spares"): trainer processes that prepared and wait, one of which becomes the
+// next trainer the server starts here (client_spares.cc).
 //
 // Thread-safety: none. Start on any thread before the io_context runs; everything after, on the
 // io_context thread passed in.
@@ -72,7 +74,14 @@ struct ClientOptions {
   TeacherRunnerOptions teachers;
   bool exit_when_done = false;
   int64_t tick_ms = 200;
+  // Warm spares kept per job this node runs trainers of (in-place mode only; 0: none).
+  int spares = 1;
+  static constexpr int kMaxSpares = 64;
 };
+
+// The last non-empty line of the file at `path` (read from its last 8 KiB), cut to `max` bytes and
+// with control bytes replaced, or "" when there is none: why a trainer or spare failed.
+std::string LastLogLine(const std::string& path, size_t max);
 
 class Client {
  public:
@@ -94,6 +103,7 @@ class Client {
   struct JobRun {
     std::vector<std::string> argv;
     proto::GenerationInfo prev, latest;
+    int max_world = 0;  // the largest world of its generations seen here: a spare warms up for it
   };
   struct Trainer {
     std::string id;
@@ -174,6 +184,39 @@ class Client {
   void Tick();
   launcher::EnvContract EnvFor(const std::string& job, const proto::GenerationInfo& g,
                                const proto::MemberInfo& m) const;
+
+  // ---- warm spares (client_spares.cc)
+  struct Spare {
+    std::string id, job, log_path;
+    std::unique_ptr<launcher::TrainerProcess> proc;
+    std::shared_ptr<net::Connection> channel;  // set by its spare_hello: prepared and waiting
+    int64_t started_us = 0;
+    bool released = false;       // terminated by this client: its end is no failure
+    int64_t kill_deadline_us = 0;  // released: SIGKILL at this time
+  };
+  // Per job: spares that ended before they were assigned, in a row, and the back-off they cause.
+  struct SpareHealth {
+    int failures = 0;
+    int64_t next_start_us = 0;
+    bool off = false;  // the job's command cannot be a spare (it said trainer_hello)
+  };
+  // Starts a spare for every job short of options_.spares, unless a trainer of this node is
+  // starting or joining (the spare's preparation would take their CPU) or the job backs off.
+  void KeepSpares(int64_t now_us);
+  void StartSpare(const std::string& job, int64_t now_us);
+  // Gives `req` a prepared spare of its job, if there is one: the assignment is sent, its log file
+  // renamed to the trainer's, and its process returned. Null when there is none.
+  std::unique_ptr<launcher::TrainerProcess> AssignSpare(const StartRequest& req, const std::string& log_path);
+  // A spare_hello (the connection's first frame): the spare is prepared. False: refused (closed).
+  bool OnSpareHello(const std::shared_ptr<net::Connection>& conn, const proto::SpareHello& h);
+  // A spare that said trainer_hello: its job's command cannot be a spare; spares off for the job.
+  void SpareCannotWait(const std::string& spare_id);
+  void PollSpares(int64_t now_us);
+  // Terminates the spares of `job` ("": every job) and says why.
+  void ReleaseSpares(const std::string& job, const std::string& why);
+  std::map<std::string, Spare> spares_;  // by spare id; bounded by options_.spares per job
+  std::map<std::string, SpareHealth> spare_health_;  // by job
+  uint64_t next_spare_ = 1;
 
   boost::asio::io_context* const io_;  // not owned
   ThreadChecker io_thread_;            // Shutdown and the io_context's handlers

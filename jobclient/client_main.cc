@@ -174,6 +174,9 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
       ("trainer_timeout_s", po::value<double>(&trainer_timeout)->default_value(20), "a trainer whose channel is silent this long is SIGKILLed")
       ("trainer_cmd", po::value<std::string>(&trainer_cmd), "the trainer command line (or give it after --)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once the job finished")
+      ("spares", po::value<int>(&o->spares)->default_value(1),
+       "warm spares per job (in-place mode): trainer processes that load the data and model and wait; the next "
+       "trainer started here takes one instead of starting cold (0: none; they cost memory, not compute)")
       ("job_type", po::value<std::vector<std::string>>(&job_types)->composing(),
        "a job type this node runs for a cluster server (`edl server --cluster`): NAME = COMMAND ARGS... (repeat per type)")
       ("job_flags", po::value<std::vector<std::string>>(&job_flags)->composing(),
@@ -211,6 +214,9 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
     return Status::InvalidArgument("--mode must be " + proto::kNodeModeNames.List("") + ", not '" + mode + "'");
   }
   o->restart_mode = m == proto::NodeMode::kRestart;
+  if (o->spares < 0 || o->spares > ClientOptions::kMaxSpares) {
+    return Status::InvalidArgument("--spares must be in 0.." + std::to_string(ClientOptions::kMaxSpares));
+  }
   o->trainer_argv = !rest.empty() ? rest : SplitCommand(trainer_cmd);
   if (!rest.empty() && !trainer_cmd.empty()) return Status::InvalidArgument("give the trainer command with --trainer_cmd or after --, not both");
   EDL_RETURN_IF_ERROR(ParseJobTypes(job_types, job_flags, o));

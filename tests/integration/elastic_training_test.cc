@@ -245,8 +245,37 @@ class ElasticTrainingTest : public ::testing::Test {
     ASSERT_TRUE(WaitForMoreSteps(steps)) << Diagnostics();
     const std::vector<pid_t> members = PidsOf(g3);
     ASSERT_EQ(members.size(), 3u);
+    // Both nodes hold a prepared warm spare (README "Warm spares"), so the replacement is one.
+    ASSERT_TRUE(WaitFor([&] { return WaitingSpares("n1") > 0 && WaitingSpares("n2") > 0; }, milliseconds(120000)))
+        << Diagnostics();
+    const int assigned = CountInClientLogs(" is spare ");
     ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
     ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+    EXPECT_EQ(CountInClientLogs(" is spare "), assigned + 1) << "the kill's replacement was a warm spare";
+    // Which ran its warm-up before it was needed: the joiner skipped its own.
+    int skipped = 0;
+    for (const json& e : TrainerEvents("joiner_warm_up")) skipped += e.value("spare", false);
+    EXPECT_GE(skipped, 1) << Diagnostics();
+  }
+
+  int CountInClientLogs(const std::string& text) {
+    int n = 0;
+    for (const std::string node : {"n1", "n2"}) {
+      const std::string log = Slurp(dir_.Join(node + ".log"));
+      for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+    }
+    return n;
+  }
+  // Spares of `node` that said they are prepared and were not assigned (nor ended) yet.
+  int WaitingSpares(const std::string& node) {
+    const std::string log = Slurp(dir_.Join(node + ".log"));
+    int n = 0;
+    for (const char* text : {" is prepared (", " is spare ", " ended before it was assigned"}) {
+      for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) {
+        n += std::string(text) == " is prepared (" ? 1 : -1;
+      }
+    }
+    return n;
   }
 
   // Every trainer id wrote all its events from one pid (in place: never restarted).

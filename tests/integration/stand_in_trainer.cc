@@ -5,6 +5,12 @@
 //    generations, does a KV round per generation, and exits 0 once a generation no longer
 //    contains it, or, with STANDIN_EXIT_AFTER_MS=T, T ms after starting (training "finished");
 //    with STANDIN_HOLD_READY_FILE=F a joiner holds its ready report while F exists;
+//  - started as a warm spare (EDL_SPARE): records "spare", waits for its assignment through the
+//    runtime (edl::runtime::PlanRunFromProcess) and goes on as the assigned trainer ("start"
+//    carries "spare": its spare id), or records "spare_released" and exits 0; with
+//    STANDIN_SPARE_FAIL_WITH=LINE a spare prints LINE to stderr and exits 3 instead (a spare that
+//    cannot start), with STANDIN_IGNORE_SPARE=1 it goes on as if it were a trainer (a command
+//    that knows nothing of spares);
 //  - STANDIN_FAIL_WITH=LINE: prints LINE to stderr and exits 3 at once (a trainer that keeps failing);
 //  - STANDIN_CONFIG=FP: reports a "config" event with fingerprint FP before anything else (as the
 //    runtime does with ElasticOptions::config_fingerprint);
@@ -26,6 +32,7 @@
 
 #include "edl/net/trainer_channel.h"
 #include "edl/runtime/env_contract.h"
+#include "edl/runtime/run_mode.h"
 #include "edl/proto/rendezvous_key.h"
 
 namespace {
@@ -60,7 +67,23 @@ int main() {
     return 3;
   }
   g_env = contract.value();
+  std::string was_spare;
+  if (g_env.spare != edl::runtime::SpareKind::kNone && Env("STANDIN_IGNORE_SPARE") != "1") {
+    was_spare = g_env.trainer_id;
+    Record({{"event", "spare"}, {"spare", was_spare}, {"world_size", g_env.world_size}});
+    if (!Env("STANDIN_SPARE_FAIL_WITH").empty()) {
+      std::fprintf(stderr, "%s\n", Env("STANDIN_SPARE_FAIL_WITH").c_str());
+      return 3;
+    }
+    auto plan = edl::runtime::PlanRunFromProcess();
+    if (!plan.ok()) {
+      Record({{"event", "spare_released"}, {"spare", was_spare}, {"error", plan.status().ToString()}});
+      return plan.status().code() == edl::Status::Code::kAborted ? 0 : 3;
+    }
+    g_env = plan.value().env;
+  }
   Record({{"event", "start"},
+          {"spare", was_spare},
           {"generation", g_env.generation},
           {"rank", g_env.rank},
           {"world_size", g_env.world_size},

@@ -291,6 +291,9 @@ class ClientTest : public ::testing::Test {
     options_.leave_grace_ms = 30000;
     options_.trainer_timeout_ms = 20000;
     options_.trainer_argv = {"/opt/trainer", "--epochs", "3"};
+    // These cases count the trainers the client starts; warm spares (real processes that wait on
+    // the socket) are tested in tests/integration/spares_test.cc.
+    options_.spares = 0;
     options_.tick_ms = 5;
   }
 
