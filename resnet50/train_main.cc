@@ -10,6 +10,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -231,6 +232,55 @@ StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c) {
   return Trainer::Create(c.trainer, std::move(train), std::move(test));
 }
 
+// A warm spare (EDL_SPARE, README "Warm spares"): loads the data, and for a full spare builds the
+// trainer and warms it up at the world it expects to join, then waits for the client's assignment
+// and turns *plan into the assigned one. The prepared trainer, or Unavailable when there is none
+// (a host spare, whose device is named by the assignment; an assignment whose threads or local
+// rank differ from what the spare prepared for: the caller builds it). *released: the client let
+// the spare go before assigning it (exit 0).
+StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* plan, bool* released) {
+  const int64_t t0 = Clock::Real()->NowMicros();
+  const runtime::EnvContract spare = plan->env;
+  TrainerOptions o = c->trainer;
+  o.trainers_on_node = spare.TrainersOnNode();
+  o.local_rank = spare.local_rank;
+  std::unique_ptr<Trainer> prepared;
+  int64_t warmed = 0;
+  if (spare.spare == runtime::SpareKind::kFull) {
+    auto t = MakeTrainer([&] {
+      Config copy = *c;
+      copy.trainer = o;
+      return copy;
+    }());
+    if (!t.ok()) return t.status();
+    prepared = std::move(t.value());
+    // A replacement restores the job's size: it joins at its largest world, ranked last.
+    warmed = runtime::WarmUpSamples(prepared->train_size(), c->loop.elastic.batch_policy, c->loop.elastic.batch,
+                                    std::max(1, spare.world_size));
+    EDL_RETURN_IF_ERROR(runtime::WarmUpTrainable(prepared.get(), warmed));
+  }
+  std::cout << "edl train: spare " << spare.trainer_id << " prepared in "
+            << (Clock::Real()->NowMicros() - t0) / 1e6 << " s ("
+            << (prepared ? "data, model, warm-up on " + std::to_string(warmed) + " samples" : std::string("host side only"))
+            << "); waiting to be assigned" << std::endl;
+  auto assigned = runtime::AwaitAssignment(*plan);
+  if (!assigned.ok()) {
+    *released = assigned.status().code() == Status::Code::kAborted;
+    if (*released) std::cout << "edl train: " << assigned.status().message() << std::endl;
+    return assigned.status();
+  }
+  *plan = std::move(assigned.value());
+  std::cout << "edl train: spare " << spare.trainer_id << " is now trainer " << plan->env.trainer_id << std::endl;
+  if (!prepared) return Status::Unavailable("no trainer prepared");
+  const auto threads = [&](int trainers_on_node) { return o.threads > 0 ? o.threads : DefaultThreads(trainers_on_node); };
+  if (threads(plan->env.TrainersOnNode()) != threads(o.trainers_on_node) || plan->env.local_rank != o.local_rank) {
+    std::cout << "edl train: the assignment's threads / local rank differ from the spare's; building anew" << std::endl;
+    return Status::Unavailable("prepared for other threads");
+  }
+  c->loop.elastic.warmed_samples = warmed;
+  return prepared;
+}
+
 }  // namespace
 
 int RunTrainMain(int argc, char** argv) {
@@ -252,13 +302,23 @@ int RunTrainMain(int argc, char** argv) {
   if (s = Finish(&c); !s.ok()) return Fail(s);
   // The runtime reads the env contract and picks the mode; a bad environment fails before the
   // data is loaded.
-  auto plan = runtime::PlanRunFromProcess();
+  auto plan = runtime::ReadRunPlanFromProcess();
   if (!plan.ok()) return Fail(plan.status());
+  StatusOr<std::unique_ptr<Trainer>> trainer{Status::Unavailable("not built")};
+  const bool was_spare = plan.value().spare();
+  if (was_spare) {
+    // A warm spare: everything that does not depend on the identity, then the wait. Its life as a
+    // trainer (time to ready) begins at the assignment.
+    bool released = false;
+    trainer = PrepareSpare(&c, &plan.value(), &released);
+    if (released) return 0;
+    if (!trainer.ok() && trainer.status().code() != Status::Code::kUnavailable) return Fail(trainer.status());
+  }
   plan.value().ApplyTo(&c.loop.elastic);
-  c.loop.elastic.start_micros = start_micros;
+  c.loop.elastic.start_micros = was_spare ? Clock::Real()->NowMicros() : start_micros;
   c.trainer.trainers_on_node = plan.value().env.TrainersOnNode();
   c.trainer.local_rank = plan.value().env.local_rank;
-  auto trainer = MakeTrainer(c);
+  if (!trainer.ok()) trainer = MakeTrainer(c);
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer* t = trainer.value().get();
   c.loop.threads = t->threads();

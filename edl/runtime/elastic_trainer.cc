@@ -198,38 +198,47 @@ Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
   }
 }
 
-// A trainer's first step is its slowest (buffers allocated, kernels chosen and primitives built
-// on first use): a joiner's made the survivors wait in the first step after a grow for several
-// steady steps' time. So a joiner runs one forward/backward on a batch of its own before
-// reporting ready, and puts its state back as it was (the re-form overwrites it anyway, unless
-// nobody holds state and this trainer cold-starts with its own initialisation).
-// `world`: the size this joiner expects to join at (its batch under a fixed global batch).
+// `world`: the size this joiner expects to join at (its batch under a fixed global batch). The
+// re-form overwrites the state anyway, unless nobody holds state and this trainer cold-starts with
+// its own initialisation: so it is put back.
 Status ElasticTrainer::Impl::WarmUp(int world) {
-  const int64_t n = std::min<int64_t>(trainable_->train_size(),
-                                      BatchSizes(o_.batch_policy, o_.batch, world)[world - 1]);
+  const int64_t n = WarmUpSamples(trainable_->train_size(), o_.batch_policy, o_.batch, world);
   if (n <= 0) return Status::OK();
-  std::vector<StateTensor> tensors = trainable_->StateTensors();
+  if (n == o_.warmed_samples) {
+    Event({{"event", "joiner_warm_up"}, {"samples", n}, {"seconds", 0.0}, {"spare", true}});
+    return Status::OK();
+  }
+  const int64_t t0 = clock_->NowMicros();
+  EDL_RETURN_IF_ERROR(WarmUpTrainable(trainable_, n));
+  Event({{"event", "joiner_warm_up"}, {"samples", n}, {"seconds", MicrosToSeconds(clock_->NowMicros() - t0)}});
+  return Status::OK();
+}
+
+int64_t WarmUpSamples(int64_t train_size, BatchPolicy policy, int64_t batch, int world) {
+  world = std::max(1, world);
+  return std::max<int64_t>(0, std::min<int64_t>(train_size, BatchSizes(policy, batch, world)[world - 1]));
+}
+
+Status WarmUpTrainable(Trainable* trainable, int64_t samples) {
+  if (samples <= 0) return Status::OK();
+  std::vector<StateTensor> tensors = trainable->StateTensors();
   size_t total = 0;
   for (const StateTensor& t : tensors) total += t.bytes;
   std::vector<char> saved(total);
   size_t off = 0;
   for (const StateTensor& t : tensors) {
-    EDL_RETURN_IF_ERROR(trainable_->CopyToHost(t, saved.data() + off));
+    EDL_RETURN_IF_ERROR(trainable->CopyToHost(t, saved.data() + off));
     off += t.bytes;
   }
-  std::vector<int64_t> indices(static_cast<size_t>(n));
+  std::vector<int64_t> indices(static_cast<size_t>(samples));
   std::iota(indices.begin(), indices.end(), int64_t{0});
-  const int64_t t0 = clock_->NowMicros();
-  EDL_RETURN_IF_ERROR(trainable_->WarmUpStep(indices).WithContext("joiner warm-up"));
-  const int64_t took = clock_->NowMicros() - t0;
+  EDL_RETURN_IF_ERROR(trainable->WarmUpStep(indices).WithContext("joiner warm-up"));
   off = 0;
   for (const StateTensor& t : tensors) {
-    EDL_RETURN_IF_ERROR(trainable_->CopyFromHost(t, saved.data() + off));
+    EDL_RETURN_IF_ERROR(trainable->CopyFromHost(t, saved.data() + off));
     off += t.bytes;
   }
-  EDL_RETURN_IF_ERROR(trainable_->ZeroGradients());
-  Event({{"event", "joiner_warm_up"}, {"samples", n}, {"seconds", MicrosToSeconds(took)}});
-  return Status::OK();
+  return trainable->ZeroGradients();
 }
 
 Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {

@@ -125,6 +125,9 @@ struct ElasticOptions {
   int64_t join_generation = 0;  // the pending generation a joiner was started for
                                 // (EDL_GENERATION); 0: newest known + 1
   int64_t start_micros = 0;     // Clock time preparation began, for time-to-ready (0: Run())
+  // The batch a warm spare already ran WarmUpTrainable with (0: none): a joiner whose warm-up
+  // batch is the same skips its own.
+  int64_t warmed_samples = 0;
   std::string backend = "gloo";  // "gloo" or "nccl" (SelectCommBackend resolves --comm)
   std::string host;      // address the communicator binds (empty: loopback)
   int cuda_device = -1;  // NCCL only
@@ -179,6 +182,14 @@ bool NcclAvailable();
 // An FNV-1a-style hash (over 8-byte words) of every StateTensor's name and bytes (via
 // CopyToHost): equal on two trainers iff their states are bit-identical (up to hash collisions).
 StatusOr<uint64_t> StateHash(Trainable* trainable);
+
+// A trainer's first step is its slowest (buffers allocated, kernels chosen, primitives built on
+// first use). WarmUpTrainable runs one forward/backward on `samples` samples and puts the state
+// back as it was (gradients zeroed): a joiner runs it before reporting ready, a warm spare before
+// waiting (ElasticOptions::warmed_samples). WarmUpSamples: the batch the last rank of `world`
+// gets, which is what a joiner (ranked last) trains with.
+int64_t WarmUpSamples(int64_t train_size, BatchPolicy policy, int64_t batch, int world);
+Status WarmUpTrainable(Trainable* trainable, int64_t samples);
 
 class ElasticTrainer {
  public:
