@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -154,8 +155,26 @@ class PyObserver : public runtime::TrainingObserver {
   const py::object on_step_, on_eval_;
 };
 
-py::dict Plan() {
+// The plan, after a warm spare's wait (README "Warm spares"): the spare takes its assigned identity
+// into the C environment, and Python's os.environ, a copy taken at start, is brought up to date
+// with it, so a script reading os.environ["RANK"] after plan() sees the trainer it became.
+StatusOr<runtime::RunPlan> PlanAndSyncEnviron() {
   auto plan = runtime::PlanRunFromProcess();
+  if (!plan.ok()) return plan;
+  py::object environ = py::module_::import("os").attr("environ");
+  for (const char* name : runtime::env::kAll) {
+    const char* value = std::getenv(name);
+    if (value != nullptr) {
+      environ[py::str(name)] = py::str(value);
+    } else if (environ.contains(py::str(name))) {
+      environ.attr("pop")(py::str(name));
+    }
+  }
+  return plan;
+}
+
+py::dict Plan() {
+  auto plan = PlanAndSyncEnviron();
   if (!plan.ok()) throw py::value_error(plan.status().message());
   const runtime::RunPlan& p = plan.value();
   py::dict d;
@@ -207,6 +226,9 @@ py::dict Run(PyTrainable* t, const RunOptions& o, py::object on_step, py::object
   Status s;
   {
     const RunOptions options = o;  // Python threads may touch `o` once the GIL is released
+    // A spare that did not call plan() waits here, with the GIL (it has nothing else to do), so
+    // os.environ follows; an error is RunReleased's to report.
+    (void)PlanAndSyncEnviron();
     PyObserver observer(t, std::move(on_step), std::move(on_eval));
     py::gil_scoped_release release;
     s = RunReleased(t, options, &observer, &r);

@@ -25,21 +25,26 @@ import resnet20_fashion  # noqa: E402
 import train_inplace  # noqa: E402
 
 FAULTS = sys.argv[1]
-ME = os.environ.get("EDL_TRAINER_ID", "")
+
+
+def me():
+    """This trainer's id, read when needed: a warm spare learns it only at edl.plan()."""
+    return os.environ.get("EDL_TRAINER_ID", "")
 
 
 def take(marker):
     """True for the one trainer that takes `marker` (if it names a trainer, only that one)."""
+    my_id = me()
     path = os.path.join(FAULTS, marker)
     try:
         with open(path) as f:
             target = f.read().strip()
     except FileNotFoundError:
         return False
-    if target and target != ME:
+    if target and target != my_id:
         return False
     try:
-        os.rename(path, "%s.taken.%s" % (path, ME))
+        os.rename(path, "%s.taken.%s" % (path, my_id))
     except FileNotFoundError:
         return False  # another trainer took it first
     return True
@@ -49,7 +54,7 @@ class FaultyResNet20(resnet20_fashion.ResNet20):
     def forward(self, x):
         out = super().forward(x)
         if self.training and take("raise_in_forward"):
-            raise ValueError("injected fault in forward (trainer %s)" % ME)
+            raise ValueError("injected fault in forward (trainer %s)" % me())
         return out
 
 

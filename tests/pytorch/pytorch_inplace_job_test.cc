@@ -72,7 +72,9 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
 
   // Two clients of 2 CPU slots whose trainers run `trainer` (a Python command line) with the
   // job's flags: 256 samples, 8 per trainer and step, checkpoints every 5 steps, no end of its own.
-  void StartClients(const std::vector<std::string>& trainer) {
+  // `spares`: the clients' --spares (warm spares run the script's model building ahead, with the
+  // spare's identity: a test that arms a fault for "the next trainer to build its model" has none).
+  void StartClients(const std::vector<std::string>& trainer, int spares = 1) {
     for (const char* node : {"n1", "n2"}) {
       std::vector<std::string> argv = {test::EdlBinary(),
                                        "client",
@@ -97,6 +99,8 @@ class PyTorchInPlaceJobTest : public PyTorchInPlaceTest {
                                        "--trainer_timeout_s",
                                        "60",
                                        "--exit_when_done",
+                                       "--spares",
+                                       std::to_string(spares),
                                        "--"};
       argv.insert(argv.end(), trainer.begin(), trainer.end());
       for (const char* a :
@@ -366,7 +370,7 @@ TEST_F(PyTorchInPlaceJobTest, BadTrainersFailAloneAndTheJobGoesOn) {
   const std::string faults = dir_.Join("faults");
   std::filesystem::create_directories(faults);
   StartServer(3);
-  StartClients({Python(), test::SourceDir() + "/tests/pytorch/inplace_faults.py", faults});
+  StartClients({Python(), test::SourceDir() + "/tests/pytorch/inplace_faults.py", faults}, /*spares=*/0);
   const int64_t g1 = WaitForFormedGeneration(3, 0);
   ASSERT_GT(g1, 0) << Diagnostics();
   ASSERT_TRUE(WaitForMoreSteps(8)) << Diagnostics();
