@@ -144,11 +144,13 @@ start_client() {  # $1 run dir, $2 node, $3 its index in CLIENT_PIDS
   CLIENT_PIDS[$3]=$!
   disown "$!"
 }
-trainers() {  # running (not stopped) trainers: the clients' children
+trainers() {  # running (not stopped) trainers: the clients' children, less their waiting spares
   local c p
   for c in "${CLIENT_PIDS[@]}"; do
     [ "$c" = lost ] && continue
-    for p in $(ps -o pid= --ppid "$c" 2>/dev/null); do [ "$p" != "$STOPPED" ] && echo "$p"; done
+    for p in $(ps -o pid= --ppid "$c" 2>/dev/null); do
+      [ "$p" != "$STOPPED" ] && [ "$(cat "/proc/$p/comm" 2>/dev/null)" != edl-spare ] && echo "$p"
+    done
   done
   return 0
 }

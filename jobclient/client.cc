@@ -67,6 +67,18 @@ std::string LastLogLine(const std::string& path, size_t max) {
 
 namespace {
 
+// A trainer this long silent (4 channel heartbeats) is checked for being stopped.
+constexpr int64_t kStoppedSilenceUs = 2000000;
+
+// True when /proc says `pid` is stopped (state T: SIGSTOP, SIGTSTP; not a tracer's stop).
+bool ProcessStopped(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t paren = stat.rfind(')');  // the name may hold spaces and parentheses
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T';
+}
+
 bool IsHexToken(const std::string& s) {
   if (s.size() != proto::kSessionTokenBytes) return false;
   for (char c : s) {
@@ -1013,6 +1025,15 @@ void Client::Tick() {
     if (t.ever_connected && !t.leaving && now - t.last_heard_us > options_.trainer_timeout_ms * 1000) {
       LOG(ERROR) << "trainer " << id << " sent no heartbeat for " << options_.trainer_timeout_ms
                  << " ms (hung or stopped?); SIGKILL";
+      t.proc->Kill();
+      t.last_heard_us = INT64_MAX / 2;  // once
+    } else if (t.ever_connected && !t.leaving && now - t.last_heard_us > kStoppedSilenceUs &&
+               ProcessStopped(t.proc->pid())) {
+      // Silent and stopped: it cannot be slow, it makes no progress at all, and every collective
+      // of its job waits on it. No need to wait out --trainer_timeout_s.
+      LOG(ERROR) << "trainer " << id << " (pid " << t.proc->pid() << ") is stopped (state T: SIGSTOP or a "
+                 << "job-control stop) and silent for " << (now - t.last_heard_us) / 1000
+                 << " ms; SIGKILL, its job re-forms without it";
       t.proc->Kill();
       t.last_heard_us = INT64_MAX / 2;  // once
     }

@@ -181,7 +181,9 @@ Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
   if (!membership_->Latest(&known)) known.number = 0;
   if (o_.joining) {
     const int64_t pending = o_.join_generation > 0 ? o_.join_generation : known.number + 1;
-    EDL_RETURN_IF_ERROR(WarmUp(std::max(1, known.world_size() + 1)));  // joiners come last
+    // Joiners come last. The size it joins at is in its environment: the newest generation the
+    // client pushes may not have arrived yet (a world of 1 would warm up the wrong batch).
+    EDL_RETURN_IF_ERROR(WarmUp(o_.join_world > 0 ? o_.join_world : std::max(1, known.world_size() + 1)));
     EDL_RETURN_IF_ERROR(membership_->ReportReady(pending));
     Event({{"event", "joiner_ready"}, {"generation", pending}, {"after_generation", known.number},
            {"ready_s", MicrosToSeconds(clock_->NowMicros() - start_us_)}});

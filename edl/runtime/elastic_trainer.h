@@ -124,6 +124,7 @@ struct ElasticOptions {
   bool joining = false;  // a hot joiner (EDL_JOINING=1): report ready, wait to be committed
   int64_t join_generation = 0;  // the pending generation a joiner was started for
                                 // (EDL_GENERATION); 0: newest known + 1
+  int join_world = 0;  // that generation's size (WORLD_SIZE), for the warm-up; 0: newest known + 1
   int64_t start_micros = 0;     // Clock time preparation began, for time-to-ready (0: Run())
   // The batch a warm spare already ran WarmUpTrainable with (0: none): a joiner whose warm-up
   // batch is the same skips its own.

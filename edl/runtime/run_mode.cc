@@ -1,10 +1,13 @@
 #include "edl/runtime/run_mode.h"
 
 #include <stdlib.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
+#include <string>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -193,6 +196,7 @@ const char* RunModeName(RunMode mode) {
 void RunPlan::ApplyTo(ElasticOptions* options) const {
   options->joining = joining();
   options->join_generation = joining() ? env.generation : 0;
+  options->join_world = joining() && env.has_world ? env.world_size : 0;
 }
 
 RunPlan PlanRun(const EnvContract& env) {
@@ -211,12 +215,30 @@ RunPlan PlanRun(const EnvContract& env) {
 StatusOr<RunPlan> ReadRunPlanFromProcess() {
   StatusOr<EnvContract> env = TrainerEnvFromProcess();
   if (!env.ok()) return env.status();
-  return PlanRun(env.value());
+  RunPlan plan = PlanRun(env.value());
+  if (plan.spare()) NameProcessAsSpare(true);
+  return plan;
+}
+
+void NameProcessAsSpare(bool spare) {
+  if (spare) {
+    ::prctl(PR_SET_NAME, kSpareProcessName);
+    return;
+  }
+  // Back to the kernel's default: the executable's file name, cut to 15 bytes.
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return;
+  std::string name(exe, static_cast<size_t>(n));
+  name = name.substr(name.rfind('/') + 1).substr(0, 15);
+  ::prctl(PR_SET_NAME, name.c_str());
 }
 
 StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare, std::chrono::milliseconds connect_timeout) {
   if (!spare.spare()) return Status::InvalidArgument("AwaitAssignment: not a spare's plan");
+  NameProcessAsSpare(true);
   auto assigned = net::WaitAsSpare(spare.env.client_socket, spare.env.trainer_id, connect_timeout);
+  NameProcessAsSpare(false);
   if (!assigned.ok()) return assigned.status();
   const std::map<std::string, std::string>& vars = assigned.value().env;
   for (const auto& [name, value] : vars) {

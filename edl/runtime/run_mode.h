@@ -52,7 +52,7 @@ struct RunPlan {
   bool joining() const { return mode == RunMode::kElastic && env.joining; }
   // A warm spare (EDL_SPARE): nothing but preparation until AwaitAssignment().
   bool spare() const { return mode == RunMode::kElastic && env.spare != SpareKind::kNone; }
-  // Sets the ElasticOptions the environment decides: joining and join_generation.
+  // Sets the ElasticOptions the environment decides: joining, join_generation and join_world.
   void ApplyTo(ElasticOptions* options) const;
 };
 
@@ -70,6 +70,13 @@ StatusOr<RunPlan> ReadRunPlanFromProcess();
 // Aborted when the client released the spare or exited (the spare should then exit 0).
 StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare,
                                   std::chrono::milliseconds connect_timeout = std::chrono::milliseconds(10000));
+
+// A spare's process name (/proc/PID/comm, what `ps -o comm` shows) from the moment its plan is
+// read until its assignment, so neither a person nor a script takes it for a trainer.
+inline constexpr char kSpareProcessName[] = "edl-spare";
+// Names the process (the calling thread: call it from the main thread) kSpareProcessName, or back
+// to its executable's name. ReadRunPlanFromProcess and AwaitAssignment call it.
+void NameProcessAsSpare(bool spare);
 
 // ReadRunPlanFromProcess(), then AwaitAssignment() for a spare.
 StatusOr<RunPlan> PlanRunFromProcess();

@@ -6,6 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -150,6 +152,14 @@ TEST(TrainerChannelTest, ServiceListsOfWatchedServicesArrive) {
   server.join();
 }
 
+// This process's name (/proc/self/comm: the main thread's).
+std::string Comm() {
+  std::ifstream in("/proc/self/comm");
+  std::string name;
+  std::getline(in, name);
+  return name;
+}
+
 // A warm spare (PROTOCOL.md "Spares"): spare_hello, then nothing until the assignment; the runtime
 // checks the assignment and writes it into the process environment.
 TEST(SpareTest, TheAssignmentBecomesTheProcessEnvironment) {
@@ -174,6 +184,8 @@ TEST(SpareTest, TheAssignmentBecomesTheProcessEnvironment) {
     ASSERT_OK(s->Receive(&m, milliseconds(5000)));
     EXPECT_EQ(m["type"], "spare_hello");
     EXPECT_EQ(m["spare_id"], "n1-spare-1");
+    // The waiting spare (the test's main thread) is named for ps.
+    EXPECT_EQ(Comm(), "edl-spare");
     ASSERT_OK(s->Send(json{{"type", "heartbeat"}}, milliseconds(5000)));  // ignored while waiting
     proto::SpareAssign a;
     a.env = runtime::BuildTrainerEnv(assigned);
@@ -181,8 +193,10 @@ TEST(SpareTest, TheAssignmentBecomesTheProcessEnvironment) {
   });
   ::setenv(runtime::env::kSpare, "full", 1);
   ::setenv(runtime::env::kLocalTrainers, "3", 1);  // not in the assignment: unset by it
+  const std::string own_name = Comm();
   auto plan = runtime::AwaitAssignment(runtime::PlanRun(spare), milliseconds(5000));
   server.join();
+  EXPECT_EQ(Comm(), own_name);
   ASSERT_OK(plan.status());
   EXPECT_FALSE(plan.value().spare());
   EXPECT_TRUE(plan.value().joining());
