@@ -74,7 +74,8 @@ struct ClientOptions {
   TeacherRunnerOptions teachers;
   bool exit_when_done = false;
   int64_t tick_ms = 200;
-  // Warm spares kept per job that has trainers on this node (in-place mode only; 0: none).
+  // Warm spares kept per job (the server's own job; a cluster job only while it has trainers on
+  // this node). In-place mode only; 0: none.
   int spares = 1;
   static constexpr int kMaxSpares = 64;
 };

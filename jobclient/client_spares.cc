@@ -38,9 +38,10 @@ void Client::KeepSpares(int64_t now_us) {
   }
   for (const auto& [job, run] : runs_) {
     if (run.argv.empty() || run.latest.generation == 0 || run.latest.members.empty()) continue;
-    // Only for jobs this node runs trainers of: a cluster node is told of every job of its types,
-    // and a spare per job on every node would hold memory for jobs that never come here.
-    bool runs_here = false;
+    // The server's own job (one-job mode: every node is where it grows), or a cluster job this
+    // node runs trainers of: a cluster node is told of every job of its types, and a spare per job
+    // on every node would hold memory for jobs that never come here.
+    bool runs_here = job == job_id_ && !options_.trainer_argv.empty();
     for (const proto::MemberInfo& m : run.latest.members) runs_here |= m.node == options_.node_name;
     if (!runs_here) continue;
     const SpareHealth& health = spare_health_[job];

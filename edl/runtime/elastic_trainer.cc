@@ -696,6 +696,15 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   const int64_t chunk = std::max<int64_t>(1, o_.eval_batch);
   std::vector<int64_t> idx;
   for (int64_t b0 = begin; b0 < end; b0 += chunk) {
+    // A failure generation superseded this one: its communicator is (about to be) aborted, so
+    // the all-reduce below would fail anyway; the rest of the shard is not worth computing first.
+    // (The watcher's newest_failure_, or the newest generation itself before the watcher woke.)
+    Generation newest;
+    if (newest_failure_.load() > gen_.number ||
+        (membership_->Latest(&newest) && newest.number > gen_.number && newest.failure)) {
+      return Comm(Status::Aborted("a failure generation superseded generation " + std::to_string(gen_.number) +
+                                  " during the evaluation"));
+    }
     idx.resize(std::min(end, b0 + chunk) - b0);
     std::iota(idx.begin(), idx.end(), b0);
     StepStats stats;

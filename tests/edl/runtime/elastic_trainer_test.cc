@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <fstream>
 #include <iostream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -945,6 +946,56 @@ TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
   EXPECT_EQ(evaluated[40], survivors);
   EXPECT_EQ(evaluated[64], survivors);
   EXPECT_EQ(evaluated.size(), 3u);
+}
+
+// A failure that cuts an epoch-end evaluation short: the survivor stops evaluating its shard as
+// soon as the failure generation is committed (the evaluation's all-reduce cannot finish anyway)
+// instead of computing the rest of it first, re-forms, and evaluates that epoch again.
+class GatedEvalModel : public LinearModel {
+ public:
+  using LinearModel::LinearModel;
+  Status Evaluate(const std::vector<int64_t>& idx, StepStats* st) override {
+    if (++evals == 1 && first_eval) first_eval();
+    if (fail_evals) return Status::Internal("injected crash in the evaluation");
+    return LinearModel::Evaluate(idx, st);
+  }
+  std::atomic<int> evals{0};
+  std::function<void()> first_eval;  // runs in the first Evaluate call, on the trainer's thread
+  bool fail_evals = false;
+};
+
+TEST(ElasticTrainerTest, AFailureCutsAnEvaluationShortAtOnce) {
+  test::ScratchDir dir("eval_cut");
+  FakeCluster c;
+  c.Commit({"v0", "v1"}, false, "start");
+  auto m0 = std::make_unique<GatedEvalModel>(kTrain, kTest, 1);
+  auto m1 = std::make_unique<GatedEvalModel>(kTrain, kTest, 2);
+  m1->fail_evals = true;  // v1 dies in the first evaluation (its Trainable fails: it leaves)
+  std::atomic<bool> committed{false};
+  // v0 computes its first chunk only once the failure generation is committed.
+  m0->first_eval = [&] { c.WaitFor([&] { return committed.load(); }); };
+  FakeMembership f0(&c, "v0"), f1(&c, "v1");
+  Status s0, s1;
+  auto run = [&](const std::string& id, GatedEvalModel* m, FakeMembership* f, Status* s) {
+    ElasticOptions o = Options(dir, id, false);
+    o.eval_batch = 8;  // 8 chunks in a shard of 64 test samples (2 ranks), 16 in one of 128
+    ElasticTrainer trainer(o, m, f);
+    ElasticResult r;
+    *s = trainer.Run(&r);
+    c.Notify();
+  };
+  std::thread t0(run, "v0", m0.get(), &f0, &s0);
+  std::thread t1(run, "v1", m1.get(), &f1, &s1);
+  t1.join();
+  EXPECT_EQ(s1.code(), Status::Code::kInternal) << s1.ToString();
+  c.Commit({"v0"}, true, "failure");
+  committed = true;
+  c.Notify();
+  t0.join();
+  ASSERT_OK(s0);
+  // 1 chunk of the cut evaluation, then every epoch's (the first's again) at world 1, 16 chunks
+  // each. Computing the rest of the cut shard first would have made it 7 more.
+  EXPECT_EQ(m0->evals.load(), 1 + 8 * 16);
 }
 
 // The rendezvous outlives a server restart: while the KV answers Unavailable (the node's client is
