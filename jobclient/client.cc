@@ -67,6 +67,16 @@ std::string LastLogLine(const std::string& path, size_t max) {
 
 namespace {
 
+// Waits for a signalled process to exit until `deadline`, then SIGKILLs it; how it ended.
+launcher::ExitInfo AwaitExit(launcher::TrainerProcess* p, std::chrono::steady_clock::time_point deadline) {
+  launcher::ExitInfo info;
+  while (!p->Poll(&info) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  if (!p->Poll(&info)) info = p->Stop(milliseconds(0));
+  return info;
+}
+
 // A trainer this long silent (4 channel heartbeats) is checked for being stopped.
 constexpr int64_t kStoppedSilenceUs = 2000000;
 
@@ -256,11 +266,7 @@ void Client::Shutdown(int exit_code, const std::string& why) {
   for (auto& [id, t] : trainers_) t.proc->Terminate();
   const auto deadline = std::chrono::steady_clock::now() + milliseconds(options_.stop_grace_ms);
   for (auto& [id, t] : trainers_) {
-    launcher::ExitInfo info;
-    while (!t.proc->Poll(&info) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    if (!t.proc->Poll(&info)) info = t.proc->Stop(milliseconds(0));
+    const launcher::ExitInfo info = AwaitExit(t.proc.get(), deadline);
     LOG(INFO) << "trainer " << id << " stopped: " << info.ToString();
     proto::TrainerExit e;
     e.trainer_id = id;
@@ -273,12 +279,7 @@ void Client::Shutdown(int exit_code, const std::string& why) {
   }
   trainers_.clear();
   for (auto& [id, sp] : spares_) {
-    launcher::ExitInfo info;
-    while (!sp.proc->Poll(&info) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    if (!sp.proc->Poll(&info)) info = sp.proc->Stop(milliseconds(0));
-    LOG(INFO) << "spare " << id << " stopped: " << info.ToString();
+    LOG(INFO) << "spare " << id << " stopped: " << AwaitExit(sp.proc.get(), deadline).ToString();
   }
   spares_.clear();
   if (teacher_runner_) teacher_runner_->StopAll(milliseconds(options_.stop_grace_ms));

@@ -160,17 +160,23 @@ std::string Comm() {
   return name;
 }
 
+// The env contract of spare "n1-spare-1" of job "j" under the client at `socket`.
+runtime::EnvContract SpareOf(const std::string& socket, runtime::SpareKind kind) {
+  runtime::EnvContract c;
+  c.job_id = "j";
+  c.trainer_id = "n1-spare-1";
+  c.client_socket = socket;
+  c.spare = kind;
+  return c;
+}
+
 // A warm spare (PROTOCOL.md "Spares"): spare_hello, then nothing until the assignment; the runtime
 // checks the assignment and writes it into the process environment.
 TEST(SpareTest, TheAssignmentBecomesTheProcessEnvironment) {
   test::ScratchDir dir;
   const std::string path = dir.Join("c.sock");
   FakeClient client(path);
-  runtime::EnvContract spare;
-  spare.job_id = "j";
-  spare.trainer_id = "n1-spare-1";
-  spare.client_socket = path;
-  spare.spare = runtime::SpareKind::kFull;
+  runtime::EnvContract spare = SpareOf(path, runtime::SpareKind::kFull);
   spare.world_size = 4;
   runtime::EnvContract assigned = spare;
   assigned.trainer_id = "n1-s1-9";
@@ -217,11 +223,7 @@ TEST(SpareTest, AWrongAssignmentOrAClosedClientIsAClearError) {
   test::ScratchDir dir;
   const std::string path = dir.Join("c.sock");
   FakeClient client(path);
-  runtime::EnvContract spare;
-  spare.job_id = "j";
-  spare.trainer_id = "n1-spare-1";
-  spare.client_socket = path;
-  spare.spare = runtime::SpareKind::kHost;
+  const runtime::EnvContract spare = SpareOf(path, runtime::SpareKind::kHost);
   runtime::EnvContract other_job = spare;
   other_job.job_id = "k";
   other_job.trainer_id = "n1-s0-1";
