@@ -115,6 +115,9 @@ bool Client::OnSpareHello(const std::shared_ptr<net::Connection>& conn, const pr
   Spare& sp = it->second;
   sp.channel = conn;
   conn->SetIdleTimeout(milliseconds(0));  // it waits as long as no trainer is needed
+  proto::Welcome w;
+  w.job_id = sp.job;
+  conn->Send(w.Encoded());
   LOG(INFO) << "spare " << sp.id << " of job " << sp.job << " is prepared ("
             << (clock_->NowMicros() - sp.started_us) / 1000 << " ms after its start) and waits";
   return true;

@@ -41,7 +41,7 @@ StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path, const s
       EDL_RETURN_IF_ERROR(a.DecodeFrom(j).WithContext("spare " + spare_id + "'s assignment"));
       return a;
     }
-    if (type == j.end() || *type != proto::msg::kHeartbeat) {
+    if (type == j.end() || (*type != proto::msg::kHeartbeat && *type != proto::msg::kWelcome)) {
       return Status::Corruption("spare " + spare_id + ": the client at " + socket_path + " sent " +
                                 (type == j.end() ? std::string("a frame without a type") : type->dump()) +
                                 " instead of spare_assign");

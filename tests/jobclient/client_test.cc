@@ -489,6 +489,58 @@ TEST_F(ClientTest, TrainerExitIsReportedAndItsSlotReused) {
   EXPECT_EQ(e.signal, SIGSEGV);
 }
 
+// A warm spare (README "Warm spares") on GPU slots: started once the node's trainers run, as a
+// host spare that knows no GPU; the next trainer started here is the spare's process, told its
+// identity, GPU included, over the spare's connection; no process is started for it.
+TEST_F(ClientTest, TheNextTrainerIsTheWarmSpareWithItsGpu) {
+  options_.spares = 1;
+  StartClient(false);
+  SendGeneration(1, {Member("n1-a", "n1", 0, 0)}, "start");
+  ASSERT_TRUE(launcher_->WaitStarted(1));
+  auto a = ConnectTrainer("n1-a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(launcher_->WaitStarted(2));  // the spare, now that n1-a runs
+  const FakeChild spare = launcher_->children()[1];
+  EXPECT_EQ(spare.id, "n1-spare-1");
+  EXPECT_EQ(spare.spec.argv, options_.trainer_argv);
+  EXPECT_EQ(spare.spec.log_path, options_.log_dir + "/n1-spare-1.log");
+  EXPECT_EQ(EnvOf(spare, env::kSpare), "host");  // GPU slots: the GPU is named by the assignment
+  EXPECT_EQ(EnvOf(spare, env::kCudaVisibleDevices), "<unset>");
+  EXPECT_EQ(EnvOf(spare, env::kWorldSize), "1");  // the job's largest world so far
+  EXPECT_EQ(EnvOf(spare, env::kJoining), "<unset>");
+  // The spare is prepared: spare_hello, welcomed.
+  auto s = net::FramedSocket::ConnectUnix(options_.socket_path, kWait);
+  ASSERT_OK(s.status());
+  proto::SpareHello h;
+  h.spare_id = "n1-spare-1";
+  ASSERT_OK(s.value()->Send(h.Encoded(), kWait));
+  json j;
+  ASSERT_OK(s.value()->Receive(&j, kWait));
+  ASSERT_EQ(j["type"], proto::msg::kWelcome) << j.dump();
+  // A second trainer for this node: the spare becomes it.
+  SendGeneration(2, {Member("n1-a", "n1", 0, 0), Member("n1-b", "n1", 1, 1)}, "script");
+  ASSERT_OK(s.value()->Receive(&j, kWait));
+  proto::SpareAssign assign;
+  ASSERT_TRUE(assign.DecodeFrom(j).ok()) << j.dump();
+  EXPECT_EQ(assign.env[env::kTrainerId], "n1-b");
+  EXPECT_EQ(assign.env[env::kCudaVisibleDevices], "1");
+  EXPECT_EQ(assign.env[env::kSlot], "1");
+  EXPECT_EQ(assign.env[env::kRank], "1");
+  EXPECT_EQ(assign.env[env::kWorldSize], "2");
+  EXPECT_EQ(assign.env.count(env::kSpare), 0u);
+  EXPECT_FALSE(s.value()->Receive(&j, kWait).ok()) << "the client closes the spare's connection";
+  // It connects again as n1-b, the trainer the client now runs in the spare's process.
+  auto b = ConnectTrainer("n1-b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(launcher_->children().size(), 2u) << "no process was started for n1-b";
+  // Its exit is n1-b's.
+  ExitInfo done;
+  done.exited = true;
+  launcher_->End("n1-spare-1", done);
+  const proto::TrainerExit e = server_.NextExit();
+  EXPECT_EQ(e.trainer_id, "n1-b");
+}
+
 TEST_F(ClientTest, SilentTrainerIsKilledAfterTheChannelTimeout) {
   StartClient(false);
   SendGeneration(1, {Member("n1-a", "n1", 0, 0)}, "start");
