@@ -241,7 +241,8 @@ StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare, std::chrono::millisecond
   NameProcessAsSpare(false);
   if (!assigned.ok()) return assigned.status();
   const std::map<std::string, std::string>& vars = assigned.value().env;
-  for (const auto& [name, value] : vars) {
+  for (const auto& var : vars) {
+    const std::string& name = var.first;  // (a structured binding cannot be captured in C++17)
     if (std::find_if(std::begin(env::kAll), std::end(env::kAll),
                      [&](const char* n) { return name == n; }) == std::end(env::kAll)) {
       return Status::InvalidArgument("spare " + spare.env.trainer_id + ": the assignment sets " + name +
