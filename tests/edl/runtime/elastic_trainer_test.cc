@@ -528,6 +528,11 @@ class FixedLoader : public StateLoader {
   std::atomic<int> loads{0};
 };
 
+// A max_steps no test reaches: the job trains until the test stops it (its 8 epochs of these tiny
+// steps take milliseconds, so a test that waits for events before it stops the job must not let
+// the job finish first).
+constexpr int64_t kUntilStopped = 1000000000;
+
 // Starts trainers "a", "b", ... (one per element of `t`) on `c`, each with its own model (seeds
 // from `seed`) and `loader`, training up to `max_steps` (0: the epochs) without evaluation.
 template <size_t N>
@@ -635,7 +640,7 @@ TEST(ElasticTrainerTest, StopGenerationMakesRankZeroSaveTheAgreedStepBeforeEvery
     FinishRecorder loader;
     const int64_t start = c.Commit({"a", "b"}, false, "start");
     TrainerThread t[2];
-    StartWithLoader(&c, dir, &loader, 20, 0, t);
+    StartWithLoader(&c, dir, &loader, 20, kUntilStopped, t);
     ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 3; }));  // formed and training
     c.Commit({}, false, reason);
     for (auto& tt : t) tt.thread.join();
@@ -682,7 +687,9 @@ TEST(ElasticTrainerTest, RefusedCheckpointSavesAreTrainerEvents) {
   CheckpointLoader loader(std::move(store), lo);
   const int64_t start = c.Commit({"a", "b"}, false, "start");
   TrainerThread t[2];
-  StartWithLoader(&c, dir, &loader, 30, 0, t);
+  // Until stopped: the first asynchronous save may finish only after 8 epochs' worth of these
+  // tiny steps, and a job that ended would report its refusals merged into one event.
+  StartWithLoader(&c, dir, &loader, 30, kUntilStopped, t);
   auto refusals = [&] {
     int n = 0;
     for (const auto& e : c.events_) n += e["event"] == "checkpoint_failed" ? 1 : 0;
