@@ -1,5 +1,6 @@
 #include "jobclient/client_main.h"
 
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -273,6 +274,14 @@ int RunClientMain(int argc, char** argv) {
     LOG(ERROR) << "edl client: unexpected exception: " << e.what();
     return 1;
   }
+  // The client has shut down (its exit code is decided): a SIGINT/SIGTERM that arrives once
+  // `signals` is gone (its destructor restores the default action), while the process exits,
+  // must not turn that exit into death by signal. Blocked, it stays pending until the exit.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  ::pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   return client.exit_code();
 }
 
