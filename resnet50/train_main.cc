@@ -232,12 +232,13 @@ StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c) {
   return Trainer::Create(c.trainer, std::move(train), std::move(test));
 }
 
-// A warm spare (EDL_SPARE, README "Warm spares"): loads the data, and for a full spare builds the
-// trainer and warms it up at the world it expects to join, then waits for the client's assignment
-// and turns *plan into the assigned one. The prepared trainer, or Unavailable when there is none
-// (a host spare, whose device is named by the assignment; an assignment whose threads or local
-// rank differ from what the spare prepared for: the caller builds it). *released: the client let
-// the spare go before assigning it (exit 0).
+// A warm spare (EDL_SPARE, README "Warm spares"): a full spare loads the data, builds the trainer
+// and warms it up at the world it expects to join; a host spare prepares nothing here (its device
+// is named by the assignment, and its data is loaded with the model after it). Then it waits for
+// the client's assignment and turns *plan into the assigned one. The prepared trainer, or
+// Unavailable when there is none (a host spare; an assignment whose threads or local rank differ
+// from what the spare prepared for: the caller builds it). *released: the client let the spare go
+// before assigning it (exit 0).
 StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* plan, bool* released) {
   const int64_t t0 = Clock::Real()->NowMicros();
   const runtime::EnvContract spare = plan->env;
@@ -261,7 +262,7 @@ StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* pla
   }
   std::cout << "edl train: spare " << spare.trainer_id << " prepared in "
             << (Clock::Real()->NowMicros() - t0) / 1e6 << " s ("
-            << (prepared ? "data, model, warm-up on " + std::to_string(warmed) + " samples" : std::string("host side only"))
+            << (prepared ? "data, model, warm-up on " + std::to_string(warmed) + " samples" : std::string("host spare: nothing ahead of the device"))
             << "); waiting to be assigned" << std::endl;
   auto assigned = runtime::AwaitAssignment(*plan);
   if (!assigned.ok()) {
