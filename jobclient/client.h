@@ -200,6 +200,8 @@ class Client {
     int failures = 0;
     int64_t next_start_us = 0;
     bool off = false;  // the job's command cannot be a spare (it said trainer_hello)
+    // One more failure in a row at `now_us`: the next spare waits 1 s, doubling to 60 s.
+    void Failed(int64_t now_us);
   };
   // Starts a spare for every job short of options_.spares, unless a trainer of this node is
   // starting or joining (the spare's preparation would take their CPU) or the job backs off.

@@ -24,6 +24,11 @@ constexpr int64_t kSpareBackoffMinUs = 1000000;   // after the first failure in 
 constexpr int64_t kSpareBackoffMaxUs = 60000000;  // doubling up to this
 }  // namespace
 
+void Client::SpareHealth::Failed(int64_t now_us) {
+  ++failures;
+  next_start_us = now_us + std::min(kSpareBackoffMaxUs, kSpareBackoffMinUs << std::min(failures - 1, 6));
+}
+
 void Client::KeepSpares(int64_t now_us) {
   if (options_.spares <= 0 || options_.restart_mode || shutting_down_) return;
   if (done_) return ReleaseSpares("", "the server said its job is done");
@@ -81,8 +86,7 @@ void Client::StartSpare(const std::string& job, int64_t now_us) {
   auto proc = launcher_->Start(spec);
   SpareHealth& health = spare_health_[job];
   if (!proc.ok()) {
-    ++health.failures;
-    health.next_start_us = now_us + std::min(kSpareBackoffMaxUs, kSpareBackoffMinUs << std::min(health.failures - 1, 6));
+    health.Failed(now_us);
     LOG(ERROR) << "cannot start a spare for job " << job << ": " << proc.status().ToString()
                << "; the job keeps its trainers; next try in " << (health.next_start_us - now_us) / 1000000 << " s";
     return;
@@ -175,9 +179,7 @@ void Client::PollSpares(int64_t now_us) {
       LOG(INFO) << "spare " << sp.id << " released: " << info.ToString();
     } else {
       SpareHealth& health = spare_health_[sp.job];
-      ++health.failures;
-      health.next_start_us =
-          now_us + std::min(kSpareBackoffMaxUs, kSpareBackoffMinUs << std::min(health.failures - 1, 6));
+      health.Failed(now_us);
       LOG(ERROR) << "spare " << sp.id << " of job " << sp.job << " (pid " << sp.proc->pid()
                  << ") ended before it was assigned: " << info.ToString() << "; its last log line: \""
                  << LastLogLine(sp.log_path, proto::kMaxErrorLineBytes) << "\" (" << sp.log_path
