@@ -279,7 +279,7 @@ void Client::Shutdown(int exit_code, const std::string& why) {
   }
   trainers_.clear();
   for (auto& [id, sp] : spares_) {
-    LOG(INFO) << "spare " << id << " stopped: " << AwaitExit(sp.proc.get(), deadline).ToString();
+    LOG(INFO) << "spare " << id << " released: " << AwaitExit(sp.proc.get(), deadline).ToString();
   }
   spares_.clear();
   if (teacher_runner_) teacher_runner_->StopAll(milliseconds(options_.stop_grace_ms));
