@@ -110,6 +110,7 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
 void Cluster::NodeDisconnected(const std::string& name) {
   registry_.Disconnected(name);
   for (auto& [job_name, job] : jobs_) job.membership->NodeDisconnected(name);
+  AfterPolicy();  // a survivor's report may already have said its members are dead
 }
 
 void Cluster::KillStale(const std::string& node, std::vector<std::string> ids) {
@@ -356,10 +357,14 @@ void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_i
   const std::string kind = e.value("event", "");
   if (kind == "joiner_first_step") {
     job.membership->TrainerStepped(trainer_id);
-  } else if (kind == "reform_failed") {
+  } else if (kind == "reform_failed" || kind == "comm_failed") {
     const auto g = e.find("generation");
     if (g != e.end() && g->is_number_integer()) {
-      job.membership->ReformFailed(trainer_id, g->get<int64_t>());
+      if (kind == "reform_failed") {
+        job.membership->ReformFailed(trainer_id, g->get<int64_t>());
+      } else {
+        job.membership->CommFailed(trainer_id, g->get<int64_t>());
+      }
       AfterPolicy();  // collects the commit, as for the other reports
     }
   } else if (kind == "checkpoint_failed") {

@@ -124,6 +124,11 @@ json JoinerRefused::ToJson() const {
   return {{"type", NameOf(kType)}, {"trainer_id", trainer_id}, {"node", node}, {"why", why}};
 }
 
+json MembersLostWithNode::ToJson() const {
+  return {{"type", NameOf(kType)}, {"node", node}, {"trainer_ids", trainer_ids}, {"generation", generation},
+          {"reporter", reporter}};
+}
+
 json FailedWhileFinishing::ToJson() const {
   return {{"type", NameOf(kType)}, {"trainer_id", trainer_id}, {"how", how}};
 }

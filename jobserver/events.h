@@ -46,6 +46,7 @@ enum class Type {
   kJobCancelled,
   // a job's membership
   kNodeLost,
+  kMembersLostWithNode,
   kDesired,
   kKill,
   kStop,
@@ -59,11 +60,11 @@ enum class Type {
   kFinished,
   kRecovered,
 };
-inline constexpr EnumNames<Type, 31> kTypeNames({
+inline constexpr EnumNames<Type, 32> kTypeNames({
     "server_started", "new_job", "new_cluster", "state_migrated", "restored", "node_disconnected",
     "node_dropped_rejoins", "stopped", "stop_complete", "submitted", "progress", "trainer_event",
     "node_joined", "stale_trainers", "policy", "failing", "job_finished", "job_cancelled",
-    "node_lost", "desired", "kill", "stop", "prepare", "prepare_aborted", "generation",
+    "node_lost", "members_lost_with_node", "desired", "kill", "stop", "prepare", "prepare_aborted", "generation",
     "trainer_exit", "joiner_exit", "joiner_refused", "failed_while_finishing", "finished",
     "recovered",
 });
@@ -219,6 +220,17 @@ using JobCancelled = JobEnded<Type::kJobCancelled>;
 struct NodeLost {
   static constexpr Type kType = Type::kNodeLost;
   std::string node, why;
+  nlohmann::json ToJson() const;
+};
+
+// A node's connection closed and a member of another node reported a failed collective of the
+// generation: the node's members (trainer_ids) were taken as dead (JobMembership::CommFailed).
+struct MembersLostWithNode {
+  static constexpr Type kType = Type::kMembersLostWithNode;
+  std::string node;
+  std::vector<std::string> trainer_ids;
+  int64_t generation = 0;
+  std::string reporter;  // the member whose collective failed
   nlohmann::json ToJson() const;
 };
 

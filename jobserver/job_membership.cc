@@ -32,6 +32,7 @@ void JobMembership::NodeAttached(const std::string& name, const std::vector<std:
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return;  // not in this job's allocation
   it->second.connected = true;
+  it->second.closed = false;
   refused_nodes_.erase(name);  // its client reconnected: perhaps with the right configuration
   if (first_node_us_ < 0) first_node_us_ = clock_->NowMicros();
   // Re-attached after a short disconnect: members the client no longer runs have died meanwhile.
@@ -79,7 +80,10 @@ void JobMembership::NodeAttached(const std::string& name, const std::vector<std:
 
 void JobMembership::NodeDisconnected(const std::string& name) {
   auto it = nodes_.find(name);
-  if (it != nodes_.end()) it->second.connected = false;
+  if (it == nodes_.end()) return;
+  it->second.connected = false;
+  it->second.closed = true;
+  if (FailMembersOfClosedNodes()) Reconcile();  // a survivor's report came first
 }
 
 void JobMembership::NodeLost(const std::string& name, const std::string& why) {
@@ -164,6 +168,11 @@ void JobMembership::ReformFailed(const std::string& trainer_id, int64_t generati
     Reconcile();
     return;
   }
+  failed_report_ = {generation, trainer_id};
+  if (FailMembersOfClosedNodes()) {  // the members it could not re-form with are gone with their node
+    Reconcile();
+    return;
+  }
   const int64_t now = clock_->NowMicros();
   if (last_reform_retry_us_ >= 0 && now - last_reform_retry_us_ < options_.backoff_min_us) return;
   last_reform_retry_us_ = now;
@@ -171,6 +180,39 @@ void JobMembership::ReformFailed(const std::string& trainer_id, int64_t generati
                << generation << "; committing its members again";
   if (pending_.active) AbortPending("the current generation failed to re-form");
   Commit(current_.members, "reform_retry", true, 0);
+}
+
+void JobMembership::CommFailed(const std::string& trainer_id, int64_t generation) {
+  if (generation != current_.generation || FindMember(trainer_id) == nullptr) return;
+  failed_report_ = {generation, trainer_id};
+  if (FailMembersOfClosedNodes()) Reconcile();
+}
+
+bool JobMembership::FailMembersOfClosedNodes() {
+  if (done_ || recovering_ || stopping_ || !finished_.empty()) return false;
+  if (failed_report_.generation != current_.generation) return false;
+  const MemberInfo* reporter = FindMember(failed_report_.trainer_id);
+  if (reporter == nullptr) return false;
+  if (auto n = nodes_.find(reporter->node); n == nodes_.end() || n->second.closed) return false;
+  std::map<std::string, std::vector<std::string>> by_node;
+  std::set<std::string> gone;
+  for (const MemberInfo& m : current_.members) {
+    auto n = nodes_.find(m.node);
+    if (n == nodes_.end() || !n->second.closed) continue;
+    by_node[m.node].push_back(m.trainer_id);
+    gone.insert(m.trainer_id);
+  }
+  if (gone.empty()) return false;
+  for (auto& [node, ids] : by_node) {
+    LOG(WARNING) << "job " << options_.job_id << ": node " << node << " lost its connection and trainer "
+                 << failed_report_.trainer_id << " could not complete generation " << failed_report_.generation
+                 << ": taking the node's " << ids.size()
+                 << " member(s) as dead now, without waiting for its client to re-attach or time out";
+    EmitEvent(events::MembersLostWithNode{node, std::move(ids), failed_report_.generation, failed_report_.trainer_id});
+  }
+  NoteMembersFailed(gone, "died with their node's client");
+  RemoveMembers(gone, "failure", true);
+  return true;
 }
 
 void JobMembership::TrainerStepped(const std::string& trainer_id) {

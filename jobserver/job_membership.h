@@ -112,6 +112,9 @@ class JobMembership {
   // change a server restart rolled back).
   void NodeAttached(const std::string& name, const std::vector<std::string>& running,
                     const std::vector<int64_t>& generations = {});
+  // The node's client connection closed (the server saw it close, in its own lifetime): its free
+  // slots are not offered, and its members count as dead as soon as a member of another node
+  // reports the current generation failed (CommFailed, ReformFailed).
   void NodeDisconnected(const std::string& name);
   // The node is gone (the cluster's heartbeat timeout): its members fail, it leaves the allocation.
   void NodeLost(const std::string& name, const std::string& why);
@@ -123,7 +126,18 @@ class JobMembership {
   // generation wait. Reports about an older generation, or from a non-member, change nothing.
   // While the job finishes (a member exited 0), the unfinished members leave instead (a
   // generation of the finished ones, reason "finish"), and the job finishes.
+  // Before any retry, members on nodes whose connection closed are taken as dead (as CommFailed).
   void ReformFailed(const std::string& trainer_id, int64_t generation);
+  // Member `trainer_id` (its report authorized as its own node's) could not complete a collective of the
+  // current generation `generation` (event "comm_failed"): a peer died. A client's death takes its
+  // trainers with it, and the server learns of theirs only when the restarted client re-attaches
+  // or the node's heartbeat times out (seconds the survivors would wait). So when a node holding
+  // members lost its connection in this server's lifetime and has not re-attached, its members are
+  // taken as dead now: one failure generation without them (record members_lost_with_node). A
+  // client that only lost its connection gets back trainers the job no longer has; they leave or
+  // are killed when it re-attaches. Other reports (an older generation, a non-member, while restoring, stopping or finishing) change nothing but the
+  // memory of the report, which a connection that closes later in this generation still uses.
+  void CommFailed(const std::string& trainer_id, int64_t generation);
   // Member `trainer_id` took a step (its progress report or its first step as a joiner): from now
   // on its failure is replaced without the back-off.
   void TrainerStepped(const std::string& trainer_id);
@@ -201,6 +215,9 @@ class JobMembership {
     std::vector<int> slots;
     bool connected = false;
     int order = 0;
+    // Its connection closed in this server's lifetime (NodeDisconnected) and it has not
+    // re-attached since; a node not yet re-attached after a Restore is not closed.
+    bool closed = false;
   };
   struct Pending {
     bool active = false;
@@ -228,6 +245,10 @@ class JobMembership {
   void Commit(std::vector<proto::MemberInfo> members, const std::string& reason, bool failure,
               int64_t stall_us);
   void NoteFailure();
+  // A member of a connected node reported that the current generation failed (failed_report_):
+  // the members on closed nodes are removed as dead, in one failure generation. True when any
+  // were.
+  bool FailMembersOfClosedNodes();
   // Members `gone` failed (called before they are removed): the back-off applies unless every
   // one of them had trained (stepped).
   void NoteMembersFailed(const std::set<std::string>& gone, const std::string& what);
@@ -263,6 +284,11 @@ class JobMembership {
   int64_t grow_blocked_until_us_ = 0;
   int64_t backoff_us_ = 0;
   int64_t last_reform_retry_us_ = -1;  // the last commit ReformFailed made
+  // The newest report that a generation failed (CommFailed, ReformFailed): its number and reporter.
+  struct FailedReport {
+    int64_t generation = -1;
+    std::string trainer_id;
+  } failed_report_;
   int64_t last_failure_us_ = 0;
   proto::GenerationInfo current_;               // changed only by SetCurrent
   std::unordered_map<std::string, size_t> current_index_;  // trainer id -> position in current_

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -64,6 +65,11 @@ class ControlPlaneHarness : public ::testing::Test {
                                      "--trainers", std::to_string(trainers), "--scale_script",
                                      dir_.Join("scale.script"), "--events_dir", dir_.Join("events"),
                                      "--heartbeat_timeout_ms", "3000", "--join_timeout_s", "20"};
+    // A flag of `extra` replaces its default (the server refuses a flag given twice).
+    for (const std::string& flag : extra) {
+      auto d = std::find(argv.begin() + 2, argv.end(), flag);
+      if (flag.rfind("--", 0) == 0 && d != argv.end()) argv.erase(d, d + 2);
+    }
     argv.insert(argv.end(), extra.begin(), extra.end());
     server_ = std::make_unique<Proc>(Wrapped("server", argv), dir_.Join("server.log"));
     port_ = WaitForPortFile(dir_.Join("port"), server_.get());

@@ -1,6 +1,7 @@
 // Node loss with real processes: a real `edl server`, two `edl client`s with stand-in trainers.
 //  - SIGKILL of a client: its trainers die with it (PR_SET_PDEATHSIG), the server loses the node
-//    (closed connection, then the heartbeat bound) and the survivors re-form in place;
+//    (closed connection, then the heartbeat bound) and the survivors re-form in place; with a
+//    survivor's report that its collective failed, at once;
 //  - SIGSTOP of a client past --heartbeat_timeout_ms: the node is dropped and the others re-form;
 //    after SIGCONT the client reconnects and its welcome says it was dropped: the client logs why,
 //    stops its stale trainers itself (the server kills them too: they are in no generation any
@@ -84,6 +85,63 @@ TEST_F(NodeLossTest, ClientSigkillTakesItsTrainersAndTheOthersReformInPlace) {
   }
   EXPECT_EQ(formed, n1_pids);
   EXPECT_EQ(Starts().size(), 4u);
+  std::string out;
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(server_->Wait(milliseconds(10000)), 0);
+  EXPECT_EQ(c1_->Wait(milliseconds(15000)), 0);
+}
+
+// The same kill, and a survivor whose collective failed reports it (SIGUSR1 makes the stand-in
+// send the runtime's comm_failed event): the closed connection and that report are proof enough,
+// so the server drops the node's members at once. Its heartbeat timeout here is an hour, and the
+// killed client never comes back: without the rule the job would wait that hour.
+TEST_F(NodeLossTest, ASurvivorsFailedCollectiveDropsAKilledClientsTrainersAtOnce) {
+  StartServer("", 4, {"--heartbeat_timeout_ms", "3600000"});
+  if (HasFatalFailure()) return;
+  c1_ = StartClient("n1", "inplace");
+  c2_ = StartClient("n2", "inplace");
+  ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 4; }, milliseconds(60000))) << Diagnostics();
+  std::set<int> n2_pids;
+  json survivor;
+  for (const auto& [id, r] : Starts()) {
+    if (id.rfind("n1-", 0) == 0) {
+      survivor = r;
+    } else {
+      n2_pids.insert(r["pid"].get<int>());
+    }
+  }
+  ASSERT_EQ(n2_pids.size(), 2u);
+  ASSERT_TRUE(survivor.is_object());
+  ASSERT_EQ(::kill(c2_->pid(), SIGKILL), 0);
+  EXPECT_EQ(c2_->Wait(milliseconds(10000)), 128 + SIGKILL);
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        for (int pid : n2_pids) {
+          if (Alive(pid)) return false;
+        }
+        return true;
+      },
+      milliseconds(20000)))
+      << "the killed client's trainers outlived it";
+  ASSERT_EQ(::kill(survivor["pid"].get<int>(), SIGUSR1), 0);
+  int64_t lost = 0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        lost = FirstGeneration([](const json& g) { return g["failure"] == true && g["world_size_after"] == 2; });
+        return lost > 0;
+      },
+      milliseconds(60000)))
+      << Diagnostics();
+  int records = 0;
+  for (const json& e : Events()) {
+    if (e.value("type", "") != "members_lost_with_node") continue;
+    ++records;
+    EXPECT_EQ(e["node"], "n2") << e.dump();
+    EXPECT_EQ(e["reporter"], survivor["trainer_id"]) << e.dump();
+    EXPECT_EQ(e["trainer_ids"].size(), 2u) << e.dump();
+  }
+  EXPECT_EQ(records, 1) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return KvRounds(lost) == 2; }, milliseconds(30000))) << Diagnostics();
   std::string out;
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
   EXPECT_EQ(server_->Wait(milliseconds(10000)), 0);

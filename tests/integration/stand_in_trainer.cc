@@ -16,6 +16,8 @@
 //    runtime does with ElasticOptions::config_fingerprint);
 //  - STANDIN_FINAL_CHECKPOINT_ERROR=MSG: rank 0 leaving a stop generation reports its final save as
 //    failed with MSG (a "stop_checkpoint" event with ok false, as `edl train` does).
+//  - SIGUSR1: reports a "comm_failed" event for the newest generation it has seen and records
+//    "comm_failed" (as the runtime does when a collective fails: a peer died).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -38,6 +40,7 @@
 namespace {
 
 std::atomic<bool> g_term{false};
+std::atomic<bool> g_comm_failed{false};
 edl::runtime::EnvContract g_env;  // the env contract the client built, parsed as a trainer would
 
 std::string Env(const char* k) {
@@ -60,6 +63,7 @@ void Record(nlohmann::json j) {
 
 int main() {
   std::signal(SIGTERM, [](int) { g_term = true; });
+  std::signal(SIGUSR1, [](int) { g_comm_failed = true; });
   std::signal(SIGPIPE, SIG_IGN);
   auto contract = edl::runtime::TrainerEnvFromProcess();
   if (!contract.ok()) {
@@ -129,6 +133,10 @@ int main() {
     if (std::chrono::steady_clock::now() >= finish_at) {
       Record({{"event", "finished"}});
       return 0;
+    }
+    if (g_comm_failed.exchange(false)) {
+      (void)ch.value()->ReportEvent({{"event", "comm_failed"}, {"generation", seen}});
+      Record({{"event", "comm_failed"}, {"generation", seen}});
     }
     edl::proto::GenerationInfo g;
     edl::Status s = ch.value()->WaitGeneration(seen, milliseconds(200), &g);

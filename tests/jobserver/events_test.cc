@@ -90,6 +90,8 @@ TEST(EventsTest, ClusterRecordsKeepTheirLines) {
 
 TEST(EventsTest, MembershipRecordsKeepTheirLines) {
   EXPECT_EQ(Line(NodeLost{"n1", "silent"}), R"({"node":"n1","type":"node_lost","why":"silent"})");
+  EXPECT_EQ(Line(MembersLostWithNode{"n2", {"a", "b"}, 7, "c"}),
+            R"({"generation":7,"node":"n2","reporter":"c","trainer_ids":["a","b"],"type":"members_lost_with_node"})");
   EXPECT_EQ(Line(Desired{4, "ctl"}), R"({"desired":4,"reason":"ctl","type":"desired"})");
   EXPECT_EQ(Line(Kill{{"a", "b"}}), R"({"trainers":["a","b"],"type":"kill"})");
   EXPECT_EQ(Line(Kill{}), R"({"trainers":[],"type":"kill"})");

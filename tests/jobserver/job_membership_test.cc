@@ -349,6 +349,112 @@ TEST_F(JobMembershipTest, HeartbeatLossDropsNodeAndItComesBack) {
   EXPECT_EQ(commits[0].next.world_size(), 4);
 }
 
+// A client killed with its trainers: its connection closes, and a member of another node reports
+// its collective failed. Either order, the node's members are dead at once (no re-attach, no
+// heartbeat timeout), and the record names them; either alone proves nothing.
+TEST_F(JobMembershipTest, AClosedNodesMembersAreDeadOnceAMemberElsewhereReportsTheGenerationFailed) {
+  for (const bool report_first : {false, true}) {
+    SCOPED_TRACE(report_first ? "the report first" : "the closed connection first");
+    MembershipOptions o;
+    o.initial_trainers = 4;
+    Make(o);
+    AddNode("a", 2);
+    AddNode("b", 2);
+    sched_->TakeActions();
+    const auto g = cur();
+    ASSERT_EQ(g.world_size(), 4);
+    std::vector<std::string> on_b;
+    std::string on_a;
+    for (const auto& m : g.members) (m.node == "b" ? on_b.push_back(m.trainer_id) : void(on_a = m.trainer_id));
+    if (report_first) {
+      sched_->CommFailed(on_a, g.generation - 1);   // an older generation: nothing, not even remembered
+      sched_->CommFailed("nobody", g.generation);  // not a member: nothing
+      sched_->CommFailed(on_a, g.generation);
+      EXPECT_TRUE(Take(Kind::kCommit).empty()) << "no node has closed: nothing to blame";
+      sched_->NodeDisconnected("b");
+    } else {
+      sched_->NodeDisconnected("b");
+      EXPECT_TRUE(Take(Kind::kCommit).empty()) << "a closed connection alone: its trainers may live";
+      sched_->CommFailed(on_b[0], g.generation - 1);
+      EXPECT_TRUE(Take(Kind::kCommit).empty());
+      sched_->CommFailed(on_a, g.generation);
+    }
+    auto all = All();
+    auto commits = Filter(all, Kind::kCommit);
+    ASSERT_EQ(commits.size(), 1u);
+    EXPECT_EQ(commits[0].next.reason, "failure");
+    EXPECT_TRUE(commits[0].next.failure);
+    ASSERT_EQ(commits[0].next.world_size(), 2);
+    for (const auto& m : commits[0].next.members) EXPECT_EQ(m.node, "a");
+    int records = 0;
+    for (const Action& a : Filter(all, Kind::kEvent)) {
+      if (a.event.value("type", "") != "members_lost_with_node") continue;
+      ++records;
+      EXPECT_EQ(a.event["node"], "b");
+      EXPECT_EQ(a.event["trainer_ids"], nlohmann::json(on_b));
+      EXPECT_EQ(a.event["generation"], g.generation);
+      EXPECT_EQ(a.event["reporter"], on_a);
+    }
+    EXPECT_EQ(records, 1);
+    // The same report again, or about the new generation with no closed node left holding
+    // members: nothing more.
+    sched_->CommFailed(on_a, g.generation);
+    sched_->CommFailed(on_a, cur().generation);
+    EXPECT_TRUE(Take(Kind::kCommit).empty());
+    // The restarted client re-attaches without them; b's slots are free again.
+    ASSERT_OK(sched_->AddNode("b", "127.0.0.1", false, {0, 1}, {}));
+    EXPECT_TRUE(Take(Kind::kCommit).empty()) << "they were already gone";
+  }
+}
+
+// A member that cannot re-form, with a closed node holding members: those members are dropped, not
+// committed again (reform_retry would wait on them again).
+TEST_F(JobMembershipTest, AReformFailureDropsTheMembersOfAClosedNodeInsteadOfRetrying) {
+  MembershipOptions o;
+  o.initial_trainers = 4;
+  Make(o);
+  AddNode("a", 2);
+  AddNode("b", 2);
+  sched_->TakeActions();
+  const auto g = cur();
+  std::string on_a;
+  for (const auto& m : g.members) {
+    if (m.node == "a") on_a = m.trainer_id;
+  }
+  sched_->NodeDisconnected("b");
+  sched_->ReformFailed(on_a, g.generation);
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "failure");
+  EXPECT_EQ(commits[0].next.world_size(), 2);
+}
+
+// After a server restart, a node that has not re-attached yet has closed nothing in this server's
+// lifetime: a survivor's report drops nobody (the restored job waits for its nodes, as before).
+TEST_F(JobMembershipTest, ANodeNotYetReattachedAfterARestartIsNotTakenAsDead) {
+  MembershipOptions o;
+  o.initial_trainers = 4;
+  Make(o);
+  AddNode("a", 2);
+  AddNode("b", 2);
+  sched_->TakeActions();
+  const auto g = cur();
+  std::vector<std::string> on_a;
+  for (const auto& m : g.members) {
+    if (m.node == "a") on_a.push_back(m.trainer_id);
+  }
+  ClusterState st;
+  sched_->Snapshot(&st);
+  Make(o);
+  ASSERT_OK(sched_->Restore(st));
+  ASSERT_OK(sched_->CheckAdmission("a", st.nodes.at("a").node.session));
+  ASSERT_OK(sched_->AddNode("a", "127.0.0.1", false, {0, 1}, on_a));
+  sched_->TakeActions();
+  sched_->CommFailed(on_a[0], g.generation);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  EXPECT_EQ(cur().world_size(), 4);
+}
+
 TEST_F(JobMembershipTest, BoundsClampTheDesiredSize) {
   MembershipOptions o;
   o.min_trainers = 2;

@@ -78,6 +78,10 @@ class OneJobCluster {
     cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id),
                            {{"event", "reform_failed"}, {"generation", generation}, {"error", "test"}});
   }
+  // Trainer `id` could not complete a collective of `generation` (its trainer event).
+  void CommFailed(const std::string& id, int64_t generation) {
+    cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id), {{"event", "comm_failed"}, {"generation", generation}});
+  }
   // A joiner's first step (its trainer event).
   void JoinerFirstStep(const std::string& id) {
     cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id), {{"event", "joiner_first_step"}});
