@@ -604,6 +604,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   }
   after_reform_ = false;
   last_step_end_us_ = now;
+  eval_kept_us_ = 0;
   if (o_.observer != nullptr) {
     StepReport r;
     r.step = state_.step;
@@ -662,7 +663,9 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
   // Everything up to the re-form but the wait (the log line included: it may block on a loaded
   // machine, and the phases must cover the stall).
   phases_.mark_us = clock_->NowMicros();
-  phases_.agree_us = phases_.mark_us - last_step_end_us_ - phases_.wait_gen_us;
+  phases_.eval_us = eval_kept_us_;
+  eval_kept_us_ = 0;
+  phases_.agree_us = phases_.mark_us - last_step_end_us_ - phases_.wait_gen_us - phases_.eval_us;
   return Reform(latest);
 }
 
@@ -672,7 +675,9 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
                << " (" << cause.ToString() << "); discarding the step and re-forming";
   const int64_t failed_gen = gen_.number;
   phases_ = Phases();
-  phases_.lost_us = failed_at - last_step_end_us_;
+  phases_.eval_us = eval_kept_us_;  // an evaluation done (or the part of it kept) is not lost
+  eval_kept_us_ = 0;
+  phases_.lost_us = failed_at - last_step_end_us_ - phases_.eval_us;
   switch_step_ = state_.step;
   reform_was_failure_ = true;
   {
@@ -681,6 +686,10 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   }
   Generation next;
   if (!membership_->Latest(&next) || next.number <= failed_gen) {
+    // The server may not know yet that a peer died (its client died with it): this report and the
+    // closed connection of the peer's node let it commit the failure generation at once
+    // (JobMembership::CommFailed).
+    Event({{"event", "comm_failed"}, {"generation", failed_gen}});
     EDL_RETURN_IF_ERROR(WaitNewer(failed_gen, &next));
   }
   phases_.mark_us = clock_->NowMicros();
@@ -689,10 +698,32 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
 }
 
 Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
-  int64_t begin = 0, end = 0;
-  EvenShard(trainable_->test_size(), rank_, gen_.world_size(), &begin, &end);
   const int64_t t0 = clock_->NowMicros();
-  double v[4] = {0, 0, 0, 0};  // loss sum, correct, samples, top-5 correct (< 0: not computed)
+  const int64_t n = trainable_->test_size();
+  EvalPartial& part = eval_partial_;
+  if (part.step != state_.step) part = EvalPartial{state_.step, {}, {0, 0, 0, 0}};
+  int64_t computed_us = 0;  // this call's evaluation work, kept in `part` whatever happens next
+  auto cut = [&](Status s) {
+    eval_kept_us_ += computed_us;
+    return s;
+  };
+  // After a failure cut this step's evaluation short, the survivors hold what they evaluated:
+  // the samples nobody holds are left (in order), and the members share those instead of all n.
+  double held_any = part.samples.empty() ? 0 : 1;
+  if (Status s = Comm(comm_->AllReduce(&held_any, 1, DataType::kFloat64, ReduceOp::kMax)); !s.ok()) return cut(s);
+  std::vector<int64_t> left;
+  if (held_any > 0) {
+    std::vector<float> held(static_cast<size_t>(n), 0.f);
+    for (int64_t i : part.samples) held[static_cast<size_t>(i)] = 1.f;
+    Status s = Comm(comm_->AllReduce(held.data(), held.size(), DataType::kFloat32, ReduceOp::kMax));
+    if (!s.ok()) return cut(s);
+    for (int64_t i = 0; i < n; ++i) {
+      if (held[static_cast<size_t>(i)] == 0.f) left.push_back(i);
+    }
+  }
+  // Without a cut evaluation: the same even shards of 0..n-1 as ever.
+  int64_t begin = 0, end = 0;
+  EvenShard(held_any > 0 ? static_cast<int64_t>(left.size()) : n, rank_, gen_.world_size(), &begin, &end);
   const int64_t chunk = std::max<int64_t>(1, o_.eval_batch);
   std::vector<int64_t> idx;
   for (int64_t b0 = begin; b0 < end; b0 += chunk) {
@@ -702,19 +733,30 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
     Generation newest;
     if (newest_failure_.load() > gen_.number ||
         (membership_->Latest(&newest) && newest.number > gen_.number && newest.failure)) {
-      return Comm(Status::Aborted("a failure generation superseded generation " + std::to_string(gen_.number) +
-                                  " during the evaluation"));
+      return cut(Comm(Status::Aborted("a failure generation superseded generation " + std::to_string(gen_.number) +
+                                      " during the evaluation")));
     }
+    const int64_t c0 = clock_->NowMicros();
     idx.resize(std::min(end, b0 + chunk) - b0);
-    std::iota(idx.begin(), idx.end(), b0);
+    if (held_any > 0) {
+      std::copy(left.begin() + b0, left.begin() + b0 + static_cast<int64_t>(idx.size()), idx.begin());
+    } else {
+      std::iota(idx.begin(), idx.end(), b0);
+    }
     StepStats stats;
-    EDL_RETURN_IF_ERROR(trainable_->Evaluate(idx, &stats));
-    v[0] += stats.loss_sum;
-    v[1] += static_cast<double>(stats.correct);
-    v[2] += static_cast<double>(stats.samples);
-    v[3] += stats.correct_top5 >= 0 ? static_cast<double>(stats.correct_top5) : -1e18;
+    if (Status s = trainable_->Evaluate(idx, &stats); !s.ok()) return cut(s);
+    part.sums[0] += stats.loss_sum;
+    part.sums[1] += static_cast<double>(stats.correct);
+    part.sums[2] += static_cast<double>(stats.samples);
+    part.sums[3] += stats.correct_top5 >= 0 ? static_cast<double>(stats.correct_top5) : -1e18;
+    part.samples.insert(part.samples.end(), idx.begin(), idx.end());
+    computed_us += clock_->NowMicros() - c0;
   }
-  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 4, DataType::kFloat64, ReduceOp::kSum)));
+  double v[4];
+  std::copy(part.sums, part.sums + 4, v);
+  if (Status s = Comm(comm_->AllReduce(v, 4, DataType::kFloat64, ReduceOp::kSum)); !s.ok()) return cut(s);
+  part = EvalPartial();  // complete: nothing is held any more
+  eval_kept_us_ += clock_->NowMicros() - t0;
   *accuracy = v[2] > 0 ? v[1] / v[2] : -1;
   last_eval_step_ = state_.step;
   if (o_.observer != nullptr) {

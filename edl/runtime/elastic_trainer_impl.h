@@ -137,6 +137,17 @@ class ElasticTrainer::Impl {
   } pending_;
   int64_t last_eval_step_ = -1;  // -1 after each re-form, so members agree on it (Reform)
   bool eval_due_ = false;        // the re-form landed on an epoch end: evaluate it first
+  // What this rank evaluated of the evaluation at `step` while it is not complete: a failure that
+  // cuts it short keeps it, and after the re-form the members evaluate only the test samples no
+  // survivor holds (Evaluate). Its size is bounded by the test set.
+  struct EvalPartial {
+    int64_t step = -1;
+    std::vector<int64_t> samples;  // the test samples this rank evaluated
+    double sums[4] = {0, 0, 0, 0};  // their loss sum, correct, samples, top-5 correct (< 0: none)
+  } eval_partial_;
+  // Evaluation work done since the last step ended whose results are kept (a whole evaluation,
+  // or the part of a cut one this rank holds): a stall reports it as `eval_s`, not as time lost.
+  int64_t eval_kept_us_ = 0;
 
   // Events: stall of a survivor / time to first step of a joiner.
   int64_t start_us_ = 0;
@@ -156,6 +167,7 @@ class ElasticTrainer::Impl {
     int64_t agree_us = 0;     // planned: end of the switch step to the agreed target, hooks included
     int64_t reform_us = 0;    // closing the old communicator and building the new one(s)
     int64_t sync_us = 0;      // state sync: the root's agreement and the broadcasts
+    int64_t eval_us = 0;      // evaluation work kept before the re-form (eval_kept_us_)
     int64_t sync_end_us = 0;  // when the last sync ended (the first step starts there)
     int64_t mark_us = 0;      // the clock reading that ended the latest phase (0: none yet): the
                               // next phase starts at it, so the phases are contiguous and add up

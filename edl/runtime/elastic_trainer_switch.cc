@@ -300,7 +300,8 @@ nlohmann::json ElasticTrainer::Impl::StallEvent(int64_t now) {
           {"agree_s", MicrosToSeconds(phases_.agree_us)},
           {"reform_s", MicrosToSeconds(phases_.reform_us)},
           {"sync_s", MicrosToSeconds(phases_.sync_us)},
-          {"first_step_s", MicrosToSeconds(now - phases_.sync_end_us)},
+          {"eval_s", MicrosToSeconds(phases_.eval_us + eval_kept_us_)},
+          {"first_step_s", MicrosToSeconds(now - phases_.sync_end_us - eval_kept_us_)},
           {"attempts", phases_.attempts}, {"prepared", phases_.prepared},
           {"wait_switch_s", MicrosToSeconds(wait_switch)},
           {"seen_time", MicrosToSeconds(seen_wall_us)}};

@@ -432,6 +432,15 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
   t[2].model->fail_next_ = true;
   c.HoldAt(INT64_MAX);
   ASSERT_TRUE(c.WaitFor([&] { return t[2].finished.load(); }));
+  // Each survivor whose collective failed says so before anything newer is committed: with a
+  // closed client connection, that report is what lets the server commit the failure at once.
+  ASSERT_TRUE(c.WaitFor([&] {
+    std::set<std::string> reported;
+    for (const auto& e : c.events_) {
+      if (e["event"] == "comm_failed" && e["generation"] == 3) reported.insert(e["trainer"].get<std::string>());
+    }
+    return reported == std::set<std::string>{"t0", "t4"};
+  }));
   c.Commit({"t0", "t4"}, true, "failure");
   for (auto& tt : t) tt.thread.join();
   const double test_s =
@@ -957,7 +966,8 @@ TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
 
 // A failure that cuts an epoch-end evaluation short: the survivor stops evaluating its shard as
 // soon as the failure generation is committed (the evaluation's all-reduce cannot finish anyway)
-// instead of computing the rest of it first, re-forms, and evaluates that epoch again.
+// instead of computing the rest of it first, re-forms, and evaluates only what it does not hold
+// of that epoch's evaluation.
 class GatedEvalModel : public LinearModel {
  public:
   using LinearModel::LinearModel;
@@ -1000,9 +1010,58 @@ TEST(ElasticTrainerTest, AFailureCutsAnEvaluationShortAtOnce) {
   c.Notify();
   t0.join();
   ASSERT_OK(s0);
-  // 1 chunk of the cut evaluation, then every epoch's (the first's again) at world 1, 16 chunks
-  // each. Computing the rest of the cut shard first would have made it 7 more.
-  EXPECT_EQ(m0->evals.load(), 1 + 8 * 16);
+  // 1 chunk of the cut evaluation, kept; then the rest of that epoch's at world 1 (15 chunks:
+  // the 8 samples v0 holds are not evaluated again), then every other epoch's, 16 chunks each.
+  // Computing the rest of the cut shard first would have made it 7 more; evaluating the cut
+  // epoch again from scratch, 1 more.
+  EXPECT_EQ(m0->evals.load(), 1 + 15 + 7 * 16);
+  // Its stall counts the evaluation work it kept (the chunk before, the rest after) as eval_s,
+  // not as time lost or as its first step.
+  int stalls = 0;
+  for (const auto& e : c.events_) {
+    if (e["event"] != "stall" || e["trainer"] != "v0") continue;
+    ++stalls;
+    EXPECT_EQ(test::CheckStallBreakdown(e), "");
+    EXPECT_GT(e["eval_s"].get<double>(), 0) << e.dump();
+  }
+  EXPECT_EQ(stalls, 1);
+
+  // The cut evaluation's result is the whole test set's: the same as that of a run without the
+  // failure, whose first epoch trained alike (the failure came after its last step).
+  test::ScratchDir ref_dir("eval_ref");
+  FakeCluster ref;
+  ref.Commit({"w0", "w1"}, false, "start");
+  GatedEvalModel r0(kTrain, kTest, 1), r1(kTrain, kTest, 2);
+  FakeMembership g0(&ref, "w0"), g1(&ref, "w1");
+  Status q0, q1;
+  auto run_ref = [&](const std::string& id, GatedEvalModel* m, FakeMembership* f, Status* s) {
+    ElasticOptions o = Options(ref_dir, id, false);
+    o.eval_batch = 8;
+    o.epochs = 1;
+    ElasticTrainer trainer(o, m, f);
+    ElasticResult r;
+    *s = trainer.Run(&r);
+  };
+  std::thread u0(run_ref, "w0", &r0, &g0, &q0);
+  std::thread u1(run_ref, "w1", &r1, &g1, &q1);
+  u0.join();
+  u1.join();
+  ASSERT_OK(q0);
+  ASSERT_OK(q1);
+  auto first_eval = [](FakeCluster* fc, const std::string& trainer) {
+    nlohmann::json first;
+    for (const auto& e : fc->events_) {
+      if (e["event"] == "eval" && e["trainer"] == trainer && (first.is_null() || e["step"] < first["step"])) first = e;
+    }
+    return first;
+  };
+  const nlohmann::json cut = first_eval(&c, "v0"), whole = first_eval(&ref, "w0");
+  ASSERT_FALSE(cut.is_null());
+  ASSERT_FALSE(whole.is_null());
+  EXPECT_EQ(cut["step"], whole["step"]);
+  EXPECT_EQ(cut["accuracy"], whole["accuracy"]) << cut.dump() << " vs " << whole.dump();
+  EXPECT_NEAR(cut["loss"].get<double>(), whole["loss"].get<double>(), 1e-9 * std::abs(whole["loss"].get<double>()))
+      << cut.dump() << " vs " << whole.dump();
 }
 
 // The rendezvous outlives a server restart: while the KV answers Unavailable (the node's client is

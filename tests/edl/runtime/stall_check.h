@@ -13,8 +13,8 @@
 
 namespace edl::test {
 
-inline constexpr const char* kStallPhases[] = {"lost_s",  "wait_generation_s", "agree_s",
-                                               "reform_s", "sync_s",           "first_step_s"};
+inline constexpr const char* kStallPhases[] = {"lost_s", "eval_s", "wait_generation_s", "agree_s",
+                                               "reform_s", "sync_s", "first_step_s"};
 
 // "" when `e` is a well-formed stall breakdown, else what is wrong with it.
 inline std::string CheckStallBreakdown(const nlohmann::json& e) {
@@ -37,7 +37,7 @@ inline std::string CheckStallBreakdown(const nlohmann::json& e) {
     if (!e.contains(f) || !e[f].is_number()) return std::string("no ") + f + " in " + e.dump();
   }
   if (e["attempts"].get<int>() < 1) return "attempts < 1 in " + e.dump();
-  constexpr double kRounding = 1e-6;  // seven whole microseconds, each as a double in seconds
+  constexpr double kRounding = 1e-6;  // eight whole microseconds, each as a double in seconds
   if (std::abs(sum - stall) > kRounding) {
     return "phases add up to " + std::to_string(sum) + " s, not the stall's " + std::to_string(stall) +
            " s: " + e.dump();
