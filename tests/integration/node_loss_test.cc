@@ -49,6 +49,20 @@ class NodeLossTest : public itest::ControlPlaneHarness {
     c2_ = StartClient("n2", "inplace");
     ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 4; }, milliseconds(60000))) << Diagnostics();
   }
+  // SIGKILLs client `c` and waits until its trainers (`pids`) died with it.
+  void KillClientAndItsTrainers(itest::Proc* c, const std::set<int>& pids) {
+    ASSERT_EQ(::kill(c->pid(), SIGKILL), 0);
+    EXPECT_EQ(c->Wait(milliseconds(10000)), 128 + SIGKILL);
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          for (int pid : pids) {
+            if (Alive(pid)) return false;
+          }
+          return true;
+        },
+        milliseconds(20000)))
+        << "the killed client's trainers outlived it";
+  }
   std::unique_ptr<itest::Proc> c1_, c2_;
 };
 
@@ -58,17 +72,8 @@ TEST_F(NodeLossTest, ClientSigkillTakesItsTrainersAndTheOthersReformInPlace) {
   std::set<int> n1_pids, n2_pids;
   for (const auto& [id, r] : Starts()) (id.rfind("n1-", 0) == 0 ? n1_pids : n2_pids).insert(r["pid"].get<int>());
   ASSERT_EQ(n2_pids.size(), 2u);
-  ASSERT_EQ(::kill(c2_->pid(), SIGKILL), 0);
-  EXPECT_EQ(c2_->Wait(milliseconds(10000)), 128 + SIGKILL);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        for (int pid : n2_pids) {
-          if (Alive(pid)) return false;
-        }
-        return true;
-      },
-      milliseconds(20000)))
-      << "the killed client's trainers outlived it";
+  KillClientAndItsTrainers(c2_.get(), n2_pids);
+  if (HasFatalFailure()) return;
   int64_t lost = 0;
   ASSERT_TRUE(WaitFor(
       [&] {
@@ -112,17 +117,8 @@ TEST_F(NodeLossTest, ASurvivorsFailedCollectiveDropsAKilledClientsTrainersAtOnce
   }
   ASSERT_EQ(n2_pids.size(), 2u);
   ASSERT_TRUE(survivor.is_object());
-  ASSERT_EQ(::kill(c2_->pid(), SIGKILL), 0);
-  EXPECT_EQ(c2_->Wait(milliseconds(10000)), 128 + SIGKILL);
-  ASSERT_TRUE(WaitFor(
-      [&] {
-        for (int pid : n2_pids) {
-          if (Alive(pid)) return false;
-        }
-        return true;
-      },
-      milliseconds(20000)))
-      << "the killed client's trainers outlived it";
+  KillClientAndItsTrainers(c2_.get(), n2_pids);
+  if (HasFatalFailure()) return;
   ASSERT_EQ(::kill(survivor["pid"].get<int>(), SIGUSR1), 0);
   int64_t lost = 0;
   ASSERT_TRUE(WaitFor(

@@ -61,6 +61,18 @@ class JobMembershipTest : public ::testing::Test {
     return cur();
   }
 
+  // A job of 4 trainers on nodes "a" and "b" (2 slots each), started, its actions taken; its
+  // generation.
+  proto::GenerationInfo StartFourOnTwoNodes() {
+    MembershipOptions o;
+    o.initial_trainers = 4;
+    Make(o);
+    AddNode("a", 2);
+    AddNode("b", 2);
+    sched_->TakeActions();
+    return cur();
+  }
+
   // A job of 3 trainers on node "a" (3 slots) with the given failure back-off, started, its
   // actions taken.
   void StartThree(int64_t backoff_min_us) {
@@ -355,13 +367,7 @@ TEST_F(JobMembershipTest, HeartbeatLossDropsNodeAndItComesBack) {
 TEST_F(JobMembershipTest, AClosedNodesMembersAreDeadOnceAMemberElsewhereReportsTheGenerationFailed) {
   for (const bool report_first : {false, true}) {
     SCOPED_TRACE(report_first ? "the report first" : "the closed connection first");
-    MembershipOptions o;
-    o.initial_trainers = 4;
-    Make(o);
-    AddNode("a", 2);
-    AddNode("b", 2);
-    sched_->TakeActions();
-    const auto g = cur();
+    const auto g = StartFourOnTwoNodes();
     ASSERT_EQ(g.world_size(), 4);
     std::vector<std::string> on_b;
     std::string on_a;
@@ -410,13 +416,7 @@ TEST_F(JobMembershipTest, AClosedNodesMembersAreDeadOnceAMemberElsewhereReportsT
 // A member that cannot re-form, with a closed node holding members: those members are dropped, not
 // committed again (reform_retry would wait on them again).
 TEST_F(JobMembershipTest, AReformFailureDropsTheMembersOfAClosedNodeInsteadOfRetrying) {
-  MembershipOptions o;
-  o.initial_trainers = 4;
-  Make(o);
-  AddNode("a", 2);
-  AddNode("b", 2);
-  sched_->TakeActions();
-  const auto g = cur();
+  const auto g = StartFourOnTwoNodes();
   std::string on_a;
   for (const auto& m : g.members) {
     if (m.node == "a") on_a = m.trainer_id;
@@ -432,19 +432,15 @@ TEST_F(JobMembershipTest, AReformFailureDropsTheMembersOfAClosedNodeInsteadOfRet
 // After a server restart, a node that has not re-attached yet has closed nothing in this server's
 // lifetime: a survivor's report drops nobody (the restored job waits for its nodes, as before).
 TEST_F(JobMembershipTest, ANodeNotYetReattachedAfterARestartIsNotTakenAsDead) {
-  MembershipOptions o;
-  o.initial_trainers = 4;
-  Make(o);
-  AddNode("a", 2);
-  AddNode("b", 2);
-  sched_->TakeActions();
-  const auto g = cur();
+  const auto g = StartFourOnTwoNodes();
   std::vector<std::string> on_a;
   for (const auto& m : g.members) {
     if (m.node == "a") on_a.push_back(m.trainer_id);
   }
   ClusterState st;
   sched_->Snapshot(&st);
+  MembershipOptions o;
+  o.initial_trainers = 4;
   Make(o);
   ASSERT_OK(sched_->Restore(st));
   ASSERT_OK(sched_->CheckAdmission("a", st.nodes.at("a").node.session));
