@@ -225,21 +225,36 @@ Status Finish(Config* c) {
   return Status::OK();
 }
 
-StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c) {
+// The datasets a trainer trains and evaluates on: loaded ahead by a host spare, else by MakeTrainer.
+struct Datasets {
   std::unique_ptr<Dataset> train, test;
-  EDL_RETURN_IF_ERROR(
-      LoadData(c.data, c.model(), c.batch(), c.trainer.seed, c.loop.eval, &train, &test));
-  return Trainer::Create(c.trainer, std::move(train), std::move(test));
+};
+
+Status LoadDatasets(const Config& c, Datasets* d) {
+  return LoadData(c.data, c.model(), c.batch(), c.trainer.seed, c.loop.eval, &d->train, &d->test);
+}
+
+// The trainer, on `ahead`'s datasets when a host spare loaded them (taken), else on its own.
+StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c, Datasets* ahead = nullptr) {
+  Datasets d;
+  if (ahead != nullptr && ahead->train) {
+    d = std::move(*ahead);
+    std::cout << "edl train: on the data the spare loaded before its assignment" << std::endl;
+  } else {
+    EDL_RETURN_IF_ERROR(LoadDatasets(c, &d));
+  }
+  return Trainer::Create(c.trainer, std::move(d.train), std::move(d.test));
 }
 
 // A warm spare (EDL_SPARE, README "Warm spares"): a full spare loads the data, builds the trainer
-// and warms it up at the world it expects to join; a host spare prepares nothing here (its device
-// is named by the assignment, and its data is loaded with the model after it). Then it waits for
-// the client's assignment and turns *plan into the assigned one. The prepared trainer, or
-// Unavailable when there is none (a host spare; an assignment whose threads or local rank differ
-// from what the spare prepared for: the caller builds it). *released: the client let the spare go
-// before assigning it (exit 0).
-StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* plan, bool* released) {
+// and warms it up at the world it expects to join; a host spare loads the data into *ahead (no
+// device in it) and builds nothing: its device is named by the assignment, and CUDA must not start
+// before it. Then it waits for the client's assignment and turns *plan into the assigned one. The
+// prepared trainer, or Unavailable when there is none (a host spare; an assignment whose threads
+// or local rank differ from what the spare prepared for: the caller builds it). *released: the
+// client let the spare go before assigning it (exit 0).
+StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* plan, bool* released,
+                                                Datasets* ahead) {
   const int64_t t0 = Clock::Real()->NowMicros();
   const runtime::EnvContract spare = plan->env;
   TrainerOptions o = c->trainer;
@@ -259,10 +274,14 @@ StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* pla
     warmed = runtime::WarmUpSamples(prepared->train_size(), c->loop.elastic.batch_policy, c->loop.elastic.batch,
                                     std::max(1, spare.world_size));
     EDL_RETURN_IF_ERROR(runtime::WarmUpTrainable(prepared.get(), warmed));
+  } else {
+    EDL_RETURN_IF_ERROR(LoadDatasets(*c, ahead));
   }
   std::cout << "edl train: spare " << spare.trainer_id << " prepared in "
             << (Clock::Real()->NowMicros() - t0) / 1e6 << " s ("
-            << (prepared ? "data, model, warm-up on " + std::to_string(warmed) + " samples" : std::string("host spare: nothing ahead of the device"))
+            << (prepared ? "data, model, warm-up on " + std::to_string(warmed) + " samples"
+                         : "host spare: the data, " + std::to_string(ahead->train->size()) +
+                               " training samples; the model waits for its device")
             << "); waiting to be assigned" << std::endl;
   auto assigned = runtime::AwaitAssignment(*plan);
   if (!assigned.ok()) {
@@ -306,12 +325,13 @@ int RunTrainMain(int argc, char** argv) {
   auto plan = runtime::ReadRunPlanFromProcess();
   if (!plan.ok()) return Fail(plan.status());
   StatusOr<std::unique_ptr<Trainer>> trainer{Status::Unavailable("not built")};
+  Datasets ahead;  // a host spare's
   const bool was_spare = plan.value().spare();
   if (was_spare) {
     // A warm spare: everything that does not depend on the identity, then the wait. Its life as a
     // trainer (time to ready) begins at the assignment.
     bool released = false;
-    trainer = PrepareSpare(&c, &plan.value(), &released);
+    trainer = PrepareSpare(&c, &plan.value(), &released, &ahead);
     if (released) return 0;
     if (!trainer.ok() && trainer.status().code() != Status::Code::kUnavailable) return Fail(trainer.status());
   }
@@ -319,7 +339,7 @@ int RunTrainMain(int argc, char** argv) {
   c.loop.elastic.start_micros = was_spare ? Clock::Real()->NowMicros() : start_micros;
   c.trainer.trainers_on_node = plan.value().env.TrainersOnNode();
   c.trainer.local_rank = plan.value().env.local_rank;
-  if (!trainer.ok()) trainer = MakeTrainer(c);
+  if (!trainer.ok()) trainer = MakeTrainer(c, &ahead);
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer* t = trainer.value().get();
   c.loop.threads = t->threads();

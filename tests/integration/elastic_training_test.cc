@@ -68,12 +68,14 @@ class ElasticTrainingTest : public ::testing::Test {
   }
 
   // A client with 2 CPU slots whose trainers run `edl train` on the test configuration.
+  // `gpu_slots`: its 2 slots are GPUs 0 and 1 instead (--gpus; the trainers still run on the CPU,
+  // edl train's --device default, whatever CUDA_VISIBLE_DEVICES the slot gives them).
   std::unique_ptr<Proc> StartClient(const std::string& node, int epochs,
                                      std::vector<std::string> train_flags = {},
-                                     double trainer_timeout_s = 20) {
+                                     double trainer_timeout_s = 20, bool gpu_slots = false) {
     std::vector<std::string> argv = {
         test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file", secret_,
-        "--node_name", node, "--slots", "2", "--mode", "inplace", "--socket_path",
+        "--node_name", node, gpu_slots ? "--gpus" : "--slots", gpu_slots ? "0,1" : "2", "--mode", "inplace", "--socket_path",
         dir_.Join(node + ".sock"), "--log_dir", dir_.Join("logs"), "--leave_grace_s", "30",
         "--stop_grace_s", "2", "--trainer_timeout_s", std::to_string(trainer_timeout_s), "--",
         test::EdlBinary(), "train", "--model", "resnet20", "--train_samples",
@@ -258,6 +260,16 @@ class ElasticTrainingTest : public ::testing::Test {
     EXPECT_GE(skipped, 1) << Diagnostics();
   }
 
+  // Occurrences of `text` in the trainers' (and spares') logs.
+  int CountInTrainerLogs(const std::string& text) {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(dir_.Join("logs"), ec)) {
+      const std::string log = Slurp(f.path().string());
+      for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+    }
+    return n;
+  }
   int CountInClientLogs(const std::string& text) {
     int n = 0;
     for (const std::string node : {"n1", "n2"}) {
@@ -571,6 +583,33 @@ TEST_F(ElasticTrainingTest, KillEveryTrainerResumesFromTheLatestCheckpoint) {
   EXPECT_EQ(hashes.size(), 1u);
   c1->Stop();
   c2->Stop();
+}
+
+// On GPU slots a spare is a host spare: its GPU is named only by the assignment, and CUDA must not
+// start before it. `edl train` loads its data ahead and builds its model after the assignment, on
+// that data; the job's data stays exactly-once.
+TEST_F(ElasticTrainingTest, AHostSpareOnGpuSlotsLoadsItsDataAheadAndItsTrainerTrainsOnIt) {
+  constexpr int kEpochs = 12;
+  StartServer("0 set 2\n", 2);
+  auto c1 = StartClient("n1", kEpochs, {}, 20, /*gpu_slots=*/true);
+  const int64_t g1 = WaitForFormedGeneration(2, 0);
+  ASSERT_GT(g1, 0) << Diagnostics();
+  ASSERT_TRUE(WaitForMoreSteps(10)) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return WaitingSpares("n1") > 0; }, milliseconds(120000))) << Diagnostics();
+  EXPECT_EQ(CountInTrainerLogs("(host spare: the data, " + std::to_string(kSamples) + " training samples;"), 1)
+      << Diagnostics();
+  const std::vector<pid_t> members = PidsOf(g1);
+  ASSERT_EQ(members.size(), 2u);
+  ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+  EXPECT_EQ(CountInClientLogs(" is spare "), 1) << "the kill's replacement was the host spare";
+  EXPECT_EQ(CountInTrainerLogs("on the data the spare loaded before its assignment"), 1) << Diagnostics();
+  ExpectIdenticalStateAfterEveryReform();
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
+  ExpectFedLabelsMatchThePlan(steps, 1);  // the killed trainer's last step
+  c1->Stop();
 }
 
 TEST_F(ElasticTrainingTest, StoppedTrainerIsDroppedAndTheOthersReform) {
