@@ -77,8 +77,9 @@ launcher::ExitInfo AwaitExit(launcher::TrainerProcess* p, std::chrono::steady_cl
   return info;
 }
 
-// A trainer this long silent (4 channel heartbeats) is checked for being stopped.
-constexpr int64_t kStoppedSilenceUs = 2000000;
+// A trainer this long silent (2 channel heartbeats of 500 ms) is checked for being stopped: a
+// stopped process (state T) is the proof, the silence only rules out one caught between beats.
+constexpr int64_t kStoppedSilenceUs = 1000000;
 
 // True when /proc says `pid` is stopped (state T: SIGSTOP, SIGTSTP; not a tracer's stop).
 bool ProcessStopped(int pid) {
