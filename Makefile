@@ -55,9 +55,14 @@ ASAN_SANITIZERS := address,undefined
 # The ASan tree does not build the binaries it does not run (EDL_SKIP_TESTS).
 ASAN_SKIP := $(subst |,;,$(patsubst ^(%)\.,%,$(ASAN_EXCLUDE)))
 # Expanded when a tree is configured, after `deps` installed ccache (scripts/install_deps.sh).
-# CCACHE_BASEDIR: paths under this checkout are hashed relative to it, so a clone elsewhere hits.
+# CCACHE_BASEDIR: paths under this checkout are hashed relative to it, so a clone elsewhere hits;
+# CCACHE_NOHASHDIR: nor does the working directory count where -g is on (the sanitizer trees'
+# -g1), as ccache's default hash_dir would have it. What else a clone elsewhere would miss on,
+# the tests' paths of the tree, sits in one small generated file (tests/CMakeLists.txt,
+# edl_test_path).
 CCACHE = $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
 SAN_CMAKE = -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DEDL_USE_CUDA=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" $(CCACHE)

@@ -13,7 +13,7 @@
 namespace edl::jobserver {
 
 using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
@@ -101,13 +101,13 @@ class EtcdBackend : public StateBackend {
 
   // Renews the lease every TTL/3 until stopped; reports a lost lease once.
   void Renew() {
-    auto last_ok = Clock::now();
+    auto last_ok = SteadyClock::now();
     MutexLock l(&mu_);
     while (!stop_) {
       cv_.wait_for(l.native(), ttl_ / 3, [this]() REQUIRES(mu_) { return stop_; });
       if (stop_) break;
       l.Unlock();
-      const auto sent = Clock::now();
+      const auto sent = SteadyClock::now();
       int64_t left = 0;
       Status s = renew_client_.LeaseKeepAlive(lease_, &left);
       Status lost;
@@ -116,7 +116,7 @@ class EtcdBackend : public StateBackend {
       } else if (s.ok()) {
         lost = Status::FailedPrecondition("etcd says lease " + std::to_string(lease_) +
                                           " of the leader key " + key_ + " has expired or was revoked");
-      } else if (Clock::now() - last_ok >= ttl_) {
+      } else if (SteadyClock::now() - last_ok >= ttl_) {
         lost = s.WithContext("the leader lease could not be renewed within its TTL of " +
                              std::to_string(ttl_.count()) + " s");
       } else {

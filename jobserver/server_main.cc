@@ -15,7 +15,7 @@
 namespace edl::jobserver {
 namespace {
 
-constexpr char kUsage[] =
+constexpr char kServerUsage[] =
     "usage: edl server --secret_file FILE [flags]\n\n"
     "The job server: tracks nodes and trainers, computes generations, pushes them to `edl client`s,\n"
     "serves the rendezvous KV and answers `edl ctl`. Scaling comes from --scale_script, the EDL demo\n"
@@ -113,7 +113,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("http_port_file", po::value<std::string>(&o->http.port_file),
        "write the HTTP port to this file once listening (for --http_addr HOST:0)");
   ParsedFlags pf;
-  EDL_RETURN_IF_ERROR(ParseFlags("server", kUsage, d, argc, argv, &pf));
+  EDL_RETURN_IF_ERROR(ParseFlags("server", kServerUsage, d, argc, argv, &pf));
   *help = pf.help;
   if (pf.help) return Status::OK();
   if (pf.vm.count("log_dir")) EDL_RETURN_IF_ERROR(UseLogDir(pf.vm["log_dir"].as<std::string>()));

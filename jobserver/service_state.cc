@@ -26,7 +26,7 @@ std::string EncodeServices(const ServicesState& s) {
 
 namespace {
 
-Status Bad(const std::string& key, const std::string& why) {
+Status BadServices(const std::string& key, const std::string& why) {
   return Status::Corruption("stored services: " + why + sv::Fix(key));
 }
 
@@ -35,16 +35,16 @@ Status DecodeCounts(const std::string& key, const json& j, const char* field, in
                     std::map<std::string, int64_t>* out) {
   const auto f = j.find(field);
   if (f == j.end() || !f->is_object() || f->size() > kMaxStoredServices) {
-    return Bad(key, std::string("'") + field + "' is not an object of at most " +
+    return BadServices(key, std::string("'") + field + "' is not an object of at most " +
                         std::to_string(kMaxStoredServices) + " services");
   }
   for (auto it = f->begin(); it != f->end(); ++it) {
     const std::string& name = it.key();
     const json& n = it.value();
-    if (!proto::IsValidName(name)) return Bad(key, std::string("'") + field + "' names an invalid service");
+    if (!proto::IsValidName(name)) return BadServices(key, std::string("'") + field + "' names an invalid service");
     if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > hi ||
         (n.is_number_unsigned() && n.get<uint64_t>() > static_cast<uint64_t>(hi))) {
-      return Bad(key, std::string("'") + field + "' holds a count out of range for service '" + name + "'");
+      return BadServices(key, std::string("'") + field + "' holds a count out of range for service '" + name + "'");
     }
     (*out)[name] = n.get<int64_t>();
   }
@@ -66,11 +66,11 @@ Status DecodeServices(const std::string& key, const std::string& value, Services
   EDL_RETURN_IF_ERROR(DecodeCounts(key, j, "restarts", sv::kMaxI64, &s.restarts));
   const auto t = j.find("teachers");
   if (t == j.end() || !t->is_array() || t->size() > kMaxStoredTeachers) {
-    return Bad(key, "'teachers' is not a list of at most " + std::to_string(kMaxStoredTeachers) + " teachers");
+    return BadServices(key, "'teachers' is not a list of at most " + std::to_string(kMaxStoredTeachers) + " teachers");
   }
   std::set<std::string> names;
   for (const json& e : *t) {
-    if (!e.is_object()) return Bad(key, "a teacher is not an object");
+    if (!e.is_object()) return BadServices(key, "a teacher is not an object");
     ServicesState::Teacher x;
     sv::Reader tr(e, key);
     tr.Str("name", &x.name, proto::kMaxNameBytes)
@@ -78,9 +78,9 @@ Status DecodeServices(const std::string& key, const std::string& value, Services
         .Str("node", &x.node, proto::kMaxNameBytes);
     EDL_RETURN_IF_ERROR(tr.status());
     if (!proto::IsValidName(x.name) || !proto::IsValidName(x.service) || !proto::IsValidName(x.node)) {
-      return Bad(key, "a teacher's name, service or node is not a valid name");
+      return BadServices(key, "a teacher's name, service or node is not a valid name");
     }
-    if (!names.insert(x.name).second) return Bad(key, "teacher '" + x.name + "' is listed twice");
+    if (!names.insert(x.name).second) return BadServices(key, "teacher '" + x.name + "' is listed twice");
     s.teachers.push_back(std::move(x));
   }
   *out = std::move(s);

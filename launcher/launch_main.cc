@@ -31,7 +31,7 @@ constexpr int kUsageError = 2;
 // How often the wait loop wakes without a signal (to pump --tee output).
 constexpr std::chrono::milliseconds kTick{100};
 // Bound on the wait for a SIGKILLed trainer to become reapable.
-constexpr std::chrono::milliseconds kReapAfterKill{5000};
+constexpr std::chrono::milliseconds kStopReapAfterKill{5000};
 
 // ---- helpers
 
@@ -190,7 +190,7 @@ void StopAll(std::vector<Trainer>* trainers, std::chrono::milliseconds grace,
     std::cerr << "edl launch: rank " << t.rank << " (pid " << t.process->pid()
               << ") still running after SIGTERM; sending SIGKILL" << std::endl;
     t.process->Kill();
-    t.exit = t.process->Stop(kReapAfterKill);  // reaps; SIGTERM to a dying group is harmless
+    t.exit = t.process->Stop(kStopReapAfterKill);  // reaps; SIGTERM to a dying group is harmless
   }
 }
 

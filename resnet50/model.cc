@@ -29,9 +29,12 @@ bool LookupArch(const std::string& name, Arch* arch) {
   return true;
 }
 
-enum class Init { kHe, kOne, kZero, kFcUniform };
-
 }  // namespace
+
+// How a parameter starts. Outside the anonymous namespace because Model::Impl holds it: where
+// model.cc is not the main file of its translation unit (cmake/unity.cmake), gcc warns about a
+// member whose type has internal linkage (-Wsubobject-linkage).
+enum class ParamInit { kHe, kOne, kZero, kFcUniform };
 
 Status ValidateModelConfig(const ModelConfig& c) {
   Arch arch;
@@ -99,7 +102,7 @@ struct Model::Impl {
   int fc_w = -1, fc_b = -1;
   int64_t feat = 0;     // channels into the fc
   int64_t last_size = 0;  // spatial size of the last block's output
-  std::vector<Init> init;  // per param
+  std::vector<ParamInit> init;  // per param
   std::vector<Tensor> pview, gview;  // per param: views into the flat buffers
   // Per-batch state.
   int64_t batch = -1;
@@ -251,7 +254,7 @@ Status Model::Build() {
   Arch arch;
   LookupArch(config_.name, &arch);
   Impl& im = *impl_;
-  auto add_param = [&](const std::string& name, Shape shape, bool decay, Init init) {
+  auto add_param = [&](const std::string& name, Shape shape, bool decay, ParamInit init) {
     params_.push_back({name, std::move(shape), 0, decay || config_.decay_bn_and_bias});
     im.init.push_back(init);
     return static_cast<int>(params_.size()) - 1;
@@ -265,9 +268,10 @@ Status Model::Build() {
     c->in_size = in_size;
     c->out_size = c->p.OutSize(in_size);
     c->relu = relu;
-    c->w = add_param(conv + ".weight", {cout, cin, k, k}, true, Init::kHe);
-    c->g = add_param(bn + ".weight", {cout}, false, zero_gamma ? Init::kZero : Init::kOne);
-    c->b = add_param(bn + ".bias", {cout}, false, Init::kZero);
+    c->w = add_param(conv + ".weight", {cout, cin, k, k}, true, ParamInit::kHe);
+    c->g =
+        add_param(bn + ".weight", {cout}, false, zero_gamma ? ParamInit::kZero : ParamInit::kOne);
+    c->b = add_param(bn + ".bias", {cout}, false, ParamInit::kZero);
     c->running_mean = Tensor(backend_, {cout});
     c->running_var = Tensor(backend_, {cout});
   };
@@ -320,8 +324,8 @@ Status Model::Build() {
   }
   im.feat = cin;
   im.last_size = size;
-  im.fc_w = add_param("fc.weight", {config_.num_classes, cin}, true, Init::kFcUniform);
-  im.fc_b = add_param("fc.bias", {config_.num_classes}, false, Init::kFcUniform);
+  im.fc_w = add_param("fc.weight", {config_.num_classes, cin}, true, ParamInit::kFcUniform);
+  im.fc_b = add_param("fc.bias", {config_.num_classes}, false, ParamInit::kFcUniform);
 
   // Flat layout: decayed parameters first.
   int64_t off = 0;
@@ -355,16 +359,16 @@ Status Model::Build() {
     float* dst = host.data() + p.offset;
     int64_t n = 1;
     for (int64_t d : p.shape) n *= d;
-    if (im.init[i] == Init::kHe) {
+    if (im.init[i] == ParamInit::kHe) {
       const double fan_out = static_cast<double>(p.shape[0]) * p.shape[2] * p.shape[3];
       std::normal_distribution<float> dist(0.f, static_cast<float>(std::sqrt(2.0 / fan_out)));
       for (int64_t j = 0; j < n; ++j) dst[j] = dist(gen);
-    } else if (im.init[i] == Init::kFcUniform) {
+    } else if (im.init[i] == ParamInit::kFcUniform) {
       const float bound = 1.f / std::sqrt(static_cast<float>(cin));
       std::uniform_real_distribution<float> dist(-bound, bound);
       for (int64_t j = 0; j < n; ++j) dst[j] = dist(gen);
     } else {
-      const float v = im.init[i] == Init::kOne ? 1.f : 0.f;
+      const float v = im.init[i] == ParamInit::kOne ? 1.f : 0.f;
       for (int64_t j = 0; j < n; ++j) dst[j] = v;
     }
   }

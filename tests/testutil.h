@@ -30,6 +30,12 @@
 
 namespace edl::test {
 
+// The path CMake gave macro `name` (edl_test_path in tests/CMakeLists.txt, which defines MACRO as
+// EDL_BUILT_PATH(MACRO)); defined in the generated edl_test_paths.cc of edl_testmain, the one
+// object of the tests that holds paths of the tree. Aborts for a name no edl_test_path gave.
+const char* BuiltPath(const char* name);
+#define EDL_BUILT_PATH(macro) ::edl::test::BuiltPath(#macro)
+
 // Path of the built `edl` binary, the source and the build tree: set by CMake for every test
 // target, each overridable by the environment variable of the same name (EDL_BINARY,
 // EDL_SOURCE_DIR, EDL_BUILD_DIR), so that a test binary copied elsewhere (the GPU check bundle,

@@ -17,7 +17,7 @@ using internal::GetInt;
 
 namespace {
 
-constexpr int64_t kMaxI64 = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 
 std::string Hex64(uint64_t v) {
   char buf[17];
@@ -49,8 +49,8 @@ void ServiceStats::EncodeTo(json* j) const {
 Status ServiceStats::DecodeFrom(const json& j) {
   ServiceStats s;
   Fields f(j, msg::kServiceStats);
-  f.Int("requests", &s.requests, 0, kMaxI64)
-      .Int("samples", &s.samples, 0, kMaxI64)
+  f.Int("requests", &s.requests, 0, kMaxInt64)
+      .Int("samples", &s.samples, 0, kMaxInt64)
       .Num("period_s", &s.period_s)
       .Num("latency_ms", &s.latency_ms);
   if (f.ok() && (s.period_s < 0 || s.latency_ms < 0)) f.Fail("period_s", "or 'latency_ms' is negative");
@@ -104,7 +104,7 @@ Status TeacherRequest::DecodeFrom(const json& j) {
   const json* a = nullptr;
   std::string seed;
   Fields f(j, msg::kTeacherRequest);
-  f.Int("req_id", &r.req_id, 0, kMaxI64)
+  f.Int("req_id", &r.req_id, 0, kMaxInt64)
       .Arr("indices", &a)
       .Str("aug_seed", &seed, 16)
       .Bool("random_crop", &r.random_crop)
@@ -119,7 +119,7 @@ Status TeacherRequest::DecodeFrom(const json& j) {
   r.indices.reserve(a->size());
   for (const json& e : *a) {
     int64_t i = 0;
-    if (!GetInt(e, 0, kMaxI64, &i)) {
+    if (!GetInt(e, 0, kMaxInt64, &i)) {
       return Status::Corruption("message 'teacher_request' field 'indices' holds " + QuoteJson(e) +
                                 ", not a sample index");
     }
@@ -142,7 +142,7 @@ Status TeacherReply::DecodeFrom(const json& j) {
   std::string code, message;
   const json* v = nullptr;
   Fields f(j, msg::kTeacherReply);
-  f.Int("req_id", &r.req_id, 0, kMaxI64)
+  f.Int("req_id", &r.req_id, 0, kMaxInt64)
       .Str("code", &code, 32)
       .Str("message", &message, 4096)
       .Int("classes", &r.classes, 0, kMaxTeacherClasses)
@@ -202,7 +202,7 @@ Status TeacherCancel::DecodeFrom(const json& j) {
   TeacherCancel c;
   Fields f(j, msg::kTeacherCancel);
   int64_t id = 0;
-  f.Int("req_id", &id, 0, kMaxI64);
+  f.Int("req_id", &id, 0, kMaxInt64);
   if (!f.ok()) return f.status();
   c.req_id = static_cast<uint64_t>(id);
   *this = c;

@@ -12,7 +12,7 @@ namespace {
 using nlohmann::json;
 
 template <typename M>
-M RoundTrip(const M& m) {
+M ServiceRoundTrip(const M& m) {
   json j;
   m.EncodeTo(&j);
   M out;
@@ -37,7 +37,7 @@ TEST(ServiceMessagesTest, TeacherRequestRoundTripAndBounds) {
   r.flip = true;
   r.pad = 2;
   r.top_k = 3;
-  const TeacherRequest back = RoundTrip(r);
+  const TeacherRequest back = ServiceRoundTrip(r);
   EXPECT_EQ(back.indices, r.indices);
   EXPECT_EQ(back.aug_seed, r.aug_seed);
   EXPECT_TRUE(back.random_crop && back.flip);
@@ -72,7 +72,7 @@ TEST(ServiceMessagesTest, TeacherReplyShapesAreChecked) {
   r.k = 2;
   r.values = {1.5f, -2.f, 0.25f, 3.f};
   r.classes_of = {3, 1, 0, 9};
-  const TeacherReply back = RoundTrip(r);
+  const TeacherReply back = ServiceRoundTrip(r);
   EXPECT_EQ(back.values, r.values);
   EXPECT_EQ(back.classes_of, r.classes_of);
   EXPECT_TRUE(back.status.ok());
@@ -108,7 +108,7 @@ TEST(ServiceMessagesTest, TeacherReplyShapesAreChecked) {
   TeacherReply failed;
   failed.req_id = 5;
   failed.status = Status::InvalidArgument("sample 70000 is outside");
-  EXPECT_EQ(RoundTrip(failed).status.ToString(), failed.status.ToString());
+  EXPECT_EQ(ServiceRoundTrip(failed).status.ToString(), failed.status.ToString());
 }
 
 TEST(ServiceMessagesTest, MembersAndStats) {
@@ -116,7 +116,7 @@ TEST(ServiceMessagesTest, MembersAndStats) {
   m.service = "kd";
   m.members = {{"t1", "127.0.0.1", 9001}, {"t2", "host-b", 9002}};
   m.known = {"kd", "other"};
-  const ServiceMembers back = RoundTrip(m);
+  const ServiceMembers back = ServiceRoundTrip(m);
   EXPECT_EQ(back.members, m.members);
   EXPECT_EQ(back.known, m.known);
   json j;
@@ -136,7 +136,7 @@ TEST(ServiceMessagesTest, MembersAndStats) {
   s.samples = 384;
   s.period_s = 1.5;
   s.latency_ms = 12.25;
-  EXPECT_DOUBLE_EQ(RoundTrip(s).latency_ms, 12.25);
+  EXPECT_DOUBLE_EQ(ServiceRoundTrip(s).latency_ms, 12.25);
   s.EncodeTo(&j);
   j["latency_ms"] = -1;
   EXPECT_NE(DecodeError<ServiceStats>(j).find("negative"), std::string::npos);
@@ -171,7 +171,7 @@ TEST(ServiceMessagesTest, HelloOfServiceRoles) {
   t.node = "t1";
   t.host = "10.1.2.3";
   t.port = 9001;
-  const Hello back = RoundTrip(t);
+  const Hello back = ServiceRoundTrip(t);
   EXPECT_EQ(back.service, "kd");
   EXPECT_EQ(back.port, 9001);
   json j;
