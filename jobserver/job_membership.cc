@@ -83,6 +83,7 @@ void JobMembership::NodeDisconnected(const std::string& name) {
   if (it == nodes_.end()) return;
   it->second.connected = false;
   it->second.closed = true;
+  it->second.closed_generation = current_.generation;
   if (FailMembersOfClosedNodes()) Reconcile();  // a survivor's report came first
 }
 
@@ -183,14 +184,16 @@ void JobMembership::ReformFailed(const std::string& trainer_id, int64_t generati
 }
 
 void JobMembership::CommFailed(const std::string& trainer_id, int64_t generation) {
-  if (generation != current_.generation || FindMember(trainer_id) == nullptr) return;
+  // An older generation counts too: a trainer's exit can commit the next generation (and its
+  // grow-back) before a survivor's report about the one that failed arrives.
+  if (generation > current_.generation || generation <= failed_report_.generation) return;
+  if (FindMember(trainer_id) == nullptr) return;
   failed_report_ = {generation, trainer_id};
   if (FailMembersOfClosedNodes()) Reconcile();
 }
 
 bool JobMembership::FailMembersOfClosedNodes() {
   if (done_ || recovering_ || stopping_ || !finished_.empty()) return false;
-  if (failed_report_.generation != current_.generation) return false;
   const MemberInfo* reporter = FindMember(failed_report_.trainer_id);
   if (reporter == nullptr) return false;
   if (auto n = nodes_.find(reporter->node); n == nodes_.end() || n->second.closed) return false;
@@ -198,7 +201,8 @@ bool JobMembership::FailMembersOfClosedNodes() {
   std::set<std::string> gone;
   for (const MemberInfo& m : current_.members) {
     auto n = nodes_.find(m.node);
-    if (n == nodes_.end() || !n->second.closed) continue;
+    // A failure before the node closed is not its members' (they formed the generations after).
+    if (n == nodes_.end() || !n->second.closed || failed_report_.generation < n->second.closed_generation) continue;
     by_node[m.node].push_back(m.trainer_id);
     gone.insert(m.trainer_id);
   }

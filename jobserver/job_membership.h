@@ -128,15 +128,17 @@ class JobMembership {
   // generation of the finished ones, reason "finish"), and the job finishes.
   // Before any retry, members on nodes whose connection closed are taken as dead (as CommFailed).
   void ReformFailed(const std::string& trainer_id, int64_t generation);
-  // Member `trainer_id` (its report authorized as its own node's) could not complete a collective of the
-  // current generation `generation` (event "comm_failed"): a peer died. A client's death takes its
+  // Member `trainer_id` (its report authorized as its own node's) could not complete a collective of
+  // generation `generation` (event "comm_failed"; the current one, or an older one that a trainer's
+  // exit report superseded meanwhile): a peer died. A client's death takes its
   // trainers with it, and the server learns of theirs only when the restarted client re-attaches
   // or the node's heartbeat times out (seconds the survivors would wait). So when a node holding
   // members lost its connection in this server's lifetime and has not re-attached, its members are
   // taken as dead now: one failure generation without them (record members_lost_with_node). A
   // client that only lost its connection gets back trainers the job no longer has; they leave or
-  // are killed when it re-attaches. Other reports (an older generation, a non-member, while restoring, stopping or finishing) change nothing but the
-  // memory of the report, which a connection that closes later in this generation still uses.
+  // are killed when it re-attaches. Other reports (about a generation before the node closed, from
+  // a non-member, while restoring, stopping or finishing) change nothing but the memory of the
+  // report, which a connection that closes later in that generation still uses.
   void CommFailed(const std::string& trainer_id, int64_t generation);
   // Member `trainer_id` took a step (its progress report or its first step as a joiner): from now
   // on its failure is replaced without the back-off.
@@ -218,6 +220,7 @@ class JobMembership {
     // Its connection closed in this server's lifetime (NodeDisconnected) and it has not
     // re-attached since; a node not yet re-attached after a Restore is not closed.
     bool closed = false;
+    int64_t closed_generation = 0;  // the current generation when it closed
   };
   struct Pending {
     bool active = false;
@@ -245,9 +248,9 @@ class JobMembership {
   void Commit(std::vector<proto::MemberInfo> members, const std::string& reason, bool failure,
               int64_t stall_us);
   void NoteFailure();
-  // A member of a connected node reported that the current generation failed (failed_report_):
-  // the members on closed nodes are removed as dead, in one failure generation. True when any
-  // were.
+  // A member of a connected node reported that a generation failed (failed_report_), one current
+  // when or after a node's connection closed: that node's members are removed as dead, in one
+  // failure generation. True when any were.
   bool FailMembersOfClosedNodes();
   // Members `gone` failed (called before they are removed): the back-off applies unless every
   // one of them had trained (stepped).
@@ -285,6 +288,7 @@ class JobMembership {
   int64_t backoff_us_ = 0;
   int64_t last_reform_retry_us_ = -1;  // the last commit ReformFailed made
   // The newest report that a generation failed (CommFailed, ReformFailed): its number and reporter.
+  // It outlives its generation: a node that closes later in that generation is judged by it.
   struct FailedReport {
     int64_t generation = -1;
     std::string trainer_id;

@@ -373,7 +373,6 @@ TEST_F(JobMembershipTest, AClosedNodesMembersAreDeadOnceAMemberElsewhereReportsT
     std::string on_a;
     for (const auto& m : g.members) (m.node == "b" ? on_b.push_back(m.trainer_id) : void(on_a = m.trainer_id));
     if (report_first) {
-      sched_->CommFailed(on_a, g.generation - 1);   // an older generation: nothing, not even remembered
       sched_->CommFailed("nobody", g.generation);  // not a member: nothing
       sched_->CommFailed(on_a, g.generation);
       EXPECT_TRUE(Take(Kind::kCommit).empty()) << "no node has closed: nothing to blame";
@@ -411,6 +410,41 @@ TEST_F(JobMembershipTest, AClosedNodesMembersAreDeadOnceAMemberElsewhereReportsT
     ASSERT_OK(sched_->AddNode("b", "127.0.0.1", false, {0, 1}, {}));
     EXPECT_TRUE(Take(Kind::kCommit).empty()) << "they were already gone";
   }
+}
+
+// A trainer's exit commits the next generation before a survivor's report about the failed one
+// arrives: the report still counts, for a node that closed in that generation.
+TEST_F(JobMembershipTest, ALateReportAboutTheFailedGenerationStillDropsAClosedNodesMembers) {
+  const auto g = StartFourOnTwoNodes();
+  std::vector<std::string> on_a;
+  for (const auto& m : g.members) {
+    if (m.node == "a") on_a.push_back(m.trainer_id);
+  }
+  sched_->NodeDisconnected("b");
+  sched_->TrainerExited(on_a[1], false, "signal 9");
+  ASSERT_EQ(cur().world_size(), 3) << "b's members are still in";
+  sched_->TakeActions();
+  sched_->CommFailed(on_a[0], g.generation);
+  auto commits = Take(Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "failure");
+  ASSERT_EQ(commits[0].next.world_size(), 1);
+  EXPECT_EQ(commits[0].next.members[0].trainer_id, on_a[0]);
+}
+
+// A failure before a node closed is not its members': they formed the generations after it.
+TEST_F(JobMembershipTest, AReportAboutAGenerationBeforeTheNodeClosedDropsNobody) {
+  const auto g = StartFourOnTwoNodes();
+  std::string on_a;
+  for (const auto& m : g.members) {
+    if (m.node == "a") on_a = m.trainer_id;
+  }
+  sched_->SetDesired(3, "ctl");  // a planned change: generation g + 1, all members of b still in
+  sched_->TakeActions();
+  ASSERT_EQ(cur().generation, g.generation + 1);
+  sched_->NodeDisconnected("b");
+  sched_->CommFailed(on_a, g.generation);
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
 }
 
 // A member that cannot re-form, with a closed node holding members: those members are dropped, not
