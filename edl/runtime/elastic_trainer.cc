@@ -684,12 +684,13 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
     MutexLock lock(&comm_mu_);  // the watcher may be aborting it too
     if (watched_comm_ != nullptr) watched_comm_->Abort();
   }
+  // The server may not know yet that a peer died (its client died with it): this report and the
+  // closed connection of the peer's node let it drop that node's trainers at once
+  // (JobMembership::CommFailed). Also when a newer generation is known: another trainer's exit may
+  // have committed it, with the dead client's trainers still in.
+  Event({{"event", "comm_failed"}, {"generation", failed_gen}});
   Generation next;
   if (!membership_->Latest(&next) || next.number <= failed_gen) {
-    // The server may not know yet that a peer died (its client died with it): this report and the
-    // closed connection of the peer's node let it commit the failure generation at once
-    // (JobMembership::CommFailed).
-    Event({{"event", "comm_failed"}, {"generation", failed_gen}});
     EDL_RETURN_IF_ERROR(WaitNewer(failed_gen, &next));
   }
   phases_.mark_us = clock_->NowMicros();
