@@ -32,7 +32,7 @@ void JobMembership::NodeAttached(const std::string& name, const std::vector<std:
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return;  // not in this job's allocation
   it->second.connected = true;
-  it->second.closed = false;
+  it->second.closed_generation.reset();
   refused_nodes_.erase(name);  // its client reconnected: perhaps with the right configuration
   if (first_node_us_ < 0) first_node_us_ = clock_->NowMicros();
   // Re-attached after a short disconnect: members the client no longer runs have died meanwhile.
@@ -82,7 +82,6 @@ void JobMembership::NodeDisconnected(const std::string& name) {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return;
   it->second.connected = false;
-  it->second.closed = true;
   it->second.closed_generation = current_.generation;
   if (FailMembersOfClosedNodes()) Reconcile();  // a survivor's report came first
 }
@@ -196,13 +195,16 @@ bool JobMembership::FailMembersOfClosedNodes() {
   if (done_ || recovering_ || stopping_ || !finished_.empty()) return false;
   const MemberInfo* reporter = FindMember(failed_report_.trainer_id);
   if (reporter == nullptr) return false;
-  if (auto n = nodes_.find(reporter->node); n == nodes_.end() || n->second.closed) return false;
+  if (auto n = nodes_.find(reporter->node); n == nodes_.end() || n->second.closed_generation) return false;
   std::map<std::string, std::vector<std::string>> by_node;
   std::set<std::string> gone;
   for (const MemberInfo& m : current_.members) {
     auto n = nodes_.find(m.node);
     // A failure before the node closed is not its members' (they formed the generations after).
-    if (n == nodes_.end() || !n->second.closed || failed_report_.generation < n->second.closed_generation) continue;
+    if (n == nodes_.end() || !n->second.closed_generation ||
+        failed_report_.generation < *n->second.closed_generation) {
+      continue;
+    }
     by_node[m.node].push_back(m.trainer_id);
     gone.insert(m.trainer_id);
   }

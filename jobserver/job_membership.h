@@ -217,10 +217,10 @@ class JobMembership {
     std::vector<int> slots;
     bool connected = false;
     int order = 0;
-    // Its connection closed in this server's lifetime (NodeDisconnected) and it has not
-    // re-attached since; a node not yet re-attached after a Restore is not closed.
-    bool closed = false;
-    int64_t closed_generation = 0;  // the current generation when it closed
+    // Set while its connection is closed, as the current generation when it closed: closed in
+    // this server's lifetime (NodeDisconnected), not re-attached since. A node not yet re-attached
+    // after a Restore has none.
+    std::optional<int64_t> closed_generation = std::nullopt;
   };
   struct Pending {
     bool active = false;
