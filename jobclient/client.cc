@@ -480,7 +480,7 @@ void Client::OnWelcome(const proto::Welcome& w) {
   ever_authenticated_ = true;
   unproven_refusals_ = 0;
   KeepSession(w.node_token);
-  backoff_ms_ = 200;
+  backoff_ms_ = kFirstReconnectMs;
   job_id_ = w.job_id;
   heartbeat_ms_ = w.heartbeat_ms;
   server_->SetIdleTimeout(milliseconds(std::max(10000, 10 * heartbeat_ms_)));

@@ -242,7 +242,10 @@ class Client {
   bool socket_bound_ = false;  // this client created the socket file (and so removes it)
   std::string job_id_ = "edl-job";
   int heartbeat_ms_ = 1000;
-  int64_t backoff_ms_ = 200;                                 // reconnect delay, doubling to 1 s
+  // The first reconnect delay after a lost or refused connection: short, since a standby on the
+  // same state directory listens within tens of ms of the leader's exit (STATE.md).
+  static constexpr int64_t kFirstReconnectMs = 50;
+  int64_t backoff_ms_ = kFirstReconnectMs;                   // reconnect delay, doubling to 1 s
   std::minstd_rand jitter_{static_cast<uint32_t>(::getpid())};  // of the reconnect delays
   std::vector<std::pair<std::string, int>> servers_;  // options_.servers, or server_host:server_port
   size_t server_index_ = 0;                            // the one tried now

@@ -159,6 +159,7 @@ Status BecomeEtcdLeader(const EtcdStateOptions& o, std::function<void(const Stat
   bool first = true;
   std::string seen_leader;
   for (;; first = false, std::this_thread::sleep_for(poll)) {
+    if (o.stop && o.stop()) return Status::Aborted("stopped while a standby for job " + o.job_id);
     std::vector<EtcdKv> kvs;
     Status s = c.Range(key, "", &kvs);
     if (!s.ok()) {

@@ -29,6 +29,7 @@ struct EtcdStateOptions {
   std::string job_id;
   int64_t lease_ttl_s = 5;  // --lease_ttl_s
   std::string self;         // this server's address, stored as the leader key's value (for logs)
+  std::function<bool()> stop;  // polled while waiting as a standby: true ends the wait (Aborted)
 };
 
 // The leader key of `job_id`.

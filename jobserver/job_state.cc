@@ -1,7 +1,9 @@
 // Layout and encoding: jobserver/STATE.md.
 #include "jobserver/job_state.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <unordered_set>
@@ -262,6 +264,21 @@ Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBack
   ::chmod(dir.c_str(), 0700);  // it holds the nodes' session tokens
   *created = empty;
   return Status::OK();
+}
+
+int64_t StateDirHolder(const std::string& dir) {
+  const std::string lock = (fs::path(dir) / "LOCK").string();
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return -1;
+  // F_GETLK only asks. Closing the descriptor drops every POSIX lock this process holds on the
+  // file, so this is never called on a directory this process has open.
+  struct flock fl{};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  const int rc = ::fcntl(fd, F_GETLK, &fl);
+  ::close(fd);
+  if (rc != 0 || fl.l_type == F_UNLCK) return -1;
+  return fl.l_pid;
 }
 
 // ---- the store

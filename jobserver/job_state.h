@@ -97,6 +97,12 @@ class StateBackend {
 // is not a readable state database.
 Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBackend>* out, bool* created);
 
+// The pid of the process that holds the RocksDB state database in `dir` open (its lock on
+// `dir`/LOCK, as the kernel reports it: 0 when that process runs on another host of a shared
+// filesystem), or -1 when nobody holds it (also when `dir` holds no database yet). Reads the lock
+// without taking it. A `--standby` server polls this (STATE.md "Standby servers").
+int64_t StateDirHolder(const std::string& dir);
+
 class StateStore {
  public:
   StateStore();

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include <glog/logging.h>
 
@@ -140,14 +142,15 @@ Status Server::OpenState() {
   state_ = std::make_unique<StateStore>();
   bool created = false;
   if (options_.state_store.empty()) {
-    EDL_RETURN_IF_ERROR(state_->Open(options_.state_dir, &created));
+    EDL_RETURN_IF_ERROR(OpenStateDir(&created));
   } else {
     // A standby waits here, not listening, until it leads (STATE.md "Standby servers").
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     EtcdStateOptions eo{options_.state_store, options_.id, options_.lease_ttl_s,
                         std::string(host) + " " + options_.bind + ":" + std::to_string(options_.port) + " pid " +
-                            std::to_string(::getpid())};
+                            std::to_string(::getpid()),
+                        options_.stop_requested};
     std::unique_ptr<StateBackend> backend;
     EDL_RETURN_IF_ERROR(BecomeEtcdLeader(eo, [this](const Status& why) {
       asio::post(*io_, [this, why] {
@@ -189,6 +192,42 @@ Status Server::OpenState() {
   }
   RestoreServices(st.services);
   return Persist() ? Status::OK() : Status::IOError("cannot write the state to " + state_->dir());
+}
+
+Status Server::OpenStateDir(bool* created) {
+  const std::string& dir = options_.state_dir;
+  const std::string what = (cluster_.own_job().empty() ? "the cluster " : "job ") + options_.id;
+  // How often a standby looks at the lock: a takeover starts within this of the leader's exit.
+  constexpr auto kStandbyPoll = std::chrono::milliseconds(20);
+  int64_t seen_leader = -1;
+  const auto waited_since = std::chrono::steady_clock::now();
+  for (;;) {
+    const int64_t holder = options_.standby ? StateDirHolder(dir) : -1;
+    if (holder < 0) {
+      const Status s = state_->Open(dir, created);
+      // Another standby may have taken the directory between the look and the open: wait for it.
+      if (s.ok() || !options_.standby || StateDirHolder(dir) < 0) {
+        if (s.ok() && seen_leader >= 0) {
+          LOG(INFO) << "edl server: standby for " << what << " takes over --state_dir " << dir << " "
+                    << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                           waited_since).count()
+                    << " ms after it started waiting (the leader, pid " << seen_leader << ", is gone)";
+        }
+        return s;
+      }
+      continue;
+    }
+    if (holder != seen_leader) {
+      seen_leader = holder;
+      LOG(INFO) << "standby for " << what << ": the leader is pid " << holder
+                << (holder == 0 ? " (on another host)" : "") << ", which holds --state_dir " << dir
+                << "; this server takes over the moment that process ends. Not listening until then";
+    }
+    if (options_.stop_requested && options_.stop_requested()) {
+      return Status::Aborted("stopped while a standby for " + what);
+    }
+    std::this_thread::sleep_for(kStandbyPoll);
+  }
 }
 
 bool Server::Persist() {

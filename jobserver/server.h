@@ -16,6 +16,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -61,6 +62,11 @@ struct ServerOptions {
   // server leads.
   std::string state_store;
   int64_t lease_ttl_s = 5;         // the leader's etcd lease; a standby takes over within 2x this
+  // --state_dir held by another server: Start() waits, not listening, until that process ends and
+  // then takes the directory over (STATE.md "Standby servers"); false: Start() fails instead.
+  bool standby = false;
+  // Polled while Start() waits as a standby (either backend): true ends the wait with Aborted.
+  std::function<bool()> stop_requested;
   // The trainers' checkpoint store, read once at start: the one job's new generations are
   // numbered above the newest one it holds, so its generation fence accepts their saves.
   std::string checkpoint_dir;
@@ -151,6 +157,8 @@ class Server {
   void Dispatch();
   // Opens --state_dir / --state_store and resumes what it holds, or starts anew (STATE.md).
   Status OpenState();
+  // Opens --state_dir; with --standby, first waits while another process holds it.
+  Status OpenStateDir(bool* created);
   // The services an earlier server kept (server_services.cc).
   void RestoreServices(const ServicesState& s);
   // Writes the Cluster's and the scaling sources' state (synced) before anything derived from it

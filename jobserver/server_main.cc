@@ -1,5 +1,6 @@
 #include "jobserver/server_main.h"
 
+#include <atomic>
 #include <csignal>
 #include <iostream>
 #include <sstream>
@@ -82,6 +83,10 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
        "etcd://HOST:PORT[,HOST:PORT...]: keep the job's state in etcd (v3) instead of --state_dir, with "
        "leader election: several servers of one job (each with its own --server_port) run, one leads, the "
        "others wait as standbys without listening and take over when the leader's lease ends (jobserver/STATE.md)")
+      ("standby", po::bool_switch(&o->standby),
+       "--state_dir: when another server holds the directory, wait as its standby (not listening) and take "
+       "over the moment that process ends, on the same --server_port (same host, or a shared filesystem "
+       "whose POSIX locks work; jobserver/STATE.md); without it such a start fails")
       ("lease_ttl_s", po::value<int64_t>(&o->lease_ttl_s)->default_value(5),
        "--state_store: TTL of the leader's etcd lease in seconds; a standby takes over within twice this, a "
        "leader that cannot renew it within this stops")
@@ -149,6 +154,10 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   if (!o->state_store.empty() && !o->state_dir.empty()) {
     return Status::InvalidArgument("give either --state_dir (local RocksDB) or --state_store (etcd), not both");
   }
+  if (o->standby && o->state_dir.empty()) {
+    return Status::InvalidArgument("--standby needs --state_dir (with --state_store every server already waits as a "
+                                   "standby while another one leads)");
+  }
   if (!o->state_store.empty()) {
     std::vector<EtcdEndpoint> endpoints;
     EDL_RETURN_IF_ERROR(ParseEtcdUrl(o->state_store, &endpoints));
@@ -207,6 +216,14 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
 
 }  // namespace
 
+namespace {
+
+// SIGTERM / SIGINT before the server runs its loop: a standby's wait polls this.
+std::atomic<bool> g_stop_signal{false};
+extern "C" void OnStopSignal(int) { g_stop_signal.store(true); }
+
+}  // namespace
+
 int RunServerMain(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
   ServerOptions o;
@@ -217,19 +234,33 @@ int RunServerMain(int argc, char** argv) {
     return 2;
   }
   if (help) return 0;
+  struct sigaction sa{};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGINT, &sa, nullptr);
+  o.stop_requested = [] { return g_stop_signal.load(); };
   boost::asio::io_context io;
   Server server(&io, o, Clock::Real());
   s = server.Start();
+  if (!s.ok() && s.IsAborted() && g_stop_signal.load()) {  // a standby that held nothing
+    LOG(INFO) << "edl server: " << s.ToString() << "; signal: exiting";
+    return 0;
+  }
   if (!s.ok()) {
     std::cerr << "edl server: " << s.ToString() << "\n";
     return 1;
   }
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM);  // replaces OnStopSignal
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     LOG(INFO) << "edl server: signal " << sig << ", shutting down (trainers keep running)";
     server.Shutdown(/*stop_clients=*/false);
   });
+  if (g_stop_signal.load()) {  // it came during Start()
+    LOG(INFO) << "edl server: signal during start-up, shutting down (trainers keep running)";
+    server.Shutdown(/*stop_clients=*/false);
+  }
   try {
     io.run();
   } catch (const std::exception& e) {

@@ -8,6 +8,7 @@
 //    above the store's newest, so the store's fence accepts the new rank 0's saves;
 //  - a damaged state directory is refused with an error naming it and the fix; an empty one starts
 //    a new job and says so;
+//  - a standby on the same --state_dir (--standby) takes over the moment the leader is SIGKILLed;
 //  - a finished job stays finished: no running trainer in `ctl status`, and neither a restarted
 //    client nor a restarted server runs it again.
 #include <signal.h>
@@ -284,6 +285,85 @@ TEST_F(ServerRestartTest, DamagedStateDirIsRefusedAndAnEmptyOneStartsANewJob) {
   log = Slurp(dir_.Join("foreign.log"));
   EXPECT_NE(log.find("holds no state database"), std::string::npos) << log;
   EXPECT_NE(log.find("move it aside"), std::string::npos) << log;
+}
+
+// A standby on the same --state_dir (STATE.md "Standbys on one state directory"): a second server
+// on a held directory fails without --standby; with it, it waits without listening and takes over
+// the moment the leader is SIGKILLed, on the same port, adopting the running trainers; a standby
+// ends cleanly on SIGTERM.
+TEST_F(ServerRestartTest, AStandbyOnTheStateDirTakesOverTheMomentTheLeaderIsKilled) {
+  Start("0");
+  if (HasFatalFailure()) return;
+  const std::string port = port_;
+  // argv of a second server on the same port and directory, with its own port file and log.
+  auto second = [&](const std::string& name, bool standby) {
+    std::vector<std::string> argv = ServerArgv(port);
+    *std::find(argv.begin(), argv.end(), dir_.Join("port")) = dir_.Join(name + ".port");
+    if (standby) argv.push_back("--standby");
+    return std::make_unique<Proc>(argv, dir_.Join(name + ".log"));
+  };
+  {
+    auto refused = second("refused", /*standby=*/false);
+    EXPECT_EQ(refused->Wait(milliseconds(30000)), 1);
+    EXPECT_NE(Slurp(dir_.Join("refused.log")).find("Another edl server uses this state directory"),
+              std::string::npos)
+        << Slurp(dir_.Join("refused.log"));
+  }
+  auto b = second("b", /*standby=*/true);
+  const std::string waits_for_a = "standby for job itest: the leader is pid " + std::to_string(server_->pid());
+  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("b.log")).find(waits_for_a) != std::string::npos; },
+                      milliseconds(30000)))
+      << Slurp(dir_.Join("b.log"));
+  auto c1 = StartClient("n1", "inplace");
+  auto c2 = StartClient("n2", "inplace");
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; }, milliseconds(60000)))
+      << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 4; }, milliseconds(60000))) << Diagnostics();
+  const auto pids_before = Pids();  // the clients' warm spares left out
+  ASSERT_EQ(pids_before.size(), 4u) << Diagnostics();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("b.port"))) << "the standby listened while the leader ran";
+
+  KillServer();
+  if (HasFatalFailure()) return;
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_EQ(itest::WaitForPortFile(dir_.Join("b.port"), b.get()), port) << Slurp(dir_.Join("b.log"));
+  std::printf("the standby listened %lld ms after the leader's SIGKILL (load %s)\n",
+              static_cast<long long>(std::chrono::duration_cast<milliseconds>(
+                                         std::chrono::steady_clock::now() - killed).count()),
+              Slurp("/proc/loadavg").substr(0, 14).c_str());
+  const std::string b_log = Slurp(dir_.Join("b.log"));
+  EXPECT_NE(b_log.find("takes over --state_dir " + dir_.Join("state")), std::string::npos) << b_log;
+  EXPECT_NE(b_log.find("resuming job itest"), std::string::npos) << b_log;
+  ASSERT_TRUE(WaitFor([&] { return HasEvent("recovered"); }, milliseconds(60000))) << Diagnostics() << b_log;
+  json st = Status();
+  ASSERT_TRUE(st.is_object()) << Diagnostics();
+  EXPECT_EQ(st["generation"], 1);
+  EXPECT_EQ(st["world_size"], 4);
+
+  // The next standby waits for b; SIGTERM ends it cleanly before it ever leads.
+  auto c = second("c", /*standby=*/true);
+  const std::string waits_for_b = "standby for job itest: the leader is pid " + std::to_string(b->pid());
+  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("c.log")).find(waits_for_b) != std::string::npos; },
+                      milliseconds(30000)))
+      << Slurp(dir_.Join("c.log"));
+  ASSERT_EQ(::kill(c->pid(), SIGTERM), 0);
+  EXPECT_EQ(c->Wait(milliseconds(10000)), 0) << Slurp(dir_.Join("c.log"));
+  EXPECT_NE(Slurp(dir_.Join("c.log")).find("stopped while a standby for job itest"), std::string::npos)
+      << Slurp(dir_.Join("c.log"));
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("c.port")));
+
+  // b serves the job: the next change reaches the same trainers.
+  std::string out;
+  port_ = port;
+  ASSERT_EQ(Ctl({"scale", "3"}, &out), 0) << out;
+  ASSERT_TRUE(WaitFor([&] { return KvRounds(2) == 3; }, milliseconds(60000))) << Diagnostics() << b_log;
+  EXPECT_EQ(Pids(), pids_before) << "a trainer was restarted or added" << Diagnostics();
+  for (const json& g : Generations()) EXPECT_FALSE(g["failure"].get<bool>()) << g.dump() << Diagnostics();
+
+  ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
+  EXPECT_EQ(b->Wait(milliseconds(10000)), 0) << Slurp(dir_.Join("b.log"));
+  EXPECT_EQ(c1->Wait(milliseconds(15000)), 0);
+  EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
 }
 
 // Issue 14: a finished job ran again after restarts (the full last generation sent to a client

@@ -369,7 +369,7 @@ TEST_F(StandbyTest, ALeaderPausedPastItsLeaseStopsWhenItWakes) {
 TEST_F(StandbyTest, ADeposedLeaderCannotWriteAndALostLeaseIsReported) {
   std::atomic<int> lost{0};
   std::unique_ptr<jobserver::StateBackend> backend;
-  jobserver::EtcdStateOptions o{store_, "fenced", 2, "test"};
+  jobserver::EtcdStateOptions o{store_, "fenced", 2, "test", {}};
   ASSERT_TRUE(jobserver::BecomeEtcdLeader(o, [&](const Status&) { ++lost; }, &backend).ok());
   ASSERT_TRUE(backend->Write({{"job/fenced/meta", "one"}}, {}).ok());
   std::string v;
