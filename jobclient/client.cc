@@ -21,6 +21,7 @@
 
 #include "edl/base/enum_names.h"
 #include "edl/net/auth.h"
+#include "edl/net/trainer_channel.h"
 #include "edl/proto/frame.h"
 #include "edl/proto/frames.h"
 
@@ -77,9 +78,10 @@ launcher::ExitInfo AwaitExit(launcher::TrainerProcess* p, std::chrono::steady_cl
   return info;
 }
 
-// A trainer this long silent (2 channel heartbeats of 500 ms) is checked for being stopped: a
-// stopped process (state T) is the proof, the silence only rules out one caught between beats.
-constexpr int64_t kStoppedSilenceUs = 1000000;
+// A trainer this long silent (2 channel heartbeats) is checked for being stopped: a stopped
+// process (state T) is the proof, the silence only rules out one caught between beats.
+constexpr int64_t kStoppedSilenceUs =
+    2 * std::chrono::duration_cast<std::chrono::microseconds>(net::kTrainerHeartbeat).count();
 
 // True when /proc says `pid` is stopped (state T: SIGSTOP, SIGTSTP; not a tracer's stop).
 bool ProcessStopped(int pid) {

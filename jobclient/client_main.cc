@@ -172,7 +172,7 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
       ("log_dir", po::value<std::string>(&o->log_dir)->default_value("./edl-logs"), "this process's log files (stderr keeps every line) and each trainer's, <log_dir>/<trainer_id>.log")
       ("stop_grace_s", po::value<double>(&stop_grace)->default_value(10), "SIGTERM -> SIGKILL grace")
       ("leave_grace_s", po::value<double>(&leave_grace)->default_value(30), "time a leaving in-place trainer has to exit by itself")
-      ("trainer_timeout_s", po::value<double>(&trainer_timeout)->default_value(20), "a trainer whose channel is silent this long is SIGKILLed (one that is stopped, state T, after 1 s)")
+      ("trainer_timeout_s", po::value<double>(&trainer_timeout)->default_value(20), "a trainer whose channel is silent this long is SIGKILLed (one that is stopped, state T, after 0.4 s: two heartbeats)")
       ("trainer_cmd", po::value<std::string>(&trainer_cmd), "the trainer command line (or give it after --)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once the job finished")
       ("spares", po::value<int>(&o->spares)->default_value(1),

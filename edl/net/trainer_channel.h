@@ -35,6 +35,11 @@ using ProgressReport = proto::ProgressReport;
 StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path, const std::string& spare_id,
                                          std::chrono::milliseconds connect_timeout);
 
+// A trainer's heartbeat period. The client reads two periods of silence from a stopped process
+// (state T) as proof that it is stopped (jobclient/client.cc), so this bounds how long a job waits
+// on a SIGSTOPped trainer; a ping over a Unix socket costs next to nothing.
+inline constexpr std::chrono::milliseconds kTrainerHeartbeat{200};
+
 class TrainerChannel {
  public:
   // Connects and introduces itself as `trainer_id`. The client refuses ids it did not start
@@ -42,7 +47,7 @@ class TrainerChannel {
   static StatusOr<std::unique_ptr<TrainerChannel>> Connect(
       const std::string& socket_path, const std::string& trainer_id,
       std::chrono::milliseconds timeout,
-      std::chrono::milliseconds heartbeat = std::chrono::milliseconds(500));
+      std::chrono::milliseconds heartbeat = kTrainerHeartbeat);
   ~TrainerChannel();
   TrainerChannel(const TrainerChannel&) = delete;
   TrainerChannel& operator=(const TrainerChannel&) = delete;
