@@ -287,8 +287,8 @@ TEST_F(ServerRestartTest, DamagedStateDirIsRefusedAndAnEmptyOneStartsANewJob) {
   EXPECT_NE(log.find("move it aside"), std::string::npos) << log;
 }
 
-// A standby on the same --state_dir (STATE.md "Standbys on one state directory"): a second server
-// on a held directory fails without --standby; with it, it waits without listening and takes over
+// A standby on the same --state_dir (STATE.md "Standbys on one state directory"): --standby needs
+// --state_dir; a second server on a held directory fails without --standby; with it, it waits without listening and takes over
 // the moment the leader is SIGKILLed, on the same port, adopting the running trainers; a standby
 // ends cleanly on SIGTERM.
 TEST_F(ServerRestartTest, AStandbyOnTheStateDirTakesOverTheMomentTheLeaderIsKilled) {
@@ -303,6 +303,10 @@ TEST_F(ServerRestartTest, AStandbyOnTheStateDirTakesOverTheMomentTheLeaderIsKill
     return std::make_unique<Proc>(argv, dir_.Join(name + ".log"));
   };
   {
+    Proc no_dir({test::EdlBinary(), "server", "--secret_file", secret_, "--standby"}, dir_.Join("no_dir.log"));
+    EXPECT_EQ(no_dir.Wait(milliseconds(30000)), 2);
+    EXPECT_NE(Slurp(dir_.Join("no_dir.log")).find("--standby needs --state_dir"), std::string::npos)
+        << Slurp(dir_.Join("no_dir.log"));
     auto refused = second("refused", /*standby=*/false);
     EXPECT_EQ(refused->Wait(milliseconds(30000)), 1);
     EXPECT_NE(Slurp(dir_.Join("refused.log")).find("Another edl server uses this state directory"),
