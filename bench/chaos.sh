@@ -10,7 +10,10 @@
 #  - SIGKILLs a random client every CLIENT_KILL_S (its trainers die with it) and starts it again
 #    CLIENT_DOWN_S later (same node name and session token),
 #  - SIGKILLs the server every SERVER_KILL_S and starts it again SERVER_DOWN_S later on the same
-#    port and --state_dir,
+#    port and --state_dir. With STANDBY=1 (the default) a standby server (`--standby`, same port and
+#    --state_dir) waits beside the leader from the start, as README "Standby servers" advises: the
+#    SIGKILL goes to the leader, the standby takes over, and the restarted process is the next
+#    standby; STANDBY=0: no standby, the job waits for the restart,
 #  - SIGSTOPs one random trainer once, at STOP_AT_S, and leaves it stopped (its client must drop it),
 #  - loses one node at NODE_LOSS_AT_S: SIGKILLs a random client and leaves it down for the rest of
 #    the run (its trainers regrow on the other nodes' free slots, if any).
@@ -31,8 +34,8 @@
 # after a rollback counts once) over the run's wall window (server start to DURATION_S), and where
 # the loss went: seconds without a committed step after each kind of chaos event, and time at each
 # world size, also as RESULT lines against the reference's steady step (chaos_gap_per_<action>,
-# chaos_failure_stall_p50/p99/max: ratio = steady step / ours, above 1 when an action cost less than
-# a step) and the reference's time (chaos_time_at_world_<w>). The load average is printed at the
+# chaos_failure_stall_p50/p99/max, chaos_growback_after_trainer_kill_p50/max: ratio = steady step /
+# ours, above 1 when an action cost less than a step) and the reference's time (chaos_time_at_world_<w>). The load average is printed at the
 # start and the end. When a run fails its check,
 # no RESULT line is printed and the script exits 1.
 # Takes 2 x DURATION_S + ~1 min (~21 min at the defaults). Smoke run (~5 min):
@@ -72,7 +75,8 @@ for f in "$EDL" "$CHECK"; do
 done
 [ -f "$DATA_DIR/train-labels-idx1-ubyte.gz" ] || { echo "Fashion-MNIST not found in $DATA_DIR" >&2; exit 2; }
 if [ -n "${KEEP:-}" ]; then WORK=$KEEP; mkdir -p "$WORK"; else WORK=$(mktemp -d /tmp/edl-chaos-XXXXXX); fi
-SERVER_PID="" CLIENT_PIDS=() STOPPED=""
+STANDBY=${STANDBY:-1}
+SERVER_PID="" STANDBY_PID="" CLIENT_PIDS=() STOPPED=""
 NS_PREFIX="ec$$"
 NETNS=0
 load() { echo "load average $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min) on $(nproc) cores" >&2; }
@@ -80,10 +84,10 @@ now() { date +%s.%N; }
 stop_all() {  # every process this script started, by pid (a client's trainers die with it)
   local p
   [ -n "$STOPPED" ] && kill -KILL "$STOPPED" 2>/dev/null || true
-  for p in $SERVER_PID "${CLIENT_PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM "$p" 2>/dev/null || true; done
+  for p in $STANDBY_PID $SERVER_PID "${CLIENT_PIDS[@]:-}"; do [ -n "$p" ] && kill -TERM "$p" 2>/dev/null || true; done
   sleep 2
-  for p in $SERVER_PID "${CLIENT_PIDS[@]:-}"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true; done
-  SERVER_PID="" CLIENT_PIDS=() STOPPED=""
+  for p in $STANDBY_PID $SERVER_PID "${CLIENT_PIDS[@]:-}"; do [ -n "$p" ] && kill -KILL "$p" 2>/dev/null || true; done
+  SERVER_PID="" STANDBY_PID="" CLIENT_PIDS=() STOPPED=""
 }
 cleanup() {
   stop_all
@@ -123,16 +127,29 @@ ns() {  # the argv prefix that runs a command in node $1's namespace (srv: the s
   [ "$NETNS" = 1 ] && echo "ip netns exec $NS_PREFIX-$1"
   return 0
 }
-start_server() {  # $1 run dir; $2 port (0 = pick one, written to $1/port)
-  local d=$1 bind=127.0.0.1
+start_server() {  # $1 run dir; $2 port (0 = pick one, written to $1/port); $3 standby: a --standby (STANDBY_PID)
+  local d=$1 bind=127.0.0.1 standby=()
   [ "$NETNS" = 1 ] && bind=0.0.0.0
+  [ "${3:-}" = standby ] && standby=(--standby)
   # shellcheck disable=SC2046
   setsid $(ns srv) "$EDL" server --server_port "$2" --bind "$bind" --port_file "$d/port" \
     --secret_file "$WORK/secret" --job_id chaos --min_trainers 1 --trainers "$TRAINERS" --state_dir "$d/state" \
     --checkpoint_dir "$d/ckpt" --events_dir "$d/events" --heartbeat_timeout_ms 3000 --join_timeout_s 60 \
-    --backoff_min_s 1 --backoff_max_s 4 >> "$d/server.log" 2>&1 &
-  SERVER_PID=$!
-  disown "$SERVER_PID"  # no job-status noise when it is killed
+    --backoff_min_s 1 --backoff_max_s 4 "${standby[@]}" >> "$d/server.log" 2>&1 &
+  if [ "${3:-}" = standby ]; then STANDBY_PID=$!; else SERVER_PID=$!; fi
+  disown "$!"  # no job-status noise when it is killed
+}
+start_standby() {  # $1 run dir, $2 port: a standby, once it says it waits for the leader
+  start_server "$1" "$2" standby
+  local n0 i
+  n0=$(grep -c "standby for job chaos: the leader is pid $SERVER_PID" "$1/server.log" || true)
+  for i in $(seq 300); do
+    [ "$(grep -c "standby for job chaos: the leader is pid $SERVER_PID" "$1/server.log" || true)" -gt "$n0" ] && return 0
+    kill -0 "$STANDBY_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "the standby did not start waiting: $(tail -3 "$1/server.log")" >&2
+  return 1
 }
 start_client() {  # $1 run dir, $2 node, $3 its index in CLIENT_PIDS
   local d=$1 n=$2
@@ -174,6 +191,7 @@ run() {
   for _ in $(seq 300); do [ -s "$D/port" ] && break; sleep 0.1; done
   [ -s "$D/port" ] || { echo "$1: the server did not start: $(tail -5 "$D/server.log")" >&2; return 1; }
   port=$(cat "$D/port")
+  if [ "$STANDBY" = 1 ]; then start_standby "$D" "$port" || return 1; fi
   CLIENT_PIDS=()
   for k in $(seq 0 $((NODES - 1))); do start_client "$D" "n$((k + 1))" "$k"; done
   while [ $((SECONDS - T0)) -lt "$DURATION_S" ]; do
@@ -217,8 +235,14 @@ run() {
       next_server=$((next_server + SERVER_KILL_S))
       kill -KILL "$SERVER_PID" 2>/dev/null && log_action kill_server "$SERVER_PID"
       gone "$SERVER_PID"
-      sleep "$SERVER_DOWN_S"
-      start_server "$D" "$port"; log_action start_server "$SERVER_PID"
+      if [ "$STANDBY" = 1 ]; then  # the standby leads now; the restarted process waits behind it
+        SERVER_PID=$STANDBY_PID STANDBY_PID=""
+        sleep "$SERVER_DOWN_S"
+        start_standby "$D" "$port" && log_action start_standby "$STANDBY_PID"
+      else
+        sleep "$SERVER_DOWN_S"
+        start_server "$D" "$port"; log_action start_server "$SERVER_PID"
+      fi
     fi
     for k in $(seq 0 $((NODES - 1))); do  # a client that exited by itself (not killed here): say so
       [ "${CLIENT_PIDS[$k]}" = lost ] && continue
@@ -234,14 +258,26 @@ run() {
   stop_all
 }
 
-load
-echo "chaos run (${SCHEDULE:-default} schedule): ${DURATION_S} s, ${TRAINERS} trainers on ${NODES} nodes x ${SLOTS} slots;" \
-     "every N s (0 = never): trainer SIGKILL ${TRAINER_KILL_S}, client ${CLIENT_KILL_S}, server ${SERVER_KILL_S};" \
-     "one trainer SIGSTOPped at ${STOP_AT_S} s, one node lost at ${NODE_LOSS_AT_S} s" >&2
-run chaos 1
-load
-echo "reference run: fixed size ${TRAINERS}, no chaos, ${DURATION_S} s" >&2
-run ref 0
+chaos_run() {
+  load
+  echo "chaos run (${SCHEDULE:-default} schedule): ${DURATION_S} s, ${TRAINERS} trainers on ${NODES} nodes x ${SLOTS} slots;" \
+       "every N s (0 = never): trainer SIGKILL ${TRAINER_KILL_S}, client ${CLIENT_KILL_S}, server ${SERVER_KILL_S}" \
+       "($([ "$STANDBY" = 1 ] && echo "a standby takes over" || echo "no standby: the job waits for the restart"));" \
+       "one trainer SIGSTOPped at ${STOP_AT_S} s, one node lost at ${NODE_LOSS_AT_S} s" >&2
+  run chaos 1
+}
+ref_run() {
+  load
+  echo "reference run: fixed size ${TRAINERS}, no chaos, ${DURATION_S} s" >&2
+  run ref 0
+}
+# ORDER=ref-first runs the reference first: on a small shared machine the two runs' steady steps
+# can differ by a few % for reasons of their own; swapping the order tells that from chaos.
+case "${ORDER:-chaos-first}" in
+  chaos-first) chaos_run; ref_run ;;
+  ref-first) ref_run; chaos_run ;;
+  *) echo "ORDER=$ORDER: use chaos-first or ref-first" >&2; exit 2 ;;
+esac
 load
 
 rc=0
