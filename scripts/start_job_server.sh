@@ -42,6 +42,11 @@
 #                      this script on two or three machines and one server leads, the others wait
 #                      as standbys (README "Standby servers") [unset]
 #   EDL_LEASE_TTL_S    with EDL_STATE_STORE: the leader's lease [5]
+#   EDL_STANDBY        1: start a standby of the server already running from EDL_RUN_DIR (same
+#                      EDL_STATE_DIR and EDL_SERVER_PORT; README "Standby servers"): it waits
+#                      without listening and takes over the moment that server's process ends.
+#                      Its pid file is $EDL_RUN_DIR/standby.pid, its output logs/standby.out;
+#                      with --stop or --abort it stops the standby alone [0]
 #   EDL_STOP_TIMEOUT_S seconds --stop waits after SIGTERM before SIGKILL [30]
 #   EDL_SERVER_ARGS    further `edl server` flags, split at blanks [none]
 #   EDL_TRAINER_CMD    read only for its --checkpoint_dir (see above) [unset]
@@ -56,6 +61,32 @@ source "$(dirname "${BASH_SOURCE[0]}")/edl_common.sh"
 
 EDL_RUN_DIR="${EDL_RUN_DIR:-./edl-run}"
 PIDFILE="$EDL_RUN_DIR/server.pid"
+STANDBY_PIDFILE="$EDL_RUN_DIR/standby.pid"
+
+# The pid of the process listening on EDL_SERVER_PORT here: the server that leads; nothing when
+# none listens (or `ss` is missing).
+leader_pid() {
+  edl_port_listener "${EDL_SERVER_PORT:-8180}" | grep -o 'pid=[0-9]*' | head -n 1 | cut -d= -f2
+}
+
+# A standby that took over (its leader died) is the server now: its pid file becomes server.pid.
+adopt_standby() {
+  local pid
+  edl_running_pid "$PIDFILE" >/dev/null && return 0
+  pid="$(edl_running_pid "$STANDBY_PIDFILE")" || return 0
+  [ "$pid" = "$(leader_pid)" ] || return 0
+  mv -f "$STANDBY_PIDFILE" "$PIDFILE"
+  echo "$(basename "$0"): the standby (pid $pid) took over and leads: it is the server now ($PIDFILE)" >&2
+}
+
+# Stops a standby that still waits: it holds nothing, and left running it would take over the state
+# of a job stopped or a server stopped here.
+stop_waiting_standby() {
+  local pid
+  pid="$(edl_running_pid "$STANDBY_PIDFILE")" || return 0
+  [ "$pid" != "$(leader_pid)" ] || return 0
+  edl_stop "edl server standby" "$STANDBY_PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"
+}
 
 # The address `edl ctl` reaches this host's server at.
 ctl_server() {
@@ -88,6 +119,7 @@ check_final_checkpoint() {
 # Fails when the final checkpoint failed or was refused.
 stop_job() {
   local pid offset=0
+  stop_waiting_standby
   if pid="$(edl_running_pid "$PIDFILE")"; then
     edl_find_bin
     EDL_SECRET_FILE="${EDL_SECRET_FILE:-$HOME/.edl/secret}"
@@ -117,7 +149,12 @@ check_server() {
   elif [ ! -x "$EDL_REPO_DIR/build/edl" ] && ! command -v edl >/dev/null 2>&1; then
     echo "no edl binary here: run \`make\` in $EDL_REPO_DIR, or set EDL_BIN=/path/to/edl"
   fi
-  if ! edl_running_pid "$PIDFILE" >/dev/null; then
+  if [ "${EDL_STANDBY:-0}" = 1 ]; then
+    [ -z "${EDL_STATE_STORE:-}" ] ||
+      echo "EDL_STANDBY=1 is for a server on EDL_STATE_DIR; with EDL_STATE_STORE every server already waits as a standby while another leads: unset EDL_STANDBY"
+    edl_running_pid "$PIDFILE" >/dev/null ||
+      echo "EDL_STANDBY=1: no server runs from $EDL_RUN_DIR (no live pid in $PIDFILE) to be the standby of: start it first, without EDL_STANDBY"
+  elif ! edl_running_pid "$PIDFILE" >/dev/null; then
     listener="$(edl_port_listener "${EDL_SERVER_PORT:-8180}")"
     if [ -n "$listener" ]; then
       echo "port ${EDL_SERVER_PORT:-8180} on $(hostname) is in use ($listener): set EDL_SERVER_PORT to a free port, or stop what listens there"
@@ -155,11 +192,45 @@ wait_ready() {
   edl_die "edl server exited at start: $(edl_explain "${why:-see its log}") (log $log)"
 }
 
+# Waits until a standby says whom it waits for, or leads (its leader was gone by then); fails with
+# the end of its log when it exits first.
+wait_standby() {
+  local pid="$1" offset="$2" timeout="${EDL_START_TIMEOUT_S:-60}" log="$EDL_RUN_DIR/logs/standby.out" deadline
+  [ "$timeout" -gt 0 ] || return 0
+  deadline=$((SECONDS + timeout))
+  while kill -0 "$pid" 2>/dev/null; do
+    if tail -c +"$((offset + 1))" "$log" 2>/dev/null | grep -q 'standby for .*: the leader is pid\| listening on '; then
+      echo "$(basename "$0"): $(tail -c +"$((offset + 1))" "$log" | grep -o 'standby for .*: the leader is pid [0-9]*\|edl server .* listening on .*' | tail -n 1)" >&2
+      return 0
+    fi
+    [ $SECONDS -lt $deadline ] || edl_die "the standby (pid $pid) said nothing within ${timeout}s (EDL_START_TIMEOUT_S); log $log"
+    sleep 0.2
+  done
+  rm -f "$STANDBY_PIDFILE"
+  edl_die "the standby exited at start: $(edl_explain "$(edl_last_error "$log")") (log $log)"
+}
+
+adopt_standby
 daemon=0
+if [ "${EDL_STANDBY:-0}" = 1 ]; then
+  case "${1:-}" in
+    --stop | --abort) edl_stop "edl server standby" "$STANDBY_PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"; exit 0 ;;
+    --status) edl_status "edl server standby" "$STANDBY_PIDFILE"; exit $? ;;
+  esac
+fi
 case "${1:-}" in
   --stop) stop_job; exit $? ;;
-  --abort) edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"; exit 0 ;;
-  --status) edl_status "edl server" "$PIDFILE"; exit $? ;;
+  --abort)
+    stop_waiting_standby
+    edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"
+    exit 0
+    ;;
+  --status)
+    rc=0
+    edl_status "edl server" "$PIDFILE" || rc=$?
+    if edl_running_pid "$STANDBY_PIDFILE" >/dev/null; then edl_status "edl server standby" "$STANDBY_PIDFILE" || true; fi
+    exit "$rc"
+    ;;
   --check)
     problems="$(check_server)"
     [ -z "$problems" ] && exit 0
@@ -208,6 +279,17 @@ if [ -n "$ckpt_dir" ] && ! printf '%s\n' "${args[@]}" | grep -q '^--checkpoint_d
   args+=(--checkpoint_dir "$ckpt_dir")
 fi
 
+if [ "${EDL_STANDBY:-0}" = 1 ]; then
+  args+=(--standby)
+  started=1
+  if edl_running_pid "$STANDBY_PIDFILE" >/dev/null; then started=0; fi
+  offset=0
+  [ ! -f "$EDL_RUN_DIR/logs/standby.out" ] || offset="$(wc -c <"$EDL_RUN_DIR/logs/standby.out")"
+  EDL_STOP_HINT="EDL_STANDBY=1 $0 --stop" edl_run "edl server standby" "$STANDBY_PIDFILE" \
+    "$EDL_RUN_DIR/logs/standby.out" "$daemon" "$EDL_BIN" "${args[@]}"
+  if [ "$started" = 1 ]; then wait_standby "$(cat "$STANDBY_PIDFILE")" "$offset"; fi
+  exit 0
+fi
 started=1
 if edl_running_pid "$PIDFILE" >/dev/null; then started=0; fi
 edl_run "edl server" "$PIDFILE" "$EDL_RUN_DIR/logs/server.out" "$daemon" "$EDL_BIN" "${args[@]}"

@@ -256,6 +256,48 @@ TEST_F(ScriptsTest, ClientThatExitsBeforeJoiningIsReportedWithItsError) {
   if (ProcessAlive(server)) ::kill(server, SIGKILL);
 }
 
+// A standby started by the script (EDL_STANDBY=1) beside the real server: refused while no server
+// runs to be the standby of; once the server is SIGKILLed the standby leads and the script treats it
+// as the server (--status, its pid file); --stop stops a standby that still waits first, then the
+// job through the leader, so nothing is left to take the stopped job over.
+TEST_F(ScriptsTest, AStandbyTakesOverAndStopStopsTheJobThroughIt) {
+  const std::string port = std::to_string(itest::FreePort());
+  const std::map<std::string, std::string> real = {
+      {"EDL_BIN", edl::test::EdlBinary()}, {"EDL_SERVER_PORT", port}, {"EDL_HTTP_ADDR", "off"}};
+  std::map<std::string, std::string> standby = real;
+  standby["EDL_STANDBY"] = "1";
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"}, standby), 1) << Log();
+  EXPECT_NE(Log().find("start it first, without EDL_STANDBY"), std::string::npos) << Log();
+  ASSERT_EQ(RunScript("start_job_server.sh", {"--daemon"}, real), 0) << Log();
+  const int leader = ReadPid(dir_.Join("run/server.pid"));
+  ASSERT_EQ(RunScript("start_job_server.sh", {"--daemon"}, standby), 0) << Log();
+  EXPECT_NE(Log().find("the leader is pid " + std::to_string(leader)), std::string::npos) << Log();
+  const int first = ReadPid(dir_.Join("run/standby.pid"));
+
+  ASSERT_EQ(::kill(leader, SIGKILL), 0);
+  ASSERT_TRUE(test::WaitUntil([&] { return !ProcessAlive(leader); }));
+  // Once it listens, the script finds the standby leading and makes it the server.
+  EXPECT_TRUE(test::WaitUntil([&] {
+    return RunScript("start_job_server.sh", {"--status"}, real) == 0 &&
+           Log().find("running (pid " + std::to_string(first) + ")") != std::string::npos;
+  }))
+      << Log();
+  EXPECT_EQ(ReadPid(dir_.Join("run/server.pid")), first);
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/standby.pid")));
+
+  ASSERT_EQ(RunScript("start_job_server.sh", {"--daemon"}, standby), 0) << Log();
+  EXPECT_NE(Log().find("the leader is pid " + std::to_string(first)), std::string::npos) << Log();
+  const int second = ReadPid(dir_.Join("run/standby.pid"));
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--stop"}, real), 0) << Log();
+  EXPECT_NE(Log().find("edl server standby (pid " + std::to_string(second) + ") stopped"), std::string::npos)
+      << Log();
+  EXPECT_TRUE(test::WaitUntil([&] { return !ProcessAlive(first) && !ProcessAlive(second); }));
+  for (int pid : {first, second}) {
+    if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+  }
+  EXPECT_NE(ReadFile(dir_.Join("run/logs/standby.out")).find("stopped while a standby"), std::string::npos);
+}
+
 TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
   GiveSecret();
   ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
