@@ -84,6 +84,10 @@ adopt_standby() {
 stop_waiting_standby() {
   local pid
   pid="$(edl_running_pid "$STANDBY_PIDFILE")" || return 0
+  if ! command -v ss >/dev/null 2>&1; then
+    echo "$(basename "$0"): ss (iproute2) is missing, so whether the standby (pid $pid) leads is unknown: left running" >&2
+    return 0
+  fi
   [ "$pid" != "$(leader_pid)" ] || return 0
   edl_stop "edl server standby" "$STANDBY_PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"
 }
