@@ -258,30 +258,38 @@ run() {
   stop_all
 }
 
-chaos_run() {
+chaos_run() {  # $1: the run's name (chaos, chaos2)
   load
   echo "chaos run (${SCHEDULE:-default} schedule): ${DURATION_S} s, ${TRAINERS} trainers on ${NODES} nodes x ${SLOTS} slots;" \
        "every N s (0 = never): trainer SIGKILL ${TRAINER_KILL_S}, client ${CLIENT_KILL_S}, server ${SERVER_KILL_S}" \
        "($([ "$STANDBY" = 1 ] && echo "a standby takes over" || echo "no standby: the job waits for the restart"));" \
        "one trainer SIGSTOPped at ${STOP_AT_S} s, one node lost at ${NODE_LOSS_AT_S} s" >&2
-  run chaos 1
+  run "$1" 1
 }
-ref_run() {
+ref_run() {  # $1: the run's name (ref, ref2)
   load
   echo "reference run: fixed size ${TRAINERS}, no chaos, ${DURATION_S} s" >&2
-  run ref 0
+  run "$1" 0
 }
 # ORDER=ref-first runs the reference first: on a small shared machine the two runs' steady steps
 # can differ by a few % for reasons of their own; swapping the order tells that from chaos.
+# REPEAT=2 runs a second pair in the opposite order (chaos, ref, ref2, chaos2: a drift of the
+# machine over the four runs cancels) and reports the goodput of both pairs together.
 case "${ORDER:-chaos-first}" in
-  chaos-first) chaos_run; ref_run ;;
-  ref-first) ref_run; chaos_run ;;
+  chaos-first) chaos_run chaos; ref_run ref; second=(ref_run ref2 chaos_run chaos2) ;;
+  ref-first) ref_run ref; chaos_run chaos; second=(chaos_run chaos2 ref_run ref2) ;;
   *) echo "ORDER=$ORDER: use chaos-first or ref-first" >&2; exit 2 ;;
+esac
+case "${REPEAT:-1}" in
+  1) ;;
+  2) "${second[0]}" "${second[1]}"; "${second[2]}" "${second[3]}" ;;
+  *) echo "REPEAT=$REPEAT: use 1 or 2" >&2; exit 2 ;;
 esac
 load
 
 rc=0
-for r in chaos ref; do
+for r in chaos ref chaos2 ref2; do
+  [ -d "$WORK/$r" ] || continue
   "$CHECK" --sample_log "$WORK/$r/samples.jsonl" --events "$WORK/$r/events/chaos.events.jsonl" \
     --labels "$DATA_DIR/train-labels-idx1-ubyte.gz" --train_samples "$TRAIN_SAMPLES" > "$WORK/$r/check.json" \
     || { echo "$r: CHECK FAILED: $(cat "$WORK/$r/check.json")" >&2; rc=1; }
