@@ -214,10 +214,6 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   return Status::OK();
 }
 
-}  // namespace
-
-namespace {
-
 // SIGTERM / SIGINT before the server runs its loop: a standby's wait polls this.
 std::atomic<bool> g_stop_signal{false};
 extern "C" void OnStopSignal(int) { g_stop_signal.store(true); }
