@@ -532,7 +532,8 @@ TEST_F(ClientTest, TheNextTrainerIsTheWarmSpareWithItsGpu) {
   // It connects again as n1-b, the trainer the client now runs in the spare's process.
   auto b = ConnectTrainer("n1-b");
   ASSERT_NE(b, nullptr);
-  EXPECT_EQ(launcher_->children().size(), 2u) << "no process was started for n1-b";
+  // (The client may already be warming the next spare: only a process of n1-b's own is wrong.)
+  for (const FakeChild& c : launcher_->children()) EXPECT_NE(c.id, "n1-b") << "a process was started for n1-b";
   // Its exit is n1-b's.
   ExitInfo done;
   done.exited = true;
