@@ -296,6 +296,10 @@ TEST_F(ScriptsTest, AStandbyTakesOverAndStopStopsTheJobThroughIt) {
     if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
   }
   EXPECT_NE(ReadFile(dir_.Join("run/logs/standby.out")).find("stopped while a standby"), std::string::npos);
+  // The leader and both standbys wrote their output here (the daemons are not this test's children,
+  // so their exits are read from what they logged and from their pids being gone).
+  edl::test::ExpectNoSanitizerReport(dir_.Join("run/logs/server.out"), "edl server");
+  edl::test::ExpectNoSanitizerReport(dir_.Join("run/logs/standby.out"), "edl server standby");
 }
 
 TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
