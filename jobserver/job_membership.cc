@@ -153,18 +153,8 @@ void JobMembership::ReformFailed(const std::string& trainer_id, int64_t generati
   if (done_ || recovering_ || stopping_ || current_.members.empty()) return;
   if (generation != current_.generation || FindMember(trainer_id) == nullptr) return;
   if (!finished_.empty()) {
-    // Finishing: members train in lockstep, so training is complete, and the members that cannot
-    // re-form (joiners of a change that raced the end: their peers had finished) have nothing
-    // left to do. A generation of the finished members alone lets them leave in place (exit 0),
-    // and the job finishes; committing them all again would wait on peers that are gone.
-    std::vector<MemberInfo> done_members;
-    for (const MemberInfo& m : current_.members) {
-      if (finished_.count(m.trainer_id) > 0) done_members.push_back(m);
-    }
-    LOG(INFO) << "job " << options_.job_id << ": trainer " << trainer_id << " could not re-form generation "
-              << generation << " after other members finished; the unfinished ones leave";
-    if (pending_.active) AbortPending("the job is finishing");
-    Commit(std::move(done_members), "finish", false, 0);
+    CommitFinish("trainer " + trainer_id + " could not re-form generation " + std::to_string(generation) +
+                 " after other members finished");
     Reconcile();
     return;
   }
@@ -222,7 +212,24 @@ bool JobMembership::FailMembersOfClosedNodes() {
 }
 
 void JobMembership::TrainerStepped(const std::string& trainer_id) {
-  if (FindMember(trainer_id) != nullptr) stepped_.insert(trainer_id);
+  if (FindMember(trainer_id) == nullptr) return;
+  stepped_.insert(trainer_id);
+  unstepped_joiners_.erase(trainer_id);
+}
+
+void JobMembership::CommitFinish(const std::string& why) {
+  // Finishing: members train in lockstep, so training is complete, and the members that cannot
+  // re-form (joiners of a change that raced the end: their peers had finished) have nothing left
+  // to do. A generation of the finished members alone lets them leave in place (exit 0), and the
+  // job finishes; committing them all again would wait on peers that are gone.
+  std::vector<MemberInfo> done_members;
+  for (const MemberInfo& m : current_.members) {
+    if (finished_.count(m.trainer_id) > 0) done_members.push_back(m);
+  }
+  LOG(INFO) << "job " << options_.job_id << ": " << why << "; the " << current_.members.size() - done_members.size()
+            << " unfinished member(s) leave";
+  if (pending_.active) AbortPending("the job is finishing");
+  Commit(std::move(done_members), "finish", false, 0);
 }
 
 void JobMembership::TrainerReady(const std::string& trainer_id, int64_t generation) {
@@ -377,9 +384,16 @@ int JobMembership::target() const {
 void JobMembership::Reconcile() {
   if (done_ || recovering_ || stopping_) return;
   if (!current_.members.empty() && !finished_.empty()) {
+    bool all_finished = true, only_unstepped_joiners = true;
     for (const MemberInfo& m : current_.members) {
-      if (finished_.count(m.trainer_id) == 0) return;  // finishing: no more changes
+      if (finished_.count(m.trainer_id) > 0) continue;
+      all_finished = false;
+      only_unstepped_joiners &= unstepped_joiners_.count(m.trainer_id) > 0;
     }
+    if (!all_finished && !only_unstepped_joiners) return;  // finishing: no more changes
+    // The joiners of a change that raced the end would wait out their rendezvous on peers that
+    // finished: they leave now (ReformFailed's "finish" without waiting for their report).
+    if (!all_finished) CommitFinish("every member that trained has finished, and the rest joined after the last step");
     done_ = true;
     EmitEvent(events::Finished{current_.generation, current_.world_size()});
     Action a;
@@ -540,6 +554,9 @@ void JobMembership::Commit(std::vector<MemberInfo> members, const std::string& r
       joined.push_back(m);
     }
   }
+  if (!current_.members.empty()) {  // joiners of a running job (not its first generation's members)
+    for (const MemberInfo& m : joined) unstepped_joiners_.insert(m.trainer_id);
+  }
   next.members = std::move(kept);
   next.members.insert(next.members.end(), replaced.begin(), replaced.end());
   next.members.insert(next.members.end(), joined.begin(), joined.end());
@@ -617,6 +634,7 @@ void JobMembership::EmitKill(const std::string& node, std::vector<std::string> i
 
 void JobMembership::MarkLeaving(const std::string& id, const std::string& node) {
   stepped_.erase(id);
+  unstepped_joiners_.erase(id);
   if (leaving_.size() >= kMaxLeavingTrainers && leaving_.count(id) == 0) leaving_.erase(leaving_.begin());
   leaving_[id] = node;
 }
@@ -774,6 +792,7 @@ void JobMembership::Restore(const JobState& s, const std::vector<SlotGrant>& gra
   first_node_us_ = now;
   // The restored members trained under the previous server.
   for (const MemberInfo& m : current_.members) stepped_.insert(m.trainer_id);
+  unstepped_joiners_.clear();
   recovering_ = !done_ && !current_.members.empty();
   EmitEvent(events::JobRestored{current_.generation, current_.world_size(), s.max_generation, nodes_.size(),
                                  done_});

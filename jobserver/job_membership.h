@@ -125,7 +125,9 @@ class JobMembership {
   // failure generation, at most once per backoff_min_us, so they re-form without waiting out their
   // generation wait. Reports about an older generation, or from a non-member, change nothing.
   // While the job finishes (a member exited 0), the unfinished members leave instead (a
-  // generation of the finished ones, reason "finish"), and the job finishes.
+  // generation of the finished ones, reason "finish"), and the job finishes. The same happens
+  // without a report once every unfinished member is a joiner that never stepped: training ended
+  // before their first step, and their peers are gone (TrainerExited).
   // Before any retry, members on nodes whose connection closed are taken as dead (as CommFailed).
   void ReformFailed(const std::string& trainer_id, int64_t generation);
   // Member `trainer_id` (its report authorized as its own node's) could not complete a collective of
@@ -247,6 +249,9 @@ class JobMembership {
   void MaybeCommitPending(bool timed_out);
   void Commit(std::vector<proto::MemberInfo> members, const std::string& reason, bool failure,
               int64_t stall_us);
+  // While finishing: commits the finished members alone (reason "finish"); the others leave.
+  // `why` is logged.
+  void CommitFinish(const std::string& why);
   void NoteFailure();
   // A member of a connected node reported that a generation failed (failed_report_), one current
   // when or after a node's connection closed: that node's members are removed as dead, in one
@@ -300,6 +305,9 @@ class JobMembership {
   std::set<std::string> finished_;  // members that exited 0: training is complete for them
   // Members that took a step (TrainerStepped) since they joined, or that a restored state names.
   std::unordered_set<std::string> stepped_;
+  // Members that joined a running job (a grow or a failure's replacement, committed by this
+  // server) and have not stepped since: while the job finishes, these alone cannot finish.
+  std::unordered_set<std::string> unstepped_joiners_;
   // Trainers removed from the job whose exit their node has not reported: id -> node.
   std::map<std::string, std::string> leaving_;
   // Nodes whose joiner was refused (RefuseJoiner): node -> why; no joiner goes there meanwhile.

@@ -83,6 +83,12 @@ class ElasticTrainingTest : public ::testing::Test {
         "--lr_decay", "constant", "--epochs", std::to_string(epochs), "--threads", "1",
         "--log_every", "10", "--eval", "false", "--comm_timeout_s", "20",
         "--sample_log", dir_.Join("samples.jsonl")};
+    // A flag in `train_flags` replaces the test configuration's (edl train refuses a repeated one).
+    for (const std::string& f : train_flags) {
+      if (f.rfind("--", 0) != 0) continue;
+      auto it = std::find(std::find(argv.begin(), argv.end(), "--"), argv.end(), f);  // edl train's
+      if (it != argv.end() && it + 1 != argv.end()) argv.erase(it, it + 2);
+    }
     argv.insert(argv.end(), train_flags.begin(), train_flags.end());
     return std::make_unique<Proc>(argv, dir_.Join(node + ".log"));
   }
@@ -609,6 +615,39 @@ TEST_F(ElasticTrainingTest, AHostSpareOnGpuSlotsLoadsItsDataAheadAndItsTrainerTr
   ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
   EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
   ExpectFedLabelsMatchThePlan(steps, 1);  // the killed trainer's last step
+  c1->Stop();
+}
+
+// A grow that races the end of training: committed after the last step, while the only trainer
+// runs its final evaluation, so its joiner can never sync (its one peer finishes and exits 0).
+// The job finishes at that exit: the joiner leaves at once (a "finish" generation) rather than
+// after its rendezvous timeout, 600 s here, past the test's bound.
+TEST_F(ElasticTrainingTest, AGrowCommittedAfterTheLastStepDoesNotHoldUpTheJobsEnd) {
+  constexpr int kEpochs = 1;
+  StartServer("0 set 1\n", 1);
+  auto c1 = StartClient("n1", kEpochs, {"--eval", "true", "--comm_timeout_s", "600"});
+  int64_t last = 0;  // the job's last step: the samples over the global batch of its first step
+  ASSERT_TRUE(WaitFor([&] {
+    std::vector<json> s = ReadLines(dir_.Join("samples.jsonl"));
+    if (s.empty()) return false;
+    const int64_t batch = static_cast<int64_t>(s[0]["idx"].size());
+    last = (kSamples + batch - 1) / batch * kEpochs;
+    return MaxStep() >= last;
+  }, milliseconds(180000))) << Diagnostics();
+  ASSERT_FALSE(Finished()) << "the final evaluation ended before the grow" << Diagnostics();
+  ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(180000))) << Diagnostics();
+  int64_t grown = 0, finish = 0;
+  for (const json& g : Generations()) {
+    if (g["world_size_after"] == 2 && grown == 0) grown = g["generation"].get<int64_t>();
+    if (g.value("reason", "") == "finish") finish = g["generation"].get<int64_t>();
+  }
+  ASSERT_GT(grown, 0) << "the grow was not committed before the trainer finished" << Diagnostics();
+  EXPECT_GT(finish, grown) << Diagnostics();
+  EXPECT_EQ(MaxStep(), last) << "nothing trained after the last step";
+  std::map<int64_t, test::LoggedStep> steps;
+  ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
+  EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, kEpochs), "") << Diagnostics();
   c1->Stop();
 }
 

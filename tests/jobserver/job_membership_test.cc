@@ -280,8 +280,9 @@ TEST_F(JobMembershipTest, ReformFailureCommitsTheMembersAgainOncePerBackoff) {
 }
 
 // A grow that races the end of training: the survivors finish (exit 0) right after committing
-// it, so its joiners cannot re-form. Their report ends it: a generation of the finished members
-// alone (reason "finish"), which the joiners leave in place, and the job is done.
+// it, so its joiners cannot re-form. A joiner's report ends it, even while a member that trained
+// has not exited yet: a generation of the finished members alone (reason "finish"), which the
+// others leave in place, and the job is done.
 TEST_F(JobMembershipTest, ReformFailureWhileFinishingLetsTheUnfinishedLeaveAndTheJobFinish) {
   MembershipOptions o;
   o.initial_trainers = 2;
@@ -294,9 +295,39 @@ TEST_F(JobMembershipTest, ReformFailureWhileFinishingLetsTheUnfinishedLeaveAndTh
   ASSERT_EQ(cur().world_size(), 4);
   sched_->TakeActions();  // the grow's commit
   const auto grown = cur();
-  for (int r = 0; r < 2; ++r) sched_->TrainerExited(g1.members[r].trainer_id, /*success=*/true, "exit 0");
-  EXPECT_FALSE(sched_->done());
+  sched_->TrainerExited(g1.members[0].trainer_id, /*success=*/true, "exit 0");
+  EXPECT_FALSE(sched_->done());  // member 1 trained and has not exited yet
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
   sched_->ReformFailed(grown.members[3].trainer_id, grown.generation);
+  auto all = All();
+  auto commits = Filter(all, Kind::kCommit);
+  ASSERT_EQ(commits.size(), 1u);
+  EXPECT_EQ(commits[0].next.reason, "finish");
+  EXPECT_FALSE(commits[0].next.failure);
+  ASSERT_EQ(commits[0].next.world_size(), 1);
+  EXPECT_EQ(commits[0].next.members[0].trainer_id, g1.members[0].trainer_id);
+  EXPECT_EQ(Filter(all, Kind::kDone).size(), 1u);
+  EXPECT_TRUE(sched_->done());
+}
+
+// The same race without the report: once every member that trained has exited 0, the rest are
+// joiners that never stepped, whose peers are gone. They would wait out their rendezvous timeout
+// before reporting, so the "finish" generation comes at the last trained member's exit.
+TEST_F(JobMembershipTest, GrowThatRacedTheEndFinishesAtTheLastTrainedMembersExit) {
+  MembershipOptions o;
+  o.initial_trainers = 2;
+  Make(o);
+  AddNode("a", 4);
+  sched_->TakeActions();
+  const auto g1 = cur();
+  sched_->SetDesired(4, "ctl");
+  ReadyAll(Take(Kind::kPrepare));
+  ASSERT_EQ(cur().world_size(), 4);
+  sched_->TakeActions();  // the grow's commit
+  sched_->TrainerExited(g1.members[0].trainer_id, /*success=*/true, "exit 0");
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  EXPECT_FALSE(sched_->done());
+  sched_->TrainerExited(g1.members[1].trainer_id, /*success=*/true, "exit 0");
   auto all = All();
   auto commits = Filter(all, Kind::kCommit);
   ASSERT_EQ(commits.size(), 1u);
@@ -305,6 +336,31 @@ TEST_F(JobMembershipTest, ReformFailureWhileFinishingLetsTheUnfinishedLeaveAndTh
   ASSERT_EQ(commits[0].next.world_size(), 2);
   EXPECT_EQ(commits[0].next.members[0].trainer_id, g1.members[0].trainer_id);
   EXPECT_EQ(commits[0].next.members[1].trainer_id, g1.members[1].trainer_id);
+  EXPECT_EQ(Filter(all, Kind::kDone).size(), 1u);
+  EXPECT_TRUE(sched_->done());
+}
+
+// A joiner that took its first step trains in lockstep to the end: it is waited for, and the job
+// finishes at its own exit 0, with no "finish" generation.
+TEST_F(JobMembershipTest, AJoinerThatSteppedIsWaitedForWhileFinishing) {
+  MembershipOptions o;
+  o.initial_trainers = 2;
+  Make(o);
+  AddNode("a", 3);
+  sched_->TakeActions();
+  const auto g1 = cur();
+  sched_->SetDesired(3, "ctl");
+  ReadyAll(Take(Kind::kPrepare));
+  ASSERT_EQ(cur().world_size(), 3);
+  sched_->TakeActions();  // the grow's commit
+  const std::string joiner = cur().members[2].trainer_id;
+  sched_->Progress(joiner, 1);  // its first step
+  for (int r = 0; r < 2; ++r) sched_->TrainerExited(g1.members[r].trainer_id, /*success=*/true, "exit 0");
+  EXPECT_TRUE(Take(Kind::kCommit).empty());
+  EXPECT_FALSE(sched_->done());
+  sched_->TrainerExited(joiner, /*success=*/true, "exit 0");
+  auto all = All();
+  EXPECT_TRUE(Filter(all, Kind::kCommit).empty());
   EXPECT_EQ(Filter(all, Kind::kDone).size(), 1u);
   EXPECT_TRUE(sched_->done());
 }
