@@ -38,7 +38,7 @@
 # ours, above 1 when an action cost less than a step) and the reference's time (chaos_time_at_world_<w>). The load average is printed at the
 # start and the end. When a run fails its check,
 # no RESULT line is printed and the script exits 1.
-# Takes 2 x DURATION_S + ~1 min (~21 min at the defaults). Smoke run (~5 min):
+# Takes 2 x DURATION_S + ~1 min per pair (~21 min at the defaults, REPEAT=1). Smoke run (~5 min):
 #   DURATION_S=120 TRAINER_KILL_S=10 CLIENT_KILL_S=40 SERVER_KILL_S=60 STOP_AT_S=25 \
 #     TRAIN_SAMPLES=4096 bench/chaos.sh
 # Usage: bench/chaos.sh [BUILD_DIR] (default build; needs the targets edl_bin and edl_chaos_check built there).
@@ -60,6 +60,13 @@ case "${SCHEDULE:-default}" in
   *) echo "SCHEDULE=$SCHEDULE: use default or realistic" >&2; exit 2 ;;
 esac
 [ "$((NODES * SLOTS))" -ge "$TRAINERS" ] || { echo "NODES x SLOTS ($NODES x $SLOTS) < TRAINERS ($TRAINERS)" >&2; exit 2; }
+REPEAT=${REPEAT:-1}
+[[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "REPEAT=$REPEAT: use a count of pairs, 1 or more" >&2; exit 2; }
+case "${ORDER:-chaos-first}" in
+  chaos-first) chaos_first=1 ;;
+  ref-first) chaos_first=0 ;;
+  *) echo "ORDER=$ORDER: use chaos-first or ref-first" >&2; exit 2 ;;
+esac
 CLIENT_DOWN_S=${CLIENT_DOWN_S:-2}
 SERVER_DOWN_S=${SERVER_DOWN_S:-2}
 TRAIN_SAMPLES=${TRAIN_SAMPLES:-32768}
@@ -186,6 +193,7 @@ run() {
   local chaos=$2 t next_trainer=$TRAINER_KILL_S next_client=$CLIENT_KILL_S next_server=$SERVER_KILL_S
   local stopped_once=0 lost_once=0 port p k
   T0=$SECONDS
+  head -1 /proc/stat > "$D/cpu.txt"  # the machine's CPU time at the start and the end (chaos_report.py)
   echo "{\"time\": $(now), \"t\": 0, \"action\": \"start\", \"pid\": 0}" > "$D/chaos.jsonl"
   start_server "$D" 0
   for _ in $(seq 300); do [ -s "$D/port" ] && break; sleep 0.1; done
@@ -255,6 +263,7 @@ run() {
                                            log_action server_exited "$SERVER_PID"; start_server "$D" "$port"; }
   done
   log_action end 0
+  head -1 /proc/stat >> "$D/cpu.txt"
   stop_all
 }
 
@@ -273,29 +282,27 @@ ref_run() {  # $1: the run's name (ref, ref2)
 }
 # ORDER=ref-first runs the reference first: on a small shared machine the two runs' steady steps
 # can differ by a few % for reasons of their own; swapping the order tells that from chaos.
-# REPEAT=2 runs a second pair in the opposite order (chaos, ref, ref2, chaos2: a drift of the
-# machine over the four runs cancels) and reports the goodput of both pairs together.
-case "${ORDER:-chaos-first}" in
-  chaos-first) chaos_run chaos; ref_run ref; second=(ref_run ref2 chaos_run chaos2) ;;
-  ref-first) ref_run ref; chaos_run chaos; second=(chaos_run chaos2 ref_run ref2) ;;
-  *) echo "ORDER=$ORDER: use chaos-first or ref-first" >&2; exit 2 ;;
-esac
-case "${REPEAT:-1}" in
-  1) ;;
-  2) "${second[0]}" "${second[1]}"; "${second[2]}" "${second[3]}" ;;
-  *) echo "REPEAT=$REPEAT: use 1 or 2" >&2; exit 2 ;;
-esac
+# REPEAT=N runs N pairs, each in the opposite order of the one before (chaos, ref, ref2, chaos2,
+# chaos3, ref3, ...: a drift of the machine over the runs cancels), and reports the goodput of all
+# pairs together, each pair's and their spread.
+RUNS=()
+for i in $(seq 1 "$REPEAT"); do
+  suffix=$([ "$i" = 1 ] || echo "$i")
+  if [ "$chaos_first" = 1 ]; then chaos_run "chaos$suffix"; ref_run "ref$suffix"
+  else ref_run "ref$suffix"; chaos_run "chaos$suffix"; fi
+  RUNS+=("chaos$suffix" "ref$suffix")
+  chaos_first=$((1 - chaos_first))
+done
 load
 
 rc=0
-for r in chaos ref chaos2 ref2; do
-  [ -d "$WORK/$r" ] || continue
+for r in "${RUNS[@]}"; do
   "$CHECK" --sample_log "$WORK/$r/samples.jsonl" --events "$WORK/$r/events/chaos.events.jsonl" \
     --labels "$DATA_DIR/train-labels-idx1-ubyte.gz" --train_samples "$TRAIN_SAMPLES" > "$WORK/$r/check.json" \
     || { echo "$r: CHECK FAILED: $(cat "$WORK/$r/check.json")" >&2; rc=1; }
 done
 # No goodput without exactly-once: the report prints none and exits 1 when a check failed.
 /usr/bin/python3 "$(dirname "$0")/chaos_report.py" "$WORK" "$DURATION_S" "$TRAIN_SAMPLES" \
-  "$(cut -d' ' -f1-3 /proc/loadavg)" "$TRAINERS" || rc=1
+  "$(cut -d' ' -f1-3 /proc/loadavg)" "$TRAINERS" "$REPEAT" || rc=1
 [ -n "${KEEP:-}" ] && echo "run files kept in $WORK" >&2
 exit "$rc"

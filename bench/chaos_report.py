@@ -1,6 +1,8 @@
-"""The figures of bench/chaos.sh from its two runs' records (WORK/chaos and WORK/ref).
+"""The figures of bench/chaos.sh from its runs' records (WORK/chaos and WORK/ref; with PAIRS=N also
+WORK/chaos2 and WORK/ref2 up to WORK/chaosN and WORK/refN).
 
-Usage: chaos_report.py WORK DURATION_S TRAIN_SAMPLES LOAD [TRAINERS (the full size, default 4)]. Each run directory holds the trainers'
+Usage: chaos_report.py WORK DURATION_S TRAIN_SAMPLES LOAD [TRAINERS (the full size, default 4)
+[PAIRS (REPEAT, default 1)]]. Each run directory holds the trainers'
 sample log (samples.jsonl), the job's events log (events/chaos.events.jsonl), the chaos driver's
 actions (chaos.jsonl: wall time and what it did) and edl_chaos_check's verdict (check.json).
 Goodput: the samples of the steps in the job's final history (check.json "samples": a step redone
@@ -55,12 +57,28 @@ def load_run(name):
             if e["generation"] >= acc.get(e["step"], (-1, 0))[0]:
                 acc[e["step"]] = (e["generation"], e["accuracy"])
     r["acc"] = {st: a for st, (g, a) in acc.items()}
+    # /proc/stat's "cpu" line at the window's start and end (chaos.sh): (busy, idle, steal) seconds,
+    # all cores together; None when the run has no such record.
+    r["cpu"] = None
+    try:
+        ticks = [[int(v) for v in line.split()[1:]] for line in open(f"{d}/cpu.txt") if line.startswith("cpu ")]
+    except FileNotFoundError:
+        ticks = []
+    if len(ticks) == 2:
+        hz = os.sysconf("SC_CLK_TCK")
+        delta = [(b - a) / hz for a, b in zip(*ticks)]
+        # user nice system idle iowait irq softirq steal [guest guest_nice: inside user and nice]
+        r["cpu"] = (sum(delta[0:3]) + delta[5] + delta[6], delta[3] + delta[4], delta[7])
     return r
 
 
-chaos, ref = load_run("chaos"), load_run("ref")
+# The pairs: (chaos, ref), then (chaos2, ref2), ... (REPEAT=N). The breakdown is the first pair's.
+PAIRS = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+names = [(f"chaos{i}", f"ref{i}") if i > 1 else ("chaos", "ref") for i in range(1, PAIRS + 1)]
+runs = {n: load_run(n) for pair in names for n in pair}
+chaos, ref = runs["chaos"], runs["ref"]
 failed = []  # runs whose records failed the exactly-once or identical-state check
-for name, r in (("chaos", chaos), ("ref", ref)):
+for name, r in runs.items():
     c = r["check"]
     ok = not c.get("data_error") and not c.get("state_error")
     if not ok:
@@ -70,6 +88,11 @@ for name, r in (("chaos", chaos), ("ref", ref)):
           f"{c.get('generations_checked', 0)} generations with identical state on every member, "
           f"{c.get('unconfirmed_steps', 0)} steps not confirmed by every rank: "
           + ("OK" if ok else f"FAILED data: {c.get('data_error')!r} state: {c.get('state_error')!r}"))
+    if r["cpu"]:
+        busy, idle, steal = r["cpu"]
+        per = f", {1000 * busy / c['samples']:.2f} CPU-s per 1000 images" if c.get("samples") else ""
+        print(f"#   {name}: the machine's CPU over the window: busy {busy:.0f} s, idle {idle:.0f} s, "
+              f"stolen by the hypervisor {steal:.1f} s{per}")
 
 # Steady step at the full size, from the reference: median gap between consecutive steps.
 def gaps(r):
@@ -167,27 +190,34 @@ if failed:
     print(f"# NO RESULT: the {' and '.join(failed)} run failed its exactly-once / identical-state check "
           "(above); goodput and accuracy are not reported")
     sys.exit(1)
-# REPEAT=2: a second pair, run in the opposite order. The goodput is then both pairs' committed
-# samples over both pairs' windows; the breakdown below is the first pair's.
-pairs = [(chaos, ref)]
-if os.path.isdir(f"{work}/chaos2") and os.path.isdir(f"{work}/ref2"):
-    chaos2, ref2 = load_run("chaos2"), load_run("ref2")
-    for name, r in (("chaos2", chaos2), ("ref2", ref2)):
-        c = r["check"]
-        if c.get("data_error") or c.get("state_error"):
-            print(f"# NO RESULT: the {name} run failed its exactly-once / identical-state check: "
-                  f"data {c.get('data_error')!r} state {c.get('state_error')!r}")
-            sys.exit(1)
-    pairs.append((chaos2, ref2))
-    for i, (c, r) in enumerate(pairs, 1):
-        o, t = c["check"].get("samples", 0) / c["window"], r["check"].get("samples", 0) / r["window"]
+# REPEAT=N: N pairs, each in the opposite order of the one before. The goodput is all pairs'
+# committed samples over all pairs' windows; each pair's ratio and their spread say how far one
+# pair can be trusted on this machine.
+pairs = [(runs[c], runs[r]) for c, r in names]
+per_pair = []
+for i, (c, r) in enumerate(pairs, 1):
+    o, t = c["check"].get("samples", 0) / c["window"], r["check"].get("samples", 0) / r["window"]
+    per_pair.append(o / t if t > 0 else float("nan"))
+    if len(pairs) > 1:
         print(f"# pair {i}: chaos {o:.1f} vs reference {t:.1f} images/s ({c['window']:.1f} vs "
-              f"{r['window']:.1f} s): {o / t if t > 0 else float('nan'):.3f}")
+              f"{r['window']:.1f} s): {per_pair[-1]:.3f}")
+if len(pairs) > 2:
+    m, sd = statistics.mean(per_pair), statistics.stdev(per_pair)
+    print(f"# the {len(pairs)} pairs' ratios: mean {m:.3f}, standard deviation {sd:.3f}, standard error of the "
+          f"mean {sd / math.sqrt(len(pairs)):.3f}, min {min(per_pair):.3f}, max {max(per_pair):.3f}")
 ours = sum(c["check"].get("samples", 0) for c, _ in pairs) / sum(c["window"] for c, _ in pairs)
 theirs = sum(r["check"].get("samples", 0) for _, r in pairs) / sum(r["window"] for _, r in pairs)
 print(f"RESULT chaos_goodput ours={ours:.1f}img/s ref={theirs:.1f}img/s "
       f"ratio={ours / theirs if theirs > 0 else float('nan'):.3f}" + (f" ({len(pairs)} pairs)" if len(pairs) > 1 else ""))
-
+# The machine's CPU per committed image, all pairs: the trainers are CPU-bound on a busy machine,
+# so what chaos costs in CPU (redone steps, re-forms, state sync, spares' preparation) shows here
+# apart from how much CPU the machine lent each run; idle CPU is where the job waited.
+if all(c["cpu"] and r["cpu"] for c, r in pairs):
+    def cpu_per(side):
+        return sum(x["cpu"][0] for x in side) / sum(x["check"].get("samples", 0) for x in side)
+    o, t = cpu_per([c for c, _ in pairs]), cpu_per([r for _, r in pairs])
+    print(f"RESULT chaos_cpu_per_image ours={1000 * o:.2f}ms ref={1000 * t:.2f}ms ratio={t / o:.3f} "
+          f"(the machine's busy CPU time over committed images)")
 
 def ratio(ref_v, ours_v):
     return f"{ref_v / ours_v:.3f}" if ours_v > 0 else "inf"
