@@ -272,7 +272,8 @@ chaos_run() {  # $1: the run's name (chaos, chaos2)
   echo "chaos run (${SCHEDULE:-default} schedule): ${DURATION_S} s, ${TRAINERS} trainers on ${NODES} nodes x ${SLOTS} slots;" \
        "every N s (0 = never): trainer SIGKILL ${TRAINER_KILL_S}, client ${CLIENT_KILL_S}, server ${SERVER_KILL_S}" \
        "($([ "$STANDBY" = 1 ] && echo "a standby takes over" || echo "no standby: the job waits for the restart"));" \
-       "one trainer SIGSTOPped at ${STOP_AT_S} s, one node lost at ${NODE_LOSS_AT_S} s" >&2
+       "$([ "$STOP_AT_S" -gt 0 ] && echo "one trainer SIGSTOPped at ${STOP_AT_S} s" || echo "no SIGSTOP")," \
+       "$([ "$NODE_LOSS_AT_S" -gt 0 ] && echo "one node lost at ${NODE_LOSS_AT_S} s" || echo "no node lost")" >&2
   run "$1" 1
 }
 ref_run() {  # $1: the run's name (ref, ref2)
