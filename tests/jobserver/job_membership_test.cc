@@ -61,6 +61,21 @@ class JobMembershipTest : public ::testing::Test {
     return cur();
   }
 
+  // A job of 2 trainers on node "a" (`to` slots), started and grown to `to` trainers (its
+  // joiners ready, the grow committed, every action taken); the generation it started with.
+  proto::GenerationInfo StartTwoAndGrow(int to) {
+    MembershipOptions o;
+    o.initial_trainers = 2;
+    Make(o);
+    AddNode("a", to);
+    sched_->TakeActions();
+    const auto g1 = cur();
+    sched_->SetDesired(to, "ctl");
+    ReadyAll(Take(Kind::kPrepare));
+    sched_->TakeActions();  // the grow's commit
+    return g1;
+  }
+
   // A job of 4 trainers on nodes "a" and "b" (2 slots each), started, its actions taken; its
   // generation.
   proto::GenerationInfo StartFourOnTwoNodes() {
@@ -284,16 +299,8 @@ TEST_F(JobMembershipTest, ReformFailureCommitsTheMembersAgainOncePerBackoff) {
 // has not exited yet: a generation of the finished members alone (reason "finish"), which the
 // others leave in place, and the job is done.
 TEST_F(JobMembershipTest, ReformFailureWhileFinishingLetsTheUnfinishedLeaveAndTheJobFinish) {
-  MembershipOptions o;
-  o.initial_trainers = 2;
-  Make(o);
-  AddNode("a", 4);
-  sched_->TakeActions();
-  const auto g1 = cur();
-  sched_->SetDesired(4, "ctl");
-  ReadyAll(Take(Kind::kPrepare));
+  const auto g1 = StartTwoAndGrow(4);
   ASSERT_EQ(cur().world_size(), 4);
-  sched_->TakeActions();  // the grow's commit
   const auto grown = cur();
   sched_->TrainerExited(g1.members[0].trainer_id, /*success=*/true, "exit 0");
   EXPECT_FALSE(sched_->done());  // member 1 trained and has not exited yet
@@ -314,16 +321,8 @@ TEST_F(JobMembershipTest, ReformFailureWhileFinishingLetsTheUnfinishedLeaveAndTh
 // joiners that never stepped, whose peers are gone. They would wait out their rendezvous timeout
 // before reporting, so the "finish" generation comes at the last trained member's exit.
 TEST_F(JobMembershipTest, GrowThatRacedTheEndFinishesAtTheLastTrainedMembersExit) {
-  MembershipOptions o;
-  o.initial_trainers = 2;
-  Make(o);
-  AddNode("a", 4);
-  sched_->TakeActions();
-  const auto g1 = cur();
-  sched_->SetDesired(4, "ctl");
-  ReadyAll(Take(Kind::kPrepare));
+  const auto g1 = StartTwoAndGrow(4);
   ASSERT_EQ(cur().world_size(), 4);
-  sched_->TakeActions();  // the grow's commit
   sched_->TrainerExited(g1.members[0].trainer_id, /*success=*/true, "exit 0");
   EXPECT_TRUE(Take(Kind::kCommit).empty());
   EXPECT_FALSE(sched_->done());
@@ -343,16 +342,8 @@ TEST_F(JobMembershipTest, GrowThatRacedTheEndFinishesAtTheLastTrainedMembersExit
 // A joiner that took its first step trains in lockstep to the end: it is waited for, and the job
 // finishes at its own exit 0, with no "finish" generation.
 TEST_F(JobMembershipTest, AJoinerThatSteppedIsWaitedForWhileFinishing) {
-  MembershipOptions o;
-  o.initial_trainers = 2;
-  Make(o);
-  AddNode("a", 3);
-  sched_->TakeActions();
-  const auto g1 = cur();
-  sched_->SetDesired(3, "ctl");
-  ReadyAll(Take(Kind::kPrepare));
+  const auto g1 = StartTwoAndGrow(3);
   ASSERT_EQ(cur().world_size(), 3);
-  sched_->TakeActions();  // the grow's commit
   const std::string joiner = cur().members[2].trainer_id;
   sched_->Progress(joiner, 1);  // its first step
   for (int r = 0; r < 2; ++r) sched_->TrainerExited(g1.members[r].trainer_id, /*success=*/true, "exit 0");
