@@ -167,20 +167,24 @@ for prev, step, gap, w in gaps(chaos):
 print("# time without a committed step (gap minus one steady step), by the chaos action before it: " +
       "; ".join(f"{c}: {lost[c]:.1f} s over {where[c]} gaps" for c in sorted(lost, key=lambda c: -lost[c])))
 print("# time in steps at each world size: " + ", ".join(f"{w}: {t:.1f} s" for w, t in sorted(at_world.items())))
-# A stall less its eval_s: an evaluation (or the part of a cut one a survivor kept) is work the
-# fixed run does too, not time the re-form cost (docs/ARCHITECTURE.md "The stall and its phases").
-stalls, raw = {}, {}
+# A re-form's stall less its evaluation work: an evaluation (or the part of a cut one a survivor
+# kept) is work the fixed run does too, not time the re-form cost (docs/ARCHITECTURE.md "The stall
+# and its phases"). Per generation: the longest survivor stall less the longest survivor eval_s.
+# The slowest evaluator is the evaluation's critical path, in the fixed run as here; a survivor
+# that evaluated less waited for it (in the fixed run, in the evaluation's all-reduce).
+raw, evals = {}, {}
 for e in ev:
     if e.get("type") == "trainer_event" and e.get("event") == "stall":
         kind = "failure" if e["failure"] else ("shrink" if e["world_after"] < e["world_before"] else "grow")
-        g = stalls.setdefault(kind, {})
-        g[e["generation"]] = max(g.get(e["generation"], 0.0), e["stall_s"] - e.get("eval_s", 0.0))
         r = raw.setdefault(kind, {})
         r[e["generation"]] = max(r.get(e["generation"], 0.0), e["stall_s"])
+        x = evals.setdefault(kind, {})
+        x[e["generation"]] = max(x.get(e["generation"], 0.0), e.get("eval_s", 0.0))
+stalls = {kind: {n: max(0.0, s - evals[kind][n]) for n, s in g.items()} for kind, g in raw.items()}
 for kind, g in sorted(stalls.items()):
     v = list(g.values())
-    print(f"# stall records, {kind}: {len(v)} re-forms, longest survivor stall less its evaluation work: median "
-          f"{statistics.median(v):.2f} s, max {max(v):.2f} s, sum {sum(v):.1f} s; with it: max "
+    print(f"# stall records, {kind}: {len(v)} re-forms, longest survivor stall less the longest evaluation work: "
+          f"median {statistics.median(v):.2f} s, max {max(v):.2f} s, sum {sum(v):.1f} s; with it: max "
           f"{max(raw[kind].values()):.2f} s")
 
 print(f"# load average (1/5/15 min) at the end: {load}")
@@ -245,7 +249,7 @@ for name, (causes, action) in per_action.items():
     print(f"RESULT chaos_gap_per_{name} ours={gap:.2f}s ref={steady:.2f}s ratio={ratio(steady, gap)} "
           f"({n} actions; time without a committed step after them, minus one steady step each)")
 # Failure stalls: the longest survivor stall of each failure re-form (the stall events), less the
-# evaluation work it kept.
+# longest evaluation work a survivor kept (above).
 fail = sorted(stalls.get("failure", {}).values())
 if fail:
     def pct(q):  # nearest rank
