@@ -302,14 +302,17 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       InstallComm(std::move(comm.value()), target, rank);
       comm_failed_ = false;
       int64_t newest = 0;
-      Status s = SyncState(&newest);
+      bool evaluated = false;
+      Status s = SyncState(&newest, &evaluated);
       phases_.sync_end_us = clock_->NowMicros();
       phases_.sync_us += phases_.sync_end_us - t_built;
       t_wait = phases_.sync_end_us;
       if (s.ok() && newest <= target.number) {
         // Decided on synced state only, so every member (a joiner too) evaluates, or none does.
-        last_eval_step_ = -1;
-        eval_due_ = o_.evaluate_each_epoch && state_.step > 0 && state_.position.cursor == 0;
+        // An evaluation some member completed is not done again: a failure in the first step after
+        // an epoch end's evaluation re-forms on that epoch end.
+        last_eval_step_ = evaluated ? state_.step : -1;
+        eval_due_ = o_.evaluate_each_epoch && state_.step > 0 && state_.position.cursor == 0 && !evaluated;
         return Status::OK();
       }
       if (!s.ok() && !comm_failed_) return s;
@@ -365,18 +368,21 @@ StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::BuildComm(const Ge
 // ---------------------------------------------------------------------------------------------
 // State sync.
 
-Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen) {
+Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   const int w = gen_.world_size(), r = rank_;
   const int64_t level = has_state_ ? state_.step + 1 : 0;
   Generation latest;
   membership_->Latest(&latest);
   // [0]: level * w + (w-1-r), whose MAX names the highest level and the lowest rank holding it;
   // [1]: newest generation seen; [2]: -level (its MAX is minus the lowest level); [3], [4]: the
-  // fingerprint word and its negation (every rank's is the same iff [3] == -[4]).
+  // fingerprint word and its negation (every rank's is the same iff [3] == -[4]); [5]: the level
+  // of a step whose evaluation this rank completed (0: none), whose MAX is the newest such step.
   const int64_t fp = FingerprintWord();
-  int64_t v[5] = {level * w + (w - 1 - r), latest.number, -level, fp, -fp};
-  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 5, DataType::kInt64, ReduceOp::kMax)));
+  const int64_t evaluated_level = has_state_ && last_eval_step_ == state_.step ? level : 0;
+  int64_t v[6] = {level * w + (w - 1 - r), latest.number, -level, fp, -fp, evaluated_level};
+  EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 6, DataType::kInt64, ReduceOp::kMax)));
   *newest_seen = v[1];
+  *evaluated = v[5] > 0 && v[5] == v[0] / w;  // of the step the root holds, which every rank gets
   if (v[1] > gen_.number) return Status::OK();  // every rank saw the same: re-form again
   const int64_t max_level = v[0] / w, min_level = -v[2];
   int root = static_cast<int>(w - 1 - v[0] % w);

@@ -81,7 +81,9 @@ class ElasticTrainer::Impl {
   }
 
   // ---- steps and state
-  Status SyncState(int64_t* newest_seen);
+  // Syncs state_ and the tensors from the member holding the newest state. *evaluated: some member
+  // completed the evaluation of the synced step before this re-form (the same on every member).
+  Status SyncState(int64_t* newest_seen, bool* evaluated);
   // A hash of Trainable::Fingerprint() in [0, 2^63) (computed once), which SyncState compares.
   int64_t FingerprintWord();
   Status FingerprintMismatch(int root);  // the ranks' fingerprints differ; see the definition
@@ -135,7 +137,9 @@ class ElasticTrainer::Impl {
     int64_t step = -1, epoch = 0;
     std::vector<int64_t> indices;  // the whole step's (every rank's)
   } pending_;
-  int64_t last_eval_step_ = -1;  // -1 after each re-form, so members agree on it (Reform)
+  // The step whose evaluation this rank completed; after each re-form the members' agreed value
+  // (the synced step when some member had completed its evaluation, else -1: Reform).
+  int64_t last_eval_step_ = -1;
   bool eval_due_ = false;        // the re-form landed on an epoch end: evaluate it first
   // What this rank evaluated of the evaluation at `step` while it is not complete: a failure that
   // cuts it short keeps it, and after the re-form the members evaluate only the test samples no

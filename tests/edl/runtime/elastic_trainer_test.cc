@@ -1064,6 +1064,59 @@ TEST(ElasticTrainerTest, AFailureCutsAnEvaluationShortAtOnce) {
       << cut.dump() << " vs " << whole.dump();
 }
 
+// A failure in the first step after an epoch end's evaluation: the survivors re-form on that epoch
+// end (the step in flight is lost), and the evaluation they completed there is not done again.
+class FailsInSecondEpochModel : public LinearModel {
+ public:
+  using LinearModel::LinearModel;
+  void SetEpoch(int64_t epoch) override {
+    LinearModel::SetEpoch(epoch);
+    if (epoch >= 1) fail_next_ = true;  // its next step fails: after the first epoch's evaluation
+  }
+};
+
+TEST(ElasticTrainerTest, AFailureRightAfterAnEvaluationDoesNotRepeatIt) {
+  test::ScratchDir dir("eval_done");
+  FakeCluster c;
+  c.Commit({"d0", "d1"}, false, "start");
+  auto m0 = std::make_unique<GatedEvalModel>(kTrain, kTest, 1);
+  auto m1 = std::make_unique<FailsInSecondEpochModel>(kTrain, kTest, 2);
+  FakeMembership f0(&c, "d0"), f1(&c, "d1");
+  Status s0, s1;
+  auto run = [&](const std::string& id, LinearModel* m, FakeMembership* f, Status* s) {
+    ElasticOptions o = Options(dir, id, false);
+    o.eval_batch = 8;  // 8 chunks in a shard of 64 test samples (2 ranks), 16 in one of 128
+    ElasticTrainer trainer(o, m, f);
+    ElasticResult r;
+    *s = trainer.Run(&r);
+    c.Notify();
+  };
+  std::thread t0(run, "d0", m0.get(), &f0, &s0);
+  std::thread t1(run, "d1", m1.get(), &f1, &s1);
+  t1.join();
+  EXPECT_EQ(s1.code(), Status::Code::kInternal) << s1.ToString();
+  c.Commit({"d0"}, true, "failure");
+  c.Notify();
+  t0.join();
+  ASSERT_OK(s0);
+  // The first epoch's evaluation at world 2 (8 chunks), then the 7 others at world 1 (16 each).
+  // Evaluating the first epoch's end again after the re-form would have made it 16 more.
+  EXPECT_EQ(m0->evals.load(), 8 + 7 * 16);
+  std::map<int64_t, int> evals_of_d0;  // step -> "eval" events of d0
+  int64_t synced_step = -1;
+  for (const auto& e : c.events_) {
+    if (e["event"] == "eval" && e["trainer"] == "d0") evals_of_d0[e["step"].get<int64_t>()]++;
+    if (e["event"] == "sync" && e["trainer"] == "d0" && e["generation"].get<int64_t>() > 1) {
+      synced_step = e["step"].get<int64_t>();
+    }
+  }
+  const int64_t epoch_end = kTrain / 16;  // 16 samples a step at world 2
+  EXPECT_EQ(synced_step, epoch_end) << "the failure did not re-form on the first epoch's end";
+  EXPECT_EQ(evals_of_d0[epoch_end], 1);
+  EXPECT_EQ(evals_of_d0.size(), 8u);
+  ExpectExactlyOnce(dir, {"d0", "d1"}, 8);
+}
+
 // The rendezvous outlives a server restart: while the KV answers Unavailable (the node's client is
 // between server connections), a re-form retries within its bound instead of failing and then
 // waiting for a generation that nobody makes (generation_wait, 30 s here, then the trainer fails).
