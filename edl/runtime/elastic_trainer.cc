@@ -378,11 +378,19 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   // fingerprint word and its negation (every rank's is the same iff [3] == -[4]); [5]: the level
   // of a step whose evaluation this rank completed (0: none), whose MAX is the newest such step.
   const int64_t fp = FingerprintWord();
-  const int64_t evaluated_level = has_state_ && last_eval_step_ == state_.step ? level : 0;
-  int64_t v[6] = {level * w + (w - 1 - r), latest.number, -level, fp, -fp, evaluated_level};
+  const bool done = has_state_ && last_eval_step_ == state_.step;
+  int64_t v[6] = {level * w + (w - 1 - r), latest.number, -level, fp, -fp, done ? level : 0};
   EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 6, DataType::kInt64, ReduceOp::kMax)));
   *newest_seen = v[1];
   *evaluated = v[5] > 0 && v[5] == v[0] / w;  // of the step the root holds, which every rank gets
+  if (*evaluated && v[1] <= gen_.number) {
+    // Its accuracy, for the members that did not complete it: the bits of the double, whose MAX is
+    // the value for accuracies >= 0; every member that completed it holds the same one (-1: none).
+    int64_t bits = -1;
+    if (done && level == v[5] && accuracy_ >= 0) std::memcpy(&bits, &accuracy_, sizeof(bits));
+    EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(&bits, 1, DataType::kInt64, ReduceOp::kMax)));
+    if (bits >= 0) std::memcpy(&accuracy_, &bits, sizeof(accuracy_));
+  }
   if (v[1] > gen_.number) return Status::OK();  // every rank saw the same: re-form again
   const int64_t max_level = v[0] / w, min_level = -v[2];
   int root = static_cast<int>(w - 1 - v[0] % w);

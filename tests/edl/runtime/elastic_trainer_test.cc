@@ -308,6 +308,7 @@ class FakeCluster {
   std::vector<double> losses_;
   std::set<std::string> ready_;
   std::map<std::string, std::vector<double>> images_per_sec_;  // by trainer, as reported
+  std::map<std::string, std::vector<double>> accuracies_;      // by trainer, as reported
   int64_t max_step_ = 0;
   int64_t hold_at_ = INT64_MAX;
 };
@@ -327,6 +328,7 @@ class FakeMembership : public MembershipSource {
     {
       std::lock_guard<std::mutex> lock(c_->mu_);
       c_->images_per_sec_[id_].push_back(p.images_per_sec);
+      c_->accuracies_[id_].push_back(p.accuracy);
     }
     c_->Hold(p.step);
     return Status::OK();
@@ -1064,8 +1066,10 @@ TEST(ElasticTrainerTest, AFailureCutsAnEvaluationShortAtOnce) {
       << cut.dump() << " vs " << whole.dump();
 }
 
-// A failure in the first step after an epoch end's evaluation: the survivors re-form on that epoch
-// end (the step in flight is lost), and the evaluation they completed there is not done again.
+// A failure in the first step after an epoch end's evaluation: the survivor and the replacement
+// that joins in the failure's own generation (a warm spare's way) re-form on that epoch end (the
+// step in flight is lost), and the evaluation completed there is not done again; the replacement
+// reports its accuracy from then on.
 class FailsInSecondEpochModel : public LinearModel {
  public:
   using LinearModel::LinearModel;
@@ -1085,7 +1089,7 @@ TEST(ElasticTrainerTest, AFailureRightAfterAnEvaluationDoesNotRepeatIt) {
   Status s0, s1;
   auto run = [&](const std::string& id, LinearModel* m, FakeMembership* f, Status* s) {
     ElasticOptions o = Options(dir, id, false);
-    o.eval_batch = 8;  // 8 chunks in a shard of 64 test samples (2 ranks), 16 in one of 128
+    o.eval_batch = 8;  // 8 chunks in a shard of 64 test samples (2 ranks)
     ElasticTrainer trainer(o, m, f);
     ElasticResult r;
     *s = trainer.Run(&r);
@@ -1095,26 +1099,42 @@ TEST(ElasticTrainerTest, AFailureRightAfterAnEvaluationDoesNotRepeatIt) {
   std::thread t1(run, "d1", m1.get(), &f1, &s1);
   t1.join();
   EXPECT_EQ(s1.code(), Status::Code::kInternal) << s1.ToString();
-  c.Commit({"d0"}, true, "failure");
+  TrainerThread d2;
+  d2.id = "d2";
+  Start(&c, dir, &d2, 3, /*joining=*/true, &c);
+  ASSERT_TRUE(c.WaitFor([&] { return c.ready_.count("d2") > 0; }));  // prepared, as a warm spare is
+  c.Commit({"d0", "d2"}, true, "failure");
   c.Notify();
   t0.join();
+  d2.thread.join();
   ASSERT_OK(s0);
-  // The first epoch's evaluation at world 2 (8 chunks), then the 7 others at world 1 (16 each).
-  // Evaluating the first epoch's end again after the re-form would have made it 16 more.
-  EXPECT_EQ(m0->evals.load(), 8 + 7 * 16);
-  std::map<int64_t, int> evals_of_d0;  // step -> "eval" events of d0
-  int64_t synced_step = -1;
-  for (const auto& e : c.events_) {
-    if (e["event"] == "eval" && e["trainer"] == "d0") evals_of_d0[e["step"].get<int64_t>()]++;
-    if (e["event"] == "sync" && e["trainer"] == "d0" && e["generation"].get<int64_t>() > 1) {
-      synced_step = e["step"].get<int64_t>();
-    }
-  }
+  ASSERT_OK(d2.status);
+  // 8 epochs' evaluations at world 2, 8 chunks each; evaluating the first epoch's end again after
+  // the re-form would have made it 8 more.
+  EXPECT_EQ(m0->evals.load(), 8 * 8);
   const int64_t epoch_end = kTrain / 16;  // 16 samples a step at world 2
-  EXPECT_EQ(synced_step, epoch_end) << "the failure did not re-form on the first epoch's end";
-  EXPECT_EQ(evals_of_d0[epoch_end], 1);
-  EXPECT_EQ(evals_of_d0.size(), 8u);
-  ExpectExactlyOnce(dir, {"d0", "d1"}, 8);
+  std::map<std::string, std::map<int64_t, int>> evals;  // trainer -> step -> its "eval" events
+  std::map<std::string, int64_t> synced;                // trainer -> step synced in generation 2
+  double accuracy = -2;                                 // the first epoch's, as d0 evaluated it
+  for (const auto& e : c.events_) {
+    const std::string who = e.value("trainer", "");
+    if (e["event"] == "eval") {
+      evals[who][e["step"].get<int64_t>()]++;
+      if (who == "d0" && e["step"] == epoch_end) accuracy = e["accuracy"].get<double>();
+    }
+    if (e["event"] == "sync" && e["generation"] == 2) synced[who] = e["step"].get<int64_t>();
+  }
+  EXPECT_EQ(synced["d0"], epoch_end) << "the failure did not re-form on the first epoch's end";
+  EXPECT_EQ(synced["d2"], epoch_end);
+  EXPECT_EQ(evals["d0"][epoch_end], 1);
+  EXPECT_EQ(evals["d2"].count(epoch_end), 0u);
+  EXPECT_EQ(evals["d0"].size(), 8u);
+  EXPECT_EQ(evals["d2"].size(), 7u);
+  // The replacement's first progress report carries the accuracy of the evaluation it joined after.
+  ASSERT_FALSE(c.accuracies_["d2"].empty());
+  EXPECT_GE(accuracy, 0);
+  EXPECT_EQ(c.accuracies_["d2"].front(), accuracy);
+  ExpectExactlyOnce(dir, {"d0", "d1", "d2"}, 8);
 }
 
 // The rendezvous outlives a server restart: while the KV answers Unavailable (the node's client is
