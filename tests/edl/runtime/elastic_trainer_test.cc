@@ -983,6 +983,18 @@ class GatedEvalModel : public LinearModel {
   bool fail_evals = false;
 };
 
+// Runs trainer `id` of the default options to its end into *s, evaluating in chunks of 8 test
+// samples (8 chunks in a shard of 64 test samples: 2 ranks; 16 in one of 128), then wakes `c`.
+void RunInEightSampleChunks(FakeCluster* c, const test::ScratchDir& dir, const std::string& id, LinearModel* m,
+                            FakeMembership* f, Status* s) {
+  ElasticOptions o = Options(dir, id, false);
+  o.eval_batch = 8;
+  ElasticTrainer trainer(o, m, f);
+  ElasticResult r;
+  *s = trainer.Run(&r);
+  c->Notify();
+}
+
 TEST(ElasticTrainerTest, AFailureCutsAnEvaluationShortAtOnce) {
   test::ScratchDir dir("eval_cut");
   FakeCluster c;
@@ -995,16 +1007,8 @@ TEST(ElasticTrainerTest, AFailureCutsAnEvaluationShortAtOnce) {
   m0->first_eval = [&] { c.WaitFor([&] { return committed.load(); }); };
   FakeMembership f0(&c, "v0"), f1(&c, "v1");
   Status s0, s1;
-  auto run = [&](const std::string& id, GatedEvalModel* m, FakeMembership* f, Status* s) {
-    ElasticOptions o = Options(dir, id, false);
-    o.eval_batch = 8;  // 8 chunks in a shard of 64 test samples (2 ranks), 16 in one of 128
-    ElasticTrainer trainer(o, m, f);
-    ElasticResult r;
-    *s = trainer.Run(&r);
-    c.Notify();
-  };
-  std::thread t0(run, "v0", m0.get(), &f0, &s0);
-  std::thread t1(run, "v1", m1.get(), &f1, &s1);
+  std::thread t0(RunInEightSampleChunks, &c, std::cref(dir), "v0", m0.get(), &f0, &s0);
+  std::thread t1(RunInEightSampleChunks, &c, std::cref(dir), "v1", m1.get(), &f1, &s1);
   t1.join();
   EXPECT_EQ(s1.code(), Status::Code::kInternal) << s1.ToString();
   c.Commit({"v0"}, true, "failure");
@@ -1087,16 +1091,8 @@ TEST(ElasticTrainerTest, AFailureRightAfterAnEvaluationDoesNotRepeatIt) {
   auto m1 = std::make_unique<FailsInSecondEpochModel>(kTrain, kTest, 2);
   FakeMembership f0(&c, "d0"), f1(&c, "d1");
   Status s0, s1;
-  auto run = [&](const std::string& id, LinearModel* m, FakeMembership* f, Status* s) {
-    ElasticOptions o = Options(dir, id, false);
-    o.eval_batch = 8;  // 8 chunks in a shard of 64 test samples (2 ranks)
-    ElasticTrainer trainer(o, m, f);
-    ElasticResult r;
-    *s = trainer.Run(&r);
-    c.Notify();
-  };
-  std::thread t0(run, "d0", m0.get(), &f0, &s0);
-  std::thread t1(run, "d1", m1.get(), &f1, &s1);
+  std::thread t0(RunInEightSampleChunks, &c, std::cref(dir), "d0", m0.get(), &f0, &s0);
+  std::thread t1(RunInEightSampleChunks, &c, std::cref(dir), "d1", m1.get(), &f1, &s1);
   t1.join();
   EXPECT_EQ(s1.code(), Status::Code::kInternal) << s1.ToString();
   TrainerThread d2;
