@@ -383,7 +383,8 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 6, DataType::kInt64, ReduceOp::kMax)));
   *newest_seen = v[1];
   *evaluated = v[5] > 0 && v[5] == v[0] / w;  // of the step the root holds, which every rank gets
-  if (*evaluated && v[1] <= gen_.number) {
+  if (v[1] > gen_.number) return Status::OK();  // every rank saw the same: re-form again
+  if (*evaluated) {
     // Its accuracy, for the members that did not complete it: the bits of the double, whose MAX is
     // the value for accuracies >= 0; every member that completed it holds the same one (-1: none).
     int64_t bits = -1;
@@ -391,7 +392,6 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
     EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(&bits, 1, DataType::kInt64, ReduceOp::kMax)));
     if (bits >= 0) std::memcpy(&accuracy_, &bits, sizeof(accuracy_));
   }
-  if (v[1] > gen_.number) return Status::OK();  // every rank saw the same: re-form again
   const int64_t max_level = v[0] / w, min_level = -v[2];
   int root = static_cast<int>(w - 1 - v[0] % w);
   if (max_level == 0) root = 0;  // cold start (below)
