@@ -20,6 +20,7 @@
 #include <glog/logging.h>
 
 #include "edl/base/enum_names.h"
+#include "edl/net/admission.h"
 #include "edl/net/auth.h"
 #include "edl/net/trainer_channel.h"
 #include "edl/proto/frame.h"
@@ -381,7 +382,7 @@ void Client::OnServerMessage(const json& msg) {
   proto::ServerFrame frame;
   if (Status s = proto::DecodeServerFrame(msg, &frame); !s.ok()) {
     if (s.code() == Status::Code::kInvalidArgument) {  // a type not of the set
-      LOG(WARNING) << "ignoring unexpected '" << msg["type"].get<std::string>() << "' from the server";
+      LOG(WARNING) << "ignoring unexpected '" << proto::TypeOf(msg) << "' from the server";
       return;
     }
     // After the welcome every frame is sealed, so an error then is the server's.
@@ -771,7 +772,7 @@ void Client::AcceptTrainer() {
 void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std::string* trainer_id,
                               const json& msg) {
   EDL_DCHECK_OWNING_THREAD(io_thread_);
-  const std::string& type = msg["type"].get_ref<const std::string&>();
+  const std::string& type = proto::TypeOf(msg);
   if (trainer_id->empty() && type == proto::msg::kSpareHello) {
     proto::SpareHello h;
     Status s = h.DecodeFrom(msg);
@@ -842,6 +843,14 @@ void Client::OnTrainerMessage(const std::shared_ptr<net::Connection>& conn, std:
               return Status::OK();
             },
             [&](proto::Event& e) {
+              if (const auto* bad = std::get_if<proto::ev::Malformed>(&e.body)) {
+                // A bad event is the trainer's bug, not a broken channel: dropped, never relayed.
+                if (net::LogThis(++t.dropped_events)) {
+                  LOG(WARNING) << "node " << options_.node_name << ": dropped an event of trainer " << t.id
+                               << ": " << bad->why.message() << " (" << t.dropped_events << " dropped so far)";
+                }
+                return Status::OK();
+              }
               e.trainer_id = t.id;
               SendToServer(e.Encoded(), true);
               return Status::OK();

@@ -120,6 +120,7 @@ class Client {
     bool ever_connected = false;
     int64_t last_heard_us = 0;
     int64_t generation_sent = 0;
+    int64_t dropped_events = 0;      // malformed events not relayed (logged: net::LogThis)
   };
   struct StartRequest {
     std::string id;

@@ -165,8 +165,8 @@ Status Cluster::Submit(const JobSpec& spec) {
   job.membership = NewMembership(spec.job.name, job.port_index);
   // A name used before numbers its generations above the ended job's, so a checkpoint store the
   // two share keeps accepting saves (edl/ckpt/FORMAT.md).
-  for (const json& e : finished_) {
-    if (e.value("name", "") == spec.job.name) job.membership->RaiseGenerationFloor(e.value("generation", int64_t{0}));
+  for (const EndedJob& e : finished_) {
+    if (e.name == spec.job.name) job.membership->RaiseGenerationFloor(e.generation);
   }
   jobs_.emplace(spec.job.name, std::move(job));
   Status s = policy_.Submit(sub);
@@ -350,49 +350,55 @@ std::string ConfigDifference(const std::string& job, const std::string& joiner) 
 }  // namespace
 
 void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_id, const std::string& node,
-                           const json& e) {
+                           const proto::TrainerEventBody& event) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return;
   Job& job = it->second;
-  const std::string kind = e.value("event", "");
-  if (kind == "joiner_first_step") {
-    job.membership->TrainerStepped(trainer_id);
-  } else if (kind == "reform_failed" || kind == "comm_failed") {
-    const auto g = e.find("generation");
-    if (g != e.end() && g->is_number_integer()) {
-      if (kind == "reform_failed") {
-        job.membership->ReformFailed(trainer_id, g->get<int64_t>());
-      } else {
-        job.membership->CommFailed(trainer_id, g->get<int64_t>());
-      }
-      AfterPolicy();  // collects the commit, as for the other reports
-    }
-  } else if (kind == "checkpoint_failed") {
-    ++job.checkpoint_failures;
-    if (e.value("refused", false)) ++job.checkpoint_refusals;
-    job.checkpoint_failed_step = e.value("step", int64_t{-1});
-    job.checkpoint_error = e.value("error", std::string()).substr(0, proto::kMaxErrorLineBytes);
-  } else if (kind == "stop_checkpoint") {
-    job.final_checkpoint_reported = true;
-    job.final_checkpoint_ok = e.value("ok", true);
-    job.final_checkpoint_error = e.value("error", std::string()).substr(0, proto::kMaxErrorLineBytes);
-    if (job.final_checkpoint_error.empty()) job.final_checkpoint_error = job.checkpoint_error;  // the save's own
-  } else if (kind == "config") {
-    const auto fp = e.find("fingerprint");
-    if (fp == e.end() || !fp->is_string() || fp->get_ref<const std::string&>().size() > kMaxConfigBytes) return;
-    const std::string config = fp->get<std::string>();
-    if (job.membership->IsMember(trainer_id) || job.config.empty()) {
-      job.config = config;  // the members' configuration is the job's (a resumed job may change it)
-      return;
-    }
-    if (config == job.config || !job.membership->IsLiveTrainerOf(trainer_id, node)) return;
-    // A joiner started with another configuration would break the ring (another data size, batch
-    // or model): refused before it is committed, naming what differs.
-    job.membership->RefuseJoiner(trainer_id, "its configuration differs from the job's (" +
-                                                 ConfigDifference(job.config, config) +
-                                                 "); start its client with the job's trainer command");
-    AfterPolicy();
+  namespace ev = proto::ev;
+  std::visit(
+      Overloaded{
+          [&](const ev::JoinerFirstStep&) { job.membership->TrainerStepped(trainer_id); },
+          [&](const ev::ReformFailed& e) {
+            job.membership->ReformFailed(trainer_id, e.generation);
+            AfterPolicy();  // collects the commit, as for the other reports
+          },
+          [&](const ev::CommFailed& e) {
+            job.membership->CommFailed(trainer_id, e.generation);
+            AfterPolicy();
+          },
+          [&](const ev::CheckpointFailed& e) {
+            ++job.checkpoint_failures;
+            if (e.refused) ++job.checkpoint_refusals;
+            job.checkpoint_failed_step = e.step;
+            job.checkpoint_error = e.error.substr(0, proto::kMaxErrorLineBytes);
+          },
+          [&](const ev::StopCheckpoint& e) {
+            job.final_checkpoint_reported = true;
+            job.final_checkpoint_ok = e.ok;
+            job.final_checkpoint_error = e.error.substr(0, proto::kMaxErrorLineBytes);
+            if (job.final_checkpoint_error.empty()) job.final_checkpoint_error = job.checkpoint_error;  // the save's own
+          },
+          [&](const ev::Config& e) { OnConfig(&job, trainer_id, node, e.fingerprint); },
+          [](const ev::CheckpointSaved&) {},  // the metrics count them
+          [](const ev::Stall&) {},
+          [](const ev::Other&) {},
+          [](const ev::Malformed&) {},  // the server drops them before they come here
+      },
+      event);
+}
+
+void Cluster::OnConfig(Job* job, const std::string& trainer_id, const std::string& node, const std::string& config) {
+  if (job->membership->IsMember(trainer_id) || job->config.empty()) {
+    job->config = config;  // the members' configuration is the job's (a resumed job may change it)
+    return;
   }
+  if (config == job->config || !job->membership->IsLiveTrainerOf(trainer_id, node)) return;
+  // A joiner started with another configuration would break the ring (another data size, batch
+  // or model): refused before it is committed, naming what differs.
+  job->membership->RefuseJoiner(trainer_id, "its configuration differs from the job's (" +
+                                                ConfigDifference(job->config, config) +
+                                                "); start its client with the job's trainer command");
+  AfterPolicy();
 }
 
 Cluster::FinalCheckpoint Cluster::FinalCheckpointOf(const std::string& name, std::string* error) const {
@@ -532,8 +538,7 @@ void Cluster::Forget(const std::string& name, const std::string& state) {
     if (o == owner_.end()) continue;
     for (int s : slots) o->second.erase(s);
   }
-  finished_.push_back({{"name", name}, {"type", it->second.spec.job.type}, {"state", state},
-                       {"generation", it->second.membership->current().generation}});
+  finished_.push_back({name, it->second.spec.job.type, state, it->second.membership->current().generation});
   while (finished_.size() > options_.max_finished_kept) finished_.pop_front();
   if (state == "cancelled") {
     Record(events::JobCancelled{name});
@@ -630,11 +635,7 @@ void Cluster::Snapshot(ClusterState* s) const {
     job.membership->Snapshot(&js.sched);
     js.sched.config = job.config;
   }
-  s->ended.clear();
-  for (const json& e : finished_) {
-    s->ended.push_back({e.value("name", ""), e.value("type", ""), e.value("state", ""),
-                        e.value("generation", int64_t{0})});
-  }
+  s->ended.assign(finished_.begin(), finished_.end());
 }
 
 Status Cluster::Restore(const ClusterState& s) {
@@ -703,10 +704,7 @@ Status Cluster::Restore(const ClusterState& s) {
   }
   if (one_job() && !jobs_.count(own_job_)) return corrupt("the server's job " + own_job_ + " is missing");
   if (!one_job()) EDL_RETURN_IF_ERROR(policy_.Restore(policy_nodes, policy_jobs));
-  finished_.clear();
-  for (const EndedJob& e : s.ended) {
-    finished_.push_back({{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
-  }
+  finished_.assign(s.ended.begin(), s.ended.end());
   if (one_job()) GrantEverySlot("restore");  // every node the state knows, its members' included
   for (auto& [name, job] : jobs_) Collect(name, &job);  // each job's "restored" record
   if (!one_job()) {  // (a one-job server's log is its job's: the job's record says it all)

@@ -40,6 +40,7 @@
 
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
+#include "edl/proto/trainer_events.h"
 #include "jobserver/cluster_policy.h"
 #include "jobserver/cluster_state.h"
 #include "jobserver/events.h"
@@ -76,8 +77,6 @@ struct JobAction {
 // Failures alike in a row (same exit, same last log line, no progress between) that make a job
 // `failing` in `edl ctl status`.
 constexpr int kFailingAfter = 3;
-// Longest configuration fingerprint kept from a trainer's "config" event.
-constexpr size_t kMaxConfigBytes = 2048;
 
 class Cluster {
  public:
@@ -140,12 +139,13 @@ class Cluster {
   void TrainerReady(const std::string& trainer_id, const std::string& node, int64_t generation);
   // A live trainer's progress (kept until it leaves the job's generations).
   void Progress(const std::string& job, const std::string& trainer_id, const proto::ProgressReport& r);
-  // A trainer event of `job` the server recorded (`event` is the record): the cluster keeps what
-  // `edl ctl status` shows of it: checkpoint saves that failed or the fence refused
-  // ("checkpoint_failed"), the final save of a stop ("stop_checkpoint"), and each member's
-  // configuration ("config": a joiner whose configuration differs from the job's is refused).
+  // A trainer event of `job`, typed (edl/proto/trainer_events.h): a joiner's first step, a
+  // failed re-form or communicator (the membership answers them), and what `edl ctl status` shows:
+  // checkpoint saves that failed or the fence refused, the final save of a stop, and each member's
+  // configuration (a joiner whose configuration differs from the job's is refused). Other kinds
+  // and malformed events have no effect.
   void TrainerEvent(const std::string& job, const std::string& trainer_id, const std::string& node,
-                    const nlohmann::json& event);
+                    const proto::TrainerEventBody& event);
   // The final checkpoint of `job`'s stop, as rank 0 reported it (*error: why it failed).
   using FinalCheckpoint = events::FinalCheckpoint;
   FinalCheckpoint FinalCheckpointOf(const std::string& job, std::string* error) const;
@@ -170,7 +170,7 @@ class Cluster {
   // one-job server, whose teachers run in their clients' own teacher slots.
   std::optional<std::map<std::string, int>> TeacherCapacity() const;
   int submitted_jobs() const { return submitted_; }
-  nlohmann::json JobsJson() const;  // for `edl ctl jobs`
+  nlohmann::json JobsJson() const;  // for `edl ctl jobs`: {"jobs": live, "ended": ended}
   // The body of `edl ctl status` (README "edl ctl"): the one job's summary with its progress, or
   // the cluster's jobs, nodes and utilisation.
   nlohmann::json StatusJson() const;
@@ -212,6 +212,8 @@ class Cluster {
     std::string config;  // the configuration fingerprint its members share (the first reported)
     std::map<std::string, std::string> configs;  // joiners' reported configurations, by id
   };
+  nlohmann::json LiveJobsJson() const;   // JobsJson's "jobs", in JobNames() order
+  nlohmann::json EndedJobsJson() const;  // JobsJson's "ended", oldest first
   // A job's status fields beyond its membership's: failing, last progress, checkpoint failures.
   void AddHealth(const Job& job, nlohmann::json* out) const;
   // A live trainer of `job` failed (`how`, its last log line `error`): counts failures alike.
@@ -223,6 +225,8 @@ class Cluster {
 
   // Runs after every input: applies the policy's decisions, then collects every job's actions.
   void AfterPolicy();
+  // A trainer's configuration fingerprint ("config" event): the job's, or a joiner's refusal.
+  void OnConfig(Job* job, const std::string& trainer_id, const std::string& node, const std::string& config);
   // The one job: every node's slots.
   void GrantEverySlot(const std::string& reason);
   // Gives up the slots the policy took from the job (`grow` false), or takes the free slots it
@@ -246,7 +250,7 @@ class Cluster {
   uint64_t trainer_seq_ = 1;  // shared by every job (MembershipOptions::shared_trainer_seq)
   std::map<std::string, Job> jobs_;
   std::map<std::string, std::map<int, std::string>> owner_;  // node -> slot -> the job holding it
-  std::deque<nlohmann::json> finished_;  // {name, type, state, generation} of ended jobs
+  std::deque<EndedJob> finished_;  // ended jobs, oldest first
   std::vector<JobAction> actions_;
   std::map<std::string, std::string> reasons_;  // job -> the reason of this pass's change
   // Trainers killed as stale whose exit their node has not reported: id -> node (bounded).

@@ -40,7 +40,7 @@ json Cluster::ProgressSummary(const std::string& job) const {
           {"images_per_sec", p.images_per_sec}, {"accuracy", p.accuracy}};
 }
 
-json Cluster::JobsJson() const {
+json Cluster::LiveJobsJson() const {
   json live = json::array();
   for (const std::string& name : JobNames()) {
     const Job& job = jobs_.at(name);
@@ -62,8 +62,18 @@ json Cluster::JobsJson() const {
     if (pj != nullptr && !pj->pending_reason.empty()) j["pending_reason"] = pj->pending_reason;
     live.push_back(std::move(j));
   }
-  return {{"jobs", live}, {"ended", json(std::vector<json>(finished_.begin(), finished_.end()))}};
+  return live;
 }
+
+json Cluster::EndedJobsJson() const {
+  json ended = json::array();
+  for (const EndedJob& e : finished_) {
+    ended.push_back({{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
+  }
+  return ended;
+}
+
+json Cluster::JobsJson() const { return {{"jobs", LiveJobsJson()}, {"ended", EndedJobsJson()}}; }
 
 void Cluster::AddHealth(const Job& job, json* out) const {
   const int64_t now = clock_->NowMicros();
@@ -90,21 +100,24 @@ json Cluster::StatusJson() const {
     AddHealth(jobs_.at(own_job_), &s);
     return s;
   }
-  json s = JobsJson();
+  json jobs = LiveJobsJson();
   std::string running;
   double total_ips = 0;
-  for (json& j : s["jobs"]) {
-    const std::string name = j["name"].get<std::string>();
-    const json progress = ProgressSummary(name);
-    const double ips = progress.value("images_per_sec", 0.0);
-    j["images_per_sec"] = ips;
-    j["step"] = progress.value("step", 0);
-    j["epoch"] = progress.value("epoch", 0);
-    j["loss"] = progress.value("loss", 0.0);
-    AddHealth(jobs_.at(name), &j);
-    if (j.contains("failing")) j["state"] = "failing";
-    total_ips += ips;
-    running += (running.empty() ? "" : "|") + name + ":" + std::to_string(j.value("trainers", 0));
+  const std::vector<std::string> names = JobNames();  // LiveJobsJson's order
+  for (size_t i = 0; i < names.size() && i < jobs.size(); ++i) {
+    const std::string& name = names[i];
+    const Job& job = jobs_.at(name);
+    const events::Progress p = ProgressOf(name);
+    json& j = jobs[i];
+    j["images_per_sec"] = p.images_per_sec;
+    j["step"] = p.step;
+    j["epoch"] = p.epoch;
+    j["loss"] = p.loss;
+    AddHealth(job, &j);
+    if (job.failures_alike >= kFailingAfter) j["state"] = "failing";  // AddHealth's "failing"
+    total_ips += p.images_per_sec;
+    running += (running.empty() ? "" : "|") + name + ":" +
+               std::to_string(job.membership->current().world_size());
   }
   double busy = 0, gpu = 0;
   int cores = 0, gpus = 0, connected = 0;
@@ -118,6 +131,7 @@ json Cluster::StatusJson() const {
       ++gpus;
     }
   }
+  json s = {{"jobs", std::move(jobs)}, {"ended", EndedJobsJson()}};
   s["cpu_utils"] = cores > 0 ? json(100.0 * busy / cores) : json("n/a");
   s["gpu_utils"] = gpus > 0 ? json(gpu / gpus) : json("n/a");
   s["cluster"] = true;

@@ -220,7 +220,14 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
       return Answer(HttpStatusOf(r), "text/plain", "bad request\n", false);
     }
     core_->admission.Remove(id_);
-    Route(parser_->head(), parser_->keep_alive());
+    try {
+      Route(parser_->head(), parser_->keep_alive());
+    } catch (const std::exception& e) {
+      // A bug in answering one request costs that request, never the server.
+      core_->Log("answering a request from " + source_ + " failed: " + e.what());
+      if (core_->metrics) core_->metrics->FrameRefused(FrameRefusal::kHandlerError);
+      Answer(500, "text/plain", "internal error\n", false);
+    }
   }
 
   bool Authorized(const HttpRequestHead& h) const {
@@ -270,8 +277,9 @@ class HttpEndpoint::Session : public std::enable_shared_from_this<Session> {
     if (!ParseHttpQuery(h.query, core_->options.limits.max_query_params, &q)) {
       return Answer(400, "text/plain", "bad request\n", false);
     }
-    const std::string job = q.count("job") ? q["job"] : "";
-    const std::string since = q.count("since") ? q["since"] : "0";
+    const auto job_it = q.find("job"), since_it = q.find("since");
+    const std::string job = job_it != q.end() ? job_it->second : "";
+    const std::string since = since_it != q.end() ? since_it->second : "0";
     if (!proto::IsValidName(job) || since.empty() || since.size() > 18 ||
         since.find_first_not_of("0123456789") != std::string::npos) {
       return Answer(400, "text/plain", "bad request\n", false);

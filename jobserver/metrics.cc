@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "edl/proto/fields.h"
 #include "jobserver/events.h"
 
 namespace edl::jobserver {
@@ -15,24 +16,11 @@ namespace {
 enum StallKind { kFailure, kGrow, kShrink, kReform };
 constexpr const char* kStallKinds[] = {"failure", "grow", "shrink", "reform"};
 
-// A number field of `j`, or `def` when absent or not a number (the status body is ours, the
-// trainer events are a node's: neither is trusted to have the type it should).
-double Num(const json& j, const char* key, double def = 0) {
-  if (!j.is_object()) return def;
-  const auto it = j.find(key);
-  if (it == j.end() || !it->is_number()) return def;
-  const double v = it->get<double>();
-  return std::isfinite(v) ? v : def;
-}
-bool Bool(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return it != j.end() && it->is_boolean() && it->get<bool>();
-}
-std::string Str(const json& j, const char* key) {
-  if (!j.is_object()) return "";
-  const auto it = j.find(key);
-  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
-}
+// The status body is ours, but read as if it were not: a field of another type reads as its default.
+using proto::BoolOr;
+using proto::FieldOf;
+using proto::NumOr;
+using proto::StrOr;
 
 void AppendNumber(double v, std::string* out) {
   if (std::isnan(v)) {
@@ -115,10 +103,10 @@ struct JobView {
 
 // The progress fields, named alike in both bodies (a single job's "progress", a cluster's job).
 void ReadProgress(const json& p, JobView* v) {
-  v->ips = Num(p, "images_per_sec");
-  v->step = Num(p, "step");
-  v->epoch = Num(p, "epoch");
-  v->loss = Num(p, "loss");
+  v->ips = NumOr(p, "images_per_sec");
+  v->step = NumOr(p, "step");
+  v->epoch = NumOr(p, "epoch");
+  v->loss = NumOr(p, "loss");
 }
 
 std::vector<JobView> JobsOf(const json& status) {
@@ -126,14 +114,14 @@ std::vector<JobView> JobsOf(const json& status) {
   if (!status.is_object()) return out;
   if (status.contains("job_id")) {  // a single-job server
     JobView v;
-    v.name = Str(status, "job_id");
-    v.desired = Num(status, "desired");
-    v.trainers = Num(status, "world_size");
-    v.generation = Num(status, "generation");
-    v.state = Bool(status, "done") ? "done" : v.trainers > 0 ? "running" : "pending";
-    v.rescale_pending = Bool(status, "pending");
-    const json p = status.value("progress", json::object());
-    v.reports = Num(p, "reporting") > 0;
+    v.name = StrOr(status, "job_id");
+    v.desired = NumOr(status, "desired");
+    v.trainers = NumOr(status, "world_size");
+    v.generation = NumOr(status, "generation");
+    v.state = BoolOr(status, "done") ? "done" : v.trainers > 0 ? "running" : "pending";
+    v.rescale_pending = BoolOr(status, "pending");
+    const json& p = FieldOf(status, "progress");
+    v.reports = NumOr(p, "reporting") > 0;
     ReadProgress(p, &v);
     out.push_back(v);
     return out;
@@ -142,11 +130,11 @@ std::vector<JobView> JobsOf(const json& status) {
   if (jobs == status.end() || !jobs->is_array()) return out;
   for (const json& j : *jobs) {
     JobView v;
-    v.name = Str(j, "name");
-    v.desired = Num(j, "target");
-    v.trainers = Num(j, "trainers");
-    v.generation = Num(j, "generation");
-    v.state = Str(j, "state") == "running" ? "running" : "pending";
+    v.name = StrOr(j, "name");
+    v.desired = NumOr(j, "target");
+    v.trainers = NumOr(j, "trainers");
+    v.generation = NumOr(j, "generation");
+    v.state = StrOr(j, "state") == "running" ? "running" : "pending";
     v.reports = v.state == "running" && v.trainers > 0;
     ReadProgress(j, &v);
     out.push_back(v);
@@ -168,6 +156,10 @@ const char* FrameRefusalName(FrameRefusal r) {
       return "event_limit";
     case FrameRefusal::kEvicted:
       return "evicted";
+    case FrameRefusal::kMalformedEvent:
+      return "malformed_event";
+    case FrameRefusal::kHandlerError:
+      return "handler_error";
     case FrameRefusal::kCount:
       break;
   }
@@ -224,67 +216,67 @@ void ServerMetrics::Keep(Job* job, json entry) {
 void ServerMetrics::OnRecord(const json& record) {
   ++seq_;
   using T = events::Type;
-  const std::string type = Str(record, "type");
+  const std::string type = StrOr(record, "type");
   T t{};
   if (!events::TypeOf(record, &t)) return;  // not a record of ours
-  const std::string job = Str(record, "job");
-  const double time = Num(record, "time");
-  if (t == T::kNodeDisconnected || t == T::kNodeLost) nodes_.erase(Str(record, "node"));
+  const std::string job = StrOr(record, "job");
+  const double time = NumOr(record, "time");
+  if (t == T::kNodeDisconnected || t == T::kNodeLost) nodes_.erase(StrOr(record, "node"));
   if (t == T::kGeneration) {
     Job* j = JobFor(job);
-    std::string reason = ReasonLabel(Str(record, "reason"));
+    std::string reason = ReasonLabel(StrOr(record, "reason"));
     if (!j->generations.count(reason) && j->generations.size() >= kMaxReasonsPerJob)
       reason = "other";
     ++j->generations[reason];
     Keep(j, {{"type", type},
              {"time", time},
-             {"generation", Num(record, "generation")},
-             {"reason", Str(record, "reason")},
-             {"failure", Bool(record, "failure")},
-             {"world_size_before", Num(record, "world_size_before")},
-             {"world_size_after", Num(record, "world_size_after")}});
+             {"generation", NumOr(record, "generation")},
+             {"reason", StrOr(record, "reason")},
+             {"failure", BoolOr(record, "failure")},
+             {"world_size_before", NumOr(record, "world_size_before")},
+             {"world_size_after", NumOr(record, "world_size_after")}});
   } else if (t == T::kProgress) {
     Keep(JobFor(job), {{"type", type},
                        {"time", time},
-                       {"generation", Num(record, "generation")},
-                       {"world_size", Num(record, "world_size")},
-                       {"images_per_sec", Num(record, "images_per_sec")},
-                       {"loss", Num(record, "loss")},
-                       {"step", Num(record, "step")},
-                       {"epoch", Num(record, "epoch")}});
-  } else if ((t == T::kTrainerExit && !Bool(record, "success")) || t == T::kJoinerExit) {
+                       {"generation", NumOr(record, "generation")},
+                       {"world_size", NumOr(record, "world_size")},
+                       {"images_per_sec", NumOr(record, "images_per_sec")},
+                       {"loss", NumOr(record, "loss")},
+                       {"step", NumOr(record, "step")},
+                       {"epoch", NumOr(record, "epoch")}});
+  } else if ((t == T::kTrainerExit && !BoolOr(record, "success")) || t == T::kJoinerExit) {
     Job* j = JobFor(job);
     ++j->trainer_failures;
     Keep(j, {{"type", type},
              {"time", time},
-             {"trainer_id", Str(record, "trainer_id")},
-             {"how", Str(record, "how")}});
+             {"trainer_id", StrOr(record, "trainer_id")},
+             {"how", StrOr(record, "how")}});
   } else if (t == T::kNodeLost) {
-    Keep(JobFor(job), {{"type", type}, {"time", time}, {"node", Str(record, "node")}});
-  } else if (t == T::kTrainerEvent) {
-    OnTrainerEvent(record);
+    Keep(JobFor(job), {{"type", type}, {"time", time}, {"node", StrOr(record, "node")}});
   }
 }
 
-void ServerMetrics::OnTrainerEvent(const json& record) {
-  // A node's words (bounded in size and rate by the server): only closed-set facts are read.
-  const std::string event = Str(record, "event");
-  if (event == "stall") {
-    const double before = Num(record, "world_before"), after = Num(record, "world_after");
-    const StallKind kind = Bool(record, "failure") ? kFailure
-                           : after > before        ? kGrow
-                           : after < before        ? kShrink
-                                                   : kReform;
-    JobFor(Str(record, "job"))->stalls[kind].Observe(Num(record, "stall_s", -1));
-  } else if (event == "checkpoint_saved" || event == "stop_checkpoint") {
-    Job* j = JobFor(Str(record, "job"));
-    if (!Bool(record, "ok")) {
+void ServerMetrics::TrainerEvent(const std::string& job, const proto::TrainerEventBody& event) {
+  namespace ev = proto::ev;
+  auto saved = [&](bool ok, int64_t saves, double seconds) {
+    Job* j = JobFor(job);
+    if (!ok) {
       ++j->checkpoint_failures;
       return;
     }
-    j->checkpoint_saves += static_cast<uint64_t>(std::clamp(Num(record, "saves", 1), 1.0, 1000.0));
-    const double seconds = Num(record, "seconds", -1);
+    j->checkpoint_saves += static_cast<uint64_t>(std::clamp<int64_t>(saves, 1, 1000));
     if (seconds >= 0) j->checkpoint_seconds.Observe(seconds);
+  };
+  if (const auto* e = std::get_if<ev::Stall>(&event)) {
+    const StallKind kind = e->failure                          ? kFailure
+                           : e->world_after > e->world_before ? kGrow
+                           : e->world_after < e->world_before ? kShrink
+                                                              : kReform;
+    JobFor(job)->stalls[kind].Observe(e->stall_s);
+  } else if (const auto* e = std::get_if<ev::CheckpointSaved>(&event)) {
+    saved(e->ok, e->saves, e->seconds);
+  } else if (const auto* e = std::get_if<ev::StopCheckpoint>(&event)) {
+    saved(e->ok, 1, -1);
   }
 }
 
@@ -446,13 +438,13 @@ void ServerMetrics::RenderNodes(const json& status, std::string* out) const {
   const json& nodes = have_list ? *listed : empty;
   Family("edl_node_slots", "gauge", "Trainer slots the node offers.", out);
   for (const json& n : nodes)
-    Sample("edl_node_slots", Label("node", Str(n, "name")), Num(n, "slots"), out);
+    Sample("edl_node_slots", Label("node", StrOr(n, "name")), NumOr(n, "slots"), out);
   Family("edl_node_trainers", "gauge", "Trainers of the current generation on the node.", out);
   for (const json& n : nodes)
-    Sample("edl_node_trainers", Label("node", Str(n, "name")), Num(n, "used"), out);
+    Sample("edl_node_trainers", Label("node", StrOr(n, "name")), NumOr(n, "used"), out);
   Family("edl_node_connected", "gauge", "1 while the node's client is connected.", out);
   for (const json& n : nodes) {
-    Sample("edl_node_connected", Label("node", Str(n, "name")), Bool(n, "connected"), out);
+    Sample("edl_node_connected", Label("node", StrOr(n, "name")), BoolOr(n, "connected"), out);
   }
   const int64_t now = clock_->NowMicros();
   Family("edl_node_heartbeat_age_seconds", "gauge",
@@ -479,8 +471,7 @@ void ServerMetrics::RenderNodes(const json& status, std::string* out) const {
 }
 
 void ServerMetrics::RenderServices(const json& status, std::string* out) const {
-  const json services =
-      status.is_object() ? status.value("services", json::object()) : json::object();
+  const json& services = FieldOf(status, "services");
   if (!services.is_object()) return;
   struct Row {
     std::string name;
@@ -491,21 +482,24 @@ void ServerMetrics::RenderServices(const json& status, std::string* out) const {
   for (const auto& [name, s] : services.items()) {
     if (!s.is_object()) continue;
     Row r{name, false, 0, 0, 0, 0, 0, 0, -1, 0};
-    r.has_desired = s.contains("desired") && s["desired"].is_number();
-    r.desired = Num(s, "desired");
-    for (const json& p : s.value("placed", json::array())) r.placed += !Bool(p, "stopping");
-    const json teachers = s.value("teachers", json::array());
+    r.has_desired = FieldOf(s, "desired").is_number();
+    r.desired = NumOr(s, "desired");
+    const json& placed = FieldOf(s, "placed");
+    if (placed.is_array()) {
+      for (const json& p : placed) r.placed += !BoolOr(p, "stopping");
+    }
+    const json& teachers = FieldOf(s, "teachers").is_array() ? FieldOf(s, "teachers") : json::array();
     r.teachers = static_cast<double>(teachers.size());
     double weighted = 0;
     for (const json& t : teachers) {
-      const double rps = Num(t, "requests_per_sec");
+      const double rps = NumOr(t, "requests_per_sec");
       r.requests += rps;
-      r.samples += Num(t, "samples_per_sec");
-      weighted += rps * Num(t, "latency_ms") / 1000;
+      r.samples += NumOr(t, "samples_per_sec");
+      weighted += rps * NumOr(t, "latency_ms") / 1000;
     }
     if (r.requests > 0) r.latency = weighted / r.requests;
-    r.students = Num(s, "students");
-    r.restarts = Num(s, "restarts");
+    r.students = NumOr(s, "students");
+    r.restarts = NumOr(s, "restarts");
     rows.push_back(r);
   }
   auto family = [&](const char* name, const char* type, const char* help, auto value,
@@ -547,7 +541,7 @@ void ServerMetrics::RenderServices(const json& status, std::string* out) const {
 }
 
 void ServerMetrics::RenderServer(const json& status, std::string* out) const {
-  const bool cluster = status.is_object() && Bool(status, "cluster");
+  const bool cluster = status.is_object() && BoolOr(status, "cluster");
   Family("edl_server_info", "gauge", "1; the mode label says single-job or cluster server.", out);
   Sample("edl_server_info", Label("mode", cluster ? "cluster" : "single"), 1, out);
   Family("edl_server_leader", "gauge",
@@ -560,9 +554,9 @@ void ServerMetrics::RenderServer(const json& status, std::string* out) const {
   Family("edl_server_uptime_seconds", "gauge", "Time since the server started.", out);
   Sample("edl_server_uptime_seconds", "", (clock_->NowMicros() - start_us_) * 1e-6, out);
   Family("edl_cluster_slots", "gauge", "Trainer slots of the connected nodes.", out);
-  Sample("edl_cluster_slots", "", Num(status, "total_slots"), out);
+  Sample("edl_cluster_slots", "", NumOr(status, "total_slots"), out);
   Family("edl_cluster_used_slots", "gauge", "Slots holding a trainer.", out);
-  Sample("edl_cluster_used_slots", "", Num(status, "used_slots"), out);
+  Sample("edl_cluster_used_slots", "", NumOr(status, "used_slots"), out);
   Family("edl_server_connections", "gauge",
          "Open control-plane connections (clients, ctl, services, unauthenticated).", out);
   Sample("edl_server_connections", "", static_cast<double>(connections_), out);

@@ -42,6 +42,8 @@ enum class FrameRefusal {
   kNotPlaced,        // a report about a trainer no job placed on the sender's node
   kEventLimit,       // a trainer event over the size or rate bound, or of another record type
   kEvicted,          // a pre-auth connection dropped to admit a newer one
+  kMalformedEvent,   // a trainer event that is not a valid event (proto/trainer_events.h): dropped
+  kHandlerError,     // a frame whose handling failed unexpectedly: its connection was closed
   kCount
 };
 const char* FrameRefusalName(FrameRefusal r);
@@ -72,7 +74,10 @@ class ServerMetrics : public EventsObserver {
   // `clock` is not owned and must outlive this.
   explicit ServerMetrics(Clock* clock);
 
+  // Every events-log record but trainer events, which come typed (TrainerEvent).
   void OnRecord(const nlohmann::json& record) override;
+  // A trainer event of `job` the server accepted: stalls and checkpoint saves are counted.
+  void TrainerEvent(const std::string& job, const proto::TrainerEventBody& event);
   void ConnectionOpened();
   void ConnectionClosed();
   void FrameRefused(FrameRefusal why);
@@ -115,7 +120,6 @@ class ServerMetrics : public EventsObserver {
     proto::NodeStats stats;
   };
   Job* JobFor(const std::string& name);
-  void OnTrainerEvent(const nlohmann::json& record);
   void Keep(Job* job, nlohmann::json entry);
   void RenderJobs(const nlohmann::json& status, std::string* out) const;
   void RenderNodes(const nlohmann::json& status, std::string* out) const;

@@ -12,6 +12,7 @@
 #include "edl/ckpt/checkpoint_store.h"
 #include "edl/base/enum_names.h"
 #include "edl/net/auth.h"
+#include "edl/proto/fields.h"
 #include "edl/proto/frame.h"
 #include "edl/proto/frames.h"
 #include "edl/proto/messages.h"
@@ -372,6 +373,7 @@ void Server::OnAccepted(tcp::socket socket) {
 
 void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
   EDL_DCHECK_OWNING_THREAD(io_thread_);
+  if (peer->conn->handler_failed()) metrics_.FrameRefused(FrameRefusal::kHandlerError);  // logged there
   if (peer->state == Peer::State::kClient) {
     LOG(WARNING) << "client of node " << peer->node << " (" << peer->conn->peer()
                  << ") disconnected: " << why.ToString();
@@ -430,7 +432,7 @@ void Server::LogUnauthenticated(const std::string& line) {
 
 void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
   EDL_DCHECK_OWNING_THREAD(io_thread_);
-  const std::string& type = msg["type"].get_ref<const std::string&>();
+  const std::string& type = proto::TypeOf(msg);
   switch (peer->state) {
     case Peer::State::kAuth:
       OnHello(peer, msg);
@@ -620,17 +622,19 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
       tokens -= 1;
     }
   }
+  const auto* malformed = std::get_if<proto::ev::Malformed>(&e.body);
+  if (why.empty() && malformed != nullptr) why = "is not a valid event: " + malformed->why.message();
   if (!why.empty()) {
-    metrics_.FrameRefused(FrameRefusal::kEventLimit);
+    metrics_.FrameRefused(malformed != nullptr ? FrameRefusal::kMalformedEvent : FrameRefusal::kEventLimit);
     if (LogThis(++peer->refused)) {
       LOG(WARNING) << "dropped an event of trainer " << e.trainer_id << " from node " << peer->node
                    << ": it " << why << " (" << peer->refused << " refused so far)";
     }
     return;
   }
-  json rec = events::TrainerEvent{e.event, e.trainer_id, peer->node}.ToJson();
-  cluster_.TrainerEvent(job, e.trainer_id, peer->node, rec);  // what ctl status shows of it
-  AppendRecord(job, std::move(rec));
+  cluster_.TrainerEvent(job, e.trainer_id, peer->node, e.body);  // what ctl status shows of it
+  metrics_.TrainerEvent(job, e.body);
+  AppendRecord(job, events::TrainerEvent{e.event, e.trainer_id, peer->node}.ToJson());
 }
 
 void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
@@ -838,7 +842,7 @@ void Server::Dispatch() {
       case Action::Kind::kEvent:
         if (events::Type type; ja.job.empty() && events::TypeOf(a.event, &type) &&
                                  (type == events::Type::kJobFinished || type == events::Type::kJobCancelled)) {
-          const std::string name = a.event.value("job_name", "");
+          const std::string name = proto::StrOr(a.event, "job_name");  // the cluster's own record
           job_events_.erase(name);
           for (auto& [n, peer] : nodes_) peer->job_generation.erase(name);
         }
@@ -898,7 +902,7 @@ void Server::PushGeneration(const std::string& job, const Action& a) {
 void Server::SendToNode(const std::string& node, const json& msg) {
   auto it = nodes_.find(node);
   if (it == nodes_.end()) {
-    LOG(WARNING) << "cannot send '" << msg["type"].get<std::string>() << "' to node " << node
+    LOG(WARNING) << "cannot send '" << proto::TypeOf(msg) << "' to node " << node
                  << ": not connected";
     return;
   }

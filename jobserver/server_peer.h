@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "edl/net/admission.h"
 #include "edl/net/connection.h"
 #include "edl/net/handshake.h"
 #include "jobserver/server.h"
@@ -29,7 +30,6 @@ struct Server::Peer {
   int64_t event_tokens_us = 0; // when event_tokens was last refilled
 };
 
-// Logs the 1st..10th, then every power of two: a flood cannot flood the log.
-inline bool LogThis(int64_t n) { return n <= 10 || (n & (n - 1)) == 0; }
+using net::LogThis;
 
 }  // namespace edl::jobserver

@@ -69,4 +69,8 @@ class LogLimiter {
   size_t suppressed_ = 0;
 };
 
+// Whether to log the n-th of a per-peer series of refusals: the 1st..10th, then every power of
+// two, so that a flood cannot flood the log.
+inline bool LogThis(int64_t n) { return n <= 10 || (n & (n - 1)) == 0; }
+
 }  // namespace edl::net

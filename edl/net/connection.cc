@@ -115,7 +115,16 @@ void Connection::OnBody() {
   ArmIdleTimer();
   if (on_message_) {
     MessageFn fn = on_message_;  // Close() inside may reset the member
-    fn(msg);
+    try {
+      fn(msg);
+    } catch (const std::exception& e) {
+      // A handler's bug must cost this peer its connection, never the process its other peers
+      // share: the frame is dropped and the connection closed, with the reason logged.
+      handler_failed_ = true;
+      LOG(ERROR) << "handling a frame from " << peer_ << " failed: " << e.what() << "; closing its connection";
+      Close(Status::Internal(std::string("handling a frame failed: ") + e.what()));
+      return;
+    }
   }
   if (!closed_) ReadHeader();
 }

@@ -4,7 +4,8 @@
 // silent for `idle_timeout`, a peer that does not drain its queue (`max_queued_bytes`), or EOF.
 // `on_close` runs exactly once, with the reason. A payload buffer grows as its bytes arrive, never
 // to the length a header merely announces. After StartSession every frame in both directions is
-// sealed (edl/net/auth.h SessionMac); a frame that fails its MAC closes the connection.
+// sealed (edl/net/auth.h SessionMac); a frame that fails its MAC closes the connection. An
+// exception escaping `on_message` closes this connection (logged; handler_failed()), nothing else.
 //
 // Thread-safety: none. Every method must be called on the thread running the io_context (the
 // daemons run one such thread, so their state needs no locks). Owned by shared_ptr: pending
@@ -67,6 +68,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void StartSession(std::unique_ptr<SessionMac> session, uint32_t max_frame_bytes);
 
   bool closed() const { return closed_; }
+  // True once `on_message` threw: the connection was closed with Internal (and the error logged),
+  // the process and its other connections untouched.
+  bool handler_failed() const { return handler_failed_; }
   // Bytes held for the frame being read (tests: buffers grow with what arrives).
   size_t read_buffer_bytes() const { return body_.capacity(); }
   size_t queued_bytes() const { return queued_bytes_; }  // waiting to be written
@@ -93,6 +97,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   MessageFn on_message_;
   CloseFn on_close_;
   bool closed_ = false;
+  bool handler_failed_ = false;
   bool closing_after_write_ = false;
   Status close_reason_;
   std::unique_ptr<SessionMac> session_;

@@ -1,5 +1,6 @@
-// The one reader of hostile JSON objects: the message codecs (messages.cc, service_messages.cc),
-// the job server's stored state (jobserver/state_value.h) and `edl ctl`'s reading of replies. A
+// The one reader of hostile JSON objects: the message codecs (messages.cc, service_messages.cc,
+// trainer_events.cc), the job server's stored state (jobserver/state_value.h) and `edl ctl`'s
+// reading of replies (FieldOf, NumOr, BoolOr, StrOr below, for their free-form bodies). A
 // Fields reader checks one object's fields in turn (presence, type, range, length, name and host
 // characters); the first error sticks and is Corruption naming the subject ("message 'hello'",
 // "stored"), the field and the problem, plus a suffix (the stored key and the fix).
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -158,6 +160,46 @@ class Fields {
   const std::string subject_, suffix_;
   Status status_;
 };
+
+// ---- reading JSON that no decoder typed: the free-form status body of a server's reply, a
+// record this process built. Never throws: a missing key, a value of another type or a `j` that
+// is not an object reads as the default.
+
+// The value of `key`, or a null value.
+inline const json& FieldOf(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  const auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+// The value of `key` as a T (json, bool, std::string, an integer type in its range, or a
+// floating type, finite), or `def`.
+template <typename T>
+T FieldOr(const json& j, const char* key, T def) {
+  const json& v = FieldOf(j, key);
+  if constexpr (std::is_same_v<T, json>) {
+    return v.is_null() ? def : v;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return v.is_boolean() ? v.template get<bool>() : def;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    return v.is_string() ? v.template get<std::string>() : def;
+  } else if constexpr (std::is_integral_v<T>) {
+    int64_t x = 0;
+    return GetInt(v, std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), &x)
+               ? static_cast<T>(x)
+               : def;
+  } else {
+    static_assert(std::is_floating_point_v<T>, "FieldOr reads json, bool, strings and numbers");
+    if (!v.is_number()) return def;
+    const T x = v.template get<T>();
+    return std::isfinite(x) ? x : def;
+  }
+}
+inline double NumOr(const json& j, const char* key, double def = 0) { return FieldOr(j, key, def); }
+inline bool BoolOr(const json& j, const char* key, bool def = false) { return FieldOr(j, key, def); }
+inline std::string StrOr(const json& j, const char* key, const std::string& def = "") {
+  return FieldOr(j, key, def);
+}
 
 namespace internal {  // the codecs' historical spelling
 using proto::Fields;

@@ -832,10 +832,12 @@ void Event::EncodeTo(json* j) const {
   *j = {{"type", msg::kEvent}, {"trainer_id", trainer_id}, {"event", event}};
 }
 Status Event::DecodeFrom(const json& j) {
-  return Fields(j, msg::kEvent)
-      .Name("trainer_id", &trainer_id, /*required=*/false)
-      .Obj("event", &event)
-      .status();
+  EDL_RETURN_IF_ERROR(Fields(j, msg::kEvent)
+                          .Name("trainer_id", &trainer_id, /*required=*/false)
+                          .Obj("event", &event)
+                          .status());
+  body = DecodeTrainerEvent(event);
+  return Status::OK();
 }
 
 // ---- KV

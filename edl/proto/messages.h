@@ -17,6 +17,7 @@
 #include "edl/base/enum_names.h"
 #include "edl/base/status.h"
 #include "edl/proto/names.h"
+#include "edl/proto/trainer_events.h"
 
 namespace edl::proto {
 
@@ -355,9 +356,13 @@ struct Progress : Message<Progress> {
   Status DecodeFrom(const nlohmann::json& j);
 };
 
+// A trainer's event (trainer_events.h): `event` is the object as sent, kept for the events log
+// and read by nobody; `body` is its typed reading, set by DecodeFrom (a malformed object is
+// ev::Malformed there, not a failed frame: the trainer and its node carry on).
 struct Event : Message<Event> {
   std::string trainer_id;
   nlohmann::json event = nlohmann::json::object();  // any object, <= frame size
+  TrainerEventBody body;
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

@@ -5,4 +5,5 @@ list(APPEND EDL_SOURCES
   proto/messages.cc
   proto/names.cc
   proto/service_messages.cc
+  proto/trainer_events.cc
 )

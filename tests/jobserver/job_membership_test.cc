@@ -285,8 +285,7 @@ TEST_F(JobMembershipTest, ReformFailureCommitsTheMembersAgainOncePerBackoff) {
   Advance(1.1);
   sched_->ReformFailed(g1.members[0].trainer_id, g1.generation);  // an older generation: nothing
   sched_->ReformFailed("nobody", g1.generation + 1);               // not a member: nothing
-  sched_->cluster().TrainerEvent("job", g1.members[0].trainer_id, "a",
-                                 {{"event", "reform_failed"}, {"generation", "2"}});  // malformed
+  sched_->Event(g1.members[0].trainer_id, {{"event", "reform_failed"}, {"generation", "2"}});  // malformed
   EXPECT_TRUE(Take(Kind::kCommit).empty());
   sched_->ReformFailed(g1.members[0].trainer_id, g1.generation + 1);
   commits = Take(Kind::kCommit);

@@ -75,16 +75,19 @@ class OneJobCluster {
   }
   // Trainer `id` could not re-form `generation` (its trainer event).
   void ReformFailed(const std::string& id, int64_t generation) {
-    cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id),
-                           {{"event", "reform_failed"}, {"generation", generation}, {"error", "test"}});
+    Event(id, {{"event", "reform_failed"}, {"generation", generation}, {"error", "test"}});
   }
   // Trainer `id` could not complete a collective of `generation` (its trainer event).
   void CommFailed(const std::string& id, int64_t generation) {
-    cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id), {{"event", "comm_failed"}, {"generation", generation}});
+    Event(id, {{"event", "comm_failed"}, {"generation", generation}});
   }
   // A joiner's first step (its trainer event).
   void JoinerFirstStep(const std::string& id) {
-    cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id), {{"event", "joiner_first_step"}});
+    Event(id, {{"event", "joiner_first_step"}, {"generation", current().generation}});
+  }
+  // Trainer `id`'s event `e`, decoded as the server's edge decodes it.
+  void Event(const std::string& id, const nlohmann::json& e) {
+    cluster_->TrainerEvent(cluster_->own_job(), id, NodeOf(id), proto::DecodeTrainerEvent(e));
   }
   bool PlacedOn(const std::string& id, const std::string& node) const {
     std::string job;

@@ -75,6 +75,36 @@ TEST_F(ConnectionTest, IdleTimeoutCloses) {
   EXPECT_EQ(s.code(), Status::Code::kUnavailable) << s.ToString();
 }
 
+// A handler that throws costs its own connection only: the connection closes with Internal (and
+// says so), a second connection on the same io_context keeps working, and nothing escapes run().
+TEST(RawConnectionTest, AThrowingHandlerClosesItsConnectionOnly) {
+  asio::io_context io;
+  int bad_fd = -1, good_fd = -1;
+  auto bad = PairConnection(io, &bad_fd);
+  auto good = PairConnection(io, &good_fd);
+  ASSERT_NE(bad, nullptr);
+  ASSERT_NE(good, nullptr);
+  FramedSocket bad_peer(bad_fd, "bad peer"), good_peer(good_fd, "good peer");
+  Status bad_closed;
+  bad->Start([](const json& m) { (void)m.at("missing").get<std::string>(); },  // throws
+             [&](const Status& s) { bad_closed = s; });
+  good->Start([&](const json& m) { good->Send(m); }, [](const Status&) {});
+  std::thread t([&] { io.run_for(std::chrono::seconds(20)); });
+  ASSERT_OK(bad_peer.Send(json{{"type", "x"}}, milliseconds(5000)));
+  json m;
+  EXPECT_EQ(bad_peer.Receive(&m, milliseconds(10000)).code(), Status::Code::kUnavailable) << "not closed";
+  ASSERT_OK(good_peer.Send(json{{"type", "x"}, {"i", 1}}, milliseconds(5000)));
+  ASSERT_OK(good_peer.Receive(&m, milliseconds(10000)));
+  EXPECT_EQ(m["i"], 1);
+  asio::post(io, [&] {
+    EXPECT_TRUE(bad->handler_failed());
+    EXPECT_EQ(bad_closed.code(), Status::Code::kInternal) << bad_closed.ToString();
+    EXPECT_FALSE(good->handler_failed());
+    good->Close(Status::Aborted("test over"));
+  });
+  t.join();
+}
+
 TEST(RawConnectionTest, BadFramesAreRejectedWithReason) {
   for (int kind = 0; kind < 3; ++kind) {
     asio::io_context io;
