@@ -21,6 +21,7 @@
 #include "edl/net/connection.h"
 #include "edl/net/framed_socket.h"
 #include "edl/net/handshake.h"
+#include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
 
 namespace {
@@ -57,7 +58,7 @@ struct Sim {
 
   void OnMessage(int i, const std::shared_ptr<edl::net::Connection>& conn, const json& m) {
     if (!conn) return;
-    const std::string type = m["type"];
+    const std::string type = proto::TypeOf(m);
     if (type == "challenge") {
       edl::proto::Hello h;
       h.role = edl::proto::Role::kClient;
@@ -100,7 +101,7 @@ struct Sim {
       }
     } else if (type == "generation") {
       if (i == 0) DecodeAsAClientDoes(m);
-      const int64_t g = m["generation"].get<int64_t>();
+      const int64_t g = edl::proto::FieldOr<int64_t>(m, "generation", 0);
       if (g <= held[i]) return;
       for (int64_t k = held[i] + 1; k <= g; ++k) {
         if (++holders[k] == clients) Report(k);

@@ -12,6 +12,7 @@
 #include "edl/net/auth.h"
 #include "edl/net/framed_socket.h"
 #include "edl/proto/fields.h"
+#include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
 #include "jobserver/job_spec.h"
 
@@ -41,25 +42,8 @@ std::string Pad(const std::string& s, size_t w) { return s.size() >= w ? s + " "
 // A field of the server's reply, or `def` where the reply lacks it or holds another type. The
 // server's bytes are a peer's like any other: a field of the wrong type shows as its default
 // instead of throwing out of edl ctl.
-template <typename T>
-T Field(const json& o, const char* key, T def) {
-  if (!o.is_object()) return def;
-  auto it = o.find(key);
-  if (it == o.end()) return def;
-  if constexpr (std::is_same_v<T, json>) {
-    return *it;
-  } else if constexpr (std::is_same_v<T, bool>) {
-    return it->is_boolean() ? it->template get<bool>() : def;
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    return it->is_string() ? it->template get<std::string>() : def;
-  } else if constexpr (std::is_integral_v<T>) {
-    int64_t v = 0;
-    return proto::internal::GetInt(*it, std::numeric_limits<T>::min(), std::numeric_limits<T>::max(), &v)
-               ? static_cast<T>(v) : def;
-  } else {
-    return it->is_number() ? it->template get<T>() : def;
-  }
-}
+using proto::FieldOf;
+using proto::FieldOr;
 
 std::string Fixed(double v, int prec) {
   std::ostringstream os;
@@ -69,15 +53,14 @@ std::string Fixed(double v, int prec) {
 
 // The cluster monitor line: the original EDL monitor's columns plus slot use and images/s.
 std::string ClusterLine(const json& b) {
-  const int total = Field(b, "total_slots", 0), used = Field(b, "used_slots", 0);
-  const std::string running = Field(b, "running_trainers", std::string());
+  const int total = FieldOr(b, "total_slots", 0), used = FieldOr(b, "used_slots", 0);
+  const std::string running = FieldOr(b, "running_trainers", std::string());
   auto pct = [&](const char* key) {
-    const json v = Field(b, key, json("n/a"));
-    return v.is_number() ? Fixed(v.get<double>(), 2) + "%" : std::string("n/a");
+    return FieldOf(b, key).is_number() ? Fixed(proto::NumOr(b, key), 2) + "%" : std::string("n/a");
   };
-  return Pad(std::to_string(Field(b, "submitted_jobs", 0)), 16) + Pad(std::to_string(Field(b, "pending_jobs", 0)), 14) +
+  return Pad(std::to_string(FieldOr(b, "submitted_jobs", 0)), 16) + Pad(std::to_string(FieldOr(b, "pending_jobs", 0)), 14) +
          Pad(running.empty() ? "-" : running, 32) + Pad(pct("cpu_utils"), 11) + Pad(pct("gpu_utils"), 11) +
-         Pad(std::to_string(used) + "/" + std::to_string(total), 8) + Fixed(Field(b, "images_per_sec", 0.0), 1);
+         Pad(std::to_string(used) + "/" + std::to_string(total), 8) + Fixed(FieldOr(b, "images_per_sec", 0.0), 1);
 }
 
 std::string ClusterHeader() {
@@ -90,18 +73,18 @@ void PrintHealth(const json& j);
 void PrintJobs(const json& b) {
   std::cout << Pad("JOB", 16) << Pad("TYPE", 12) << Pad("STATE", 9) << Pad("TRAINERS", 10) << Pad("MIN..MAX", 10)
             << Pad("PRIO", 6) << Pad("GEN", 6) << Pad("IMAGES/S", 10) << "PENDING-REASON\n";
-  for (const json& j : Field(b, "jobs", json::array())) {
-    std::cout << Pad(Field(j, "name", std::string()), 16) << Pad(Field(j, "type", std::string()), 12)
-              << Pad(Field(j, "state", std::string()), 9) << Pad(std::to_string(Field(j, "trainers", 0)), 10)
-              << Pad(std::to_string(Field(j, "min", 0)) + ".." + std::to_string(Field(j, "max", 0)), 10)
-              << Pad(std::to_string(Field(j, "priority", 0)), 6) << Pad(std::to_string(Field(j, "generation", 0)), 6)
-              << Pad(Fixed(Field(j, "images_per_sec", 0.0), 1), 10) << Field(j, "pending_reason", std::string("-"))
+  for (const json& j : FieldOr(b, "jobs", json::array())) {
+    std::cout << Pad(FieldOr(j, "name", std::string()), 16) << Pad(FieldOr(j, "type", std::string()), 12)
+              << Pad(FieldOr(j, "state", std::string()), 9) << Pad(std::to_string(FieldOr(j, "trainers", 0)), 10)
+              << Pad(std::to_string(FieldOr(j, "min", 0)) + ".." + std::to_string(FieldOr(j, "max", 0)), 10)
+              << Pad(std::to_string(FieldOr(j, "priority", 0)), 6) << Pad(std::to_string(FieldOr(j, "generation", 0)), 6)
+              << Pad(Fixed(FieldOr(j, "images_per_sec", 0.0), 1), 10) << FieldOr(j, "pending_reason", std::string("-"))
               << "\n";
     PrintHealth(j);
   }
-  for (const json& j : Field(b, "ended", json::array())) {
-    std::cout << Pad(Field(j, "name", std::string()), 16) << Pad(Field(j, "type", std::string()), 12)
-              << Field(j, "state", std::string()) << "\n";
+  for (const json& j : FieldOr(b, "ended", json::array())) {
+    std::cout << Pad(FieldOr(j, "name", std::string()), 16) << Pad(FieldOr(j, "type", std::string()), 12)
+              << FieldOr(j, "state", std::string()) << "\n";
   }
 }
 
@@ -111,63 +94,64 @@ void PrintServices(const json& b);
 // log line, seconds since the last step, checkpoint saves that failed or were refused, nodes whose
 // joiner was refused.
 void PrintHealth(const json& j) {
-  const json failing = Field(j, "failing", json::object());
+  const json failing = FieldOr(j, "failing", json::object());
   if (!failing.empty()) {
-    std::cout << "  failing: " << Field(failing, "exits", 0) << " trainers in a row ended with "
-              << Field(failing, "how", std::string("?")) << "; last log line: "
-              << proto::Quote(Field(failing, "last_error", std::string()), 200) << "\n";
+    std::cout << "  failing: " << FieldOr(failing, "exits", 0) << " trainers in a row ended with "
+              << FieldOr(failing, "how", std::string("?")) << "; last log line: "
+              << proto::Quote(FieldOr(failing, "last_error", std::string()), 200) << "\n";
   }
-  const json last = Field(j, "last_progress_s", json());
-  if (last.is_number()) std::cout << "  last progress: " << Fixed(last.get<double>(), 1) << " s ago\n";
-  const json ckpt = Field(j, "checkpoint_failures", json::object());
+  if (FieldOf(j, "last_progress_s").is_number()) {
+    std::cout << "  last progress: " << Fixed(proto::NumOr(j, "last_progress_s"), 1) << " s ago\n";
+  }
+  const json ckpt = FieldOr(j, "checkpoint_failures", json::object());
   if (!ckpt.empty()) {
-    std::cout << "  checkpoint saves failed: " << Field(ckpt, "failed", 0) << " (refused by the store's fence: "
-              << Field(ckpt, "refused", 0) << "), the last at step " << Field(ckpt, "last_step", int64_t{-1}) << ": "
-              << proto::Quote(Field(ckpt, "last_error", std::string()), 300) << "\n";
+    std::cout << "  checkpoint saves failed: " << FieldOr(ckpt, "failed", 0) << " (refused by the store's fence: "
+              << FieldOr(ckpt, "refused", 0) << "), the last at step " << FieldOr(ckpt, "last_step", int64_t{-1}) << ": "
+              << proto::Quote(FieldOr(ckpt, "last_error", std::string()), 300) << "\n";
   }
-  const json refused = Field(j, "refused_nodes", json::object());
+  const json refused = FieldOr(j, "refused_nodes", json::object());
   if (refused.is_object()) {
     for (const auto& [node, why] : refused.items()) {
-      std::cout << "  node " << node << " gets no joiner: " << (why.is_string() ? why.get<std::string>() : "?") << "\n";
+      std::cout << "  node " << node << " gets no joiner: " << proto::StrOr(refused, node.c_str(), "?") << "\n";
     }
   }
 }
 
 void PrintStatus(const json& b) {
-  if (Field(b, "cluster", false)) {
+  if (FieldOr(b, "cluster", false)) {
     std::cout << ClusterHeader() << "\n" << ClusterLine(b) << "\n\n";
     PrintJobs(b);
     PrintServices(b);
     return;
   }
-  const int world = Field(b, "world_size", 0);
-  const bool done = Field(b, "done", false);
-  const int running = Field(b, "running", world);  // members that have not exited
-  const int total = Field(b, "total_slots", 0), used = Field(b, "used_slots", 0);
-  const std::string job = Field(b, "job_id", std::string("?"));
+  const int world = FieldOr(b, "world_size", 0);
+  const bool done = FieldOr(b, "done", false);
+  const int running = FieldOr(b, "running", world);  // members that have not exited
+  const int total = FieldOr(b, "total_slots", 0), used = FieldOr(b, "used_slots", 0);
+  const std::string job = FieldOr(b, "job_id", std::string("?"));
   const std::string util = std::to_string(used) + "/" + std::to_string(total) + " (" +
                            Fixed(total > 0 ? 100.0 * used / total : 0.0, 1) + "%)";
   std::cout << Pad("SUBMITTED-JOBS", 18) << Pad("PENDING-JOBS", 16) << Pad("RUNNING-TRAINERS", 20)
             << "SLOT-UTILS\n";
   std::cout << Pad("1", 18) << Pad(world == 0 && !done ? "1" : "0", 16)
             << Pad(job + ":" + std::to_string(running), 20) << util << "\n\n";
-  const json p = Field(b, "progress", json::object());
+  const json p = FieldOr(b, "progress", json::object());
   std::string state = done                                      ? "finished"
-                      : !Field(b, "failing", json::object()).empty() ? "failing"
-                      : Field(b, "pending", false)                  ? "joining"
+                      : !FieldOr(b, "failing", json::object()).empty() ? "failing"
+                      : FieldOr(b, "pending", false)                  ? "joining"
                       : world > 0                                   ? "running"
                                                                     : "pending";
   std::cout << Pad("JOB", 14) << Pad("GEN", 6) << Pad("REASON", 12) << Pad("WORLD", 7) << Pad("DESIRED", 9)
             << Pad("NODES", 7) << Pad("STEP", 9) << Pad("EPOCH", 7) << Pad("LOSS", 9) << Pad("IMAGES/S", 10)
             << "STATE\n";
-  const int desired = Field(b, "desired", 0);
-  std::cout << Pad(job, 14) << Pad(std::to_string(Field(b, "generation", 0)), 6)
-            << Pad(Field(b, "reason", std::string("-")), 12) << Pad(std::to_string(world), 7)
+  const int desired = FieldOr(b, "desired", 0);
+  std::cout << Pad(job, 14) << Pad(std::to_string(FieldOr(b, "generation", 0)), 6)
+            << Pad(FieldOr(b, "reason", std::string("-")), 12) << Pad(std::to_string(world), 7)
             << Pad(desired > 0 ? std::to_string(desired) : "all", 9)
-            << Pad(std::to_string(Field(b, "nodes", json::array()).size()), 7)
-            << Pad(std::to_string(Field(p, "step", 0)), 9) << Pad(std::to_string(Field(p, "epoch", 0)), 7)
-            << Pad(Field(p, "reporting", 0) > 0 ? Fixed(Field(p, "loss", 0.0), 4) : "-", 9)
-            << Pad(Field(p, "reporting", 0) > 0 ? Fixed(Field(p, "images_per_sec", 0.0), 1) : "-", 10)
+            << Pad(std::to_string(FieldOr(b, "nodes", json::array()).size()), 7)
+            << Pad(std::to_string(FieldOr(p, "step", 0)), 9) << Pad(std::to_string(FieldOr(p, "epoch", 0)), 7)
+            << Pad(FieldOr(p, "reporting", 0) > 0 ? Fixed(FieldOr(p, "loss", 0.0), 4) : "-", 9)
+            << Pad(FieldOr(p, "reporting", 0) > 0 ? Fixed(FieldOr(p, "images_per_sec", 0.0), 1) : "-", 10)
             << state << "\n";
   PrintHealth(b);
   PrintServices(b);
@@ -176,52 +160,51 @@ void PrintStatus(const json& b) {
 // Inference services (teachers of distilling students): one line per teacher, then the teachers
 // the clients run per service (`scale SERVICE N`).
 void PrintServices(const json& b) {
-  const json services = Field(b, "services", json::object());
+  const json services = FieldOr(b, "services", json::object());
   if (!services.is_object() || services.empty()) return;
   std::cout << "\n" << Pad("SERVICE", 14) << Pad("TEACHER", 20) << Pad("ADDRESS", 22) << Pad("REQ/S", 9)
             << Pad("SAMPLES/S", 11) << Pad("LATENCY-MS", 12) << "STUDENTS\n";
   for (const auto& [name, s] : services.items()) {
-    const std::string students = std::to_string(Field(s, "students", 0));
-    const json teachers = Field(s, "teachers", json::array());
+    const std::string students = std::to_string(FieldOr(s, "students", 0));
+    const json teachers = FieldOr(s, "teachers", json::array());
     if (teachers.empty()) std::cout << Pad(name, 14) << Pad("-", 20) << Pad("-", 22) << Pad("-", 9) << Pad("-", 11) << Pad("-", 12) << students << "\n";
     for (const json& t : teachers) {
-      std::cout << Pad(name, 14) << Pad(Field(t, "name", std::string("?")), 20)
-                << Pad(Field(t, "host", std::string("?")) + ":" + std::to_string(Field(t, "port", 0)), 22)
-                << Pad(Fixed(Field(t, "requests_per_sec", 0.0), 1), 9)
-                << Pad(Fixed(Field(t, "samples_per_sec", 0.0), 1), 11)
-                << Pad(Fixed(Field(t, "latency_ms", 0.0), 1), 12) << students << "\n";
+      std::cout << Pad(name, 14) << Pad(FieldOr(t, "name", std::string("?")), 20)
+                << Pad(FieldOr(t, "host", std::string("?")) + ":" + std::to_string(FieldOr(t, "port", 0)), 22)
+                << Pad(Fixed(FieldOr(t, "requests_per_sec", 0.0), 1), 9)
+                << Pad(Fixed(FieldOr(t, "samples_per_sec", 0.0), 1), 11)
+                << Pad(Fixed(FieldOr(t, "latency_ms", 0.0), 1), 12) << students << "\n";
     }
   }
   // Teachers the clients run (`scale SERVICE N`): desired count, placed teachers, replacements.
   for (const auto& [name, s] : services.items()) {
     if (!s.contains("placed")) continue;
     std::string placed;
-    for (const json& p : Field(s, "placed", json::array())) {
-      placed += (placed.empty() ? "" : ", ") + Field(p, "name", std::string("?")) +
-                (Field(p, "stopping", false) ? " (stopping)" : "") +
-                (Field(p, "awaiting_node", false) ? " (its node has not re-attached)" : "");
+    for (const json& p : FieldOr(s, "placed", json::array())) {
+      placed += (placed.empty() ? "" : ", ") + FieldOr(p, "name", std::string("?")) +
+                (FieldOr(p, "stopping", false) ? " (stopping)" : "") +
+                (FieldOr(p, "awaiting_node", false) ? " (its node has not re-attached)" : "");
     }
-    const int64_t desired = Field<int64_t>(s, "desired", -1);
-    const auto pe = s.find("preempted");
-    const int64_t preempted = pe != s.end() && pe->is_number_integer() ? pe->get<int64_t>() : 0;
+    const int64_t desired = FieldOr<int64_t>(s, "desired", -1);
+    const int64_t preempted = FieldOr<int64_t>(s, "preempted", 0);
     std::cout << "service " << name << ": desired " << (desired >= 0 ? std::to_string(desired) : "-")
-              << ", placed " << Field(s, "placed", json::array()).size() << (placed.empty() ? "" : " (" + placed + ")") << ", replaced "
-              << Field(s, "restarts", 0) << (preempted > 0 ? ", gave " + std::to_string(preempted) + " slot(s) to jobs" : "")
-              << ", offered by " << Field(s, "nodes", json::array()).size() << " node(s)\n";
+              << ", placed " << FieldOr(s, "placed", json::array()).size() << (placed.empty() ? "" : " (" + placed + ")") << ", replaced "
+              << FieldOr(s, "restarts", 0) << (preempted > 0 ? ", gave " + std::to_string(preempted) + " slot(s) to jobs" : "")
+              << ", offered by " << FieldOr(s, "nodes", json::array()).size() << " node(s)\n";
   }
 }
 
 std::string StatusLine(const json& b) {
-  if (Field(b, "cluster", false)) return ClusterLine(b);
-  const json p = Field(b, "progress", json::object());
-  return "generation=" + std::to_string(Field(b, "generation", 0)) + " reason=" +
-         Field(b, "reason", std::string("-")) + " world=" + std::to_string(Field(b, "world_size", 0)) +
-         " desired=" + std::to_string(Field(b, "desired", 0)) + " slots=" +
-         std::to_string(Field(b, "used_slots", 0)) + "/" + std::to_string(Field(b, "total_slots", 0)) +
-         " epoch=" + std::to_string(Field(p, "epoch", 0)) + " step=" + std::to_string(Field(p, "step", 0)) +
-         " loss=" + (Field(p, "reporting", 0) > 0 ? Fixed(Field(p, "loss", 0.0), 4) : "-") +
-         " images/s=" + Fixed(Field(p, "images_per_sec", 0.0), 1) +
-         (Field(b, "done", false) ? " finished" : "");
+  if (FieldOr(b, "cluster", false)) return ClusterLine(b);
+  const json p = FieldOr(b, "progress", json::object());
+  return "generation=" + std::to_string(FieldOr(b, "generation", 0)) + " reason=" +
+         FieldOr(b, "reason", std::string("-")) + " world=" + std::to_string(FieldOr(b, "world_size", 0)) +
+         " desired=" + std::to_string(FieldOr(b, "desired", 0)) + " slots=" +
+         std::to_string(FieldOr(b, "used_slots", 0)) + "/" + std::to_string(FieldOr(b, "total_slots", 0)) +
+         " epoch=" + std::to_string(FieldOr(p, "epoch", 0)) + " step=" + std::to_string(FieldOr(p, "step", 0)) +
+         " loss=" + (FieldOr(p, "reporting", 0) > 0 ? Fixed(FieldOr(p, "loss", 0.0), 4) : "-") +
+         " images/s=" + Fixed(FieldOr(p, "images_per_sec", 0.0), 1) +
+         (FieldOr(b, "done", false) ? " finished" : "");
 }
 
 // Connects to the first server of the comma-separated `server` list that accepts and
@@ -257,7 +240,7 @@ Status Call(net::FramedSocket* sock, const proto::CtlRequest& req, proto::CtlRep
   req.EncodeTo(&j);
   EDL_RETURN_IF_ERROR(sock->Send(j, milliseconds(5000)));
   EDL_RETURN_IF_ERROR(sock->Receive(&j, milliseconds(10000)).WithContext("waiting for the server's reply"));
-  if (j["type"] == proto::msg::kError) {
+  if (proto::TypeOf(j) == proto::msg::kError) {
     proto::ErrorMsg e;
     EDL_RETURN_IF_ERROR(e.DecodeFrom(j));
     return e.ToStatus();
@@ -283,9 +266,9 @@ int StopOutcome(net::FramedSocket* sock, int64_t timeout_s) {
     std::cerr << "edl ctl stop: " << rep.status.ToString() << "\n";
     return 1;
   }
-  const json stopped = Field(rep.body, "stopped", json::object());
-  std::cout << "job stopped" << (Field(stopped, "final_checkpoint", std::string()) == "saved" ? "; final checkpoint saved" : "")
-            << (Field(stopped, "not_left", 0) > 0 ? "; " + std::to_string(Field(stopped, "not_left", 0)) +
+  const json stopped = FieldOr(rep.body, "stopped", json::object());
+  std::cout << "job stopped" << (FieldOr(stopped, "final_checkpoint", std::string()) == "saved" ? "; final checkpoint saved" : "")
+            << (FieldOr(stopped, "not_left", 0) > 0 ? "; " + std::to_string(FieldOr(stopped, "not_left", 0)) +
                                                         " trainer(s) did not leave in time and were stopped by their clients"
                                                   : "")
             << "\n";
@@ -312,9 +295,10 @@ int Watch(net::FramedSocket* sock) {
       return 0;
     }
     if (rep.DecodeFrom(j).ok()) {
-      if (rep.body.contains("event")) std::cout << "event " << rep.body["event"].dump() << std::endl;
-      if (rep.body.contains("status")) {
-        const std::string line = StatusLine(rep.body["status"]);
+      const json& event = FieldOf(rep.body, "event");
+      if (!event.is_null()) std::cout << "event " << event.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
+      if (const json& status = FieldOf(rep.body, "status"); !status.is_null()) {
+        const std::string line = StatusLine(status);
         if (line != last) std::cout << "status " << line << std::endl;
         last = line;
       }
@@ -419,13 +403,13 @@ int RunCtlMain(int argc, char** argv) {
   }
   switch (req.command) {
     case Command::kSubmit:
-      std::cout << "submitted job " << req.spec.value("name", std::string()) << "\n";
+      std::cout << "submitted job " << proto::StrOr(req.spec, "name") << "\n";
       break;
     case Command::kCancel:
       std::cout << "cancelled job " << req.job << "\n";
       break;
     case Command::kScale:
-      if (Field(Field(rep.body, "services", json::object()), req.job.c_str(), json::object()).contains("placed")) {
+      if (FieldOr(FieldOr(rep.body, "services", json::object()), req.job.c_str(), json::object()).contains("placed")) {
         std::cout << "service " << req.job << ": desired teachers set to " << req.n << "\n";
       } else if (!req.job.empty()) {
         std::cout << "job " << req.job << " asked for " << req.n << " trainers\n";
@@ -446,8 +430,8 @@ int RunCtlMain(int argc, char** argv) {
     case Command::kWatch:  // Watch() above
       break;
     case Command::kStop:
-      std::cout << "stopping job " << Field(rep.body, "job_id", std::string()) << " and its server\n";
-      return StopOutcome(sock.get(), Field(rep.body, "stop_timeout_s", int64_t{-1}));
+      std::cout << "stopping job " << FieldOr(rep.body, "job_id", std::string()) << " and its server\n";
+      return StopOutcome(sock.get(), FieldOr(rep.body, "stop_timeout_s", int64_t{-1}));
   }
   return 0;
 }

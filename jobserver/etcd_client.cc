@@ -163,7 +163,7 @@ Status ParseEtcdReply(const std::string& body, size_t max_bytes, json* out) {
   if (err != out->end() || (msg != out->end() && out->contains("code"))) {
     const json& m = err != out->end() ? *err : *msg;
     return Status::Unavailable("etcd refused the request: " +
-                               (m.is_string() ? proto::Quote(m.get_ref<const std::string&>(), 200) : proto::QuoteJson(m)));
+                               (m.is_string() ? proto::Quote(*m.get_ptr<const std::string*>(), 200) : proto::QuoteJson(m)));
   }
   return Status::OK();
 }

@@ -1,13 +1,14 @@
 #include "jobserver/events.h"
 
+#include "edl/proto/frame.h"
+
 namespace edl::jobserver::events {
 
 using nlohmann::json;
 
 bool TypeOf(const json& record, Type* out) {
-  const auto t = record.is_object() ? record.find("type") : record.end();
-  return record.is_object() && t != record.end() && t->is_string() &&
-         kTypeNames.Parse(t->get_ref<const std::string&>(), out);
+  const std::string& type = proto::TypeOf(record);
+  return !type.empty() && kTypeNames.Parse(type, out);
 }
 
 // ---- the server's

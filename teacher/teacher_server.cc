@@ -280,7 +280,7 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
       continue;
     }
     if (!st.ok()) break;
-    const std::string type = j["type"].get<std::string>();
+    const std::string type = proto::TypeOf(j);
     if (type == proto::msg::kHeartbeat) continue;
     if (type == proto::msg::kTeacherCancel) {
       proto::TeacherCancel c;
@@ -296,7 +296,7 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
     }
     proto::TeacherRequest r;
     if (type != proto::msg::kTeacherRequest) {
-      st = Status::InvalidArgument("a teacher accepts only 'teacher_request', got " + proto::QuoteJson(j["type"]));
+      st = Status::InvalidArgument("a teacher accepts only 'teacher_request', got " + proto::Quote(proto::TypeOf(j)));
     } else {
       st = r.DecodeFrom(j);
     }
@@ -523,7 +523,7 @@ void TeacherServer::Impl::ServerLoop(std::string server, proto::Hello hello,
     // Heartbeat with the load since the last one; wait for the server's word meanwhile.
     json j;
     Status st = sock->Receive(&j, milliseconds(hb));
-    if (st.ok() && j["type"] == proto::msg::kError) {
+    if (st.ok() && proto::TypeOf(j) == proto::msg::kError) {
       proto::ErrorMsg e;
       st = e.DecodeFrom(j).ok() ? e.ToStatus() : Status::Corruption("undecodable error");
     }

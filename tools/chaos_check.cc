@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "edl/base/flags.h"
+#include "edl/proto/fields.h"
 #include "resnet50/data/dataset.h"
 #include "tests/edl/runtime/sample_log_check.h"
 
@@ -49,9 +50,12 @@ std::vector<nlohmann::json> ReadEvents(const std::string& path) {
 std::string CheckIdenticalState(const std::vector<nlohmann::json>& events, int64_t* checked) {
   std::map<int64_t, std::map<std::string, std::string>> hashes;  // generation -> trainer -> hash
   for (const nlohmann::json& e : events) {
-    if (e.value("type", "") != "trainer_event" || e.value("event", "") != "sync") continue;
-    if (!e.contains("generation") || !e["generation"].is_number_integer()) continue;
-    hashes[e["generation"].get<int64_t>()][e.value("trainer", "")] = e.value("state_hash", "");
+    using edl::proto::FieldOr;
+    using edl::proto::StrOr;
+    if (StrOr(e, "type") != "trainer_event" || StrOr(e, "event") != "sync") continue;
+    const int64_t generation = FieldOr<int64_t>(e, "generation", -1);
+    if (generation < 0) continue;
+    hashes[generation][StrOr(e, "trainer")] = StrOr(e, "state_hash");
   }
   *checked = 0;
   for (const auto& [gen, by_trainer] : hashes) {

@@ -1,5 +1,6 @@
 #include "edl/net/handshake.h"
 
+#include "edl/proto/fields.h"
 #include "edl/proto/frame.h"
 
 namespace edl::net {
@@ -9,18 +10,14 @@ using nlohmann::json;
 namespace {
 
 bool IsNonce(const json& j) {
-  if (!j.is_string()) return false;
-  const std::string& s = j.get_ref<const std::string&>();
+  const std::string* p = j.get_ptr<const std::string*>();  // null unless a string
+  if (p == nullptr) return false;
+  const std::string& s = *p;
   if (s.size() != proto::kSessionTokenBytes) return false;
   for (char c : s) {
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   }
   return true;
-}
-
-std::string TypeOf(const json& frame) {
-  const auto t = frame.find("type");
-  return t != frame.end() && t->is_string() ? t->get<std::string>() : std::string();
 }
 
 }  // namespace
@@ -54,21 +51,20 @@ json ServerHandshake::Challenge() const {
 }
 
 Status ServerHandshake::OnHello(const json& frame, const std::string& peer, proto::Hello* hello) {
-  const std::string type = TypeOf(frame);
+  const std::string& type = proto::TypeOf(frame);
   if (type != proto::msg::kHello) {
     return Status::Unauthenticated("expected 'hello' before anything else, got " + proto::Quote(type));
   }
   // The MAC first: a peer without the secret gets no further than this, whatever else it sent.
-  const auto mac = frame.find("mac");
-  mac_ok_ = mac != frame.end() && mac->is_string() &&
-            MacEqual(mac->get_ref<const std::string&>(), HelloMac(secret_, nonce_, frame));
+  const std::string* mac = proto::FieldOf(frame, "mac").get_ptr<const std::string*>();
+  mac_ok_ = mac != nullptr && MacEqual(*mac, HelloMac(secret_, nonce_, frame));
   if (!mac_ok_) {
     return Status::Unauthenticated("bad HMAC from " + peer + ": the peer's --secret_file differs from the server's");
   }
   state_ = State::kHelloProven;
   // From here on the peer holds the secret: a refusal carries our proof over its nonce, even when
   // another field of its hello is refused (it would otherwise retry, unable to trust the error).
-  if (const auto n = frame.find("nonce"); n != frame.end() && IsNonce(*n)) peer_nonce_ = n->get<std::string>();
+  if (const json& n = proto::FieldOf(frame, "nonce"); IsNonce(n)) peer_nonce_ = *n.get_ptr<const std::string*>();
   EDL_RETURN_IF_ERROR(hello->DecodeFrom(frame));
   peer_nonce_ = hello->nonce;
   return Status::OK();
@@ -103,7 +99,7 @@ PeerHandshake::PeerHandshake(std::string secret, proto::Hello hello)
 }
 
 Status PeerHandshake::OnChallenge(const json& frame, const std::string& peer, json* hello_out) {
-  const std::string type = TypeOf(frame);
+  const std::string& type = proto::TypeOf(frame);
   if (type == proto::msg::kError) {
     state_ = State::kFailed;
     bool proven = false;
@@ -125,7 +121,7 @@ Status PeerHandshake::OnChallenge(const json& frame, const std::string& peer, js
 Status PeerHandshake::OnReply(const json& frame, const std::string& peer, proto::Welcome* welcome, bool* proven) {
   *proven = false;
   state_ = State::kFailed;
-  const std::string type = TypeOf(frame);
+  const std::string& type = proto::TypeOf(frame);
   if (type == proto::msg::kError) return PreAuthError(frame, secret_, hello_.nonce, peer, proven);
   if (type != proto::msg::kWelcome) {
     return Status::Corruption("expected a welcome from " + peer + ", got " + proto::Quote(type));

@@ -2,6 +2,8 @@
 
 #include <glog/logging.h>
 
+#include "edl/proto/frame.h"
+
 namespace edl::net {
 
 using nlohmann::json;
@@ -65,13 +67,13 @@ StatusOr<std::unique_ptr<TrainerChannel>> TrainerChannel::Connect(const std::str
   hello.EncodeTo(&j);
   EDL_RETURN_IF_ERROR(sock.value()->Send(j, timeout));
   EDL_RETURN_IF_ERROR(sock.value()->Receive(&j, timeout).WithContext("waiting for the client's welcome"));
-  if (j["type"] == proto::msg::kError) {
+  if (proto::TypeOf(j) == proto::msg::kError) {
     proto::ErrorMsg e;
     EDL_RETURN_IF_ERROR(e.DecodeFrom(j));
     return e.ToStatus();
   }
-  if (j["type"] != proto::msg::kWelcome) {
-    return Status::Corruption("client at " + socket_path + " answered " + j["type"].dump() +
+  if (proto::TypeOf(j) != proto::msg::kWelcome) {
+    return Status::Corruption("client at " + socket_path + " answered " + proto::Quote(proto::TypeOf(j)) +
                               " instead of welcome");
   }
   return std::unique_ptr<TrainerChannel>(
@@ -118,7 +120,7 @@ void TrainerChannel::ReaderLoop() {
 }
 
 void TrainerChannel::HandleMessage(const json& msg) {
-  const std::string& type = msg["type"].get_ref<const std::string&>();
+  const std::string& type = proto::TypeOf(msg);
   if (type == proto::msg::kGeneration) {
     proto::GenerationUpdate u;
     Status s = u.DecodeFrom(msg);

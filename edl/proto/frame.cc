@@ -119,6 +119,13 @@ Status DecodePayload(const char* data, size_t size, nlohmann::json* msg) {
   return Status::OK();
 }
 
+const std::string& TypeOf(const nlohmann::json& msg) {
+  static const std::string kNone;
+  if (!msg.is_object()) return kNone;
+  const auto it = msg.find("type");
+  return it != msg.end() && it->is_string() ? it->get_ref<const std::string&>() : kNone;
+}
+
 std::string EncodeFrame(const nlohmann::json& msg) {
   std::string out(kFrameHeaderBytes, '\0');
   out += msg.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -63,6 +63,10 @@ Status CheckJsonDepth(const char* data, size_t size, int max_depth = kMaxJsonDep
 // lowercase letters / '_'. Never throws; errors quote at most a short prefix of the payload.
 Status DecodePayload(const char* data, size_t size, nlohmann::json* msg);
 
+// The "type" of `msg`: what DecodePayload checked; "" for a value without a string "type" (a
+// message this process built wrong). Never throws.
+const std::string& TypeOf(const nlohmann::json& msg);
+
 // Header + payload of `msg` (which must be an object with a "type"), unsealed. Never throws: a
 // value that cannot be serialised (invalid UTF-8) is replaced by U+FFFD.
 std::string EncodeFrame(const nlohmann::json& msg);

@@ -216,7 +216,7 @@ void TeacherClient::Impl::DiscoveryLoop() {
       cv_.wait_for(l.native(), std::chrono::hours(24 * 365), [this]() REQUIRES(mu_) { return stop_; });
       return;
     }
-    const std::string type = j["type"].get<std::string>();
+    const std::string type = proto::TypeOf(j);
     if (type == proto::msg::kError) {
       proto::ErrorMsg e;
       LOG(ERROR) << "distill: the server " << o_.server << " sent an error: "
@@ -452,7 +452,7 @@ void TeacherClient::Impl::ReaderLoop(std::shared_ptr<Teacher> t) {
       DropTeacher(t.get(), "connection lost: " + s.ToString());
       return;
     }
-    if (j["type"] == proto::msg::kError) {
+    if (proto::TypeOf(j) == proto::msg::kError) {
       proto::ErrorMsg e;
       MutexLock l(&mu_);
       DropTeacher(t.get(), "it sent an error: " +
@@ -460,9 +460,9 @@ void TeacherClient::Impl::ReaderLoop(std::shared_ptr<Teacher> t) {
       return;
     }
     proto::TeacherReply r;
-    if (j["type"] != proto::msg::kTeacherReply || !(s = r.DecodeFrom(j)).ok()) {
+    if (proto::TypeOf(j) != proto::msg::kTeacherReply || !(s = r.DecodeFrom(j)).ok()) {
       MutexLock l(&mu_);
-      DropTeacher(t.get(), s.ok() ? "unexpected message " + proto::QuoteJson(j["type"]) : s.ToString());
+      DropTeacher(t.get(), s.ok() ? "unexpected message " + proto::Quote(proto::TypeOf(j)) : s.ToString());
       return;
     }
     OnReply(t.get(), r);

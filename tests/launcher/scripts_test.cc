@@ -7,9 +7,11 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <vector>
@@ -544,6 +546,31 @@ TEST(ScriptsLintTest, ShellcheckClean) {
                           " && shellcheck -x scripts/start_job_server.sh scripts/start_job_client.sh "
                           "scripts/ssh_cluster.sh scripts/edl_common.sh scripts/slurm/edl.sbatch";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// Bytes from peers are read through the decoders only (scripts/check_json_reads.sh): the tree is
+// clean, and the check names a planted read (it can fail).
+TEST(ScriptsLintTest, NoJsonReadOutsideTheDecoders) {
+  edl::test::ScratchDir dir("edl-json-reads");
+  const std::string out = dir.path() + "/out";
+  const std::string cmd = "cd " + edl::test::SourceDir() + " && scripts/check_json_reads.sh >" + out + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(out);
+  const std::string planted = dir.path() + "/planted.cc";
+  {
+    std::ofstream f(planted);
+    f << "#include <nlohmann/json.hpp>\n"
+         "int F(const nlohmann::json& peer) {\n"
+         "  return peer.value(\"step\", 0);  // reads a peer's field\n"
+         "}\n"
+         "bool G(const nlohmann::json& m) { return m[\"type\"] == \"x\"; }\n"
+         "void H(nlohmann::json& j) { j[\"ok\"] = true; }\n";
+  }
+  const std::string bad = edl::test::SourceDir() + "/scripts/check_json_reads.sh " + planted + " >" + out + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 1);
+  const std::string said = ReadFile(out);
+  EXPECT_NE(said.find("planted.cc:3:"), std::string::npos) << said;
+  EXPECT_NE(said.find("planted.cc:5:"), std::string::npos) << said;
+  EXPECT_EQ(said.find("planted.cc:6:"), std::string::npos) << "an assignment builds JSON: " << said;
 }
 
 }  // namespace
