@@ -112,6 +112,9 @@ class Server {
   void Shutdown(bool stop_clients);
 
  private:
+  // tests/fuzz/server_driver.h: hands frames of attached peers to OnMessage without sockets and
+  // the handshake (the structure-aware fuzz target and its test).
+  friend class ServerDriver;
   // Shutdown; `farewell` (when set) is the last frame each client gets: it is written before the
   // connection closes (bounded: Connection::SendAndClose), and the loop stops once every such
   // connection has closed, at most kFarewellDrain after.
