@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Fuzzing run (~10-30 minutes on 2 cores): every libFuzzer harness of tests/fuzz (wire frames,
 # message decoders, scaling script, --config INI, checkpoint metadata, image files, HTTP request
-# heads) under ASan+UBSan, starting
-# from its seed corpus, until TOTAL executions have run across them, JOBS harnesses at a time. Each
+# heads, and the job server's decode and dispatch of type-mutated peer messages) under ASan+UBSan,
+# starting from its seed corpus, until TOTAL executions have run across them, JOBS harnesses at a time. Each
 # harness gets a share of TOTAL (percent, SHARES below) so that they take similar times: the config
 # harness goes through Boost.Program_options and a file per input, ~20x slower than the others.
 # A crash, leak, sanitizer report or timeout is saved as build-asan/fuzz/crashes/<harness>-<kind>-<sha1>
@@ -13,15 +13,24 @@
 # (libFuzzer's "cov:" edges after loading the corpus, INITED, and at the end; summed over the
 # harnesses), and one for the crashes (target 0).
 # Usage: bench/fuzz.sh [TOTAL]   env: JOBS (default nproc), ASAN_DIR (default build-asan),
-#        BUILD=0 (use the harnesses already built there instead of `make asan`)
+#        BUILD=0 (use the harnesses already built there instead of `make asan`), ONLY (below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOTAL=${1:-10000000}
 JOBS=${JOBS:-$(nproc)}
 ASAN_DIR=${ASAN_DIR:-build-asan}
 MAX_CRASHES=${MAX_CRASHES:-3}
-HARNESSES=(frame messages scaling config ckpt_meta image http_request)
-SHARES=(24 16 24 3 13 10 10)
+HARNESSES=(frame messages scaling config ckpt_meta image http_request server_dispatch)
+SHARES=(20 14 20 3 11 8 8 16)
+# ONLY="h1 h2": these harnesses only, TOTAL shared equally (e.g. ONLY=server_dispatch).
+if [ -n "${ONLY:-}" ]; then
+  read -r -a HARNESSES <<<"$ONLY"
+  SHARES=()
+  for h in "${HARNESSES[@]}"; do
+    [ -f "tests/fuzz/${h}_fuzzer.cc" ] || { echo "fuzz.sh: no harness '$h' (tests/fuzz/${h}_fuzzer.cc)" >&2; exit 2; }
+    SHARES+=($(( 100 / ${#HARNESSES[@]} )))
+  done
+fi
 
 targets=""
 for h in "${HARNESSES[@]}"; do targets="$targets fuzz_$h"; done
