@@ -105,7 +105,7 @@ Status CheckSgdRange(const Tensor& params, const Tensor& grads, const Tensor& mo
   return Status::OK();
 }
 
-StatusOr<int> ResolveCudaDevice(int requested, int local_rank, int visible) {
+StatusOr<int> ResolveCudaDevice(int requested, int hint, int visible) {
   const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
   const std::string seen = std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") +
                            " visible" +
@@ -114,11 +114,11 @@ StatusOr<int> ResolveCudaDevice(int requested, int local_rank, int visible) {
     return Status::InvalidArgument("--device cuda: " + seen +
                                    "; check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu");
   }
-  if (requested == kAutoCudaDevice) return visible > 1 ? std::max(local_rank, 0) % visible : 0;
+  if (requested == kAutoCudaDevice) return visible > 1 ? std::max(hint, 0) % visible : 0;
   if (requested < 0 || requested >= visible) {
     return Status::InvalidArgument("--cuda_device " + std::to_string(requested) + " is out of range: " +
                                    seen + "; use 0.." + std::to_string(visible - 1) +
-                                   ", or leave it unset (LOCAL_RANK modulo the visible devices)");
+                                   ", or leave it unset (the slot, or LOCAL_RANK, modulo the visible devices)");
   }
   return requested;
 }

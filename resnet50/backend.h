@@ -126,9 +126,9 @@ struct SgdParams {
 struct BackendOptions {
   int threads = 0;       // CPU: compute threads (OpenMP); 0 = all cores. Ignored by CUDA.
   // CUDA: device ordinal (after CUDA_VISIBLE_DEVICES); kAutoCudaDevice: ResolveCudaDevice's
-  // default from local_rank. Ignored by CPU.
+  // default from device_hint. Ignored by CPU.
   int cuda_device = -1;
-  int local_rank = 0;    // CUDA: LOCAL_RANK (the env contract), for the default device
+  int device_hint = 0;   // CUDA: EnvContract::DeviceHint() (the slot, or LOCAL_RANK), the default device
   // CUDA: compute precision of activations and convolutions: fp32 | bf16 | fp16 (fp16 adds dynamic
   // loss scaling); parameters, gradients and optimizer state stay fp32. Ignored by CPU (fp32).
   std::string precision = "fp32";
@@ -137,11 +137,12 @@ struct BackendOptions {
 inline constexpr int kAutoCudaDevice = -1;
 
 // The CUDA device a trainer uses: `requested` (--cuda_device) when it is not kAutoCudaDevice, else
-// LOCAL_RANK modulo the visible devices when more than one is visible (trainers of one node under
-// `edl launch --nproc_per_node`, `edl client --slots` or torchrun, each seeing every GPU), else 0
-// (a trainer that sees one GPU, e.g. through `edl client --gpus`). InvalidArgument naming the flag,
-// the visible count and the fix when `requested` is out of range or no device is visible.
-StatusOr<int> ResolveCudaDevice(int requested, int local_rank, int visible);
+// `hint` (EnvContract::DeviceHint(): the slot under `edl client --slots`, LOCAL_RANK under `edl
+// launch --nproc_per_node` or torchrun, each trainer seeing every GPU) modulo the visible devices
+// when more than one is visible, else 0 (a trainer that sees one GPU, e.g. through `edl client
+// --gpus`). InvalidArgument naming the flag, the visible count and the fix when `requested` is out
+// of range or no device is visible.
+StatusOr<int> ResolveCudaDevice(int requested, int hint, int visible);
 
 // ---------------------------------------------------------------------------------------------
 // Backend. Shapes in comments: N batch, C/K channels, H/W spatial, M output features.

@@ -120,8 +120,9 @@ po::options_description Flags(Config* c) {
       ("eval", po::value(&c->loop.eval)->default_value(true), "evaluate on the test split after every epoch")
       ("device", po::value(&c->trainer.device)->default_value("cpu"), "cpu|cuda|auto")
       ("cuda_device", po::value(&c->trainer.cuda_device)->default_value(-1, "-1"),
-       "CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for the model and NCCL; -1 = LOCAL_RANK "
-       "modulo the visible devices when more than one is visible, else 0")
+       "CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for the model and NCCL; -1 = the slot "
+       "(EDL_SLOT, under edl client) or LOCAL_RANK modulo the visible devices when more than one is "
+       "visible, else 0")
       ("precision", po::value(&c->trainer.precision)->default_value("fp32"),
        "cuda: fp32|bf16|fp16 activations and convolutions (fp32 master weights; fp16 adds loss "
        "scaling); cpu: fp32 only");
@@ -177,7 +178,8 @@ Status Validate(const Config& c) {
   }
   if (t.cuda_device < -1) {
     return Status::InvalidArgument("--cuda_device " + std::to_string(t.cuda_device) +
-                                   " is not a device ordinal; use 0, 1, ... or -1 (LOCAL_RANK modulo the visible devices)");
+                                   " is not a device ordinal; use 0, 1, ... or -1 (the slot, or LOCAL_RANK, modulo the "
+                                   "visible devices)");
   }
   if (t.device == "cpu" && t.precision != "fp32") {
     return Status::InvalidArgument("--precision " + t.precision + " needs --device cuda (or auto); the CPU backend is fp32");
@@ -249,20 +251,22 @@ StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c, Datasets* ahead 
 // A warm spare (EDL_SPARE, README "Warm spares"): a full spare loads the data, builds the trainer
 // and warms it up at the world it expects to join; a host spare loads the data into *ahead (no
 // device in it) and builds nothing: its device is named by the assignment, and CUDA must not start
-// before it. Then it waits for the client's assignment and turns *plan into the assigned one. The
-// prepared trainer, or Unavailable when there is none (a host spare; an assignment whose threads
-// or local rank differ from what the spare prepared for: the caller builds it). *released: the
-// client let the spare go before assigning it (exit 0).
+// before it. A full spare of a trainer that may run on a GPU (--device cuda or auto) prepares as a
+// host spare too: which GPU is its slot's (EnvContract::DeviceHint), known only at the assignment.
+// Then it waits for the client's assignment and turns *plan into the assigned one. The prepared
+// trainer, or Unavailable when there is none (a host spare; an assignment whose threads differ
+// from what the spare prepared for: the caller builds it). *released: the client let the spare go
+// before assigning it (exit 0).
 StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* plan, bool* released,
                                                 Datasets* ahead) {
   const int64_t t0 = Clock::Real()->NowMicros();
   const runtime::EnvContract spare = plan->env;
   TrainerOptions o = c->trainer;
   o.trainers_on_node = spare.TrainersOnNode();
-  o.local_rank = spare.local_rank;
+  o.device_hint = spare.DeviceHint();
   std::unique_ptr<Trainer> prepared;
   int64_t warmed = 0;
-  if (spare.spare == runtime::SpareKind::kFull) {
+  if (spare.spare == runtime::SpareKind::kFull && o.device == "cpu") {
     auto t = MakeTrainer([&] {
       Config copy = *c;
       copy.trainer = o;
@@ -293,8 +297,8 @@ StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* pla
   std::cout << "edl train: spare " << spare.trainer_id << " is now trainer " << plan->env.trainer_id << std::endl;
   if (!prepared) return Status::Unavailable("no trainer prepared");
   const auto threads = [&](int trainers_on_node) { return o.threads > 0 ? o.threads : DefaultThreads(trainers_on_node); };
-  if (threads(plan->env.TrainersOnNode()) != threads(o.trainers_on_node) || plan->env.local_rank != o.local_rank) {
-    std::cout << "edl train: the assignment's threads / local rank differ from the spare's; building anew" << std::endl;
+  if (threads(plan->env.TrainersOnNode()) != threads(o.trainers_on_node)) {
+    std::cout << "edl train: the assignment's threads differ from the spare's; building anew" << std::endl;
     return Status::Unavailable("prepared for other threads");
   }
   c->loop.elastic.warmed_samples = warmed;
@@ -338,7 +342,7 @@ int RunTrainMain(int argc, char** argv) {
   plan.value().ApplyTo(&c.loop.elastic);
   c.loop.elastic.start_micros = was_spare ? Clock::Real()->NowMicros() : start_micros;
   c.trainer.trainers_on_node = plan.value().env.TrainersOnNode();
-  c.trainer.local_rank = plan.value().env.local_rank;
+  c.trainer.device_hint = plan.value().env.DeviceHint();
   if (!trainer.ok()) trainer = MakeTrainer(c, &ahead);
   if (!trainer.ok()) return Fail(trainer.status());
   Trainer* t = trainer.value().get();

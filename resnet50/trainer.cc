@@ -38,7 +38,7 @@ Status Trainer::Init() {
   bo.threads = threads_;
   bo.precision = options_.precision;
   bo.cuda_device = options_.cuda_device;
-  bo.local_rank = options_.local_rank;
+  bo.device_hint = options_.device_hint;
   std::string device = options_.device;
   if (device == "auto") {
     auto cuda = CreateBackend("cuda", bo);

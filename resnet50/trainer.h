@@ -31,8 +31,8 @@ struct TrainerOptions {
   int trainers_on_node = 1;    // trainers sharing this node's cores (the env contract's
                                // EnvContract::TrainersOnNode())
   std::string precision = "fp32";  // CUDA compute precision: fp32 | bf16 | fp16 (CPU: fp32 only)
-  int cuda_device = -1;        // --cuda_device; -1: LOCAL_RANK modulo the visible GPUs (ResolveCudaDevice)
-  int local_rank = 0;          // LOCAL_RANK of the env contract
+  int cuda_device = -1;        // --cuda_device; -1: device_hint modulo the visible GPUs (ResolveCudaDevice)
+  int device_hint = 0;         // EnvContract::DeviceHint(): the slot, or LOCAL_RANK
   ModelConfig model;           // in_channels / image_size / num_classes come from the data
   float momentum = 0.9f;
   float weight_decay = 5e-4f;  // on conv/fc weights (and on BN/bias when model.decay_bn_and_bias)

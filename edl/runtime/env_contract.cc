@@ -67,6 +67,8 @@ int EnvContract::TrainersOnNode() const {
   return has_world && local_world_size > 0 ? local_world_size : 1;
 }
 
+int EnvContract::DeviceHint() const { return client_socket.empty() ? local_rank : slot; }
+
 std::map<std::string, std::string> BuildTrainerEnv(const EnvContract& c) {
   std::map<std::string, std::string> e;
   e[env::kJobId] = c.job_id;

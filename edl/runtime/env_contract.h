@@ -120,6 +120,12 @@ struct EnvContract {
 
   // Trainers sharing this node's cores: EDL_LOCAL_TRAINERS, else LOCAL_WORLD_SIZE, at least 1.
   int TrainersOnNode() const;
+  // The device a trainer takes by default, as an index into the visible devices (modulo their
+  // count): its slot when an edl client started it (the slot is the node's GPU index, whatever
+  // the trainer's rank; a joiner's or a spare's LOCAL_RANK says nothing about its GPU), else
+  // LOCAL_RANK (torchrun, `edl launch`). Under --gpus the client also sets CUDA_VISIBLE_DEVICES
+  // to the slot's GPU alone, which is then device 0 either way.
+  int DeviceHint() const;
 };
 
 // The env entries for `c`, to put into launcher::TrainerSpec::env.

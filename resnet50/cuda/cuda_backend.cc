@@ -629,7 +629,7 @@ StatusOr<std::unique_ptr<Backend>> NewCudaBackend(const BackendOptions& options)
                           : std::string("no device visible")) +
         "); check nvidia-smi, the driver and CUDA_VISIBLE_DEVICES, or use --device cpu");
   }
-  auto device = ResolveCudaDevice(options.cuda_device, options.local_rank, count);
+  auto device = ResolveCudaDevice(options.cuda_device, options.device_hint, count);
   if (!device.ok()) return device.status();
   BackendOptions resolved = options;
   resolved.cuda_device = device.value();

@@ -25,6 +25,9 @@
 
 #include "edl/net/auth.h"
 #include "edl/net/framed_socket.h"
+#include "edl/proto/frame.h"
+#include "edl/runtime/env_contract.h"
+#include "resnet50/backend.h"
 #include "tests/testutil.h"
 
 namespace edl::jobclient {
@@ -540,6 +543,79 @@ TEST_F(ClientTest, TheNextTrainerIsTheWarmSpareWithItsGpu) {
   launcher_->End("n1-spare-1", done);
   const proto::TrainerExit e = server_.NextExit();
   EXPECT_EQ(e.trainer_id, "n1-b");
+}
+
+// On a node whose trainers each see every GPU (`edl client --slots`, no --gpus), the device a
+// trainer opens by default is its slot's (EnvContract::DeviceHint, then ResolveCudaDevice's
+// modulo): first-generation members whose local ranks differ from their slots, a prepared joiner
+// (LOCAL_RANK 0) and a warm spare assigned to a slot each land on that slot's GPU, never on GPU 0
+// by default. The stand-in trainers report the device from the env the client gave them.
+TEST_F(ClientTest, EveryTrainerOpensItsSlotsGpuUnderCpuSlots) {
+  options_.slots = {0, 1, 2, 3};
+  options_.gpu_slots = false;
+  options_.spares = 1;
+  StartClient(false);
+  constexpr int kVisibleGpus = 8;
+  auto device_of = [](const std::map<std::string, std::string>& env) {  // what the trainer opens
+    auto c = runtime::ParseTrainerEnv(env);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    if (!c.ok()) return -1;
+    auto d = resnet50::ResolveCudaDevice(resnet50::kAutoCudaDevice, c.value().DeviceHint(), kVisibleGpus);
+    return d.ok() ? d.value() : -1;
+  };
+  SendGeneration(1, {Member("n1-a", "n1", 3, 0), Member("n1-b", "n1", 1, 1)}, "start");
+  ASSERT_TRUE(launcher_->WaitStarted(2));
+  EXPECT_EQ(EnvOf(launcher_->child("n1-a"), env::kLocalRank), "0");
+  EXPECT_EQ(device_of(launcher_->child("n1-a").spec.env), 3);
+  EXPECT_EQ(EnvOf(launcher_->child("n1-b"), env::kLocalRank), "1");
+  EXPECT_EQ(device_of(launcher_->child("n1-b").spec.env), 1);
+  auto a = ConnectTrainer("n1-a");
+  auto b = ConnectTrainer("n1-b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(launcher_->WaitStarted(3));  // the spare
+  const FakeChild spare = launcher_->children()[2];
+  ASSERT_EQ(spare.id, "n1-spare-1");
+  EXPECT_EQ(EnvOf(spare, env::kSpare), "full");  // CPU slots: it may prepare its model (on the CPU)
+  // A joiner prepared on slot 2.
+  proto::Prepare p;
+  p.generation = 2;
+  p.job_id = "job7";
+  p.world_size = 3;
+  p.joiners = {Member("n1-j", "n1", 2, 2)};
+  json j;
+  p.EncodeTo(&j);
+  auto s = net::FramedSocket::ConnectUnix(options_.socket_path, kWait);  // the spare waits first
+  ASSERT_OK(s.status());
+  proto::SpareHello h;
+  h.spare_id = "n1-spare-1";
+  ASSERT_OK(s.value()->Send(h.Encoded(), kWait));
+  ASSERT_OK(s.value()->Receive(&j, kWait));
+  ASSERT_EQ(proto::TypeOf(j), proto::msg::kWelcome) << j.dump();
+  p.EncodeTo(&j);
+  server_.Send(j);
+  // The joiner is the spare: its assignment names slot 2 and LOCAL_RANK 0.
+  ASSERT_OK(s.value()->Receive(&j, kWait));
+  proto::SpareAssign assign;
+  ASSERT_TRUE(assign.DecodeFrom(j).ok()) << j.dump();
+  EXPECT_EQ(assign.env[env::kTrainerId], "n1-j");
+  EXPECT_EQ(assign.env[env::kLocalRank], "0");
+  EXPECT_EQ(assign.env.count(env::kCudaVisibleDevices), 0u);
+  EXPECT_EQ(device_of(std::map<std::string, std::string>(assign.env.begin(), assign.env.end())), 2);
+  // A second joiner, started cold (no spare is prepared yet), on slot 0.
+  p.generation = 3;
+  p.world_size = 4;
+  p.joiners = {Member("n1-k", "n1", 0, 3)};
+  p.EncodeTo(&j);
+  server_.Send(j);
+  ASSERT_TRUE(launcher_->WaitFor([](const std::vector<FakeChild>& c) {
+    for (const FakeChild& x : c) {
+      if (x.id == "n1-k") return true;
+    }
+    return false;
+  }));
+  EXPECT_EQ(EnvOf(launcher_->child("n1-k"), env::kLocalRank), "0");
+  EXPECT_EQ(device_of(launcher_->child("n1-k").spec.env), 0);
 }
 
 TEST_F(ClientTest, SilentTrainerIsKilledAfterTheChannelTimeout) {

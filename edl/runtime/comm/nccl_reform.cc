@@ -90,7 +90,7 @@ std::string DuplicateGpuMessage(const std::string& nccl_error,
     msg += "two trainers are on the same GPU (" + nccl_error.substr(at) + ")";
   }
   msg += ", and one NCCL communicator takes one GPU per rank. Give each trainer its own GPU: "
-         "`edl train --cuda_device N` (default LOCAL_RANK modulo the visible GPUs), `edl client "
+         "`edl train --cuda_device N` (default: the slot, or LOCAL_RANK, modulo the visible GPUs), `edl client "
          "--gpus` (one CUDA_VISIBLE_DEVICES per slot), at most as many trainers per node as GPUs; "
          "or use --comm gloo to share a GPU";
   return msg;
