@@ -25,32 +25,6 @@ constexpr char kUsage[] =
     "The per-node agent: connects to `edl server`, offers this node's slots, and starts/stops\n"
     "trainers (the command from this node's own flags or config, never from the network).";
 
-// Splits "a b 'c d'" the way a shell would for simple cases (single/double quotes, no escapes).
-std::vector<std::string> SplitCommand(const std::string& s) {
-  std::vector<std::string> out;
-  std::string cur;
-  bool in_word = false;
-  char quote = 0;
-  for (char c : s) {
-    if (quote) {
-      if (c == quote) quote = 0;
-      else cur += c;
-    } else if (c == '\'' || c == '"') {
-      quote = c;
-      in_word = true;
-    } else if (c == ' ' || c == '\t') {
-      if (in_word) out.push_back(cur);
-      cur.clear();
-      in_word = false;
-    } else {
-      cur += c;
-      in_word = true;
-    }
-  }
-  if (in_word) out.push_back(cur);
-  return out;
-}
-
 Status ParseSlots(const std::string& gpus, int slots, ClientOptions* o) {
   if (!gpus.empty() && slots > 0) return Status::InvalidArgument("give either --gpus or --slots, not both");
   if (!gpus.empty()) {
@@ -102,7 +76,9 @@ Status ParseJobTypes(const std::vector<std::string>& types, const std::vector<st
     std::string name, command;
     EDL_RETURN_IF_ERROR(split(item, "job_type", &name, &command));
     if (o->job_types.count(name)) return Status::InvalidArgument("--job_type " + name + " is given twice");
-    o->job_types[name].argv = SplitCommand(command);
+    auto argv = SplitCommandLine(command, "--job_type " + name);
+    if (!argv.ok()) return argv.status();
+    o->job_types[name].argv = std::move(argv.value());
   }
   for (const std::string& item : flags) {
     std::string name, list;
@@ -143,9 +119,10 @@ Status ParseServices(const std::vector<std::string>& items, int slots, ClientOpt
                                      "letters, digits, '.', '_', '-'");
     }
     if (o->teachers.commands.count(name)) return Status::InvalidArgument("--service " + name + " is given twice");
-    std::vector<std::string> argv = SplitCommand(Trim(item.substr(eq + 1)));
-    EDL_RETURN_IF_ERROR(CheckServiceCommand(name, argv));
-    o->teachers.commands[name] = std::move(argv);
+    auto argv = SplitCommandLine(Trim(item.substr(eq + 1)), "--service " + name);
+    if (!argv.ok()) return argv.status();
+    EDL_RETURN_IF_ERROR(CheckServiceCommand(name, argv.value()));
+    o->teachers.commands[name] = std::move(argv.value());
   }
   return Status::OK();
 }
@@ -188,12 +165,19 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
        "a distillation service whose teachers this node runs when the server asks (`edl ctl scale SERVICE N`): "
        "NAME = COMMAND ARGS... (an `edl teacher` command without --service, --name, --server, --secret_file, "
        "--advertise_host, --exit_with_parent: the client adds them; repeat per service)")
-      ("teacher_slots", po::value<int>(&teacher_slots)->default_value(1), "teachers this node runs at once (1..64)")
-      ("trainer_args", po::value<std::vector<std::string>>(&rest), "the trainer command after --");
-  po::positional_options_description pos;
-  pos.add("trainer_args", -1);
+      ("teacher_slots", po::value<int>(&teacher_slots)->default_value(1), "teachers this node runs at once (1..64)");
+  // The trainer command is everything after `--`, word for word; before it, every word is a flag
+  // or a flag's value (a stray word is refused, not taken as the start of a command).
+  int flags_end = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--") {
+      flags_end = i;
+      break;
+    }
+  }
+  for (int i = flags_end + 1; i < argc; ++i) rest.emplace_back(argv[i]);
   ParsedFlags pf;
-  EDL_RETURN_IF_ERROR(ParseFlags("client", kUsage, d, argc, argv, &pf, &pos));
+  EDL_RETURN_IF_ERROR(ParseFlags("client", kUsage, d, flags_end, argv, &pf));
   *help = pf.help;
   if (pf.help) return Status::OK();
   EDL_RETURN_IF_ERROR(net::ReadSecretFile(secret_file, &o->secret));
@@ -218,8 +202,13 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   if (o->spares < 0 || o->spares > ClientOptions::kMaxSpares) {
     return Status::InvalidArgument("--spares must be in 0.." + std::to_string(ClientOptions::kMaxSpares));
   }
-  o->trainer_argv = !rest.empty() ? rest : SplitCommand(trainer_cmd);
   if (!rest.empty() && !trainer_cmd.empty()) return Status::InvalidArgument("give the trainer command with --trainer_cmd or after --, not both");
+  if (rest.empty()) {
+    auto argv = SplitCommandLine(trainer_cmd, "--trainer_cmd");
+    if (!argv.ok()) return argv.status();
+    rest = std::move(argv.value());
+  }
+  o->trainer_argv = rest;
   EDL_RETURN_IF_ERROR(ParseJobTypes(job_types, job_flags, o));
   EDL_RETURN_IF_ERROR(ParseServices(services, teacher_slots, o));
   o->teachers.secret_file = secret_file;

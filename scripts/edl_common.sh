@@ -192,17 +192,35 @@ edl_last_error() {
   echo "$line"
 }
 
-# Splits a command line into the array EDL_WORDS the way `edl client --trainer_cmd` does: at
-# blanks, with single or double quotes around parts of a word, no escapes.
+# Splits a command line into the array EDL_WORDS the way `edl client --trainer_cmd` does
+# (edl::SplitCommandLine, edl/base/flags.h; ScriptsTest checks the two agree): at blanks; '...'
+# keeps everything; "..." keeps everything but a backslash before " \ $ ` (which it escapes);
+# outside quotes a backslash keeps the next character. No expansion. Returns 1 (EDL_WORDS then
+# holds the words so far) for an unterminated quote or a trailing backslash.
 edl_split_command() {
-  local s="$1" c cur="" quote="" in_word=0 i
+  local s="$1" c n cur="" quote="" in_word=0 i
   EDL_WORDS=()
   for ((i = 0; i < ${#s}; i++)); do
     c="${s:i:1}"
-    if [ -n "$quote" ]; then
-      if [ "$c" = "$quote" ]; then quote=""; else cur+="$c"; fi
+    if [ "$quote" = "'" ]; then
+      if [ "$c" = "'" ]; then quote=""; else cur+="$c"; fi
+    elif [ "$quote" = '"' ]; then
+      n="${s:i+1:1}"
+      if [ "$c" = '"' ]; then
+        quote=""
+      elif [ "$c" = "\\" ] && [ -n "$n" ] && [[ "$n" == [\"\\\$\`] ]]; then
+        cur+="$n"
+        i=$((i + 1))
+      else
+        cur+="$c"
+      fi
     elif [ "$c" = "'" ] || [ "$c" = '"' ]; then
       quote="$c"
+      in_word=1
+    elif [ "$c" = "\\" ]; then
+      [ $((i + 1)) -lt ${#s} ] || return 1
+      i=$((i + 1))
+      cur+="${s:i:1}"
       in_word=1
     elif [ "$c" = ' ' ] || [ "$c" = $'\t' ]; then
       if [ $in_word = 1 ]; then EDL_WORDS+=("$cur"); fi
@@ -213,7 +231,9 @@ edl_split_command() {
       in_word=1
     fi
   done
+  [ -z "$quote" ] || return 1
   if [ $in_word = 1 ]; then EDL_WORDS+=("$cur"); fi
+  return 0
 }
 
 # Prints a daemon's error line with what the scripts call the thing it names: the server's
@@ -230,7 +250,7 @@ edl_explain() {
 # after env's options and NAME=VALUE words.
 edl_trainer_program() {
   local w after_env=0 skip_next=0
-  edl_split_command "$1"
+  edl_split_command "$1" || return 0
   for w in "${EDL_WORDS[@]}"; do
     if [ $skip_next = 1 ]; then
       skip_next=0
@@ -252,7 +272,7 @@ edl_trainer_program() {
 # `--checkpoint_dir=DIR`), or nothing.
 edl_checkpoint_dir_of() {
   local i
-  edl_split_command "$1"
+  edl_split_command "$1" || return 0
   for ((i = 0; i < ${#EDL_WORDS[@]}; i++)); do
     case "${EDL_WORDS[$i]}" in
       --checkpoint_dir=*) echo "${EDL_WORDS[$i]#--checkpoint_dir=}"; return 0 ;;

@@ -89,7 +89,9 @@ check_node() {
   if [ -n "${EDL_ADVERTISE_ADDR:-}" ] && ! edl_is_own_address "$EDL_ADVERTISE_ADDR"; then
     echo "EDL_ADVERTISE_ADDR=$EDL_ADVERTISE_ADDR (this node's address, which its trainers bind) is not an address of $(hostname) (it has: $(hostname -I 2>/dev/null | xargs)); fix the node's address column in the hosts file, or EDL_ADVERTISE_ADDR"
   fi
-  if [ -n "${EDL_TRAINER_CMD:-}" ]; then
+  if [ -n "${EDL_TRAINER_CMD:-}" ] && ! edl_split_command "$EDL_TRAINER_CMD"; then
+    echo "EDL_TRAINER_CMD='$EDL_TRAINER_CMD' has an unterminated quote or ends with a backslash: close the quote (a word holding a space is written 'a b' or a\\ b)"
+  elif [ -n "${EDL_TRAINER_CMD:-}" ]; then
     program="$(edl_trainer_program "$EDL_TRAINER_CMD")"
     if [ -z "$program" ]; then
       echo "EDL_TRAINER_CMD='$EDL_TRAINER_CMD' names no program"

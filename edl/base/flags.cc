@@ -1,5 +1,6 @@
 #include "edl/base/flags.h"
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +31,44 @@ Status CheckNoPlaceholder(const std::string& text, const std::string& where) {
   return Status::OK();
 }
 
+// Edits (insert, delete, replace) from a to b, stopping early past 3.
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// "; did you mean --x or --y?" for an unknown `--name`: the flags it abbreviates or is a typo of
+// (at most 2 edits); "" when none is close.
+std::string Suggest(const po::options_description& all, const std::string& given) {
+  std::string name = given;
+  while (!name.empty() && name.front() == '-') name.erase(0, 1);
+  if (name.empty()) return "";
+  std::vector<std::string> close;
+  for (const auto& opt : all.options()) {
+    const std::string& flag = opt->long_name();
+    if (flag.empty()) continue;
+    if ((flag.size() > name.size() && flag.compare(0, name.size(), name) == 0) || EditDistance(name, flag) <= 2) {
+      close.push_back("--" + flag);
+    }
+  }
+  if (close.empty() || close.size() > 4) return "";
+  std::string s = "; did you mean ";
+  for (size_t i = 0; i < close.size(); ++i) {
+    s += (i == 0 ? "" : i + 1 == close.size() ? " or " : ", ") + close[i];
+  }
+  return s + "? (flags are never abbreviated)";
+}
+
 }  // namespace
 
 Status ParseFlags(const std::string& command, const std::string& usage,
@@ -47,8 +86,21 @@ Status ParseFlags(const std::string& command, const std::string& usage,
   try {
     po::command_line_parser parser(argc, argv);
     parser.options(all);
+    // Exact flag names only: an abbreviation that means one flag today may mean another tomorrow.
+    parser.style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing);
     if (positional != nullptr) parser.positional(*positional);
-    po::store(parser.run(), out->vm);
+    const po::parsed_options parsed = parser.run();
+    for (const po::option& o : parsed.options) {
+      // A word no flag takes and no positional argument is declared for (Boost drops it).
+      if (o.position_key >= 0 && o.string_key.empty()) {
+        const std::string word = o.value.empty() ? std::string() : o.value.front();
+        return Status::InvalidArgument("unexpected argument '" + word + "': `edl " + command +
+                                       "` takes no such word; a value holding a space must be "
+                                       "quoted as one word (e.g. --checkpoint_dir '/data/ckpt "
+                                       "dir')" + hint);
+      }
+    }
+    po::store(parsed, out->vm);
     if (out->vm.count("help")) {
       out->help = true;
       std::cout << usage << "\n\n" << all << std::endl;
@@ -77,10 +129,57 @@ Status ParseFlags(const std::string& command, const std::string& usage,
       }
     }
     po::notify(out->vm);
+  } catch (const po::unknown_option& e) {
+    return Status::InvalidArgument(std::string(e.what()) + Suggest(all, e.get_option_name()) + hint);
   } catch (const po::error& e) {
     return Status::InvalidArgument(std::string(e.what()) + hint);
   }
   return Status::OK();
+}
+
+StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line, const std::string& what) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool in_word = false;
+  char quote = 0;  // ' or " while inside one
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quote == '\'') {
+      if (c == '\'') quote = 0;
+      else cur += c;
+    } else if (quote == '"') {
+      if (c == '"') {
+        quote = 0;
+      } else if (c == '\\' && i + 1 < line.size() && std::string("\"\\$`").find(line[i + 1]) != std::string::npos) {
+        cur += line[++i];
+      } else {
+        cur += c;
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+    } else if (c == '\\') {
+      if (i + 1 == line.size()) {
+        return Status::InvalidArgument(what + " ends with a backslash that escapes nothing; remove it "
+                                       "or quote the word");
+      }
+      cur += line[++i];
+      in_word = true;
+    } else if (c == ' ' || c == '\t') {
+      if (in_word) out.push_back(cur);
+      cur.clear();
+      in_word = false;
+    } else {
+      cur += c;
+      in_word = true;
+    }
+  }
+  if (quote != 0) {
+    return Status::InvalidArgument(what + " has an unterminated " + (quote == '"' ? "double" : "single") +
+                                   " quote; close it (" + std::string(1, quote) + "..." + std::string(1, quote) + ")");
+  }
+  if (in_word) out.push_back(cur);
+  return out;
 }
 
 Status UseLogDir(const std::string& dir) {

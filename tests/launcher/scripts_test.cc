@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "edl/base/flags.h"
 #include "launcher/launcher.h"
 #include "tests/integration/process_util.h"
 #include "tests/launcher/launcher_util.h"
@@ -546,6 +547,46 @@ TEST(ScriptsLintTest, ShellcheckClean) {
                           " && shellcheck -x scripts/start_job_server.sh scripts/start_job_client.sh "
                           "scripts/ssh_cluster.sh scripts/edl_common.sh scripts/slurm/edl.sbatch";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// The scripts split EDL_TRAINER_CMD (for its program and its --checkpoint_dir) as the client
+// splits --trainer_cmd (edl::SplitCommandLine): the same words, the same refusals.
+TEST(ScriptsLintTest, TheScriptsSplitACommandAsTheClientDoes) {
+  edl::test::ScratchDir dir("edl-split");
+  const std::vector<std::string> lines = {
+      "edl train --epochs 3",
+      "edl train --checkpoint_dir /data/ckpt\\ dir/g2",
+      "env A=1 'my prog' \"x y\" z'w'",
+      "a \"b\\\"c\\\\d\\$e\\f\" 'g\\h'",
+      "  lead\ttab  ",
+      "a '' b",
+      "a 'b",
+      "a \"b",
+      "ends\\",
+  };
+  for (const std::string& line : lines) {
+    const std::string in = dir.path() + "/line", out = dir.path() + "/words";
+    std::ofstream(in) << line;
+    const std::string cmd = "bash -c 'source " + edl::test::SourceDir() +
+                            "/scripts/edl_common.sh; l=$(cat \"$1\"); edl_split_command \"$l\" || exit 3; "
+                            "for w in \"${EDL_WORDS[@]}\"; do printf \"%s\\0\" \"$w\"; done' _ " + in + " >" + out;
+    const int rc = WEXITSTATUS(std::system(cmd.c_str()));
+    auto want = edl::SplitCommandLine(line, "--trainer_cmd");
+    SCOPED_TRACE(line);
+    if (!want.ok()) {
+      EXPECT_EQ(rc, 3) << "the scripts accept what the client refuses: " << want.status().ToString();
+      continue;
+    }
+    ASSERT_EQ(rc, 0);
+    std::vector<std::string> got;
+    const std::string words = ReadFile(out);
+    for (size_t at = 0; at < words.size();) {
+      const size_t nul = words.find('\0', at);
+      got.push_back(words.substr(at, nul - at));
+      at = nul + 1;
+    }
+    EXPECT_EQ(got, want.value());
+  }
 }
 
 // Bytes from peers are read through the decoders only (scripts/check_json_reads.sh): the tree is

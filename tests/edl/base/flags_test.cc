@@ -70,5 +70,60 @@ TEST(FlagsTest, BadValueAndUnknownFlagAreNamed) {
   EXPECT_NE(s2.message().find("no_such_flag"), std::string::npos) << s2.ToString();
 }
 
+// A word no flag takes is refused, naming it: `--checkpoint_dir /data/ckpt\ dir` split without
+// escapes used to leave `dir` behind, silently dropped, and the checkpoints went elsewhere.
+TEST(FlagsTest, AStrayWordIsRefusedNamingIt) {
+  Argv a({"train", "--node_ips", "/data/ckpt\\", "dir/g2"});
+  ParsedFlags f;
+  const Status s = ParseFlags("train", "usage", Desc(), a.argc(), a.argv(), &f);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("unexpected argument 'dir/g2'"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("quoted"), std::string::npos) << s.ToString();
+  // Declared positional arguments still work.
+  po::positional_options_description pos;
+  pos.add("node_ips", 1);
+  Argv b({"ctl", "10.0.0.9"});
+  ParsedFlags g;
+  ASSERT_OK(ParseFlags("ctl", "usage", Desc(), b.argc(), b.argv(), &g, &pos));
+  EXPECT_EQ(g.vm["node_ips"].as<std::string>(), "10.0.0.9");
+}
+
+// Boost's guessing took `--server_p 1` as --server_port: an abbreviation is refused, with the
+// flag it may have meant.
+TEST(FlagsTest, AnAbbreviatedFlagIsRefusedWithTheFlagItMayMean) {
+  Argv a({"server", "--server_p", "9000"});
+  ParsedFlags f;
+  const Status s = ParseFlags("server", "usage", Desc(), a.argc(), a.argv(), &f);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("unrecognised option '--server_p'"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("did you mean --server_port?"), std::string::npos) << s.ToString();
+  Argv b({"server", "--node_ipz", "x"});  // a typo
+  ParsedFlags g;
+  EXPECT_NE(ParseFlags("server", "usage", Desc(), b.argc(), b.argv(), &g).message().find("--node_ips"),
+            std::string::npos);
+}
+
+TEST(FlagsTest, SplitCommandLineSplitsAsAShellDoesWithoutExpanding) {
+  using V = std::vector<std::string>;
+  auto split = [](const std::string& line) {
+    auto r = SplitCommandLine(line, "--trainer_cmd");
+    EXPECT_TRUE(r.ok()) << line << ": " << r.status().ToString();
+    return r.ok() ? r.value() : V{};
+  };
+  EXPECT_EQ(split("edl train  --epochs 3\t--lr 0.1"), (V{"edl", "train", "--epochs", "3", "--lr", "0.1"}));
+  EXPECT_EQ(split("edl train --checkpoint_dir /data/ckpt\\ dir/g2"),
+            (V{"edl", "train", "--checkpoint_dir", "/data/ckpt dir/g2"}));
+  EXPECT_EQ(split("a 'b c' \"d e\" f'g'h"), (V{"a", "b c", "d e", "fgh"}));
+  EXPECT_EQ(split("'$HOME \\n' \"\\\" \\$x \\a\""), (V{"$HOME \\n", "\" $x \\a"}));
+  EXPECT_EQ(split("a '' b"), (V{"a", "", "b"}));
+  EXPECT_EQ(split("   "), V{});
+  for (const std::string bad : {"a 'b", "a \"b", "a b\\"}) {
+    auto r = SplitCommandLine(bad, "--trainer_cmd");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--trainer_cmd"), std::string::npos) << r.status().ToString();
+  }
+}
+
 }  // namespace
 }  // namespace edl
