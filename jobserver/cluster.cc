@@ -204,7 +204,7 @@ Status Cluster::Scale(const std::string& name, int n) {
     if (!name.empty() && name != own_job_) {
       return Status::NotFound("no live job named " + name + "; this server runs the single job " + own_job_);
     }
-    if (n < 1) return Status::InvalidArgument("scale N needs N >= 1");
+    if (Job* j = Own()) EDL_RETURN_IF_ERROR(j->membership->CheckSize(n));
     SetDesired(n, "ctl");
     return Status::OK();
   }

@@ -1,5 +1,6 @@
 #include "jobserver/ctl_main.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <iomanip>
@@ -327,12 +328,22 @@ Status BuildRequest(const std::string& c, const std::vector<std::string>& args, 
     return args.size() >= lo && args.size() <= hi ? Status::OK()
                                                   : Status::InvalidArgument(std::string("usage: edl ctl ") + usage);
   };
+  // N of `scale`: the trainers of a job (at least 1; a job ends by `edl ctl stop`) or the
+  // teachers of a service (0 stops them all).
   auto number = [](const std::string& v, int64_t* n, int64_t lo) {
     char* end = nullptr;
+    errno = 0;
     *n = std::strtoll(v.c_str(), &end, 10);
-    return !v.empty() && *end == '\0' && *n >= lo && *n <= 65536
-               ? Status::OK()
-               : Status::InvalidArgument("'" + v + "' is not a number in " + std::to_string(lo) + "..65536");
+    if (v.empty() || *end != '\0' || errno == ERANGE) {
+      return Status::InvalidArgument("scale: '" + v + "' is not a number; N is how many trainers (or teachers) to run");
+    }
+    if (*n < lo) {
+      return Status::InvalidArgument(
+          "scale: N is " + v + ", but " + (lo == 1 ? "a job runs at least 1 trainer; to end a job use `edl ctl stop`" :
+                                                     "a count cannot be negative"));
+    }
+    if (*n > 65536) return Status::InvalidArgument("scale: N is " + v + ", more than 65536");
+    return Status::OK();
   };
   switch (req->command) {
     case Command::kStatus:

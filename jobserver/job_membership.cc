@@ -256,6 +256,15 @@ void JobMembership::RefuseJoiner(const std::string& trainer_id, const std::strin
   Reconcile();
 }
 
+Status JobMembership::CheckSize(int n) const {
+  const int lo = options_.min_trainers, hi = options_.max_trainers;
+  if (n >= lo && (hi <= 0 || n <= hi)) return Status::OK();
+  return Status::InvalidArgument(
+      "job " + options_.job_id + " takes " + std::to_string(lo) + ".." + (hi > 0 ? std::to_string(hi) : "any") +
+      " trainers (the server's --min_trainers / --max_trainers), not " + std::to_string(n) +
+      (n < lo ? "; to end the job use `edl ctl stop`" : "; restart the server with a larger --max_trainers to go further"));
+}
+
 void JobMembership::SetDesired(int n, const std::string& reason) {
   desired_ = std::max(0, n);
   desired_reason_ = reason;

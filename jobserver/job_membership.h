@@ -95,6 +95,9 @@ class JobMembership {
  public:
   // `clock` is not owned and must outlive the membership.
   JobMembership(const MembershipOptions& options, Clock* clock);
+  // Whether `n` trainers is a size this job may be asked for (`edl ctl scale N`): within
+  // --min_trainers..--max_trainers. InvalidArgument naming the bounds and the flags otherwise.
+  Status CheckSize(int n) const;
 
   // ---- inputs
   // The slots this job may use, per node (nodes not named keep none). Members and joiners on slots

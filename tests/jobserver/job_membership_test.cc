@@ -103,6 +103,26 @@ class JobMembershipTest : public ::testing::Test {
   std::unique_ptr<test::OneJobCluster> sched_;
 };
 
+// `edl ctl scale N` outside --min_trainers..--max_trainers is refused naming the bounds (it was
+// accepted, and status then showed a desired size the job could never reach); nothing changes.
+TEST_F(JobMembershipTest, AScaleOutsideTheJobsBoundsIsRefusedNamingThem) {
+  MembershipOptions o;
+  o.min_trainers = 2;
+  o.max_trainers = 4;
+  o.initial_trainers = 2;
+  Make(o);
+  AddNode("a", 8);
+  const Status over = sched_->cluster().Scale("", 10);
+  EXPECT_EQ(over.code(), Status::Code::kInvalidArgument);
+  EXPECT_NE(over.message().find("takes 2..4 trainers"), std::string::npos) << over.ToString();
+  EXPECT_NE(over.message().find("--max_trainers"), std::string::npos) << over.ToString();
+  const Status under = sched_->cluster().Scale("", 1);
+  EXPECT_NE(under.message().find("edl ctl stop"), std::string::npos) << under.ToString();
+  EXPECT_EQ(sched_->job().Summary()["desired"], 2) << "a refused scale changed the desired size";
+  ASSERT_OK(sched_->cluster().Scale("", 4));
+  EXPECT_EQ(sched_->job().Summary()["desired"], 4);
+}
+
 TEST_F(JobMembershipTest, StartWaitsForMinTrainers) {
   MembershipOptions o;
   o.min_trainers = 4;
