@@ -367,8 +367,14 @@ void Client::ScheduleReconnect(const std::string& why) {
   constexpr int64_t kMaxReconnectMs = 1000;
   server_index_ = (server_index_ + 1) % servers_.size();
   const int64_t delay_ms = backoff_ms_ * 4 / 5 + static_cast<int64_t>(jitter_() % (backoff_ms_ * 2 / 5 + 1));
+  // A client that never got in says how to fix what it cannot: every few tries while it fails.
+  const std::string hint =
+      !ever_authenticated_ && ++failed_connects_ % 10 == 1
+          ? " (no server answered yet: check that `edl server` runs there and that --server names its "
+            "--server_port, default 8180; the scripts' EDL_SERVER_PORT)"
+          : "";
   LOG(WARNING) << "edl client " << options_.node_name << ": server connection: " << why << "; trying "
-               << ServerAddr() << " in " << delay_ms << " ms";
+               << ServerAddr() << " in " << delay_ms << " ms" << hint;
   reconnect_timer_.expires_after(milliseconds(delay_ms));
   if (server_index_ == 0) backoff_ms_ = std::min<int64_t>(backoff_ms_ * 2, kMaxReconnectMs);
   reconnect_timer_.async_wait([this](const boost::system::error_code& ec) {

@@ -237,6 +237,7 @@ class Client {
   std::unique_ptr<net::PeerHandshake> handshake_;  // from the challenge to the welcome
   bool ever_authenticated_ = false;
   int unproven_refusals_ = 0;  // errors before a welcome that the server could not prove
+  int64_t failed_connects_ = 0;  // before the first welcome (for the hint in ScheduleReconnect)
   std::string session_;  // the node's session token (from session_path or the last welcome)
   std::string session_path_;  // options_.session_path while this client holds its lock, else ""
   int session_lock_fd_ = -1;

@@ -221,6 +221,11 @@ Status Connect(const std::string& server, const std::string& secret_file,
     auto sock = net::FramedSocket::ConnectTcp(host, port, milliseconds(5000));
     if (!sock.ok()) {
       last = sock.status();
+      if (last.code() == Status::Code::kUnavailable) {
+        last = Status::Unavailable(last.message() + ": is `edl server` running on " + host +
+                                   ", and does --server name its --server_port (default 8180; the scripts' "
+                                   "EDL_SERVER_PORT)?");
+      }
       continue;
     }
     proto::Hello hello;

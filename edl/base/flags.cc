@@ -87,7 +87,16 @@ Status ParseFlags(const std::string& command, const std::string& usage,
     po::command_line_parser parser(argc, argv);
     parser.options(all);
     // Exact flag names only: an abbreviation that means one flag today may mean another tomorrow.
-    parser.style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing);
+    // Short flags only where a command has one (`edl launch -n`): elsewhere "-1" is a word (a
+    // negative number the command then refuses by its meaning), not an unknown flag.
+    int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    bool has_short = false;
+    for (const auto& opt : all.options()) {
+      const std::string shown = opt->format_name();
+      has_short |= shown.size() > 1 && shown[0] == '-' && shown[1] != '-';
+    }
+    if (!has_short) style &= ~po::command_line_style::allow_short;
+    parser.style(style);
     if (positional != nullptr) parser.positional(*positional);
     const po::parsed_options parsed = parser.run();
     for (const po::option& o : parsed.options) {

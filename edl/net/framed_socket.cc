@@ -220,12 +220,32 @@ Status FramedSocket::Receive(nlohmann::json* msg, std::chrono::milliseconds time
 
 void FramedSocket::Shutdown() { ::shutdown(fd_, SHUT_RDWR); }
 
+bool FramedSocket::ProbeHttp(std::chrono::milliseconds timeout) {
+  static constexpr char kRequest[] = "HEAD / HTTP/1.0\r\n\r\n";
+  const auto deadline = Clock::now() + timeout;
+  {
+    MutexLock lock(&write_mu_);
+    if (!SendAll(kRequest, sizeof(kRequest) - 1, deadline).ok()) return false;
+  }
+  char head[5];
+  return ReadFull(head, sizeof(head), deadline).ok() && std::string(head, sizeof(head)) == "HTTP/";
+}
+
 Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto::Hello hello,
                             std::chrono::milliseconds timeout, proto::Welcome* welcome) {
   sock->set_max_frame_bytes(proto::kMaxPreAuthFrameBytes);
   PeerHandshake hs(secret, std::move(hello));
   nlohmann::json in, out;
-  EDL_RETURN_IF_ERROR(sock->Receive(&in, timeout).WithContext("waiting for the server's challenge"));
+  if (Status s = sock->Receive(&in, timeout); !s.ok()) {
+    // An edl server speaks first; a silent one may be an HTTP server (its --http_addr) that waits
+    // for a request: then say so, instead of a bare timeout.
+    if (s.IsTimeout() && sock->ProbeHttp(std::chrono::milliseconds(2000))) {
+      return Status::InvalidArgument(sock->peer() + " is an HTTP endpoint (edl server --http_addr serves the "
+                                     "metrics and the dashboard there), not the server's port: point --server at "
+                                     "the server's --server_port (default 8180; the scripts' EDL_SERVER_PORT)");
+    }
+    return s.WithContext("waiting for the server's challenge");
+  }
   EDL_RETURN_IF_ERROR(hs.OnChallenge(in, sock->peer(), &out));
   EDL_RETURN_IF_ERROR(sock->Send(out, timeout));
   EDL_RETURN_IF_ERROR(sock->Receive(&in, timeout).WithContext("waiting for the server's welcome"));

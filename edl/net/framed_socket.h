@@ -52,6 +52,10 @@ class FramedSocket {
   // bad frame; Unavailable when the peer closed the connection.
   Status Receive(nlohmann::json* msg, std::chrono::milliseconds timeout);
   void Shutdown();
+  // On a connection whose peer has sent nothing, sends an HTTP request line and says whether the
+  // peer answers as an HTTP server (within `timeout`): what listens there is not an edl peer. The
+  // connection is of no further use either way.
+  bool ProbeHttp(std::chrono::milliseconds timeout);
 
   // Seal and check every later frame under `session` (after the handshake).
   void StartSession(std::unique_ptr<SessionMac> session) { session_ = std::move(session); }

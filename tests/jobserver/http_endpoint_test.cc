@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "edl/net/framed_socket.h"
 #include "tests/http_client.h"
 #include "tests/testutil.h"
 
@@ -68,6 +69,23 @@ class HttpEndpointTest : public ::testing::Test {
   std::atomic<int> status_calls_{0};
   int port_ = 0;
 };
+
+// A peer of the control protocol (edl ctl, a client) pointed at the HTTP port by mistake hears
+// what it reached, not a bare timeout waiting for the server's challenge.
+TEST_F(HttpEndpointTest, AControlPeerAtTheHttpPortIsToldItIsTheHttpEndpoint) {
+  Start({});
+  auto sock = net::FramedSocket::ConnectTcp("127.0.0.1", port_, milliseconds(5000));
+  ASSERT_OK(sock.status());
+  proto::Hello hello;
+  hello.role = proto::Role::kCtl;
+  proto::Welcome w;
+  const Status s = net::AuthenticateToServer(sock.value().get(), "0123456789abcdef0123456789abcdef", hello,
+                                             milliseconds(300), &w);
+  EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("is an HTTP endpoint"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("--server_port"), std::string::npos) << s.ToString();
+  ExpectServing();
+}
 
 TEST_F(HttpEndpointTest, ServesMetricsStatusEventsAndThePage) {
   Start({});
