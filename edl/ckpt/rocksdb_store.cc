@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <glog/logging.h>
@@ -82,6 +83,21 @@ bool IsVanishedFile(const rocksdb::Status& s) {
   std::string m = s.ToString();
   std::transform(m.begin(), m.end(), m.begin(), ::tolower);
   return m.find("no such file") != std::string::npos || m.find("can't access") != std::string::npos;
+}
+
+// What a writer changes before it deletes a file (a prune, a compaction): CURRENT's contents and
+// the size of the MANIFEST it names ("" parts where there is none).
+std::string ManifestState(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "CURRENT", std::ios::binary);
+  std::string current(256, '\0');
+  in.read(current.data(), static_cast<std::streamsize>(current.size()));
+  current.resize(static_cast<size_t>(in.gcount()));
+  while (!current.empty() && (current.back() == '\n' || current.back() == '\r')) current.pop_back();
+  std::error_code ec;
+  const uintmax_t size = current.empty() || current.find('/') != std::string::npos
+                             ? 0
+                             : fs::file_size(fs::path(dir) / current, ec);
+  return current + ":" + (ec ? std::string("missing") : std::to_string(size));
 }
 
 // Applies `batch` and makes it durable without the WAL: the write goes to the memtable only and a
@@ -219,15 +235,23 @@ Status RocksDbStore::OpenForRead(DbPtr* out) {
   // A writer in another process may delete files between our read of its MANIFEST and our open
   // of the files it lists (a prune or its compaction): "Can't access 000258.sst". The next open
   // reads the new MANIFEST, so that one error is retried, for up to lock_timeout as a writer's
-  // LOCK is. Once open, every table file is held open (max_open_files -1), so later deletions
-  // do not reach the reads.
+  // LOCK is. A writer records every deletion in the MANIFEST before it deletes: a file missing
+  // while CURRENT and its MANIFEST stayed as they were is damage (a table file deleted by hand,
+  // CURRENT naming a MANIFEST that is gone), told at once rather than after the wait. Once open,
+  // every table file is held open (max_open_files -1), so later deletions do not reach the reads.
   const int64_t deadline = Clock::Real()->NowMicros() + o_.lock_timeout.count() * 1000;
   for (int attempt = 0;; ++attempt) {
+    const std::string before = ManifestState(o_.dir);
     rocksdb::DB* db = nullptr;
     rocksdb::Status s = rocksdb::DB::OpenForReadOnly(DbOptions(), o_.dir, &db);
     if (s.ok()) {
       out->reset(db);
       return Status::OK();
+    }
+    if (IsVanishedFile(s) && ManifestState(o_.dir) == before) {
+      return Status::Corruption(Describe() + " is damaged: " + s.ToString() + ", and no writer changed the store "
+                                "meanwhile (a file was deleted or lost outside EDL). Move the directory aside "
+                                "(trainers then start from fresh state) or restore it from a copy");
     }
     if (!IsVanishedFile(s) || Clock::Real()->NowMicros() >= deadline) {
       return FromRocks("opening " + Describe() + " read-only", s);

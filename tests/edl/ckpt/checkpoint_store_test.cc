@@ -308,6 +308,37 @@ TEST(RocksDbStoreTest, WriterWaitsForTheLockThenTimesOutClearly) {
 // Readers (a joiner's cold start, `edl ckpt list`, a test's poll) open the store read-only while a
 // trainer saves and prunes it, deleting the files of dropped checkpoints. Each reader sees a whole
 // store: every List and every load of the newest checkpoint succeeds, whatever it interleaves with.
+// A store missing a table file, or whose CURRENT names a MANIFEST that is gone, is reported as
+// damaged at once: no writer changed it, so the retry meant for a concurrent prune (lock_timeout,
+// here far beyond the test's own timeout) would wait for nothing.
+TEST(RocksDbStoreTest, DamageIsToldAtOnceNotWaitedOutAsAPrune) {
+  for (const bool manifest : {false, true}) {
+    SCOPED_TRACE(manifest ? "CURRENT names a missing MANIFEST" : "a table file is missing");
+    ScratchDir dir("ckpt");
+    {
+      auto writer = OpenRocksDbStore(Options(dir.path()));
+      ASSERT_OK(writer->Save(MakeMeta(10, 1), MakeState(1).views, nullptr));
+    }
+    bool removed = false;
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      const std::string name = e.path().filename().string();
+      if (!removed && (manifest ? name.rfind("MANIFEST-", 0) == 0 : e.path().extension() == ".sst")) {
+        fs::remove(e.path());
+        removed = true;
+      }
+    }
+    ASSERT_TRUE(removed);
+    RocksDbStoreOptions o = Options(dir.path());
+    o.lock_timeout = std::chrono::hours(1);
+    auto reader = OpenRocksDbStore(o);
+    std::vector<CheckpointMeta> all;
+    const Status s = reader->List(&all);
+    EXPECT_EQ(s.code(), Status::Code::kCorruption) << s.ToString();
+    EXPECT_NE(s.message().find("is damaged"), std::string::npos) << s.ToString();
+    EXPECT_NE(s.message().find("restore it from a copy"), std::string::npos) << s.ToString();
+  }
+}
+
 TEST(RocksDbStoreTest, ReadersDuringSavesAndPrunesAlwaysSeeAWholeStore) {
   ScratchDir dir("ckpt");
   auto writer = OpenRocksDbStore(Options(dir.path(), /*keep=*/1));
