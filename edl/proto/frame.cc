@@ -147,17 +147,23 @@ Status DecodeFrame(const std::string& buf, nlohmann::json* msg, size_t* consumed
 namespace {
 
 // Appends the escaped prefix of `s` to `out`; returns how many bytes of `s` were cut.
-size_t AppendEscaped(std::string_view s, size_t max_chars, std::string* out) {
+// Printable ASCII as it is but for a backslash (\\) and, when `quoted`, a single quote (\');
+// everything else as \xNN.
+size_t AppendEscaped(std::string_view s, size_t max_chars, bool quoted, std::string* out) {
   static const char kHex[] = "0123456789abcdef";
   size_t used = 0;
   size_t i = 0;
   for (; i < s.size(); ++i) {
     const auto c = static_cast<unsigned char>(s[i]);
-    const bool plain = c >= 0x20 && c < 0x7f && c != '\\' && c != '\'';
-    const size_t cost = plain ? 1 : 4;
+    const bool backslashed = c == '\\' || (quoted && c == '\'');
+    const bool plain = c >= 0x20 && c < 0x7f && !backslashed;
+    const size_t cost = plain ? 1 : backslashed ? 2 : 4;
     if (used + cost > max_chars) break;
     used += cost;
     if (plain) {
+      *out += static_cast<char>(c);
+    } else if (backslashed) {
+      *out += '\\';
       *out += static_cast<char>(c);
     } else {
       *out += "\\x";
@@ -176,13 +182,13 @@ std::string CutNote(size_t cut) {
 
 std::string Quote(std::string_view s, size_t max_chars) {
   std::string out = "'";
-  const size_t cut = AppendEscaped(s, max_chars, &out);
+  const size_t cut = AppendEscaped(s, max_chars, /*quoted=*/true, &out);
   return out + "'" + CutNote(cut);
 }
 
 std::string Escape(std::string_view s, size_t max_chars) {
   std::string out;
-  const size_t cut = AppendEscaped(s, max_chars, &out);
+  const size_t cut = AppendEscaped(s, max_chars, /*quoted=*/false, &out);
   return out + CutNote(cut);
 }
 

@@ -76,10 +76,12 @@ std::string EncodeFrame(const nlohmann::json& msg);
 Status DecodeFrame(const std::string& buf, nlohmann::json* msg, size_t* consumed,
                    uint32_t max_bytes = kMaxFrameBytes);
 
-// For errors and logs: at most `max_chars` characters of `s`, printable ASCII kept, everything
-// else (and '\\', '\'') as \xNN, with "...(+N bytes)" when cut. Safe to print whatever `s` holds.
+// For errors and logs: at most `max_chars` characters of `s` in single quotes, printable ASCII
+// kept but for '\\' and '\'' (backslashed: \\ and \'), everything else as \xNN, with
+// "...(+N bytes)" when cut. Safe to print whatever `s` holds.
 std::string Quote(std::string_view s, size_t max_chars = 64);
-// Quote() without the quotes, for text that is shown as it is (an error message from a peer).
+// Quote() without the quotes (a single quote stays as it is), for text that is shown as it is (an
+// error message from a peer).
 std::string Escape(std::string_view s, size_t max_chars = 64);
 // Quote() of a JSON value's compact text (values reaching here passed CheckJsonDepth, so the
 // serialiser's recursion is bounded).

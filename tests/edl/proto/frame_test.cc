@@ -148,7 +148,8 @@ TEST(FrameTest, TypeIsShortAndPlain) {
 
 TEST(FrameTest, QuoteIsShortPrintableAndSaysWhatWasCut) {
   EXPECT_EQ(Quote("abc"), "'abc'");
-  EXPECT_EQ(Quote(std::string("a\n\x01'\\", 5)), "'a\\x0a\\x01\\x27\\x5c'");
+  EXPECT_EQ(Quote(std::string("a\n\x01'\\", 5)), "'a\\x0a\\x01\\'\\\\'");
+  EXPECT_EQ(Escape("don't \\"), "don't \\\\");  // readable: a quote needs no escape outside quotes
   const std::string big(100000, 'x');
   const std::string q = Quote(big);
   EXPECT_EQ(q, "'" + std::string(64, 'x') + "'...(+" + std::to_string(100000 - 64) + " bytes)");
