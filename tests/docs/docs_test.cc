@@ -355,8 +355,10 @@ std::string Isolate() {
   if (!LoopbackUp())
     return std::string("cannot bring up lo in the new network namespace: ") + std::strerror(errno);
   // A private /tmp: the clients keep their session files and sockets there (/tmp/edl-<node>...).
-  // Best effort: the quick start runs the same without it.
-  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {
+  // Best effort: the quick start runs the same without it. Not with EDL_KEEP_TEST_DIRS, whose
+  // scratch directory must outlive the namespace.
+  if (std::getenv("EDL_KEEP_TEST_DIRS") == nullptr &&
+      ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {
     if (::mount("tmpfs", "/tmp", "tmpfs", 0, "mode=1777") != 0) {
       std::cerr << "docs_test: no private /tmp (" << std::strerror(errno)
                 << "); using the shared one\n";
