@@ -30,7 +30,7 @@ Status ParseFlags(const std::string& command, const std::string& usage,
                   const po::options_description& desc, int argc, char** argv, ParsedFlags* out,
                   const po::positional_options_description* positional = nullptr);
 
-// `--log_dir DIR`, which means the same for every role (README.md, "Troubleshooting", "Logs"):
+// `--log_dir DIR`, which means the same for every role (docs/TROUBLESHOOTING.md, "Logs"):
 // the directory of the log files this process writes. Its own glog files go there
 // (edl.<host>.<user>.log.<LEVEL>.<time>.<pid>, edl.<LEVEL> links to the newest) while stderr
 // still gets every line; a role that starts trainers (`edl client`, `edl launch`) also writes
