@@ -11,9 +11,9 @@
 #    CLIENT_DOWN_S later (same node name and session token),
 #  - SIGKILLs the server every SERVER_KILL_S and starts it again SERVER_DOWN_S later on the same
 #    port and --state_dir. With STANDBY=1 (the default) a standby server (`--standby`, same port and
-#    --state_dir) waits beside the leader from the start, as README "Standby servers" advises: the
-#    SIGKILL goes to the leader, the standby takes over, and the restarted process is the next
-#    standby; STANDBY=0: no standby, the job waits for the restart,
+#    --state_dir) waits beside the leader from the start, as docs/CHECKPOINTS.md "Standby servers"
+#    advises: the SIGKILL goes to the leader, the standby takes over, and the restarted process is
+#    the next standby; STANDBY=0: no standby, the job waits for the restart,
 #  - SIGSTOPs one random trainer once, at STOP_AT_S, and leaves it stopped (its client must drop it),
 #  - loses one node at NODE_LOSS_AT_S: SIGKILLs a random client and leaves it down for the rest of
 #    the run (its trainers regrow on the other nodes' free slots, if any).

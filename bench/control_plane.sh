@@ -4,7 +4,7 @@
 # running `edl ctl scale N` to every client holding the new generation, for a small step
 # (+8 trainers) and a large one (+4000 trainers, 500 nodes start joiners), the server's and the
 # simulated clients' CPU time for the large step, and the server's RSS. Then the same again with the
-# server's HTTP endpoint on (--http_addr, README "Watching a cluster") and /metrics read every
+# server's HTTP endpoint on (--http_addr, docs/WATCHING.md) and /metrics read every
 # second during the steps, as Prometheus would: the steps with and without it, and what one scrape
 # of the 1000 nodes' metrics costs the server in CPU (target: at one scrape a second, <= 1% of a
 # core). Each way REPEAT times, alternately; medians. About a minute on 2 idle cores. Re-run at

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Knowledge distillation with elastic teacher services (README, "Distillation"), CPU.
+# Knowledge distillation with elastic teacher services (docs/DISTILLATION.md), CPU.
 #
 # A ResNet-56 teacher is trained once on Fashion-MNIST (TEACHER_EPOCHS, checkpoint kept in
 # $WORK/teacher), then a ResNet-20 student is trained with the same seed, epochs and data three

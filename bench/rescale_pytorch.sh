@@ -16,7 +16,7 @@
 #      world: the runtime's loop against DDP's), same model, global batch (4 x 16), threads (1)
 #      and data, STEADY_RUNS runs of each, interleaved, median; images/s from step 10 to the last
 #      (train_ddp.py logs, and all-reduces its loss for the log, every 10th step).
-# Targets (issue 28): shrink and grow <= 2 steady steps, failure <= 3, each >= 20x shorter than
+# Targets: shrink and grow <= 2 steady steps, failure <= 3, each >= 20x shorter than
 # torchrun's; steady images/s >= 0.97 of DDP. The machine's load average is printed at the start
 # and the end. Takes ~12 min with the defaults on 2 cores (loaded). Knobs: CYCLES, RESTART_CYCLES,
 # TORCHRUN_KILLS, STEADY_RUNS, STEADY_STEPS, PARTS (a subset of "inplace restart torchrun steady").

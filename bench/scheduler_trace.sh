@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cluster scheduling policy on a job trace (issue 13), simulated: replays 200 jobs over a
+# Cluster scheduling policy on a job trace, simulated: replays 200 jobs over a
 # 64-node x 8-slot cluster through the real jobserver::ClusterPolicy with a simulated clock and
 # simulated trainers (build/edl_sched_trace; model, trace distributions and variants are documented
 # in tools/sched_sim.h). Compares, on the same traces: static allocation (each job fixed at its

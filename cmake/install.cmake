@@ -3,7 +3,7 @@
 #   bin/edl                          every role; finds its libraries through an $ORIGIN-relative
 #                                    RUNPATH, so the tree runs from wherever it is copied
 #   lib/libedl.so, libedl_resnet50.so, and libedl_cuda.so (CUDA builds: the plugin is looked for
-#                                    next to libedl.so, README "GPU trainers")
+#                                    next to libedl.so, docs/GPU.md "The CUDA plugin")
 #   include/edl/...                  the runtime's public headers (edl/CMakeLists.txt)
 #   lib/cmake/edl/                   find_package(edl) -> edl::runtime, EDL_EXECUTABLE
 #   lib/python3.<minor>/dist-packages/edl/   the Python package edl (edl.torch), where Debian's

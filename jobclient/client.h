@@ -4,8 +4,8 @@
 // It notices trainer exits at once (SIGCHLD, plus a periodic poll as a backup) and reports them,
 // serves its trainers on a Unix socket (mode 0600) and relays their frames (KV, ready, progress,
 // events) to the server, and kills a trainer whose channel heartbeats stop. In place, it keeps warm
-// spares (README "Warm spares"): trainer processes that prepared and wait, one of which becomes the
-// next trainer the server starts here (client_spares.cc).
+// spares (docs/TRAINERS.md "Warm spares"): trainer processes that prepared and wait, one of which
+// becomes the next trainer the server starts here (client_spares.cc).
 //
 // Thread-safety: none. Start on any thread before the io_context runs; everything after, on the
 // io_context thread passed in.
@@ -42,7 +42,7 @@ struct ClientOptions {
   std::string server_host = "127.0.0.1";
   int server_port = 8180;
   // Every server of --server (a leader and its standbys); empty: server_host:server_port alone.
-  // The client tries them in turn (README "Standby servers").
+  // The client tries them in turn (docs/CHECKPOINTS.md "Standby servers").
   std::vector<std::pair<std::string, int>> servers;
   std::string secret;                 // from --secret_file
   std::string node_name;              // unique in the cluster

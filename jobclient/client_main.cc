@@ -54,8 +54,9 @@ std::string Trim(const std::string& s) {
   return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
-// `job_type = NAME = COMMAND...` and `job_flags = NAME = flag,flag,..` (README, "Many jobs on one
-// cluster"): the job types this node runs for a cluster server, each with its settable flags.
+// `job_type = NAME = COMMAND...` and `job_flags = NAME = flag,flag,..` (docs/CLUSTER.md, "Job types
+// stay on the nodes"): the job types this node runs for a cluster server, each with its settable
+// flags.
 Status ParseJobTypes(const std::vector<std::string>& types, const std::vector<std::string>& flags,
                      ClientOptions* o) {
   auto split = [](const std::string& item, const char* what, std::string* name, std::string* rest) {
@@ -102,7 +103,8 @@ Status ParseJobTypes(const std::vector<std::string>& types, const std::vector<st
   return Status::OK();
 }
 
-// `service = NAME = COMMAND...` (README, "Distillation"): the teachers this node runs.
+// `service = NAME = COMMAND...` (docs/DISTILLATION.md, "Teachers run by the clients"): the teachers
+// this node runs.
 Status ParseServices(const std::vector<std::string>& items, int slots, ClientOptions* o) {
   if (items.size() > proto::kMaxJobTypesPerNode) {
     return Status::InvalidArgument("at most " + std::to_string(proto::kMaxJobTypesPerNode) + " --service");

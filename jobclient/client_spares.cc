@@ -1,4 +1,4 @@
-// The client's warm spares (README "Warm spares", PROTOCOL.md "Spares"): per job, up to
+// The client's warm spares (docs/TRAINERS.md "Warm spares", PROTOCOL.md "Spares"): per job, up to
 // --spares trainer processes that prepared what does not depend on their identity (process start,
 // libraries, data; with a CPU or undivided device also the model and a warm-up step) and wait on
 // the trainers' socket. The next trainer the server starts on this node takes one: the client

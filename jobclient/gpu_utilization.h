@@ -1,5 +1,5 @@
-// GPU utilisation of this node through NVML, for the monitor's GPU-UTILS (`node_stats`, README
-// "Many jobs on one cluster"). NVML is loaded at run time with dlopen("libnvidia-ml.so.1"), the
+// GPU utilisation of this node through NVML, for the monitor's GPU-UTILS (`node_stats`,
+// docs/CLUSTER.md "The monitor"). NVML is loaded at run time with dlopen("libnvidia-ml.so.1"), the
 // library the NVIDIA driver installs: `edl` has no link-time dependency on it, and a node without
 // the driver (or with an unusable one) reports "not measured" (-1), shown as n/a.
 //

@@ -1,10 +1,10 @@
-// TeacherRunner: the `edl teacher` processes a client runs for the server's services (README,
-// "Distillation"; PROTOCOL.md, "Services: teachers run by clients"). The command of each service
-// comes from the client's own configuration (`--service NAME = COMMAND...`), never from the
-// network: the server only names the service and the teacher. The runner appends what ties the
-// teacher to this server and node (--service, --name, --server, --secret_file, --advertise_host,
-// and --exit_with_parent: a client killed outright leaves no teacher behind), so the configured
-// command must not set those itself (CheckServiceCommand).
+// TeacherRunner: the `edl teacher` processes a client runs for the server's services
+// (docs/DISTILLATION.md, "Teachers run by the clients"; PROTOCOL.md, "Services: teachers run by
+// clients"). The command of each service comes from the client's own configuration (`--service NAME
+// = COMMAND...`), never from the network: the server only names the service and the teacher. The
+// runner appends what ties the teacher to this server and node (--service, --name, --server,
+// --secret_file, --advertise_host, and --exit_with_parent: a client killed outright leaves no
+// teacher behind), so the configured command must not set those itself (CheckServiceCommand).
 //
 // Thread-safety: none; used from the client's io_context thread.
 #pragma once

@@ -1,7 +1,7 @@
-// Cluster: the job server's whole decision state, for one job or many (README, "Many jobs on one
-// cluster"; docs/ARCHITECTURE.md, "The job server"). Like everything it owns it is pure: no
-// sockets, no threads, time from an injected Clock; the server (server.h) authenticates peers,
-// decodes their frames, calls the Cluster and carries out its actions.
+// Cluster: the job server's whole decision state, for one job or many (docs/CLUSTER.md;
+// docs/ARCHITECTURE.md, "The job server"). Like everything it owns it is pure: no sockets, no
+// threads, time from an injected Clock; the server (server.h) authenticates peers, decodes their
+// frames, calls the Cluster and carries out its actions.
 //
 // It owns:
 //  - the NodeRegistry (node_registry.h), the one home of node identity and liveness. Nodes join
@@ -171,8 +171,8 @@ class Cluster {
   std::optional<std::map<std::string, int>> TeacherCapacity() const;
   int submitted_jobs() const { return submitted_; }
   nlohmann::json JobsJson() const;  // for `edl ctl jobs`: {"jobs": live, "ended": ended}
-  // The body of `edl ctl status` (README "edl ctl"): the one job's summary with its progress, or
-  // the cluster's jobs, nodes and utilisation.
+  // The body of `edl ctl status` (docs/WATCHING.md "edl ctl"): the one job's summary with its
+  // progress, or the cluster's jobs, nodes and utilisation.
   nlohmann::json StatusJson() const;
   // Progress of live job `job` from its members' reports: how many report, the highest step and
   // epoch, rank 0's loss and accuracy, the sum of images/s (an empty object for no such job).

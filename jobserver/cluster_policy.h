@@ -37,11 +37,12 @@
 //  4. Apply. Jobs above their share shrink (in place: survivors keep running), then jobs below it
 //     grow into free slots, preferring nodes they already use. A job just admitted starts directly
 //     at its share, so a start is never followed at once by a re-form.
-//  5. Teachers (README "Distillation": teachers run on whatever capacity is free). The slots no job
-//     holds after the pass (FreeSlotsByNode) are where the server runs distillation teachers, one
-//     slot each (ServicePlacer::SetCapacity). Teachers are invisible to steps 1-4, so they are the
-//     lowest priority: a pending or growing job takes a slot a teacher uses as a free one, before
-//     any job is shrunk, and that teacher is stopped; it is placed again when a slot frees up.
+//  5. Teachers (docs/CLUSTER.md "Teacher services on a cluster": teachers run on whatever capacity
+//     is free). The slots no job holds after the pass (FreeSlotsByNode) are where the server runs
+//     distillation teachers, one slot each (ServicePlacer::SetCapacity). Teachers are invisible to
+//     steps 1-4, so they are the lowest priority: a pending or growing job takes a slot a teacher
+//     uses as a free one, before any job is shrunk, and that teacher is stopped; it is placed again
+//     when a slot frees up.
 //  Restart-mode (non-elastic) jobs are placed at a fixed size (min == max) and never resized.
 //  Rate limit: a job that started or changed size less than `min_change_interval_us` ago is not
 //  resized by the policy (0: no limit). Node loss and its repair are not policy choices and are not

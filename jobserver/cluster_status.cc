@@ -1,6 +1,7 @@
-// What the Cluster shows: `edl ctl jobs`, `edl ctl status` (README "edl ctl") and the progress the
-// events logs record. A one-job server's status is its job's summary (JobMembership::Summary) with
-// its progress; a cluster server's lists its jobs and sums the nodes' utilisation.
+// What the Cluster shows: `edl ctl jobs`, `edl ctl status` (docs/WATCHING.md "edl ctl") and the
+// progress the events logs record. A one-job server's status is its job's summary
+// (JobMembership::Summary) with its progress; a cluster server's lists its jobs and sums the nodes'
+// utilisation.
 #include <algorithm>
 
 #include "jobserver/cluster.h"

@@ -209,7 +209,8 @@ std::string StatusLine(const json& b) {
 }
 
 // Connects to the first server of the comma-separated `server` list that accepts and
-// authenticates us (a leader and its standbys: standbys do not listen; README "Standby servers").
+// authenticates us (a leader and its standbys: standbys do not listen; docs/CHECKPOINTS.md "Standby
+// servers").
 Status Connect(const std::string& server, const std::string& secret_file,
                std::unique_ptr<net::FramedSocket>* out) {
   std::vector<std::pair<std::string, int>> servers;

@@ -1,5 +1,6 @@
 // HttpEndpoint: `edl server --http_addr HOST:PORT`, the read-only window onto the cluster
-// (README, "Watching a cluster"), on Boost.Beast in the server's own io_context:
+// (docs/WATCHING.md, "The dashboard and the HTTP endpoint"), on Boost.Beast in the server's own
+// io_context:
 //   /             the dashboard (one page embedded in the binary: jobserver/dashboard/index.html)
 //   /metrics      Prometheus text (ServerMetrics::Render of the status body)
 //   /api/status   the status body, as `edl ctl status --json` prints it

@@ -1,5 +1,5 @@
 // JobSpec: one submitted job (`edl ctl submit JOB.ini`), and the checks that decide whether the
-// cluster takes it (README, "Many jobs on one cluster").
+// cluster takes it (docs/CLUSTER.md, "Jobs").
 //
 // A job names a job *type*; the command that runs it never travels: each node's client holds
 // `job_type = NAME = COMMAND...` in its own configuration, with the flags of that type a submission

@@ -43,7 +43,7 @@ bool IsLoopback(const std::string& host) {
 }
 
 // A client on another machine that advertises a loopback address would have every other node's
-// trainers dial themselves and the job hang in rendezvous (README, "Running on several machines"):
+// trainers dial themselves and the job hang in rendezvous (docs/SSH.md, "Without ssh"):
 // refused, naming the fix. `peer` is the connection's "address:port".
 Status CheckAdvertisedHost(const std::string& node, const std::string& host, const std::string& peer) {
   const std::string source = peer.substr(0, peer.rfind(':'));

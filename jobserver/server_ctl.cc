@@ -1,5 +1,5 @@
-// `edl ctl` at the server: its commands (README "edl ctl"), stopping the one job as one decision
-// (STATE.md "Stopping a job"), the status body and the watchers it is streamed to.
+// `edl ctl` at the server: its commands (docs/WATCHING.md "edl ctl"), stopping the one job as one
+// decision (STATE.md "Stopping a job"), the status body and the watchers it is streamed to.
 #include <glog/logging.h>
 
 #include "edl/proto/frame.h"

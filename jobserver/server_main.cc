@@ -96,7 +96,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("log_dir", po::value<std::string>(), "this process's log files (stderr keeps every line; default: stderr only)")
       ("exit_when_done", po::bool_switch(&o->exit_when_done), "exit 0 once every trainer finished")
       ("cluster", po::bool_switch(&cluster),
-       "run many jobs on the nodes (README, \"Many jobs on one cluster\"): jobs come from `edl ctl submit`, "
+       "run many jobs on the nodes (docs/CLUSTER.md): jobs come from `edl ctl submit`, "
        "not from this server's own job flags")
       ("job_types", po::value<std::string>(&job_types),
        "--cluster: comma-separated job types a submission may name before any node offering them has joined "
@@ -108,7 +108,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
        "cancelled")
       ("min_change_interval_s", po::value<double>(&min_change_s)->default_value(0, "0"),
        "--cluster: the policy resizes a job at most once per this many seconds (0: no limit)")
-      // the read-only HTTP endpoint (jobserver/http_endpoint.h, README "Watching a cluster")
+      // the read-only HTTP endpoint (jobserver/http_endpoint.h, docs/WATCHING.md)
       ("http_addr", po::value<std::string>(&o->http.addr),
        "HOST:PORT of the dashboard, /metrics (Prometheus) and /api/status, e.g. 127.0.0.1:8181 (unset: off; "
        "a non-loopback HOST needs --http_token_file)")

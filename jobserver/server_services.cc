@@ -1,6 +1,6 @@
-// The server's side of teacher services run by clients (README "Distillation"): placing the
-// teachers jobserver/service_placement.h decides on, the clients' teacher_exit reports, and the
-// services' part of `edl ctl status`.
+// The server's side of teacher services run by clients (docs/DISTILLATION.md "Teachers run by the
+// clients"): placing the teachers jobserver/service_placement.h decides on, the clients'
+// teacher_exit reports, and the services' part of `edl ctl status`.
 #include <glog/logging.h>
 
 #include "edl/proto/messages.h"

@@ -1,11 +1,12 @@
-// ServicePlacer: where the server runs the teachers of each service (README, "Distillation";
-// PROTOCOL.md, "Services: teachers run by clients"). `edl ctl scale SERVICE N` sets a service's
-// desired teacher count; the placer keeps that many teachers placed on the nodes whose client
-// offers the service (its own --service NAME = COMMAND: the command never travels), at most
-// `teacher_slots` teachers per node, spreading a service over the nodes that run fewest teachers.
-// A teacher that ends (reported by its client) or whose node is lost is replaced; one that ended
-// soon after its start holds further starts of that service on that node back with a doubling
-// delay (a broken teacher command does not spin). Shrinking stops the newest teachers first.
+// ServicePlacer: where the server runs the teachers of each service (docs/DISTILLATION.md,
+// "Teachers run by the clients"; PROTOCOL.md, "Services: teachers run by clients"). `edl ctl scale
+// SERVICE N` sets a service's desired teacher count; the placer keeps that many teachers placed on
+// the nodes whose client offers the service (its own --service NAME = COMMAND: the command never
+// travels), at most `teacher_slots` teachers per node, spreading a service over the nodes that run
+// fewest teachers. A teacher that ends (reported by its client) or whose node is lost is replaced;
+// one that ended soon after its start holds further starts of that service on that node back with a
+// doubling delay (a broken teacher command does not spin). Shrinking stops the newest teachers
+// first.
 //
 // The placer only decides; the server sends the orders and tells it what happened, so it is
 // tested without a network. Teacher names are `<node>-t<seq>`, seq growing over the server's life

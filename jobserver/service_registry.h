@@ -1,4 +1,4 @@
-// ServiceRegistry: the server's inference services (README, "Distillation"; PROTOCOL.md,
+// ServiceRegistry: the server's inference services (docs/DISTILLATION.md; PROTOCOL.md,
 // "Services"). In the cluster model a service is a job whose members form no ring: its members
 // (teachers) register under the service name, their connection and heartbeats are their liveness
 // (a lost connection removes the teacher at once), and its member list is pushed to the jobs that

@@ -50,7 +50,7 @@ const char kLaunchUsage[] =
     "usage: edl launch --nproc_per_node N [--nnodes MIN:MAX] [--rdzv_endpoint HOST:PORT]\n"
     "                  [--rdzv_id ID] [--max_restarts K] [--log_dir D] [--tee] -- CMD ARGS...\n"
     "\n"
-    "torchrun's flags (README.md, \"torchrun -> EDL\"). Without --rdzv_endpoint: N local trainers\n"
+    "torchrun's flags (docs/PYTORCH.md). Without --rdzv_endpoint: N local trainers\n"
     "and no server (like `torchrun --standalone`). Trainer r gets RANK=r WORLD_SIZE=N LOCAL_RANK=r\n"
     "LOCAL_WORLD_SIZE=N GROUP_RANK=0 ROLE_RANK=r MASTER_ADDR=127.0.0.1 MASTER_PORT=P\n"
     "TORCHELASTIC_RUN_ID=ID TORCHELASTIC_RESTART_COUNT=k TORCHELASTIC_MAX_RESTARTS=K EDL_JOB_ID=ID\n"

@@ -1,4 +1,5 @@
-// `edl launch`'s command line, torchrun's flags included (README.md, "torchrun -> EDL"):
+// `edl launch`'s command line, torchrun's flags included (docs/PYTORCH.md, "Migrating from
+// torchrun"):
 //
 //   edl launch --nproc_per_node N [--nnodes MIN:MAX] [--rdzv_endpoint HOST:PORT] [--rdzv_id ID]
 //              [--max_restarts K] [--standalone] [--rdzv_backend c10d|static|edl] -- CMD ARGS...

@@ -1,4 +1,4 @@
-// Knowledge-distillation loss of a student's logits against a teacher's (README, "Distillation"):
+// Knowledge-distillation loss of a student's logits against a teacher's (docs/DISTILLATION.md):
 //
 //   loss_i = A * CE(label_i, softmax(z_i)) + (1 - A) * T^2 * KL(softmax(t_i / T) || softmax(z_i / T))
 //

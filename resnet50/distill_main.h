@@ -1,4 +1,4 @@
-// Distillation for `edl train` and `edl teacher` (README, "Distillation"): the student's flags
+// Distillation for `edl train` and `edl teacher` (docs/DISTILLATION.md): the student's flags
 // (--distill SERVICE, --distill_temperature, --distill_alpha, where the teachers are, the window
 // and the bounds), the teacher model loaded from a checkpoint store, and the teacher source a
 // student trains against: remote teachers (runtime::TeacherClient) or, for the benchmark's

@@ -248,15 +248,15 @@ StatusOr<std::unique_ptr<Trainer>> MakeTrainer(const Config& c, Datasets* ahead 
   return Trainer::Create(c.trainer, std::move(d.train), std::move(d.test));
 }
 
-// A warm spare (EDL_SPARE, README "Warm spares"): a full spare loads the data, builds the trainer
-// and warms it up at the world it expects to join; a host spare loads the data into *ahead (no
-// device in it) and builds nothing: its device is named by the assignment, and CUDA must not start
-// before it. A full spare of a trainer that may run on a GPU (--device cuda or auto) prepares as a
-// host spare too: which GPU is its slot's (EnvContract::DeviceHint), known only at the assignment.
-// Then it waits for the client's assignment and turns *plan into the assigned one. The prepared
-// trainer, or Unavailable when there is none (a host spare; an assignment whose threads differ
-// from what the spare prepared for: the caller builds it). *released: the client let the spare go
-// before assigning it (exit 0).
+// A warm spare (EDL_SPARE, docs/TRAINERS.md "Warm spares"): a full spare loads the data, builds the
+// trainer and warms it up at the world it expects to join; a host spare loads the data into *ahead
+// (no device in it) and builds nothing: its device is named by the assignment, and CUDA must not
+// start before it. A full spare of a trainer that may run on a GPU (--device cuda or auto)
+// prepares as a host spare too: which GPU is its slot's (EnvContract::DeviceHint), known only at
+// the assignment. Then it waits for the client's assignment and turns *plan into the assigned one.
+// The prepared trainer, or Unavailable when there is none (a host spare; an assignment whose
+// threads differ from what the spare prepared for: the caller builds it). *released: the client
+// let the spare go before assigning it (exit 0).
 StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* plan, bool* released,
                                                 Datasets* ahead) {
   const int64_t t0 = Clock::Real()->NowMicros();

@@ -40,19 +40,19 @@
 #   EDL_STATE_DIR      the job's durable state [$EDL_RUN_DIR/state]
 #   EDL_STATE_STORE    etcd://HOST:PORT[,...]: keep the state in etcd instead of EDL_STATE_DIR; run
 #                      this script on two or three machines and one server leads, the others wait
-#                      as standbys (README "Standby servers") [unset]
+#                      as standbys (docs/CHECKPOINTS.md "Standby servers") [unset]
 #   EDL_LEASE_TTL_S    with EDL_STATE_STORE: the leader's lease [5]
 #   EDL_STANDBY        1: start a standby of the server already running from EDL_RUN_DIR (same
-#                      EDL_STATE_DIR and EDL_SERVER_PORT; README "Standby servers"): it waits
-#                      without listening and takes over the moment that server's process ends.
+#                      EDL_STATE_DIR and EDL_SERVER_PORT; docs/CHECKPOINTS.md "Standby servers"): it
+#                      waits without listening and takes over the moment that server's process ends.
 #                      Its pid file is $EDL_RUN_DIR/standby.pid, its output logs/standby.out;
 #                      with --stop or --abort it stops the standby alone [0]
 #   EDL_STOP_TIMEOUT_S seconds --stop waits after SIGTERM before SIGKILL [30]
 #   EDL_SERVER_ARGS    further `edl server` flags, split at blanks [none]
 #   EDL_TRAINER_CMD    read only for its --checkpoint_dir (see above) [unset]
 #   EDL_START_TIMEOUT_S --daemon: seconds to wait for the server to answer; 0: do not wait [60]
-#   EDL_HTTP_ADDR      the dashboard, Prometheus /metrics and /api/status (README "Watching a
-#                      cluster"); "off": none [127.0.0.1:8181]
+#   EDL_HTTP_ADDR      the dashboard, Prometheus /metrics and /api/status (docs/WATCHING.md);
+#                      "off": none [127.0.0.1:8181]
 #   EDL_HTTP_TOKEN_FILE bearer token (0600) the HTTP endpoint requires; needed when EDL_HTTP_ADDR
 #                      is not a loopback address [unset]
 set -euo pipefail

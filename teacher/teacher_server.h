@@ -1,4 +1,4 @@
-// TeacherServer: the network side of `edl teacher` (README, "Distillation"; PROTOCOL.md,
+// TeacherServer: the network side of `edl teacher` (docs/DISTILLATION.md; PROTOCOL.md,
 // "Services"). It accepts students on TCP, authenticates each with the cluster secret (the
 // control plane's handshake and sealed frames), and answers their teacher_request messages with
 // the model's logits (or top-k logits), batching concurrent requests adaptively: while the model

@@ -40,7 +40,7 @@ Status ParseFlags(const std::string& command, const std::string& usage,
 // fix for an unterminated quote or a trailing backslash: never a guess at what was meant.
 StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line, const std::string& what);
 
-// `--log_dir DIR`, which means the same for every role (README.md, "Troubleshooting", "Logs"):
+// `--log_dir DIR`, which means the same for every role (docs/TROUBLESHOOTING.md, "Logs"):
 // the directory of the log files this process writes. Its own glog files go there
 // (edl.<host>.<user>.log.<LEVEL>.<time>.<pid>, edl.<LEVEL> links to the newest) while stderr
 // still gets every line; a role that starts trainers (`edl client`, `edl launch`) also writes

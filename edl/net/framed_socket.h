@@ -26,8 +26,8 @@ namespace edl::net {
 
 // Splits "host:port" (port 1..65535). InvalidArgument naming `what` (e.g. "--server") otherwise.
 Status ParseHostPort(const std::string& s, const std::string& what, std::string* host, int* port);
-// A comma-separated list of "host:port" (a leader and its standbys, README "Standby servers"), in
-// order, at most 16.
+// A comma-separated list of "host:port" (a leader and its standbys, docs/CHECKPOINTS.md "Standby
+// servers"), in order, at most 16.
 Status ParseHostPortList(const std::string& s, const std::string& what,
                          std::vector<std::pair<std::string, int>>* out);
 

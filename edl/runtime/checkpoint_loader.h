@@ -64,7 +64,8 @@ class CheckpointLoader : public StateLoader {
   int64_t saves_reported_ = 0;     // saves_completed() at the last TakeEvents
 };
 
-// The trainer event of failed checkpoint saves (the events log's record, README "Events"):
+// The trainer event of failed checkpoint saves (the events log's record, docs/WATCHING.md, "The
+// events log"):
 //   event "checkpoint_failed"; step: the step of the newest failed save; refused: true when the
 //   store's generation fence refused it (FailedPrecondition; `error` says which way the fence
 //   points and the fix), false for any other failure (disk full, I/O, a lock held too long);

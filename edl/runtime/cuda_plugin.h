@@ -2,7 +2,7 @@
 // backend on cuDNN/cuBLAS and the NCCL communicator). The `edl` binary and libedl never link
 // CUDA; `edl train --device cuda` (or --device auto) loads the plugin with dlopen on first use,
 // so `edl server`, `edl client`, `edl ctl`, `edl launch`, `edl ckpt` and CPU trainers never map a
-// CUDA library and run on hosts without one (README, "GPU trainers").
+// CUDA library and run on hosts without one (docs/GPU.md, "The CUDA plugin").
 //
 // Where the plugin is looked for, first match wins:
 //   1. $EDL_CUDA_PLUGIN (a path to the .so; an error if it cannot be loaded),

@@ -1,5 +1,5 @@
-// Switching generations (docs/ARCHITECTURE.md, "Inside each trainer"): communicators built ahead
-// of a planned switch, the watcher thread, and the stall events of each re-form.
+// Switching generations (docs/ARCHITECTURE.md, "Generations and the re-form"): communicators
+// built ahead of a planned switch, the watcher thread, and the stall events of each re-form.
 #include <algorithm>
 #include <thread>
 

@@ -8,7 +8,8 @@
 //     is wrong and how to fix it.
 //
 // Every variable name lives in namespace env below; nothing else in the tree spells an "EDL_..."
-// trainer variable. The variables (the README's "Restart mode" table is the user-facing copy):
+// trainer variable. The variables (docs/TRAINERS.md's "Restart mode" table is the user-facing
+// copy):
 //
 //   EDL_JOB_ID, EDL_TRAINER_ID       job and stable trainer id (unique in the job)
 //   EDL_CLIENT_SOCKET                the node client's Unix socket; set only under a client

@@ -18,9 +18,9 @@
 // A model app calls PlanRunFromProcess() early (before loading data: a bad environment fails
 // fast), ApplyTo() on its ElasticOptions, and Connect() once it is ready to train.
 //
-// Warm spares (EDL_SPARE, README "Warm spares"): a client keeps trainer processes that prepared
-// what does not depend on their identity and wait for one. PlanRunFromProcess() waits for the
-// assignment by itself, so every app's spare saves at least its process start; an app that can
+// Warm spares (EDL_SPARE, docs/TRAINERS.md "Warm spares"): a client keeps trainer processes that
+// prepared what does not depend on their identity and wait for one. PlanRunFromProcess() waits for
+// the assignment by itself, so every app's spare saves at least its process start; an app that can
 // prepare more (data, model, warm-up: `edl train`) reads the plan with ReadRunPlanFromProcess(),
 // prepares, then calls AwaitAssignment().
 //

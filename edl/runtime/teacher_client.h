@@ -1,4 +1,4 @@
-// TeacherClient: the student side of distillation (README, "Distillation"; PROTOCOL.md,
+// TeacherClient: the student side of distillation (docs/DISTILLATION.md; PROTOCOL.md,
 // "Services"). It keeps a window of teacher requests in flight ahead of the training step that
 // needs them, spreads them over the service's teachers by measured latency, sends a request again
 // to another teacher when its teacher dies, is removed or does not answer in time, and never

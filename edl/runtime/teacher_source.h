@@ -1,5 +1,5 @@
 // TeacherSource: where a distilling student gets a teacher's logits for its training batches
-// (README, "Distillation"). Two implementations: TeacherClient (teacher_client.h), which asks
+// (docs/DISTILLATION.md). Two implementations: TeacherClient (teacher_client.h), which asks
 // `edl teacher` services over the network, and the in-process teacher of `edl train
 // --distill_local` (resnet50/local_teacher.h), the baseline that runs the teacher's forward in
 // the student's own process.

@@ -1,9 +1,9 @@
-// linear_trainer: the smallest in-place elastic trainer (README, "Bringing your own trainer").
-// A linear model y = w.x + b fitted by SGD to a synthetic data set, as an edl::runtime::Trainable
-// handed to edl::runtime::ElasticTrainer. The runtime picks the run mode from the environment:
-// in place under `edl client` (re-forms without restarting), static under `edl launch`, alone
-// otherwise; it shards the data, all-reduces the gradients, syncs state to joiners and, with
-// --checkpoint_dir, checkpoints and resumes.
+// linear_trainer: the smallest in-place elastic trainer (docs/TRAINERS.md, "Bringing your own
+// trainer"). A linear model y = w.x + b fitted by SGD to a synthetic data set, as an
+// edl::runtime::Trainable handed to edl::runtime::ElasticTrainer. The runtime picks the run mode
+// from the environment: in place under `edl client` (re-forms without restarting), static under
+// `edl launch`, alone otherwise; it shards the data, all-reduces the gradients, syncs state to
+// joiners and, with --checkpoint_dir, checkpoints and resumes.
 //
 //   linear_trainer [--steps N] [--batch B] [--lr LR] [--checkpoint_dir DIR] [--checkpoint_steps K]
 //

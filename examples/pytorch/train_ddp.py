@@ -3,8 +3,8 @@
 that runs unchanged under `torchrun`, `edl launch` and `edl client --mode restart`.
 
 It reads only what torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID; README.md, "Restart mode"), and,
-like any program in restart mode, checkpoints and resumes by itself:
+MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID; docs/TRAINERS.md, "Restart mode"),
+and, like any program in restart mode, checkpoints and resumes by itself:
 
   * the global batch (--batch_size) is fixed and split across however many ranks the current
     start has, so a step means the same work at every world size and the job always ends at the

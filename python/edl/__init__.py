@@ -1,9 +1,9 @@
 """EDL's elastic runtime for Python.
 
-`edl.torch` is what a PyTorch program uses (README.md, "PyTorch, in place"): its ElasticTrainer
-makes the program an in-place trainer of the same C++ runtime as `edl train`, which owns the data
-order, the learning rate, the process group, the re-forms and the checkpoints. This package holds
-the binding (`edl._edl`, pybind11 over libedl) and the names both share.
+`edl.torch` is what a PyTorch program uses (docs/PYTORCH.md, "PyTorch, in place"): its
+ElasticTrainer makes the program an in-place trainer of the same C++ runtime as `edl train`, which
+owns the data order, the learning rate, the process group, the re-forms and the checkpoints. This
+package holds the binding (`edl._edl`, pybind11 over libedl) and the names both share.
 """
 
 from edl._edl import RunOptions, Trainable, TrainingError, label_hash, now_micros, plan, run

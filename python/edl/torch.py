@@ -1,4 +1,4 @@
-"""edl.torch: a PyTorch model trained in place by EDL's elastic runtime (README.md, "PyTorch,
+"""edl.torch: a PyTorch model trained in place by EDL's elastic runtime (docs/PYTORCH.md, "PyTorch,
 in place").
 
     import edl.torch

@@ -1,4 +1,4 @@
-// edl._edl: the elastic runtime for Python (README, "PyTorch, in place"). The package edl
+// edl._edl: the elastic runtime for Python (docs/PYTORCH.md, "PyTorch, in place"). The package edl
 // (python/edl/) wraps it; edl.torch is what a PyTorch program uses. Exposes:
 //   Trainable     python/src/py_trainable.h, subclassed by edl.torch
 //   RunOptions    the runtime's options (ElasticOptions, its LR schedule, the checkpoint store)
@@ -155,9 +155,10 @@ class PyObserver : public runtime::TrainingObserver {
   const py::object on_step_, on_eval_;
 };
 
-// The plan, after a warm spare's wait (README "Warm spares"): the spare takes its assigned identity
-// into the C environment, and Python's os.environ, a copy taken at start, is brought up to date
-// with it, so a script reading os.environ["RANK"] after plan() sees the trainer it became.
+// The plan, after a warm spare's wait (docs/TRAINERS.md "Warm spares"): the spare takes its
+// assigned identity into the C environment, and Python's os.environ, a copy taken at start, is
+// brought up to date with it, so a script reading os.environ["RANK"] after plan() sees the trainer
+// it became.
 StatusOr<runtime::RunPlan> PlanAndSyncEnviron() {
   auto plan = runtime::PlanRunFromProcess();
   if (!plan.ok()) return plan;

@@ -1,6 +1,6 @@
 // PyTrainable: a runtime::Trainable whose model, optimizer and data loader live in Python
 // (edl.torch), so a PyTorch program is an in-place trainer of the same ElasticTrainer as
-// `edl train` (README, "PyTorch, in place").
+// `edl train` (docs/PYTORCH.md, "PyTorch, in place").
 //
 // The split: what the runtime touches every step or from its own bookkeeping stays in C++ over
 // memory Python registered once (SetState, SetGradients): the state tensors' bytes (copied,

@@ -1,5 +1,5 @@
 // A client that advertises a loopback address while connecting from another machine is refused
-// by the server with the fix, and exits (README, "Running on several machines"). A real server
+// by the server with the fix, and exits (docs/SSH.md, "Without ssh"). A real server
 // and real clients; "another machine" is this machine's own non-loopback address, which the
 // server sees as the connection's source.
 #include <filesystem>

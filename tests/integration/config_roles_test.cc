@@ -1,6 +1,6 @@
 // Every role of the `edl` binary reads `--config FILE` with the same keys as its flags and refuses
-// a key it does not know, naming it (README.md, "Configuration"): a typo in an INI file must not
-// be silently ignored. Runs the built binary; each run is bounded and checked by pid.
+// a key it does not know, naming it (docs/FLAGS.md, "Configuration"): a typo in an INI file must
+// not be silently ignored. Runs the built binary; each run is bounded and checked by pid.
 #include <filesystem>
 #include <fstream>
 #include <string>

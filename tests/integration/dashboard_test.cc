@@ -1,4 +1,4 @@
-// `edl server --http_addr` with real processes (README, "Watching a cluster"): a real `edl server`,
+// `edl server --http_addr` with real processes (docs/WATCHING.md): a real `edl server`,
 // two `edl client`s running the stand-in trainer, `edl ctl scale`, and
 //  - Debian's Prometheus, started here on loopback with a generated config, scraping the server:
 //    its query API returns the job's world size after the scale;

@@ -127,8 +127,8 @@ TEST(DemoTest, ShortDemoChangesGenerationsAndTrainsToGoodAccuracy) {
   EXPECT_NE(text.find("training: finished"), std::string::npos);
   ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(final test accuracy: ([0-9.]+)%)")));
   // A correct short run (20000 samples x 2 epochs) ends at about 85% (84.3-84.6% on a loaded
-  // machine; the full demo reaches 90.7%, README); where the changes land moves it by a point or
-  // two. Chance is 10%.
+  // machine; the full demo reaches 90.7%, docs/DEMO.md); where the changes land moves it by a point
+  // or two. Chance is 10%.
   std::cout << "final test accuracy " << m[1] << "%\n";
   EXPECT_GT(std::stod(m[1]), 75.0);
   ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(timeline picture: (\S+\.png))")));

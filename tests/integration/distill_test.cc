@@ -1,12 +1,12 @@
-// Distillation with elastic teacher services, end to end with real processes (README,
-// "Distillation"): a real `edl server`, `edl teacher`s registered with it under service "kd"
-// (serving a ResNet-20 checkpoint trained by `edl train` at the start of the test) and one
-// `edl client` whose 2 slots run distilling `edl train` students on a 1024-sample Fashion-MNIST
-// subset. During training a teacher is SIGKILLed and another one added, and the students re-form
-// (2 -> 1 -> 2). The students finish; every sample each student trained had a teacher answer or
-// was counted as a fallback; the students' states are identical after every re-form. Bad input:
-// a teacher whose checkpoint does not match the dataset's classes, a student naming an unknown
-// service: clear errors, exit codes, no crash.
+// Distillation with elastic teacher services, end to end with real processes
+// (docs/DISTILLATION.md): a real `edl server`, `edl teacher`s registered with it under service "kd"
+// (serving a ResNet-20 checkpoint trained by `edl train` at the start of the test) and one `edl
+// client` whose 2 slots run distilling `edl train` students on a 1024-sample Fashion-MNIST subset.
+// During training a teacher is SIGKILLed and another one added, and the students re-form (2 -> 1 ->
+// 2). The students finish; every sample each student trained had a teacher answer or was counted as
+// a fallback; the students' states are identical after every re-form. Bad input: a teacher whose
+// checkpoint does not match the dataset's classes, a student naming an unknown service: clear
+// errors, exit codes, no crash.
 #include <signal.h>
 #include <unistd.h>
 
@@ -267,7 +267,7 @@ std::map<std::string, int> TeacherPids(const std::string& secret) {
   return out;
 }
 
-// Teachers as elastic services run by the clients (README, "Distillation"): the client offers
+// Teachers as elastic services run by the clients (docs/DISTILLATION.md): the client offers
 // service kd (`--service kd = edl teacher ...`, the command stays on the node), `edl ctl scale kd
 // N` makes the server place N teachers there, 1 -> 2 -> 1, while a student trains through them; a
 // SIGKILLed teacher is replaced, answers keep coming, a SIGKILLed client's teachers stop and are

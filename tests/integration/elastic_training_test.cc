@@ -253,7 +253,8 @@ class ElasticTrainingTest : public ::testing::Test {
     ASSERT_TRUE(WaitForMoreSteps(steps)) << Diagnostics();
     const std::vector<pid_t> members = PidsOf(g3);
     ASSERT_EQ(members.size(), 3u);
-    // Both nodes hold a prepared warm spare (README "Warm spares"), so the replacement is one.
+    // Both nodes hold a prepared warm spare (docs/TRAINERS.md "Warm spares"), so the replacement is
+    // one.
     ASSERT_TRUE(WaitFor([&] { return WaitingSpares("n1") > 0 && WaitingSpares("n2") > 0; }, milliseconds(120000)))
         << Diagnostics();
     const int assigned = CountInClientLogs(" is spare ");
@@ -471,11 +472,11 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
   c2->Stop();
 }
 
-// Start, stop and resume as operations (README "Stopping and resuming a job"): `edl ctl stop` in
-// the middle of training is one decision: one stop generation, rank 0's final checkpoint at the
-// last committed step, no failure, then every trainer, client and the server exit 0. Started
-// again on the same --state_dir and store, the job resumes from that checkpoint under a higher
-// generation, so the store's fence accepts its saves.
+// Start, stop and resume as operations (docs/CHECKPOINTS.md "Stopping and resuming a job"): `edl
+// ctl stop` in the middle of training is one decision: one stop generation, rank 0's final
+// checkpoint at the last committed step, no failure, then every trainer, client and the server exit
+// 0. Started again on the same --state_dir and store, the job resumes from that checkpoint under a
+// higher generation, so the store's fence accepts its saves.
 TEST_F(ElasticTrainingTest, StopIsOneDecisionAndTheJobResumesFromItsFinalCheckpoint) {
   constexpr int kEpochs = 40;  // far more than the test trains: it must never finish
   const std::vector<std::string> server_flags = {"--state_dir", dir_.Join("state"), "--heartbeat_timeout_ms",

@@ -1,7 +1,7 @@
-// Warm spares (README "Warm spares"): a real `edl server` and `edl client` whose stand-in trainers
-// (tests/integration/stand_in_trainer.cc) record every spare, assignment and start with their pid.
-// A killed trainer's replacement is the spare's process; a spare that fails or cannot wait costs
-// the job nothing, and the replacement then starts cold.
+// Warm spares (docs/TRAINERS.md "Warm spares"): a real `edl server` and `edl client` whose stand-in
+// trainers (tests/integration/stand_in_trainer.cc) record every spare, assignment and start with
+// their pid. A killed trainer's replacement is the spare's process; a spare that fails or cannot
+// wait costs the job nothing, and the replacement then starts cold.
 #include <signal.h>
 
 #include <string>

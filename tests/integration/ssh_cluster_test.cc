@@ -138,7 +138,7 @@ class SshClusterTest : public testing::Test {
   std::map<std::string, std::string> env_;
 };
 
-// The README's ssh flow: start (which returns once both nodes run a trainer), status, a client
+// docs/SSH.md's flow: start (which returns once both nodes run a trainer), status, a client
 // SIGKILLed and started again through the script, the server SIGKILLed and started again (the
 // clients re-attach), stop; and a node holding a session token of an earlier job is not told it
 // was dropped.

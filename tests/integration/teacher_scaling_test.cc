@@ -1,7 +1,7 @@
-// Teacher counts that survive the server and that the scaling script drives (README,
-// "Distillation"; jobserver/STATE.md, "Keys": services), with a real `edl server`, real `edl
-// client`s running stand-in trainers, and a stand-in teacher command (a shell script that records
-// its pid and name, then runs until stopped or until its client is gone):
+// Teacher counts that survive the server and that the scaling script drives (docs/DISTILLATION.md,
+// "Teachers run by the clients"; jobserver/STATE.md, "Keys": services), with a real `edl server`,
+// real `edl client`s running stand-in trainers, and a stand-in teacher command (a shell script that
+// records its pid and name, then runs until stopped or until its client is gone):
 //  - a service scaled to 2 over two clients; the server is SIGKILLed and started again on the same
 //    --state_dir and port while one client is stopped (SIGSTOP): the other re-attaches first and
 //    gets no extra teacher (the stopped client's teacher still counts); once both are back,

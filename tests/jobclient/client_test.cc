@@ -492,8 +492,8 @@ TEST_F(ClientTest, TrainerExitIsReportedAndItsSlotReused) {
   EXPECT_EQ(e.signal, SIGSEGV);
 }
 
-// A warm spare (README "Warm spares") on GPU slots: started once the node's trainers run, as a
-// host spare that knows no GPU; the next trainer started here is the spare's process, told its
+// A warm spare (docs/TRAINERS.md "Warm spares") on GPU slots: started once the node's trainers run,
+// as a host spare that knows no GPU; the next trainer started here is the spare's process, told its
 // identity, GPU included, over the spare's connection; no process is started for it.
 TEST_F(ClientTest, TheNextTrainerIsTheWarmSpareWithItsGpu) {
   options_.spares = 1;

@@ -1,8 +1,8 @@
-// Teachers on a cluster (cluster_policy.h, step 5; README "Distillation"): the ClusterPolicy's
-// free slots are the ServicePlacer's capacity, as `edl server --cluster` wires them. A service's
-// desired count is an upper bound filled from free slots only; a job that is submitted or grows
-// takes the slots teachers use (they are stopped) before any job is shrunk; teachers come back
-// when a job ends.
+// Teachers on a cluster (cluster_policy.h, step 5; docs/CLUSTER.md "Teacher services on a
+// cluster"): the ClusterPolicy's free slots are the ServicePlacer's capacity, as `edl server
+// --cluster` wires them. A service's desired count is an upper bound filled from free slots only; a
+// job that is submitted or grows takes the slots teachers use (they are stopped) before any job is
+// shrunk; teachers come back when a job ends.
 #include <memory>
 
 #include <gtest/gtest.h>

@@ -42,8 +42,8 @@ TEST(ScalingScriptTest, KillAll) {
   }
 }
 
-// `teachers SERVICE N` (README "Scaling-script format"): the service name is validated like every
-// name and N is bounded; the event carries both.
+// `teachers SERVICE N` (docs/FLAGS.md "Scaling-script format"): the service name is validated like
+// every name and N is bounded; the event carries both.
 TEST(ScalingScriptTest, TeachersSetsAServicesCount) {
   ScalingScript s;
   ASSERT_OK(ScalingScript::Parse("0 teachers kd 2\n1.5 teachers kd.v2 0 # off\n2 set 3\n", "t.script", &s));

@@ -2,9 +2,9 @@
 // trainers map no CUDA library. An idle `edl server` and a CPU `edl train` are checked through
 // /proc/<pid>/maps while they run; short-lived roles (`edl ctl`, `--help` of the others) through
 // the dynamic loader's own trace (LD_DEBUG=libs), which names every library it initialises. Also
-// prints the idle server's resident set (README, "GPU trainers"). The isolation cases are compiled
-// only in a tree that builds the CUDA plugin (EDL_TREE_HAS_CUDA): without it nothing could map CUDA
-// and they could not fail. The refusals at the end hold in every tree.
+// prints the idle server's resident set (docs/GPU.md, "The CUDA plugin"). The isolation cases are
+// compiled only in a tree that builds the CUDA plugin (EDL_TREE_HAS_CUDA): without it nothing could
+// map CUDA and they could not fail. The refusals at the end hold in every tree.
 #include <fstream>
 #include <iostream>
 #include <string>
