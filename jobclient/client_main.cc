@@ -131,7 +131,7 @@ Status ParseServices(const std::vector<std::string>& items, int slots, ClientOpt
 
 Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   po::options_description d("client");
-  std::string server, secret_file, gpus, mode, trainer_cmd, state_dir;
+  std::string server, secret_file, gpus, mode, trainer_cmd, state_dir, socket_dir;
   int slots = 0;
   double stop_grace = 10, leave_grace = 30, trainer_timeout = 20;
   std::vector<std::string> rest, job_types, job_flags, services;
@@ -146,7 +146,8 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
       ("slots", po::value<int>(&slots)->default_value(0), "CPU slots: run up to N trainers")
       ("mode", po::value<std::string>(&mode)->default_value("inplace"), "inplace (trainers link the runtime) | restart (torchrun-style)")
       ("advertise_addr", po::value<std::string>(&o->advertise_addr)->default_value("127.0.0.1"), "address of this node that trainers bind and advertise")
-      ("socket_path", po::value<std::string>(&o->socket_path), "trainers' Unix socket (default /tmp/edl-<node>-<pid>.sock)")
+      ("socket_path", po::value<std::string>(&o->socket_path), "trainers' Unix socket (default <socket_dir>/edl-<node>-<pid>.sock)")
+      ("socket_dir", po::value<std::string>(&socket_dir)->default_value("/tmp"), "directory of the trainers' Unix socket when --socket_path is not given (a Unix socket path holds at most 107 bytes)")
       ("state_dir", po::value<std::string>(&state_dir), "where the node's session token is kept, <state_dir>/edl-<node>.session, mode 0600, so a restarted client re-attaches as its node (default: the directory of --socket_path)")
       ("log_dir", po::value<std::string>(&o->log_dir)->default_value("./edl-logs"), "this process's log files (stderr keeps every line) and each trainer's, <log_dir>/<trainer_id>.log")
       ("stop_grace_s", po::value<double>(&stop_grace)->default_value(10), "SIGTERM -> SIGKILL grace")
@@ -225,7 +226,20 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
   o->teachers.stop_grace_ms = o->stop_grace_ms;
   o->leave_grace_ms = static_cast<int64_t>(leave_grace * 1000);
   o->trainer_timeout_ms = static_cast<int64_t>(trainer_timeout * 1000);
-  if (o->socket_path.empty()) o->socket_path = "/tmp/edl-" + o->node_name + "-" + std::to_string(::getpid()) + ".sock";
+  if (o->socket_path.empty()) {
+    struct stat st;
+    if (socket_dir.empty() || ::stat(socket_dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) ||
+        ::access(socket_dir.c_str(), W_OK | X_OK) != 0) {
+      return Status::InvalidArgument("--socket_dir " + socket_dir + " is not a directory this user can write; "
+                                     "create it or choose another (the scripts' EDL_SOCKET_DIR)");
+    }
+    o->socket_path = socket_dir + "/edl-" + o->node_name + "-" + std::to_string(::getpid()) + ".sock";
+  }
+  if (o->socket_path.size() > 107) {
+    return Status::InvalidArgument("the trainers' socket path " + o->socket_path + " is " +
+                                   std::to_string(o->socket_path.size()) + " bytes; a Unix socket path holds at "
+                                   "most 107: choose a shorter --socket_dir (the scripts' EDL_SOCKET_DIR) or --socket_path");
+  }
   if (state_dir.empty()) {
     const size_t slash = o->socket_path.rfind('/');
     state_dir = slash == std::string::npos ? "." : slash == 0 ? "/" : o->socket_path.substr(0, slash);

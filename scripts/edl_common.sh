@@ -12,6 +12,16 @@ edl_die() {
   exit 1
 }
 
+# Creates EDL_RUN_DIR (pid files, logs, events, state) and prints a problem line when this user
+# cannot write it, naming EDL_RUN_DIR and the fix (not a raw mkdir or redirection error later).
+edl_run_dir_problem() {
+  local why=""
+  why="$(mkdir -p "$EDL_RUN_DIR" 2>&1)" || true
+  if [ ! -d "$EDL_RUN_DIR" ] || [ ! -w "$EDL_RUN_DIR" ] || [ ! -x "$EDL_RUN_DIR" ]; then
+    echo "EDL_RUN_DIR=$EDL_RUN_DIR cannot be used on $(hostname) by $(id -un) (${why:-not a directory it can write}): set EDL_RUN_DIR to a directory this user can write (with ssh_cluster.sh: on every host)"
+  fi
+}
+
 # Sets EDL_BIN: $EDL_BIN if given, else <repo>/build/edl, else `edl` from PATH.
 edl_find_bin() {
   if [ -n "${EDL_BIN:-}" ]; then

@@ -151,7 +151,7 @@ remote_env() {
   if [ -n "$SECRET_GIVEN" ]; then out+=" EDL_SECRET_FILE=$(printf '%q' "$SECRET_GIVEN")"; fi
   for v in EDL_BIN EDL_JOB_ID EDL_BIND EDL_MIN_TRAINERS EDL_MAX_TRAINERS EDL_TRAINERS \
     EDL_SCALE_SCRIPT EDL_STATE_DIR EDL_GPUS EDL_SLOTS EDL_TRAINER_CMD EDL_MODE EDL_STOP_GRACE_S EDL_STOP_TIMEOUT_S \
-    EDL_SERVER_ARGS EDL_JOIN_TIMEOUT_S EDL_START_TIMEOUT_S EDL_STOP_JOB_TIMEOUT_S; do
+    EDL_SERVER_ARGS EDL_JOIN_TIMEOUT_S EDL_START_TIMEOUT_S EDL_STOP_JOB_TIMEOUT_S EDL_SOCKET_DIR; do
     if [ -n "${!v:-}" ]; then out+=" $v=$(printf '%q' "${!v}")"; fi
   done
   for v in $(passed_env_names); do out+=" $v=$(printf '%q' "${!v}")"; done
@@ -414,11 +414,13 @@ start() {
 # then whatever client still runs (e.g. one that had lost the server) is stopped host by host.
 # Hosts that do not answer are named at the end: their clients and trainers may still run.
 stop() {
-  local i rc=0 left=""
+  local i rc=0 left="" server_rc=1 clients_rc=0
   probe_hosts
   if reachable "$SERVER_INDEX"; then
     echo "ssh_cluster: stopping the job through edl server on $SERVER_HOST" >&2
-    on_host "$SERVER_HOST" "" start_job_server.sh --stop || rc=1
+    server_rc=0
+    on_host "$SERVER_HOST" "" start_job_server.sh --stop || server_rc=$?
+    [ "$server_rc" = 0 ] || rc=1
   else
     echo "ssh_cluster: the server host $SERVER_HOST does not answer: the job could not be stopped as one decision" >&2
     rc=1
@@ -437,8 +439,9 @@ stop() {
     parallel stop_client "${reach[@]}"
     for i in "${reach[@]}"; do
       out_of "$i" | sed "s/^/  [${NAMES[$i]}] /" >&2
-      [ "$(rc_of "$i")" = 0 ] || rc=1
+      [ "$(rc_of "$i")" = 0 ] || clients_rc=1
     done
+    [ "$clients_rc" = 0 ] || rc=1
   fi
   if [ -n "$UNREACHABLE" ]; then
     echo "ssh_cluster: these hosts did not answer over ssh:$UNREACHABLE" >&2
@@ -446,7 +449,9 @@ stop() {
     echo "ssh_cluster: run \`$EDL_STOP_HINT\` again once they answer (stopping what is stopped already is harmless)" >&2
     return 1
   fi
-  if [ $rc = 0 ]; then
+  # The job no longer runs once the server stopped it (3: its final checkpoint failed, which this
+  # stop reports) and every client is gone: the next start may use another command.
+  if { [ "$server_rc" = 0 ] || [ "$server_rc" = 3 ]; } && [ "$clients_rc" = 0 ]; then
     remote "$SERVER_HOST" "" "rm -f $(printf '%q' "$TRAINER_CMD_RECORD")" || true
   fi
   return $rc

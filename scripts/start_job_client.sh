@@ -42,6 +42,8 @@
 #   EDL_NODE_NAME      [hostname]
 #   EDL_STOP_GRACE_S   SIGTERM -> SIGKILL grace for trainers [10]
 #   EDL_RUN_DIR        pid file and logs go under it [./edl-run, ignored by git in the checkout]
+#   EDL_SOCKET_DIR     directory of the trainers' Unix socket (a short path: a socket path holds
+#                      at most 107 bytes) [/tmp]
 #   EDL_STOP_TIMEOUT_S seconds --stop waits after SIGTERM before SIGKILL [EDL_STOP_GRACE_S + 20]
 #   EDL_JOIN_TIMEOUT_S --daemon: seconds to wait for the client to join and a trainer to start;
 #                      0: return once it runs [120]
@@ -70,6 +72,10 @@ SECRET_DEFAULT="$HOME/.edl/secret"
 # Prints one line per problem of this node that would keep its client or trainers from working.
 check_node() {
   local program server_ip=""
+  edl_run_dir_problem
+  if [ -n "${EDL_SOCKET_DIR:-}" ] && { [ ! -d "$EDL_SOCKET_DIR" ] || [ ! -w "$EDL_SOCKET_DIR" ]; }; then
+    echo "EDL_SOCKET_DIR=$EDL_SOCKET_DIR is not a directory $(id -un) can write on $(hostname): create it or choose another"
+  fi
   if [ -n "${EDL_BIN:-}" ]; then
     [ -x "$EDL_BIN" ] || echo "EDL_BIN=$EDL_BIN is not an executable file here; build it with \`make\` or fix EDL_BIN"
   elif [ ! -x "$EDL_REPO_DIR/build/edl" ] && ! command -v edl >/dev/null 2>&1; then
@@ -143,6 +149,7 @@ args=(
   --advertise_addr "$ADVERTISE_ADDR"
   --log_dir "$EDL_RUN_DIR/logs/$NODE_NAME"
   --state_dir "$EDL_RUN_DIR"
+  --socket_dir "${EDL_SOCKET_DIR:-/tmp}"
   --stop_grace_s "$STOP_GRACE_S"
   --trainer_cmd "${EDL_TRAINER_CMD:-$EDL_BIN train}"
 )

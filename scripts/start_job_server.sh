@@ -15,8 +15,9 @@
 # --stop stops the whole job as one decision (`edl ctl stop`: one stop generation, a final
 # checkpoint by rank 0, no failure records; then the clients and the server exit) and waits for
 # the server to exit [EDL_STOP_JOB_TIMEOUT_S, 330 s]; a stopped job started again resumes from its
-# latest checkpoint. It exits 1 when rank 0's final checkpoint failed or was refused (the events
-# log's stop_checkpoint record), with the reason. --abort stops the server process alone (SIGTERM,
+# latest checkpoint. It exits 3 when the job stopped but rank 0's final checkpoint failed or was
+# refused (the events log's stop_checkpoint record), with the reason, and 1 when the server did not
+# stop the job (it is then stopped alone). --abort stops the server process alone (SIGTERM,
 # then SIGKILL): no stop generation, no final checkpoint (it undoes a start that failed).
 # Resume: run it again. The job's state (generation, trainer ids, desired size, scaling-script
 # position; jobserver/STATE.md) is kept in $EDL_RUN_DIR/state, synced before every change is sent,
@@ -114,7 +115,7 @@ check_final_checkpoint() {
   error="$(grep '"event":"checkpoint_failed"' <<<"$tail_records" | tail -n 1 |
     sed -n 's/.*"error":"\(\([^"\\]\|\\.\)*\)".*/\1/p' || true)"
   echo "$(basename "$0"): the job stopped, but rank 0's final checkpoint was NOT saved: ${error:-see the log of rank 0 under $EDL_RUN_DIR/logs} (events log $EVENTS_LOG)" >&2
-  return 1
+  return 3
 }
 
 # Stops the whole job as one decision through the running server (`edl ctl stop`: one stop
@@ -141,6 +142,8 @@ stop_job() {
       return
     fi
     echo "$(basename "$0"): edl server (pid $pid) did not stop the job; stopping the server alone" >&2
+    edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"
+    return 1
   fi
   edl_stop "edl server" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-30}"
 }
@@ -148,6 +151,7 @@ stop_job() {
 # Prints one line per problem that would keep a server from starting here.
 check_server() {
   local listener
+  edl_run_dir_problem
   if [ -n "${EDL_BIN:-}" ]; then
     [ -x "$EDL_BIN" ] || echo "EDL_BIN=$EDL_BIN is not an executable file here; build it with \`make\` or fix EDL_BIN"
   elif [ ! -x "$EDL_REPO_DIR/build/edl" ] && ! command -v edl >/dev/null 2>&1; then

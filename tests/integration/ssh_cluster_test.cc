@@ -337,6 +337,8 @@ TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
   EXPECT_TRUE(Says("the job stopped, but rank 0's final checkpoint was NOT saved")) << Output();
   EXPECT_TRUE(Says("before this writer started")) << Output();
   EXPECT_TRUE(NoneLeft()) << Join(Running());
+  // The job is stopped, if not saved: the next start may use another command, without a second stop.
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/trainer_cmd"))) << "the stopped job's command is still recorded";
   EXPECT_LT(NewestCheckpointGeneration(store, log), top + 1) << "a save got past the fence";
 
   // The fix: the store on the trainers' command line, so the server numbers generations above it.

@@ -326,10 +326,38 @@ TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
   EXPECT_EQ(Flag(inv[0], "--mode"), "restart");
   EXPECT_EQ(Flag(inv[0], "--advertise_addr"), "127.0.0.3");
   EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run")) << "the session token lives with the run";
+  EXPECT_EQ(Flag(inv[0], "--socket_dir"), "/tmp") << "EDL_SOCKET_DIR's default";
   EXPECT_NE(Log().find("edl client (n7) joined the server at 10.1.1.1:9000"), std::string::npos) << Log();
   EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "n7"}}), 0) << Log();
   EXPECT_FALSE(ProcessAlive(pid));
   if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
+}
+
+// A run directory that cannot be used, and a socket directory that is not one, are named with the
+// fix before anything starts (not a raw mkdir error); EDL_SOCKET_DIR reaches the client.
+TEST_F(ScriptsTest, AnUnusableRunDirOrSocketDirIsNamedBeforeAnythingStarts) {
+  GiveSecret();
+  const std::string bad_run = "/proc/edl-scripts-test/run";  // not creatable, even by root
+  EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"}, {{"EDL_RUN_DIR", bad_run}}), 1) << Log();
+  EXPECT_NE(Log().find("EDL_RUN_DIR=" + bad_run + " cannot be used"), std::string::npos) << Log();
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"}, {{"EDL_RUN_DIR", bad_run}, {"EDL_NODE_NAME", "n1"}}), 1)
+      << Log();
+  EXPECT_NE(Log().find("EDL_RUN_DIR=" + bad_run + " cannot be used"), std::string::npos) << Log();
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_SOCKET_DIR", dir_.Join("no-such-dir")}, {"EDL_NODE_NAME", "n1"}}),
+            1)
+      << Log();
+  EXPECT_NE(Log().find("EDL_SOCKET_DIR=" + dir_.Join("no-such-dir") + " is not a directory"), std::string::npos)
+      << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "edl was started";
+  std::filesystem::create_directories(dir_.Join("sock"));
+  ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"}, {{"EDL_SOCKET_DIR", dir_.Join("sock")}, {"EDL_NODE_NAME", "n1"}}),
+            0)
+      << Log();
+  EXPECT_EQ(Flag(Invocations().at(0), "--socket_dir"), dir_.Join("sock"));
+  const int pid = ReadPid(dir_.Join("run/client-n1.pid"));
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "n1"}}), 0) << Log();
+  EXPECT_FALSE(ProcessAlive(pid));
 }
 
 // A client without the secret stops with the fix: a secret made here could never match the server's.
