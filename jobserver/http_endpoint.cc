@@ -89,16 +89,6 @@ Status ParseHttpAddr(const std::string& addr, std::string* host, int* port) {
   return Status::OK();
 }
 
-bool IsLoopbackIp(const std::string& host) {
-  boost::system::error_code ec;
-  const asio::ip::address a = asio::ip::make_address(host, ec);
-  if (ec) return false;
-  if (a.is_v6() && a.to_v6().is_v4_mapped()) {
-    return asio::ip::make_address_v4(asio::ip::v4_mapped, a.to_v6()).is_loopback();
-  }
-  return a.is_loopback();
-}
-
 Status CheckHttpOptions(const HttpOptions& o) {
   std::string host;
   int port = 0;

@@ -50,8 +50,7 @@ struct HttpOptions {
 
 // Splits "HOST:PORT" ("[::1]:9100" for IPv6). InvalidArgument naming --http_addr and the form.
 Status ParseHttpAddr(const std::string& addr, std::string* host, int* port);
-// True for 127.0.0.0/8 and ::1 (also IPv4-mapped); `host` an IP literal.
-bool IsLoopbackIp(const std::string& host);
+using proto::IsLoopbackIp;  // edl/proto/messages.h
 // The --http_addr / --http_token_file rules: a valid address; a token whenever the address is not
 // loopback; a token made of bearer-token characters (RFC 6750 b64token).
 Status CheckHttpOptions(const HttpOptions& options);

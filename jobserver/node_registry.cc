@@ -53,6 +53,25 @@ Status NodeRegistry::Register(const ClusterNode& node, bool require_types, std::
     return Status::AlreadyExists("node name '" + node.name + "' is already connected (from " +
                                  it->second.info.host + "); give each client a unique --node_name");
   }
+  // Two clients on one machine double-book its slots (two trainers on one GPU or core): a node
+  // that advertises the host of another connected node and offers one of its slots is refused.
+  // Loopback is the one-machine setup (every node on this machine, on purpose).
+  if (!proto::IsLoopbackHost(node.host)) {
+    for (const auto& [name, other] : nodes_) {
+      if (name == node.name || !other.connected || other.info.host != node.host) continue;
+      std::string shared;
+      for (int s : node.slots) {
+        if (std::find(other.info.slots.begin(), other.info.slots.end(), s) == other.info.slots.end()) continue;
+        shared += (shared.empty() ? "" : ",") + std::to_string(s);
+      }
+      if (shared.empty()) continue;
+      return Status::AlreadyExists(
+          "node " + node.name + " offers slots " + shared + " of host " + node.host + ", which node " + name +
+          " on the same host offers already: two edl clients on one machine double-book its GPUs or cores. "
+          "Stop this client (scripts/ssh_cluster.sh runs one per host of its hosts file), or give the two "
+          "disjoint slots (--gpus 0,1 and --gpus 2,3)");
+    }
+  }
   if (!*known) {
     Node n;
     n.info = node;

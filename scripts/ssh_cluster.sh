@@ -94,6 +94,9 @@ SLOTS=()
 lineno=0
 while IFS= read -r line || [ -n "$line" ]; do
   lineno=$((lineno + 1))
+  case "$line" in
+    *$'\r') edl_die "$HOSTS_FILE line $lineno ends with a carriage return (Windows line endings): convert the file with \`sed -i 's/\\r\$//' $HOSTS_FILE\` (or dos2unix) and run again" ;;
+  esac
   read -r -a words <<<"${line%%#*}"
   [ ${#words[@]} -gt 0 ] || continue
   addr="" name="" slots="" column=0
@@ -121,6 +124,16 @@ while IFS= read -r line || [ -n "$line" ]; do
   name="${name:-${words[0]#*@}}"
   for n in "${NAMES[@]}"; do
     [ "$n" != "$name" ] || edl_die "$HOSTS_FILE line $lineno: node name $name is used twice (give each line its own name=)"
+  done
+  # One client per machine: a second one on the same host double-books its slots (two trainers on
+  # one GPU or core). Only the one-machine setup (loopback hosts) runs several on purpose.
+  for j in "${!HOSTS[@]}"; do
+    if [ "${HOSTS[$j]#*@}" = "${words[0]#*@}" ] && ! edl_is_loopback "${words[0]#*@}"; then
+      edl_die "$HOSTS_FILE line $lineno: host ${words[0]#*@} is listed twice (line of node ${NAMES[$j]} too): one edl client runs per machine, and a second would double-book its slots; list it once, with slots=N for all its slots"
+    fi
+    if [ -n "$addr" ] && [ "${ADDRS[$j]}" = "$addr" ] && ! edl_is_loopback "$addr"; then
+      edl_die "$HOSTS_FILE line $lineno: address $addr is also node ${NAMES[$j]}'s: one edl client runs per machine, and a second would double-book its slots; list the machine once, with slots=N for all its slots"
+    fi
   done
   HOSTS+=("${words[0]}")
   ADDRS+=("$addr")

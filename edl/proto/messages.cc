@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <sstream>
 #include <unordered_set>
@@ -183,6 +184,19 @@ void Renumber(std::vector<MemberInfo>* members) {
 }
 
 }  // namespace
+
+bool IsLoopbackIp(const std::string& host) {
+  unsigned char a[16];
+  if (inet_pton(AF_INET, host.c_str(), a) == 1) return a[0] == 127;
+  if (inet_pton(AF_INET6, host.c_str(), a) != 1) return false;
+  static const unsigned char kLoopback6[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  static const unsigned char kMapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(a, kLoopback6, 16) == 0 || (std::memcmp(a, kMapped, 12) == 0 && a[12] == 127);
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  return IsLoopbackIp(host) || host == "localhost" || host.rfind("localhost.", 0) == 0;
+}
 
 bool IsValidHost(const std::string& s) {
   if (s.empty() || s.size() > kMaxHostBytes) return false;

@@ -82,6 +82,10 @@ constexpr size_t kMaxValueBytes = 1u << 20;  // a KV value (e.g. an NCCL unique 
 // Hosts become trainers' MASTER_ADDR and bind addresses: a DNS name (labels of letters, digits,
 // '-' and '_', 1..63 bytes each, at most kMaxHostBytes) or an IPv4 / IPv6 literal.
 bool IsValidHost(const std::string& s);
+// An IPv4 or IPv6 loopback literal (127.0.0.0/8, ::1, ::ffff:127.x.y.z).
+bool IsLoopbackIp(const std::string& host);
+// IsLoopbackIp, or the name localhost (localhost.*): every address is on this machine.
+bool IsLoopbackHost(const std::string& host);
 
 // CRTP base: Encoded() is EncodeTo's JSON, DebugString() that JSON on one line.
 template <typename T>

@@ -45,6 +45,25 @@ class AuthorityTest : public ::testing::Test {
   std::unique_ptr<test::OneJobCluster> sched_;
 };
 
+// A second client on a machine (the same advertised host) offering a slot the first offers is
+// refused at once, naming both and the fix; disjoint slots, a gone first client, and loopback
+// (every node on this one machine, on purpose) are fine.
+TEST_F(AuthorityTest, TwoClientsOnOneMachineMayNotOfferTheSameSlot) {
+  ASSERT_OK(sched_->AddNode("a", "10.0.0.5", false, {0, 1}));
+  const Status s = sched_->AddNode("b", "10.0.0.5", false, {1, 2});
+  EXPECT_EQ(s.code(), Status::Code::kAlreadyExists) << s.ToString();
+  EXPECT_NE(s.message().find("node b offers slots 1 of host 10.0.0.5, which node a"), std::string::npos)
+      << s.ToString();
+  EXPECT_NE(s.message().find("--gpus 0,1 and --gpus 2,3"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(sched_->IsNodeConnected("b"));
+  ASSERT_OK(sched_->AddNode("c", "10.0.0.5", false, {2, 3}));  // disjoint: two GPU sets of one machine
+  ASSERT_OK(sched_->AddNode("d", "10.0.0.6", false, {0, 1}));  // another machine
+  ASSERT_OK(sched_->AddNode("e", "127.0.0.1", false, {0, 1}));
+  ASSERT_OK(sched_->AddNode("f", "127.0.0.1", false, {0, 1}));  // the one-machine setup
+  sched_->NodeDisconnected("a");
+  ASSERT_OK(sched_->AddNode("b", "10.0.0.5", false, {0, 1}));  // a's client is gone
+}
+
 TEST_F(AuthorityTest, ANodeSpeaksOnlyForTheTrainersPlacedOnIt) {
   // "a-s0" is a legal node name whose trainer ids start like node "a"'s.
   Make(4);

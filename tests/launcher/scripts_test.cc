@@ -552,7 +552,12 @@ TEST_F(ScriptsTest, SshClusterRejectsMalformedHostsLines) {
       {"nodeA slots=x\n", "line 1: slots=x is not a positive number"},
       {"# c\nnodeA colour=red\n", "line 2: unknown key 'colour'"},
       {"nodeA 10.0.0.1 a b\n", "line 1: too many columns"},
-      {"nodeA name=x\nnodeB name=x\n", "node name x is used twice"}};
+      {"nodeA name=x\nnodeB name=x\n", "node name x is used twice"},
+      // One machine listed twice: `name=` would only double-book it.
+      {"nodeA 10.0.0.1\nuser@nodeA name=b\n", "line 2: host nodeA is listed twice"},
+      {"nodeA 10.0.0.1\nnodeB 10.0.0.1\n", "line 2: address 10.0.0.1 is also node nodeA's"},
+      // Windows line endings: named as such, not as a bad address or name.
+      {"nodeA 10.0.0.1 slots=1\r\nnodeB 10.0.0.2\r\n", "line 1 ends with a carriage return"}};
   for (const auto& [hosts, error] : cases) {
     WriteFile(dir_.Join("hosts"), hosts);
     EXPECT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}), 1) << hosts << Log();
