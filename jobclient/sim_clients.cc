@@ -21,6 +21,7 @@
 #include "edl/net/connection.h"
 #include "edl/net/framed_socket.h"
 #include "edl/net/handshake.h"
+#include "edl/proto/fields.h"
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
 
@@ -58,7 +59,7 @@ struct Sim {
 
   void OnMessage(int i, const std::shared_ptr<edl::net::Connection>& conn, const json& m) {
     if (!conn) return;
-    const std::string type = proto::TypeOf(m);
+    const std::string type = edl::proto::TypeOf(m);
     if (type == "challenge") {
       edl::proto::Hello h;
       h.role = edl::proto::Role::kClient;
