@@ -17,6 +17,8 @@ events::Progress Cluster::ProgressOf(const std::string& job) const {
   const proto::GenerationInfo& g = it->second.membership->current();
   const std::map<std::string, proto::ProgressReport>& reports = it->second.progress;
   p.generation = g.generation;
+  // A finished job trains no more: no world, no images/s (its last reports are history).
+  if (it->second.membership->done()) return p;
   p.world_size = g.world_size();
   for (const proto::MemberInfo& m : g.members) {
     auto r = reports.find(m.trainer_id);
@@ -114,6 +116,7 @@ json Cluster::StatusJson() const {
     j["step"] = p.step;
     j["epoch"] = p.epoch;
     j["loss"] = p.loss;
+    j["accuracy"] = p.accuracy;
     AddHealth(job, &j);
     if (job.failures_alike >= kFailingAfter) j["state"] = "failing";  // AddHealth's "failing"
     total_ips += p.images_per_sec;

@@ -198,14 +198,15 @@ void PrintServices(const json& b) {
 std::string StatusLine(const json& b) {
   if (FieldOr(b, "cluster", false)) return ClusterLine(b);
   const json p = FieldOr(b, "progress", json::object());
+  const bool done = FieldOr(b, "done", false);  // a finished job runs no trainer, whatever its last world
   return "generation=" + std::to_string(FieldOr(b, "generation", 0)) + " reason=" +
-         FieldOr(b, "reason", std::string("-")) + " world=" + std::to_string(FieldOr(b, "world_size", 0)) +
+         FieldOr(b, "reason", std::string("-")) + " world=" + std::to_string(done ? 0 : FieldOr(b, "world_size", 0)) +
          " desired=" + std::to_string(FieldOr(b, "desired", 0)) + " slots=" +
          std::to_string(FieldOr(b, "used_slots", 0)) + "/" + std::to_string(FieldOr(b, "total_slots", 0)) +
          " epoch=" + std::to_string(FieldOr(p, "epoch", 0)) + " step=" + std::to_string(FieldOr(p, "step", 0)) +
          " loss=" + (FieldOr(p, "reporting", 0) > 0 ? Fixed(FieldOr(p, "loss", 0.0), 4) : "-") +
          " images/s=" + Fixed(FieldOr(p, "images_per_sec", 0.0), 1) +
-         (FieldOr(b, "done", false) ? " finished" : "");
+         (done ? " finished (last world " + std::to_string(FieldOr(b, "world_size", 0)) + ")" : "");
 }
 
 // Connects to the first server of the comma-separated `server` list that accepts and

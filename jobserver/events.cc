@@ -110,7 +110,7 @@ json Generation::ToJson() const {
           {"failure", failure},
           {"world_size_before", world_size_before},
           {"world_size_after", world_size_after},
-          {"stall_s", stall_s}};
+          {"prepare_s", prepare_s}};
 }
 
 json TrainerExit::ToJson() const {

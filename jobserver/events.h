@@ -277,7 +277,10 @@ struct Generation {
   std::string reason;
   bool failure = false;
   int world_size_before = 0, world_size_after = 0;
-  double stall_s = 0;
+  // A grow's preparation: from starting its joiners to the commit (they load and warm up while
+  // the members train on, so this is not a stall of the job: the trainers' own "stall" events
+  // measure that); 0 for a change without joiners.
+  double prepare_s = 0;
   nlohmann::json ToJson() const;
 };
 

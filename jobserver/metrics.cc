@@ -15,6 +15,12 @@ namespace {
 
 enum StallKind { kFailure, kGrow, kShrink, kReform };
 constexpr const char* kStallKinds[] = {"failure", "grow", "shrink", "reform"};
+// The phases of a stall (proto::ev::StallPhases), as the phase label names them.
+constexpr const char* kStallPhases[] = {"lost", "wait_generation", "agree", "reform", "sync", "eval", "first_step"};
+double PhaseOf(const proto::ev::StallPhases& p, size_t i) {
+  const double v[] = {p.lost, p.wait_generation, p.agree, p.reform, p.sync, p.eval, p.first_step};
+  return v[i];
+}
 
 // The status body is ours, but read as if it were not: a field of another type reads as its default.
 using proto::BoolOr;
@@ -98,6 +104,7 @@ struct JobView {
   double desired = 0, trainers = 0, generation = 0;
   bool reports = false;  // trainers report progress: images/s, step, epoch and loss mean something
   double ips = 0, step = 0, epoch = 0, loss = 0;
+  double accuracy = -1;  // rank 0's last test accuracy (0..1); -1: none evaluated yet
   bool rescale_pending = false;
 };
 
@@ -107,6 +114,7 @@ void ReadProgress(const json& p, JobView* v) {
   v->step = NumOr(p, "step");
   v->epoch = NumOr(p, "epoch");
   v->loss = NumOr(p, "loss");
+  v->accuracy = NumOr(p, "accuracy", -1);
 }
 
 std::vector<JobView> JobsOf(const json& status) {
@@ -116,7 +124,7 @@ std::vector<JobView> JobsOf(const json& status) {
     JobView v;
     v.name = StrOr(status, "job_id");
     v.desired = NumOr(status, "desired");
-    v.trainers = NumOr(status, "world_size");
+    v.trainers = BoolOr(status, "done") ? 0 : NumOr(status, "world_size");  // a finished job runs none
     v.generation = NumOr(status, "generation");
     v.state = BoolOr(status, "done") ? "done" : v.trainers > 0 ? "running" : "pending";
     v.rescale_pending = BoolOr(status, "pending");
@@ -272,7 +280,24 @@ void ServerMetrics::TrainerEvent(const std::string& job, const proto::TrainerEve
                            : e->world_after > e->world_before ? kGrow
                            : e->world_after < e->world_before ? kShrink
                                                               : kReform;
-    JobFor(job)->stalls[kind].Observe(e->stall_s);
+    Job* j = JobFor(job);
+    j->stalls[kind].Observe(e->cost_s());
+    for (size_t i = 0; i < std::size(kStallPhases); ++i) j->stall_phases[i].Observe(PhaseOf(e->phases, i));
+    // The timeline's record of it: the dashboard marks a re-form with what it cost.
+    ++seq_;
+    json rec = {{"type", "stall"},
+                {"time", MicrosToSeconds(clock_->WallMicros())},
+                {"generation", e->generation},
+                {"kind", kStallKinds[kind]},
+                {"world_before", e->world_before},
+                {"world_after", e->world_after},
+                {"stall_s", e->stall_s},
+                {"cost_s", e->cost_s()}};
+    for (size_t i = 0; i < std::size(kStallPhases); ++i) {
+      const double v = PhaseOf(e->phases, i);
+      if (v >= 0) rec[std::string(kStallPhases[i]) + "_s"] = v;
+    }
+    Keep(j, std::move(rec));
   } else if (const auto* e = std::get_if<ev::CheckpointSaved>(&event)) {
     saved(e->ok, e->saves, e->seconds);
   } else if (const auto* e = std::get_if<ev::StopCheckpoint>(&event)) {
@@ -371,6 +396,10 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
         Sample(g.name, Label("job_name", j.name), j.*(g.field), out);
     }
   }
+  Family("edl_job_test_accuracy", "gauge", "Test accuracy (0..1) of rank 0's last evaluation.", out);
+  for (const JobView& j : jobs) {
+    if (j.accuracy >= 0) Sample("edl_job_test_accuracy", Label("job_name", j.name), j.accuracy, out);
+  }
   Family("edl_job_state", "gauge",
          "1 for the job's state: pending (no trainers yet), running or done.", out);
   for (const JobView& j : jobs) {
@@ -394,14 +423,27 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
     }
   }
   Family("edl_job_stall_seconds", "histogram",
-         "Training stalls at a re-form, one observation per surviving trainer, by kind (failure, "
-         "grow, shrink, reform).",
+         "Training time a re-form cost a surviving trainer (its stall less the evaluation work inside "
+         "it), one observation per survivor, by kind (failure, grow, shrink, reform).",
          out);
   for (const auto& [name, j] : jobs_) {
     for (int k = 0; k < 4; ++k) {
       if (j.stalls[k].count() > 0) {
         j.stalls[k].Render("edl_job_stall_seconds",
                            Label("job_name", name) + "," + Label("kind", kStallKinds[k]), out);
+      }
+    }
+  }
+  Family("edl_job_stall_phase_seconds", "histogram",
+         "The phases of the survivors' stalls (lost step, waiting for the generation, agreeing on the "
+         "switch step, re-forming, syncing the state, evaluation, first step), one observation per "
+         "survivor and phase.",
+         out);
+  for (const auto& [name, j] : jobs_) {
+    for (size_t i = 0; i < std::size(kStallPhases); ++i) {
+      if (j.stall_phases[i].count() > 0) {
+        j.stall_phases[i].Render("edl_job_stall_phase_seconds",
+                                 Label("job_name", name) + "," + Label("phase", kStallPhases[i]), out);
       }
     }
   }

@@ -102,7 +102,8 @@ class ServerMetrics : public EventsObserver {
  private:
   struct Job {
     std::map<std::string, uint64_t> generations;  // by reason
-    std::array<Histogram, 4> stalls;              // by StallKind
+    std::array<Histogram, 4> stalls;              // by StallKind: the re-form's cost
+    std::array<Histogram, 7> stall_phases;        // by phase (kStallPhases)
     uint64_t trainer_failures = 0;
     uint64_t checkpoint_saves = 0;
     uint64_t checkpoint_failures = 0;

@@ -8,7 +8,7 @@
 #
 # Needs jq and gnuplot (Debian packages jq and gnuplot-nox; scripts/install_deps.sh installs them).
 # Records used: "server_started" (time zero), "generation" (generation, reason, failure,
-# world_size_before/after, stall_s), "progress" (world_size, loss, images_per_sec: the server
+# world_size_before/after, prepare_s), "progress" (world_size, loss, images_per_sec: the server
 # writes one a second while trainers report), "trainer_event" with event "eval" (accuracy) and
 # "finished".
 set -euo pipefail

@@ -30,7 +30,7 @@ TrainerEventBody DecodeKind(TrainerEventKind k, const json& e, const std::string
     }
     case TrainerEventKind::kJoinerFirstStep: {
       ev::JoinerFirstStep b;
-      f.Int("generation", &b.generation, 0, kMaxI64);
+      f.Int("generation", &b.generation, 0, kMaxI64, /*required=*/false);
       return Checked(f, b, kind);
     }
     case TrainerEventKind::kReformFailed: {
@@ -53,15 +53,15 @@ TrainerEventBody DecodeKind(TrainerEventKind k, const json& e, const std::string
     }
     case TrainerEventKind::kCheckpointFailed: {
       ev::CheckpointFailed b;
-      f.Int("step", &b.step, -1, kMaxI64)
+      f.Int("step", &b.step, -1, kMaxI64, /*required=*/false)
           .Bool("refused", &b.refused, /*required=*/false)
-          .Str("error", &b.error, kMaxEventErrorBytes);
+          .Str("error", &b.error, kMaxEventErrorBytes, /*required=*/false);
       return Checked(f, std::move(b), kind);
     }
     case TrainerEventKind::kStopCheckpoint: {
       ev::StopCheckpoint b;
-      f.Int("generation", &b.generation, 0, kMaxI64)
-          .Int("step", &b.step, 0, kMaxI64)
+      f.Int("generation", &b.generation, 0, kMaxI64, /*required=*/false)
+          .Int("step", &b.step, 0, kMaxI64, /*required=*/false)
           .Bool("ok", &b.ok)
           .Str("error", &b.error, kMaxEventErrorBytes, /*required=*/false);
       return Checked(f, std::move(b), kind);
@@ -74,6 +74,17 @@ TrainerEventBody DecodeKind(TrainerEventKind k, const json& e, const std::string
           .Bool("failure", &b.failure, /*required=*/false)
           .Num("stall_s", &b.stall_s);
       if (f.ok() && b.stall_s < 0) f.Fail("stall_s", "is negative");
+      ev::StallPhases& p = b.phases;
+      for (auto [key, out] : {std::pair<const char*, double*>{"lost_s", &p.lost},
+                              {"wait_generation_s", &p.wait_generation},
+                              {"agree_s", &p.agree},
+                              {"reform_s", &p.reform},
+                              {"sync_s", &p.sync},
+                              {"eval_s", &p.eval},
+                              {"first_step_s", &p.first_step}}) {
+        f.Num(key, out, /*required=*/false);
+        if (f.ok() && FieldOf(e, key).is_number() && *out < 0) f.Fail(key, "is negative");
+      }
       return Checked(f, b, kind);
     }
   }

@@ -14,6 +14,7 @@
 // Thread-safety: plain values and pure functions.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -56,7 +57,7 @@ struct Config {
 };
 // A joiner finished its first step in the job: it trains in lockstep from now on.
 struct JoinerFirstStep {
-  int64_t generation = 0;
+  int64_t generation = 0;  // optional
 };
 // The trainer could not re-form generation `generation` and nothing newer is known.
 struct ReformFailed {
@@ -75,24 +76,37 @@ struct CheckpointSaved {
 };
 // A periodic checkpoint failed (refused: the store's generation fence said no).
 struct CheckpointFailed {
-  int64_t step = -1;      // the step whose save failed; -1: unknown
-  bool refused = false;
-  std::string error;      // <= kMaxEventErrorBytes
+  int64_t step = -1;      // the step whose save failed; -1: unknown (optional)
+  bool refused = false;   // optional
+  std::string error;      // <= kMaxEventErrorBytes (optional)
 };
 // Rank 0's final checkpoint at `edl ctl stop`.
 struct StopCheckpoint {
-  int64_t generation = 0;
-  int64_t step = 0;
+  int64_t generation = 0;  // optional
+  int64_t step = 0;        // optional
   bool ok = true;
   std::string error;      // <= kMaxEventErrorBytes; set when !ok
 };
-// A survivor's stall across a re-form (docs/ARCHITECTURE.md, "The stall and its phases"); the
-// phases stay in the raw record for the report tools.
+// A survivor's stall across a re-form (docs/ARCHITECTURE.md, "The stall and its phases"): from
+// the end of its last step in the old generation to the end of its first in the new one, and the
+// phases that add up to it (each >= 0; -1: not reported by an older trainer).
+struct StallPhases {
+  double lost = -1;             // lost_s: the step in flight when a failure cut it
+  double wait_generation = -1;  // wait_generation_s: until the server's next generation arrived
+  double agree = -1;            // agree_s: agreeing on the switch step
+  double reform = -1;           // reform_s: building the new communicator
+  double sync = -1;             // sync_s: syncing the state to joiners
+  double eval = -1;             // eval_s: evaluation work inside the stall (the fixed run does it too)
+  double first_step = -1;       // first_step_s: the first step in the new generation
+};
 struct Stall {
   int64_t generation = 0;
   int64_t world_before = 0, world_after = 0;
   bool failure = false;
   double stall_s = 0;     // >= 0
+  StallPhases phases;
+  // The training time the re-form cost: the stall less the evaluation work inside it.
+  double cost_s() const { return phases.eval > 0 ? std::max(0.0, stall_s - phases.eval) : stall_s; }
 };
 // A kind no part of the server acts on.
 struct Other {

@@ -135,6 +135,13 @@ TEST_F(DashboardTest, ChromiumRendersTheJobItsScaleAndTheGenerationChange) {
   if (HasFatalFailure()) return;
   ScaleToThree();
   if (HasFatalFailure()) return;
+  // A trainer dies: the failure is listed and flagged on the timeline, however soon a grow-back
+  // follows it.
+  const auto pids = Pids();
+  ASSERT_FALSE(pids.empty()) << Diagnostics();
+  ASSERT_EQ(::kill(*pids.begin()->second.rbegin(), SIGKILL), 0);
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g.value("failure", false); }, milliseconds(60000)))
+      << Diagnostics();
   // The page polls once a second; virtual time lets its timers run without waiting in real time,
   // and stands still while a request is in flight.
   const std::string url = "http://127.0.0.1:" + std::to_string(http_port_) + "/#job=itest";
@@ -164,6 +171,10 @@ TEST_F(DashboardTest, ChromiumRendersTheJobItsScaleAndTheGenerationChange) {
       << dom.substr(0, 8000);
   EXPECT_NE(dom.find("data-node=\"n1\""), std::string::npos) << "the nodes table";
   EXPECT_NE(dom.find("live, updated"), std::string::npos) << "the page updated itself";
+  EXPECT_NE(dom.find("class=\"trainer\""), std::string::npos) << "the trainers table";
+  EXPECT_TRUE(std::regex_search(dom, std::regex("<tr[^>]*class=\"reform failure\"")))
+      << "the failure is not listed:\n" << dom.substr(0, 8000);
+  EXPECT_NE(dom.find("class=\"failure-flag\""), std::string::npos) << "no failure flag on the timeline";
   StopJob();
 }
 

@@ -99,7 +99,7 @@ TEST(EventsTest, MembershipRecordsKeepTheirLines) {
   EXPECT_EQ(Line(Prepare{3, "script", 2}), R"({"generation":3,"joiners":2,"reason":"script","type":"prepare"})");
   EXPECT_EQ(Line(PrepareAborted{3, "late"}), R"({"generation":3,"type":"prepare_aborted","why":"late"})");
   EXPECT_EQ(Line(Generation{3, "script", false, 2, 4, 0}),
-            R"({"failure":false,"generation":3,"reason":"script","stall_s":0.0,"type":"generation",)"
+            R"({"failure":false,"generation":3,"prepare_s":0.0,"reason":"script","type":"generation",)"
             R"("world_size_after":4,"world_size_before":2})");
   EXPECT_EQ(Line(TrainerExit{"a", "exit 0", true}), R"({"how":"exit 0","success":true,"trainer_id":"a","type":"trainer_exit"})");
   EXPECT_EQ(Line(JoinerExit{"a", "signal 9"}), R"({"how":"signal 9","trainer_id":"a","type":"joiner_exit"})");

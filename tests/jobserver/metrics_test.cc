@@ -144,20 +144,55 @@ TEST(MetricsTest, CountsRecordsAndKeepsTheTimeline) {
   EXPECT_TRUE(Has(t, "edl_job_checkpoint_save_failures_total{job_name=\"j1\"} 1")) << t;
   EXPECT_TRUE(Has(t, "edl_job_checkpoint_save_seconds_sum{job_name=\"j1\"} 1.5")) << t;
 
-  // The ring: generation, progress and failure records, numbered; `since` picks up from there.
+  // The ring: generation, progress, failure and stall records, numbered; `since` picks up from
+  // there.
   json all = json::parse(m.Recent("j1", 0));
-  ASSERT_EQ(all["records"].size(), 5u) << all.dump();  // 3 generations, 1 progress, 1 failed exit
+  // 3 generations, 1 progress, 1 failed exit, 3 stalls (the malformed one is not there)
+  ASSERT_EQ(all["records"].size(), 8u) << all.dump();
   EXPECT_EQ(all["records"][0]["type"], "generation");
   EXPECT_EQ(all["records"][2]["type"], "trainer_exit");
   EXPECT_EQ(all["records"][3]["failure"], true);
+  EXPECT_EQ(all["records"][4]["type"], "stall");
+  EXPECT_EQ(all["records"][4]["kind"], "failure");
+  EXPECT_EQ(all["records"][4]["cost_s"], 0.3);
   const uint64_t mid = all["records"][2]["seq"].get<uint64_t>();
   json rest = json::parse(m.Recent("j1", mid));
-  ASSERT_EQ(rest["records"].size(), 2u) << rest.dump();
+  ASSERT_EQ(rest["records"].size(), 5u) << rest.dump();
   EXPECT_EQ(rest["next"], all["next"]);
   EXPECT_EQ(json::parse(m.Recent("j1", all["next"].get<uint64_t>()))["records"].size(), 0u);
-  EXPECT_EQ(json::parse(m.Recent("j1", 1'000'000))["records"].size(), 5u)
+  EXPECT_EQ(json::parse(m.Recent("j1", 1'000'000))["records"].size(), 8u)
       << "a newer server's numbers: from 0";
   EXPECT_EQ(json::parse(m.Recent("nobody", 0))["records"].size(), 0u);
+}
+
+// The stall a re-form cost and its phases, apart: a failure whose survivor stalled 9.7 s, 9.6 s of
+// it an evaluation the fixed run does too, cost 0.1 s; the evaluation shows as its own phase.
+TEST(MetricsTest, AStallIsItsCostWithItsPhasesApart) {
+  ManualClock clock;
+  ServerMetrics m(&clock);
+  m.TrainerEvent("j", proto::DecodeTrainerEvent({{"event", "stall"},
+                                                 {"generation", 4},
+                                                 {"world_before", 4},
+                                                 {"world_after", 3},
+                                                 {"failure", true},
+                                                 {"stall_s", 9.7},
+                                                 {"lost_s", 0.02},
+                                                 {"wait_generation_s", 0.03},
+                                                 {"reform_s", 0.04},
+                                                 {"sync_s", 0.0},
+                                                 {"eval_s", 9.6},
+                                                 {"first_step_s", 0.01}}));
+  const std::string t = m.Render(json::object());
+  EXPECT_TRUE(Has(t, "edl_job_stall_seconds_bucket{job_name=\"j\",kind=\"failure\",le=\"0.25\"} 1")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_stall_phase_seconds_bucket{job_name=\"j\",phase=\"eval\",le=\"5\"} 0")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_stall_phase_seconds_bucket{job_name=\"j\",phase=\"eval\",le=\"10\"} 1")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_stall_phase_seconds_count{job_name=\"j\",phase=\"reform\"} 1")) << t;
+  EXPECT_EQ(t.find("phase=\"agree\""), std::string::npos) << "a phase not reported is not observed: " << t;
+  const json recs = json::parse(m.Recent("j", 0))["records"];
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_NEAR(recs[0]["cost_s"].get<double>(), 0.1, 1e-9);
+  EXPECT_EQ(recs[0]["eval_s"], 9.6);
+  EXPECT_EQ(recs[0]["generation"], 4);
 }
 
 TEST(MetricsTest, WhatRecordsCanMakeItHoldIsBounded) {
