@@ -280,11 +280,11 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       Event({{"event", "leave"}, {"generation", target.number}, {"step", state_.step}});
       return Status::OK();
     }
-    const int64_t t_build = phases_.mark_us > 0 ? phases_.mark_us : clock_->NowMicros();
+    const int64_t t_build = stall_.mark_us > 0 ? stall_.mark_us : clock_->NowMicros();
     StatusOr<std::unique_ptr<Communicator>> comm{Status::Unavailable("not built")};
-    phases_.prepared = TakePrepared(&target, &comm);
+    stall_.prepared = TakePrepared(&target, &comm);
     bool shrunk = false;
-    if (phases_.prepared) {
+    if (stall_.prepared) {
       rank = target.RankOf(me_);  // the prepared one may be of a newer generation
     } else if (const NcclBuildPlan plan = PlanNccl(target); plan.build == NcclBuild::kShrink) {
       comm = ShrinkComm(target, rank, plan);  // from the old one, before it goes
@@ -292,10 +292,10 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       if (!shrunk) LOG(WARNING) << me_ << ": " << comm.status().ToString() << "; full init instead";
     }
     InstallComm(nullptr, gen_, rank_);  // the old communicator goes (torn down in the background)
-    if (!phases_.prepared && !shrunk) comm = BuildComm(target, rank);
+    if (!stall_.prepared && !shrunk) comm = BuildComm(target, rank);
     const int64_t t_built = clock_->NowMicros();
-    phases_.reform_us += t_built - t_build;
-    phases_.attempts++;
+    stall_.reform_us += t_built - t_build;
+    stall_.attempts++;
     int64_t t_wait = t_built;  // a failed attempt's logging counts as waiting for the next one
     std::string failed_why;    // why this attempt failed (for reform_failed, below)
     if (comm.ok()) {
@@ -304,9 +304,9 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       int64_t newest = 0;
       bool evaluated = false;
       Status s = SyncState(&newest, &evaluated);
-      phases_.sync_end_us = clock_->NowMicros();
-      phases_.sync_us += phases_.sync_end_us - t_built;
-      t_wait = phases_.sync_end_us;
+      stall_.sync_end_us = clock_->NowMicros();
+      stall_.sync_us += stall_.sync_end_us - t_built;
+      t_wait = stall_.sync_end_us;
       if (s.ok() && newest <= target.number) {
         // Decided on synced state only, so every member (a joiner too) evaluates, or none does.
         // An evaluation some member completed is not done again: a failure in the first step after
@@ -340,8 +340,8 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       }
       EDL_RETURN_IF_ERROR(WaitNewer(target.number, &next));
     }
-    phases_.mark_us = clock_->NowMicros();
-    phases_.wait_gen_us += phases_.mark_us - t_wait;
+    stall_.mark_us = clock_->NowMicros();
+    stall_.wait_gen_us += stall_.mark_us - t_wait;
     target = next;
   }
 }
@@ -659,7 +659,7 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
 }
 
 Status ElasticTrainer::Impl::SwitchGeneration() {
-  phases_ = Phases();
+  stall_ = StallPhases();
   Generation latest;
   membership_->Latest(&latest);
   int64_t target = latest.number;
@@ -668,7 +668,7 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
   const int64_t agreed = clock_->NowMicros();
   if (latest.number < target) {
     EDL_RETURN_IF_ERROR(WaitNewer(target - 1, &latest));
-    phases_.wait_gen_us += clock_->NowMicros() - agreed;
+    stall_.wait_gen_us += clock_->NowMicros() - agreed;
   }
   switch_step_ = state_.step;
   reform_was_failure_ = false;
@@ -676,10 +676,10 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
             << " after step " << state_.step;
   // Everything up to the re-form but the wait (the log line included: it may block on a loaded
   // machine, and the phases must cover the stall).
-  phases_.mark_us = clock_->NowMicros();
-  phases_.eval_us = eval_kept_us_;
+  stall_.mark_us = clock_->NowMicros();
+  stall_.eval_us = eval_kept_us_;
   eval_kept_us_ = 0;
-  phases_.agree_us = phases_.mark_us - last_step_end_us_ - phases_.wait_gen_us - phases_.eval_us;
+  stall_.agree_us = stall_.mark_us - last_step_end_us_ - stall_.wait_gen_us - stall_.eval_us;
   return Reform(latest);
 }
 
@@ -688,10 +688,10 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   LOG(WARNING) << me_ << ": generation " << gen_.number << " failed at step " << state_.step + 1
                << " (" << cause.ToString() << "); discarding the step and re-forming";
   const int64_t failed_gen = gen_.number;
-  phases_ = Phases();
-  phases_.eval_us = eval_kept_us_;  // an evaluation done (or the part of it kept) is not lost
+  stall_ = StallPhases();
+  stall_.eval_us = eval_kept_us_;  // an evaluation done (or the part of it kept) is not lost
   eval_kept_us_ = 0;
-  phases_.lost_us = failed_at - last_step_end_us_ - phases_.eval_us;
+  stall_.lost_us = failed_at - last_step_end_us_ - stall_.eval_us;
   switch_step_ = state_.step;
   reform_was_failure_ = true;
   {
@@ -707,8 +707,8 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   if (!membership_->Latest(&next) || next.number <= failed_gen) {
     EDL_RETURN_IF_ERROR(WaitNewer(failed_gen, &next));
   }
-  phases_.mark_us = clock_->NowMicros();
-  phases_.wait_gen_us += phases_.mark_us - failed_at;
+  stall_.mark_us = clock_->NowMicros();
+  stall_.wait_gen_us += stall_.mark_us - failed_at;
   return Reform(next);
 }
 

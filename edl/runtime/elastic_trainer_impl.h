@@ -163,8 +163,9 @@ class ElasticTrainer::Impl {
   bool reform_was_failure_ = false;
   // The stall's breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): microseconds this
   // survivor spent in each phase of the re-form in progress, each measured between its own
-  // readings, so time outside every phase shows up as a gap between their sum and the stall.
-  struct Phases {
+  // readings, so time outside every phase shows up as a gap between their sum and the stall. (The
+  // stall's phases, not TrainerPhase: these are times, several per re-form.)
+  struct StallPhases {
     int64_t lost_us = 0;      // failure: end of the last step to the failed collective (the
                               // step in flight, lost), per-step hooks included
     int64_t wait_gen_us = 0;  // waiting for the next (or a newer) generation to arrive
@@ -178,7 +179,7 @@ class ElasticTrainer::Impl {
                               // to the stall exactly, whatever preemption lands between them
     int attempts = 0;         // communicators built (> 1: superseded or failed meanwhile)
     bool prepared = false;    // the last one was built ahead, while training (make-before-break)
-  } phases_;
+  } stall_;
   // When this trainer first saw each generation newer than gen_ (monotonic and wall-clock
   // micros), recorded by the watcher; bounded: entries up to gen_ are dropped at each re-form.
   Mutex seen_mu_;
