@@ -132,15 +132,19 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
       if (!e.ok()) EDL_RETURN_IF_ERROR(comm_failed_ ? Recover(e) : e);
       continue;
     }
-    bool switch_seen = false;
     const int64_t epoch_before = state_.position.epoch;
-    Status s = TrainStep(&switch_seen);
+    StepResult r;
+    Status s = Step(&r);
+    if (s.ok()) {
+      CommitStep(r);
+      s = ReportStep(r);
+    }
     if (!s.ok()) {
-      if (!comm_failed_) return s;  // the Trainable failed
+      if (!comm_failed_) return s;  // the Trainable (or the loader) failed
       EDL_RETURN_IF_ERROR(Recover(s));
       continue;
     }
-    if (switch_seen) {
+    if (r.switch_seen) {
       EDL_RETURN_IF_ERROR(SwitchGeneration());
     } else if (o_.evaluate_each_epoch && state_.position.epoch != epoch_before) {
       Status e = Evaluate(&accuracy_);
@@ -549,11 +553,13 @@ double ElasticTrainer::Impl::StepLr(int64_t global_batch) {
   return schedule_.Ramp(target, state_.ramp_from_lr, state_.steps_since_reform);
 }
 
-Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
-  const std::vector<int64_t> b = Batches();
-  const int64_t total = plan_.StepSamples(state_.position, b);
+Status ElasticTrainer::Impl::Step(StepResult* r) {
+  r->batches = Batches();
+  const std::vector<int64_t>& b = r->batches;
+  r->planned = plan_.StepSamples(state_.position, b);
   const std::vector<std::vector<int64_t>> all = plan_.Step(state_.position, b);
-  const std::vector<int64_t>& indices = all[rank_];
+  r->indices = all[rank_];
+  const std::vector<int64_t>& indices = r->indices;
   size_t count = 0;
   float* grad = trainable_->GradientBuffer(&count);  // device memory when on_device(): no access
   // Start loading this rank's next slice (as planned for the current world) while this step runs.
@@ -561,7 +567,6 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   if (plan_.EpochProgress(next) < o_.epochs && (o_.max_steps == 0 || state_.step + 1 < o_.max_steps)) {
     trainable_->Prefetch(next.epoch, plan_.Slice(next, b, rank_));
   }
-  StepStats stats;
   if (const int ahead = trainable_->lookahead_steps(); ahead > 0) {
     std::vector<Trainable::UpcomingStep> next;
     DataPosition pos = state_.position;
@@ -574,40 +579,47 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   }
   if (!indices.empty()) {
     trainable_->SetEpoch(state_.position.epoch);
-    EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats));
-    EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(static_cast<float>(indices.size()) / total));
+    EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &r->stats));
+    const float share = static_cast<float>(indices.size()) / r->planned;
+    EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(share));
   } else {
     EDL_RETURN_IF_ERROR(trainable_->ZeroGradients());  // a short last step: contribute zeros
   }
   Generation latest;
   membership_->Latest(&latest);
-  float inband[Trainable::kInbandSlots] = {};
+  float* inband = r->inband;
   inband[kSwitchVotes] = latest.number > gen_.number ? SwitchVote(latest) : 0.0f;
-  inband[kLossSum] = static_cast<float>(stats.loss_sum);
-  inband[kCorrect] = static_cast<float>(stats.correct);
-  inband[kSamples] = static_cast<float>(stats.samples);
+  inband[kLossSum] = static_cast<float>(r->stats.loss_sum);
+  inband[kCorrect] = static_cast<float>(r->stats.correct);
+  inband[kSamples] = static_cast<float>(r->stats.samples);
   EDL_RETURN_IF_ERROR(trainable_->WriteInband(inband));
-  std::vector<int64_t> global_indices;
   if (sample_log_fd_ >= 0) {
-    for (const auto& slice : all) global_indices.insert(global_indices.end(), slice.begin(), slice.end());
+    for (const auto& slice : all) {
+      r->global_indices.insert(r->global_indices.end(), slice.begin(), slice.end());
+    }
   }
-  pending_ = {state_.step + 1, state_.position.epoch, global_indices};
+  pending_ = {state_.step + 1, state_.position.epoch, r->global_indices};
   EDL_RETURN_IF_ERROR(AllReduceGradients(grad, count));
   EDL_RETURN_IF_ERROR(trainable_->ReadInband(inband));
-  const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
-  const double lr = StepLr(global);
-  EDL_RETURN_IF_ERROR(trainable_->ApplyUpdate(lr));
-  // Committed.
+  r->switch_seen = inband[kSwitchVotes] >= static_cast<float>(gen_.world_size());
+  r->global_batch = std::accumulate(b.begin(), b.end(), int64_t{0});
+  r->lr = StepLr(r->global_batch);
+  return trainable_->ApplyUpdate(r->lr);
+}
+
+void ElasticTrainer::Impl::CommitStep(const StepResult& r) {
   pending_.step = -1;
   const int64_t epoch = state_.position.epoch;
   state_.step++;
-  state_.position = plan_.Advance(state_.position, b);
-  state_.last_lr = lr;
-  state_.last_global_batch = global;
+  state_.position = plan_.Advance(state_.position, r.batches);
+  state_.last_lr = r.lr;
+  state_.last_global_batch = r.global_batch;
   state_.steps_since_reform++;
-  if (inband[kSamples] > 0) last_loss_ = inband[kLossSum] / inband[kSamples];
-  LogSamples(state_.step, epoch, global_indices, last_loss_, &indices, &stats);
-  *switch_seen = inband[kSwitchVotes] >= static_cast<float>(gen_.world_size());
+  if (r.inband[kSamples] > 0) last_loss_ = r.inband[kLossSum] / r.inband[kSamples];
+  LogSamples(state_.step, epoch, r.global_indices, last_loss_, &r.indices, &r.stats);
+}
+
+Status ElasticTrainer::Impl::ReportStep(const StepResult& r) {
   const int64_t now = clock_->NowMicros();
   // A trainer that never stepped (a joiner whose generation was superseded) has no stall.
   if (after_reform_ && last_step_end_us_ > 0) {
@@ -620,26 +632,26 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   last_step_end_us_ = now;
   eval_kept_us_ = 0;
   if (o_.observer != nullptr) {
-    StepReport r;
-    r.step = state_.step;
-    r.position = state_.position;
-    r.epochs_done = plan_.EpochProgress(state_.position);
-    r.loss = last_loss_;
-    r.correct = static_cast<int64_t>(inband[kCorrect]);
-    r.samples = static_cast<int64_t>(inband[kSamples]);
-    r.planned = total;
-    r.lr = lr;
-    r.generation = gen_.number;
-    r.world_size = gen_.world_size();
-    r.rank = rank_;
-    o_.observer->OnStep(r);
+    StepReport report;
+    report.step = state_.step;
+    report.position = state_.position;
+    report.epochs_done = plan_.EpochProgress(state_.position);
+    report.loss = last_loss_;
+    report.correct = static_cast<int64_t>(r.inband[kCorrect]);
+    report.samples = static_cast<int64_t>(r.inband[kSamples]);
+    report.planned = r.planned;
+    report.lr = r.lr;
+    report.generation = gen_.number;
+    report.world_size = gen_.world_size();
+    report.rank = rank_;
+    o_.observer->OnStep(report);
   }
   if (rank_ == 0 && o_.loader != nullptr) {
     EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_, Context()));
     ReportLoaderEvents();
   }
   // This rank's own samples: the control plane sums the members' rates into the job's rate.
-  progress_samples_ += static_cast<int64_t>(indices.size());
+  progress_samples_ += static_cast<int64_t>(r.indices.size());
   if (o_.progress_every > 0 && state_.step % o_.progress_every == 0) {
     ProgressInfo p;
     p.generation = gen_.number;
@@ -828,7 +840,7 @@ void ElasticTrainer::Impl::ReportLoaderEvents() {
 void ElasticTrainer::Impl::Event(nlohmann::json e) {
   e["trainer"] = me_;
   e["pid"] = static_cast<int64_t>(::getpid());
-  (void)membership_->ReportEvent(e);  // best effort, as progress (TrainStep)
+  (void)membership_->ReportEvent(e);  // best effort, as progress (ReportStep)
 }
 
 // ---------------------------------------------------------------------------------------------

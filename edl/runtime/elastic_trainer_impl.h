@@ -91,7 +91,32 @@ class ElasticTrainer::Impl {
   // `per_rank_only`) from `root`, in one collective on the host path; *synced gets the root's
   // header, checked before any tensor is written.
   Status BroadcastState(int root, bool per_rank_only, TrainingState* synced);
-  Status TrainStep(bool* switch_seen);
+  // What Step() computed, which CommitStep() and ReportStep() take.
+  struct StepResult {
+    std::vector<int64_t> batches;         // each rank's batch in gen_ (Batches())
+    int64_t planned = 0;                  // samples the data plan gave the step, all ranks
+    int64_t global_batch = 0;             // sum of `batches`
+    std::vector<int64_t> indices;         // this rank's slice
+    std::vector<int64_t> global_indices;  // every rank's slices; only with a sample log
+    StepStats stats;                      // of this rank's forward/backward
+    float inband[Trainable::kInbandSlots] = {};  // after the all-reduce: summed over the ranks
+    double lr = 0;                               // the update's learning rate
+    bool switch_seen = false;  // the members' votes reached the world size: switch after it
+  };
+  // Runs the next step of the data plan: this rank's forward/backward, the all-reduce of the
+  // gradients and the in-band words, the update. Commits nothing: state_ is as before, and
+  // pending_ holds the step in flight (a sync after a failure logs its samples if other ranks
+  // committed it). An error is the communicator's (comm_failed_ set: the step is discarded) or
+  // the Trainable's.
+  Status Step(StepResult* r);
+  // REQUIRES: Step(r) returned OK. Commits the step: advances state_ (step, data position, LR and
+  // re-form bookkeeping), takes its global loss, logs its samples and clears pending_. Every rank
+  // of gen_ commits the same step.
+  void CommitStep(const StepResult& r);
+  // REQUIRES: CommitStep(r) just ran. Reports the committed step: the stall of a re-form before it
+  // or a joiner's first step, then the observer, the loader's AfterStep on rank 0 (whose error,
+  // returned, stops training) and, every progress_every steps, progress to the control plane.
+  Status ReportStep(const StepResult& r);
   Status SwitchGeneration();
   Status Recover(const Status& cause);
   Status Evaluate(double* accuracy);
