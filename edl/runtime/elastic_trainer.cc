@@ -1,5 +1,7 @@
 // The elastic loop. Invariants:
+//   - the phase (trainer_phase.h) changes only in Enter(), on the training thread;
 //   - comm_ is null or was formed for gen_ (both change together, in InstallComm);
+//   - state_ holds a synced step in every phase but joining;
 //   - state_ and the Trainable's tensors are identical on every rank of gen_ after SyncState();
 //   - a step is committed (state_.step advanced, samples logged) only after its all-reduce
 //     completed on this rank; a rank whose all-reduce failed logs that step's samples at the next
@@ -109,7 +111,7 @@ class SupersedableKv : public KvStore {
 
 
 // ---------------------------------------------------------------------------------------------
-// Run: join or start, then steps until done or left.
+// Run: join or start, then steps until done or left; the phases (trainer_phase.h).
 
 Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   EDL_RETURN_IF_ERROR(schedule_.Validate());
@@ -125,55 +127,75 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   StartWatcher();  // already in the first re-form: a joiner stuck in its sync must be woken too
   EDL_RETURN_IF_ERROR(Reform(gen));
   progress_t0_us_ = clock_->NowMicros();
-  while (!left_ && !Done()) {
-    if (eval_due_) {  // a switch or failure took the place of the epoch end's evaluation
-      eval_due_ = false;
-      Status e = Evaluate(&accuracy_);
-      if (!e.ok()) EDL_RETURN_IF_ERROR(comm_failed_ ? Recover(e) : e);
-      continue;
-    }
-    const int64_t epoch_before = state_.position.epoch;
-    StepResult r;
-    Status s = Step(&r);
-    if (s.ok()) {
-      CommitStep(r);
-      s = ReportStep(r);
-    }
-    if (!s.ok()) {
-      if (!comm_failed_) return s;  // the Trainable (or the loader) failed
-      EDL_RETURN_IF_ERROR(Recover(s));
-      continue;
-    }
-    if (r.switch_seen) {
-      EDL_RETURN_IF_ERROR(SwitchGeneration());
-    } else if (o_.evaluate_each_epoch && state_.position.epoch != epoch_before) {
-      Status e = Evaluate(&accuracy_);
-      if (!e.ok()) {
-        if (!comm_failed_) return e;
-        EDL_RETURN_IF_ERROR(Recover(e));
-      }
+  while (phase_ != TrainerPhase::kLeft && !Done()) {
+    if (phase_ == TrainerPhase::kEvaluating) {
+      // The re-form landed on an epoch end (a switch or failure took the place of its evaluation).
+      EDL_RETURN_IF_ERROR(EvaluateThen(TrainerPhase::kResuming));
+    } else {
+      EDL_RETURN_IF_ERROR(TrainOneStep());
     }
   }
-  if (!left_ && o_.evaluate_each_epoch && last_eval_step_ != state_.step) {
-    Status e = Evaluate(&accuracy_);
-    if (!e.ok() && !comm_failed_) return e;
+  if (phase_ != TrainerPhase::kLeft) {
+    // The last step's evaluation, unless it had one (an epoch end's, or one a member completed
+    // before the last re-form). A failed collective is not worth a re-form any more.
+    if (o_.evaluate_each_epoch && last_eval_step_ != state_.step) {
+      if (phase_ != TrainerPhase::kEvaluating) Enter(TrainerPhase::kEvaluating);
+      Status e = Evaluate(&accuracy_);
+      if (!e.ok() && !comm_failed_) return e;
+    }
+    Enter(TrainerPhase::kDone);
   }
+  const bool left = phase_ == TrainerPhase::kLeft;
   StopWatcher();
   JoinPrepared();
-  if (!left_ && rank_ == 0 && o_.loader != nullptr) {
+  if (!left && rank_ == 0 && o_.loader != nullptr) {
     Status f = o_.loader->Finish(trainable_, state_, Context());
     ReportLoaderEvents();
     EDL_RETURN_IF_ERROR(f);
   }
   auto hash = StateHash(trainable_);
   EDL_RETURN_IF_ERROR(hash.status());
-  result->left = left_;
+  result->left = left;
   result->step = state_.step;
   result->generation = gen_.number;
   result->last_loss = last_loss_;
   result->accuracy = accuracy_;
   result->state_hash = hash.value();
-  Event({{"event", left_ ? "left" : "done"}, {"generation", gen_.number}, {"step", state_.step}});
+  Event({{"event", left ? "left" : "done"}, {"generation", gen_.number}, {"step", state_.step}});
+  return Status::OK();
+}
+
+void ElasticTrainer::Impl::Enter(TrainerPhase next) {
+  CHECK(IsLegalPhaseTransition(phase_, next))
+      << me_ << ": no transition from trainer phase " << NameOf(phase_) << " to " << NameOf(next)
+      << " (generation " << gen_.number << ", step " << state_.step << ")";
+  VLOG(1) << me_ << ": phase " << NameOf(phase_) << " -> " << NameOf(next) << " (generation "
+          << gen_.number << ", step " << state_.step << ")";
+  phase_ = next;
+}
+
+Status ElasticTrainer::Impl::TrainOneStep() {
+  const int64_t epoch_before = state_.position.epoch;
+  StepResult r;
+  Status s = Step(&r);
+  if (s.ok()) {
+    CommitStep(r);
+    s = ReportStep(r);
+  }
+  if (!s.ok()) return comm_failed_ ? Recover(s) : s;  // else the Trainable (or loader) failed
+  if (r.switch_seen) return SwitchGeneration();
+  if (o_.evaluate_each_epoch && state_.position.epoch != epoch_before) {
+    Enter(TrainerPhase::kEvaluating);
+    return EvaluateThen(TrainerPhase::kTraining);
+  }
+  return Status::OK();
+}
+
+Status ElasticTrainer::Impl::EvaluateThen(TrainerPhase next) {
+  DCHECK(phase_ == TrainerPhase::kEvaluating) << NameOf(phase_);
+  Status e = Evaluate(&accuracy_);
+  if (!e.ok()) return comm_failed_ ? Recover(e) : e;
+  Enter(next);
   return Status::OK();
 }
 
@@ -262,7 +284,10 @@ Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {
 // ---------------------------------------------------------------------------------------------
 // Re-form: communicator for `target` (or newer, if one shows up meanwhile) plus state sync.
 
+// REQUIRES: phase joining (the first re-form) or reforming. Ends in phase left, evaluating or
+// resuming; an error leaves the phase as it is (Run() returns it).
 Status ElasticTrainer::Impl::Reform(Generation target) {
+  DCHECK(phase_ == TrainerPhase::kJoining || phase_ == TrainerPhase::kReforming) << NameOf(phase_);
   for (;;) {
     int rank = target.RankOf(me_);
     if (rank < 0) {
@@ -279,7 +304,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
         LOG(INFO) << me_ << ": the job stops (generation " << target.number
                   << "); final checkpoint saved at step " << state_.step;
       }
-      left_ = true;
+      Enter(TrainerPhase::kLeft);
       InstallComm(nullptr, target, -1);
       Event({{"event", "leave"}, {"generation", target.number}, {"step", state_.step}});
       return Status::OK();
@@ -303,8 +328,7 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     int64_t t_wait = t_built;  // a failed attempt's logging counts as waiting for the next one
     std::string failed_why;    // why this attempt failed (for reform_failed, below)
     if (comm.ok()) {
-      InstallComm(std::move(comm.value()), target, rank);
-      comm_failed_ = false;
+      InstallComm(std::move(comm.value()), target, rank);  // clears comm_failed_
       int64_t newest = 0;
       bool evaluated = false;
       Status s = SyncState(&newest, &evaluated);
@@ -316,7 +340,9 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
         // An evaluation some member completed is not done again: a failure in the first step after
         // an epoch end's evaluation re-forms on that epoch end.
         last_eval_step_ = evaluated ? state_.step : -1;
-        eval_due_ = o_.evaluate_each_epoch && state_.step > 0 && state_.position.cursor == 0 && !evaluated;
+        const bool eval_due =
+            o_.evaluate_each_epoch && state_.step > 0 && state_.position.cursor == 0 && !evaluated;
+        Enter(eval_due ? TrainerPhase::kEvaluating : TrainerPhase::kResuming);
         return Status::OK();
       }
       if (!s.ok() && !comm_failed_) return s;
@@ -374,7 +400,9 @@ StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::BuildComm(const Ge
 
 Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   const int w = gen_.world_size(), r = rank_;
-  const int64_t level = has_state_ ? state_.step + 1 : 0;
+  // state_ holds a synced step once the first re-form completed (phase joining until then).
+  const bool has_state = phase_ != TrainerPhase::kJoining;
+  const int64_t level = has_state ? state_.step + 1 : 0;
   Generation latest;
   membership_->Latest(&latest);
   // [0]: level * w + (w-1-r), whose MAX names the highest level and the lowest rank holding it;
@@ -382,7 +410,7 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   // fingerprint word and its negation (every rank's is the same iff [3] == -[4]); [5]: the level
   // of a step whose evaluation this rank completed (0: none), whose MAX is the newest such step.
   const int64_t fp = FingerprintWord();
-  const bool done = has_state_ && last_eval_step_ == state_.step;
+  const bool done = has_state && last_eval_step_ == state_.step;
   int64_t v[6] = {level * w + (w - 1 - r), latest.number, -level, fp, -fp, done ? level : 0};
   EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 6, DataType::kInt64, ReduceOp::kMax)));
   *newest_seen = v[1];
@@ -419,12 +447,11 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   // Every rank holds the same step: only per-rank state (BN running statistics) may differ.
   EDL_RETURN_IF_ERROR(BroadcastState(root, /*per_rank_only=*/!need_tensors, &synced));
   // The step this rank had in flight was committed by others: its samples were consumed.
-  if (pending_.step == synced.step && pending_.step == state_.step + 1 && has_state_) {
+  if (pending_.step == synced.step && pending_.step == state_.step + 1 && has_state) {
     LogSamples(pending_.step, pending_.epoch, pending_.indices, std::nan(""));
   }
   pending_.step = -1;
-  state_ = synced;
-  has_state_ = true;
+  state_ = synced;  // held from now on: the re-form ends (Reform), out of phase joining
   const std::vector<int64_t> b = Batches();
   const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
   if (state_.last_global_batch != 0 && global != state_.last_global_batch) {
@@ -554,6 +581,7 @@ double ElasticTrainer::Impl::StepLr(int64_t global_batch) {
 }
 
 Status ElasticTrainer::Impl::Step(StepResult* r) {
+  DCHECK(phase_ == TrainerPhase::kResuming || phase_ == TrainerPhase::kTraining) << NameOf(phase_);
   r->batches = Batches();
   const std::vector<int64_t>& b = r->batches;
   r->planned = plan_.StepSamples(state_.position, b);
@@ -622,13 +650,13 @@ void ElasticTrainer::Impl::CommitStep(const StepResult& r) {
 Status ElasticTrainer::Impl::ReportStep(const StepResult& r) {
   const int64_t now = clock_->NowMicros();
   // A trainer that never stepped (a joiner whose generation was superseded) has no stall.
-  if (after_reform_ && last_step_end_us_ > 0) {
+  if (phase_ == TrainerPhase::kResuming && last_step_end_us_ > 0) {
     Event(StallEvent(now));
   } else if (last_step_end_us_ == 0 && o_.joining) {
     Event({{"event", "joiner_first_step"}, {"generation", gen_.number},
            {"since_start_s", MicrosToSeconds(now - start_us_)}});
   }
-  after_reform_ = false;
+  if (phase_ == TrainerPhase::kResuming) Enter(TrainerPhase::kTraining);
   last_step_end_us_ = now;
   eval_kept_us_ = 0;
   if (o_.observer != nullptr) {
@@ -671,6 +699,7 @@ Status ElasticTrainer::Impl::ReportStep(const StepResult& r) {
 }
 
 Status ElasticTrainer::Impl::SwitchGeneration() {
+  Enter(TrainerPhase::kSwitching);
   stall_ = StallPhases();
   Generation latest;
   membership_->Latest(&latest);
@@ -692,10 +721,13 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
   stall_.eval_us = eval_kept_us_;
   eval_kept_us_ = 0;
   stall_.agree_us = stall_.mark_us - last_step_end_us_ - stall_.wait_gen_us - stall_.eval_us;
+  Enter(TrainerPhase::kReforming);
   return Reform(latest);
 }
 
 Status ElasticTrainer::Impl::Recover(const Status& cause) {
+  DCHECK(comm_failed_) << cause.ToString();
+  Enter(TrainerPhase::kRecovering);
   const int64_t failed_at = clock_->NowMicros();
   LOG(WARNING) << me_ << ": generation " << gen_.number << " failed at step " << state_.step + 1
                << " (" << cause.ToString() << "); discarding the step and re-forming";
@@ -721,6 +753,7 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   }
   stall_.mark_us = clock_->NowMicros();
   stall_.wait_gen_us += stall_.mark_us - failed_at;
+  Enter(TrainerPhase::kReforming);
   return Reform(next);
 }
 

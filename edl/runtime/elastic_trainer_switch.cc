@@ -161,8 +161,8 @@ void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const
   std::unique_ptr<Communicator> old = std::move(comm_);
   comm_ = std::move(comm);
   if (comm_) {
+    comm_failed_ = false;  // a new communicator
     if (gen_.number != gen.number && gen_.number != 0) {
-      after_reform_ = true;
       reform_from_gen_ = gen_.number;
       reform_from_world_ = gen_.world_size();
     }
