@@ -49,7 +49,8 @@ class SupersedableKv : public KvStore {
   // how long a Set or Get keeps retrying while the base store is Unavailable.
   SupersedableKv(KvStore* base, MembershipSource* membership, int64_t target,
                  const std::atomic<bool>* cancel, milliseconds retry_for)
-      : base_(base), membership_(membership), target_(target), cancel_(cancel), retry_for_(retry_for) {}
+      : base_(base), membership_(membership), target_(target), cancel_(cancel),
+        retry_for_(retry_for) {}
   Status Set(const std::string& key, const std::string& value) override {
     return Retrying(key, [&] { return base_->Set(key, value); });
   }
@@ -117,7 +118,8 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   EDL_RETURN_IF_ERROR(schedule_.Validate());
   if (o_.batch <= 0) return Status::InvalidArgument("--batch must be > 0");
   if (!o_.sample_log_path.empty()) {
-    sample_log_fd_ = ::open(o_.sample_log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    sample_log_fd_ =
+        ::open(o_.sample_log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (sample_log_fd_ < 0) return PosixError("sample log " + o_.sample_log_path, errno);
   }
   start_us_ = o_.start_micros > 0 ? o_.start_micros : clock_->NowMicros();
@@ -202,14 +204,17 @@ Status ElasticTrainer::Impl::EvaluateThen(TrainerPhase next) {
 Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
   // What every member of a generation must share, before anything else (a joiner's ready follows
   // it): the server refuses a joiner whose configuration differs from the job's.
-  if (!o_.config_fingerprint.empty()) Event({{"event", "config"}, {"fingerprint", o_.config_fingerprint}});
+  if (!o_.config_fingerprint.empty()) {
+    Event({{"event", "config"}, {"fingerprint", o_.config_fingerprint}});
+  }
   Generation known;
   if (!membership_->Latest(&known)) known.number = 0;
   if (o_.joining) {
     const int64_t pending = o_.join_generation > 0 ? o_.join_generation : known.number + 1;
     // Joiners come last. The size it joins at is in its environment: the newest generation the
     // client pushes may not have arrived yet (a world of 1 would warm up the wrong batch).
-    EDL_RETURN_IF_ERROR(WarmUp(o_.join_world > 0 ? o_.join_world : std::max(1, known.world_size() + 1)));
+    const int world = o_.join_world > 0 ? o_.join_world : std::max(1, known.world_size() + 1);
+    EDL_RETURN_IF_ERROR(WarmUp(world));
     EDL_RETURN_IF_ERROR(membership_->ReportReady(pending));
     Event({{"event", "joiner_ready"}, {"generation", pending}, {"after_generation", known.number},
            {"ready_s", MicrosToSeconds(clock_->NowMicros() - start_us_)}});
@@ -238,13 +243,15 @@ Status ElasticTrainer::Impl::WarmUp(int world) {
   }
   const int64_t t0 = clock_->NowMicros();
   EDL_RETURN_IF_ERROR(WarmUpTrainable(trainable_, n));
-  Event({{"event", "joiner_warm_up"}, {"samples", n}, {"seconds", MicrosToSeconds(clock_->NowMicros() - t0)}});
+  Event({{"event", "joiner_warm_up"}, {"samples", n},
+         {"seconds", MicrosToSeconds(clock_->NowMicros() - t0)}});
   return Status::OK();
 }
 
 int64_t WarmUpSamples(int64_t train_size, BatchPolicy policy, int64_t batch, int world) {
   world = std::max(1, world);
-  return std::max<int64_t>(0, std::min<int64_t>(train_size, BatchSizes(policy, batch, world)[world - 1]));
+  return std::max<int64_t>(
+      0, std::min<int64_t>(train_size, BatchSizes(policy, batch, world)[world - 1]));
 }
 
 Status WarmUpTrainable(Trainable* trainable, int64_t samples) {
@@ -293,12 +300,14 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     if (rank < 0) {
       // The whole job stops (`edl ctl stop`): the state every rank holds after the agreed switch
       // step is the job's, so rank 0 keeps it as the final checkpoint before everybody leaves.
-      if (target.reason == proto::kStopReason && rank_ == 0 && !comm_failed_ && o_.loader != nullptr) {
+      if (target.reason == proto::kStopReason && rank_ == 0 && !comm_failed_ &&
+          o_.loader != nullptr) {
         Status s = o_.loader->Finish(trainable_, state_, Context());
         ReportLoaderEvents();  // a refused final save: checkpoint_failed with the fence's reason
-        nlohmann::json e = {{"event", "stop_checkpoint"}, {"generation", gen_.number}, {"step", state_.step},
-                            {"ok", s.ok()}};
-        if (!s.ok()) e["error"] = s.ToString().substr(0, 1024);  // the server's stop outcome quotes it
+        nlohmann::json e = {{"event", "stop_checkpoint"}, {"generation", gen_.number},
+                            {"step", state_.step}, {"ok", s.ok()}};
+        // The server's stop outcome quotes it.
+        if (!s.ok()) e["error"] = s.ToString().substr(0, 1024);
         Event(std::move(e));
         if (!s.ok()) return s.WithContext("stopping the job");
         LOG(INFO) << me_ << ": the job stops (generation " << target.number
@@ -529,7 +538,8 @@ Status ElasticTrainer::Impl::BroadcastState(int root, bool per_rank_only, Traini
   // The header is checked before any tensor is written.
   char* packed = host_.Get(kSyncHeaderBytes + total);
   if (packed == nullptr) {
-    return Status::Internal("out of host memory for the " + std::to_string(kSyncHeaderBytes + total) +
+    return Status::Internal("out of host memory for the " +
+                            std::to_string(kSyncHeaderBytes + total) +
                             "-byte state broadcast buffer");
   }
   if (rank_ == root) {
@@ -592,7 +602,8 @@ Status ElasticTrainer::Impl::Step(StepResult* r) {
   float* grad = trainable_->GradientBuffer(&count);  // device memory when on_device(): no access
   // Start loading this rank's next slice (as planned for the current world) while this step runs.
   const DataPosition next = plan_.Advance(state_.position, b);
-  if (plan_.EpochProgress(next) < o_.epochs && (o_.max_steps == 0 || state_.step + 1 < o_.max_steps)) {
+  if (plan_.EpochProgress(next) < o_.epochs &&
+      (o_.max_steps == 0 || state_.step + 1 < o_.max_steps)) {
     trainable_->Prefetch(next.epoch, plan_.Slice(next, b, rank_));
   }
   if (const int ahead = trainable_->lookahead_steps(); ahead > 0) {
@@ -770,7 +781,10 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   // After a failure cut this step's evaluation short, the survivors hold what they evaluated:
   // the samples nobody holds are left (in order), and the members share those instead of all n.
   double held_any = part.samples.empty() ? 0 : 1;
-  if (Status s = Comm(comm_->AllReduce(&held_any, 1, DataType::kFloat64, ReduceOp::kMax)); !s.ok()) return cut(s);
+  if (Status s = Comm(comm_->AllReduce(&held_any, 1, DataType::kFloat64, ReduceOp::kMax));
+      !s.ok()) {
+    return cut(s);
+  }
   std::vector<int64_t> left;
   if (held_any > 0) {
     std::vector<float> held(static_cast<size_t>(n), 0.f);
@@ -783,7 +797,8 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   }
   // Without a cut evaluation: the same even shards of 0..n-1 as ever.
   int64_t begin = 0, end = 0;
-  EvenShard(held_any > 0 ? static_cast<int64_t>(left.size()) : n, rank_, gen_.world_size(), &begin, &end);
+  EvenShard(held_any > 0 ? static_cast<int64_t>(left.size()) : n, rank_, gen_.world_size(), &begin,
+            &end);
   const int64_t chunk = std::max<int64_t>(1, o_.eval_batch);
   std::vector<int64_t> idx;
   for (int64_t b0 = begin; b0 < end; b0 += chunk) {
@@ -793,13 +808,14 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
     Generation newest;
     if (newest_failure_.load() > gen_.number ||
         (membership_->Latest(&newest) && newest.number > gen_.number && newest.failure)) {
-      return cut(Comm(Status::Aborted("a failure generation superseded generation " + std::to_string(gen_.number) +
-                                      " during the evaluation")));
+      return cut(Comm(Status::Aborted("a failure generation superseded generation " +
+                                      std::to_string(gen_.number) + " during the evaluation")));
     }
     const int64_t c0 = clock_->NowMicros();
     idx.resize(std::min(end, b0 + chunk) - b0);
     if (held_any > 0) {
-      std::copy(left.begin() + b0, left.begin() + b0 + static_cast<int64_t>(idx.size()), idx.begin());
+      std::copy(left.begin() + b0, left.begin() + b0 + static_cast<int64_t>(idx.size()),
+                idx.begin());
     } else {
       std::iota(idx.begin(), idx.end(), b0);
     }
@@ -814,7 +830,9 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   }
   double v[4];
   std::copy(part.sums, part.sums + 4, v);
-  if (Status s = Comm(comm_->AllReduce(v, 4, DataType::kFloat64, ReduceOp::kSum)); !s.ok()) return cut(s);
+  if (Status s = Comm(comm_->AllReduce(v, 4, DataType::kFloat64, ReduceOp::kSum)); !s.ok()) {
+    return cut(s);
+  }
   part = EvalPartial();  // complete: nothing is held any more
   eval_kept_us_ += clock_->NowMicros() - t0;
   *accuracy = v[2] > 0 ? v[1] / v[2] : -1;

@@ -117,8 +117,9 @@ class ElasticTrainer::Impl {
     std::vector<int64_t> indices;         // this rank's slice
     std::vector<int64_t> global_indices;  // every rank's slices; only with a sample log
     StepStats stats;                      // of this rank's forward/backward
-    float inband[Trainable::kInbandSlots] = {};  // after the all-reduce: summed over the ranks
-    double lr = 0;                               // the update's learning rate
+    // The in-band words (InbandSlot); after the all-reduce, summed over the ranks.
+    float inband[Trainable::kInbandSlots] = {};
+    double lr = 0;             // the update's learning rate
     bool switch_seen = false;  // the members' votes reached the world size: switch after it
   };
   // REQUIRES: phase resuming or training. Runs the next step of the data plan: this rank's
@@ -227,7 +228,7 @@ class ElasticTrainer::Impl {
     int64_t lost_us = 0;      // failure: end of the last step to the failed collective (the
                               // step in flight, lost), per-step hooks included
     int64_t wait_gen_us = 0;  // waiting for the next (or a newer) generation to arrive
-    int64_t agree_us = 0;     // planned: end of the switch step to the agreed target, hooks included
+    int64_t agree_us = 0;     // planned: end of the switch step to the agreed target, hooks too
     int64_t reform_us = 0;    // closing the old communicator and building the new one(s)
     int64_t sync_us = 0;      // state sync: the root's agreement and the broadcasts
     int64_t eval_us = 0;      // evaluation work kept before the re-form (eval_kept_us_)
@@ -255,7 +256,8 @@ class ElasticTrainer::Impl {
     return o_.stage_through_host || (trainable_->on_device() && !DeviceComm());
   }
   Status AllReduceGradients(float* grad, size_t count);
-  HostStaging host_{trainable_};  // staged gradients and packed state (kept: steps and re-forms recur)
+  // Staged gradients and packed state (kept: steps and re-forms recur).
+  HostStaging host_{trainable_};
   int64_t progress_t0_us_ = 0, progress_samples_ = 0;
   int sample_log_fd_ = -1;
 

@@ -290,7 +290,8 @@ std::pair<int64_t, int64_t> ElasticTrainer::Impl::SeenAt(int64_t number) {
 // planned change before the agreed switch step ended (not part of the stall).
 nlohmann::json ElasticTrainer::Impl::StallEvent(int64_t now) {
   const auto [seen_us, seen_wall_us] = SeenAt(gen_.number);
-  const int64_t wait_switch = reform_was_failure_ ? 0 : std::max<int64_t>(0, last_step_end_us_ - seen_us);
+  const int64_t wait_switch =
+      reform_was_failure_ ? 0 : std::max<int64_t>(0, last_step_end_us_ - seen_us);
   return {{"event", "stall"}, {"generation", gen_.number}, {"from_generation", reform_from_gen_},
           {"world_before", reform_from_world_}, {"world_after", gen_.world_size()},
           {"switch_step", switch_step_}, {"failure", reform_was_failure_},
