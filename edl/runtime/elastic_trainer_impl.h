@@ -129,8 +129,8 @@ class ElasticTrainer::Impl {
   // set: the step is discarded) or the Trainable's.
   Status Step(StepResult* r);
   // REQUIRES: Step(r) returned OK. Commits the step: advances state_ (step, data position, LR and
-  // re-form bookkeeping), takes its global loss, logs its samples and clears pending_. Every rank
-  // of gen_ commits the same step.
+  // re-form bookkeeping), takes its global loss, logs its samples and clears pending_. Cannot
+  // fail: a step whose all-reduce and update completed on this rank is committed on it.
   void CommitStep(const StepResult& r);
   // REQUIRES: CommitStep(r) just ran. Reports the committed step: ends phase resuming (its stall,
   // or a joiner's first step), then the observer, the loader's AfterStep on rank 0 (whose error,
