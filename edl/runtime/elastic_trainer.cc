@@ -1,5 +1,7 @@
 // The elastic loop. Invariants:
+//   - the phase (trainer_phase.h) changes only in Enter(), on the training thread;
 //   - comm_ is null or was formed for gen_ (both change together, in InstallComm);
+//   - state_ holds a synced step in every phase but joining;
 //   - state_ and the Trainable's tensors are identical on every rank of gen_ after SyncState();
 //   - a step is committed (state_.step advanced, samples logged) only after its all-reduce
 //     completed on this rank; a rank whose all-reduce failed logs that step's samples at the next
@@ -47,7 +49,8 @@ class SupersedableKv : public KvStore {
   // how long a Set or Get keeps retrying while the base store is Unavailable.
   SupersedableKv(KvStore* base, MembershipSource* membership, int64_t target,
                  const std::atomic<bool>* cancel, milliseconds retry_for)
-      : base_(base), membership_(membership), target_(target), cancel_(cancel), retry_for_(retry_for) {}
+      : base_(base), membership_(membership), target_(target), cancel_(cancel),
+        retry_for_(retry_for) {}
   Status Set(const std::string& key, const std::string& value) override {
     return Retrying(key, [&] { return base_->Set(key, value); });
   }
@@ -109,13 +112,14 @@ class SupersedableKv : public KvStore {
 
 
 // ---------------------------------------------------------------------------------------------
-// Run: join or start, then steps until done or left.
+// Run: join or start, then steps until done or left; the phases (trainer_phase.h).
 
 Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   EDL_RETURN_IF_ERROR(schedule_.Validate());
   if (o_.batch <= 0) return Status::InvalidArgument("--batch must be > 0");
   if (!o_.sample_log_path.empty()) {
-    sample_log_fd_ = ::open(o_.sample_log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    sample_log_fd_ =
+        ::open(o_.sample_log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (sample_log_fd_ < 0) return PosixError("sample log " + o_.sample_log_path, errno);
   }
   start_us_ = o_.start_micros > 0 ? o_.start_micros : clock_->NowMicros();
@@ -125,65 +129,92 @@ Status ElasticTrainer::Impl::Run(ElasticResult* result) {
   StartWatcher();  // already in the first re-form: a joiner stuck in its sync must be woken too
   EDL_RETURN_IF_ERROR(Reform(gen));
   progress_t0_us_ = clock_->NowMicros();
-  while (!left_ && !Done()) {
-    if (eval_due_) {  // a switch or failure took the place of the epoch end's evaluation
-      eval_due_ = false;
-      Status e = Evaluate(&accuracy_);
-      if (!e.ok()) EDL_RETURN_IF_ERROR(comm_failed_ ? Recover(e) : e);
-      continue;
-    }
-    bool switch_seen = false;
-    const int64_t epoch_before = state_.position.epoch;
-    Status s = TrainStep(&switch_seen);
-    if (!s.ok()) {
-      if (!comm_failed_) return s;  // the Trainable failed
-      EDL_RETURN_IF_ERROR(Recover(s));
-      continue;
-    }
-    if (switch_seen) {
-      EDL_RETURN_IF_ERROR(SwitchGeneration());
-    } else if (o_.evaluate_each_epoch && state_.position.epoch != epoch_before) {
-      Status e = Evaluate(&accuracy_);
-      if (!e.ok()) {
-        if (!comm_failed_) return e;
-        EDL_RETURN_IF_ERROR(Recover(e));
-      }
+  while (phase_ != TrainerPhase::kLeft && !Done()) {
+    if (phase_ == TrainerPhase::kEvaluating) {
+      // The re-form landed on an epoch end (a switch or failure took the place of its evaluation).
+      EDL_RETURN_IF_ERROR(EvaluateThen(TrainerPhase::kResuming));
+    } else {
+      EDL_RETURN_IF_ERROR(TrainOneStep());
     }
   }
-  if (!left_ && o_.evaluate_each_epoch && last_eval_step_ != state_.step) {
-    Status e = Evaluate(&accuracy_);
-    if (!e.ok() && !comm_failed_) return e;
+  if (phase_ != TrainerPhase::kLeft) {
+    // The last step's evaluation, unless it had one (an epoch end's, or one a member completed
+    // before the last re-form). A failed collective is not worth a re-form any more.
+    if (o_.evaluate_each_epoch && last_eval_step_ != state_.step) {
+      if (phase_ != TrainerPhase::kEvaluating) Enter(TrainerPhase::kEvaluating);
+      Status e = Evaluate(&accuracy_);
+      if (!e.ok() && !comm_failed_) return e;
+    }
+    Enter(TrainerPhase::kDone);
   }
+  const bool left = phase_ == TrainerPhase::kLeft;
   StopWatcher();
   JoinPrepared();
-  if (!left_ && rank_ == 0 && o_.loader != nullptr) {
+  if (!left && rank_ == 0 && o_.loader != nullptr) {
     Status f = o_.loader->Finish(trainable_, state_, Context());
     ReportLoaderEvents();
     EDL_RETURN_IF_ERROR(f);
   }
   auto hash = StateHash(trainable_);
   EDL_RETURN_IF_ERROR(hash.status());
-  result->left = left_;
+  result->left = left;
   result->step = state_.step;
   result->generation = gen_.number;
   result->last_loss = last_loss_;
   result->accuracy = accuracy_;
   result->state_hash = hash.value();
-  Event({{"event", left_ ? "left" : "done"}, {"generation", gen_.number}, {"step", state_.step}});
+  Event({{"event", left ? "left" : "done"}, {"generation", gen_.number}, {"step", state_.step}});
+  return Status::OK();
+}
+
+void ElasticTrainer::Impl::Enter(TrainerPhase next) {
+  CHECK(IsLegalPhaseTransition(phase_, next))
+      << me_ << ": no transition from trainer phase " << NameOf(phase_) << " to " << NameOf(next)
+      << " (generation " << gen_.number << ", step " << state_.step << ")";
+  VLOG(1) << me_ << ": phase " << NameOf(phase_) << " -> " << NameOf(next) << " (generation "
+          << gen_.number << ", step " << state_.step << ")";
+  phase_ = next;
+}
+
+Status ElasticTrainer::Impl::TrainOneStep() {
+  const int64_t epoch_before = state_.position.epoch;
+  StepResult r;
+  Status s = Step(&r);
+  if (s.ok()) {
+    CommitStep(r);
+    s = ReportStep(r);
+  }
+  if (!s.ok()) return comm_failed_ ? Recover(s) : s;  // else the Trainable (or loader) failed
+  if (r.switch_seen) return SwitchGeneration();
+  if (o_.evaluate_each_epoch && state_.position.epoch != epoch_before) {
+    Enter(TrainerPhase::kEvaluating);
+    return EvaluateThen(TrainerPhase::kTraining);
+  }
+  return Status::OK();
+}
+
+Status ElasticTrainer::Impl::EvaluateThen(TrainerPhase next) {
+  DCHECK(phase_ == TrainerPhase::kEvaluating) << NameOf(phase_);
+  Status e = Evaluate(&accuracy_);
+  if (!e.ok()) return comm_failed_ ? Recover(e) : e;
+  Enter(next);
   return Status::OK();
 }
 
 Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
   // What every member of a generation must share, before anything else (a joiner's ready follows
   // it): the server refuses a joiner whose configuration differs from the job's.
-  if (!o_.config_fingerprint.empty()) Event({{"event", "config"}, {"fingerprint", o_.config_fingerprint}});
+  if (!o_.config_fingerprint.empty()) {
+    Event({{"event", "config"}, {"fingerprint", o_.config_fingerprint}});
+  }
   Generation known;
   if (!membership_->Latest(&known)) known.number = 0;
   if (o_.joining) {
     const int64_t pending = o_.join_generation > 0 ? o_.join_generation : known.number + 1;
     // Joiners come last. The size it joins at is in its environment: the newest generation the
     // client pushes may not have arrived yet (a world of 1 would warm up the wrong batch).
-    EDL_RETURN_IF_ERROR(WarmUp(o_.join_world > 0 ? o_.join_world : std::max(1, known.world_size() + 1)));
+    const int world = o_.join_world > 0 ? o_.join_world : std::max(1, known.world_size() + 1);
+    EDL_RETURN_IF_ERROR(WarmUp(world));
     EDL_RETURN_IF_ERROR(membership_->ReportReady(pending));
     Event({{"event", "joiner_ready"}, {"generation", pending}, {"after_generation", known.number},
            {"ready_s", MicrosToSeconds(clock_->NowMicros() - start_us_)}});
@@ -212,13 +243,15 @@ Status ElasticTrainer::Impl::WarmUp(int world) {
   }
   const int64_t t0 = clock_->NowMicros();
   EDL_RETURN_IF_ERROR(WarmUpTrainable(trainable_, n));
-  Event({{"event", "joiner_warm_up"}, {"samples", n}, {"seconds", MicrosToSeconds(clock_->NowMicros() - t0)}});
+  Event({{"event", "joiner_warm_up"}, {"samples", n},
+         {"seconds", MicrosToSeconds(clock_->NowMicros() - t0)}});
   return Status::OK();
 }
 
 int64_t WarmUpSamples(int64_t train_size, BatchPolicy policy, int64_t batch, int world) {
   world = std::max(1, world);
-  return std::max<int64_t>(0, std::min<int64_t>(train_size, BatchSizes(policy, batch, world)[world - 1]));
+  return std::max<int64_t>(
+      0, std::min<int64_t>(train_size, BatchSizes(policy, batch, world)[world - 1]));
 }
 
 Status WarmUpTrainable(Trainable* trainable, int64_t samples) {
@@ -258,33 +291,38 @@ Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {
 // ---------------------------------------------------------------------------------------------
 // Re-form: communicator for `target` (or newer, if one shows up meanwhile) plus state sync.
 
+// REQUIRES: phase joining (the first re-form) or reforming. Ends in phase left, evaluating or
+// resuming; an error leaves the phase as it is (Run() returns it).
 Status ElasticTrainer::Impl::Reform(Generation target) {
+  DCHECK(phase_ == TrainerPhase::kJoining || phase_ == TrainerPhase::kReforming) << NameOf(phase_);
   for (;;) {
     int rank = target.RankOf(me_);
     if (rank < 0) {
       // The whole job stops (`edl ctl stop`): the state every rank holds after the agreed switch
       // step is the job's, so rank 0 keeps it as the final checkpoint before everybody leaves.
-      if (target.reason == proto::kStopReason && rank_ == 0 && !comm_failed_ && o_.loader != nullptr) {
+      if (target.reason == proto::kStopReason && rank_ == 0 && !comm_failed_ &&
+          o_.loader != nullptr) {
         Status s = o_.loader->Finish(trainable_, state_, Context());
         ReportLoaderEvents();  // a refused final save: checkpoint_failed with the fence's reason
-        nlohmann::json e = {{"event", "stop_checkpoint"}, {"generation", gen_.number}, {"step", state_.step},
-                            {"ok", s.ok()}};
-        if (!s.ok()) e["error"] = s.ToString().substr(0, 1024);  // the server's stop outcome quotes it
+        nlohmann::json e = {{"event", "stop_checkpoint"}, {"generation", gen_.number},
+                            {"step", state_.step}, {"ok", s.ok()}};
+        // The server's stop outcome quotes it.
+        if (!s.ok()) e["error"] = s.ToString().substr(0, 1024);
         Event(std::move(e));
         if (!s.ok()) return s.WithContext("stopping the job");
         LOG(INFO) << me_ << ": the job stops (generation " << target.number
                   << "); final checkpoint saved at step " << state_.step;
       }
-      left_ = true;
+      Enter(TrainerPhase::kLeft);
       InstallComm(nullptr, target, -1);
       Event({{"event", "leave"}, {"generation", target.number}, {"step", state_.step}});
       return Status::OK();
     }
-    const int64_t t_build = phases_.mark_us > 0 ? phases_.mark_us : clock_->NowMicros();
+    const int64_t t_build = stall_.mark_us > 0 ? stall_.mark_us : clock_->NowMicros();
     StatusOr<std::unique_ptr<Communicator>> comm{Status::Unavailable("not built")};
-    phases_.prepared = TakePrepared(&target, &comm);
+    stall_.prepared = TakePrepared(&target, &comm);
     bool shrunk = false;
-    if (phases_.prepared) {
+    if (stall_.prepared) {
       rank = target.RankOf(me_);  // the prepared one may be of a newer generation
     } else if (const NcclBuildPlan plan = PlanNccl(target); plan.build == NcclBuild::kShrink) {
       comm = ShrinkComm(target, rank, plan);  // from the old one, before it goes
@@ -292,27 +330,28 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       if (!shrunk) LOG(WARNING) << me_ << ": " << comm.status().ToString() << "; full init instead";
     }
     InstallComm(nullptr, gen_, rank_);  // the old communicator goes (torn down in the background)
-    if (!phases_.prepared && !shrunk) comm = BuildComm(target, rank);
+    if (!stall_.prepared && !shrunk) comm = BuildComm(target, rank);
     const int64_t t_built = clock_->NowMicros();
-    phases_.reform_us += t_built - t_build;
-    phases_.attempts++;
+    stall_.reform_us += t_built - t_build;
+    stall_.attempts++;
     int64_t t_wait = t_built;  // a failed attempt's logging counts as waiting for the next one
     std::string failed_why;    // why this attempt failed (for reform_failed, below)
     if (comm.ok()) {
-      InstallComm(std::move(comm.value()), target, rank);
-      comm_failed_ = false;
+      InstallComm(std::move(comm.value()), target, rank);  // clears comm_failed_
       int64_t newest = 0;
       bool evaluated = false;
       Status s = SyncState(&newest, &evaluated);
-      phases_.sync_end_us = clock_->NowMicros();
-      phases_.sync_us += phases_.sync_end_us - t_built;
-      t_wait = phases_.sync_end_us;
+      stall_.sync_end_us = clock_->NowMicros();
+      stall_.sync_us += stall_.sync_end_us - t_built;
+      t_wait = stall_.sync_end_us;
       if (s.ok() && newest <= target.number) {
         // Decided on synced state only, so every member (a joiner too) evaluates, or none does.
         // An evaluation some member completed is not done again: a failure in the first step after
         // an epoch end's evaluation re-forms on that epoch end.
         last_eval_step_ = evaluated ? state_.step : -1;
-        eval_due_ = o_.evaluate_each_epoch && state_.step > 0 && state_.position.cursor == 0 && !evaluated;
+        const bool eval_due =
+            o_.evaluate_each_epoch && state_.step > 0 && state_.position.cursor == 0 && !evaluated;
+        Enter(eval_due ? TrainerPhase::kEvaluating : TrainerPhase::kResuming);
         return Status::OK();
       }
       if (!s.ok() && !comm_failed_) return s;
@@ -340,8 +379,8 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       }
       EDL_RETURN_IF_ERROR(WaitNewer(target.number, &next));
     }
-    phases_.mark_us = clock_->NowMicros();
-    phases_.wait_gen_us += phases_.mark_us - t_wait;
+    stall_.mark_us = clock_->NowMicros();
+    stall_.wait_gen_us += stall_.mark_us - t_wait;
     target = next;
   }
 }
@@ -370,7 +409,9 @@ StatusOr<std::unique_ptr<Communicator>> ElasticTrainer::Impl::BuildComm(const Ge
 
 Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   const int w = gen_.world_size(), r = rank_;
-  const int64_t level = has_state_ ? state_.step + 1 : 0;
+  // state_ holds a synced step once the first re-form completed (phase joining until then).
+  const bool has_state = phase_ != TrainerPhase::kJoining;
+  const int64_t level = has_state ? state_.step + 1 : 0;
   Generation latest;
   membership_->Latest(&latest);
   // [0]: level * w + (w-1-r), whose MAX names the highest level and the lowest rank holding it;
@@ -378,7 +419,7 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   // fingerprint word and its negation (every rank's is the same iff [3] == -[4]); [5]: the level
   // of a step whose evaluation this rank completed (0: none), whose MAX is the newest such step.
   const int64_t fp = FingerprintWord();
-  const bool done = has_state_ && last_eval_step_ == state_.step;
+  const bool done = has_state && last_eval_step_ == state_.step;
   int64_t v[6] = {level * w + (w - 1 - r), latest.number, -level, fp, -fp, done ? level : 0};
   EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 6, DataType::kInt64, ReduceOp::kMax)));
   *newest_seen = v[1];
@@ -415,12 +456,11 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   // Every rank holds the same step: only per-rank state (BN running statistics) may differ.
   EDL_RETURN_IF_ERROR(BroadcastState(root, /*per_rank_only=*/!need_tensors, &synced));
   // The step this rank had in flight was committed by others: its samples were consumed.
-  if (pending_.step == synced.step && pending_.step == state_.step + 1 && has_state_) {
+  if (pending_.step == synced.step && pending_.step == state_.step + 1 && has_state) {
     LogSamples(pending_.step, pending_.epoch, pending_.indices, std::nan(""));
   }
   pending_.step = -1;
-  state_ = synced;
-  has_state_ = true;
+  state_ = synced;  // held from now on: the re-form ends (Reform), out of phase joining
   const std::vector<int64_t> b = Batches();
   const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
   if (state_.last_global_batch != 0 && global != state_.last_global_batch) {
@@ -498,7 +538,8 @@ Status ElasticTrainer::Impl::BroadcastState(int root, bool per_rank_only, Traini
   // The header is checked before any tensor is written.
   char* packed = host_.Get(kSyncHeaderBytes + total);
   if (packed == nullptr) {
-    return Status::Internal("out of host memory for the " + std::to_string(kSyncHeaderBytes + total) +
+    return Status::Internal("out of host memory for the " +
+                            std::to_string(kSyncHeaderBytes + total) +
                             "-byte state broadcast buffer");
   }
   if (rank_ == root) {
@@ -549,19 +590,22 @@ double ElasticTrainer::Impl::StepLr(int64_t global_batch) {
   return schedule_.Ramp(target, state_.ramp_from_lr, state_.steps_since_reform);
 }
 
-Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
-  const std::vector<int64_t> b = Batches();
-  const int64_t total = plan_.StepSamples(state_.position, b);
+Status ElasticTrainer::Impl::Step(StepResult* r) {
+  DCHECK(phase_ == TrainerPhase::kResuming || phase_ == TrainerPhase::kTraining) << NameOf(phase_);
+  r->batches = Batches();
+  const std::vector<int64_t>& b = r->batches;
+  r->planned = plan_.StepSamples(state_.position, b);
   const std::vector<std::vector<int64_t>> all = plan_.Step(state_.position, b);
-  const std::vector<int64_t>& indices = all[rank_];
+  r->indices = all[rank_];
+  const std::vector<int64_t>& indices = r->indices;
   size_t count = 0;
   float* grad = trainable_->GradientBuffer(&count);  // device memory when on_device(): no access
   // Start loading this rank's next slice (as planned for the current world) while this step runs.
   const DataPosition next = plan_.Advance(state_.position, b);
-  if (plan_.EpochProgress(next) < o_.epochs && (o_.max_steps == 0 || state_.step + 1 < o_.max_steps)) {
+  if (plan_.EpochProgress(next) < o_.epochs &&
+      (o_.max_steps == 0 || state_.step + 1 < o_.max_steps)) {
     trainable_->Prefetch(next.epoch, plan_.Slice(next, b, rank_));
   }
-  StepStats stats;
   if (const int ahead = trainable_->lookahead_steps(); ahead > 0) {
     std::vector<Trainable::UpcomingStep> next;
     DataPosition pos = state_.position;
@@ -574,72 +618,79 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
   }
   if (!indices.empty()) {
     trainable_->SetEpoch(state_.position.epoch);
-    EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &stats));
-    EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(static_cast<float>(indices.size()) / total));
+    EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &r->stats));
+    const float share = static_cast<float>(indices.size()) / r->planned;
+    EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(share));
   } else {
     EDL_RETURN_IF_ERROR(trainable_->ZeroGradients());  // a short last step: contribute zeros
   }
   Generation latest;
   membership_->Latest(&latest);
-  float inband[Trainable::kInbandSlots] = {};
+  float* inband = r->inband;
   inband[kSwitchVotes] = latest.number > gen_.number ? SwitchVote(latest) : 0.0f;
-  inband[kLossSum] = static_cast<float>(stats.loss_sum);
-  inband[kCorrect] = static_cast<float>(stats.correct);
-  inband[kSamples] = static_cast<float>(stats.samples);
+  inband[kLossSum] = static_cast<float>(r->stats.loss_sum);
+  inband[kCorrect] = static_cast<float>(r->stats.correct);
+  inband[kSamples] = static_cast<float>(r->stats.samples);
   EDL_RETURN_IF_ERROR(trainable_->WriteInband(inband));
-  std::vector<int64_t> global_indices;
   if (sample_log_fd_ >= 0) {
-    for (const auto& slice : all) global_indices.insert(global_indices.end(), slice.begin(), slice.end());
+    for (const auto& slice : all) {
+      r->global_indices.insert(r->global_indices.end(), slice.begin(), slice.end());
+    }
   }
-  pending_ = {state_.step + 1, state_.position.epoch, global_indices};
+  pending_ = {state_.step + 1, state_.position.epoch, r->global_indices};
   EDL_RETURN_IF_ERROR(AllReduceGradients(grad, count));
   EDL_RETURN_IF_ERROR(trainable_->ReadInband(inband));
-  const int64_t global = std::accumulate(b.begin(), b.end(), int64_t{0});
-  const double lr = StepLr(global);
-  EDL_RETURN_IF_ERROR(trainable_->ApplyUpdate(lr));
-  // Committed.
+  r->switch_seen = inband[kSwitchVotes] >= static_cast<float>(gen_.world_size());
+  r->global_batch = std::accumulate(b.begin(), b.end(), int64_t{0});
+  r->lr = StepLr(r->global_batch);
+  return trainable_->ApplyUpdate(r->lr);
+}
+
+void ElasticTrainer::Impl::CommitStep(const StepResult& r) {
   pending_.step = -1;
   const int64_t epoch = state_.position.epoch;
   state_.step++;
-  state_.position = plan_.Advance(state_.position, b);
-  state_.last_lr = lr;
-  state_.last_global_batch = global;
+  state_.position = plan_.Advance(state_.position, r.batches);
+  state_.last_lr = r.lr;
+  state_.last_global_batch = r.global_batch;
   state_.steps_since_reform++;
-  if (inband[kSamples] > 0) last_loss_ = inband[kLossSum] / inband[kSamples];
-  LogSamples(state_.step, epoch, global_indices, last_loss_, &indices, &stats);
-  *switch_seen = inband[kSwitchVotes] >= static_cast<float>(gen_.world_size());
+  if (r.inband[kSamples] > 0) last_loss_ = r.inband[kLossSum] / r.inband[kSamples];
+  LogSamples(state_.step, epoch, r.global_indices, last_loss_, &r.indices, &r.stats);
+}
+
+Status ElasticTrainer::Impl::ReportStep(const StepResult& r) {
   const int64_t now = clock_->NowMicros();
   // A trainer that never stepped (a joiner whose generation was superseded) has no stall.
-  if (after_reform_ && last_step_end_us_ > 0) {
+  if (phase_ == TrainerPhase::kResuming && last_step_end_us_ > 0) {
     Event(StallEvent(now));
   } else if (last_step_end_us_ == 0 && o_.joining) {
     Event({{"event", "joiner_first_step"}, {"generation", gen_.number},
            {"since_start_s", MicrosToSeconds(now - start_us_)}});
   }
-  after_reform_ = false;
+  if (phase_ == TrainerPhase::kResuming) Enter(TrainerPhase::kTraining);
   last_step_end_us_ = now;
   eval_kept_us_ = 0;
   if (o_.observer != nullptr) {
-    StepReport r;
-    r.step = state_.step;
-    r.position = state_.position;
-    r.epochs_done = plan_.EpochProgress(state_.position);
-    r.loss = last_loss_;
-    r.correct = static_cast<int64_t>(inband[kCorrect]);
-    r.samples = static_cast<int64_t>(inband[kSamples]);
-    r.planned = total;
-    r.lr = lr;
-    r.generation = gen_.number;
-    r.world_size = gen_.world_size();
-    r.rank = rank_;
-    o_.observer->OnStep(r);
+    StepReport report;
+    report.step = state_.step;
+    report.position = state_.position;
+    report.epochs_done = plan_.EpochProgress(state_.position);
+    report.loss = last_loss_;
+    report.correct = static_cast<int64_t>(r.inband[kCorrect]);
+    report.samples = static_cast<int64_t>(r.inband[kSamples]);
+    report.planned = r.planned;
+    report.lr = r.lr;
+    report.generation = gen_.number;
+    report.world_size = gen_.world_size();
+    report.rank = rank_;
+    o_.observer->OnStep(report);
   }
   if (rank_ == 0 && o_.loader != nullptr) {
     EDL_RETURN_IF_ERROR(o_.loader->AfterStep(trainable_, state_, Context()));
     ReportLoaderEvents();
   }
   // This rank's own samples: the control plane sums the members' rates into the job's rate.
-  progress_samples_ += static_cast<int64_t>(indices.size());
+  progress_samples_ += static_cast<int64_t>(r.indices.size());
   if (o_.progress_every > 0 && state_.step % o_.progress_every == 0) {
     ProgressInfo p;
     p.generation = gen_.number;
@@ -659,7 +710,8 @@ Status ElasticTrainer::Impl::TrainStep(bool* switch_seen) {
 }
 
 Status ElasticTrainer::Impl::SwitchGeneration() {
-  phases_ = Phases();
+  Enter(TrainerPhase::kSwitching);
+  stall_ = StallPhases();
   Generation latest;
   membership_->Latest(&latest);
   int64_t target = latest.number;
@@ -668,7 +720,7 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
   const int64_t agreed = clock_->NowMicros();
   if (latest.number < target) {
     EDL_RETURN_IF_ERROR(WaitNewer(target - 1, &latest));
-    phases_.wait_gen_us += clock_->NowMicros() - agreed;
+    stall_.wait_gen_us += clock_->NowMicros() - agreed;
   }
   switch_step_ = state_.step;
   reform_was_failure_ = false;
@@ -676,22 +728,25 @@ Status ElasticTrainer::Impl::SwitchGeneration() {
             << " after step " << state_.step;
   // Everything up to the re-form but the wait (the log line included: it may block on a loaded
   // machine, and the phases must cover the stall).
-  phases_.mark_us = clock_->NowMicros();
-  phases_.eval_us = eval_kept_us_;
+  stall_.mark_us = clock_->NowMicros();
+  stall_.eval_us = eval_kept_us_;
   eval_kept_us_ = 0;
-  phases_.agree_us = phases_.mark_us - last_step_end_us_ - phases_.wait_gen_us - phases_.eval_us;
+  stall_.agree_us = stall_.mark_us - last_step_end_us_ - stall_.wait_gen_us - stall_.eval_us;
+  Enter(TrainerPhase::kReforming);
   return Reform(latest);
 }
 
 Status ElasticTrainer::Impl::Recover(const Status& cause) {
+  DCHECK(comm_failed_) << cause.ToString();
+  Enter(TrainerPhase::kRecovering);
   const int64_t failed_at = clock_->NowMicros();
   LOG(WARNING) << me_ << ": generation " << gen_.number << " failed at step " << state_.step + 1
                << " (" << cause.ToString() << "); discarding the step and re-forming";
   const int64_t failed_gen = gen_.number;
-  phases_ = Phases();
-  phases_.eval_us = eval_kept_us_;  // an evaluation done (or the part of it kept) is not lost
+  stall_ = StallPhases();
+  stall_.eval_us = eval_kept_us_;  // an evaluation done (or the part of it kept) is not lost
   eval_kept_us_ = 0;
-  phases_.lost_us = failed_at - last_step_end_us_ - phases_.eval_us;
+  stall_.lost_us = failed_at - last_step_end_us_ - stall_.eval_us;
   switch_step_ = state_.step;
   reform_was_failure_ = true;
   {
@@ -707,8 +762,9 @@ Status ElasticTrainer::Impl::Recover(const Status& cause) {
   if (!membership_->Latest(&next) || next.number <= failed_gen) {
     EDL_RETURN_IF_ERROR(WaitNewer(failed_gen, &next));
   }
-  phases_.mark_us = clock_->NowMicros();
-  phases_.wait_gen_us += phases_.mark_us - failed_at;
+  stall_.mark_us = clock_->NowMicros();
+  stall_.wait_gen_us += stall_.mark_us - failed_at;
+  Enter(TrainerPhase::kReforming);
   return Reform(next);
 }
 
@@ -725,7 +781,10 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   // After a failure cut this step's evaluation short, the survivors hold what they evaluated:
   // the samples nobody holds are left (in order), and the members share those instead of all n.
   double held_any = part.samples.empty() ? 0 : 1;
-  if (Status s = Comm(comm_->AllReduce(&held_any, 1, DataType::kFloat64, ReduceOp::kMax)); !s.ok()) return cut(s);
+  if (Status s = Comm(comm_->AllReduce(&held_any, 1, DataType::kFloat64, ReduceOp::kMax));
+      !s.ok()) {
+    return cut(s);
+  }
   std::vector<int64_t> left;
   if (held_any > 0) {
     std::vector<float> held(static_cast<size_t>(n), 0.f);
@@ -738,7 +797,8 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   }
   // Without a cut evaluation: the same even shards of 0..n-1 as ever.
   int64_t begin = 0, end = 0;
-  EvenShard(held_any > 0 ? static_cast<int64_t>(left.size()) : n, rank_, gen_.world_size(), &begin, &end);
+  EvenShard(held_any > 0 ? static_cast<int64_t>(left.size()) : n, rank_, gen_.world_size(), &begin,
+            &end);
   const int64_t chunk = std::max<int64_t>(1, o_.eval_batch);
   std::vector<int64_t> idx;
   for (int64_t b0 = begin; b0 < end; b0 += chunk) {
@@ -748,13 +808,14 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
     Generation newest;
     if (newest_failure_.load() > gen_.number ||
         (membership_->Latest(&newest) && newest.number > gen_.number && newest.failure)) {
-      return cut(Comm(Status::Aborted("a failure generation superseded generation " + std::to_string(gen_.number) +
-                                      " during the evaluation")));
+      return cut(Comm(Status::Aborted("a failure generation superseded generation " +
+                                      std::to_string(gen_.number) + " during the evaluation")));
     }
     const int64_t c0 = clock_->NowMicros();
     idx.resize(std::min(end, b0 + chunk) - b0);
     if (held_any > 0) {
-      std::copy(left.begin() + b0, left.begin() + b0 + static_cast<int64_t>(idx.size()), idx.begin());
+      std::copy(left.begin() + b0, left.begin() + b0 + static_cast<int64_t>(idx.size()),
+                idx.begin());
     } else {
       std::iota(idx.begin(), idx.end(), b0);
     }
@@ -769,7 +830,9 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
   }
   double v[4];
   std::copy(part.sums, part.sums + 4, v);
-  if (Status s = Comm(comm_->AllReduce(v, 4, DataType::kFloat64, ReduceOp::kSum)); !s.ok()) return cut(s);
+  if (Status s = Comm(comm_->AllReduce(v, 4, DataType::kFloat64, ReduceOp::kSum)); !s.ok()) {
+    return cut(s);
+  }
   part = EvalPartial();  // complete: nothing is held any more
   eval_kept_us_ += clock_->NowMicros() - t0;
   *accuracy = v[2] > 0 ? v[1] / v[2] : -1;
@@ -828,7 +891,7 @@ void ElasticTrainer::Impl::ReportLoaderEvents() {
 void ElasticTrainer::Impl::Event(nlohmann::json e) {
   e["trainer"] = me_;
   e["pid"] = static_cast<int64_t>(::getpid());
-  (void)membership_->ReportEvent(e);  // best effort, as progress (TrainStep)
+  (void)membership_->ReportEvent(e);  // best effort, as progress (ReportStep)
 }
 
 // ---------------------------------------------------------------------------------------------

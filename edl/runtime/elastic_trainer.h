@@ -1,6 +1,6 @@
-// ElasticTrainer: the in-place elastic training loop (docs/ARCHITECTURE.md, "Generations and the re-form"). It
-// drives a Trainable through steps over a communicator of the current generation and, when the
-// MembershipSource commits a newer generation, switches at a step every rank agrees on:
+// ElasticTrainer: the in-place elastic training loop (docs/ARCHITECTURE.md, "Generations and the
+// re-form"). It drives a Trainable through steps over a communicator of the current generation and,
+// when the MembershipSource commits a newer generation, switches at a step every rank agrees on:
 //
 //   - in-band agreement: the spare slot GradientBuffer()[count] carries "a newer committed
 //     generation was seen" (1.0) and is SUM-reduced with the gradients, so the step after which
@@ -146,8 +146,9 @@ struct ElasticOptions {
   int64_t eval_batch = 256;          // test samples per Evaluate call
   int progress_every = 10;           // ReportProgress every this many steps
   // What every member of one job must share (the model's shapes, the data, the seed, the batch),
-  // as ";"-separated "name=value" fields; reported once as a "config" event, and the server refuses
-  // a joiner whose value differs from the job's (PROTOCOL.md "Trainer events"). Empty: not reported.
+  // as ";"-separated "name=value" fields (empty: not reported); reported once as a "config"
+  // event, and the server refuses a joiner whose value differs from the job's (PROTOCOL.md
+  // "Trainer events").
   std::string config_fingerprint;
   // Tests: append one JSON line per committed step with the GLOBAL step's indices (every rank's
   // slice, which each rank derives from the DataPlan): {"trainer","generation","rank","world",

@@ -1,7 +1,13 @@
 // Internal to edl/runtime: the elastic loop's implementation class, shared by
 // elastic_trainer.cc (run, re-form, state sync, steps) and elastic_trainer_switch.cc (prepared
 // communicators, the watcher, stall events). Not part of the public API: include elastic_trainer.h.
-// The loop's invariants are stated at the top of elastic_trainer.cc.
+// The loop's invariants are stated at the top of elastic_trainer.cc; its phases and their
+// transitions (TrainerPhase) in trainer_phase.h.
+//
+// Thread-safety: Run() and everything it calls run on the training thread, which owns every member
+// not marked otherwise, the phase included. The watcher thread and the helper threads that build
+// or tear down communicators touch only the members annotated GUARDED_BY (with their mutex held),
+// the atomics and the members fixed at construction.
 #pragma once
 
 #include <atomic>
@@ -19,6 +25,7 @@
 #include "edl/runtime/comm/nccl_reform.h"
 #include "edl/runtime/elastic_trainer.h"
 #include "edl/runtime/host_staging.h"
+#include "edl/runtime/trainer_phase.h"
 
 namespace edl::runtime {
 
@@ -75,7 +82,7 @@ class ElasticTrainer::Impl {
   void StartWatcher();
   void StopWatcher();
   void WatchLoop();
-  Status Comm(Status s) {  // records that a communicator call failed
+  Status Comm(Status s) {  // records that a communicator call failed (comm_failed_)
     if (!s.ok()) comm_failed_ = true;
     return s;
   }
@@ -91,8 +98,50 @@ class ElasticTrainer::Impl {
   // `per_rank_only`) from `root`, in one collective on the host path; *synced gets the root's
   // header, checked before any tensor is written.
   Status BroadcastState(int root, bool per_rank_only, TrainingState* synced);
-  Status TrainStep(bool* switch_seen);
+  // ---- phases (trainer_phase.h)
+  // The one place the phase changes: CHECKs that phase_ -> next is legal and logs it (VLOG(1)).
+  void Enter(TrainerPhase next);
+  // resuming or training: one step (Step, CommitStep, ReportStep), then the switch when the step's
+  // votes carried one (SwitchGeneration), or the evaluation of the epoch the step ended
+  // (EvaluateThen). A failed collective re-forms (Recover); any other error is returned.
+  Status TrainOneStep();
+  // evaluating: Evaluate(), then the phase `next` (training after an epoch end's evaluation,
+  // resuming after a re-form's). A failed collective re-forms (Recover); any other error (the
+  // Trainable's) is returned.
+  Status EvaluateThen(TrainerPhase next);
+  // What Step() computed, which CommitStep() and ReportStep() take.
+  struct StepResult {
+    std::vector<int64_t> batches;         // each rank's batch in gen_ (Batches())
+    int64_t planned = 0;                  // samples the data plan gave the step, all ranks
+    int64_t global_batch = 0;             // sum of `batches`
+    std::vector<int64_t> indices;         // this rank's slice
+    std::vector<int64_t> global_indices;  // every rank's slices; only with a sample log
+    StepStats stats;                      // of this rank's forward/backward
+    // The in-band words (InbandSlot); after the all-reduce, summed over the ranks.
+    float inband[Trainable::kInbandSlots] = {};
+    double lr = 0;             // the update's learning rate
+    bool switch_seen = false;  // the members' votes reached the world size: switch after it
+  };
+  // REQUIRES: phase resuming or training. Runs the next step of the data plan: this rank's
+  // forward/backward, the all-reduce of the gradients and the in-band words, the update. Commits
+  // nothing: state_ is as before, and pending_ holds the step in flight (a sync after a failure
+  // logs its samples if other ranks committed it). An error is the communicator's (comm_failed_
+  // set: the step is discarded) or the Trainable's.
+  Status Step(StepResult* r);
+  // REQUIRES: Step(r) returned OK. Commits the step: advances state_ (step, data position, LR and
+  // re-form bookkeeping), takes its global loss, logs its samples and clears pending_. Cannot
+  // fail: a step whose all-reduce and update completed on this rank is committed on it.
+  void CommitStep(const StepResult& r);
+  // REQUIRES: CommitStep(r) just ran. Reports the committed step: ends phase resuming (its stall,
+  // or a joiner's first step), then the observer, the loader's AfterStep on rank 0 (whose error,
+  // returned, stops training) and, every progress_every steps, progress to the control plane.
+  Status ReportStep(const StepResult& r);
+  // REQUIRES: phase training (after the switch step's report). switching, then reforming (or
+  // recovering, when the agreement's collective fails).
   Status SwitchGeneration();
+  // REQUIRES: a collective of gen_ failed (comm_failed_), in phase resuming, training, evaluating
+  // or switching. recovering: aborts the communicator, reports it, waits for a newer generation;
+  // then reforming.
   Status Recover(const Status& cause);
   Status Evaluate(double* accuracy);
   bool Done() const;
@@ -123,16 +172,24 @@ class ElasticTrainer::Impl {
   std::unique_ptr<Communicator> comm_;
   Generation gen_;
   int rank_ = -1;
+  // Whether a call on the communicator in hand (or, while comm_ is null in a re-form, on the last
+  // one) failed; InstallComm clears it with each new one. Data about the communicator, not a
+  // phase: a collective may fail in every phase that runs one (joining's and reforming's syncs
+  // too, which go on to the next generation in the same phase), and it stays set across a re-form
+  // attempt whose build fails. It classifies an error (the communicator's: re-form; anything
+  // else: the Trainable failed) and tells a re-form that the old communicator cannot be shrunk and
+  // that the state in hand is not an agreed one (no stop checkpoint).
   bool comm_failed_ = false;
   Mutex comm_mu_;  // also serialises the Abort() of the training thread and of the watcher
   Communicator* watched_comm_ GUARDED_BY(comm_mu_) = nullptr;      // comm_.get()
   std::vector<std::string> watched_members_ GUARDED_BY(comm_mu_);  // gen_.members
   std::atomic<int64_t> gen_number_{0};                             // gen_.number
 
+  // What the trainer is doing (trainer_phase.h); changed only by Enter(). Training thread only.
+  TrainerPhase phase_ = TrainerPhase::kJoining;
+  // Synced from the generation's root at each re-form; holds no step in phase joining.
   TrainingState state_;
-  bool has_state_ = false;
   int64_t fingerprint_word_ = -1;  // FingerprintWord(); -1 until computed
-  bool left_ = false;
   struct Pending {
     int64_t step = -1, epoch = 0;
     std::vector<int64_t> indices;  // the whole step's (every rank's)
@@ -140,7 +197,6 @@ class ElasticTrainer::Impl {
   // The step whose evaluation this rank completed; after each re-form the members' agreed value
   // (the synced step when some member had completed its evaluation, else -1: Reform).
   int64_t last_eval_step_ = -1;
-  bool eval_due_ = false;        // the re-form landed on an epoch end: evaluate it first
   // What this rank evaluated of the evaluation at `step` while it is not complete: a failure that
   // cuts it short keeps it, and after the re-form the members evaluate only the test samples no
   // survivor holds (Evaluate). Its size is bounded by the test set.
@@ -153,22 +209,26 @@ class ElasticTrainer::Impl {
   // or the part of a cut one this rank holds): a stall reports it as `eval_s`, not as time lost.
   int64_t eval_kept_us_ = 0;
 
-  // Events: stall of a survivor / time to first step of a joiner.
+  // Events: stall of a survivor (StallEvent, reported by the step that ends phase resuming) / time
+  // to first step of a joiner. The fields after last_step_end_us_ describe the last re-form for
+  // its stall event: reporting data, kept from the re-form to the step after it.
   int64_t start_us_ = 0;
-  int64_t last_step_end_us_ = 0;
-  bool after_reform_ = false;
-  int64_t reform_from_gen_ = 0;
+  int64_t last_step_end_us_ = 0;  // 0: no step yet
+  int64_t reform_from_gen_ = 0;   // the generation before the last re-form, and its size
   int reform_from_world_ = 0;
   int64_t switch_step_ = 0;
+  // Whether the last re-form answered a failure (recovering) or a planned change (switching);
+  // only the stall event reads it.
   bool reform_was_failure_ = false;
   // The stall's breakdown (docs/ARCHITECTURE.md, "The stall and its phases"): microseconds this
   // survivor spent in each phase of the re-form in progress, each measured between its own
-  // readings, so time outside every phase shows up as a gap between their sum and the stall.
-  struct Phases {
+  // readings, so time outside every phase shows up as a gap between their sum and the stall. (The
+  // stall's phases, not TrainerPhase: these are times, several per re-form.)
+  struct StallPhases {
     int64_t lost_us = 0;      // failure: end of the last step to the failed collective (the
                               // step in flight, lost), per-step hooks included
     int64_t wait_gen_us = 0;  // waiting for the next (or a newer) generation to arrive
-    int64_t agree_us = 0;     // planned: end of the switch step to the agreed target, hooks included
+    int64_t agree_us = 0;     // planned: end of the switch step to the agreed target, hooks too
     int64_t reform_us = 0;    // closing the old communicator and building the new one(s)
     int64_t sync_us = 0;      // state sync: the root's agreement and the broadcasts
     int64_t eval_us = 0;      // evaluation work kept before the re-form (eval_kept_us_)
@@ -178,7 +238,7 @@ class ElasticTrainer::Impl {
                               // to the stall exactly, whatever preemption lands between them
     int attempts = 0;         // communicators built (> 1: superseded or failed meanwhile)
     bool prepared = false;    // the last one was built ahead, while training (make-before-break)
-  } phases_;
+  } stall_;
   // When this trainer first saw each generation newer than gen_ (monotonic and wall-clock
   // micros), recorded by the watcher; bounded: entries up to gen_ are dropped at each re-form.
   Mutex seen_mu_;
@@ -196,7 +256,8 @@ class ElasticTrainer::Impl {
     return o_.stage_through_host || (trainable_->on_device() && !DeviceComm());
   }
   Status AllReduceGradients(float* grad, size_t count);
-  HostStaging host_{trainable_};  // staged gradients and packed state (kept: steps and re-forms recur)
+  // Staged gradients and packed state (kept: steps and re-forms recur).
+  HostStaging host_{trainable_};
   int64_t progress_t0_us_ = 0, progress_samples_ = 0;
   int sample_log_fd_ = -1;
 

@@ -161,8 +161,8 @@ void ElasticTrainer::Impl::InstallComm(std::unique_ptr<Communicator> comm, const
   std::unique_ptr<Communicator> old = std::move(comm_);
   comm_ = std::move(comm);
   if (comm_) {
+    comm_failed_ = false;  // a new communicator
     if (gen_.number != gen.number && gen_.number != 0) {
-      after_reform_ = true;
       reform_from_gen_ = gen_.number;
       reform_from_world_ = gen_.world_size();
     }
@@ -290,19 +290,20 @@ std::pair<int64_t, int64_t> ElasticTrainer::Impl::SeenAt(int64_t number) {
 // planned change before the agreed switch step ended (not part of the stall).
 nlohmann::json ElasticTrainer::Impl::StallEvent(int64_t now) {
   const auto [seen_us, seen_wall_us] = SeenAt(gen_.number);
-  const int64_t wait_switch = reform_was_failure_ ? 0 : std::max<int64_t>(0, last_step_end_us_ - seen_us);
+  const int64_t wait_switch =
+      reform_was_failure_ ? 0 : std::max<int64_t>(0, last_step_end_us_ - seen_us);
   return {{"event", "stall"}, {"generation", gen_.number}, {"from_generation", reform_from_gen_},
           {"world_before", reform_from_world_}, {"world_after", gen_.world_size()},
           {"switch_step", switch_step_}, {"failure", reform_was_failure_},
           {"stall_s", MicrosToSeconds(now - last_step_end_us_)},
-          {"lost_s", MicrosToSeconds(phases_.lost_us)},
-          {"wait_generation_s", MicrosToSeconds(phases_.wait_gen_us)},
-          {"agree_s", MicrosToSeconds(phases_.agree_us)},
-          {"reform_s", MicrosToSeconds(phases_.reform_us)},
-          {"sync_s", MicrosToSeconds(phases_.sync_us)},
-          {"eval_s", MicrosToSeconds(phases_.eval_us + eval_kept_us_)},
-          {"first_step_s", MicrosToSeconds(now - phases_.sync_end_us - eval_kept_us_)},
-          {"attempts", phases_.attempts}, {"prepared", phases_.prepared},
+          {"lost_s", MicrosToSeconds(stall_.lost_us)},
+          {"wait_generation_s", MicrosToSeconds(stall_.wait_gen_us)},
+          {"agree_s", MicrosToSeconds(stall_.agree_us)},
+          {"reform_s", MicrosToSeconds(stall_.reform_us)},
+          {"sync_s", MicrosToSeconds(stall_.sync_us)},
+          {"eval_s", MicrosToSeconds(stall_.eval_us + eval_kept_us_)},
+          {"first_step_s", MicrosToSeconds(now - stall_.sync_end_us - eval_kept_us_)},
+          {"attempts", stall_.attempts}, {"prepared", stall_.prepared},
           {"wait_switch_s", MicrosToSeconds(wait_switch)},
           {"seen_time", MicrosToSeconds(seen_wall_us)}};
 }

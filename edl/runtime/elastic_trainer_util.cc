@@ -32,8 +32,8 @@ bool NcclAvailable() { return CudaPluginSymbol("edl_cuda_new_nccl_communicator_v
 
 StatusOr<uint64_t> StateHash(Trainable* trainable) {
   uint64_t h = 0xcbf29ce484222325ULL;
-  // FNV-1a-style over 8-byte words, then the tail bytes: a fraction of the byte-wise cost, which every
-  // re-form pays on its critical path (the sync event carries the hash).
+  // FNV-1a-style over 8-byte words, then the tail bytes: a fraction of the byte-wise cost, which
+  // every re-form pays on its critical path (the sync event carries the hash).
   auto mix = [&h](const void* p, size_t n) {
     const auto* b = static_cast<const unsigned char*>(p);
     size_t i = 0;
