@@ -299,9 +299,11 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
     int rank = target.RankOf(me_);
     if (rank < 0) {
       // The whole job stops (`edl ctl stop`): the state every rank holds after the agreed switch
-      // step is the job's, so rank 0 keeps it as the final checkpoint before everybody leaves.
+      // step is the job's, so rank 0 keeps it as the final checkpoint before everybody leaves. A
+      // trainer still joining (its first sync superseded by the stop) holds no state of the job:
+      // saving its fresh model would put step 0 above the job's newest checkpoint.
       if (target.reason == proto::kStopReason && rank_ == 0 && !comm_failed_ &&
-          o_.loader != nullptr) {
+          phase_ != TrainerPhase::kJoining && o_.loader != nullptr) {
         Status s = o_.loader->Finish(trainable_, state_, Context());
         ReportLoaderEvents();  // a refused final save: checkpoint_failed with the fence's reason
         nlohmann::json e = {{"event", "stop_checkpoint"}, {"generation", gen_.number},
