@@ -165,7 +165,7 @@ Status ParseClientFlags(int argc, char** argv, ClientOptions* o, bool* help) {
       ("checkpoint_root", po::value<std::string>(&o->checkpoint_root),
        "a submission's checkpoint_dir flag must lie under this directory (unset: it may not be set)")
       ("service", po::value<std::vector<std::string>>(&services)->composing(),
-       "a distillation service whose teachers this node runs when the server asks (`edl ctl scale SERVICE N`): "
+       "a distillation service whose teachers this node runs when the server asks (`edl ctl scale --service SERVICE N`): "
        "NAME = COMMAND ARGS... (an `edl teacher` command without --service, --name, --server, --secret_file, "
        "--advertise_host, --exit_with_parent: the client adds them; repeat per service)")
       ("teacher_slots", po::value<int>(&teacher_slots)->default_value(1), "teachers this node runs at once (1..64)");

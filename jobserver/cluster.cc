@@ -208,7 +208,7 @@ Status Cluster::Scale(const std::string& name, int n) {
     SetDesired(n, "ctl");
     return Status::OK();
   }
-  if (name.empty()) return Status::InvalidArgument("'scale' on a cluster names a job: `edl ctl scale NAME N`");
+  if (name.empty()) return Status::InvalidArgument("'scale' on a cluster names a job: `edl ctl scale --job NAME N`");
   if (!jobs_.count(name)) return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
   EDL_RETURN_IF_ERROR(policy_.Scale(name, n));
   AfterPolicy();

@@ -109,7 +109,7 @@ class Cluster {
   // Stops the job in one generation without its trainers (reason "stop", no failure); its slots
   // go to the other jobs; it is listed as cancelled. FailedPrecondition on a one-job server.
   Status Cancel(const std::string& name);
-  // `edl ctl scale NAME N`: the job's size cap (one-job server: its desired size; NAME may be
+  // `edl ctl scale --job NAME N`: the job's size cap (one-job server: its desired size; NAME may be
   // empty there). NotFound for no such live job.
   Status Scale(const std::string& name, int n);
   // The one job's scaling sources (the server's --scale_script and demo policy); no-ops on a

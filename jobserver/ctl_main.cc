@@ -28,7 +28,8 @@ constexpr char kUsage[] =
     "commands:\n"
     "  status [--json]   the job the way EDL's monitor showed it, plus generation and progress\n"
     "  scale N           set the job's desired number of trainers\n"
-    "  scale SERVICE N   run N teachers of a distillation service on the clients offering it (--service)\n"
+    "  scale --service SERVICE N\n"
+    "                    run N teachers of a distillation service on the clients offering it\n"
     "  watch             print a line per change and every events-log record, until the server exits\n"
     "  stop              stop the whole job: one stop generation, rank 0 saves a final\n"
     "                    checkpoint, the trainers leave, then the clients and the server exit\n"
@@ -36,7 +37,7 @@ constexpr char kUsage[] =
     "  submit JOB.ini    submit a job (name, type, min, max, priority, deadline_s, mode, [flags])\n"
     "  jobs [--json]     list the jobs: state, trainers, pending reason\n"
     "  cancel NAME       stop a job's trainers and forget it\n"
-    "  scale NAME N      ask for N trainers of job NAME (within its min..max)";
+    "  scale --job NAME N  ask for N trainers of job NAME (within its min..max)";
 
 std::string Pad(const std::string& s, size_t w) { return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' '); }
 
@@ -159,7 +160,7 @@ void PrintStatus(const json& b) {
 }
 
 // Inference services (teachers of distilling students): one line per teacher, then the teachers
-// the clients run per service (`scale SERVICE N`).
+// the clients run per service (`scale --service SERVICE N`).
 void PrintServices(const json& b) {
   const json services = FieldOr(b, "services", json::object());
   if (!services.is_object() || services.empty()) return;
@@ -177,7 +178,7 @@ void PrintServices(const json& b) {
                 << Pad(Fixed(FieldOr(t, "latency_ms", 0.0), 1), 12) << students << "\n";
     }
   }
-  // Teachers the clients run (`scale SERVICE N`): desired count, placed teachers, replacements.
+  // Teachers the clients run (`scale --service SERVICE N`): desired count, placed teachers, replacements.
   for (const auto& [name, s] : services.items()) {
     if (!s.contains("placed")) continue;
     std::string placed;
@@ -325,8 +326,9 @@ Status ReadJobFile(const std::string& path, JobSpec* spec) {
   return ParseJobIni(text, spec).WithContext(path);
 }
 
-// Fills `req` from the command `c` and its positional arguments.
-Status BuildRequest(const std::string& c, const std::vector<std::string>& args, proto::CtlRequest* req) {
+// Fills `req` from the command `c`, its positional arguments and --job / --service (`scale`).
+Status BuildRequest(const std::string& c, const std::vector<std::string>& args, const std::string& job,
+                    const std::string& service, proto::CtlRequest* req) {
   using Command = proto::CtlCommand;
   if (!proto::kCtlCommandNames.Parse(c, &req->command)) {
     return Status::InvalidArgument(c.empty() ? "no command" : "unknown command '" + c + "'");
@@ -359,9 +361,19 @@ Status BuildRequest(const std::string& c, const std::vector<std::string>& args, 
     case Command::kJobs:
       return count(0, 0, c.c_str());
     case Command::kScale:
-      EDL_RETURN_IF_ERROR(count(1, 2, "scale N  |  scale SERVICE N  |  scale NAME N (cluster)"));
-      if (args.size() == 2) req->job = args[0];
-      return number(args.back(), &req->n, args.size() == 2 ? 0 : 1);  // a service may go to 0
+      if (args.size() == 2) {
+        return Status::InvalidArgument("scale " + args[0] + " " + args[1] + ": say what " + args[0] +
+                                       " is: `edl ctl scale --job " + args[0] + " " + args[1] +
+                                       "` (a cluster's job) or `edl ctl scale --service " + args[0] + " " + args[1] +
+                                       "` (a distillation service)");
+      }
+      EDL_RETURN_IF_ERROR(count(1, 1, "scale N  |  scale --job NAME N  |  scale --service NAME N"));
+      if (!job.empty() && !service.empty()) {
+        return Status::InvalidArgument("scale: give --job or --service, not both");
+      }
+      req->job = job;
+      req->service = service;
+      return number(args.back(), &req->n, service.empty() ? 1 : 0);  // a service may go to 0
     case Command::kCancel:
       EDL_RETURN_IF_ERROR(count(1, 1, "cancel NAME"));
       req->job = args[0];
@@ -381,13 +393,15 @@ Status BuildRequest(const std::string& c, const std::vector<std::string>& args, 
 
 int RunCtlMain(int argc, char** argv) {
   po::options_description d("ctl");
-  std::string server, secret_file, command;
+  std::string server, secret_file, command, job, service;
   std::vector<std::string> args;
   bool as_json = false;
   d.add_options()
       ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT, or a comma-separated list of a leader and its standbys (the first that answers)")
       ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
       ("json", po::bool_switch(&as_json), "status: print the raw JSON")
+      ("job", po::value<std::string>(&job), "scale: the job to scale (a cluster server's; the single job by default)")
+      ("service", po::value<std::string>(&service), "scale: the distillation service whose teachers to scale")
       ("command", po::value<std::string>(&command), "status | scale | watch | stop | submit | jobs | cancel")
       ("args", po::value<std::vector<std::string>>(&args), "the command's arguments");
   po::positional_options_description pos;
@@ -400,7 +414,7 @@ int RunCtlMain(int argc, char** argv) {
   }
   if (pf.help) return 0;
   proto::CtlRequest req;
-  s = BuildRequest(command, args, &req);
+  s = BuildRequest(command, args, job, service, &req);
   if (!s.ok()) {
     std::cerr << "edl ctl: " << s.message() << "\n\n" << kUsage << "\n";
     return 2;
@@ -427,8 +441,8 @@ int RunCtlMain(int argc, char** argv) {
       std::cout << "cancelled job " << req.job << "\n";
       break;
     case Command::kScale:
-      if (FieldOr(FieldOr(rep.body, "services", json::object()), req.job.c_str(), json::object()).contains("placed")) {
-        std::cout << "service " << req.job << ": desired teachers set to " << req.n << "\n";
+      if (!req.service.empty()) {
+        std::cout << "service " << req.service << ": desired teachers set to " << req.n << "\n";
       } else if (!req.job.empty()) {
         std::cout << "job " << req.job << " asked for " << req.n << " trainers\n";
       } else {

@@ -553,7 +553,7 @@ void ServerMetrics::RenderServices(const json& status, std::string* out) const {
   };
   auto always = [](const Row&) { return true; };
   family(
-      "edl_service_desired_teachers", "gauge", "Teachers asked for (edl ctl scale SERVICE N).",
+      "edl_service_desired_teachers", "gauge", "Teachers asked for (edl ctl scale --service SERVICE N).",
       [](const Row& r) { return r.desired; }, [](const Row& r) { return r.has_desired; });
   family(
       "edl_service_placed_teachers", "gauge", "Teachers the server placed on nodes (not stopping).",

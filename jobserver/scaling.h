@@ -25,7 +25,7 @@
 //                         failure generation at once (nobody re-forms in between), then restarts
 //                         the job from its latest checkpoint (the stop-resume baseline)
 //   teachers SERVICE N    desired teacher count of inference service SERVICE := N (0..1024), as
-//                         `edl ctl scale SERVICE N` (docs/DISTILLATION.md, "Teachers run by the
+//                         `edl ctl scale --service SERVICE N` (docs/DISTILLATION.md, "Teachers run by the
 //                         clients")
 //   repeat                start over from the top, shifted by <seconds>
 // `repeat` is last, timed and later than 0, in a script without step lines (steps do not repeat).

@@ -785,7 +785,7 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
       case ScaleEvent::Op::kKill: cluster_.KillTrainers(e.n); break;
       case ScaleEvent::Op::kKillAll: cluster_.KillAllTrainers(); break;
       case ScaleEvent::Op::kTeachers:
-        // As `edl ctl scale SERVICE N`; a client offering the service may connect later.
+        // As `edl ctl scale --service SERVICE N`; a client offering the service may connect later.
         if (Status st = placer_.SetDesired(e.service, e.n, /*require_offer=*/false); !st.ok()) {
           LOG(WARNING) << reason << " event '" << e.ToString() << "' refused: " << st.ToString();
         }

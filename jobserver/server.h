@@ -216,7 +216,7 @@ class Server {
 
   Cluster cluster_;
   ServiceRegistry services_;  // teachers and the students watching them
-  ServicePlacer placer_;      // teachers the clients run for `edl ctl scale SERVICE N`
+  ServicePlacer placer_;      // teachers the clients run for `edl ctl scale --service SERVICE N`
   KvStore kv_;
   EventsLog events_;          // the server's own log (a one-job server's: its job's)
   std::map<std::string, std::unique_ptr<EventsLog>> job_events_;  // other live jobs' logs

@@ -55,11 +55,15 @@ void Server::OnCtl(const std::shared_ptr<Peer>& peer, const json& msg) {
 Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlRequest& r) {
   using Command = proto::CtlCommand;
   if (r.command == Command::kJobs) return Status::OK();  // the reply's body lists them
-  // `scale NAME N` names a service when a client offers NAME or it has a desired count, and no
-  // job is called NAME.
-  if (r.command == Command::kScale && !r.job.empty() && placer_.Knows(r.job) && cluster_.FindJob(r.job) == nullptr) {
-    LOG(INFO) << "ctl " << peer->conn->peer() << ": scale service " << r.job << " to " << r.n;
-    return placer_.SetDesired(r.job, static_cast<int>(r.n));
+  // `scale --service NAME N`: the teachers of a distillation service (a client offers it, or it
+  // has a desired count already).
+  if (r.command == Command::kScale && !r.service.empty()) {
+    if (!placer_.Knows(r.service)) {
+      return Status::NotFound("no client offers a service '" + r.service + "' (start one with --service " + r.service +
+                              " = 'edl teacher ...')");
+    }
+    LOG(INFO) << "ctl " << peer->conn->peer() << ": scale service " << r.service << " to " << r.n;
+    return placer_.SetDesired(r.service, static_cast<int>(r.n));
   }
   if (r.command == Command::kSubmit) {
     JobSpec spec;
@@ -82,9 +86,8 @@ Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlReque
   }
   LOG(INFO) << "ctl " << peer->conn->peer() << ": scale " << (r.job.empty() ? "" : r.job + " ") << r.n;
   Status s = cluster_.Scale(r.job, static_cast<int>(r.n));
-  if (s.code() == Status::Code::kNotFound) {
-    return Status::NotFound(s.message() + "; nor does a client offer a service '" + r.job + "' (start one with "
-                            "--service " + r.job + " = 'edl teacher ...')");
+  if (s.code() == Status::Code::kNotFound && placer_.Knows(r.job)) {
+    return Status::NotFound(s.message() + "; '" + r.job + "' is a service: `edl ctl scale --service " + r.job + " N`");
   }
   return s;
 }

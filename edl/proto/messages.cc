@@ -901,6 +901,7 @@ Status KvReply::DecodeFrom(const json& j) {
 void CtlRequest::EncodeTo(json* j) const {
   *j = {{"type", msg::kCtl}, {"command", NameOf(command)}, {"n", n}};
   if (!job.empty()) (*j)["job"] = job;
+  if (!service.empty()) (*j)["service"] = service;
   if (spec.is_object()) (*j)["spec"] = spec;
 }
 Status CtlRequest::DecodeFrom(const json& j) {
@@ -909,9 +910,14 @@ Status CtlRequest::DecodeFrom(const json& j) {
   std::string command;
   f.Str("command", &command, 16).Int("n", &r.n, 0, kMaxListItems, /*required=*/false);
   const bool known = kCtlCommandNames.Parse(command, &r.command);
-  f.Name("job", &r.job, /*required=*/false).Obj("spec", &r.spec, /*required=*/known && r.command == CtlCommand::kSubmit);
+  f.Name("job", &r.job, /*required=*/false)
+      .Name("service", &r.service, /*required=*/false)
+      .Obj("spec", &r.spec, /*required=*/known && r.command == CtlCommand::kSubmit);
   if (f.ok() && !known) f.Fail("command", Quote(command) + " is not " + kCtlCommandNames.List(""));
   if (f.ok() && r.command == CtlCommand::kCancel && r.job.empty()) f.Fail("job", "is missing (cancel names a job)");
+  if (f.ok() && !r.service.empty() && (!r.job.empty() || r.command != CtlCommand::kScale)) {
+    f.Fail("service", "names what `scale` scales, alone (not with a job)");
+  }
   if (!f.ok()) return f.status();
   *this = std::move(r);
   return Status::OK();

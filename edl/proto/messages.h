@@ -396,7 +396,8 @@ struct KvReply : Message<KvReply> {
 struct CtlRequest : Message<CtlRequest> {
   CtlCommand command = CtlCommand::kStatus;
   int64_t n = 0;        // scale only
-  std::string job;      // scale, cancel: the job (cluster mode)
+  std::string job;      // scale, cancel: the job (cluster mode; scale: empty for the single job)
+  std::string service;  // scale: the distillation service whose teachers are scaled (not a job)
   nlohmann::json spec;  // submit: the job (jobserver/job_spec.h decodes it)
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);

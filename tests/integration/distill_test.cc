@@ -300,12 +300,12 @@ TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
           "--distill_resend_s", "2", "--distill_discovery_s", "300"},
       dir_.Join("client.log"));
   // Refused until a client offering kd is connected; then one teacher, n1-t1.
-  ASSERT_TRUE(WaitFor([&] { return Ctl({"scale", "kd", "1"}) == 0; }, milliseconds(60000)))
+  ASSERT_TRUE(WaitFor([&] { return Ctl({"scale", "--service", "kd", "1"}) == 0; }, milliseconds(60000)))
       << Slurp(dir_.Join("ctl.log")) << Diagnostics();
   ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t1"}; }, milliseconds(120000)))
       << Diagnostics();
   ASSERT_TRUE(WaitForMoreSteps(3)) << Diagnostics();
-  ASSERT_EQ(Ctl({"scale", "kd", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+  ASSERT_EQ(Ctl({"scale", "--service", "kd", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
   ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t1", "n1-t2"}; },
                       milliseconds(120000)))
       << Diagnostics();
@@ -330,7 +330,7 @@ TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
       << "no teacher answered after the replacement" << Diagnostics();
 
   // Back to 1: the newest is stopped, its process exits.
-  ASSERT_EQ(Ctl({"scale", "kd", "1"}), 0) << Slurp(dir_.Join("ctl.log"));
+  ASSERT_EQ(Ctl({"scale", "--service", "kd", "1"}), 0) << Slurp(dir_.Join("ctl.log"));
   ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t2"} && TeacherPids(secret_).size() == 1; },
                       milliseconds(60000)))
       << Diagnostics();
@@ -350,7 +350,7 @@ TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
       dir_.Join("client2.log"));
   ASSERT_TRUE(WaitFor([&] { return KdStatus().value("nodes", json::array()).size() == 2; }, milliseconds(60000)))
       << Slurp(dir_.Join("client2.log"));
-  ASSERT_EQ(Ctl({"scale", "kd", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
+  ASSERT_EQ(Ctl({"scale", "--service", "kd", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
   auto on_n2 = [&] {
     for (const auto& [name, pid] : TeacherPids(secret_)) {
       if (name.rfind("n2-", 0) == 0) return true;
@@ -365,7 +365,7 @@ TEST_F(DistillTest, CtlScaleRunsTeachersOnTheClientsAndReplacesAKilledOne) {
       << Diagnostics();
 
   // An unknown service is a clear error.
-  EXPECT_NE(Ctl({"scale", "nosuch", "1"}), 0);
+  EXPECT_NE(Ctl({"scale", "--service", "nosuch", "1"}), 0);
   EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("--service nosuch"), std::string::npos) << Slurp(dir_.Join("ctl.log"));
 
   // The client's exit stops its teachers.
@@ -396,18 +396,18 @@ TEST_F(DistillTest, ClusterServerScalesServicesBesideJobs) {
                                    " --bind 127.0.0.1 --threads 1",
                                "--teacher_slots", "1"},
       dir_.Join("client.log"));
-  ASSERT_TRUE(WaitFor([&] { return Ctl({"scale", "kd", "1"}) == 0; }, milliseconds(60000)))
+  ASSERT_TRUE(WaitFor([&] { return Ctl({"scale", "--service", "kd", "1"}) == 0; }, milliseconds(60000)))
       << Slurp(dir_.Join("ctl.log")) << Diagnostics();
   ASSERT_TRUE(WaitFor([&] { return ListedTeachers() == std::set<std::string>{"n1-t1"}; }, milliseconds(120000)))
       << Diagnostics();
   ASSERT_EQ(Ctl({"status"}), 0);
   EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("service kd: desired 1, placed 1 (n1-t1)"), std::string::npos)
       << Slurp(dir_.Join("ctl.log"));
-  EXPECT_NE(Ctl({"scale", "nosuch", "1"}), 0);
+  EXPECT_NE(Ctl({"scale", "--service", "nosuch", "1"}), 0);
   const std::string err = Slurp(dir_.Join("ctl.log"));
   EXPECT_NE(err.find("no live job named nosuch"), std::string::npos) << err;
   EXPECT_NE(err.find("--service nosuch"), std::string::npos) << err;
-  ASSERT_EQ(Ctl({"scale", "kd", "0"}), 0) << Slurp(dir_.Join("ctl.log"));
+  ASSERT_EQ(Ctl({"scale", "--service", "kd", "0"}), 0) << Slurp(dir_.Join("ctl.log"));
   EXPECT_TRUE(WaitFor([&] { return TeacherPids(secret_).empty() && ListedTeachers().empty(); }, milliseconds(60000)))
       << Diagnostics();
   client->Stop(milliseconds(60000));

@@ -119,7 +119,7 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
   // `ctl scale kd N`, then waits until `running` stand-ins started; their names (all placed).
   std::map<std::string, int> ScaleAndWait(const std::string& n, size_t running) {
     std::string out;
-    EXPECT_EQ(Ctl({"scale", "kd", n}, &out), 0) << out;
+    EXPECT_EQ(Ctl({"scale", "--service", "kd", n}, &out), 0) << out;
     EXPECT_TRUE(WaitFor([&] { return TeacherPids().size() == running; }, milliseconds(60000))) << Diagnostics();
     const std::map<std::string, int> pids = TeacherPids();
     EXPECT_EQ(Placed(Kd()), Names(pids));
@@ -213,7 +213,7 @@ TEST_F(TeacherScalingTest, DesiredCountAndTeachersSurviveAServerSigkill) {
       << log;
 
   // The restarted server goes on scaling the service from there.
-  ASSERT_EQ(Ctl({"scale", "kd", "1"}, &out), 0) << out;
+  ASSERT_EQ(Ctl({"scale", "--service", "kd", "1"}, &out), 0) << out;
   ASSERT_TRUE(WaitFor([&] { return Placed(Kd()).size() == 1 && Placed(Kd(), true).empty(); }, milliseconds(60000)))
       << Diagnostics();
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
