@@ -60,6 +60,9 @@ json Cluster::JobsJson() const {
               {"generation", m.current().generation},
               {"flags", job.spec.flags}};
     if (pj != nullptr && !pj->pending_reason.empty()) j["pending_reason"] = pj->pending_reason;
+    if (pj != nullptr) {
+      if (std::string note = policy_.GoodputNote(*pj); !note.empty()) j["goodput"] = note;
+    }
     live.push_back(std::move(j));
   }
   return {{"jobs", live}, {"ended", json(std::vector<json>(finished_.begin(), finished_.end()))}};
