@@ -198,13 +198,17 @@ int main(int argc, char** argv) {
     }
     o.event_log = &events;
   }
+  const edl::jobserver::GoodputPolicyOptions& g = o.goodput;
   std::printf(
       "cluster: %d nodes x %d GPUs; scheduling every %.0f s; start %.0f s; re-form: EDL "
-      "%.2f steps (grow/move) / %.2f (shrink), or %.0f s; goodput policy p=%.2f, explore "
-      "x%.1f, horizon >= %.0f s; rate limit %.0f s\n",
+      "%.2f steps (grow/move) / %.2f (shrink), or %.0f s; rate limit %.0f s\n",
       o.nodes, o.gpus_per_node, o.interval_s, o.start_s, o.reform_grow_steps, o.reform_shrink_steps,
-      o.reform_fixed_s, o.goodput.fairness_power, o.goodput.explore_factor, o.goodput.min_horizon_s,
-      o.min_change_interval_s);
+      o.reform_fixed_s, o.min_change_interval_s);
+  std::printf(
+      "goodput policy: p=%.2f; weights (1 + service/%.0f s)^-%.2f, floor %.2f; explore "
+      "x%.1f; probe %d trainer(s); horizon >= %.0f s\n",
+      g.fairness_power, g.service_scale_s, g.service_power, g.service_floor, g.explore_factor,
+      g.probe_trainers, g.min_horizon_s);
 
   std::ofstream jobs_csv;
   if (!jobs_out.empty()) {
