@@ -215,7 +215,10 @@ void ClusterPolicy::ApplyPacked(std::vector<Flex>* flex, const std::set<const Po
                                       : (r != p ? r > p : mine(n) > mine(pick));
         if (better) pick = n, fits = f;
       }
-      if (pick.empty()) return ApplyShares(flex);  // the types do not pack: place as the fill did
+      if (pick.empty()) {  // the types do not pack this way: place as the fill did
+        ApplyShares(flex);
+        return;
+      }
       const int take = std::min(left, room[pick]);
       target[i][pick] += take;
       room[pick] -= take;

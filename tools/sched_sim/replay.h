@@ -12,13 +12,15 @@
 // and while it re-forms after any other change of its placement (ReplayOptions::reform), and it
 // holds its GPUs meanwhile.
 //
-// Its batch. Under kGoodput the job adapts its batch as a Pollux-style agent does: it measures
-// the step and all-reduce time of every configuration it runs (from the trace), fits
-// jobserver::FitThroughput to them, and on every new placement, every epoch and every refit runs
-// the batch jobserver::BestBatch picks for its placement; before its first measurement it runs the
-// smallest batch its limits allow. It reports its model (fit, gradient noise scale at its current
-// batch and epoch, batch limits, re-form cost) to the policy (ClusterPolicy::ReportGoodput). Under
-// the other schedulers it runs the user's total batch from the workload, split over its trainers.
+// Its batch. Under kGoodput the job adapts its batch as a Pollux-style agent does: once the stall
+// of a new placement is over it measures the step and all-reduce time of the configuration it runs
+// (from the trace), fits jobserver::FitThroughput to all it measured, and runs the batch
+// jobserver::BestBatch picks for its placement (measuring that one too); it picks again on every
+// new placement and every epoch. Before its first measurement it runs the smallest batch its
+// limits allow. It reports its model (fit, gradient noise scale at its current batch and epoch,
+// batch limits, re-form cost: EDL's grow steps at its current step time, or the fixed cost) to
+// the policy (ClusterPolicy::ReportGoodput) after each of these. Under the other schedulers it
+// runs the user's total batch from the workload, split over its trainers.
 //
 // Schedulers:
 //  - kGoodput: jobserver::ClusterPolicy with PolicyKind::kGoodput. Every job elastic, 1 to
