@@ -127,7 +127,7 @@ TEST_F(ToyTrace, DamagedValidationAndSettingsAreRefused) {
   ExpectError({"applications.csv:2", "max_epochs must be 1..100000"});
   // Adaptive bounds that contradict each other: a trainer's memory below the least micro-batch.
   Write(dir_.Join("applications.csv"), "application,max_epochs,max_local_bsz\ntoy,2,2\n");
-  ExpectError({"max_local 2 < min_local 4"});
+  ExpectError({"applications.csv:2", "max_local 2 < min_local 4", "raise max_local"});
   Write(dir_.Join("applications.csv"), "application,max_epochs,max_local_bsz\ntoy,2,0\n");
   Write(dir_.Join("traces/toy/validation-x.csv"), "progress,grad_sqr,grad_var\n1,1,1\n");
   ExpectError({"validation-x.csv", "validation-<total batch>.csv"});

@@ -296,7 +296,7 @@ Status LoadApps(const std::string& dir, std::map<std::string, AppTrace>* out) {
     }
     s.max_epochs = static_cast<int>(epochs);
     s.max_local_bsz = static_cast<int>(max_local);
-    EDL_RETURN_IF_ERROR(AppTrace::Load(dir, s, &(*out)[s.name]));
+    EDL_RETURN_IF_ERROR(AppTrace::Load(dir, s, &(*out)[s.name]).WithContext(t.Where(r)));
   }
   if (out->empty()) {
     return Status::InvalidArgument(t.path +
