@@ -91,6 +91,7 @@ Status ClusterPolicy::AddNode(const PolicyNode& node) {
   n.types = node.job_types;
   n.order = next_node_order_++;
   known_types_.insert(node.job_types.begin(), node.job_types.end());
+  for (auto& [name, job] : jobs_) job.goodput_curve.clear();  // node sizes may differ now
   EmitNodeEvent("node_added", node.name,
                 std::to_string(node.slots) + " slots, job types " + JoinSet(node.job_types));
   RunPass();
@@ -100,6 +101,7 @@ Status ClusterPolicy::AddNode(const PolicyNode& node) {
 Status ClusterPolicy::NodeLost(const std::string& name) {
   auto it = nodes_.find(name);
   if (it == nodes_.end()) return Status::NotFound("node " + name + " is not in the cluster");
+  AccrueService();
   const int64_t now = clock_->NowMicros();
   std::vector<std::string> hit;
   for (auto& [jname, job] : jobs_) {
@@ -120,6 +122,7 @@ Status ClusterPolicy::NodeLost(const std::string& name) {
     events_.push_back(std::move(e));
   }
   nodes_.erase(it);
+  for (auto& [jname, job] : jobs_) job.goodput_curve.clear();
   EmitNodeEvent("node_lost", name, hit.empty() ? "no trainers there" : "jobs " + Join(hit, ", "));
   // The shrink events above are logged; the pass below logs only what it changes after them.
   BeginPass();
@@ -325,7 +328,18 @@ int64_t ClusterPolicy::NextWakeupMicros() const {
 
 // ---------------------------------------------------------------- the pass
 
+void ClusterPolicy::AccrueService() {
+  const int64_t now = clock_->NowMicros();
+  for (auto& [name, job] : jobs_) {
+    if (job.service_at_us >= 0 && job.state == JobPhase::kRunning) {
+      job.service_trainer_s += job.size * (now - job.service_at_us) * 1e-6;
+    }
+    job.service_at_us = now;
+  }
+}
+
 void ClusterPolicy::BeginPass() {
+  AccrueService();
   reserved_.clear();
   reasons_.clear();
   exempt_.clear();
@@ -392,6 +406,7 @@ void ClusterPolicy::RunPass() {
     } else {
       e.kind = "move";
     }
+    if (was_running && running && job->has_goodput) job->reform_paid_s += job->goodput.reform_s;
     std::vector<std::string> uniq;
     for (const auto& r : reasons_[job->spec.name]) {
       if (std::find(uniq.begin(), uniq.end(), r) == uniq.end()) uniq.push_back(r);
@@ -538,25 +553,52 @@ std::vector<PolicyJob*> ClusterPolicy::VictimsFor(const PolicyJob& job) {
 }
 
 void ClusterPolicy::FairShare() {
+  std::map<std::string, int> capacity;
+  std::vector<Flex> flex = FlexJobs(&capacity);
+  const bool goodput = options_.kind == PolicyKind::kGoodput;
+  if (!goodput) {
+    MaxMinFill(&flex, &capacity);
+  } else {
+    // Jobs without a model get their max-min share among all the flexible jobs (step 3); the
+    // jobs with one share what that leaves by goodput (step 3').
+    std::vector<Flex> trial = flex;
+    std::map<std::string, int> trial_capacity = capacity;
+    for (Flex& f : trial) {
+      if (!f.job->has_goodput && options_.goodput.probe_trainers > 0) {
+        f.hi = std::max(f.tent, std::min(f.hi, options_.goodput.probe_trainers));
+      }
+    }
+    MaxMinFill(&trial, &trial_capacity);
+    for (size_t i = 0; i < flex.size(); ++i) {
+      if (flex[i].job->has_goodput) continue;
+      for (const auto& [n, k] : trial[i].on) {
+        auto it = flex[i].on.find(n);
+        capacity[n] -= k - (it == flex[i].on.end() ? 0 : it->second);
+      }
+      flex[i] = std::move(trial[i]);
+    }
+    std::set<const PolicyJob*> moves;
+    GoodputFill(&flex, &capacity, &moves);
+    ApplyPacked(&flex, moves);
+  }
+  if (!goodput) ApplyShares(&flex);
+  FillFreeSlots(&flex, goodput);
+}
+
+std::vector<ClusterPolicy::Flex> ClusterPolicy::FlexJobs(std::map<std::string, int>* capacity) {
   // Which jobs the fill may move: running elastic jobs the rate limit lets change (a job shrunk
   // for an admission earlier in this pass still may: its changes this pass are one re-form), plus
   // jobs started this pass.
-  struct Flex {
-    PolicyJob* job;
-    int lo, hi, tent = 0;
-    std::map<std::string, int> on;  // tentative placement
-  };
   std::vector<Flex> flex;
-  std::map<std::string, int> capacity;  // per node, for the flexible jobs
   for (const auto& [n, node] : nodes_)
-    capacity[n] = node.slots - (reserved_.count(n) ? reserved_.at(n) : 0);
+    (*capacity)[n] = node.slots - (reserved_.count(n) ? reserved_.at(n) : 0);
   for (auto& [name, job] : jobs_) {
     if (job.state != JobPhase::kRunning) continue;
     auto b = before_.find(name);
     const bool started_now = b == before_.end() || !b->second.running;
     const bool movable = job.spec.elastic && (started_now || !RateLimited(job));
     if (!movable) {
-      for (const auto& [n, k] : job.placement) capacity[n] -= k;
+      for (const auto& [n, k] : job.placement) (*capacity)[n] -= k;
       continue;
     }
     Flex f;
@@ -578,9 +620,44 @@ void ClusterPolicy::FairShare() {
     flex.push_back(std::move(f));
   }
   for (const Flex& f : flex) {
-    for (const auto& [n, k] : f.on) capacity[n] -= k;
+    for (const auto& [n, k] : f.on) (*capacity)[n] -= k;
   }
+  return flex;
+}
 
+bool ClusterPolicy::TakeSlot(Flex* f, std::map<std::string, int>* capacity) {
+  // Where it runs now (keeps trainers where they are), then more on a node it uses (keeps it
+  // on few nodes), else the compatible node with the most room.
+  std::map<std::string, int>& cap = *capacity;
+  std::string pick;
+  for (const auto& [n, k] : f->job->placement) {
+    if (cap[n] > 0 && f->on[n] < k) {
+      pick = n;
+      break;
+    }
+  }
+  for (const auto& [n, k] : f->on) {
+    if (!pick.empty()) break;
+    if (cap[n] > 0 && k > 0) pick = n;
+  }
+  if (pick.empty()) {
+    int best = 0;
+    for (const auto& [n, node] : nodes_) {
+      if (cap[n] > best && node.types.count(f->job->spec.type) > 0) {
+        best = cap[n];
+        pick = n;
+      }
+    }
+  }
+  if (pick.empty()) return false;  // nothing left for its type
+  cap[pick] -= 1;
+  f->on[pick] += 1;
+  f->tent += 1;
+  return true;
+}
+
+void ClusterPolicy::MaxMinFill(std::vector<Flex>* flex_in, std::map<std::string, int>* capacity) {
+  std::vector<Flex>& flex = *flex_in;
   // Weighted max-min fill: the next slot goes to the lowest tent/priority.
   auto worse = [&](size_t a, size_t b) {  // true when a should come after b
     const PolicyJob& ja = *flex[a].job;
@@ -598,37 +675,14 @@ void ClusterPolicy::FairShare() {
   while (!heap.empty()) {
     const size_t i = heap.top();
     heap.pop();
-    Flex& f = flex[i];
-    // Where it runs now (keeps trainers where they are), then more on a node it uses (keeps it
-    // on few nodes), else the compatible node with the most room.
-    std::string pick;
-    for (const auto& [n, k] : f.job->placement) {
-      if (capacity[n] > 0 && f.on[n] < k) {
-        pick = n;
-        break;
-      }
-    }
-    for (const auto& [n, k] : f.on) {
-      if (!pick.empty()) break;
-      if (capacity[n] > 0 && k > 0) pick = n;
-    }
-    if (pick.empty()) {
-      int best = 0;
-      for (const auto& [n, node] : nodes_) {
-        if (capacity[n] > best && node.types.count(f.job->spec.type) > 0) {
-          best = capacity[n];
-          pick = n;
-        }
-      }
-    }
-    if (pick.empty()) continue;  // nothing left for its type
-    capacity[pick] -= 1;
-    f.on[pick] += 1;
-    f.tent += 1;
-    if (f.tent < f.hi) heap.push(i);
+    if (!TakeSlot(&flex[i], capacity)) continue;
+    if (flex[i].tent < flex[i].hi) heap.push(i);
   }
+}
 
-  // Apply: shrinks first (they free the slots), then growth in fill order.
+void ClusterPolicy::ApplyShares(std::vector<Flex>* flex_in) {
+  std::vector<Flex>& flex = *flex_in;
+  // Shrinks first (they free the slots), then growth in fill order.
   for (Flex& f : flex) {
     if (f.tent >= f.job->size) continue;
     const std::string why = f.job->size > f.hi
@@ -680,9 +734,14 @@ void ClusterPolicy::FairShare() {
     Note(f.job->spec.name, why);
     if (want > 0) Grow(f.job, want, why);
   }
+}
+
+void ClusterPolicy::FillFreeSlots(std::vector<Flex>* flex_in, bool goodput) {
+  std::vector<Flex>& flex = *flex_in;
   // The fill places slots greedily by type; where that left a slot free that a job below its
   // bound can use, it goes to the lowest size/priority of those jobs (no slot idles while an
-  // elastic job could grow).
+  // elastic job could grow). Jobs the goodput fill sized take none: it left the slot free
+  // because no job's goodput term rose with it.
   for (;;) {
     std::map<std::string, int> free_by_type;
     for (const auto& [n, node] : nodes_) {
@@ -693,6 +752,7 @@ void ClusterPolicy::FairShare() {
     if (free_by_type.empty()) break;
     Flex* best = nullptr;
     for (Flex& f : flex) {
+      if (goodput && f.job->has_goodput) continue;
       if (f.job->size >= f.hi || free_by_type.count(f.job->spec.type) == 0) continue;
       if (best == nullptr ||
           RatioLess(f.job->size, f.job->spec.priority, best->job->size, best->job->spec.priority)) {
@@ -899,6 +959,7 @@ nlohmann::json ClusterPolicy::Summary() const {
                     {"elastic", job.spec.elastic},
                     {"placement", job.placement},
                     {"pending_reason", job.pending_reason}});
+    if (std::string note = GoodputNote(job); !note.empty()) jobs.back()["goodput"] = note;
   }
   return {{"submitted_jobs", jobs_.size()},        {"pending_jobs", pending_jobs()},
           {"total_slots", total_slots()},          {"used_slots", used_slots()},

@@ -34,6 +34,23 @@
 //     shrinks for fairness), and each further slot goes to the job with the lowest size/priority,
 //     ties to the higher priority, then to the older job, up to min(max, scale cap). So free slots
 //     go first to the more important jobs and are then shared in proportion to priority.
+//  3'. Goodput share (PolicyKind::kGoodput, the server's --policy goodput; docs/SCHEDULING.md).
+//     Jobs whose goodput model was reported (ReportGoodput: throughput parameters, gradient noise
+//     scale, batch limits, re-form cost; goodput_model.h) get the slots that step 3 leaves to
+//     jobs without one, each slot to the job whose goodput it raises most: the pass maximises
+//     sum_j w_j * (s_j^p - 1) / p over the jobs' speedups s_j = G_j(n_j) / G_j(fair) (G_j at the
+//     best batch for n_j trainers on the fewest nodes; fair = the slots per running job), a power
+//     mean with p = GoodputPolicyOptions::fairness_power < 1. The weight w_j is the priority,
+//     tilted toward jobs with little attained service (trainer-seconds so far). A running job's
+//     goodput at any size but its current one (or at its current size on fewer nodes) is charged
+//     its re-form stall against the share of its life spent working (GoodputPolicyOptions::
+//     min_horizon_s). Slots are given one chunk at a time (up to a node's worth, or up to the
+//     job's current size), so a speedup that pays only past a node boundary is still seen; a
+//     slot that raises no job's term stays free. A model is trusted up to explore_factor times
+//     the most trainers it was measured at. Jobs without a model get their step-3 share (at most
+//     probe_trainers) and the status says so (Summary "goodput"); rate-limited and restart-mode
+//     jobs keep their size. Step 4 then places every job whose size changes anew on the fewest
+//     nodes, largest first (a re-form moves its trainers anyway).
 //  4. Apply. Jobs above their share shrink (in place: survivors keep running), then jobs below it
 //     grow into free slots, preferring nodes they already use. A job just admitted starts directly
 //     at its share, so a start is never followed at once by a re-form.
@@ -52,6 +69,10 @@
 // trainer is on a live node that offers its job's type; a running elastic job holds between min
 // and max trainers, a restart-mode job exactly its size, a pending job none.
 //
+// ReportGoodput runs a pass only when it changes what the job may be given (its first model, or a
+// larger size measured, which lifts its exploration bound); otherwise it records the model for
+// the next pass (models come every few steps; re-planning on each would be churn).
+//
 // Every input is validated first; a refused input returns a Status naming the problem and the fix
 // and changes nothing (no event either).
 //
@@ -60,14 +81,15 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "edl/base/clock.h"
+#include "edl/base/enum_names.h"
 #include "edl/base/status.h"
+#include "jobserver/goodput_model.h"
 
 namespace edl::jobserver {
 
@@ -78,6 +100,41 @@ constexpr int kMaxJobTrainers = 65536;
 constexpr int kMaxJobPriority = 1000;
 constexpr size_t kMaxPolicyJobs = 10000;  // live (pending or running) jobs
 constexpr size_t kMaxPolicyNodes = 100000;
+
+// How step 3 shares the slots among elastic jobs (the server's --policy).
+enum class PolicyKind {
+  kFairShare,  // "fair": weighted max-min on trainer counts
+  kGoodput,    // "goodput": step 3' for jobs with a goodput model, step 3 for the others
+};
+inline constexpr EnumNames<PolicyKind, 2> kPolicyKindNames({"fair", "goodput"});
+
+// Step 3' (PolicyKind::kGoodput). The defaults are the ones docs/SCHEDULING.md reports on the
+// measured workloads of tools/sched_sim.
+struct GoodputPolicyOptions {
+  // p of the power mean of the jobs' speedups the pass maximises; p < 1 (concave: a slot is worth
+  // less to a job the faster it already runs), p = 0 the weighted geometric mean (log), more
+  // negative is fairer (-1: harmonic). 0.5 leans toward throughput; the weights below carry the
+  // fairness between short and long jobs.
+  double fairness_power = 0.5;
+  // A job's weight is its priority times (1 + s / service_scale_s)^-service_power, floored at
+  // service_floor times its priority, where s is its attained service in trainer-seconds: jobs
+  // that have had little service (most are short) go first, as least-attained-service schedulers
+  // do, without a long job ever weighing less than the floor. service_power 0: priority only.
+  double service_power = 0.5;
+  double service_scale_s = 3600;
+  double service_floor = 0.25;
+  // A change of a running job is charged its re-form stall against the share of its life it has
+  // spent working: its goodput at any new size counts max(H - R, 0) / (H + reform_s), where
+  // H = max(its age since it started, min_horizon_s) and R the stalls its earlier changes cost. A
+  // young job, or one re-formed often, must gain more to be changed again.
+  double min_horizon_s = 300;
+  // A model is trusted up to this many times the most trainers it was measured at: a job grows
+  // past what it has run at in steps, so a model fitted on small sizes cannot send it far off.
+  double explore_factor = 4;
+  // A job without a model yet gets its fair share, but at most this many trainers (0: no bound):
+  // it is measured small and grows by its model, rather than starting spread thin.
+  int probe_trainers = 1;
+};
 
 struct ClusterPolicyOptions {
   // A job is resized by the policy at most once per this interval (the server's
@@ -92,6 +149,9 @@ struct ClusterPolicyOptions {
   // type declared by any node that ever joined is known too. A submission naming a type that is
   // not known is refused.
   std::set<std::string> known_types;
+  // Step 3 (fair share) or step 3' (goodput) for elastic jobs.
+  PolicyKind kind = PolicyKind::kFairShare;
+  GoodputPolicyOptions goodput;  // for kGoodput
 };
 
 struct PolicyNode {
@@ -128,6 +188,19 @@ struct PolicyJob {
   uint64_t seq = 0;  // submission order
   bool deadline_reported = false;
   std::string pending_code;  // the kind of pending_reason, so a repeat is not logged again
+  // The latest ReportGoodput; has_goodput false (and goodput ignored) until the job's model is
+  // fitted (measured_trainers > 0).
+  GoodputModel goodput;
+  bool has_goodput = false;
+  // G(n) for n = 0..max_trainers under `goodput` on nodes of curve_node_slots slots, -1 where
+  // not computed yet (a cache of the goodput pass; empty when stale).
+  std::vector<double> goodput_curve;
+  int curve_node_slots = 0;
+  // The re-form stalls its changes while running cost, by its reported reform_s at each.
+  double reform_paid_s = 0;
+  // Attained service: trainer-seconds held while running, up to service_at_us.
+  double service_trainer_s = 0;
+  int64_t service_at_us = -1;
 };
 
 struct PolicyEvent {
@@ -159,6 +232,15 @@ class ClusterPolicy {
   Status Finish(const std::string& name);  // the job's trainers completed
   Status Cancel(const std::string& name);  // a user stopped it (pending or running)
   void Tick();                             // time passed: rate limits expire, deadlines pass
+  // The job's goodput model, from its trainers' step times and gradient statistics: the input
+  // through which a live server will feed what its trainers report (FitThroughput on their step
+  // and all-reduce times, the noise scale from their gradient statistics, their re-form stall);
+  // tools/sched_sim feeds it from measured traces. Runs a pass when measured_trainers grows (see
+  // above), else none. InvalidArgument for a model out of range or whose batch limits contradict
+  // each other or the job's min_trainers (CheckGoodputModel), and nothing changes; NotFound for
+  // an unknown job. measured_trainers 0 withdraws the job's model. Not saved by the server's
+  // state (models come again from the trainers).
+  Status ReportGoodput(const std::string& name, const GoodputModel& model);
 
   // Takes the decision log since the last call, in order.
   std::vector<PolicyEvent> TakeEvents();
@@ -187,6 +269,9 @@ class ClusterPolicy {
   int running_jobs() const;
   // "job:n|job:n" over every job (pending ones at 0), by submission order: the monitor's column.
   std::string RunningTrainers() const;
+  // Under PolicyKind::kGoodput, how an elastic job is sized: by its goodput model, or by fair
+  // share while it has none (Summary's and `edl ctl status`'s "goodput"); "" otherwise.
+  std::string GoodputNote(const PolicyJob& job) const;
   nlohmann::json Summary() const;
   // Internal if any invariant above does not hold (the tests and the simulator check after every
   // input).
@@ -201,6 +286,7 @@ class ClusterPolicy {
   };
 
   void BeginPass();  // snapshot sizes; clear the pass's reservations and notes
+  void AccrueService();  // attained service up to now
   // Logs `kind` for job `name` (which must exist), frees its slots, forgets it and re-plans.
   void RemoveJob(const std::string& name, const char* kind, const char* reason);
   void RunPass();    // steps 1-4, deadlines, then one event per changed job
@@ -212,7 +298,35 @@ class ClusterPolicy {
   bool Acquire(PolicyJob* job, int need, bool may_reclaim, const std::string& why);
   int Reclaimable(const PolicyJob& victim, const PolicyJob& beneficiary) const;
   std::vector<PolicyJob*> VictimsFor(const PolicyJob& job);
+  // Steps 3, 3' and 4 (cluster_policy.cc; step 3' in cluster_policy_goodput.cc).
+  struct Flex {  // an elastic job step 3 may resize, and its tentative share
+    PolicyJob* job;
+    int lo, hi, tent = 0;
+    std::map<std::string, int> on;  // tentative placement
+  };
   void FairShare();
+  // The jobs the pass may resize, each at its lo, and what every node has left for them.
+  std::vector<Flex> FlexJobs(std::map<std::string, int>* capacity);
+  void MaxMinFill(std::vector<Flex>* flex, std::map<std::string, int>* capacity);
+  // Step 3': jobs with a model take the slots `capacity` has left, by goodput. Adds to `moves`
+  // the jobs that keep their size but gain enough from a more compact placement to pay a re-form.
+  void GoodputFill(std::vector<Flex>* flex, std::map<std::string, int>* capacity,
+                   std::set<const PolicyJob*>* moves);
+  // Step 4 under kGoodput: every flexible job whose size changes, that starts or that is in
+  // `moves` is placed anew, largest first, on the fewest nodes (a job that fits one node goes to
+  // the fullest node it fits, the one it has most trainers on first): a re-form moves its
+  // trainers anyway, and a compact job all-reduces faster. The others keep their placement.
+  void ApplyPacked(std::vector<Flex>* flex, const std::set<const PolicyJob*>& moves);
+  // G(n) under the job's model, 0 outside 0..max_trainers (cached in job->goodput_curve until
+  // the next ReportGoodput or change of nodes).
+  double CurveAt(PolicyJob* job, int n);
+  // Gives one more tentative slot to `f` on the best node `capacity` has for it; false if none.
+  bool TakeSlot(Flex* f, std::map<std::string, int>* capacity);
+  // Step 4 under kFairShare: shrinks, then growth where the fill put it.
+  void ApplyShares(std::vector<Flex>* flex);
+  // The end of step 4: slots left free go to jobs below their bound, except (`goodput`) to jobs
+  // the goodput fill sized: no slot raised their term.
+  void FillFreeSlots(std::vector<Flex>* flex, bool goodput);
   void PlaceOn(PolicyJob* job, const std::string& node, int k);
   void RemoveFrom(PolicyJob* job, const std::string& node, int k);
   void Grow(PolicyJob* job, int k, const std::string& why);

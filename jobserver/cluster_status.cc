@@ -63,6 +63,9 @@ json Cluster::LiveJobsJson() const {
               {"generation", m.current().generation},
               {"flags", job.spec.flags}};
     if (pj != nullptr && !pj->pending_reason.empty()) j["pending_reason"] = pj->pending_reason;
+    if (pj != nullptr) {
+      if (std::string note = policy_.GoodputNote(*pj); !note.empty()) j["goodput"] = note;
+    }
     live.push_back(std::move(j));
   }
   return live;

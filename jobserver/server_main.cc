@@ -37,6 +37,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
   std::string secret_file, node_ips, job_types, http_token_file;
   bool cluster = false;
   double min_change_s = 0;
+  std::string policy_kind = "fair";
   MembershipOptions job;
   int64_t max_pending = 0;
   int hb_ms = 5000, join_s = 60, stop_s = 300;
@@ -108,6 +109,11 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
        "cancelled")
       ("min_change_interval_s", po::value<double>(&min_change_s)->default_value(0, "0"),
        "--cluster: the policy resizes a job at most once per this many seconds (0: no limit)")
+      ("policy", po::value<std::string>(&policy_kind)->default_value("fair"),
+       "--cluster: how elastic jobs share the slots: fair (weighted max-min on trainer counts) or goodput "
+       "(each slot to the job whose goodput model it raises most, a job without a model by fair share; "
+       "docs/SCHEDULING.md). The server does not feed its trainers' reports to the models yet: until it "
+       "does, goodput sizes every job as fair does")
       // the read-only HTTP endpoint (jobserver/http_endpoint.h, docs/WATCHING.md)
       ("http_addr", po::value<std::string>(&o->http.addr),
        "HOST:PORT of the dashboard, /metrics (Prometheus) and /api/status, e.g. 127.0.0.1:8181 (unset: off; "
@@ -187,6 +193,12 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
     return Status::InvalidArgument("--job_checkpoint_root '" + root + "' is not an absolute path");
   }
   o->cluster.policy.min_change_interval_us = static_cast<int64_t>(min_change_s * 1e6);
+  if (!kPolicyKindNames.Parse(policy_kind, &o->cluster.policy.kind)) {
+    return Status::InvalidArgument("--policy '" + policy_kind + "': give " + kPolicyKindNames.List("'"));
+  }
+  // No trainer report reaches ClusterPolicy::ReportGoodput yet, so no job would ever leave the
+  // probe size: jobs without a model get their whole fair share instead.
+  o->cluster.policy.goodput.probe_trainers = 0;
   job.job_id = o->id;
   o->cluster.job_defaults = job;
   if (!cluster) o->cluster.one_job = job;

@@ -462,7 +462,8 @@ TEST_F(ClusterPolicyTest, DeadlineOrdersAdmissionAndIsLoggedWhenItPasses) {
 // Many random inputs; after each one the invariants hold, and the decision log obeys the policy.
 void RandomRun(uint64_t seed, ClusterPolicyOptions o, int steps) {
   SCOPED_TRACE("seed " + std::to_string(seed) + " preempt " + std::to_string(o.preempt) +
-               " interval " + std::to_string(o.min_change_interval_us));
+               " interval " + std::to_string(o.min_change_interval_us) + " policy " +
+               kPolicyKindNames.Name(o.kind));
   ManualClock clock;
   o.known_types = {"a", "b", "c"};
   ClusterPolicy p(o, &clock);
@@ -473,7 +474,7 @@ void RandomRun(uint64_t seed, ClusterPolicyOptions o, int steps) {
   int next_node = 0, next_job = 0;
   std::map<std::string, int64_t> last_change;  // job -> time of its last size change
   std::map<std::string, JobSubmission> specs;
-  int starts = 0, finishes = 0, preempt_shrinks = 0, requeues = 0;
+  int starts = 0, finishes = 0, preempt_shrinks = 0, requeues = 0, reports = 0;
   for (int step = 0; step < steps; ++step) {
     const int what = uni(0, 99);
     std::vector<std::string> live;
@@ -514,6 +515,34 @@ void RandomRun(uint64_t seed, ClusterPolicyOptions o, int steps) {
       const JobSubmission& s = specs[j];
       const Status st = p.Scale(j, uni(s.min_trainers, s.max_trainers));
       ASSERT_EQ(st.ok(), s.elastic) << st.ToString();
+    } else if (o.kind == PolicyKind::kGoodput && what < 80 && !live.empty()) {
+      // A model from the job's trainers: random scaling, now and then out of range or with
+      // limits that contradict each other (refused, and nothing changes).
+      const std::string& j = live[uni(0, static_cast<int>(live.size()) - 1)];
+      GoodputModel m;
+      m.throughput.grad_fixed_s = uni(1, 100) * 1e-3;
+      m.throughput.grad_per_sample_s = uni(0, 100) * 1e-5;
+      m.throughput.intra_fixed_s = uni(0, 100) * 1e-3;
+      m.throughput.intra_per_trainer_s = uni(0, 10) * 1e-3;
+      m.throughput.inter_fixed_s = uni(0, 1000) * 1e-3;
+      m.throughput.inter_per_trainer_s = uni(0, 100) * 1e-3;
+      m.throughput.overlap = 1 + uni(0, 9);
+      m.noise_scale = uni(0, 3) == 0 ? 0 : uni(1, 100000);
+      m.batch = {uni(1, 64), 0, uni(1, 16), 0};
+      m.batch.max_batch = m.batch.base_batch * uni(1, 64);
+      m.batch.max_local = m.batch.min_local * uni(1, 32);
+      m.measured_trainers = uni(0, 8);
+      m.reform_s = uni(0, 60);
+      if (uni(0, 9) == 0) m.batch.max_local = 0;       // contradicts min_local
+      if (uni(0, 19) == 0) m.throughput.overlap = 20;  // out of range
+      const bool had = p.Find(j)->has_goodput;
+      const Status st = p.ReportGoodput(j, m);
+      if (!st.ok()) {
+        ASSERT_EQ(st.code(), Status::Code::kInvalidArgument) << st.ToString();
+        ASSERT_EQ(p.Find(j)->has_goodput, had) << "a refused model changed the job";
+      } else {
+        ++reports;
+      }
     } else {
       clock.Advance(uni(0, 30) * kSec);
       p.Tick();
@@ -534,7 +563,7 @@ void RandomRun(uint64_t seed, ClusterPolicyOptions o, int steps) {
         ++starts;
         ASSERT_GE(e.to, s.min_trainers) << "gang start below min: " << e.job;
         last_change[e.job] = now;
-      } else if (e.kind == "grow" || e.kind == "shrink") {
+      } else if (e.kind == "grow" || e.kind == "shrink" || e.kind == "move") {
         if (!s.elastic) {
           ASSERT_TRUE(forced) << "restart-mode job resized: " << e.reason;
         }
@@ -558,8 +587,10 @@ void RandomRun(uint64_t seed, ClusterPolicyOptions o, int steps) {
       }
     }
     // With no pending job and no rate limit, no slot that an elastic job below its cap could use
-    // stays free (grow back when slots free).
-    if (o.min_change_interval_us == 0 && p.pending_jobs() == 0) {
+    // stays free (grow back when slots free). Not under kGoodput, where a slot that raises no
+    // job's goodput stays free and a job without a model runs at the probe size.
+    if (o.kind == PolicyKind::kFairShare && o.min_change_interval_us == 0 &&
+        p.pending_jobs() == 0) {
       for (const auto& [name, j] : p.jobs()) {
         if (!j.spec.elastic || j.size >= std::min(j.cap, j.spec.max_trainers)) continue;
         ASSERT_EQ(p.FreeSlots(j.spec.type), 0)
@@ -573,9 +604,14 @@ void RandomRun(uint64_t seed, ClusterPolicyOptions o, int steps) {
   // The run exercised what it checks.
   EXPECT_GT(starts, 50);
   EXPECT_GT(finishes, 50);
-  EXPECT_GT(requeues, 0);
-  if (o.preempt) {
-    EXPECT_GT(preempt_shrinks, 0);
+  if (o.kind == PolicyKind::kFairShare) {  // the goodput policy leaves jobs smaller: less of both
+    EXPECT_GT(requeues, 0);
+    if (o.preempt) {
+      EXPECT_GT(preempt_shrinks, 0);
+    }
+  }
+  if (o.kind == PolicyKind::kGoodput) {
+    EXPECT_GT(reports, 100);
   }
 }
 
@@ -586,6 +622,24 @@ TEST(ClusterPolicyRandomTest, InvariantsHoldUnderRandomEvents) {
         ClusterPolicyOptions o;
         o.preempt = preempt;
         o.min_change_interval_us = interval;
+        RandomRun(seed, o, 3000);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
+// The same under the goodput policy, with random goodput models reported as it runs; a job
+// without a model gets its whole fair share in half of the runs, the probe size in the others.
+TEST(ClusterPolicyRandomTest, InvariantsHoldUnderRandomEventsWithTheGoodputPolicy) {
+  for (uint64_t seed : {4, 5, 6}) {
+    for (bool preempt : {true, false}) {
+      for (int64_t interval : {int64_t{0}, 20 * kSec}) {
+        ClusterPolicyOptions o;
+        o.kind = PolicyKind::kGoodput;
+        o.preempt = preempt;
+        o.min_change_interval_us = interval;
+        o.goodput.probe_trainers = seed % 2 == 0 ? 0 : 1;
         RandomRun(seed, o, 3000);
         if (HasFatalFailure()) return;
       }
