@@ -4,7 +4,7 @@
 # with jobs whose progress follows measured step times and statistical efficiency
 # (build/edl_sched_replay; tools/sched_sim/replay.h, data in tools/sched_sim/data/pollux), under:
 #   goodput_edl  EDL's cluster policy, --policy goodput, re-forms costing EDL's measured stall
-#                (1.22 steps to grow or move, 0.93 to shrink: README, bench/rescale.sh)
+#                (1.22 steps to grow or move, 0.93 to shrink: docs/BENCHMARKS.md, bench/rescale.sh)
 #   goodput_30s  the same policy, each reallocation costing 30 s (the study's restart cost)
 #   tiresias     two-queue discretised least-attained-service at the users' GPUs and batch (the
 #                replay's fidelity check against the study's published Tiresias results)
