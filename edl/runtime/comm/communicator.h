@@ -125,6 +125,16 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions
 // Only where edl/config.h says EDL_HAVE_NCCL; returns FailedPrecondition otherwise.
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommOptions& options);
 
+// The network interface that holds address `ip` on this host ("" when none does, or `ip` is not
+// an IP literal).
+std::string InterfaceOfAddress(const std::string& ip);
+// NCCL's socket transport picks an interface by its own guess, and a wrong guess shows only as
+// init timeouts; the trainer knows the address it advertises (CommOptions::host). Unless the
+// user set NCCL_SOCKET_IFNAME, it is set to "=<the interface holding `host`>" (an exact match)
+// for this process, before NCCL's first init reads it. Returns the value NCCL will use ("" when
+// neither the user nor `host` names one: NCCL's own guess). CreateNcclCommunicator calls it.
+std::string DefaultNcclSocketIfname(const std::string& host);
+
 // The NCCL_VERSION_CODE of the NCCL library the CUDA plugin runs with (ncclGetVersion: 22809 for
 // 2.28.9), or 0 when there is no plugin with NCCL.
 int NcclRuntimeVersion();

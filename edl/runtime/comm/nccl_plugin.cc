@@ -4,6 +4,17 @@
 // plugin, or with one built without NCCL, the answer is FailedPrecondition naming what is missing
 // and the fix (NcclRuntimeVersion: 0).
 #include "edl/runtime/comm/communicator.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <glog/logging.h>
+
 #include "edl/runtime/cuda_plugin.h"
 
 namespace edl::runtime {
@@ -30,7 +41,44 @@ StatusOr<F*> NcclEntry(const char* name, int64_t generation) {
 
 }  // namespace
 
+std::string InterfaceOfAddress(const std::string& ip) {
+  in_addr v4{};
+  in6_addr v6{};
+  const bool is4 = inet_pton(AF_INET, ip.c_str(), &v4) == 1;
+  const bool is6 = !is4 && inet_pton(AF_INET6, ip.c_str(), &v6) == 1;
+  if (!is4 && !is6) return "";
+  ifaddrs* all = nullptr;
+  if (getifaddrs(&all) != 0) return "";
+  std::string name;
+  for (ifaddrs* a = all; a != nullptr && name.empty(); a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_name == nullptr) continue;
+    if (is4 && a->ifa_addr->sa_family == AF_INET &&
+        std::memcmp(&reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, &v4, sizeof(v4)) == 0) {
+      name = a->ifa_name;
+    } else if (is6 && a->ifa_addr->sa_family == AF_INET6 &&
+               std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, &v6, sizeof(v6)) == 0) {
+      name = a->ifa_name;
+    }
+  }
+  freeifaddrs(all);
+  return name;
+}
+
+std::string DefaultNcclSocketIfname(const std::string& host) {
+  static std::mutex mu;  // one setenv, before any NCCL init of this process reads the variable
+  std::lock_guard<std::mutex> lock(mu);
+  if (const char* set = std::getenv("NCCL_SOCKET_IFNAME"); set != nullptr && *set != '\0') return set;
+  const std::string iface = InterfaceOfAddress(host);
+  if (iface.empty()) return "";
+  const std::string value = "=" + iface;
+  ::setenv("NCCL_SOCKET_IFNAME", value.c_str(), /*overwrite=*/0);
+  LOG(INFO) << "NCCL_SOCKET_IFNAME=" << value << ": the interface of this trainer's address " << host
+            << " (set NCCL_SOCKET_IFNAME to choose another)";
+  return value;
+}
+
 StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(const CommOptions& options) {
+  (void)DefaultNcclSocketIfname(options.host);
   using Entry = void(const CommOptions*, Made*);
   auto fn = NcclEntry<Entry>("edl_cuda_new_nccl_communicator_v1", options.generation);
   if (!fn.ok()) return fn.status();

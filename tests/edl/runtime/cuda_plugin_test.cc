@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "edl/config.h"
+#include "edl/runtime/comm/communicator.h"
 #include "edl/runtime/cuda_plugin.h"
 #include "edl/runtime/elastic_trainer.h"
 #include "tests/testutil.h"
@@ -74,6 +75,30 @@ TEST(CudaPluginTest, BuiltPluginLoadsNextToLibedlAndHasItsEntryPoints) {
   EXPECT_EQ(CudaPluginSymbol("no_such_entry").status().code(), Status::Code::kNotFound);
 }
 #endif
+
+// NCCL's socket transport uses the interface of the address the trainer advertises, unless the
+// user chose one: never NCCL's own guess when the trainer knows better.
+TEST(CommSelectionTest, NcclSocketIfnameIsTheAdvertisedAddresssInterfaceUnlessSet) {
+  EXPECT_EQ(InterfaceOfAddress("127.0.0.1"), "lo");
+  EXPECT_EQ(InterfaceOfAddress("::1"), "lo");
+  EXPECT_EQ(InterfaceOfAddress("192.0.2.77"), "") << "an address of no interface here (TEST-NET-1)";
+  EXPECT_EQ(InterfaceOfAddress("not-an-ip"), "");
+  const char* before = std::getenv("NCCL_SOCKET_IFNAME");
+  const std::string saved = before != nullptr ? before : "";
+  ::unsetenv("NCCL_SOCKET_IFNAME");
+  EXPECT_EQ(DefaultNcclSocketIfname("192.0.2.77"), "") << "no interface: NCCL guesses";
+  EXPECT_EQ(std::getenv("NCCL_SOCKET_IFNAME"), nullptr);
+  EXPECT_EQ(DefaultNcclSocketIfname("127.0.0.1"), "=lo");
+  EXPECT_STREQ(std::getenv("NCCL_SOCKET_IFNAME"), "=lo");
+  ::setenv("NCCL_SOCKET_IFNAME", "eth", 1);  // the user's choice stands
+  EXPECT_EQ(DefaultNcclSocketIfname("127.0.0.1"), "eth");
+  EXPECT_STREQ(std::getenv("NCCL_SOCKET_IFNAME"), "eth");
+  if (saved.empty()) {
+    ::unsetenv("NCCL_SOCKET_IFNAME");
+  } else {
+    ::setenv("NCCL_SOCKET_IFNAME", saved.c_str(), 1);
+  }
+}
 
 TEST(CommSelectionTest, AutoPicksNcclOnlyForDeviceTensorsWithNccl) {
   EXPECT_EQ(SelectCommBackend("auto", /*on_device=*/true, /*nccl=*/true).value(), "nccl");
