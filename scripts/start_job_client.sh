@@ -168,6 +168,15 @@ wait_joined() {
       rm -f "$PIDFILE"
       edl_die "edl client ($NODE_NAME) exited before it joined the server at $SERVER: $(edl_last_error "$LOGFILE") (log $LOGFILE)"
     fi
+    # A name another connected client holds is refused until that client goes: no join timeout's
+    # worth of waiting changes that, so it is said at once.
+    if [ -f "$LOGFILE" ] && grep -q "node name '$NODE_NAME' belongs to another client (connected from" "$LOGFILE"; then
+      why="$(grep -o "belongs to another client (connected from [^)]*)" "$LOGFILE" | tail -n 1)"
+      if [ "$started" = 1 ]; then
+        edl_stop "edl client ($NODE_NAME)" "$PIDFILE" "${EDL_STOP_TIMEOUT_S:-$((STOP_GRACE_S + 20))}" >/dev/null 2>&1
+      fi
+      edl_die "the server at $SERVER refuses node name $NODE_NAME: it ${why:-belongs to another client}; give this client its own name (EDL_NODE_NAME, or name= in the hosts file) or stop the other one (log $LOGFILE)$([ "$started" = 1 ] && echo "; this client was stopped again")"
+    fi
     if out="$(timeout 15 "$EDL_BIN" ctl --server "$SERVER" --secret_file "$EDL_SECRET_FILE" status --json 2>&1)"; then
       state="$(printf '%s\n' "$out" | edl_node_state "$NODE_NAME")"
       out=""
