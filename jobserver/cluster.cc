@@ -5,7 +5,7 @@
 #include <glog/logging.h>
 
 #include "edl/proto/frame.h"
-#include "jobserver/events.h"
+#include "jobserver/events/events.h"
 
 namespace edl::jobserver {
 

@@ -41,11 +41,11 @@
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
 #include "edl/proto/trainer_events.h"
-#include "jobserver/cluster_policy.h"
-#include "jobserver/cluster_state.h"
-#include "jobserver/events.h"
+#include "jobserver/policy/cluster_policy.h"
+#include "jobserver/state/cluster_state.h"
+#include "jobserver/events/events.h"
 #include "jobserver/job_membership.h"
-#include "jobserver/job_spec.h"
+#include "jobserver/policy/job_spec.h"
 #include "jobserver/node_registry.h"
 
 namespace edl::jobserver {
@@ -181,7 +181,7 @@ class Cluster {
   // (reporting 0 for no such job).
   events::Progress ProgressOf(const std::string& job) const;
 
-  // ---- durable state (jobserver/STATE.md)
+  // ---- durable state (jobserver/state/STATE.md)
   // Everything a restarted server needs to resume every job, the nodes with their tokens.
   void Snapshot(ClusterState* s) const;
   // Resumes a saved cluster on a fresh Cluster: its nodes known but disconnected (one heartbeat

@@ -17,8 +17,6 @@ events::Progress Cluster::ProgressOf(const std::string& job) const {
   const proto::GenerationInfo& g = it->second.membership->current();
   const std::map<std::string, proto::ProgressReport>& reports = it->second.progress;
   p.generation = g.generation;
-  // A finished job trains no more: no world, no images/s (its last reports are history).
-  if (it->second.membership->done()) return p;
   p.world_size = g.world_size();
   for (const proto::MemberInfo& m : g.members) {
     auto r = reports.find(m.trainer_id);
@@ -27,10 +25,16 @@ events::Progress Cluster::ProgressOf(const std::string& job) const {
     p.step = std::max(p.step, r->second.step);
     p.epoch = std::max(p.epoch, r->second.epoch);
     p.images_per_sec += r->second.images_per_sec;
+    p.samples = std::max(p.samples, r->second.samples);
     if (m.rank == 0) {
       p.loss = r->second.loss;
       p.accuracy = r->second.accuracy;
     }
+  }
+  // A finished job trains no more: no world, no images/s; its step, samples and accuracy stand.
+  if (it->second.membership->done()) {
+    p.world_size = 0;
+    p.images_per_sec = 0;
   }
   return p;
 }
@@ -40,7 +44,7 @@ json Cluster::ProgressSummary(const std::string& job) const {
   const events::Progress p = ProgressOf(job);
   return {{"reporting", p.reporting}, {"step", p.step},
           {"epoch", p.epoch},         {"loss", p.loss},
-          {"images_per_sec", p.images_per_sec}, {"accuracy", p.accuracy}};
+          {"images_per_sec", p.images_per_sec}, {"accuracy", p.accuracy}, {"samples", p.samples}};
 }
 
 json Cluster::LiveJobsJson() const {
@@ -120,6 +124,7 @@ json Cluster::StatusJson() const {
     j["epoch"] = p.epoch;
     j["loss"] = p.loss;
     j["accuracy"] = p.accuracy;
+    j["samples"] = p.samples;
     AddHealth(job, &j);
     if (job.failures_alike >= kFailingAfter) j["state"] = "failing";  // AddHealth's "failing"
     total_ips += p.images_per_sec;

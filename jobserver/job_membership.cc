@@ -7,7 +7,7 @@
 
 #include <glog/logging.h>
 
-#include "jobserver/events.h"
+#include "jobserver/events/events.h"
 
 namespace edl::jobserver {
 
@@ -760,7 +760,7 @@ json JobMembership::Summary() const {
 }
 
 
-// ---- durable state (jobserver/STATE.md)
+// ---- durable state (jobserver/state/STATE.md)
 
 int64_t JobMembership::max_generation() const {
   return std::max({generation_floor_, current_.generation, pending_.active ? pending_.generation : 0});

@@ -14,7 +14,7 @@
 //  - a slot holds at most one member or pending joiner, and only a slot of the allocation.
 //  - generation numbers grow by one per commit; a pending generation is current+1. After a
 //    Restore they continue above every number the previous server issued (max_generation()), so
-//    a restarted server never reuses one (jobserver/STATE.md).
+//    a restarted server never reuses one (jobserver/state/STATE.md).
 //  - a trainer this job placed on a node and then removed (shrunk, failed, killed) is "leaving"
 //    until its node reports its exit or is lost: its node may still report about it.
 //
@@ -37,7 +37,7 @@
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
 #include "edl/proto/messages.h"
-#include "jobserver/job_state.h"
+#include "jobserver/state/job_state.h"
 
 namespace edl::jobserver {
 
@@ -160,7 +160,7 @@ class JobMembership {
   // no survivor re-forms in between (their exits then count as expected). After the failure
   // backoff the job restarts from scratch: the trainers cold-start from the latest checkpoint.
   void KillAllTrainers();
-  // Stops the whole job as one decision (jobserver/STATE.md "Stopping a job"): a change being
+  // Stops the whole job as one decision (jobserver/state/STATE.md "Stopping a job"): a change being
   // prepared is rolled back and one generation with no members, reason "stop", is committed, so
   // every trainer leaves in place at a step they agree on (rank 0 saves a final checkpoint first)
   // and no failure is recorded; nothing grows or shrinks afterwards. The members still running go
@@ -174,7 +174,7 @@ class JobMembership {
   // Takes the actions produced since the last call, in order.
   std::vector<Action> TakeActions();
 
-  // ---- durable state (jobserver/STATE.md)
+  // ---- durable state (jobserver/state/STATE.md)
   // The job-level fields of `*s` (its nodes are the cluster's; the scaling fields the server's).
   void Snapshot(JobState* s) const;
   // Resumes a job saved by an earlier server on its saved allocation (`grants`; the nodes not

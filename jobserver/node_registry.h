@@ -25,8 +25,8 @@
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
 #include "edl/proto/messages.h"
-#include "jobserver/cluster_state.h"
-#include "jobserver/job_spec.h"
+#include "jobserver/state/cluster_state.h"
+#include "jobserver/policy/job_spec.h"
 
 namespace edl::jobserver {
 
@@ -78,7 +78,7 @@ class NodeRegistry {
   std::vector<std::string> InOrder() const;
   int64_t heartbeat_timeout_us() const { return heartbeat_timeout_us_; }
 
-  // ---- durable state (jobserver/STATE.md "Keys")
+  // ---- durable state (jobserver/state/STATE.md "Keys")
   void Snapshot(std::map<std::string, ClusterNodeState>* out) const;
   // Known but disconnected, each with one heartbeat timeout of grace on top of the usual one
   // (clients reconnect with backoff). Corruption naming the node when a stored one breaks a rule.

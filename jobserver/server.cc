@@ -16,8 +16,8 @@
 #include "edl/proto/frame.h"
 #include "edl/proto/frames.h"
 #include "edl/proto/messages.h"
-#include "jobserver/etcd_state.h"
-#include "jobserver/events.h"
+#include "jobserver/state/etcd_state.h"
+#include "jobserver/events/events.h"
 #include "jobserver/server_peer.h"
 
 namespace edl::jobserver {

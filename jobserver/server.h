@@ -35,13 +35,13 @@
 #include "edl/proto/messages.h"
 #include "edl/proto/service_messages.h"
 #include "jobserver/cluster.h"
-#include "jobserver/events_log.h"
-#include "jobserver/http_endpoint.h"
-#include "jobserver/job_state.h"
+#include "jobserver/events/events_log.h"
+#include "jobserver/http/http_endpoint.h"
+#include "jobserver/state/job_state.h"
 #include "jobserver/kv_store.h"
-#include "jobserver/scaling.h"
-#include "jobserver/service_placement.h"
-#include "jobserver/service_registry.h"
+#include "jobserver/policy/scaling.h"
+#include "jobserver/services/service_placement.h"
+#include "jobserver/services/service_registry.h"
 
 namespace edl::jobserver {
 
@@ -54,7 +54,7 @@ struct ServerOptions {
   // key, and the name of a one-job server's job.
   std::string id = "edl-job";
   std::string events_dir = "./edl-events";
-  // The durable state (jobserver/STATE.md); empty: kept in memory only (a restarted server
+  // The durable state (jobserver/state/STATE.md); empty: kept in memory only (a restarted server
   // starts anew).
   std::string state_dir;
   // The same state in etcd instead ("etcd://HOST:PORT[,...]"; STATE.md "Backends"), with leader
@@ -89,7 +89,7 @@ struct ServerOptions {
   // Trainer events per client connection: bursts of event_burst, then events_per_second.
   double event_burst = 1000;
   double events_per_second = 100;
-  HttpOptions http;  // --http_addr (jobserver/http_endpoint.h); addr "": off
+  HttpOptions http;  // --http_addr (jobserver/http/http_endpoint.h); addr "": off
 };
 
 class Server {

@@ -4,7 +4,7 @@
 
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
-#include "jobserver/events.h"
+#include "jobserver/events/events.h"
 #include "jobserver/server.h"
 #include "jobserver/server_peer.h"
 

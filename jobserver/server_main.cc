@@ -10,7 +10,7 @@
 
 #include "edl/base/flags.h"
 #include "edl/net/auth.h"
-#include "jobserver/etcd_client.h"
+#include "jobserver/state/etcd_client.h"
 #include "jobserver/server.h"
 
 namespace edl::jobserver {
@@ -77,17 +77,17 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
       ("ctl_max_queue_bytes", po::value<int64_t>(&ctl_queue)->default_value(o->max_ctl_queue_bytes), "an `edl ctl` (watch) peer with more unread bytes queued is dropped")
       ("events_dir", po::value<std::string>(&o->events_dir)->default_value("./edl-events"), "directory of the events log")
       ("state_dir", po::value<std::string>(&o->state_dir),
-       "directory of the job's durable state (RocksDB, see jobserver/STATE.md): a restarted server resumes "
+       "directory of the job's durable state (RocksDB, see jobserver/state/STATE.md): a restarted server resumes "
        "the job and its running trainers from it (with --cluster: every submitted job; created when missing; "
        "empty: state in memory only)")
       ("state_store", po::value<std::string>(&o->state_store),
        "etcd://HOST:PORT[,HOST:PORT...]: keep the job's state in etcd (v3) instead of --state_dir, with "
        "leader election: several servers of one job (each with its own --server_port) run, one leads, the "
-       "others wait as standbys without listening and take over when the leader's lease ends (jobserver/STATE.md)")
+       "others wait as standbys without listening and take over when the leader's lease ends (jobserver/state/STATE.md)")
       ("standby", po::bool_switch(&o->standby),
        "--state_dir: when another server holds the directory, wait as its standby (not listening) and take "
        "over the moment that process ends, on the same --server_port (same host, or a shared filesystem "
-       "whose POSIX locks work; jobserver/STATE.md); without it such a start fails")
+       "whose POSIX locks work; jobserver/state/STATE.md); without it such a start fails")
       ("lease_ttl_s", po::value<int64_t>(&o->lease_ttl_s)->default_value(5),
        "--state_store: TTL of the leader's etcd lease in seconds; a standby takes over within twice this, a "
        "leader that cannot renew it within this stops")
@@ -114,7 +114,7 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
        "(each slot to the job whose goodput model it raises most, a job without a model by fair share; "
        "docs/SCHEDULING.md). The server does not feed its trainers' reports to the models yet: until it "
        "does, goodput sizes every job as fair does")
-      // the read-only HTTP endpoint (jobserver/http_endpoint.h, docs/WATCHING.md)
+      // the read-only HTTP endpoint (jobserver/http/http_endpoint.h, docs/WATCHING.md)
       ("http_addr", po::value<std::string>(&o->http.addr),
        "HOST:PORT of the dashboard, /metrics (Prometheus) and /api/status, e.g. 127.0.0.1:8181 (unset: off; "
        "a non-loopback HOST needs --http_token_file)")

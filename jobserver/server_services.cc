@@ -1,5 +1,5 @@
 // The server's side of teacher services run by clients (docs/DISTILLATION.md "Teachers run by the
-// clients"): placing the teachers jobserver/service_placement.h decides on, the clients'
+// clients"): placing the teachers jobserver/services/service_placement.h decides on, the clients'
 // teacher_exit reports, and the services' part of `edl ctl status`.
 #include <glog/logging.h>
 

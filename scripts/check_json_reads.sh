@@ -20,7 +20,7 @@ cd "$root"
 # The decoders: the only files that read JSON field by field. edl/proto: the wire's messages;
 # state_value.h and *_state.cc: the server's stored state; job_spec.cc: a submitted job's spec;
 # etcd_client.cc: etcd's replies; checkpoint_store.cc: a checkpoint's metadata.
-decoders='^(edl/proto/[a-z_]+\.(cc|h)|jobserver/state_value\.h|jobserver/(cluster|job|service)_state\.cc|jobserver/job_spec\.cc|jobserver/etcd_client\.cc|edl/ckpt/checkpoint_store\.cc)$'
+decoders='^(edl/proto/[a-z_]+\.(cc|h)|jobserver/state/[a-z_]+\.(cc|h)|jobserver/policy/job_spec\.cc|edl/ckpt/checkpoint_store\.cc|tools/sched_sim/workload\.cc)$'
 
 files=()
 if [ $# -gt 0 ]; then

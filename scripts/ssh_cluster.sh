@@ -8,7 +8,7 @@
 # last error line), and stops again what it started: nothing of a failed start is left running.
 # Resume after a stop or a crash: run `start` again (clients reconnect; the server resumes the job
 # from its state directory, $EDL_RUN_DIR/state on the server host, and adopts the trainers they
-# report; after a stop the trainers start again from the latest checkpoint; jobserver/STATE.md).
+# report; after a stop the trainers start again from the latest checkpoint; jobserver/state/STATE.md).
 # `stop` stops the whole job as one decision (one stop generation, a final checkpoint by rank 0,
 # no failures); it exits 1 when that checkpoint failed or was refused, and when a host does not
 # answer (naming the nodes that may still run; `stop` can be run again).

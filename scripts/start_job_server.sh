@@ -20,7 +20,7 @@
 # stop the job (it is then stopped alone). --abort stops the server process alone (SIGTERM,
 # then SIGKILL): no stop generation, no final checkpoint (it undoes a start that failed).
 # Resume: run it again. The job's state (generation, trainer ids, desired size, scaling-script
-# position; jobserver/STATE.md) is kept in $EDL_RUN_DIR/state, synced before every change is sent,
+# position; jobserver/state/STATE.md) is kept in $EDL_RUN_DIR/state, synced before every change is sent,
 # so a restarted server resumes the job: clients reconnect with backoff and report their running
 # trainers, the server adopts the survivors of the stored generation (they keep training, nothing
 # restarts) and numbers every later generation above the ones it issued. A damaged state directory

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "edl/base/clock.h"
-#include "jobserver/cluster_policy.h"
+#include "jobserver/policy/cluster_policy.h"
 
 namespace edl::schedsim {
 namespace {

@@ -1,5 +1,5 @@
 // The one reader of hostile JSON objects: the message codecs (messages.cc, service_messages.cc,
-// trainer_events.cc), the job server's stored state (jobserver/state_value.h) and `edl ctl`'s
+// trainer_events.cc), the job server's stored state (jobserver/state/state_value.h) and `edl ctl`'s
 // reading of replies (FieldOf, NumOr, BoolOr, StrOr below, for their free-form bodies). A
 // Fields reader checks one object's fields in turn (presence, type, range, length, name and host
 // characters); the first error sticks and is Corruption naming the subject ("message 'hello'",

@@ -4,7 +4,12 @@
 // its node's client after its trainer_hello). Each reads the frame's type, decodes that message
 // with its own decoder (messages.h, service_messages.h) and return it as the variant's
 // alternative, which the receiver visits (std::visit with edl::Overloaded, edl/base/enum_names.h).
-// This is the one place a received type name is matched to its message.
+// These are where the server's and a node client's connections match a received type name to
+// its message. Exchanges of one or two message types match them where they read (proto::TypeOf,
+// frame.h): the handshakes (edl/net/handshake.cc), a trainer's side of its channel
+// (edl/net/trainer_channel.cc), a spare's first frame (jobclient), `edl ctl`'s reply, and the
+// teachers' connections (jobserver/services/service_registry.cc, edl/runtime/teacher_client.cc,
+// teacher/teacher_server.cc).
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -825,6 +825,7 @@ void Progress::EncodeTo(json* j) const {
         {"images_per_sec", report.images_per_sec},
         {"world_size", report.world_size},
         {"accuracy", report.accuracy}};
+  if (report.samples >= 0) (*j)["samples"] = report.samples;
 }
 Status Progress::DecodeFrom(const json& j) {
   Progress p;
@@ -836,7 +837,8 @@ Status Progress::DecodeFrom(const json& j) {
       .Num("loss", &p.report.loss)
       .Num("images_per_sec", &p.report.images_per_sec)
       .Int("world_size", &p.report.world_size, 0, kMaxListItems)
-      .Num("accuracy", &p.report.accuracy, /*required=*/false);
+      .Num("accuracy", &p.report.accuracy, /*required=*/false)
+      .Int("samples", &p.report.samples, 0, kMaxI64, /*required=*/false);
   if (!f.ok()) return f.status();
   *this = std::move(p);
   return Status::OK();

@@ -351,6 +351,9 @@ struct ProgressReport {
   double loss = 0, images_per_sec = 0;
   int world_size = 0;
   double accuracy = -1;
+  // The job's samples committed through `step`, each counted once (epochs * data set + the
+  // epoch's cursor): what `rate()` of a counter needs; -1: not reported (an older trainer).
+  int64_t samples = -1;
 };
 
 struct Progress : Message<Progress> {
@@ -398,7 +401,7 @@ struct CtlRequest : Message<CtlRequest> {
   int64_t n = 0;        // scale only
   std::string job;      // scale, cancel: the job (cluster mode; scale: empty for the single job)
   std::string service;  // scale: the distillation service whose teachers are scaled (not a job)
-  nlohmann::json spec;  // submit: the job (jobserver/job_spec.h decodes it)
+  nlohmann::json spec;  // submit: the job (jobserver/policy/job_spec.h decodes it)
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

@@ -107,6 +107,7 @@ class ChannelMembership : public MembershipSource, public ServiceFeed {
     r.images_per_sec = p.images_per_sec;
     r.world_size = p.world_size;
     r.accuracy = p.accuracy;
+    r.samples = p.samples;
     return channel_->ReportProgress(r);
   }
   Status ReportEvent(const nlohmann::json& event) override { return channel_->ReportEvent(event); }

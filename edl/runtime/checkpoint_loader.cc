@@ -91,7 +91,7 @@ Status CheckpointLoader::Finish(Trainable* trainable, const TrainingState& state
 std::vector<nlohmann::json> CheckpointLoader::TakeEvents() {
   std::vector<nlohmann::json> out;
   const int64_t done = checkpointer_.saves_completed();
-  if (done != saves_reported_) {  // the server counts them (jobserver/metrics.h)
+  if (done != saves_reported_) {  // the server counts them (jobserver/http/metrics.h)
     out.push_back({{"event", "checkpoint_saved"}, {"ok", true}, {"saves", done - saves_reported_},
                    {"seconds", checkpointer_.last_snapshot_seconds() + checkpointer_.last_write_seconds()}});
     saves_reported_ = done;

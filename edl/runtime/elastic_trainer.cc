@@ -701,6 +701,7 @@ Status ElasticTrainer::Impl::ReportStep(const StepResult& r) {
     p.loss = last_loss_;
     p.world_size = gen_.world_size();
     p.accuracy = accuracy_;
+    p.samples = state_.position.epoch * plan_.num_samples() + state_.position.cursor;
     const double secs = MicrosToSeconds(now - progress_t0_us_);
     p.images_per_sec = secs > 0 ? progress_samples_ / secs : 0;
     progress_t0_us_ = now;

@@ -71,7 +71,7 @@ class StateLoader {
   }
   // Records for the job's events log (each a trainer event's payload with its "event" name) of
   // what happened since the last call: saves that finished ("checkpoint_saved", counted by the
-  // server's metrics: jobserver/metrics.h) and saves the checkpoint fence refused or that failed
+  // server's metrics: jobserver/http/metrics.h) and saves the checkpoint fence refused or that failed
   // ("checkpoint_failed"). Called on rank 0 after AfterStep and Finish; the trainer adds the
   // generation, the step (when the record has none), trainer and pid.
   virtual std::vector<nlohmann::json> TakeEvents() { return {}; }

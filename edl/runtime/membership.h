@@ -46,6 +46,7 @@ struct ProgressInfo {
   double loss = 0, images_per_sec = 0;
   int world_size = 0;
   double accuracy = -1;  // -1: not evaluated
+  int64_t samples = -1;  // the job's samples committed through `step` (proto::ProgressReport)
 };
 
 // The member lists of a distillation service, relayed by the trainer's node client (PROTOCOL.md,

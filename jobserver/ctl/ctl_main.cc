@@ -1,4 +1,4 @@
-#include "jobserver/ctl_main.h"
+#include "jobserver/ctl/ctl_main.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -15,7 +15,7 @@
 #include "edl/proto/fields.h"
 #include "edl/proto/frame.h"
 #include "edl/proto/messages.h"
-#include "jobserver/job_spec.h"
+#include "jobserver/policy/job_spec.h"
 
 namespace edl::jobserver {
 namespace {

@@ -1,4 +1,4 @@
-#include "jobserver/events.h"
+#include "jobserver/events/events.h"
 
 #include "edl/proto/frame.h"
 
@@ -39,7 +39,7 @@ json StopComplete::ToJson() const {
 json Submitted::ToJson() const { return {{"type", NameOf(kType)}, {"spec", EncodeJobSpec(spec)}}; }
 
 json Progress::ToJson() const {
-  return {{"type", NameOf(kType)},
+  json j = {{"type", NameOf(kType)},
           {"reporting", reporting},
           {"step", step},
           {"epoch", epoch},
@@ -48,6 +48,8 @@ json Progress::ToJson() const {
           {"accuracy", accuracy},
           {"generation", generation},
           {"world_size", world_size}};
+  if (samples >= 0) j["samples"] = samples;  // reported by the trainers (not by older ones)
+  return j;
 }
 
 json TrainerEvent::ToJson() const {

@@ -18,8 +18,8 @@
 
 #include "edl/base/enum_names.h"
 #include "edl/proto/messages.h"
-#include "jobserver/cluster_policy.h"
-#include "jobserver/job_spec.h"
+#include "jobserver/policy/cluster_policy.h"
+#include "jobserver/policy/job_spec.h"
 
 namespace edl::jobserver::events {
 
@@ -156,6 +156,7 @@ struct Progress {
   double loss = 0;              // rank 0's
   double images_per_sec = 0;    // the sum
   double accuracy = -1;         // rank 0's; -1: not reported
+  int64_t samples = -1;         // the job's samples committed (the highest report); -1: none
   int64_t generation = 0;
   int world_size = 0;
   nlohmann::json ToJson() const;

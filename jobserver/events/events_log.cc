@@ -1,4 +1,4 @@
-#include "jobserver/events_log.h"
+#include "jobserver/events/events_log.h"
 
 #include <cerrno>
 #include <cstring>

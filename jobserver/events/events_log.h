@@ -2,7 +2,7 @@
 // generation change (reason, world size before/after, stall), node and trainer events, records
 // trainers send through ReportEvent, "progress" (at most one a second) and "finished". Each record gets "time" (Unix seconds) and
 // "job". A plot can be made from the file directly. An EventsObserver, when given, sees every
-// record appended (the metrics and dashboard of `edl server --http_addr`, jobserver/metrics.h).
+// record appended (the metrics and dashboard of `edl server --http_addr`, jobserver/http/metrics.h).
 //
 // Thread-safety: none; used from the server's io_context thread.
 #pragma once

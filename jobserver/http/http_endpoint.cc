@@ -1,4 +1,4 @@
-#include "jobserver/http_endpoint.h"
+#include "jobserver/http/http_endpoint.h"
 
 #include <array>
 #include <cstdio>
@@ -18,7 +18,7 @@
 
 namespace edl::jobserver {
 
-// jobserver/dashboard/index.html, embedded at build time (cmake/embed_file.cmake).
+// jobserver/http/dashboard/index.html, embedded at build time (cmake/embed_file.cmake).
 extern const unsigned char kDashboardHtml[];
 extern const size_t kDashboardHtmlBytes;
 

@@ -1,7 +1,7 @@
 // HttpEndpoint: `edl server --http_addr HOST:PORT`, the read-only window onto the cluster
 // (docs/WATCHING.md, "The dashboard and the HTTP endpoint"), on Boost.Beast in the server's own
 // io_context:
-//   /             the dashboard (one page embedded in the binary: jobserver/dashboard/index.html)
+//   /             the dashboard (one page embedded in the binary: jobserver/http/dashboard/index.html)
 //   /metrics      Prometheus text (ServerMetrics::Render of the status body)
 //   /api/status   the status body, as `edl ctl status --json` prints it
 //   /api/events?job=J&since=N   the job's recent timeline records (ServerMetrics::Recent)
@@ -31,8 +31,8 @@
 #include <nlohmann/json.hpp>
 
 #include "edl/base/status.h"
-#include "jobserver/http_request.h"
-#include "jobserver/metrics.h"
+#include "jobserver/http/http_request.h"
+#include "jobserver/http/metrics.h"
 
 namespace edl::jobserver {
 

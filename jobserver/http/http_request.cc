@@ -1,4 +1,4 @@
-#include "jobserver/http_request.h"
+#include "jobserver/http/http_request.h"
 
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http/error.hpp>

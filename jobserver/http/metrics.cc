@@ -1,11 +1,11 @@
-#include "jobserver/metrics.h"
+#include "jobserver/http/metrics.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "edl/proto/fields.h"
-#include "jobserver/events.h"
+#include "jobserver/events/events.h"
 
 namespace edl::jobserver {
 
@@ -105,6 +105,7 @@ struct JobView {
   bool reports = false;  // trainers report progress: images/s, step, epoch and loss mean something
   double ips = 0, step = 0, epoch = 0, loss = 0;
   double accuracy = -1;  // rank 0's last test accuracy (0..1); -1: none evaluated yet
+  double samples = -1;   // the job's samples committed; -1: not reported
   bool rescale_pending = false;
 };
 
@@ -115,6 +116,7 @@ void ReadProgress(const json& p, JobView* v) {
   v->epoch = NumOr(p, "epoch");
   v->loss = NumOr(p, "loss");
   v->accuracy = NumOr(p, "accuracy", -1);
+  v->samples = NumOr(p, "samples", -1);
 }
 
 std::vector<JobView> JobsOf(const json& status) {
@@ -395,6 +397,17 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
       if (!g.needs_reports || j.reports)
         Sample(g.name, Label("job_name", j.name), j.*(g.field), out);
     }
+  }
+  // Counters for rate(): the job's committed steps and samples, each counted once whatever re-forms
+  // happened (a job resumed from an older checkpoint counts from there: a counter reset).
+  Family("edl_job_steps_total", "counter", "Optimizer steps the job committed.", out);
+  for (const JobView& j : jobs) {
+    if (j.samples >= 0) Sample("edl_job_steps_total", Label("job_name", j.name), j.step, out);
+  }
+  Family("edl_job_samples_total", "counter",
+         "Training samples the job committed (epochs times the data set, plus the epoch's cursor).", out);
+  for (const JobView& j : jobs) {
+    if (j.samples >= 0) Sample("edl_job_samples_total", Label("job_name", j.name), j.samples, out);
   }
   Family("edl_job_test_accuracy", "gauge", "Test accuracy (0..1) of rank 0's last evaluation.", out);
   for (const JobView& j : jobs) {

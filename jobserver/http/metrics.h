@@ -1,4 +1,4 @@
-// ServerMetrics: what `edl server --http_addr` serves about the cluster (jobserver/http_endpoint.h)
+// ServerMetrics: what `edl server --http_addr` serves about the cluster (jobserver/http/http_endpoint.h)
 // beyond the status body `edl ctl status --json` prints: counters the server feeds as things
 // happen, and the Prometheus text exposition of both.
 //
@@ -30,7 +30,7 @@
 
 #include "edl/base/clock.h"
 #include "edl/proto/messages.h"
-#include "jobserver/events_log.h"
+#include "jobserver/events/events_log.h"
 
 namespace edl::jobserver {
 

@@ -1,4 +1,4 @@
-#include "jobserver/cluster_policy.h"
+#include "jobserver/policy/cluster_policy.h"
 
 #include <algorithm>
 #include <queue>

@@ -1,5 +1,5 @@
 // ClusterPolicy: how one server shares one pool of nodes among many jobs (docs/ARCHITECTURE.md,
-// "Many jobs: the cluster policy"). It is pure like the per-job Scheduler (scheduler.h): no
+// "Many jobs: the cluster policy"). It is pure like a job's JobMembership (job_membership.h): no
 // sockets, no threads, no wall clock (time comes from an injected Clock), so every decision can be
 // unit-tested with a ManualClock and replayed by the trace simulator (tools/sched_sim.h).
 //
@@ -89,7 +89,7 @@
 #include "edl/base/clock.h"
 #include "edl/base/enum_names.h"
 #include "edl/base/status.h"
-#include "jobserver/goodput_model.h"
+#include "jobserver/policy/goodput_model.h"
 
 namespace edl::jobserver {
 
@@ -248,7 +248,7 @@ class ClusterPolicy {
   // would resize, a deadline); -1 when nothing is waiting on time.
   int64_t NextWakeupMicros() const;
 
-  // ---- durable state (jobserver/STATE.md, "A cluster server")
+  // ---- durable state (jobserver/state/STATE.md, "A cluster server")
   // Resumes a policy saved by an earlier server, without a pass: `nodes` in their join order;
   // `jobs` with spec, state, placement, cap and seq (size and times are recomputed: a running job
   // counts as changed now, so the rate limit starts over). Corruption, and nothing kept, when they

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <set>
 
-#include "jobserver/cluster_policy.h"
+#include "jobserver/policy/cluster_policy.h"
 
 namespace edl::jobserver {
 

@@ -1,5 +1,5 @@
 // The cluster policy's step 5 (cluster_policy.h): the capacity left to distillation teachers.
-#include "jobserver/cluster_policy.h"
+#include "jobserver/policy/cluster_policy.h"
 
 namespace edl::jobserver {
 

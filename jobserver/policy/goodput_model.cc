@@ -1,4 +1,4 @@
-#include "jobserver/goodput_model.h"
+#include "jobserver/policy/goodput_model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -24,7 +24,7 @@
 
 #include "edl/base/status.h"
 #include "edl/proto/messages.h"
-#include "jobserver/cluster_policy.h"
+#include "jobserver/policy/cluster_policy.h"
 
 namespace edl::jobserver {
 

@@ -1,4 +1,4 @@
-#include "jobserver/scaling.h"
+#include "jobserver/policy/scaling.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,7 +1,7 @@
 // Scaling sources that change the job's desired size over time: a scaling script of timed events
 // and the PaddlePaddle EDL demo's periodic remove-then-add policy. Both are pure: Poll(elapsed)
 // returns the events that fell due since the last call, and the server applies them to the
-// Scheduler. Times are measured from the job's first generation, on a clock that the server
+// job (Cluster::SetDesired). Times are measured from the job's first generation, on a clock that the server
 // pauses while a grow is being prepared (joiners loading): an event never cuts a join short.
 //
 // Script format (one event per line, '#' starts a comment; see config/*.script):
@@ -68,7 +68,7 @@ class ScalingScript {
   // restarted server learns it again from the next reports). Only ever raises the step.
   void ObserveStep(int64_t step) { step_ = std::max(step_, step); }
   const std::vector<ScaleEvent>& events() const { return events_; }
-  // Where Poll stands, to resume it in a restarted server (jobserver/STATE.md): the next event's
+  // Where Poll stands, to resume it in a restarted server (jobserver/state/STATE.md): the next event's
   // index and the shift of the current repetition. Resume clamps an index past the end.
   uint64_t position() const { return next_; }
   int64_t offset_us() const { return offset_us_; }

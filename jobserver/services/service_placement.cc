@@ -1,4 +1,4 @@
-#include "jobserver/service_placement.h"
+#include "jobserver/services/service_placement.h"
 
 #include <algorithm>
 #include <limits>

@@ -12,7 +12,7 @@
 // tested without a network. Teacher names are `<node>-t<seq>`, seq growing over the server's life
 // (and across restarts: the counter is kept).
 //
-// Durable part (jobserver/STATE.md, "Keys": `services`): the desired counts, the replacement
+// Durable part (jobserver/state/STATE.md, "Keys": `services`): the desired counts, the replacement
 // counts, the name counter and the placed teachers. A restarted server (or a standby taking over)
 // restores them: each restored teacher counts as placed while its node has not re-attached (for
 // a grace period), so a node that reconnects first does not get extra teachers started in place

@@ -1,4 +1,4 @@
-#include "jobserver/service_registry.h"
+#include "jobserver/services/service_registry.h"
 
 #include <glog/logging.h>
 

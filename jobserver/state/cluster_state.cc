@@ -1,11 +1,11 @@
-// Layout and encoding: jobserver/STATE.md, "A cluster server".
-#include "jobserver/cluster_state.h"
+// Layout and encoding: jobserver/state/STATE.md, "A cluster server".
+#include "jobserver/state/cluster_state.h"
 
 #include <set>
 
 #include <nlohmann/json.hpp>
 
-#include "jobserver/state_value.h"
+#include "jobserver/state/state_value.h"
 
 namespace edl::jobserver {
 

@@ -1,5 +1,5 @@
-// The cluster server's durable state (`edl server --cluster --state_dir DIR`; jobserver/STATE.md,
-// "A cluster server"): every submitted job (its spec, its placement, its Scheduler's JobState), the
+// The cluster server's durable state (`edl server --cluster --state_dir DIR`; jobserver/state/STATE.md,
+// "A cluster server"): every submitted job (its spec, its placement, its JobMembership's JobState), the
 // cluster's nodes with the job types they offered, and the jobs that ended. ClusterState is a
 // plain value; the encoding (JSON with a format version, validated on decode as hostile bytes) and
 // the key layout live here, apart from the single-job layout of job_state.h, whose value encodings
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "edl/base/status.h"
-#include "jobserver/job_spec.h"
-#include "jobserver/job_state.h"
+#include "jobserver/policy/job_spec.h"
+#include "jobserver/state/job_state.h"
 
 namespace edl::jobserver {
 

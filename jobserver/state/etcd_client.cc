@@ -1,6 +1,6 @@
 // etcd's JSON gateway: the v3 API's protobuf messages as JSON (int64 fields as decimal strings,
-// bytes fields base64, fields with default values left out). See jobserver/STATE.md "Backends".
-#include "jobserver/etcd_client.h"
+// bytes fields base64, fields with default values left out). See jobserver/state/STATE.md "Backends".
+#include "jobserver/state/etcd_client.h"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>

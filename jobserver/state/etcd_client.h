@@ -1,4 +1,4 @@
-// EtcdClient: the few etcd v3 calls `edl server --state_store etcd://...` needs (jobserver/STATE.md,
+// EtcdClient: the few etcd v3 calls `edl server --state_store etcd://...` needs (jobserver/state/STATE.md,
 // "Backends"), through etcd's own JSON gateway (HTTP POST /v3/kv/range, /v3/kv/txn,
 // /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke; keys and values base64) over
 // Boost.Beast. Every call has a deadline and a bounded reply; replies are parsed as hostile bytes

@@ -1,4 +1,4 @@
-#include "jobserver/etcd_state.h"
+#include "jobserver/state/etcd_state.h"
 
 #include <algorithm>
 #include <atomic>

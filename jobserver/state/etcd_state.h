@@ -1,4 +1,4 @@
-// The job's state in etcd, with leader election (jobserver/STATE.md "Backends" and "Standby
+// The job's state in etcd, with leader election (jobserver/state/STATE.md "Backends" and "Standby
 // servers"): `edl server --state_store etcd://...` keeps the same keys and values as the RocksDB
 // backend in etcd, and several servers of one job elect one leader through an etcd lease.
 //
@@ -19,8 +19,8 @@
 #include <string>
 
 #include "edl/base/status.h"
-#include "jobserver/etcd_client.h"
-#include "jobserver/job_state.h"
+#include "jobserver/state/etcd_client.h"
+#include "jobserver/state/job_state.h"
 
 namespace edl::jobserver {
 

@@ -1,5 +1,5 @@
-// Layout and encoding: jobserver/STATE.md.
-#include "jobserver/job_state.h"
+// Layout and encoding: jobserver/state/STATE.md.
+#include "jobserver/state/job_state.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
 
-#include "jobserver/state_value.h"
+#include "jobserver/state/state_value.h"
 
 namespace edl::jobserver {
 

@@ -1,10 +1,10 @@
-// The job server's durable state (jobserver/STATE.md): what `edl server` keeps under --state_dir so
+// The job server's durable state (jobserver/state/STATE.md): what `edl server` keeps under --state_dir so
 // that a restarted server resumes the running jobs instead of starting anew. JobState (one job's
 // membership) and NodeState (one node) are plain values with an encoding (JSON with a format
 // version, validated on decode as hostile bytes); the layout of a whole server's state is
 // cluster_state.h's. StateStore keeps the keys in a StateBackend, each save one atomic, durable
 // write: an embedded RocksDB under --state_dir (the default) or etcd (--state_store etcd://...,
-// jobserver/etcd_state.h; STATE.md "Backends").
+// jobserver/state/etcd_state.h; STATE.md "Backends").
 //
 // Thread-safety: StateStore is not thread-safe (the server uses it from its io_context thread).
 #pragma once
@@ -17,7 +17,7 @@
 
 #include "edl/base/status.h"
 #include "edl/proto/messages.h"
-#include "jobserver/service_placement.h"
+#include "jobserver/services/service_placement.h"
 
 namespace edl::jobserver {
 

@@ -1,4 +1,4 @@
-// The stored value of a server's services (jobserver/STATE.md, "Keys": `services`): desired and
+// The stored value of a server's services (jobserver/state/STATE.md, "Keys": `services`): desired and
 // replacement counts, the teacher-name counter and the placed teachers.
 #include <set>
 
@@ -6,8 +6,8 @@
 
 #include "edl/proto/messages.h"
 #include "edl/proto/service_messages.h"
-#include "jobserver/service_placement.h"
-#include "jobserver/state_value.h"
+#include "jobserver/services/service_placement.h"
+#include "jobserver/state/state_value.h"
 
 namespace edl::jobserver {
 

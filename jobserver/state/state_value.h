@@ -1,4 +1,4 @@
-// Reading one stored state value (jobserver/STATE.md "Values"): the bytes are hostile, so a value
+// Reading one stored state value (jobserver/state/STATE.md "Values"): the bytes are hostile, so a value
 // is parsed with a size bound and a format-version check, and every field is read through the
 // typed, range-checked reader of edl/proto/fields.h, failing with Corruption naming the key, the
 // field and the fix. Shared by the value encodings (job_state.cc, service_state.cc) and the
@@ -12,7 +12,7 @@
 
 #include "edl/base/status.h"
 #include "edl/proto/fields.h"
-#include "jobserver/job_state.h"
+#include "jobserver/state/job_state.h"
 
 namespace edl::jobserver::state_value {
 

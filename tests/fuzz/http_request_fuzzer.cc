@@ -1,4 +1,4 @@
-// The request head of `edl server --http_addr` (jobserver/http_request.h): arbitrary bytes as an
+// The request head of `edl server --http_addr` (jobserver/http/http_request.h): arbitrary bytes as an
 // unauthenticated peer sends them, whole and split in two as they may arrive on a socket; and, for
 // inputs that are JSON, an events-log record fed to ServerMetrics (a trainer event's fields come
 // from a node) and the Prometheus text rendered from it. Whatever the bytes: a refusal or a head
@@ -8,8 +8,8 @@
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http/error.hpp>
 
-#include "jobserver/http_request.h"
-#include "jobserver/metrics.h"
+#include "jobserver/http/http_request.h"
+#include "jobserver/http/metrics.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

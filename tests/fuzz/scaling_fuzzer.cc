@@ -1,4 +1,4 @@
-// Scaling-script parser (jobserver/scaling.h): a script file as an operator wrote it. Parse returns a
+// Scaling-script parser (jobserver/policy/scaling.h): a script file as an operator wrote it. Parse returns a
 // Status whatever the text; an accepted script's events are in time order, and polling it returns
 // due events only, in order, never a `repeat`, and stays bounded while it repeats; step lines fire
 // only once their step was observed, each line at most once. A `teachers` event names a valid
@@ -9,7 +9,7 @@
 
 #include "edl/proto/messages.h"
 #include "edl/proto/service_messages.h"
-#include "jobserver/scaling.h"
+#include "jobserver/policy/scaling.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

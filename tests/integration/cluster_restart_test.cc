@@ -1,4 +1,4 @@
-// A cluster server survives its own death (jobserver/STATE.md, "A cluster server"): a real
+// A cluster server survives its own death (jobserver/state/STATE.md, "A cluster server"): a real
 // `edl server --cluster --state_dir` with two submitted jobs on two real `edl client`s (stand-in
 // trainers) is SIGKILLed and started again on the same --state_dir and port. Both jobs are listed
 // again, their trainers keep their pids, no generation is made by the restart, and the next change
@@ -201,7 +201,7 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
 // every job on it re-forms without its trainers (a failure generation; the other node's trainers
 // keep their pids). After SIGCONT the client re-attaches: the node is new to the cluster, so the
 // trainers it still runs are in no live generation and are killed (`stale_trainers`), and the job
-// grows back onto the node with new trainers (jobserver/STATE.md, "Resuming").
+// grows back onto the node with new trainers (jobserver/state/STATE.md, "Resuming").
 TEST_F(ClusterRestartTest, ANodeLostAndReattachedHasItsStaleTrainersKilledAndIsUsedAgain) {
   std::unique_ptr<Proc> c1, c2;
   StartServerAndTwoNodes(&c1, &c2);

@@ -404,9 +404,13 @@ TEST_F(DistillTest, ClusterServerScalesServicesBesideJobs) {
   EXPECT_NE(Slurp(dir_.Join("ctl.log")).find("service kd: desired 1, placed 1 (n1-t1)"), std::string::npos)
       << Slurp(dir_.Join("ctl.log"));
   EXPECT_NE(Ctl({"scale", "--service", "nosuch", "1"}), 0);
-  const std::string err = Slurp(dir_.Join("ctl.log"));
-  EXPECT_NE(err.find("no live job named nosuch"), std::string::npos) << err;
-  EXPECT_NE(err.find("--service nosuch"), std::string::npos) << err;
+  std::string err = Slurp(dir_.Join("ctl.log"));
+  EXPECT_NE(err.find("no client offers a service 'nosuch'"), std::string::npos) << err;
+  EXPECT_NE(err.find("--service nosuch ="), std::string::npos) << err;
+  // A bare name does not say what it names: refused with both forms, nothing sent.
+  EXPECT_EQ(Ctl({"scale", "kd", "1"}), 2);
+  err = Slurp(dir_.Join("ctl.log"));
+  EXPECT_NE(err.find("`edl ctl scale --service kd 1`"), std::string::npos) << err;
   ASSERT_EQ(Ctl({"scale", "--service", "kd", "0"}), 0) << Slurp(dir_.Join("ctl.log"));
   EXPECT_TRUE(WaitFor([&] { return TeacherPids(secret_).empty() && ListedTeachers().empty(); }, milliseconds(60000)))
       << Diagnostics();

@@ -35,6 +35,9 @@ using nlohmann::json;
 using std::chrono::milliseconds;
 
 constexpr const char* kFashionDir = "/usr/share/datasets/fashion-mnist";
+// A bound on a whole job's run, not an expectation of its time: the 20-epoch jobs take 2-4 min on
+// 2 idle cores and 4 min under load; a machine 2x slower under load still finishes within this.
+constexpr std::chrono::milliseconds kFinishWait{600000};
 constexpr int64_t kSamples = 1024;
 
 using itest::Proc;
@@ -259,7 +262,7 @@ class ElasticTrainingTest : public ::testing::Test {
         << Diagnostics();
     const int assigned = CountInClientLogs(" is spare ");
     ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
-    ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+    ASSERT_TRUE(WaitFor([&] { return Finished(); }, kFinishWait)) << Diagnostics();
     EXPECT_EQ(CountInClientLogs(" is spare "), assigned + 1) << "the kill's replacement was a warm spare";
     // Which ran its warm-up before it was needed: the joiner skipped its own.
     int skipped = 0;
@@ -412,7 +415,7 @@ TEST_F(ElasticTrainingTest, ImageFolderScaleAndKillKeepsDataExact) {
   c2->Stop();
 }
 
-// jobserver/STATE.md: the server SIGKILLed and restarted on its --state_dir between changes. The
+// jobserver/state/STATE.md: the server SIGKILLed and restarted on its --state_dir between changes. The
 // trainers train on while it is away (and save checkpoints); the restarted server adopts them
 // (no new generation, no trainer restarted); the next change re-forms them with a hot joiner;
 // every epoch's data is consumed exactly once and the saves keep landing after the restart.
@@ -454,7 +457,7 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
   ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
   const int64_t g2 = WaitForFormedGeneration(3, g1);
   ASSERT_EQ(g2, g1 + 1) << "the restart itself must not make a generation" << Diagnostics();
-  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, kFinishWait)) << Diagnostics();
 
   for (const json& g : Generations()) EXPECT_FALSE(g.value("failure", false)) << g.dump() << Diagnostics();
   EXPECT_TRUE(TrainerEvents("cold_start").empty()) << "no trainer restarted" << Diagnostics();
@@ -608,7 +611,7 @@ TEST_F(ElasticTrainingTest, AHostSpareOnGpuSlotsLoadsItsDataAheadAndItsTrainerTr
   const std::vector<pid_t> members = PidsOf(g1);
   ASSERT_EQ(members.size(), 2u);
   ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
-  ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(240000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return Finished(); }, kFinishWait)) << Diagnostics();
   EXPECT_EQ(CountInClientLogs(" is spare "), 1) << "the kill's replacement was the host spare";
   EXPECT_EQ(CountInTrainerLogs("on the data the spare loaded before its assignment"), 1) << Diagnostics();
   ExpectIdenticalStateAfterEveryReform();

@@ -1,4 +1,4 @@
-// The job survives its server (jobserver/STATE.md): real `edl server` processes SIGKILLed and
+// The job survives its server (jobserver/state/STATE.md): real `edl server` processes SIGKILLed and
 // started again on the same --state_dir and port, real `edl client`s with stand-in trainers.
 //  - between changes: the trainers keep their pids, the stored generation is adopted without a
 //    new one, and the next change is numbered above every earlier one with a fresh trainer id;

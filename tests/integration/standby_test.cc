@@ -1,4 +1,4 @@
-// A standby takes over (jobserver/STATE.md "Standby servers"): a real etcd started by the test, two
+// A standby takes over (jobserver/state/STATE.md "Standby servers"): a real etcd started by the test, two
 // real `edl server --state_store etcd://...` on one job, two `edl client`s with stand-in trainers
 // and `edl ctl` given both servers.
 //  - one server leads and listens, the other waits without listening;
@@ -23,8 +23,8 @@
 
 #include <gtest/gtest.h>
 
-#include "jobserver/etcd_client.h"
-#include "jobserver/etcd_state.h"
+#include "jobserver/state/etcd_client.h"
+#include "jobserver/state/etcd_state.h"
 #include "tests/integration/control_plane_harness.h"
 
 namespace edl {

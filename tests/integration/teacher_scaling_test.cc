@@ -1,5 +1,5 @@
 // Teacher counts that survive the server and that the scaling script drives (docs/DISTILLATION.md,
-// "Teachers run by the clients"; jobserver/STATE.md, "Keys": services), with a real `edl server`,
+// "Teachers run by the clients"; jobserver/state/STATE.md, "Keys": services), with a real `edl server`,
 // real `edl client`s running stand-in trainers, and a stand-in teacher command (a shell script that
 // records its pid and name, then runs until stopped or until its client is gone):
 //  - a service scaled to 2 over two clients; the server is SIGKILLed and started again on the same

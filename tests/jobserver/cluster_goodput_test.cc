@@ -4,7 +4,7 @@
 #include <map>
 #include <memory>
 
-#include "jobserver/cluster_policy.h"
+#include "jobserver/policy/cluster_policy.h"
 #include "tests/testutil.h"
 
 namespace edl::jobserver {

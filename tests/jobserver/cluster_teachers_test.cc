@@ -7,8 +7,8 @@
 
 #include <gtest/gtest.h>
 
-#include "jobserver/cluster_policy.h"
-#include "jobserver/service_placement.h"
+#include "jobserver/policy/cluster_policy.h"
+#include "jobserver/services/service_placement.h"
 #include "tests/testutil.h"
 
 namespace edl::jobserver {

@@ -1,7 +1,7 @@
 // Cluster: the policy's decisions carried out by one JobMembership per job, with a ManualClock and no
 // processes (the integration test runs the same scenario with real trainers).
 #include "jobserver/cluster.h"
-#include "jobserver/cluster_state.h"
+#include "jobserver/state/cluster_state.h"
 
 #include <gtest/gtest.h>
 
@@ -264,7 +264,7 @@ TEST_F(ClusterTest, ScaleCapsAJobWithinItsBounds) {
   EXPECT_TRUE(cluster_->Scale("Z", 1).IsNotFound());
 }
 
-// A restarted cluster server (jobserver/STATE.md, "A cluster server"): the whole cluster saved
+// A restarted cluster server (jobserver/state/STATE.md, "A cluster server"): the whole cluster saved
 // through a real RocksDB StateStore, restored into a new Cluster; as the nodes re-attach with their
 // trainers every job goes on without a new generation, and the next change is numbered above.
 TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {

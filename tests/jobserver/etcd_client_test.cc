@@ -1,6 +1,6 @@
-// etcd's JSON gateway replies parsed as hostile bytes (jobserver/etcd_client.h): wrong types,
+// etcd's JSON gateway replies parsed as hostile bytes (jobserver/state/etcd_client.h): wrong types,
 // bad base64, numbers out of range, too deep, too big, the gateway's error form.
-#include "jobserver/etcd_client.h"
+#include "jobserver/state/etcd_client.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // The events-log records: each struct writes the line the log has always held (field names and
 // JSON types: scripts, plots, the metrics and many tests read them), and the type names' table.
-#include "jobserver/events.h"
+#include "jobserver/events/events.h"
 
 #include <set>
 

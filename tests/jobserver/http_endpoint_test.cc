@@ -1,8 +1,8 @@
-// HttpEndpoint (jobserver/http_endpoint.h) on a real socket, its io_context on its own thread as
+// HttpEndpoint (jobserver/http/http_endpoint.h) on a real socket, its io_context on its own thread as
 // in `edl server`: the routes, and hostile requests (oversize, too many fields, a body, slowloris,
 // path traversal, a foreign Host, a missing or wrong token, a connection flood) each get a 4xx or
 // a closed connection while the endpoint keeps answering honest clients.
-#include "jobserver/http_endpoint.h"
+#include "jobserver/http/http_endpoint.h"
 
 #include <sys/socket.h>
 

@@ -1,4 +1,4 @@
-#include "jobserver/job_spec.h"
+#include "jobserver/policy/job_spec.h"
 
 #include <gtest/gtest.h>
 

@@ -1,9 +1,9 @@
-// The server's durable state (jobserver/STATE.md): value encodings (round trip, version
+// The server's durable state (jobserver/state/STATE.md): value encodings (round trip, version
 // mismatch, truncation, hostile fields), the one layout through real RocksDB (round trip across
 // reopen, a damaged value or directory refused, the old one-job layout read once and rewritten, a
 // newer layout refused), and a one-job server resuming from a snapshot (numbers above every issued
 // one, survivors adopted without a new generation, a rolled-back joiner killed).
-#include "jobserver/job_state.h"
+#include "jobserver/state/job_state.h"
 
 #include <filesystem>
 #include <fstream>
@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <rocksdb/db.h>
 
-#include "jobserver/cluster_state.h"
+#include "jobserver/state/cluster_state.h"
 #include "tests/jobserver/one_job_cluster.h"
 #include "tests/testutil.h"
 

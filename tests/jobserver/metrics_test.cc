@@ -1,8 +1,8 @@
-// ServerMetrics (jobserver/metrics.h) and the request-head parser (jobserver/http_request.h),
+// ServerMetrics (jobserver/http/metrics.h) and the request-head parser (jobserver/http/http_request.h),
 // without sockets: what a status body and a stream of events-log records become in Prometheus
 // text (checked by Debian's promtool where installed), the bounds on what records can make it
 // hold, the dashboard's ring, and what the parser accepts and refuses.
-#include "jobserver/metrics.h"
+#include "jobserver/http/metrics.h"
 
 #include <cstdio>
 #include <fstream>
@@ -10,7 +10,7 @@
 
 #include <gtest/gtest.h>
 
-#include "jobserver/http_request.h"
+#include "jobserver/http/http_request.h"
 #include "tests/integration/process_util.h"
 #include "tests/testutil.h"
 
@@ -193,6 +193,36 @@ TEST(MetricsTest, AStallIsItsCostWithItsPhasesApart) {
   EXPECT_NEAR(recs[0]["cost_s"].get<double>(), 0.1, 1e-9);
   EXPECT_EQ(recs[0]["eval_s"], 9.6);
   EXPECT_EQ(recs[0]["generation"], 4);
+}
+
+// Counters a rate() can be taken of: the job's committed steps and samples; and the accuracy.
+TEST(MetricsTest, StepsAndSamplesAreCountersAndAccuracyAGauge) {
+  ManualClock clock;
+  ServerMetrics m(&clock);
+  const json status = {{"job_id", "j"},
+                       {"world_size", 2},
+                       {"desired", 2},
+                       {"generation", 3},
+                       {"progress",
+                        {{"reporting", 2},
+                         {"step", 120},
+                         {"epoch", 1},
+                         {"loss", 0.5},
+                         {"images_per_sec", 100.0},
+                         {"accuracy", 0.875},
+                         {"samples", 7680}}}};
+  const std::string t = m.Render(status);
+  EXPECT_TRUE(Has(t, "# TYPE edl_job_samples_total counter")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_samples_total{job_name=\"j\"} 7680")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_steps_total{job_name=\"j\"} 120")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_test_accuracy{job_name=\"j\"} 0.875")) << t;
+  // A finished job runs no trainers; an older trainer's reports (no samples) make no counter.
+  json done = status;
+  done["done"] = true;
+  done["progress"].erase("samples");
+  const std::string d = m.Render(done);
+  EXPECT_TRUE(Has(d, "edl_job_trainers{job_name=\"j\"} 0")) << d;
+  EXPECT_EQ(d.find("edl_job_samples_total{"), std::string::npos) << d;
 }
 
 TEST(MetricsTest, WhatRecordsCanMakeItHoldIsBounded) {

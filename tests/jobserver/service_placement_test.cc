@@ -1,11 +1,11 @@
-// ServicePlacer (jobserver/service_placement.h) without a network: `scale SERVICE N` places N
+// ServicePlacer (jobserver/services/service_placement.h) without a network: `scale SERVICE N` places N
 // teachers on the nodes offering the service within their teacher slots, spread over the nodes;
 // shrinking stops the newest; a teacher that ends or whose node is lost is replaced, a quickly
 // failing one after a growing hold; a reconnecting node's teachers are adopted; an unknown
 // service is an error naming what is offered. A restarted server's placer keeps the desired
 // counts and waits for the restored teachers' nodes instead of starting extra ones; the stored
 // value is decoded as hostile bytes. Also the teacher order messages' decoder.
-#include "jobserver/service_placement.h"
+#include "jobserver/services/service_placement.h"
 
 #include <functional>
 #include <set>

@@ -1,8 +1,8 @@
-// ServiceRegistry (jobserver/service_registry.h) without a network: teachers join and leave,
+// ServiceRegistry (jobserver/services/service_registry.h) without a network: teachers join and leave,
 // watchers get the whole member list after their welcome and after every change, a re-registered
 // teacher replaces its old connection, stats reach the summary, bad messages and limits are
 // errors naming the problem.
-#include "jobserver/service_registry.h"
+#include "jobserver/services/service_registry.h"
 
 #include <map>
 #include <vector>

@@ -49,6 +49,7 @@ class ScriptsTest : public testing::Test {
         "  printf '{\\n  \"done\": false,\\n  \"nodes\": [\\n'; sep=''\n"
         "  for f in \"$EDL_RUN_DIR\"/client-*.pid; do\n"
         "    [ -f \"$f\" ] || continue; n=${f##*/client-}; n=${n%.pid}\n"
+        "    [ -f \"$EDL_RUN_DIR/refused-$n\" ] && continue\n"
         "    printf '%s    {\\n      \"connected\": true,\\n      \"name\": \"%s\",\\n      \"used\": 0\\n    }' \"$sep\" \"$n\"\n"
         "    sep=',\n'\n"
         "  done\n"
@@ -57,6 +58,8 @@ class ScriptsTest : public testing::Test {
         "{ echo --; for a in \"$@\"; do echo \"$a\"; done; } >> \"$FAKE_EDL_ARGS\"\n"
         "if [ \"$1\" = ctl ]; then kill \"$(cat \"$EDL_RUN_DIR/server.pid\")\"; exit 0; fi\n"
         "env > \"$FAKE_EDL_ARGS.env.$1.${EDL_NODE_NAME:-}\"\n"
+        // FAKE_EDL_SAY: a line the stand-in logs (as a refused client would), and it stays unlisted.
+        "if [ -n \"${FAKE_EDL_SAY:-}\" ]; then echo \"$FAKE_EDL_SAY\" >&2; touch \"$EDL_RUN_DIR/refused-$EDL_NODE_NAME\"; fi\n"
         "exec sleep 1000\n");
     // Stand-in ssh: drops -o options; runs the command in bash with HOME=$FAKE_REMOTE/<host> and,
     // like ssh, none of the caller's environment beyond PATH.
@@ -360,6 +363,23 @@ TEST_F(ScriptsTest, AnUnusableRunDirOrSocketDirIsNamedBeforeAnythingStarts) {
   EXPECT_FALSE(ProcessAlive(pid));
 }
 
+// A node name another connected client holds is refused by the server until that client goes: the
+// script says so at once and stops the client it started, instead of waiting out the join timeout.
+TEST_F(ScriptsTest, ANodeNameHeldByAnotherConnectedClientIsReportedAtOnce) {
+  GiveSecret();
+  const std::string line =
+      "E1129 server refused: Unavailable: node name 'n1' belongs to another client (connected from 10.0.0.7) and "
+      "this one did not present that node's session token; retrying.";
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_NODE_NAME", "n1"}, {"FAKE_EDL_SAY", line}, {"EDL_JOIN_TIMEOUT_S", "3600"}}),
+            1)
+      << Log();
+  EXPECT_NE(Log().find("refuses node name n1: it belongs to another client (connected from 10.0.0.7)"), std::string::npos)
+      << Log();
+  EXPECT_NE(Log().find("give this client its own name"), std::string::npos) << Log();
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/client-n1.pid"))) << "the client it started was not stopped";
+}
+
 // A client without the secret stops with the fix: a secret made here could never match the server's.
 TEST_F(ScriptsTest, ClientNeverCreatesASecret) {
   EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"}, {{"EDL_NODE_NAME", "n1"}}), 1) << Log();
@@ -620,6 +640,26 @@ TEST(ScriptsLintTest, TheScriptsSplitACommandAsTheClientDoes) {
     }
     EXPECT_EQ(got, want.value());
   }
+}
+
+// The job server's rooms keep their order (scripts/check_layers.sh): none includes one above it;
+// and the check names an include that does.
+TEST(ScriptsLintTest, JobserverRoomsIncludeOnlyRoomsBelowThem) {
+  edl::test::ScratchDir dir("edl-layers");
+  const std::string out = dir.path() + "/out";
+  const std::string cmd = "cd " + edl::test::SourceDir() + " && scripts/check_layers.sh >" + out + " 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(out);
+  // A copy of the tree's layering with one include reaching up: the policy including the server.
+  const std::string copy = dir.path() + "/tree";
+  const std::string setup = "mkdir -p " + copy + "/scripts " + copy + "/jobserver/policy && cp " +
+                            edl::test::SourceDir() + "/scripts/check_layers.sh " + copy + "/scripts/ && cd " + copy +
+                            " && git init -q . && printf '#include \"jobserver/server.h\"\\n' >jobserver/policy/x.h && "
+                            "git add jobserver/policy/x.h";
+  ASSERT_EQ(std::system(setup.c_str()), 0);
+  const std::string bad = "cd " + copy + " && scripts/check_layers.sh >" + out + " 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 1);
+  EXPECT_NE(ReadFile(out).find("jobserver/policy/x.h:1: includes jobserver/server.h"), std::string::npos)
+      << ReadFile(out);
 }
 
 // Bytes from peers are read through the decoders only (scripts/check_json_reads.sh): the tree is

@@ -2,7 +2,7 @@
 // a step takes on each placement and micro-batch, how its gradient statistics evolve per epoch at
 // each batch size, and how much progress each epoch is. The trace replay (replay.h) moves its
 // simulated jobs by these measurements: they are the ground truth that a job's fitted goodput
-// model (jobserver/goodput_model.h) only estimates.
+// model (jobserver/policy/goodput_model.h) only estimates.
 //
 // Step time, for a placement (trainers per node) and a micro-batch b:
 //  - a placement measured as such (placements.csv: up to 4 nodes) is interpolated linearly in b
@@ -18,7 +18,7 @@
 // around M (validation-<M>.csv), clamped to the smallest and largest.
 // Progress: a job's progress counts steps at the base batch M0 (the smallest validated batch):
 // a step at batch M makes gain(M) = (var + sqr) / (var * M0 / M + sqr) of them (the statistical
-// efficiency E(M) = gain * M0 / M, jobserver/goodput_model.h, with noise scale M0 * var / sqr).
+// efficiency E(M) = gain * M0 / M, jobserver/policy/goodput_model.h, with noise scale M0 * var / sqr).
 // Epoch e ends at progress EpochEnd(e), the least any batch size's file records for it; a job
 // completes at the end of epoch max_epochs - 1 (applications.csv).
 //
@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "edl/base/status.h"
-#include "jobserver/goodput_model.h"
+#include "jobserver/policy/goodput_model.h"
 
 namespace edl::schedsim {
 

@@ -55,7 +55,7 @@
 
 #include "edl/base/enum_names.h"
 #include "edl/base/status.h"
-#include "jobserver/cluster_policy.h"
+#include "jobserver/policy/cluster_policy.h"
 #include "tools/sched_sim/app_trace.h"
 #include "tools/sched_sim/workload.h"
 

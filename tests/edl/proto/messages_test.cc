@@ -253,6 +253,9 @@ TEST(MessagesTest, OtherMessagesRoundTrip) {
   pr.report.step = 12;
   pr.report.loss = 0.5;
   EXPECT_EQ(RoundTrip(pr).report.step, 12);
+  EXPECT_EQ(RoundTrip(pr).report.samples, -1) << "not reported: absent on the wire";
+  pr.report.samples = 768;
+  EXPECT_EQ(RoundTrip(pr).report.samples, 768);
 
   TrainerExit e;
   e.trainer_id = "t1";
@@ -263,6 +266,11 @@ TEST(MessagesTest, OtherMessagesRoundTrip) {
   c.command = CtlCommand::kScale;
   c.n = 5;
   EXPECT_EQ(RoundTrip(c).n, 5);
+  c.service = "kd";
+  EXPECT_EQ(RoundTrip(c).service, "kd");
+  c.job = "j";
+  EXPECT_FALSE(c.DecodeFrom(c.Encoded()).ok()) << "a scale names a job or a service, not both";
+  c.job.clear();
 }
 
 TEST(MessagesTest, EveryBadFieldIsCorruption) {

@@ -625,7 +625,7 @@ TEST(ElasticTrainerTest, RankZeroReportsFinishedCheckpointSaves) {
     EXPECT_EQ(e["ok"], true);
     EXPECT_GE(e["step"].get<int64_t>(), 10);
   }
-  EXPECT_EQ(reports, 1) << "the server counts these (jobserver/metrics.h)";
+  EXPECT_EQ(reports, 1) << "the server counts these (jobserver/http/metrics.h)";
 }
 
 // Records the final saves (Finish) it is asked for.
