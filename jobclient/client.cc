@@ -179,7 +179,7 @@ Status Client::Start() {
             << " slots, " << proto::NameOf(proto::NodeModeOf(options_.restart_mode))
             << " mode, trainers on " << options_.socket_path << ", server " << dialer_.addr()
             << (dialer_.size() > 1 ? " (first of " + std::to_string(dialer_.size()) + ")" : "");
-  if (!options_.job_types.empty()) {  // a cluster's node: it reports utilisation (node_stats)
+  {  // every node reports its utilisation (node_stats): the dashboard's and /metrics' CPU and GPU
     Status g = stats_.OpenGpus(options_.gpu_slots ? options_.slots : std::vector<int>{});
     if (g.ok()) {
       LOG(INFO) << "GPU utilisation of " << stats_.gpu_devices() << " GPU(s) through NVML";
@@ -405,7 +405,7 @@ void Client::Heartbeat() {
   heartbeat_timer_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || exit_code_) return;
     SendIfConnected(proto::Heartbeat().Encoded());
-    if (server_ && agent_.connected() && !options_.job_types.empty()) SendNodeStats();
+    if (server_ && agent_.connected()) SendNodeStats();
     Heartbeat();
   });
 }
