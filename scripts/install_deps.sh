@@ -31,6 +31,7 @@ PACKAGES=(
   nfs-kernel-server nfs-common   # tests only: the checkpoint store on an NFS mount over loopback
   etcd-server etcd-client   # tests only: standby_test runs its own etcd (edl server --state_store etcd://...)
   prometheus chromium   # tests only: dashboard_test scrapes `edl server --http_addr` and renders its dashboard
+  openssh-server openssh-client   # tests only: ssh_cluster_test runs scripts/ssh_cluster.sh against real sshd
 )
 
 missing=()

@@ -95,6 +95,28 @@ TEST_F(ClusterCtlTest, SingleJobServerRefusesJobCommands) {
   EXPECT_NE(out.find("--cluster"), std::string::npos) << out;
 }
 
+// What is wrong with `scale`'s N is named, before anything is sent: -1 is not an unknown flag, 0
+// is not "not a number", a word is not a number, and a bare NAME says what it might be.
+TEST_F(ClusterCtlTest, ScaleNamesWhatIsWrongWithItsArguments) {
+  StartServerWith({"--trainers", "1", "--max_trainers", "2"});
+  std::string out;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"scale", "-1"}, "a job runs at least 1 trainer; to end a job use `edl ctl stop`"},
+      {{"scale", "0"}, "a job runs at least 1 trainer"},
+      {{"scale", "x"}, "'x' is not a number"},
+      {{"scale", "kd", "2"}, "`edl ctl scale --job kd 2` (a cluster's job) or `edl ctl scale --service kd 2`"},
+      {{"scale", "--job", "a", "--service", "b", "2"}, "give --job or --service, not both"}};
+  for (const auto& [args, says] : cases) {
+    EXPECT_EQ(Ctl(args, &out), 2) << out;
+    EXPECT_NE(out.find(says), std::string::npos) << args[1] << ": " << out;
+  }
+  // Past the job's bounds: the server refuses it with the bounds and the flag, and nothing changes.
+  EXPECT_EQ(Ctl({"scale", "3"}, &out), 1) << out;
+  EXPECT_NE(out.find("takes 1..2 trainers (the server's --min_trainers / --max_trainers), not 3"), std::string::npos)
+      << out;
+  EXPECT_EQ(Ctl({"scale", "2"}, &out), 0) << out;
+}
+
 // The EDL demo policy as the original's job server meant its flags: 2 GPUs per node in 2 pods is
 // one trainer per pod, so the job starts at 2 and a step removes (then adds back) one pod.
 TEST_F(ClusterCtlTest, DemoPolicyStepsWholePodsOfTheNodesGpus) {

@@ -258,7 +258,7 @@ TEST_F(SshClusterTest, ServerPortInUseIsNamedAsEdlServerPort) {
 
 // The newest generation among the checkpoints in `store` (`edl ckpt ls --json`), 0 when none.
 int64_t NewestCheckpointGeneration(const std::string& store, const std::string& log) {
-  if (itest::RunCommand({"/bin/sh", "-c", test::EdlBinary() + " ckpt ls --json --checkpoint_dir " + store + " > " +
+  if (itest::RunCommand({"/bin/sh", "-c", test::EdlBinary() + " ckpt ls --json --checkpoint_dir '" + store + "' > " +
                                               log + ".json"},
                         log) != 0) {
     return 0;
@@ -276,8 +276,12 @@ int64_t NewestCheckpointGeneration(const std::string& store, const std::string& 
 // refusal is a checkpoint_failed event with the fix, and `stop` exits 1 saying the final checkpoint
 // was not saved. With --checkpoint_dir on the trainers' command line the scripts give it to the
 // server, which numbers generations above the store's, and the saves land.
+// The store's path holds a space, given backslash-escaped in EDL_TRAINER_CMD as a shell user
+// would: it reaches the trainers and the server as one word (the saves land in it, not in a
+// directory cut at the space).
 TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
-  const std::string store = dir_.Join("ckpt");
+  const std::string store = dir_.Join("ckpt dir");
+  const std::string store_word = dir_.Join("ckpt\\ dir");
   const std::string train = test::EdlBinary() +
                             " train --model resnet20 --data synthetic --image_size 8 --channels 1 "
                             "--synthetic_train 256 --synthetic_test 8 --batch_size 8 --epochs 100000 "
@@ -285,7 +289,7 @@ TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
   const std::string hosts = Hosts();
   const std::string log = dir_.Join("ckpt-ls.log");
   // The earlier run: generations raised by rescaling (1 <-> 2 trainers), then a save at the top.
-  ASSERT_EQ(Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --checkpoint_dir " + store}}), 0);
+  ASSERT_EQ(Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --checkpoint_dir " + store_word}}), 0);
   std::vector<std::string> ctl = net_->Exec("a");
   for (const std::string a : {test::EdlBinary(), std::string("ctl"), std::string("--server"),
                               net_->Addr("a") + ":8180", std::string("--secret_file"),
@@ -343,7 +347,7 @@ TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
 
   // The fix: the store on the trainers' command line, so the server numbers generations above it.
   std::filesystem::remove_all(dir_.Join("run"));
-  ASSERT_EQ(Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --checkpoint_dir " + store}}), 0);
+  ASSERT_EQ(Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --checkpoint_dir " + store_word}}), 0);
   EXPECT_TRUE(itest::WaitFor([&] { return NewestCheckpointGeneration(store, log) > top; }, milliseconds(120000)))
       << "no save of the new job landed in the store";
   EXPECT_EQ(Script({"stop", hosts}), 0);
