@@ -62,6 +62,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Closes now; `on_close(why)` runs (once). Idempotent.
   void Close(const Status& why);
   void SetIdleTimeout(std::chrono::milliseconds t);
+  std::chrono::milliseconds idle_timeout() const { return options_.idle_timeout; }
   // From now on seal every frame sent and require every frame received to be sealed under
   // `session`, and accept payloads up to `max_frame_bytes`. Call it right after sending (server)
   // or receiving (peer) the welcome, from the message callback, so the switch point is exact.

@@ -149,6 +149,9 @@ class ServerDriver {
   bool Feed(const std::shared_ptr<Peer>& peer, const std::string& text) {
     nlohmann::json msg;
     if (!proto::DecodePayload(text.data(), text.size(), &msg).ok()) return false;
+    // A frame arrived: the idle timer starts again, as the connection's read path does (a long
+    // run of fed frames is a live peer, not a silent one).
+    peer->conn->SetIdleTimeout(peer->conn->idle_timeout());
     server_->OnMessage(peer, msg);
     Pump();
     return true;

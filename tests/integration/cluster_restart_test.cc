@@ -121,7 +121,7 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
 
   // The next change is numbered above; the trainers kept their processes throughout.
   std::string out;
-  ASSERT_EQ(Ctl({"scale", "a", "1"}, &out), 0) << out;
+  ASSERT_EQ(Ctl({"scale", "--job", "a", "1"}, &out), 0) << out;
   ASSERT_TRUE(WaitFor([&] { return LastGeneration("a") > gen["a"]; }, milliseconds(60000))) << Diag();
   const auto pids_after = Pids();
   for (const std::string& id : members) {

@@ -180,7 +180,7 @@ TEST_F(StandbyTest, TheStandbyTakesOverAfterTheLeaderIsKilledAndAdoptsTheTrainer
   auto c2 = StartClient("n2", "inplace");
   ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 4; }, milliseconds(60000))) << Logs();
   std::string out;
-  ASSERT_EQ(Ctl({"scale", "kd", "1"}, &out), 0) << out;
+  ASSERT_EQ(Ctl({"scale", "--service", "kd", "1"}, &out), 0) << out;
   ASSERT_TRUE(WaitFor([&] { return !Slurp(teachers).empty(); }, milliseconds(60000))) << Logs();
   const std::string teacher_line = Slurp(teachers);  // "PID /path/teacher.sh --service kd --name n1-t1 ..."
   EXPECT_NE(teacher_line.find("--name n1-t1 "), std::string::npos) << teacher_line;
@@ -309,7 +309,7 @@ TEST_F(StandbyTest, AClusterServerIsTakenOverWithEveryJobAndItsTrainers) {
 
   // The next change is numbered above the old ones and reaches the same trainers.
   std::string out;
-  ASSERT_EQ(Ctl({"scale", "ja", "1"}, &out), 0) << out;
+  ASSERT_EQ(Ctl({"scale", "--job", "ja", "1"}, &out), 0) << out;
   ASSERT_TRUE(WaitFor([&] { return LastGeneration("ja") > gen["ja"]; }, milliseconds(60000))) << Logs();
   auto pids_after = Pids();
   for (const auto& [id, pids] : pids_before) EXPECT_EQ(pids_after[id], pids) << id << " was restarted" << Logs();
