@@ -155,11 +155,10 @@ class BatchSampler:
     def __iter__(self):
         feed = self._job._feed
         if feed is None:
-            raise RuntimeError(
-                "edl.torch: this DataLoader's batch sampler is an edl job's, but the loop "
-                "iterates the DataLoader itself; iterate job.batches(loader) instead "
-                "(`for batch in job.batches(loader):`), which matches the batches with the "
-                "runtime's steps")
+            raise self._job._fatal(
+                "this DataLoader's batch sampler is the job's, but the loop iterates the "
+                "DataLoader itself: iterate job.batches(loader) instead (`for batch in "
+                "job.batches(loader):`), which matches its batches with the runtime's steps")
         return _IndexIterator(feed)
 
     def __len__(self):
@@ -696,9 +695,10 @@ class Elastic:
         if not self._stepped:
             raise self._fatal(
                 "the loop asked for the next batch, but job.step() was not called after the last "
-                "batch of this step: call job.step(optimizer) once the step's backward is done "
-                "(with accumulate=%d, after every batch or after every %d-th)"
-                % (self.accumulate, len(self._parts)))
+                "batch of this step: call job.step(optimizer) once the step's backward is done%s"
+                % ("" if self.accumulate == 1 else
+                   " (with accumulate=%d: after every batch, or after the step's last one)"
+                   % self.accumulate))
         if self._update_seq is None:  # discarded: the request is the next one already
             return True
         if self._step_ends_pass(self._req):
