@@ -37,6 +37,7 @@ import atexit
 import collections
 import contextlib
 import hashlib
+import math
 import os
 import pickle
 import sys
@@ -67,7 +68,9 @@ def _as_list(x, what):
 def _split(indices, parts):
     """The micro-batches of one step: `parts` nearly equal, non-empty slices in order."""
     n = min(parts, len(indices))
-    return [a for a in np.array_split(indices, n)] if n > 0 else []
+    if n <= 1:
+        return [indices] if n == 1 else []
+    return list(np.array_split(indices, n))
 
 
 def _leading_dim(batch):
@@ -863,7 +866,9 @@ class Elastic:
                        "s" if len(missing) == 1 else "ve",
                        "it took" if len(missing) == 1 else "they took"))
             torch.cat(grads, out=self._flat[:self._count])
-            if scaler is None and not bool(torch.isfinite(self._flat[:self._count]).all()):
+            bad_loss = loss is not None and not math.isfinite(float(loss))
+            if scaler is None and (bad_loss or
+                                   not bool(torch.isfinite(self._flat[:self._count]).all())):
                 bad = "a loss of %s" % float(loss) if loss is not None else "a non-finite gradient"
                 raise self._fatal(
                     "%s on this trainer's samples (before the all-reduce, so the other trainers' "
