@@ -255,7 +255,8 @@ class Elastic:
       factor while the optimizers step), "runtime" (the runtime sets it: lr at base_batch, lr_decay,
       warmup_epochs, milestones, as ElasticTrainer does).
     warm_up: fn(batch) -> loss; a joiner runs it once (forward and backward, state restored)
-      before it reports ready, so that its first step in the job is not its slowest.
+      before it reports ready, so that its first step in the job is not its slowest (default:
+      for (input, ...) batches of one model, model(input) and a backward from its output).
     eval_set, eval_fn: fn(batch) -> (loss_sum, correct); the runtime then evaluates the eval set,
       sharded over the trainers, after every epoch (job.last_eval).
     labels: fn(batch) -> int tensor of class labels, for the sample log's fed-label check.
@@ -436,7 +437,8 @@ class Elastic:
         self._loop.set_fingerprint(self._fingerprint())
         self._registered = [([id(p) for p in m.parameters()], [id(b) for b in m.buffers()])
                             for m in self.models]
-        self._ptrs = [(p, p.data_ptr(), tuple(p.shape)) for p in params]
+        self._ptrs = [(p, p.data_ptr(), p.shape) for p in params]
+        self._checks = 0
 
     def _fingerprint(self):
         def layout(ts):
@@ -557,21 +559,44 @@ class Elastic:
             self._finish(r)
         return r
 
+    def _default_warm_up(self, batch):
+        """Without warm_up=: for (input, ...) batches of a single model, model(input) and a
+        backward from its outputs (times zero: the kernels a step uses run, nothing is learnt)."""
+        if len(self.models) != 1 or not isinstance(batch, (tuple, list)) or not batch or \
+                not torch.is_tensor(batch[0]):
+            raise TypeError("no warm_up function, and the batch is not (input, ...) of one model")
+        out = self.models[0](batch[0])
+        outs = [out] if torch.is_tensor(out) else list(out.values() if isinstance(out, dict)
+                                                        else out)
+        return sum(t.float().sum() for t in outs if torch.is_tensor(t) and t.requires_grad) * 0.0
+
     def _serve_warm_up(self, r):
-        if self._warm_up_fn is not None:
-            t0 = time.monotonic()
-            batch = self._load(r["indices"])
-            for m in self.models:
-                m.train()
-            try:
+        """A joiner's one forward and backward before it reports ready (the runtime then puts the
+        state back): its first step in the job is then not its slowest."""
+        t0 = time.monotonic()
+        batch = self._load(r["indices"])
+        modes = [m.training for m in self.models]
+        for m in self.models:
+            m.train()
+        try:
+            if self._warm_up_fn is not None:
                 loss = self._warm_up_fn(batch)
-                if torch.is_tensor(loss) and loss.requires_grad:
-                    loss.backward()
-            except Exception as e:
+            else:
+                loss = self._default_warm_up(batch)
+            if torch.is_tensor(loss) and loss.requires_grad:
+                loss.backward()
+            _log("joiner warm-up: %d samples in %.2f s"
+                 % (len(r["indices"]), time.monotonic() - t0))
+        except Exception as e:
+            if self._warm_up_fn is not None:
                 raise self._fatal("the warm_up function raised %s: %s" % (type(e).__name__, e), e)
+            _log("joiner warm-up skipped (%s: %s); pass warm_up=fn(batch) -> loss"
+                 % (type(e).__name__, e))
+        finally:
+            for m, mode in zip(self.models, modes):
+                m.train(mode)
             for p in self._params:
                 p.grad = None
-            _log("joiner warm-up: %d samples in %.2f s" % (len(r["indices"]), time.monotonic() - t0))
         self._loop.answer(r["seq"])
 
     def _serve_eval(self, r):
@@ -803,6 +828,20 @@ class Elastic:
             self._labels_seen.append(torch.as_tensor(labels).reshape(-1).to(torch.int32))
 
     def _check_registration(self):
+        """Every step: each parameter keeps its storage (the runtime reads and writes it). Every
+        16th step (a module walk costs ~0.3 ms for a ResNet-20): no parameter or buffer was
+        added, removed or replaced."""
+        self._checks += 1
+        if self._checks % 16 == 1:
+            self._check_structure()
+        for p, ptr, shape in self._ptrs:
+            if p.data_ptr() != ptr or p.shape != shape:
+                raise self._fatal(
+                    "a parameter of shape %s got new storage after edl.torch.Elastic registered it "
+                    "(p.data = ... or a resize): change parameters in place (p.data.copy_(...), "
+                    "with torch.no_grad(): p.mul_(...))" % (list(shape),))
+
+    def _check_structure(self):
         for m, (pids, bids) in zip(self.models, self._registered):
             if [id(p) for p in m.parameters()] != pids or [id(b) for b in m.buffers()] != bids:
                 raise self._fatal(
@@ -810,12 +849,6 @@ class Elastic:
                     "added, removed or replaced): the runtime syncs and checkpoints the tensors "
                     "it registered. Build the model completely before creating the job"
                     % type(m).__name__)
-        for p, ptr, shape in self._ptrs:
-            if p.data_ptr() != ptr or tuple(p.shape) != shape:
-                raise self._fatal(
-                    "a parameter of shape %s got new storage after edl.torch.Elastic registered it "
-                    "(p.data = ... or a resize): change parameters in place (p.data.copy_(...), "
-                    "with torch.no_grad(): p.mul_(...))" % (list(shape),))
 
     def step(self, *optimizers, scaler=None, before_update=None, loss=None):
         """Ends the step whose batches the loop trained: all-reduces the gradients (each trainer's
@@ -856,6 +889,7 @@ class Elastic:
                     g = torch.zeros_like(view)
                 grads.append(g.reshape(-1))
             if missing:
+                self._check_structure()  # a replaced layer is the likelier cause: say so
                 raise self._fatal(
                     "%s ha%s no gradient at job.step(): %s no part in this step's loss. Every "
                     "trainer all-reduces every registered parameter's gradient, so either freeze "
@@ -867,8 +901,7 @@ class Elastic:
                        "it took" if len(missing) == 1 else "they took"))
             torch.cat(grads, out=self._flat[:self._count])
             bad_loss = loss is not None and not math.isfinite(float(loss))
-            if scaler is None and (bad_loss or
-                                   not bool(torch.isfinite(self._flat[:self._count]).all())):
+            if scaler is None and (bad_loss or not self._gradients_finite()):
                 bad = "a loss of %s" % float(loss) if loss is not None else "a non-finite gradient"
                 raise self._fatal(
                     "%s on this trainer's samples (before the all-reduce, so the other trainers' "
@@ -943,6 +976,13 @@ class Elastic:
         for p in self._params:
             p.grad = None
         return True
+
+    def _gradients_finite(self):
+        """Whether the flat gradient holds no NaN or inf: a sum propagates them (~0.03 ms for a
+        ResNet-20's gradient, where torch.isfinite(...).all() takes over 1 ms); only a sum that
+        overflowed from finite values needs the element-wise check."""
+        g = self._flat[:self._count]
+        return math.isfinite(float(g.sum())) or bool(torch.isfinite(g).all())
 
     def save(self):
         """Rank 0 checkpoints the job right after the current step is committed (the runtime
