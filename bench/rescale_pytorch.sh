@@ -17,8 +17,8 @@
 #      and data, STEADY_RUNS runs of each, interleaved, median; images/s from step 10 to the last
 #      (train_ddp.py logs, and all-reduces its loss for the log, every 10th step);
 #   5. the own-loop API: examples/pytorch/resnet20_elastic.py (the script's loop and DataLoader,
-#      one worker process, edl.torch.Elastic) through the same cycles as 1, its survivors' stalls
-#      in steady steps;
+#      OWN_WORKERS worker processes, edl.torch.Elastic) through the same cycles as 1, its
+#      survivors' stalls in steady steps;
 #   6. own-loop steady throughput: resnet20_elastic.py vs bench/resnet20_ddp_loop.py (the same
 #      loop and DataLoader under DDP with a DistributedSampler), each under `edl launch -n 4`, 16
 #      per trainer and step, STEADY_RUNS runs of each, interleaved, median images/s from step 10.
@@ -26,8 +26,8 @@
 # torchrun's; steady images/s >= 0.97 of DDP; the own loop: shrink <= 1.2, grow <= 1.5,
 # failure <= 2.5 steady steps, steady images/s >= 0.97 of DDP with the same loop. The machine's
 # load average is printed at the start and the end. Takes ~20 min with the defaults on 2 cores
-# (loaded). Knobs: CYCLES, RESTART_CYCLES, TORCHRUN_KILLS, STEADY_RUNS, STEADY_STEPS, PARTS (a
-# subset of "inplace restart torchrun steady ownloop ownloop_steady").
+# (loaded). Knobs: CYCLES, RESTART_CYCLES, TORCHRUN_KILLS, STEADY_RUNS, STEADY_STEPS, OWN_WORKERS,
+# PARTS (a subset of "inplace restart torchrun steady ownloop ownloop_steady").
 # Usage: bench/rescale_pytorch.sh [BUILD_DIR]
 set -euo pipefail
 BUILD=${1:-build}
@@ -39,6 +39,7 @@ RESTART_CYCLES=${RESTART_CYCLES:-2}
 TORCHRUN_KILLS=${TORCHRUN_KILLS:-3}
 STEADY_RUNS=${STEADY_RUNS:-3}
 STEADY_STEPS=${STEADY_STEPS:-100}
+OWN_WORKERS=${OWN_WORKERS:-1}  # DataLoader worker processes of the own loop's stall run (5.)
 PARTS=${PARTS:-"inplace restart torchrun steady ownloop ownloop_steady"}  # which of 1-6 (others: nan)
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 HERE=$(realpath "$(dirname "$0")")
@@ -125,7 +126,7 @@ script=$(cycles "$CYCLES")
 echo "own loop: $CYCLES cycles, ~$(cat "$WORK/script_end") s" >&2
 STOP_GENS=$((1 + 4 * CYCLES)) STOP_AFTER_S=$(($(cat "$WORK/script_end") + 120)) \
   run_job ownloop inplace "0 set 4\n$script" "$WORK/ownloop/samples.jsonl" '"generation":@,' \
-  "${OWN[@]}" --epochs 1000 --workers 1
+  "${OWN[@]}" --epochs 1000 --workers "$OWN_WORKERS"
 fi
 
 if part ownloop_steady; then

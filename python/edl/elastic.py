@@ -268,7 +268,7 @@ class Elastic:
                  rescale_ramp_steps=0, checkpoint_dir="", checkpoint_steps=0, checkpoint_secs=0.0,
                  keep_checkpoints=3, warm_up=None, eval_set=None, eval_fn=None, eval_batch=256,
                  collate_fn=None, labels=None, check_batch_size=True, allow_unused=False,
-                 exit_on_leave=True, extra_state_bytes=1 << 20, log_every=10, sample_log=None,
+                 exit_on_leave=True, extra_state_bytes=1 << 16, log_every=10, sample_log=None,
                  comm_timeout_s=300.0, generation_wait_s=120.0):
         self.info = _et.launch_info()  # a warm spare waits here until it becomes a trainer
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__") \
