@@ -15,11 +15,19 @@
 #   4. steady throughput: train_inplace.py vs train_ddp.py, each under `edl launch -n 4` (a fixed
 #      world: the runtime's loop against DDP's), same model, global batch (4 x 16), threads (1)
 #      and data, STEADY_RUNS runs of each, interleaved, median; images/s from step 10 to the last
-#      (train_ddp.py logs, and all-reduces its loss for the log, every 10th step).
+#      (train_ddp.py logs, and all-reduces its loss for the log, every 10th step);
+#   5. the own-loop API: examples/pytorch/resnet20_elastic.py (the script's loop and DataLoader,
+#      OWN_WORKERS worker processes, edl.torch.Elastic) through the same cycles as 1, its
+#      survivors' stalls in steady steps;
+#   6. own-loop steady throughput: resnet20_elastic.py vs bench/resnet20_ddp_loop.py (the same
+#      loop and DataLoader under DDP with a DistributedSampler), each under `edl launch -n 4`, 16
+#      per trainer and step, STEADY_RUNS runs of each, interleaved, median images/s from step 10.
 # Targets: shrink and grow <= 2 steady steps, failure <= 3, each >= 20x shorter than
-# torchrun's; steady images/s >= 0.97 of DDP. The machine's load average is printed at the start
-# and the end. Takes ~12 min with the defaults on 2 cores (loaded). Knobs: CYCLES, RESTART_CYCLES,
-# TORCHRUN_KILLS, STEADY_RUNS, STEADY_STEPS, PARTS (a subset of "inplace restart torchrun steady").
+# torchrun's; steady images/s >= 0.97 of DDP; the own loop: shrink <= 1.2, grow <= 1.5,
+# failure <= 2.5 steady steps, steady images/s >= 0.97 of DDP with the same loop. The machine's
+# load average is printed at the start and the end. Takes ~20 min with the defaults on 2 cores
+# (loaded). Knobs: CYCLES, RESTART_CYCLES, TORCHRUN_KILLS, STEADY_RUNS, STEADY_STEPS, OWN_WORKERS,
+# PARTS (a subset of "inplace restart torchrun steady ownloop ownloop_steady").
 # Usage: bench/rescale_pytorch.sh [BUILD_DIR]
 set -euo pipefail
 BUILD=${1:-build}
@@ -31,13 +39,17 @@ RESTART_CYCLES=${RESTART_CYCLES:-2}
 TORCHRUN_KILLS=${TORCHRUN_KILLS:-3}
 STEADY_RUNS=${STEADY_RUNS:-3}
 STEADY_STEPS=${STEADY_STEPS:-100}
-PARTS=${PARTS:-"inplace restart torchrun steady"}  # which of 1-4 to run (the others print nan)
+OWN_WORKERS=${OWN_WORKERS:-1}  # DataLoader worker processes of the own loop's stall run (5.)
+PARTS=${PARTS:-"inplace restart torchrun steady ownloop ownloop_steady"}  # which of 1-6 (others: nan)
 part() { [[ " $PARTS " == *" $1 "* ]]; }
 HERE=$(realpath "$(dirname "$0")")
 EX="$HERE/../examples/pytorch"
 COMMON=(--train_samples 2048 --lr_decay constant --threads 1 --test_samples 0)
 INPLACE=("$PY" "$EX/train_inplace.py" "${COMMON[@]}" --batch_size 16 --log_every 0 --workers 1)
 DDP=("$PY" "$EX/train_ddp.py" "${COMMON[@]}" --batch_size 64)  # + --log_every: 1 (stalls), 10
+OWN_COMMON=(--train_samples 2048 --lr_decay constant --threads 1 --batch_size 16 --log_every 0)
+OWN=("$PY" "$EX/resnet20_elastic.py" "${OWN_COMMON[@]}")
+OWN_DDP=("$PY" "$HERE/resnet20_ddp_loop.py" "${OWN_COMMON[@]}" --workers 0)
 "$PY" -c 'import torch, edl.torch' || { echo "needs python3-torch and the edl module in $PYTHONPATH" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/edl-rescale-pytorch-XXXXXX)
 PIDS=()
@@ -52,6 +64,7 @@ head -c 32 /dev/urandom | base64 > "$WORK/secret"; chmod 600 "$WORK/secret"
 # less: a step of the last generation), or STOP_AFTER_S passed; then stops all of it by pid.
 run_job() {  # $1 name, $2 client mode, $3 script, $4 step file, $5 pattern, then the trainer command
   local name=$1 mode=$2 script=$3 steps=$4 pattern=${5//@/$STOP_GENS}; shift 5
+  export EDL_SAMPLE_LOG="$WORK/$name/samples.jsonl"  # read by edl.torch.Elastic (own loop)
   pattern=${pattern//%/$((STOP_GENS - 1))}
   local d="$WORK/$name"; mkdir -p "$d"; printf "%b" "$script" > "$d/scale.script"
   setsid "$EDL" server --server_port 0 --bind 127.0.0.1 --port_file "$d/port" --secret_file "$WORK/secret" \
@@ -106,6 +119,33 @@ if part torchrun && [ "$TORCHRUN_KILLS" -gt 0 ]; then
     --script "$EX/train_ddp.py" --kills "$TORCHRUN_KILLS" -- "${COMMON[@]}" --batch_size 64 \
     --steps 100000 --checkpoint_every 5 \
     || echo "torchrun reference failed: $(tail -5 "$WORK/torchrun/torchrun.log" 2>/dev/null)" >&2
+fi
+
+if part ownloop; then
+script=$(cycles "$CYCLES")
+echo "own loop: $CYCLES cycles, ~$(cat "$WORK/script_end") s" >&2
+STOP_GENS=$((1 + 4 * CYCLES)) STOP_AFTER_S=$(($(cat "$WORK/script_end") + 120)) \
+  run_job ownloop inplace "0 set 4\n$script" "$WORK/ownloop/samples.jsonl" '"generation":@,' \
+  "${OWN[@]}" --epochs 1000 --workers "$OWN_WORKERS"
+fi
+
+if part ownloop_steady; then
+echo "own-loop steady: $STEADY_RUNS x (resnet20_elastic.py, resnet20_ddp_loop.py) under edl launch -n 4, $STEADY_STEPS steps" >&2
+for i in $(seq "$STEADY_RUNS"); do
+  for side in own ddp; do
+    d="$WORK/ownsteady-$side$i"; mkdir -p "$d"
+    if [ $side = own ]; then
+      # --epochs: STEADY_STEPS steps of 4 x 16 out of 2048 samples
+      cmd=(env EDL_SAMPLE_LOG="$d/samples.jsonl" "${OWN[@]}" --workers 0
+           --epochs "$(echo "$STEADY_STEPS * 64 / 2048" | bc -l)")
+    else
+      cmd=("${OWN_DDP[@]}" --steps "$STEADY_STEPS" --metrics_file "$d/metrics.jsonl")
+    fi
+    setsid "$EDL" launch -n 4 --log_dir "$d/logs" -- "${cmd[@]}" > "$d/launch.log" 2>&1 & PIDS+=($!)
+    wait "${PIDS[-1]}" || echo "own-loop $side run $i failed: $(tail -3 "$d/launch.log")" >&2
+    PIDS=()
+  done
+done
 fi
 
 if part steady; then
@@ -228,4 +268,41 @@ print(f"RESULT pytorch_steady_cpu_s_per_kimg ours={med(cpu_ours):.3f}s ref={med(
       f"ratio={med(cpu_ref) / med(cpu_ours):.3f}")
 print(f"RESULT pytorch_steady_images_per_s ours={med(ours):.1f}img/s ref={med(ref):.1f}img/s "
       f"ratio={med(ours) / med(ref):.3f} (target >= 0.97)")
+
+# 5. the own loop: the survivors' stall events; the steady step from its sample log.
+oev = lines(f"{work}/ownloop/events/bench.events.jsonl")
+ostalls = {"shrink": [], "grow": [], "failure": []}
+for e in oev:
+    if e.get("type") == "trainer_event" and e.get("event") == "stall":
+        k = "failure" if e["failure"] else ("shrink" if e["world_after"] < e["world_before"] else "grow")
+        ostalls[k].append(e["stall_s"])
+osteps = {}
+for s in lines(f"{work}/ownloop/samples.jsonl"):
+    osteps.setdefault(s["step"], (s["time"], s["generation"]))
+oseq = sorted(osteps.items())
+ogaps = [b[1][0] - a[1][0] for a, b in zip(oseq, oseq[1:]) if a[1][1] == b[1][1] and b[0] == a[0] + 1]
+ostep_s = med(ogaps)
+print(f"# own loop: steady step {ostep_s:.4f} s ({len(ogaps)} steps); stalls per kind: "
+      + ", ".join(f"{k} {len(v)}" for k, v in ostalls.items()))
+otargets = {"shrink": 1.2, "grow": 1.5, "failure": 2.5}
+for k in ("shrink", "grow", "failure"):
+    m = med(ostalls[k])
+    print(f"# own loop {k}: {len(ostalls[k])} survivor stalls, median {m:.3f} s = {m / ostep_s:.2f} "
+          f"steady steps (target <= {otargets[k]}), max {max(ostalls[k]) if ostalls[k] else float('nan'):.3f} s")
+    print(f"RESULT pytorch_own_loop_stall_{k}_steps ours={m / ostep_s:.2f}steps ref={otargets[k]}steps "
+          f"ratio={otargets[k] * ostep_s / m:.2f}")
+
+# 6. own-loop steady images/s (64 per step) against DDP with the same loop.
+oown, oref = [], []
+for d in sorted(glob.glob(f"{work}/ownsteady-own*")):
+    t = {}
+    for s in lines(f"{d}/samples.jsonl"):
+        t[s["step"]] = min(t.get(s["step"], s["time"]), s["time"])
+    oown.append(rate(t))
+for d in sorted(glob.glob(f"{work}/ownsteady-ddp*")):
+    t = {m["step"]: m["time"] for m in lines(f"{d}/metrics.jsonl")}
+    oref.append(rate(t))
+print(f"# own-loop steady images/s: own loop {[round(x, 1) for x in oown]}, DDP same loop {[round(x, 1) for x in oref]}")
+print(f"RESULT pytorch_own_loop_steady_images_per_s ours={med(oown):.1f}img/s ref={med(oref):.1f}img/s "
+      f"ratio={med(oown) / med(oref):.3f} (target >= 0.97)")
 PY

@@ -36,7 +36,7 @@ if(TARGET edl_python)
   file(RELATIVE_PATH EDL_PY_TO_LIB /p/${EDL_PYTHON_INSTALL_DIR}/edl /p/${CMAKE_INSTALL_LIBDIR})
   set_target_properties(edl_python PROPERTIES INSTALL_RPATH "$ORIGIN/${EDL_PY_TO_LIB}")
   install(TARGETS edl_python LIBRARY DESTINATION ${EDL_PYTHON_INSTALL_DIR}/edl COMPONENT edl)
-  install(FILES python/edl/__init__.py python/edl/torch.py
+  install(FILES python/edl/__init__.py python/edl/elastic.py python/edl/torch.py
           DESTINATION ${EDL_PYTHON_INSTALL_DIR}/edl COMPONENT edl)
   # Only for the Python package: a control node needs neither.
   set(CPACK_DEBIAN_EDL_PACKAGE_SUGGESTS

@@ -618,13 +618,25 @@ Status ElasticTrainer::Impl::Step(StepResult* r) {
     }
     trainable_->Lookahead(next);
   }
+  Trainable::StepPlan step_plan;
+  step_plan.step = state_.step;
+  step_plan.position = state_.position;
+  step_plan.batch_sizes = b;
+  step_plan.rank = rank_;
+  step_plan.world_size = gen_.world_size();
+  step_plan.generation = gen_.number;
+  trainable_->BeginStep(step_plan);
   if (!indices.empty()) {
     trainable_->SetEpoch(state_.position.epoch);
     EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &r->stats));
     const float share = static_cast<float>(indices.size()) / r->planned;
     EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(share));
   } else {
-    EDL_RETURN_IF_ERROR(trainable_->ZeroGradients());  // a short last step: contribute zeros
+    // A short last step: contribute zeros. The lowest rank with samples lends them as a stand-in.
+    const auto lender =
+        std::find_if(all.begin(), all.end(), [](const auto& s) { return !s.empty(); });
+    EDL_RETURN_IF_ERROR(
+        trainable_->EmptyStep(lender != all.end() ? *lender : std::vector<int64_t>()));
   }
   Generation latest;
   membership_->Latest(&latest);

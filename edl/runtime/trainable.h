@@ -5,8 +5,10 @@
 //
 // One training step, as the runtime drives it:
 //   Prefetch(epoch, next step's indices)     hint: start loading the following batch
+//   BeginStep(plan)                          the step's data position, batches, rank and world
 //   SetEpoch(epoch); ForwardBackward(indices, &stats)
 //                                            gradient of the mean loss over `indices`
+//                                            (EmptyStep(stand_in) when this rank has none)
 //   <gradient hook>                          runtime scales (ScaleGradients) and all-reduces the
 //                                            flat GradientBuffer, plus its in-band words
 //   ApplyUpdate(lr)                          SGD step from the (reduced) gradients
@@ -22,6 +24,7 @@
 
 #include "edl/base/status.h"
 #include "edl/runtime/comm/communicator.h"
+#include "edl/runtime/data_plan.h"
 
 namespace edl::runtime {
 
@@ -110,9 +113,26 @@ class Trainable {
   };
   virtual int lookahead_steps() const { return 0; }
   virtual void Lookahead(const std::vector<UpcomingStep>& steps) {}
+  // The step about to run, before its SetEpoch and ForwardBackward (or EmptyStep): enough for a
+  // Trainable to derive this rank's slices of the following steps itself (DataPlan over the same
+  // seed and train_size()) for as long as the world stays as it is.
+  struct StepPlan {
+    int64_t step = 0;                  // steps committed before this one
+    DataPosition position;             // where this step starts
+    std::vector<int64_t> batch_sizes;  // per rank, the DataPlan's batch sizes
+    int rank = 0;
+    int world_size = 0;
+    int64_t generation = 0;
+  };
+  virtual void BeginStep(const StepPlan& plan) {}
   // Forward and backward over the training samples `indices`; leaves d(mean loss)/dθ in
   // GradientBuffer(). REQUIRES: !indices.empty().
   virtual Status ForwardBackward(const std::vector<int64_t>& indices, StepStats* stats) = 0;
+  // A step that gives this rank no samples (the short last step of an epoch may leave some ranks
+  // none): its gradients must be zero. `stand_in` holds the samples of the lowest rank that has
+  // some, for a Trainable whose step code must run on every rank all the same (edl.torch's own
+  // loop, whose optimizer code is the user's): it may compute on them, then zero the gradients.
+  virtual Status EmptyStep(const std::vector<int64_t>& stand_in) { return ZeroGradients(); }
   // A joiner's warm-up pass (ElasticTrainer: first use of the kernels before it reports ready):
   // like ForwardBackward, but not a training step, so a Trainable that counts or fetches per
   // trained sample (a distilling student's teacher answers, skipped-file counts) leaves that out.

@@ -360,3 +360,7 @@ class ElasticTrainer:
                  % (result["step"], result["generation"], self.world_size, result["last_loss"],
                     "" if accuracy < 0 else ", test accuracy %.2f%%" % (100 * accuracy)))
         return result
+
+
+# The own-loop API (python/edl/elastic.py), after the helpers above that it uses.
+from edl.elastic import BatchSampler, Elastic  # noqa: E402,F401

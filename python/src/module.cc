@@ -1,101 +1,34 @@
 // edl._edl: the elastic runtime for Python (docs/PYTORCH.md, "PyTorch, in place"). The package edl
 // (python/edl/) wraps it; edl.torch is what a PyTorch program uses. Exposes:
-//   Trainable     python/src/py_trainable.h, subclassed by edl.torch
+//   Trainable     python/src/py_trainable.h, subclassed by edl.torch's ElasticTrainer
+//   OwnLoop       python/src/own_loop.h, the runtime side of edl.torch.Elastic (the user's loop)
 //   RunOptions    the runtime's options (ElasticOptions, its LR schedule, the checkpoint store)
+//   DataPlan      edl/runtime/data_plan.h: the samples of each rank and step, for the own loop's
+//                 batch sampler to look ahead
 //   plan()        the run mode the environment selects (edl/runtime/run_mode.h), before any work
 //   run()         ElasticTrainer::Run over the membership of that mode, with the GIL released
 //   label_hash()  runtime::LabelHash, for the sample log's fed-label check
 //   now_micros()  the runtime's clock (time to ready of a joiner is measured from a reading)
 //   TrainingError what run() raises when training fails (the Python exception as its cause)
+#include <glog/logging.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <chrono>
-#include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include <glog/logging.h>
-
 #include "edl/base/clock.h"
-#include "edl/runtime/checkpoint_loader.h"
+#include "edl/runtime/data_plan.h"
 #include "edl/runtime/elastic_trainer.h"
-#include "edl/runtime/run_mode.h"
+#include "python/src/own_loop.h"
 #include "python/src/py_trainable.h"
+#include "python/src/run_job.h"
 
 namespace edl::python {
 namespace {
-
-// What a Python program sets; Finish() maps it onto the runtime's own option structs.
-struct RunOptions {
-  int64_t batch = 32;
-  std::string batch_policy = "fixed-local";
-  uint64_t seed = 1;
-  double epochs = 1;
-  int64_t max_steps = 0;
-  double lr = 0.1;
-  int64_t base_batch = 0;  // 0: no linear scaling
-  std::string lr_decay = "constant";
-  double warmup_epochs = 0;
-  std::vector<double> milestones;
-  int64_t rescale_ramp_steps = 0;
-  double comm_timeout_s = 30;
-  double generation_wait_s = 120;
-  bool evaluate_each_epoch = false;
-  int64_t eval_batch = 256;
-  int progress_every = 10;
-  std::string sample_log;
-  std::string checkpoint_dir;
-  int64_t checkpoint_steps = 0;
-  double checkpoint_secs = 0;
-  int keep_checkpoints = 3;
-  int64_t start_micros = 0;
-};
-
-std::chrono::milliseconds Millis(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-}
-
-// The checks the runtime does not do itself (it validates the batch and the LR schedule).
-Status Validate(const RunOptions& o) {
-  if (!(o.epochs > 0)) return Status::InvalidArgument("epochs must be > 0");
-  if (o.max_steps < 0) return Status::InvalidArgument("max_steps must be >= 0");
-  if (!(o.comm_timeout_s > 0) || !(o.generation_wait_s > 0)) {
-    return Status::InvalidArgument("comm_timeout_s and generation_wait_s must be > 0");
-  }
-  if (o.checkpoint_steps < 0 || o.checkpoint_secs < 0) {
-    return Status::InvalidArgument("checkpoint_steps and checkpoint_secs must be >= 0");
-  }
-  if (o.keep_checkpoints < 1) return Status::InvalidArgument("keep_checkpoints must be >= 1");
-  if (o.eval_batch < 1) return Status::InvalidArgument("eval_batch must be >= 1");
-  return Status::OK();
-}
-
-Status ToElastic(const RunOptions& o, runtime::ElasticOptions* e) {
-  EDL_RETURN_IF_ERROR(runtime::ParseBatchPolicy(o.batch_policy, &e->batch_policy));
-  e->batch = o.batch;
-  e->seed = o.seed;
-  e->epochs = o.epochs;
-  e->max_steps = o.max_steps;
-  e->lr.base_lr = o.lr;
-  e->lr.base_batch = o.base_batch;
-  e->lr.decay = o.lr_decay;
-  e->lr.warmup_epochs = o.warmup_epochs;
-  e->lr.milestones = o.milestones;
-  e->lr.rescale_ramp_steps = o.rescale_ramp_steps;
-  e->lr.total_epochs = o.epochs;
-  e->comm_timeout = Millis(o.comm_timeout_s);
-  e->generation_wait = Millis(o.generation_wait_s);
-  e->evaluate_each_epoch = o.evaluate_each_epoch;
-  e->eval_batch = o.eval_batch;
-  e->progress_every = o.progress_every;
-  e->sample_log_path = o.sample_log;
-  e->start_micros = o.start_micros;
-  e->backend = "gloo";  // PyTrainable's memory is host memory
-  return Status::OK();
-}
 
 py::dict StepDict(const runtime::StepReport& r) {
   py::dict d;
@@ -155,25 +88,6 @@ class PyObserver : public runtime::TrainingObserver {
   const py::object on_step_, on_eval_;
 };
 
-// The plan, after a warm spare's wait (docs/TRAINERS.md "Warm spares"): the spare takes its
-// assigned identity into the C environment, and Python's os.environ, a copy taken at start, is
-// brought up to date with it, so a script reading os.environ["RANK"] after plan() sees the trainer
-// it became.
-StatusOr<runtime::RunPlan> PlanAndSyncEnviron() {
-  auto plan = runtime::PlanRunFromProcess();
-  if (!plan.ok()) return plan;
-  py::object environ = py::module_::import("os").attr("environ");
-  for (const char* name : runtime::env::kAll) {
-    const char* value = std::getenv(name);
-    if (value != nullptr) {
-      environ[py::str(name)] = py::str(value);
-    } else if (environ.contains(py::str(name))) {
-      environ.attr("pop")(py::str(name));
-    }
-  }
-  return plan;
-}
-
 py::dict Plan() {
   auto plan = PlanAndSyncEnviron();
   if (!plan.ok()) throw py::value_error(plan.status().message());
@@ -188,36 +102,6 @@ py::dict Plan() {
   return d;
 }
 
-// The run, with the GIL released: no Python object is touched here.
-Status RunReleased(PyTrainable* t, const RunOptions& o, runtime::TrainingObserver* observer,
-                   runtime::ElasticResult* result) {
-  EDL_RETURN_IF_ERROR(Validate(o));
-  runtime::ElasticOptions e;
-  EDL_RETURN_IF_ERROR(ToElastic(o, &e));
-  auto plan = runtime::PlanRunFromProcess();
-  EDL_RETURN_IF_ERROR(plan.status());
-  plan.value().ApplyTo(&e);
-  auto membership = runtime::Connect(plan.value());
-  EDL_RETURN_IF_ERROR(membership.status());
-  std::unique_ptr<runtime::CheckpointLoader> loader;
-  if (!o.checkpoint_dir.empty()) {
-    ckpt::RocksDbStoreOptions store;
-    store.dir = o.checkpoint_dir;
-    store.keep_checkpoints = o.keep_checkpoints;
-    runtime::CheckpointLoaderOptions co;
-    co.save.checkpoint_steps = o.checkpoint_steps;
-    co.save.checkpoint_secs = o.checkpoint_secs;
-    // The data cursor means the same samples only for the same seed and data set size.
-    co.config_fingerprint =
-        "seed=" + std::to_string(o.seed) + ";train=" + std::to_string(t->train_size());
-    loader = runtime::NewRocksDbCheckpointLoader(store, co);
-    e.loader = loader.get();
-  }
-  e.observer = observer;
-  runtime::ElasticTrainer trainer(e, t, membership.value().get());
-  return trainer.Run(result);
-}
-
 // edl._edl.TrainingError (a RuntimeError); created by the module's init, which the module keeps.
 struct TrainingErrorTag {};
 PyObject* g_training_error = nullptr;
@@ -228,11 +112,11 @@ py::dict Run(PyTrainable* t, const RunOptions& o, py::object on_step, py::object
   {
     const RunOptions options = o;  // Python threads may touch `o` once the GIL is released
     // A spare that did not call plan() waits here, with the GIL (it has nothing else to do), so
-    // os.environ follows; an error is RunReleased's to report.
+    // os.environ follows; an error is RunJob's to report.
     (void)PlanAndSyncEnviron();
     PyObserver observer(t, std::move(on_step), std::move(on_eval));
     py::gil_scoped_release release;
-    s = RunReleased(t, options, &observer, &r);
+    s = RunJob(t, options, &observer, /*saves=*/nullptr, &r);
   }
   if (!s.ok()) t->Raise(py::handle(g_training_error), s.ToString());
   py::dict d;
@@ -258,16 +142,68 @@ PYBIND11_MODULE(_edl, m) {
     FLAGS_logtostderr = true;
     google::InitGoogleLogging("edl");
   }
-  py::class_<PyTrainable>(m, "Trainable")
-      .def(py::init<>())
-      .def("set_state", &PyTrainable::SetState, py::arg("tensors"))
-      .def("set_gradients", &PyTrainable::SetGradients, py::arg("owner"), py::arg("data_ptr"),
+  py::class_<HostTrainable>(m, "_HostTrainable")
+      .def("set_state", &HostTrainable::SetState, py::arg("tensors"))
+      .def("set_gradients", &HostTrainable::SetGradients, py::arg("owner"), py::arg("data_ptr"),
            py::arg("count"))
-      .def("set_sizes", &PyTrainable::SetSizes, py::arg("train_size"), py::arg("test_size"))
-      .def("set_fingerprint", &PyTrainable::SetFingerprint, py::arg("fingerprint"))
-      .def_property_readonly("fingerprint", &PyTrainable::Fingerprint)
+      .def("set_sizes", &HostTrainable::SetSizes, py::arg("train_size"), py::arg("test_size"))
+      .def("set_fingerprint", &HostTrainable::SetFingerprint, py::arg("fingerprint"))
+      .def_property_readonly("fingerprint", &HostTrainable::Fingerprint)
       .def_property_readonly_static("inband_slots",
                                     [](py::object) { return runtime::Trainable::kInbandSlots; });
+  py::class_<PyTrainable, HostTrainable>(m, "Trainable").def(py::init<>());
+  py::class_<OwnLoop, HostTrainable>(m, "OwnLoop")
+      .def(py::init<>())
+      .def("start", &OwnLoop::Start, py::arg("options"))
+      .def("wait", &OwnLoop::Wait)
+      .def("answer", &OwnLoop::Answer, py::arg("seq"), py::arg("loss_sum") = 0.0,
+           py::arg("correct") = 0, py::arg("samples") = 0, py::arg("label_hash") = 0,
+           py::arg("save") = false)
+      .def("abort", &OwnLoop::Abort, py::arg("why"))
+      .def("join", &OwnLoop::Join, py::arg("timeout_s"))
+      .def_property_readonly("state_writes", &OwnLoop::state_writes)
+      .def("last_step", &OwnLoop::last_step)
+      .def("last_eval", &OwnLoop::last_eval);
+
+  py::class_<runtime::DataPlan>(m, "DataPlan")
+      .def(py::init([](int64_t n, uint64_t seed) {
+             if (n <= 0) throw py::value_error("DataPlan: the data set is empty");
+             return std::make_unique<runtime::DataPlan>(n, seed);
+           }),
+           py::arg("num_samples"), py::arg("seed"))
+      .def(
+          "slice",
+          [](runtime::DataPlan& p, int64_t epoch, int64_t cursor,
+             const std::vector<int64_t>& batches, int rank) {
+            const std::vector<int64_t> s = p.Slice({epoch, cursor}, batches, rank);
+            return py::array_t<int64_t>(static_cast<py::ssize_t>(s.size()), s.data());
+          },
+          py::arg("epoch"), py::arg("cursor"), py::arg("batches"), py::arg("rank"))
+      .def(
+          "step",
+          [](runtime::DataPlan& p, int64_t epoch, int64_t cursor,
+             const std::vector<int64_t>& batches) {
+            py::list out;
+            for (const std::vector<int64_t>& s : p.Step({epoch, cursor}, batches)) {
+              out.append(py::array_t<int64_t>(static_cast<py::ssize_t>(s.size()), s.data()));
+            }
+            return out;
+          },
+          py::arg("epoch"), py::arg("cursor"), py::arg("batches"))
+      .def(
+          "advance",
+          [](const runtime::DataPlan& p, int64_t epoch, int64_t cursor,
+             const std::vector<int64_t>& batches) {
+            const runtime::DataPosition next = p.Advance({epoch, cursor}, batches);
+            return std::make_pair(next.epoch, next.cursor);
+          },
+          py::arg("epoch"), py::arg("cursor"), py::arg("batches"))
+      .def(
+          "epoch_progress",
+          [](const runtime::DataPlan& p, int64_t epoch, int64_t cursor) {
+            return p.EpochProgress({epoch, cursor});
+          },
+          py::arg("epoch"), py::arg("cursor"));
 
   py::class_<RunOptions>(m, "RunOptions")
       .def(py::init<>())

@@ -770,6 +770,82 @@ TEST(ElasticTrainerTest, StaticModeTrainsAFixedWorldOverAFileStore) {
   for (auto& m : models) EXPECT_EQ(m->prefetch_hits_, res[0].step - 1);
 }
 
+// Records what the runtime tells the Trainable about each step: BeginStep's plan, and the
+// stand-in of a step that gives this rank no samples.
+class PlanRecordingModel : public LinearModel {
+ public:
+  using LinearModel::LinearModel;
+  void BeginStep(const StepPlan& plan) override { plans.push_back(plan); }
+  Status ForwardBackward(const std::vector<int64_t>& idx, StepStats* st) override {
+    trained.push_back(idx);
+    return LinearModel::ForwardBackward(idx, st);
+  }
+  Status EmptyStep(const std::vector<int64_t>& stand_in) override {
+    stand_ins.push_back({plans.size(), stand_in});
+    return LinearModel::EmptyStep(stand_in);  // zeroes the gradients
+  }
+  std::vector<StepPlan> plans;
+  std::vector<std::vector<int64_t>> trained;
+  std::vector<std::pair<size_t, std::vector<int64_t>>> stand_ins;  // (steps begun, indices)
+};
+
+// 17 samples, 8 per rank and step, 2 ranks: each epoch is a step of 16 and one of a single
+// sample, which leaves rank 1 none. BeginStep tells each rank the step's position, batches and
+// rank (enough to derive its slices with a DataPlan of its own); rank 1's empty step gets rank 0's
+// sample as its stand-in, and contributes nothing: both ranks end identical.
+TEST(ElasticTrainerTest, TheTrainableLearnsEachStepsPlanAndAnEmptySliceGetsAStandIn) {
+  test::ScratchDir dir("step-plan");
+  constexpr int64_t kSamples = 17;
+  std::unique_ptr<PlanRecordingModel> models[2];
+  std::vector<std::unique_ptr<MembershipSource>> m;
+  for (int r = 0; r < 2; ++r) {
+    m.push_back(NewStaticMembership(r, 2, 1, std::make_unique<FileKvStore>(dir.Join("rdzv"))));
+    models[r] = std::make_unique<PlanRecordingModel>(kSamples, kTest, 5);
+  }
+  Status st[2];
+  ElasticResult res[2];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      ElasticOptions o = Options(dir, "r" + std::to_string(r), false);
+      o.epochs = 2;
+      o.evaluate_each_epoch = false;
+      ElasticTrainer trainer(o, models[r].get(), m[r].get());
+      st[r] = trainer.Run(&res[r]);
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_OK(st[0]);
+  ASSERT_OK(st[1]);
+  EXPECT_EQ(res[0].state_hash, res[1].state_hash);
+  ASSERT_EQ(res[0].step, 4);
+  DataPlan plan(kSamples, Options(dir, "x", false).seed);
+  for (int r = 0; r < 2; ++r) {
+    const auto& plans = models[r]->plans;
+    ASSERT_EQ(plans.size(), 4u);
+    DataPosition pos;
+    for (int64_t s = 0; s < 4; ++s) {
+      const Trainable::StepPlan& p = plans[s];
+      EXPECT_EQ(p.step, s);
+      EXPECT_EQ(p.position, pos) << "rank " << r << " step " << s;
+      EXPECT_EQ(p.batch_sizes, (std::vector<int64_t>{8, 8}));
+      EXPECT_EQ(p.rank, r);
+      EXPECT_EQ(p.world_size, 2);
+      EXPECT_GT(p.generation, 0);
+      pos = plan.Advance(pos, p.batch_sizes);
+    }
+  }
+  // Rank 0 trains every step; rank 1 every other one, and stands in with rank 0's single sample.
+  EXPECT_EQ(models[0]->trained.size(), 4u);
+  EXPECT_TRUE(models[0]->stand_ins.empty());
+  ASSERT_EQ(models[1]->trained.size(), 2u);
+  ASSERT_EQ(models[1]->stand_ins.size(), 2u);
+  for (const auto& [begun, stand_in] : models[1]->stand_ins) {
+    ASSERT_EQ(stand_in.size(), 1u);
+    EXPECT_EQ(stand_in, models[0]->trained[begun - 1]) << "step " << begun;
+  }
+}
+
 // The runtime reaches the gradient buffer only through CopyToHost / CopyFromHost (it is device
 // memory on CUDA): in-band words and the zeroing of an empty slice go through views of it.
 class CopyCountingModel : public LinearModel {
