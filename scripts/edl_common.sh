@@ -25,8 +25,10 @@ edl_run_dir_problem() {
 # Sets EDL_BIN: $EDL_BIN if given, else <repo>/build/edl, else `edl` from PATH.
 edl_find_bin() {
   if [ -n "${EDL_BIN:-}" ]; then
-    [ -x "$EDL_BIN" ] || edl_die "EDL_BIN=$EDL_BIN is not an executable file; build it with \`make\` or fix EDL_BIN"
-  elif [ -x "$EDL_REPO_DIR/build/edl" ]; then
+    if [ ! -f "$EDL_BIN" ] || [ ! -x "$EDL_BIN" ]; then
+      edl_die "EDL_BIN=$EDL_BIN is not an executable file; build it with \`make\` or fix EDL_BIN"
+    fi
+  elif [ -f "$EDL_REPO_DIR/build/edl" ] && [ -x "$EDL_REPO_DIR/build/edl" ]; then
     EDL_BIN="$EDL_REPO_DIR/build/edl"
   elif command -v edl >/dev/null 2>&1; then
     EDL_BIN="$(command -v edl)"
