@@ -25,40 +25,11 @@
 #include "edl/runtime/elastic_trainer.h"
 #include "python/src/own_loop.h"
 #include "python/src/py_trainable.h"
+#include "python/src/report_dicts.h"
 #include "python/src/run_job.h"
 
 namespace edl::python {
 namespace {
-
-py::dict StepDict(const runtime::StepReport& r) {
-  py::dict d;
-  d["step"] = r.step;
-  d["epoch"] = r.position.epoch;
-  d["cursor"] = r.position.cursor;
-  d["epochs_done"] = r.epochs_done;
-  d["loss"] = r.loss;
-  d["correct"] = r.correct;
-  d["samples"] = r.samples;
-  d["lr"] = r.lr;
-  d["generation"] = r.generation;
-  d["world_size"] = r.world_size;
-  d["rank"] = r.rank;
-  return d;
-}
-
-py::dict EvalDict(const runtime::EvalReport& r) {
-  py::dict d;
-  d["step"] = r.step;
-  d["epoch"] = r.epoch;
-  d["loss"] = r.loss;
-  d["accuracy"] = r.accuracy;
-  d["samples"] = r.samples;
-  d["generation"] = r.generation;
-  d["world_size"] = r.world_size;
-  d["rank"] = r.rank;
-  d["seconds"] = r.seconds;
-  return d;
-}
 
 // Progress callbacks into Python, on the training thread with the GIL taken for the call. An
 // exception fails the trainable (its next hook returns the error, which ends the run).

@@ -1,4 +1,5 @@
 #include "python/src/own_loop.h"
+#include "python/src/report_dicts.h"
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -165,19 +166,7 @@ py::object OwnLoop::last_step() {
     if (!has_step_) return py::none();
     r = last_step_;
   }
-  py::dict d;
-  d["step"] = r.step;
-  d["epoch"] = r.position.epoch;
-  d["cursor"] = r.position.cursor;
-  d["epochs_done"] = r.epochs_done;
-  d["loss"] = r.loss;
-  d["correct"] = r.correct;
-  d["samples"] = r.samples;
-  d["lr"] = r.lr;
-  d["generation"] = r.generation;
-  d["world_size"] = r.world_size;
-  d["rank"] = r.rank;
-  return d;
+  return StepDict(r);
 }
 
 py::object OwnLoop::last_eval() {
@@ -187,16 +176,7 @@ py::object OwnLoop::last_eval() {
     if (!has_eval_) return py::none();
     r = last_eval_;
   }
-  py::dict d;
-  d["step"] = r.step;
-  d["epoch"] = r.epoch;
-  d["loss"] = r.loss;
-  d["accuracy"] = r.accuracy;
-  d["samples"] = r.samples;
-  d["generation"] = r.generation;
-  d["world_size"] = r.world_size;
-  d["rank"] = r.rank;
-  return d;
+  return EvalDict(r);
 }
 
 // ---- the runtime thread
