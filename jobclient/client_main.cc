@@ -16,6 +16,7 @@
 #include "edl/net/auth.h"
 #include "edl/net/framed_socket.h"
 #include "jobclient/client.h"
+#include "jobclient/host_slots.h"
 
 namespace edl::jobclient {
 namespace {
@@ -262,6 +263,19 @@ int RunClientMain(int argc, char** argv) {
     return 2;
   }
   if (help) return 0;
+  // One client per machine and server, told at once (before any connection attempt); the server
+  // applies the same rule to the nodes that reach it (jobserver/node_registry.cc).
+  HostSlotClaim claim;
+  const std::string server = o.server_host + ":" + std::to_string(o.server_port);
+  s = claim.Claim(kHostLockDir, server, o.advertise_addr, o.slots, o.node_name);
+  if (!s.ok()) {
+    std::cerr << "edl client: " << s.ToString() << "\n";
+    return 1;
+  }
+  if (!claim.paths().empty()) {
+    LOG(INFO) << "node " << o.node_name << " holds " << claim.paths().size() << " slot(s) of host "
+              << o.advertise_addr << " for " << server << " (" << kHostLockDir << "/edl-slot-*.lock)";
+  }
   boost::asio::io_context io;
   Client client(&io, o, launcher::NewProcessLauncher(), Clock::Real());
   s = client.Start();

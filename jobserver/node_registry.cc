@@ -67,9 +67,7 @@ Status NodeRegistry::Register(const ClusterNode& node, bool require_types, std::
       if (shared.empty()) continue;
       return Status::AlreadyExists(
           "node " + node.name + " offers slots " + shared + " of host " + node.host + ", which node " + name +
-          " on the same host offers already: two edl clients on one machine double-book its GPUs or cores. "
-          "Stop this client (scripts/ssh_cluster.sh runs one per host of its hosts file), or give the two "
-          "disjoint slots (--gpus 0,1 and --gpus 2,3)");
+          " on the same host offers already: " + proto::kOneClientPerMachineFix);
     }
   }
   if (!*known) {

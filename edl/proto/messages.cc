@@ -194,6 +194,11 @@ bool IsLoopbackIp(const std::string& host) {
   return std::memcmp(a, kLoopback6, 16) == 0 || (std::memcmp(a, kMapped, 12) == 0 && a[12] == 127);
 }
 
+const char kOneClientPerMachineFix[] =
+    "two edl clients on one machine double-book its GPUs or cores. Stop this client "
+    "(scripts/ssh_cluster.sh runs one per host of its hosts file), or give the two disjoint slots "
+    "(--gpus 0,1 and --gpus 2,3)";
+
 bool IsLoopbackHost(const std::string& host) {
   return IsLoopbackIp(host) || host == "localhost" || host.rfind("localhost.", 0) == 0;
 }

@@ -86,6 +86,9 @@ bool IsValidHost(const std::string& s);
 bool IsLoopbackIp(const std::string& host);
 // IsLoopbackIp, or the name localhost (localhost.*): every address is on this machine.
 bool IsLoopbackHost(const std::string& host);
+// The fix named when two edl clients on one machine offer the same slots (the server's node
+// registry and the client's own host-slot claim, jobclient/host_slots.h, refuse the second).
+extern const char kOneClientPerMachineFix[];
 
 // CRTP base: Encoded() is EncodeTo's JSON, DebugString() that JSON on one line.
 template <typename T>

@@ -245,5 +245,32 @@ TEST_F(ControlPlaneTest, SecondClientWithTheSameNodeNameIsRefused) {
   dup.Stop();
 }
 
+// One client per machine (jobclient/host_slots.h): a second `edl client` on this machine that
+// offers one of the first one's slots of the same host to the same server exits 1 at once, before
+// any connection, naming the first one's node and pid and the fix; the first one carries on.
+TEST_F(ControlPlaneTest, ASecondClientOnTheMachineIsRefusedAtOnceByTheClient) {
+  StartServer("", 0);
+  auto client = [&](const std::string& node, const std::string& slots) {
+    return std::vector<std::string>{test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_,
+                                    "--secret_file", secret_, "--node_name", node, "--slots", slots,
+                                    "--advertise_addr", "10.254.0.1", "--socket_path",
+                                    dir_.Join(node + ".sock"), "--", STAND_IN_TRAINER};
+  };
+  Proc first(client("first", "2"), dir_.Join("first.log"));
+  ASSERT_TRUE(itest::WaitFor([&] { return Slurp(dir_.Join("first.log")).find("holds 2 slot(s)") != std::string::npos; },
+                             milliseconds(30000)))
+      << Slurp(dir_.Join("first.log"));
+  Proc second(client("second", "1"), dir_.Join("second.log"));
+  EXPECT_EQ(second.Wait(milliseconds(30000)), 1) << Slurp(dir_.Join("second.log"));
+  const std::string said = Slurp(dir_.Join("second.log"));
+  EXPECT_NE(said.find("slot 0 of host 10.254.0.1 is offered to the server 127.0.0.1:" + port_ +
+                      " by the edl client of node first (pid " + std::to_string(first.pid()) + ")"),
+            std::string::npos)
+      << said;
+  EXPECT_NE(said.find("give the two disjoint slots"), std::string::npos) << said;
+  EXPECT_TRUE(first.Running());
+  first.Stop();
+}
+
 }  // namespace
 }  // namespace edl
