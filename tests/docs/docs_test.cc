@@ -356,8 +356,11 @@ std::string Isolate() {
     return std::string("cannot bring up lo in the new network namespace: ") + std::strerror(errno);
   // A private /tmp: the clients keep their session files and sockets there (/tmp/edl-<node>...).
   // Best effort: the quick start runs the same without it. Not with EDL_KEEP_TEST_DIRS, whose
-  // scratch directory must outlive the namespace.
-  if (std::getenv("EDL_KEEP_TEST_DIRS") == nullptr &&
+  // scratch directory must outlive the namespace, nor when the tree (the source or the build)
+  // lies under /tmp, which the mount would hide.
+  auto under_tmp = [](const std::string& p) { return fs::absolute(p).string().rfind("/tmp/", 0) == 0; };
+  if (std::getenv("EDL_KEEP_TEST_DIRS") == nullptr && !under_tmp(test::SourceDir()) &&
+      !under_tmp(test::BuildDir()) &&
       ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {
     if (::mount("tmpfs", "/tmp", "tmpfs", 0, "mode=1777") != 0) {
       std::cerr << "docs_test: no private /tmp (" << std::strerror(errno)
