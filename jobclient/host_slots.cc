@@ -48,6 +48,17 @@ std::string Holder(int fd) {
   return "the edl client of node " + s.substr(space + 1) + " (pid " + s.substr(0, space) + ")";
 }
 
+// This process's network namespace ("4026531992" of "net:[4026531992]"): a host address names
+// one machine within one namespace (containers and test namespaces share a filesystem, not a
+// network). "" when /proc does not say.
+std::string NetNamespace() {
+  char buf[64] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/net", buf, sizeof(buf) - 1);
+  std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  const size_t open = s.find('['), close = s.find(']');
+  return open == std::string::npos || close == std::string::npos ? "" : s.substr(open + 1, close - open - 1);
+}
+
 }  // namespace
 
 HostSlotClaim::~HostSlotClaim() { Release(); }
@@ -68,7 +79,7 @@ Status HostSlotClaim::Claim(const std::string& lock_dir, const std::string& serv
   if (proto::IsLoopbackHost(host)) return Status::OK();
   for (int slot : slots) {
     const std::string path = lock_dir + "/edl-slot-" + NamePart(server) + "-" + NamePart(host) + "-" +
-                             std::to_string(slot) + ".lock";
+                             NamePart(NetNamespace()) + "-" + std::to_string(slot) + ".lock";
     int fd = -1;
     for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
       fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);

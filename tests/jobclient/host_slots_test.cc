@@ -3,6 +3,8 @@
 // server stay allowed; a restarting node's new client waits for its old one.
 #include "jobclient/host_slots.h"
 
+#include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -86,6 +88,27 @@ TEST(HostSlotClaimTest, AnUnwritableDirectoryIsNamed) {
   const Status s = a.Claim("/nonexistent-edl-dir", "s:1", "10.0.0.1", {0}, "a");
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.ToString().find("/nonexistent-edl-dir must be writable"), std::string::npos) << s.ToString();
+}
+
+// Two network namespaces are two machines that may share a filesystem (containers, the ssh tests'
+// nodes): the same address and slot claimed in each are two offers, not one.
+TEST(HostSlotClaimTest, AnotherNetworkNamespaceIsAnotherMachine) {
+  test::ScratchDir dir("edl-slots");
+  HostSlotClaim here;
+  ASSERT_OK(here.Claim(dir.path(), "s:1", "10.0.0.1", {0}, "a"));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // 2: no namespace could be made (not root); 0: claimed there; 1: refused there.
+    if (::unshare(CLONE_NEWNET) != 0) ::_exit(2);
+    HostSlotClaim there;
+    ::_exit(there.Claim(dir.path(), "s:1", "10.0.0.1", {0}, "b").ok() ? 0 : 1);
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFEXITED(st));
+  ASSERT_NE(WEXITSTATUS(st), 2) << "unshare(CLONE_NEWNET) failed: this test needs root, as the network-namespace tests do";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << "a claim in another network namespace was refused";
 }
 
 }  // namespace
