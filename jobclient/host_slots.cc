@@ -77,9 +77,10 @@ void HostSlotClaim::Release() {
 Status HostSlotClaim::Claim(const std::string& lock_dir, const std::string& server, const std::string& host,
                             const std::vector<int>& slots, const std::string& node) {
   if (proto::IsLoopbackHost(host)) return Status::OK();
+  const std::string prefix =
+      lock_dir + "/edl-slot-" + NamePart(server) + "-" + NamePart(host) + "-" + NamePart(NetNamespace()) + "-";
   for (int slot : slots) {
-    const std::string path = lock_dir + "/edl-slot-" + NamePart(server) + "-" + NamePart(host) + "-" +
-                             NamePart(NetNamespace()) + "-" + std::to_string(slot) + ".lock";
+    const std::string path = prefix + std::to_string(slot) + ".lock";
     int fd = -1;
     for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
       fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
