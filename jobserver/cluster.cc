@@ -21,9 +21,10 @@ Cluster::Cluster(ClusterOptions options, Clock* clock)
     : options_(std::move(options)),
       clock_(clock),
       own_job_(options_.one_job ? options_.one_job->job_id : std::string()),
+      slots_go_(options_.one_job ? SlotsGo::kToTheOneJob : SlotsGo::kByPolicy),
       registry_(options_.heartbeat_timeout_us, clock),
       policy_(options_.policy, clock) {
-  if (one_job()) {
+  if (options_.one_job) {  // the one job exists from the start
     Job job;
     job.spec.job.name = own_job_;
     job.spec.job.min_trainers = options_.one_job->min_trainers;
@@ -35,7 +36,7 @@ Cluster::Cluster(ClusterOptions options, Clock* clock)
 
 std::unique_ptr<JobMembership> Cluster::NewMembership(const std::string& name, int port_index) const {
   MembershipOptions o = options_.job_defaults;
-  if (one_job()) {
+  if (name == own_job_) {
     o = *options_.one_job;  // sized by its own flags
   } else {
     o.min_trainers = 1;  // the policy holds the job's bounds; the membership follows its grants
@@ -49,15 +50,15 @@ std::unique_ptr<JobMembership> Cluster::NewMembership(const std::string& name, i
 }
 
 Cluster::Job* Cluster::Own() {
-  auto it = jobs_.find(own_job_);
-  return one_job() && it != jobs_.end() ? &it->second : nullptr;
+  auto it = own_job_.empty() ? jobs_.end() : jobs_.find(own_job_);
+  return it != jobs_.end() ? &it->second : nullptr;
 }
 
 // ---- nodes
 
 Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>& running,
                         const std::vector<int64_t>& generations, std::string* session, bool* known) {
-  EDL_RETURN_IF_ERROR(registry_.Register(node, /*require_types=*/!one_job(), session, known));
+  EDL_RETURN_IF_ERROR(registry_.Register(node, /*require_types=*/by_policy(), session, known));
   const NodeRegistry::Node* n = registry_.Find(node.name);
   events::NodeJoined joined{node.name, node.host, n->info.slots.size(), proto::NodeModeOf(n->info.restart_mode), {}};
   for (const JobTypeOffer& t : n->info.types) joined.job_types.push_back(t.name);
@@ -88,7 +89,7 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
     KillStale(node.name, std::move(stale));
   }
   if (!*known) {
-    if (one_job()) {
+    if (!by_policy()) {
       GrantEverySlot("node_joined");
     } else {
       PolicyNode pn{node.name, static_cast<int>(n->info.slots.size()), {}};
@@ -128,7 +129,7 @@ void Cluster::KillStale(const std::string& node, std::vector<std::string> ids) {
 // ---- jobs
 
 Status Cluster::Submit(const JobSpec& spec) {
-  if (one_job()) {
+  if (!by_policy()) {
     return Status::FailedPrecondition("'submit' needs a cluster server: start `edl server --cluster` (this one "
                                       "runs the single job " + own_job_ + ")");
   }
@@ -180,7 +181,7 @@ Status Cluster::Submit(const JobSpec& spec) {
 }
 
 Status Cluster::Cancel(const std::string& name) {
-  if (one_job()) {
+  if (!by_policy()) {
     return Status::FailedPrecondition("'cancel' needs a cluster server (`edl server --cluster`); this one runs the "
                                       "single job " + own_job_ + ": stop it with `edl ctl stop`");
   }
@@ -200,7 +201,7 @@ Status Cluster::Cancel(const std::string& name) {
 }
 
 Status Cluster::Scale(const std::string& name, int n) {
-  if (one_job()) {
+  if (!by_policy()) {  // the one job's desired size
     if (!name.empty() && name != own_job_) {
       return Status::NotFound("no live job named " + name + "; this server runs the single job " + own_job_);
     }
@@ -418,11 +419,11 @@ void Cluster::Tick() {
     }
     owner_.erase(name);
     for (auto it = stale_.begin(); it != stale_.end();) it = it->second == name ? stale_.erase(it) : std::next(it);
-    if (!one_job()) {
+    if (by_policy()) {
       if (Status s = policy_.NodeLost(name); !s.ok()) LOG(WARNING) << "cluster: node " << name << ": " << s.ToString();
     }
   }
-  if (!one_job()) policy_.Tick();
+  if (by_policy()) policy_.Tick();
   for (auto& [name, job] : jobs_) job.membership->Tick();
   AfterPolicy();
 }
@@ -441,7 +442,7 @@ void Cluster::AfterPolicy() {
       Record(events::Policy{e});
       if (!e.job.empty()) reasons_[e.job] = e.kind;
     }
-    if (!one_job()) {
+    if (by_policy()) {
       for (bool grow : {false, true}) {  // every job gives up slots before any takes them
         for (auto& [name, job] : jobs_) {
           auto r = reasons_.find(name);
@@ -452,7 +453,7 @@ void Cluster::AfterPolicy() {
     std::vector<std::string> done;
     for (auto& [name, job] : jobs_) {
       Collect(name, &job);
-      if (job.membership->done() && !one_job()) done.push_back(name);  // the one job ends with the server
+      if (job.membership->done() && name != own_job_) done.push_back(name);  // the one job ends with the server
     }
     reasons_.clear();
     if (done.empty()) return;
@@ -605,7 +606,7 @@ bool Cluster::Hosts(const std::string& node, const std::string& job) const {
 }
 
 std::optional<std::map<std::string, int>> Cluster::TeacherCapacity() const {
-  if (one_job()) return std::nullopt;
+  if (!by_policy()) return std::nullopt;  // every slot is the one job's
   return policy_.FreeSlotsByNode();
 }
 
@@ -702,12 +703,12 @@ Status Cluster::Restore(const ClusterState& s) {
     if (name != own_job_) policy_jobs.push_back(std::move(pj));
     jobs_.emplace(name, std::move(job));
   }
-  if (one_job() && !jobs_.count(own_job_)) return corrupt("the server's job " + own_job_ + " is missing");
-  if (!one_job()) EDL_RETURN_IF_ERROR(policy_.Restore(policy_nodes, policy_jobs));
+  if (!own_job_.empty() && !jobs_.count(own_job_)) return corrupt("the server's job " + own_job_ + " is missing");
+  if (by_policy()) EDL_RETURN_IF_ERROR(policy_.Restore(policy_nodes, policy_jobs));
   finished_.assign(s.ended.begin(), s.ended.end());
-  if (one_job()) GrantEverySlot("restore");  // every node the state knows, its members' included
+  if (!by_policy()) GrantEverySlot("restore");  // every node the state knows, its members' included
   for (auto& [name, job] : jobs_) Collect(name, &job);  // each job's "restored" record
-  if (!one_job()) {  // (a one-job server's log is its job's: the job's record says it all)
+  if (Own() == nullptr) {  // (a one-job server's log is its job's: the job's record says it all)
     Record(events::ClusterRestored{jobs_.size(), registry_.nodes().size(), finished_.size()});
   }
   return Status::OK();

@@ -220,7 +220,16 @@ class Cluster {
   void NoteFailure(const std::string& name, Job* job, const std::string& how, const std::string& error);
 
   std::unique_ptr<JobMembership> NewMembership(const std::string& name, int port_index) const;
-  bool one_job() const { return !own_job_.empty(); }
+  // Who hands out the nodes' slots. This is the one thing a one-job server does differently, and
+  // what follows from it is decided here once:
+  //  - kToTheOneJob (a one-job server): every slot of every node is the one job's, and its size
+  //    follows its own flags. So nodes need not offer job types, nothing can be submitted or
+  //    cancelled, no slot is free for a service's teachers, and the cluster policy has no part.
+  //  - kByPolicy (a cluster server): the ClusterPolicy shares the nodes among submitted jobs.
+  // Two more one-job defaults are about the job itself, not the slots: it ends with its server
+  // (it is never forgotten as finished), and its status and events log are the job's own.
+  enum class SlotsGo { kToTheOneJob, kByPolicy };
+  bool by_policy() const { return slots_go_ == SlotsGo::kByPolicy; }
   Job* Own();
 
   // Runs after every input: applies the policy's decisions, then collects every job's actions.
@@ -245,6 +254,7 @@ class Cluster {
   const ClusterOptions options_;
   Clock* const clock_;  // not owned
   const std::string own_job_;  // empty on a cluster server
+  const SlotsGo slots_go_;
   NodeRegistry registry_;
   ClusterPolicy policy_;
   uint64_t trainer_seq_ = 1;  // shared by every job (MembershipOptions::shared_trainer_seq)

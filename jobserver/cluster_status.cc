@@ -104,10 +104,10 @@ void Cluster::AddHealth(const Job& job, json* out) const {
 }
 
 json Cluster::StatusJson() const {
-  if (one_job()) {  // the job's own summary, as `edl ctl status` of one job prints it
-    json s = FindJob(own_job_)->Summary();
+  if (const auto own = jobs_.find(own_job_); !own_job_.empty() && own != jobs_.end()) {
+    json s = own->second.membership->Summary();  // the job's own, as `edl ctl status` of one job prints it
     s["progress"] = ProgressSummary(own_job_);
-    AddHealth(jobs_.at(own_job_), &s);
+    AddHealth(own->second, &s);
     return s;
   }
   json jobs = LiveJobsJson();
