@@ -24,7 +24,8 @@ Status GpuUtilization::Open(const std::vector<int>& gpus, const std::string& lib
   lib_ = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (lib_ == nullptr) {
     const char* why = ::dlerror();
-    return Status::NotFound("GPU utilisation: cannot load " + library + " (" + (why ? why : "unknown") +
+    return Status::NotFound("GPU utilisation: cannot load " + library + " (" +
+                            (why ? why : "unknown") +
                             "): no NVIDIA driver on this node; GPU-UTILS shows n/a");
   }
   void* init = ::dlsym(lib_, "nvmlInit_v2");
@@ -34,13 +35,16 @@ Status GpuUtilization::Open(const std::vector<int>& gpus, const std::string& lib
   void* shutdown = ::dlsym(lib_, "nvmlShutdown");
   if (!init || !count || !handle || !rates || !shutdown) {
     Close();
-    return Status::FailedPrecondition("GPU utilisation: " + library + " lacks the NVML functions (nvmlInit_v2, "
-                                      "nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2, "
-                                      "nvmlDeviceGetUtilizationRates, nvmlShutdown): not an NVML library");
+    return Status::FailedPrecondition(
+        "GPU utilisation: " + library +
+        " lacks the NVML functions (nvmlInit_v2, "
+        "nvmlDeviceGetCount_v2, nvmlDeviceGetHandleByIndex_v2, "
+        "nvmlDeviceGetUtilizationRates, nvmlShutdown): not an NVML library");
   }
   if (int rc = reinterpret_cast<int (*)()>(init)(); rc != kNvmlSuccess) {
     Close();
-    return Status::FailedPrecondition("GPU utilisation: nvmlInit_v2 failed with NVML error " + std::to_string(rc) +
+    return Status::FailedPrecondition("GPU utilisation: nvmlInit_v2 failed with NVML error " +
+                                      std::to_string(rc) +
                                       " (is the driver loaded? nvidia-smi says)");
   }
   shutdown_ = reinterpret_cast<int (*)()>(shutdown);
@@ -48,18 +52,20 @@ Status GpuUtilization::Open(const std::vector<int>& gpus, const std::string& lib
   unsigned int n = 0;
   if (int rc = reinterpret_cast<int (*)(unsigned int*)>(count)(&n); rc != kNvmlSuccess) {
     Close();
-    return Status::FailedPrecondition("GPU utilisation: nvmlDeviceGetCount_v2 failed with NVML error " +
-                                      std::to_string(rc));
+    return Status::FailedPrecondition(
+        "GPU utilisation: nvmlDeviceGetCount_v2 failed with NVML error " + std::to_string(rc));
   }
   std::vector<int> which = gpus;
   for (unsigned int i = 0; gpus.empty() && i < n; ++i) which.push_back(static_cast<int>(i));
   auto get = reinterpret_cast<int (*)(unsigned int, void**)>(handle);
   for (int i : which) {
     void* dev = nullptr;
-    if (i < 0 || static_cast<unsigned int>(i) >= n || get(static_cast<unsigned int>(i), &dev) != kNvmlSuccess) {
+    if (i < 0 || static_cast<unsigned int>(i) >= n ||
+        get(static_cast<unsigned int>(i), &dev) != kNvmlSuccess) {
       Close();
-      return Status::InvalidArgument("GPU utilisation: GPU " + std::to_string(i) + " is not one of the " +
-                                     std::to_string(n) + " devices NVML lists; check --gpus");
+      return Status::InvalidArgument("GPU utilisation: GPU " + std::to_string(i) +
+                                     " is not one of the " + std::to_string(n) +
+                                     " devices NVML lists; check --gpus");
     }
     devices_.push_back(dev);
   }

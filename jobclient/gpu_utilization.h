@@ -36,8 +36,9 @@ class GpuUtilization {
   void* lib_ = nullptr;
   // NVML entry points (nvml.h; plain C, resolved by name).
   int (*shutdown_)() = nullptr;
-  int (*utilization_)(void* device, unsigned int* rates) = nullptr;  // nvmlUtilization_t: {gpu, memory}
-  std::vector<void*> devices_;  // nvmlDevice_t handles
+  int (*utilization_)(void* device,
+                      unsigned int* rates) = nullptr;  // nvmlUtilization_t: {gpu, memory}
+  std::vector<void*> devices_;                         // nvmlDevice_t handles
 };
 
 }  // namespace edl::jobclient

@@ -56,7 +56,9 @@ std::string NetNamespace() {
   const ssize_t n = ::readlink("/proc/self/ns/net", buf, sizeof(buf) - 1);
   std::string s(buf, n > 0 ? static_cast<size_t>(n) : 0);
   const size_t open = s.find('['), close = s.find(']');
-  return open == std::string::npos || close == std::string::npos ? "" : s.substr(open + 1, close - open - 1);
+  return open == std::string::npos || close == std::string::npos
+             ? ""
+             : s.substr(open + 1, close - open - 1);
 }
 
 }  // namespace
@@ -74,11 +76,12 @@ void HostSlotClaim::Release() {
   paths_.clear();
 }
 
-Status HostSlotClaim::Claim(const std::string& lock_dir, const std::string& server, const std::string& host,
-                            const std::vector<int>& slots, const std::string& node) {
+Status HostSlotClaim::Claim(const std::string& lock_dir, const std::string& server,
+                            const std::string& host, const std::vector<int>& slots,
+                            const std::string& node) {
   if (proto::IsLoopbackHost(host)) return Status::OK();
-  const std::string prefix =
-      lock_dir + "/edl-slot-" + NamePart(server) + "-" + NamePart(host) + "-" + NamePart(NetNamespace()) + "-";
+  const std::string prefix = lock_dir + "/edl-slot-" + NamePart(server) + "-" + NamePart(host) +
+                             "-" + NamePart(NetNamespace()) + "-";
   for (int slot : slots) {
     const std::string path = prefix + std::to_string(slot) + ".lock";
     int fd = -1;
@@ -94,8 +97,10 @@ Status HostSlotClaim::Claim(const std::string& lock_dir, const std::string& serv
                           err);
       }
       bool locked = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
-      // The previous client of this very node still on its way out (a restart): wait for it, bounded.
-      for (int waited_ms = 0; !locked && waited_ms < kSameNodeWaitMs && HolderNode(fd) == node; waited_ms += 100) {
+      // The previous client of this very node still on its way out (a restart): wait for it,
+      // bounded.
+      for (int waited_ms = 0; !locked && waited_ms < kSameNodeWaitMs && HolderNode(fd) == node;
+           waited_ms += 100) {
         ::usleep(100 * 1000);
         locked = ::flock(fd, LOCK_EX | LOCK_NB) == 0;
       }
@@ -103,26 +108,29 @@ Status HostSlotClaim::Claim(const std::string& lock_dir, const std::string& serv
         const std::string holder = Holder(fd);
         ::close(fd);
         Release();
-        return Status::AlreadyExists("slot " + std::to_string(slot) + " of host " + host + " is offered to the server " +
-                                     server + " by " + holder + " on this machine (" + path + "): " +
-                                     proto::kOneClientPerMachineFix);
+        return Status::AlreadyExists("slot " + std::to_string(slot) + " of host " + host +
+                                     " is offered to the server " + server + " by " + holder +
+                                     " on this machine (" + path +
+                                     "): " + proto::kOneClientPerMachineFix);
       }
       // The holder released (and unlinked) the file between our open and our lock: try the path
       // again, or two clients would hold locks on two different files of one name.
       struct stat by_fd, by_path;
-      if (::fstat(fd, &by_fd) != 0 || ::stat(path.c_str(), &by_path) != 0 || by_fd.st_ino != by_path.st_ino ||
-          by_fd.st_dev != by_path.st_dev) {
+      if (::fstat(fd, &by_fd) != 0 || ::stat(path.c_str(), &by_path) != 0 ||
+          by_fd.st_ino != by_path.st_ino || by_fd.st_dev != by_path.st_dev) {
         ::close(fd);
         fd = -1;
       }
     }
     if (fd < 0) {
       Release();
-      return Status::Unavailable("host slot lock " + path + " kept changing under this client; start it again");
+      return Status::Unavailable("host slot lock " + path +
+                                 " kept changing under this client; start it again");
     }
     const std::string line = std::to_string(::getpid()) + " " + node + "\n";
     if ((::fcntl(fd, F_GETFL) & O_ACCMODE) == O_RDWR &&
-        (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))) {
+        (::ftruncate(fd, 0) != 0 ||
+         ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))) {
       const int err = errno;
       ::close(fd);
       Release();

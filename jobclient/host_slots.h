@@ -1,12 +1,13 @@
 // HostSlotClaim: one edl client per machine and server, checked by the client itself before it
 // contacts anybody. A client that advertises a non-loopback host takes an exclusive lock per slot
 // it offers, in a file of the machine's lock directory named by the server, the advertised host,
-// the network namespace (the host's address names a machine within one) and the slot; a second client on the machine offering one of those slots to the same server is
-// refused at once with the holder's node and pid and the fix (proto::kOneClientPerMachineFix),
-// the same rule the server's node registry applies to the nodes that reach it. A holder of the
-// same node name is that node's previous client on its way out (a restart): waited for, 15 s. Loopback is the
-// one-machine setup (several nodes on this machine on purpose) and claims nothing. The kernel
-// drops the locks when the process ends, SIGKILL included; the files go with a clean release.
+// the network namespace (the host's address names a machine within one) and the slot; a second
+// client on the machine offering one of those slots to the same server is refused at once with the
+// holder's node and pid and the fix (proto::kOneClientPerMachineFix), the same rule the server's
+// node registry applies to the nodes that reach it. A holder of the same node name is that node's
+// previous client on its way out (a restart): waited for, 15 s. Loopback is the one-machine setup
+// (several nodes on this machine on purpose) and claims nothing. The kernel drops the locks when
+// the process ends, SIGKILL included; the files go with a clean release.
 //
 // Thread-safety: none (taken once at start, released at exit).
 #pragma once

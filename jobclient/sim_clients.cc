@@ -1,7 +1,8 @@
-// edl_sim_clients: N lightweight simulated `edl client`s in one process, for bench/control_plane.sh.
-// Each one authenticates like a real client, registers a node with --slots slots, heartbeats,
-// reports every prepared joiner ready at once (as a fast trainer would) and tracks the generation
-// number it holds. Once all are registered and agree on a generation, it prints
+// edl_sim_clients: N lightweight simulated `edl client`s in one process, for
+// bench/control_plane.sh. Each one authenticates like a real client, registers a node with --slots
+// slots, heartbeats, reports every prepared joiner ready at once (as a fast trainer would) and
+// tracks the generation number it holds. Once all are registered and agree on a generation, it
+// prints
 //   READY <generation>
 // and then, for every later generation that every client holds, one line
 //   ALL <generation> <unix time in ns when the last client got it>
@@ -14,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include <boost/asio.hpp>
 #include <glog/logging.h>
+#include <boost/asio.hpp>
 
 #include "edl/net/auth.h"
 #include "edl/net/connection.h"
@@ -34,8 +35,8 @@ struct Sim {
   asio::io_context io;
   std::string host, secret;
   int port = 0, clients = 0, slots = 8;
-  std::vector<int64_t> held;            // generation held by client i
-  std::map<int64_t, int> holders;       // generation -> clients holding it (or newer)
+  std::vector<int64_t> held;       // generation held by client i
+  std::map<int64_t, int> holders;  // generation -> clients holding it (or newer)
   int registered = 0;
   bool announced = false;
   int64_t base_generation = -1;
@@ -52,7 +53,9 @@ struct Sim {
       auto conn = edl::net::Connection::Create(edl::net::ToGeneric(std::move(*sock)), "server");
       std::weak_ptr<edl::net::Connection> weak = conn;
       conn->Start([this, i, weak](const json& m) { OnMessage(i, weak.lock(), m); },
-                  [i](const edl::Status& s) { std::cerr << "sim client " << i << " closed: " << s.ToString() << "\n"; });
+                  [i](const edl::Status& s) {
+                    std::cerr << "sim client " << i << " closed: " << s.ToString() << "\n";
+                  });
       conns.push_back(conn);
     });
   }
@@ -120,8 +123,9 @@ struct Sim {
     edl::proto::GenerationUpdate u;
     edl::Status s = u.DecodeFrom(m);
     if (s.ok()) s = u.ApplyTo(&client0_generation);
-    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                        std::chrono::steady_clock::now() - t0).count();
+    const auto us =
+        std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+            .count();
     if (!s.ok()) {
       std::cerr << "sim client 0: generation update rejected: " << s.ToString() << "\n";
       return;
@@ -132,7 +136,8 @@ struct Sim {
 
   void Report(int64_t g) {
     const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::system_clock::now().time_since_epoch()).count();
+                           std::chrono::system_clock::now().time_since_epoch())
+                           .count();
     if (!announced) return;
     if (g > base_generation) std::cout << "ALL " << g << " " << ns << std::endl;
   }
@@ -168,7 +173,8 @@ struct Sim {
   }
 
   std::vector<std::shared_ptr<edl::net::Connection>> conns;
-  std::map<int, std::unique_ptr<edl::net::PeerHandshake>> handshakes;  // client -> its handshake, until welcomed
+  std::map<int, std::unique_ptr<edl::net::PeerHandshake>>
+      handshakes;  // client -> its handshake, until welcomed
   int next_start = 0;
   edl::proto::GenerationInfo client0_generation;  // what client 0 holds (DecodeAsAClientDoes)
 };
@@ -182,10 +188,14 @@ int main(int argc, char** argv) {
   std::string server, secret_file;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--server") server = v;
-    else if (k == "--secret_file") secret_file = v;
-    else if (k == "--clients") sim.clients = std::stoi(v);
-    else if (k == "--slots") sim.slots = std::stoi(v);
+    if (k == "--server")
+      server = v;
+    else if (k == "--secret_file")
+      secret_file = v;
+    else if (k == "--clients")
+      sim.clients = std::stoi(v);
+    else if (k == "--slots")
+      sim.slots = std::stoi(v);
     else {
       std::cerr << "unknown flag " << k << "\n";
       return 2;

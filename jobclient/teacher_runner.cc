@@ -9,19 +9,21 @@
 namespace edl::jobclient {
 
 namespace {
-constexpr const char* kAppended[] = {"--service", "--name", "--server", "--secret_file", "--advertise_host",
-                                     "--exit_with_parent"};
+constexpr const char* kAppended[] = {"--service",     "--name",           "--server",
+                                     "--secret_file", "--advertise_host", "--exit_with_parent"};
 }  // namespace
 
 Status CheckServiceCommand(const std::string& service, const std::vector<std::string>& argv) {
-  if (argv.empty()) return Status::InvalidArgument("--service " + service + ": no command after '='");
+  if (argv.empty())
+    return Status::InvalidArgument("--service " + service + ": no command after '='");
   for (const std::string& a : argv) {
     for (const char* flag : kAppended) {
       const std::string f = flag;
       if (a == f || a.rfind(f + "=", 0) == 0) {
-        return Status::InvalidArgument("--service " + service + ": the command sets " + f +
-                                       "; leave it out, the client adds --service, --name, --server, "
-                                       "--secret_file, --advertise_host and --exit_with_parent itself");
+        return Status::InvalidArgument(
+            "--service " + service + ": the command sets " + f +
+            "; leave it out, the client adds --service, --name, --server, "
+            "--secret_file, --advertise_host and --exit_with_parent itself");
       }
     }
   }
@@ -39,26 +41,28 @@ std::vector<std::string> TeacherRunner::Services() const {
   return out;
 }
 
-Status TeacherRunner::Start(const std::string& service, const std::string& name, const std::string& server) {
+Status TeacherRunner::Start(const std::string& service, const std::string& name,
+                            const std::string& server) {
   auto cmd = options_.commands.find(service);
   if (cmd == options_.commands.end()) {
     return Status::FailedPrecondition("this node offers no service '" + service + "'");
   }
   if (teachers_.count(name)) return Status::FailedPrecondition("teacher " + name + " runs already");
   if (static_cast<int>(teachers_.size()) >= options_.slots) {
-    return Status::FailedPrecondition("all " + std::to_string(options_.slots) + " teacher slots are taken");
+    return Status::FailedPrecondition("all " + std::to_string(options_.slots) +
+                                      " teacher slots are taken");
   }
   launcher::TrainerSpec spec;
   spec.argv = cmd->second;
-  spec.argv.insert(spec.argv.end(), {"--service", service, "--name", name, "--server", server,
-                                     "--secret_file", options_.secret_file, "--advertise_host",
-                                     options_.advertise_host, "--exit_with_parent",
-                                     std::to_string(::getpid())});
+  spec.argv.insert(spec.argv.end(),
+                   {"--service", service, "--name", name, "--server", server, "--secret_file",
+                    options_.secret_file, "--advertise_host", options_.advertise_host,
+                    "--exit_with_parent", std::to_string(::getpid())});
   spec.log_path = options_.log_dir + "/teacher-" + name + ".log";
   auto proc = launcher_->Start(spec);
   if (!proc.ok()) return proc.status();
-  LOG(INFO) << "teacher " << name << " of service " << service << " started, pid " << proc.value()->pid()
-            << ", log " << spec.log_path;
+  LOG(INFO) << "teacher " << name << " of service " << service << " started, pid "
+            << proc.value()->pid() << ", log " << spec.log_path;
   teachers_[name] = Teacher{service, std::move(proc.value()), 0};
   return Status::OK();
 }
@@ -86,7 +90,8 @@ std::vector<proto::TeacherOrder> TeacherRunner::Poll(int64_t now_us) {
       ++it;
       continue;
     }
-    LOG(INFO) << "teacher " << it->first << " (pid " << it->second.proc->pid() << ") ended: " << info.ToString();
+    LOG(INFO) << "teacher " << it->first << " (pid " << it->second.proc->pid()
+              << ") ended: " << info.ToString();
     proto::TeacherOrder e;
     e.type = proto::TeacherOrderType::kExit;
     e.service = it->second.service;

@@ -25,11 +25,11 @@ namespace edl::jobclient {
 
 struct TeacherRunnerOptions {
   std::map<std::string, std::vector<std::string>> commands;  // service -> argv
-  int slots = 1;                    // teachers at once
-  std::string secret_file;          // passed on as --secret_file
-  std::string advertise_host;       // where students reach this node
-  std::string log_dir;              // <log_dir>/teacher-<name>.log
-  int64_t stop_grace_ms = 10000;    // SIGTERM -> SIGKILL
+  int slots = 1;                                             // teachers at once
+  std::string secret_file;                                   // passed on as --secret_file
+  std::string advertise_host;                                // where students reach this node
+  std::string log_dir;                                       // <log_dir>/teacher-<name>.log
+  int64_t stop_grace_ms = 10000;                             // SIGTERM -> SIGKILL
 };
 
 // InvalidArgument when `argv` (a --service command) is empty or sets a flag the runner appends.
@@ -43,8 +43,9 @@ class TeacherRunner {
 
   std::vector<std::string> Services() const;
   int slots() const { return options_.slots; }
-  // Starts teacher `name` of `service`, registering with `server` (HOST:PORT). FailedPrecondition when this node does not offer the
-  // service, runs `name` already or has no free teacher slot; the launcher's error otherwise.
+  // Starts teacher `name` of `service`, registering with `server` (HOST:PORT). FailedPrecondition
+  // when this node does not offer the service, runs `name` already or has no free teacher slot; the
+  // launcher's error otherwise.
   Status Start(const std::string& service, const std::string& name, const std::string& server);
   // SIGTERM now; Poll sends SIGKILL after the grace. False when no teacher `name` runs.
   bool Stop(const std::string& name, int64_t now_us);

@@ -34,7 +34,8 @@ Cluster::Cluster(ClusterOptions options, Clock* clock)
   }
 }
 
-std::unique_ptr<JobMembership> Cluster::NewMembership(const std::string& name, int port_index) const {
+std::unique_ptr<JobMembership> Cluster::NewMembership(const std::string& name,
+                                                      int port_index) const {
   MembershipOptions o = options_.job_defaults;
   if (name == own_job_) {
     o = *options_.one_job;  // sized by its own flags
@@ -57,10 +58,12 @@ Cluster::Job* Cluster::Own() {
 // ---- nodes
 
 Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>& running,
-                        const std::vector<int64_t>& generations, std::string* session, bool* known) {
+                        const std::vector<int64_t>& generations, std::string* session,
+                        bool* known) {
   EDL_RETURN_IF_ERROR(registry_.Register(node, /*require_types=*/by_policy(), session, known));
   const NodeRegistry::Node* n = registry_.Find(node.name);
-  events::NodeJoined joined{node.name, node.host, n->info.slots.size(), proto::NodeModeOf(n->info.restart_mode), {}};
+  events::NodeJoined joined{
+      node.name, node.host, n->info.slots.size(), proto::NodeModeOf(n->info.restart_mode), {}};
   for (const JobTypeOffer& t : n->info.types) joined.job_types.push_back(t.name);
   Record(joined);
   // Each reported trainer goes to the job that placed it on this node (live or leaving); any other
@@ -84,7 +87,8 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
   }
   if (!stale.empty()) {
     LOG(WARNING) << "node " << node.name << " runs " << stale.size() << " trainer(s) of no live job"
-                 << (*known ? "" : " (the node had been dropped, or the server started anew)") << ": killing them";
+                 << (*known ? "" : " (the node had been dropped, or the server started anew)")
+                 << ": killing them";
     Record(events::StaleTrainers{node.name, stale, std::nullopt});
     KillStale(node.name, std::move(stale));
   }
@@ -99,7 +103,8 @@ Status Cluster::AddNode(const ClusterNode& node, const std::vector<std::string>&
       }
     }
   }
-  for (auto& [name, job] : jobs_) {  // a re-attach: each job adopts its survivors (a new node runs none)
+  for (auto& [name, job] :
+       jobs_) {  // a re-attach: each job adopts its survivors (a new node runs none)
     if (*known && job.slots.count(node.name) > 0) {
       job.membership->NodeAttached(node.name, by_job[name], gens_by_job[name]);
     }
@@ -130,31 +135,40 @@ void Cluster::KillStale(const std::string& node, std::vector<std::string> ids) {
 
 Status Cluster::Submit(const JobSpec& spec) {
   if (!by_policy()) {
-    return Status::FailedPrecondition("'submit' needs a cluster server: start `edl server --cluster` (this one "
-                                      "runs the single job " + own_job_ + ")");
+    return Status::FailedPrecondition(
+        "'submit' needs a cluster server: start `edl server --cluster` (this one "
+        "runs the single job " +
+        own_job_ + ")");
   }
-  EDL_RETURN_IF_ERROR(CheckJobSpec(spec, [this] {
-    std::map<std::string, JobTypeOffer> offers;
-    for (const auto& [name, n] : registry_.nodes()) {
-      for (const JobTypeOffer& t : n.info.types) {
-        auto [it, fresh] = offers.emplace(t.name, t);
-        if (fresh) continue;
-        std::set<std::string> both;  // settable only where every node offering the type says so
-        for (const std::string& f : t.settable) {
-          if (it->second.settable.count(f)) both.insert(f);
+  EDL_RETURN_IF_ERROR(CheckJobSpec(
+      spec,
+      [this] {
+        std::map<std::string, JobTypeOffer> offers;
+        for (const auto& [name, n] : registry_.nodes()) {
+          for (const JobTypeOffer& t : n.info.types) {
+            auto [it, fresh] = offers.emplace(t.name, t);
+            if (fresh) continue;
+            std::set<std::string> both;  // settable only where every node offering the type says so
+            for (const std::string& f : t.settable) {
+              if (it->second.settable.count(f)) both.insert(f);
+            }
+            it->second.settable = std::move(both);
+          }
         }
-        it->second.settable = std::move(both);
-      }
-    }
-    return offers;
-  }(), options_.policy.known_types, options_.checkpoint_root));
+        return offers;
+      }(),
+      options_.policy.known_types, options_.checkpoint_root));
   if (jobs_.count(spec.job.name)) {
-    return Status::AlreadyExists("job " + spec.job.name + " is already submitted; pick another name "
-                                 "or `edl ctl cancel " + spec.job.name + "` first");
+    return Status::AlreadyExists("job " + spec.job.name +
+                                 " is already submitted; pick another name "
+                                 "or `edl ctl cancel " +
+                                 spec.job.name + "` first");
   }
   if (static_cast<size_t>(policy_.pending_jobs()) >= options_.max_pending_jobs) {
-    return Status::Unavailable(std::to_string(policy_.pending_jobs()) + " jobs are pending, the most this server "
-                               "takes (--max_pending_jobs): submit again once some started, or cancel some");
+    return Status::Unavailable(
+        std::to_string(policy_.pending_jobs()) +
+        " jobs are pending, the most this server "
+        "takes (--max_pending_jobs): submit again once some started, or cancel some");
   }
   JobSubmission sub = spec.job;
   sub.deadline_us = spec.deadline_s > 0 ? clock_->NowMicros() + spec.deadline_s * 1'000'000 : 0;
@@ -182,11 +196,14 @@ Status Cluster::Submit(const JobSpec& spec) {
 
 Status Cluster::Cancel(const std::string& name) {
   if (!by_policy()) {
-    return Status::FailedPrecondition("'cancel' needs a cluster server (`edl server --cluster`); this one runs the "
-                                      "single job " + own_job_ + ": stop it with `edl ctl stop`");
+    return Status::FailedPrecondition(
+        "'cancel' needs a cluster server (`edl server --cluster`); this one runs the "
+        "single job " +
+        own_job_ + ": stop it with `edl ctl stop`");
   }
   auto it = jobs_.find(name);
-  if (it == jobs_.end()) return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
+  if (it == jobs_.end())
+    return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
   EDL_RETURN_IF_ERROR(policy_.Cancel(name));
   // One stop decision, the same as `edl ctl stop` of a one-job server (JobMembership::Stop): the
   // job's stop generation (no members, reason "stop", not a failure); in-place trainers leave it at
@@ -203,14 +220,18 @@ Status Cluster::Cancel(const std::string& name) {
 Status Cluster::Scale(const std::string& name, int n) {
   if (!by_policy()) {  // the one job's desired size
     if (!name.empty() && name != own_job_) {
-      return Status::NotFound("no live job named " + name + "; this server runs the single job " + own_job_);
+      return Status::NotFound("no live job named " + name + "; this server runs the single job " +
+                              own_job_);
     }
     if (Job* j = Own()) EDL_RETURN_IF_ERROR(j->membership->CheckSize(n));
     SetDesired(n, "ctl");
     return Status::OK();
   }
-  if (name.empty()) return Status::InvalidArgument("'scale' on a cluster names a job: `edl ctl scale --job NAME N`");
-  if (!jobs_.count(name)) return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
+  if (name.empty())
+    return Status::InvalidArgument(
+        "'scale' on a cluster names a job: `edl ctl scale --job NAME N`");
+  if (!jobs_.count(name))
+    return Status::NotFound("no live job named " + name + "; see `edl ctl jobs`");
   EDL_RETURN_IF_ERROR(policy_.Scale(name, n));
   AfterPolicy();
   return Status::OK();
@@ -256,11 +277,13 @@ std::string Cluster::JobOfTrainer(const std::string& trainer_id, const std::stri
   return "";
 }
 
-bool Cluster::Authorized(const std::string& trainer_id, const std::string& node, std::string* job) const {
+bool Cluster::Authorized(const std::string& trainer_id, const std::string& node,
+                         std::string* job) const {
   job->clear();
   for (const auto& [name, j] : jobs_) {
     if (!j.membership->PlacedOn(trainer_id, node)) continue;
-    *job = name;  // a leaver's too: its last events (e.g. the final checkpoint of a stop) are its job's
+    *job = name;  // a leaver's too: its last events (e.g. the final checkpoint of a stop) are its
+                  // job's
     return true;
   }
   auto s = stale_.find(trainer_id);
@@ -269,11 +292,13 @@ bool Cluster::Authorized(const std::string& trainer_id, const std::string& node,
 
 void Cluster::TrainerExited(const std::string& trainer_id, const std::string& node, bool success,
                             const std::string& how, const std::string& error) {
-  const std::string id = trainer_id;  // a copy: the caller's may live in a generation the exit replaces
+  const std::string id =
+      trainer_id;  // a copy: the caller's may live in a generation the exit replaces
   stale_.erase(id);
   for (auto& [name, job] : jobs_) {
     if (!job.membership->PlacedOn(id, node)) continue;
-    const bool counts = !success && job.membership->IsLiveTrainer(id);  // a leaver's end is expected
+    const bool counts =
+        !success && job.membership->IsLiveTrainer(id);  // a leaver's end is expected
     job.configs.erase(id);
     job.membership->TrainerExited(id, success, how);
     if (counts) NoteFailure(name, &job, how, error);
@@ -282,7 +307,8 @@ void Cluster::TrainerExited(const std::string& trainer_id, const std::string& no
   AfterPolicy();
 }
 
-void Cluster::NoteFailure(const std::string& name, Job* job, const std::string& how, const std::string& error) {
+void Cluster::NoteFailure(const std::string& name, Job* job, const std::string& how,
+                          const std::string& error) {
   const std::string key = how + "\n" + error;
   job->failures_alike = key == job->failure_key ? job->failures_alike + 1 : 1;
   job->failure_key = key;
@@ -290,19 +316,23 @@ void Cluster::NoteFailure(const std::string& name, Job* job, const std::string& 
   job->failure_error = error;
   if (job->failures_alike != kFailingAfter) return;
   job->failing_since_us = clock_->NowMicros();
-  LOG(WARNING) << "job " << name << " is failing: " << kFailingAfter << " trainers in a row ended with " << how
-               << (error.empty() ? "" : ", last log line: " + error) << "; the back-off grows until one makes progress";
+  LOG(WARNING) << "job " << name << " is failing: " << kFailingAfter
+               << " trainers in a row ended with " << how
+               << (error.empty() ? "" : ", last log line: " + error)
+               << "; the back-off grows until one makes progress";
   actions_.push_back({name, Action::Record(events::Failing{job->failures_alike, how, error})});
 }
 
-void Cluster::TrainerReady(const std::string& trainer_id, const std::string& node, int64_t generation) {
+void Cluster::TrainerReady(const std::string& trainer_id, const std::string& node,
+                           int64_t generation) {
   const std::string name = JobOfTrainer(trainer_id, node);
   if (name.empty()) return;
   jobs_.at(name).membership->TrainerReady(trainer_id, generation);
   AfterPolicy();
 }
 
-void Cluster::Progress(const std::string& job, const std::string& trainer_id, const proto::ProgressReport& r) {
+void Cluster::Progress(const std::string& job, const std::string& trainer_id,
+                       const proto::ProgressReport& r) {
   auto it = jobs_.find(job);
   if (it == jobs_.end() || !it->second.membership->IsLiveTrainer(trainer_id)) return;
   Job& j = it->second;
@@ -342,53 +372,56 @@ std::string ConfigDifference(const std::string& job, const std::string& joiner) 
   for (const auto& [k, v] : b) names.insert(k);
   for (const std::string& k : names) {
     auto x = a.find(k), y = b.find(k);
-    const std::string vx = x == a.end() ? "(none)" : x->second, vy = y == b.end() ? "(none)" : y->second;
-    if (vx != vy) diff += (diff.empty() ? "" : ", ") + k + ": the job's " + proto::Quote(vx, 48) + ", this trainer's " + proto::Quote(vy, 48);
+    const std::string vx = x == a.end() ? "(none)" : x->second,
+                      vy = y == b.end() ? "(none)" : y->second;
+    if (vx != vy)
+      diff += (diff.empty() ? "" : ", ") + k + ": the job's " + proto::Quote(vx, 48) +
+              ", this trainer's " + proto::Quote(vy, 48);
   }
   return diff;
 }
 
 }  // namespace
 
-void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_id, const std::string& node,
-                           const proto::TrainerEventBody& event) {
+void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_id,
+                           const std::string& node, const proto::TrainerEventBody& event) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return;
   Job& job = it->second;
   namespace ev = proto::ev;
-  std::visit(
-      Overloaded{
-          [&](const ev::JoinerFirstStep&) { job.membership->TrainerStepped(trainer_id); },
-          [&](const ev::ReformFailed& e) {
-            job.membership->ReformFailed(trainer_id, e.generation);
-            AfterPolicy();  // collects the commit, as for the other reports
-          },
-          [&](const ev::CommFailed& e) {
-            job.membership->CommFailed(trainer_id, e.generation);
-            AfterPolicy();
-          },
-          [&](const ev::CheckpointFailed& e) {
-            ++job.checkpoint_failures;
-            if (e.refused) ++job.checkpoint_refusals;
-            job.checkpoint_failed_step = e.step;
-            job.checkpoint_error = e.error.substr(0, proto::kMaxErrorLineBytes);
-          },
-          [&](const ev::StopCheckpoint& e) {
-            job.final_checkpoint_reported = true;
-            job.final_checkpoint_ok = e.ok;
-            job.final_checkpoint_error = e.error.substr(0, proto::kMaxErrorLineBytes);
-            if (job.final_checkpoint_error.empty()) job.final_checkpoint_error = job.checkpoint_error;  // the save's own
-          },
-          [&](const ev::Config& e) { OnConfig(&job, trainer_id, node, e.fingerprint); },
-          [](const ev::CheckpointSaved&) {},  // the metrics count them
-          [](const ev::Stall&) {},
-          [](const ev::Other&) {},
-          [](const ev::Malformed&) {},  // the server drops them before they come here
-      },
-      event);
+  std::visit(Overloaded{
+                 [&](const ev::JoinerFirstStep&) { job.membership->TrainerStepped(trainer_id); },
+                 [&](const ev::ReformFailed& e) {
+                   job.membership->ReformFailed(trainer_id, e.generation);
+                   AfterPolicy();  // collects the commit, as for the other reports
+                 },
+                 [&](const ev::CommFailed& e) {
+                   job.membership->CommFailed(trainer_id, e.generation);
+                   AfterPolicy();
+                 },
+                 [&](const ev::CheckpointFailed& e) {
+                   ++job.checkpoint_failures;
+                   if (e.refused) ++job.checkpoint_refusals;
+                   job.checkpoint_failed_step = e.step;
+                   job.checkpoint_error = e.error.substr(0, proto::kMaxErrorLineBytes);
+                 },
+                 [&](const ev::StopCheckpoint& e) {
+                   job.final_checkpoint_reported = true;
+                   job.final_checkpoint_ok = e.ok;
+                   job.final_checkpoint_error = e.error.substr(0, proto::kMaxErrorLineBytes);
+                   if (job.final_checkpoint_error.empty())
+                     job.final_checkpoint_error = job.checkpoint_error;  // the save's own
+                 },
+                 [&](const ev::Config& e) { OnConfig(&job, trainer_id, node, e.fingerprint); },
+                 [](const ev::CheckpointSaved&) {},  // the metrics count them
+                 [](const ev::Stall&) {}, [](const ev::Other&) {},
+                 [](const ev::Malformed&) {},  // the server drops them before they come here
+             },
+             event);
 }
 
-void Cluster::OnConfig(Job* job, const std::string& trainer_id, const std::string& node, const std::string& config) {
+void Cluster::OnConfig(Job* job, const std::string& trainer_id, const std::string& node,
+                       const std::string& config) {
   if (job->membership->IsMember(trainer_id) || job->config.empty()) {
     job->config = config;  // the members' configuration is the job's (a resumed job may change it)
     return;
@@ -396,15 +429,18 @@ void Cluster::OnConfig(Job* job, const std::string& trainer_id, const std::strin
   if (config == job->config || !job->membership->IsLiveTrainerOf(trainer_id, node)) return;
   // A joiner started with another configuration would break the ring (another data size, batch
   // or model): refused before it is committed, naming what differs.
-  job->membership->RefuseJoiner(trainer_id, "its configuration differs from the job's (" +
-                                                ConfigDifference(job->config, config) +
-                                                "); start its client with the job's trainer command");
+  job->membership->RefuseJoiner(trainer_id,
+                                "its configuration differs from the job's (" +
+                                    ConfigDifference(job->config, config) +
+                                    "); start its client with the job's trainer command");
   AfterPolicy();
 }
 
-Cluster::FinalCheckpoint Cluster::FinalCheckpointOf(const std::string& name, std::string* error) const {
+Cluster::FinalCheckpoint Cluster::FinalCheckpointOf(const std::string& name,
+                                                    std::string* error) const {
   auto it = jobs_.find(name);
-  if (it == jobs_.end() || !it->second.final_checkpoint_reported) return FinalCheckpoint::kNotReported;
+  if (it == jobs_.end() || !it->second.final_checkpoint_reported)
+    return FinalCheckpoint::kNotReported;
   if (it->second.final_checkpoint_ok) return FinalCheckpoint::kSaved;
   *error = it->second.final_checkpoint_error;
   return FinalCheckpoint::kFailed;
@@ -418,9 +454,11 @@ void Cluster::Tick() {
       if (job.slots.erase(name) > 0) job.membership->NodeLost(name, why);
     }
     owner_.erase(name);
-    for (auto it = stale_.begin(); it != stale_.end();) it = it->second == name ? stale_.erase(it) : std::next(it);
+    for (auto it = stale_.begin(); it != stale_.end();)
+      it = it->second == name ? stale_.erase(it) : std::next(it);
     if (by_policy()) {
-      if (Status s = policy_.NodeLost(name); !s.ok()) LOG(WARNING) << "cluster: node " << name << ": " << s.ToString();
+      if (Status s = policy_.NodeLost(name); !s.ok())
+        LOG(WARNING) << "cluster: node " << name << ": " << s.ToString();
     }
   }
   if (by_policy()) policy_.Tick();
@@ -453,13 +491,15 @@ void Cluster::AfterPolicy() {
     std::vector<std::string> done;
     for (auto& [name, job] : jobs_) {
       Collect(name, &job);
-      if (job.membership->done() && name != own_job_) done.push_back(name);  // the one job ends with the server
+      if (job.membership->done() && name != own_job_)
+        done.push_back(name);  // the one job ends with the server
     }
     reasons_.clear();
     if (done.empty()) return;
     for (const std::string& name : done) {
       Forget(name, "finished");
-      if (Status s = policy_.Finish(name); !s.ok()) LOG(WARNING) << "cluster: finishing job " << name << ": " << s.ToString();
+      if (Status s = policy_.Finish(name); !s.ok())
+        LOG(WARNING) << "cluster: finishing job " << name << ": " << s.ToString();
     }
   }
 }
@@ -469,7 +509,8 @@ std::vector<SlotGrant> Cluster::Grants(const Job& job) const {
   for (const auto& [node_name, slots] : job.slots) {
     const NodeRegistry::Node* n = registry_.Find(node_name);
     if (n == nullptr) continue;  // lost: its job dropped it already
-    grants.push_back({node_name, n->info.host, n->info.restart_mode, slots, n->connected, n->order});
+    grants.push_back(
+        {node_name, n->info.host, n->info.restart_mode, slots, n->connected, n->order});
   }
   return grants;
 }
@@ -485,13 +526,15 @@ void Cluster::GrantEverySlot(const std::string& reason) {
   job->membership->SetAllocation(Grants(*job), reason);
 }
 
-void Cluster::ApplyPlacement(const std::string& name, Job* job, const std::string& reason, bool grow) {
+void Cluster::ApplyPlacement(const std::string& name, Job* job, const std::string& reason,
+                             bool grow) {
   const PolicyJob* pj = policy_.Find(name);
   const Placement empty;
   const Placement& want = pj != nullptr ? pj->placement : empty;
   // Rank of the job's member on each (node, slot); slots without one are given up first.
   std::map<std::pair<std::string, int>, int> rank;
-  for (const proto::MemberInfo& m : job->membership->current().members) rank[{m.node, m.slot}] = m.rank;
+  for (const proto::MemberInfo& m : job->membership->current().members)
+    rank[{m.node, m.slot}] = m.rank;
   std::set<std::string> names;
   for (const auto& [node, slots] : job->slots) names.insert(node);
   for (const auto& [node, k] : want) names.insert(node);
@@ -504,7 +547,8 @@ void Cluster::ApplyPlacement(const std::string& name, Job* job, const std::strin
     const size_t k = w == want.end() ? 0 : static_cast<size_t>(w->second);
     std::vector<int>& mine = job->slots[node_name];
     if (!grow && mine.size() > k) {
-      // Kept: the slots of the lowest ranks; given up: the highest ranks', then slots without a member.
+      // Kept: the slots of the lowest ranks; given up: the highest ranks', then slots without a
+      // member.
       std::sort(mine.begin(), mine.end(), [&](int a, int b) {
         auto ra = rank.find({node_name, a}), rb = rank.find({node_name, b});
         const bool ha = ra != rank.end(), hb = rb != rank.end();
@@ -539,7 +583,8 @@ void Cluster::Forget(const std::string& name, const std::string& state) {
     if (o == owner_.end()) continue;
     for (int s : slots) o->second.erase(s);
   }
-  finished_.push_back({name, it->second.spec.job.type, state, it->second.membership->current().generation});
+  finished_.push_back(
+      {name, it->second.spec.job.type, state, it->second.membership->current().generation});
   while (finished_.size() > options_.max_finished_kept) finished_.pop_front();
   if (state == "cancelled") {
     Record(events::JobCancelled{name});
@@ -630,7 +675,9 @@ void Cluster::Snapshot(ClusterState* s) const {
       js.cap = pj->cap;
       js.running = pj->state == JobPhase::kRunning;
       js.deadline_left_us =
-          pj->spec.deadline_us > 0 ? std::clamp<int64_t>(pj->spec.deadline_us - now, 1, kMaxDeadlineLeftUs) : 0;
+          pj->spec.deadline_us > 0
+              ? std::clamp<int64_t>(pj->spec.deadline_us - now, 1, kMaxDeadlineLeftUs)
+              : 0;
       js.deadline_reported = pj->deadline_reported;
     }
     job.membership->Snapshot(&js.sched);
@@ -642,19 +689,24 @@ void Cluster::Snapshot(ClusterState* s) const {
 Status Cluster::Restore(const ClusterState& s) {
   if (s.one_job != own_job_) {
     if (s.one_job.empty()) {
-      return Status::FailedPrecondition("the state store holds a cluster server's state (`edl server --cluster`): "
-                                        "give each server its own --state_dir");
+      return Status::FailedPrecondition(
+          "the state store holds a cluster server's state (`edl server --cluster`): "
+          "give each server its own --state_dir");
     }
     if (own_job_.empty()) {
-      return Status::FailedPrecondition("the state store holds a single-job server's job " + s.one_job +
+      return Status::FailedPrecondition("the state store holds a single-job server's job " +
+                                        s.one_job +
                                         ": give the cluster server its own --state_dir");
     }
-    return Status::FailedPrecondition("the state store holds job " + s.one_job + " of another server; start this "
-                                      "one with --job_id " + s.one_job + " to resume it, or give job " + own_job_ +
+    return Status::FailedPrecondition("the state store holds job " + s.one_job +
+                                      " of another server; start this "
+                                      "one with --job_id " +
+                                      s.one_job + " to resume it, or give job " + own_job_ +
                                       " its own --state_dir");
   }
   auto corrupt = [](const std::string& why) {
-    return Status::Corruption("saved cluster state: " + why + ". Move the state aside (the server then starts "
+    return Status::Corruption("saved cluster state: " + why +
+                              ". Move the state aside (the server then starts "
                               "with no jobs) or restore it from a backup");
   };
   EDL_RETURN_IF_ERROR(registry_.Restore(s.nodes));
@@ -690,8 +742,8 @@ Status Cluster::Restore(const ClusterState& s) {
       for (int slot : slots) {
         const std::vector<int>& offered = n->info.slots;
         if (std::find(offered.begin(), offered.end(), slot) == offered.end() || owner.count(slot)) {
-          return corrupt("job " + name + " holds slot " + std::to_string(slot) + " of node " + node_name +
-                         ", which the node does not offer or another job holds");
+          return corrupt("job " + name + " holds slot " + std::to_string(slot) + " of node " +
+                         node_name + ", which the node does not offer or another job holds");
         }
         owner[slot] = name;
       }
@@ -703,7 +755,8 @@ Status Cluster::Restore(const ClusterState& s) {
     if (name != own_job_) policy_jobs.push_back(std::move(pj));
     jobs_.emplace(name, std::move(job));
   }
-  if (!own_job_.empty() && !jobs_.count(own_job_)) return corrupt("the server's job " + own_job_ + " is missing");
+  if (!own_job_.empty() && !jobs_.count(own_job_))
+    return corrupt("the server's job " + own_job_ + " is missing");
   if (by_policy()) EDL_RETURN_IF_ERROR(policy_.Restore(policy_nodes, policy_jobs));
   finished_.assign(s.ended.begin(), s.ended.end());
   if (!by_policy()) GrantEverySlot("restore");  // every node the state knows, its members' included

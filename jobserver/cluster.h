@@ -41,12 +41,12 @@
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
 #include "edl/proto/trainer_events.h"
-#include "jobserver/policy/cluster_policy.h"
-#include "jobserver/state/cluster_state.h"
 #include "jobserver/events/events.h"
 #include "jobserver/job_membership.h"
-#include "jobserver/policy/job_spec.h"
 #include "jobserver/node_registry.h"
+#include "jobserver/policy/cluster_policy.h"
+#include "jobserver/policy/job_spec.h"
+#include "jobserver/state/cluster_state.h"
 
 namespace edl::jobserver {
 
@@ -97,7 +97,9 @@ class Cluster {
                  const std::vector<int64_t>& generations, std::string* session, bool* known);
   void NodeDisconnected(const std::string& name);
   void Heartbeat(const std::string& name) { registry_.Heard(name); }
-  void SetNodeStats(const std::string& name, const proto::NodeStats& s) { registry_.SetStats(name, s); }
+  void SetNodeStats(const std::string& name, const proto::NodeStats& s) {
+    registry_.SetStats(name, s);
+  }
   const NodeRegistry& registry() const { return registry_; }
 
   // ---- jobs
@@ -138,7 +140,8 @@ class Cluster {
                      const std::string& how, const std::string& error = "");
   void TrainerReady(const std::string& trainer_id, const std::string& node, int64_t generation);
   // A live trainer's progress (kept until it leaves the job's generations).
-  void Progress(const std::string& job, const std::string& trainer_id, const proto::ProgressReport& r);
+  void Progress(const std::string& job, const std::string& trainer_id,
+                const proto::ProgressReport& r);
   // A trainer event of `job`, typed (edl/proto/trainer_events.h): a joiner's first step, a
   // failed re-form or communicator (the membership answers them), and what `edl ctl status` shows:
   // checkpoint saves that failed or the fence refused, the final save of a stop, and each member's
@@ -198,7 +201,7 @@ class Cluster {
     std::map<std::string, std::vector<int>> slots;  // node -> the slots it holds there
     int port_index = 0;  // MASTER_PORT range: job_defaults.master_port_base + 1000 * port_index
     std::map<std::string, proto::ProgressReport> progress;  // live trainers' latest, by id
-    int64_t last_step = -1;            // the highest step reported, and when it was first seen
+    int64_t last_step = -1;  // the highest step reported, and when it was first seen
     int64_t last_progress_us = -1;
     // Failures in a row that looked the same (how + error line), since the last progress.
     std::string failure_key, failure_how, failure_error;
@@ -217,7 +220,8 @@ class Cluster {
   // A job's status fields beyond its membership's: failing, last progress, checkpoint failures.
   void AddHealth(const Job& job, nlohmann::json* out) const;
   // A live trainer of `job` failed (`how`, its last log line `error`): counts failures alike.
-  void NoteFailure(const std::string& name, Job* job, const std::string& how, const std::string& error);
+  void NoteFailure(const std::string& name, Job* job, const std::string& how,
+                   const std::string& error);
 
   std::unique_ptr<JobMembership> NewMembership(const std::string& name, int port_index) const;
   // Who hands out the nodes' slots. This is the one thing a one-job server does differently, and
@@ -235,7 +239,8 @@ class Cluster {
   // Runs after every input: applies the policy's decisions, then collects every job's actions.
   void AfterPolicy();
   // A trainer's configuration fingerprint ("config" event): the job's, or a joiner's refusal.
-  void OnConfig(Job* job, const std::string& trainer_id, const std::string& node, const std::string& config);
+  void OnConfig(Job* job, const std::string& trainer_id, const std::string& node,
+                const std::string& config);
   // The one job: every node's slots.
   void GrantEverySlot(const std::string& reason);
   // Gives up the slots the policy took from the job (`grow` false), or takes the free slots it
@@ -252,7 +257,7 @@ class Cluster {
   void KillStale(const std::string& node, std::vector<std::string> ids);
 
   const ClusterOptions options_;
-  Clock* const clock_;  // not owned
+  Clock* const clock_;         // not owned
   const std::string own_job_;  // empty on a cluster server
   const SlotsGo slots_go_;
   NodeRegistry registry_;
@@ -260,7 +265,7 @@ class Cluster {
   uint64_t trainer_seq_ = 1;  // shared by every job (MembershipOptions::shared_trainer_seq)
   std::map<std::string, Job> jobs_;
   std::map<std::string, std::map<int, std::string>> owner_;  // node -> slot -> the job holding it
-  std::deque<EndedJob> finished_;  // ended jobs, oldest first
+  std::deque<EndedJob> finished_;                            // ended jobs, oldest first
   std::vector<JobAction> actions_;
   std::map<std::string, std::string> reasons_;  // job -> the reason of this pass's change
   // Trainers killed as stale whose exit their node has not reported: id -> node (bounded).

@@ -42,9 +42,13 @@ events::Progress Cluster::ProgressOf(const std::string& job) const {
 json Cluster::ProgressSummary(const std::string& job) const {
   if (jobs_.count(job) == 0) return json::object();
   const events::Progress p = ProgressOf(job);
-  return {{"reporting", p.reporting}, {"step", p.step},
-          {"epoch", p.epoch},         {"loss", p.loss},
-          {"images_per_sec", p.images_per_sec}, {"accuracy", p.accuracy}, {"samples", p.samples}};
+  return {{"reporting", p.reporting},
+          {"step", p.step},
+          {"epoch", p.epoch},
+          {"loss", p.loss},
+          {"images_per_sec", p.images_per_sec},
+          {"accuracy", p.accuracy},
+          {"samples", p.samples}};
 }
 
 json Cluster::LiveJobsJson() const {
@@ -54,7 +58,8 @@ json Cluster::LiveJobsJson() const {
     const PolicyJob* pj = policy_.Find(name);
     const JobSubmission& s = job.spec.job;
     const JobMembership& m = *job.membership;
-    const bool running = pj != nullptr ? pj->state == JobPhase::kRunning : m.current().world_size() > 0;
+    const bool running =
+        pj != nullptr ? pj->state == JobPhase::kRunning : m.current().world_size() > 0;
     json j = {{"name", name},
               {"type", s.type},
               {"min", s.min_trainers},
@@ -78,7 +83,8 @@ json Cluster::LiveJobsJson() const {
 json Cluster::EndedJobsJson() const {
   json ended = json::array();
   for (const EndedJob& e : finished_) {
-    ended.push_back({{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
+    ended.push_back(
+        {{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
   }
   return ended;
 }
@@ -87,14 +93,19 @@ json Cluster::JobsJson() const { return {{"jobs", LiveJobsJson()}, {"ended", End
 
 void Cluster::AddHealth(const Job& job, json* out) const {
   const int64_t now = clock_->NowMicros();
-  if (job.last_progress_us >= 0) (*out)["last_progress_s"] = MicrosToSeconds(now - job.last_progress_us);
+  if (job.last_progress_us >= 0)
+    (*out)["last_progress_s"] = MicrosToSeconds(now - job.last_progress_us);
   if (job.failures_alike >= kFailingAfter) {
-    (*out)["failing"] = {{"exits", job.failures_alike}, {"how", job.failure_how}, {"last_error", job.failure_error},
+    (*out)["failing"] = {{"exits", job.failures_alike},
+                         {"how", job.failure_how},
+                         {"last_error", job.failure_error},
                          {"since_s", MicrosToSeconds(now - job.failing_since_us)}};
   }
   if (job.checkpoint_failures > 0 || (job.final_checkpoint_reported && !job.final_checkpoint_ok)) {
-    json c = {{"failed", job.checkpoint_failures}, {"refused", job.checkpoint_refusals},
-              {"last_step", job.checkpoint_failed_step}, {"last_error", job.checkpoint_error}};
+    json c = {{"failed", job.checkpoint_failures},
+              {"refused", job.checkpoint_refusals},
+              {"last_step", job.checkpoint_failed_step},
+              {"last_error", job.checkpoint_error}};
     if (job.final_checkpoint_reported) {
       c["final_ok"] = job.final_checkpoint_ok;
       c["final_error"] = job.final_checkpoint_error;
@@ -105,7 +116,8 @@ void Cluster::AddHealth(const Job& job, json* out) const {
 
 json Cluster::StatusJson() const {
   if (const auto own = jobs_.find(own_job_); !own_job_.empty() && own != jobs_.end()) {
-    json s = own->second.membership->Summary();  // the job's own, as `edl ctl status` of one job prints it
+    json s = own->second.membership
+                 ->Summary();  // the job's own, as `edl ctl status` of one job prints it
     s["progress"] = ProgressSummary(own_job_);
     AddHealth(own->second, &s);
     return s;

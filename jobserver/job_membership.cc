@@ -54,13 +54,15 @@ void JobMembership::NodeAttached(const std::string& name, const std::vector<std:
     const MemberInfo* m = FindMember(running[i]);
     if (m != nullptr && m->node != name) continue;  // not this node's to report
     if (pending_.joiner_ids.count(running[i]) > 0) continue;
-    if (!above && (m != nullptr || leaving_.count(running[i]) > 0)) continue;  // a member, or a leaver
+    if (!above && (m != nullptr || leaving_.count(running[i]) > 0))
+      continue;  // a member, or a leaver
     stale.push_back(running[i]);
     if (m != nullptr) gone.insert(running[i]);
   }
   if (!stale.empty()) {
     LOG(WARNING) << "job " << options_.job_id << ": node " << name << " runs " << stale.size()
-                 << " trainer(s) that are in no generation of this job (a change the previous server had not "
+                 << " trainer(s) that are in no generation of this job (a change the previous "
+                    "server had not "
                     "completed): killing them";
     EmitEvent(events::StaleTrainers{name, stale, current_.generation});
     EmitKill(name, stale);
@@ -114,8 +116,10 @@ void JobMembership::NodeLost(const std::string& name, const std::string& why) {
   UpdateRecovery();
 }
 
-void JobMembership::TrainerExited(const std::string& trainer_id, bool success, const std::string& how) {
-  const std::string id = trainer_id;  // a copy: the caller's may live in the generation OnExit replaces
+void JobMembership::TrainerExited(const std::string& trainer_id, bool success,
+                                  const std::string& how) {
+  const std::string id =
+      trainer_id;  // a copy: the caller's may live in the generation OnExit replaces
   OnExit(id, success, how);
   leaving_.erase(id);  // its node reported its exit: it no longer runs
 }
@@ -153,21 +157,23 @@ void JobMembership::ReformFailed(const std::string& trainer_id, int64_t generati
   if (done_ || recovering_ || stopping_ || current_.members.empty()) return;
   if (generation != current_.generation || FindMember(trainer_id) == nullptr) return;
   if (!finished_.empty()) {
-    CommitFinish("trainer " + trainer_id + " could not re-form generation " + std::to_string(generation) +
-                 " after other members finished");
+    CommitFinish("trainer " + trainer_id + " could not re-form generation " +
+                 std::to_string(generation) + " after other members finished");
     Reconcile();
     return;
   }
   failed_report_ = {generation, trainer_id};
-  if (FailMembersOfClosedNodes()) {  // the members it could not re-form with are gone with their node
+  if (FailMembersOfClosedNodes()) {  // the members it could not re-form with are gone with their
+                                     // node
     Reconcile();
     return;
   }
   const int64_t now = clock_->NowMicros();
   if (last_reform_retry_us_ >= 0 && now - last_reform_retry_us_ < options_.backoff_min_us) return;
   last_reform_retry_us_ = now;
-  LOG(WARNING) << "job " << options_.job_id << ": trainer " << trainer_id << " could not re-form generation "
-               << generation << "; committing its members again";
+  LOG(WARNING) << "job " << options_.job_id << ": trainer " << trainer_id
+               << " could not re-form generation " << generation
+               << "; committing its members again";
   if (pending_.active) AbortPending("the current generation failed to re-form");
   Commit(current_.members, "reform_retry", true, 0);
 }
@@ -185,7 +191,8 @@ bool JobMembership::FailMembersOfClosedNodes() {
   if (done_ || recovering_ || stopping_ || !finished_.empty()) return false;
   const MemberInfo* reporter = FindMember(failed_report_.trainer_id);
   if (reporter == nullptr) return false;
-  if (auto n = nodes_.find(reporter->node); n == nodes_.end() || n->second.closed_generation) return false;
+  if (auto n = nodes_.find(reporter->node); n == nodes_.end() || n->second.closed_generation)
+    return false;
   std::map<std::string, std::vector<std::string>> by_node;
   std::set<std::string> gone;
   for (const MemberInfo& m : current_.members) {
@@ -200,11 +207,13 @@ bool JobMembership::FailMembersOfClosedNodes() {
   }
   if (gone.empty()) return false;
   for (auto& [node, ids] : by_node) {
-    LOG(WARNING) << "job " << options_.job_id << ": node " << node << " lost its connection and trainer "
-                 << failed_report_.trainer_id << " could not complete generation " << failed_report_.generation
-                 << ": taking the node's " << ids.size()
-                 << " member(s) as dead now, without waiting for its client to re-attach or time out";
-    EmitEvent(events::MembersLostWithNode{node, std::move(ids), failed_report_.generation, failed_report_.trainer_id});
+    LOG(WARNING)
+        << "job " << options_.job_id << ": node " << node << " lost its connection and trainer "
+        << failed_report_.trainer_id << " could not complete generation "
+        << failed_report_.generation << ": taking the node's " << ids.size()
+        << " member(s) as dead now, without waiting for its client to re-attach or time out";
+    EmitEvent(events::MembersLostWithNode{node, std::move(ids), failed_report_.generation,
+                                          failed_report_.trainer_id});
   }
   NoteMembersFailed(gone, "died with their node's client");
   RemoveMembers(gone, "failure", true);
@@ -226,8 +235,8 @@ void JobMembership::CommitFinish(const std::string& why) {
   for (const MemberInfo& m : current_.members) {
     if (finished_.count(m.trainer_id) > 0) done_members.push_back(m);
   }
-  LOG(INFO) << "job " << options_.job_id << ": " << why << "; the " << current_.members.size() - done_members.size()
-            << " unfinished member(s) leave";
+  LOG(INFO) << "job " << options_.job_id << ": " << why << "; the "
+            << current_.members.size() - done_members.size() << " unfinished member(s) leave";
   if (pending_.active) AbortPending("the job is finishing");
   Commit(std::move(done_members), "finish", false, 0);
 }
@@ -246,8 +255,9 @@ void JobMembership::RefuseJoiner(const std::string& trainer_id, const std::strin
   auto it = pending_.joiner_ids.find(trainer_id);
   if (!pending_.active || it == pending_.joiner_ids.end()) return;
   const std::string id = trainer_id, node = it->second;
-  LOG(WARNING) << "job " << options_.job_id << ": refusing joiner " << id << " on node " << node << ": " << why
-               << "; no joiner goes to node " << node << " until its client re-attaches";
+  LOG(WARNING) << "job " << options_.job_id << ": refusing joiner " << id << " on node " << node
+               << ": " << why << "; no joiner goes to node " << node
+               << " until its client re-attaches";
   EmitEvent(events::JoinerRefused{id, node, why});
   refused_nodes_[node] = why;
   EmitKill(node, {id});
@@ -260,9 +270,11 @@ Status JobMembership::CheckSize(int n) const {
   const int lo = options_.min_trainers, hi = options_.max_trainers;
   if (n >= lo && (hi <= 0 || n <= hi)) return Status::OK();
   return Status::InvalidArgument(
-      "job " + options_.job_id + " takes " + std::to_string(lo) + ".." + (hi > 0 ? std::to_string(hi) : "any") +
+      "job " + options_.job_id + " takes " + std::to_string(lo) + ".." +
+      (hi > 0 ? std::to_string(hi) : "any") +
       " trainers (the server's --min_trainers / --max_trainers), not " + std::to_string(n) +
-      (n < lo ? "; to end the job use `edl ctl stop`" : "; restart the server with a larger --max_trainers to go further"));
+      (n < lo ? "; to end the job use `edl ctl stop`"
+              : "; restart the server with a larger --max_trainers to go further"));
 }
 
 void JobMembership::SetDesired(int n, const std::string& reason) {
@@ -319,7 +331,8 @@ void JobMembership::SetAllocation(const std::vector<SlotGrant>& grants, const st
                                   std::optional<int> desired) {
   const int64_t now = clock_->NowMicros();
   std::set<std::pair<std::string, int>> allowed;
-  for (auto& [name, n] : nodes_) n.slots.clear();  // a node not granted keeps none (its members leave)
+  for (auto& [name, n] : nodes_)
+    n.slots.clear();  // a node not granted keeps none (its members leave)
   for (const SlotGrant& g : grants) {
     Node& n = nodes_[g.node];
     n.name = g.node;
@@ -341,7 +354,8 @@ void JobMembership::SetAllocation(const std::vector<SlotGrant>& grants, const st
   }
   std::set<std::string> gone;
   for (const MemberInfo& m : current_.members) {
-    if (!allowed.count({m.node, m.slot}) && !finished_.count(m.trainer_id)) gone.insert(m.trainer_id);
+    if (!allowed.count({m.node, m.slot}) && !finished_.count(m.trainer_id))
+      gone.insert(m.trainer_id);
   }
   if (desired) {
     desired_ = *desired;
@@ -402,7 +416,9 @@ void JobMembership::Reconcile() {
     if (!all_finished && !only_unstepped_joiners) return;  // finishing: no more changes
     // The joiners of a change that raced the end would wait out their rendezvous on peers that
     // finished: they leave now (ReformFailed's "finish" without waiting for their report).
-    if (!all_finished) CommitFinish("every member that trained has finished, and the rest joined after the last step");
+    if (!all_finished)
+      CommitFinish(
+          "every member that trained has finished, and the rest joined after the last step");
     done_ = true;
     EmitEvent(events::Finished{current_.generation, current_.world_size()});
     Action a;
@@ -493,7 +509,7 @@ void JobMembership::Shrink(int count, const std::string& reason) {
 }
 
 void JobMembership::RemoveMembers(const std::set<std::string>& gone, const std::string& reason,
-                              bool failure) {
+                                  bool failure) {
   if (pending_.active) AbortPending("a member left during the prepare phase");
   std::vector<MemberInfo> keep;
   for (const MemberInfo& m : current_.members) {
@@ -542,7 +558,7 @@ void JobMembership::MaybeCommitPending(bool timed_out) {
 }
 
 void JobMembership::Commit(std::vector<MemberInfo> members, const std::string& reason, bool failure,
-                       int64_t stall_us) {
+                           int64_t stall_us) {
   proto::GenerationInfo next;
   next.generation = NextGeneration();
   next.job_id = options_.job_id;
@@ -573,12 +589,13 @@ void JobMembership::Commit(std::vector<MemberInfo> members, const std::string& r
   std::unordered_set<std::string> after;
   for (const MemberInfo& m : next.members) after.insert(m.trainer_id);
   for (const MemberInfo& m : current_.members) {
-    if (after.count(m.trainer_id) == 0) MarkLeaving(m.trainer_id, m.node);  // until its exit is reported
+    if (after.count(m.trainer_id) == 0)
+      MarkLeaving(m.trainer_id, m.node);  // until its exit is reported
   }
   if (!next.members.empty()) next.master_addr = next.members[0].host;
   next.master_port = options_.master_port_base + static_cast<int>(next.generation % 1000);
-  EmitEvent(events::Generation{next.generation, reason, failure, current_.world_size(), next.world_size(),
-                                MicrosToSeconds(stall_us)});
+  EmitEvent(events::Generation{next.generation, reason, failure, current_.world_size(),
+                               next.world_size(), MicrosToSeconds(stall_us)});
   LOG(INFO) << "job " << options_.job_id << ": generation " << next.generation << " (" << reason
             << (failure ? ", failure" : "") << "): world size " << current_.world_size() << " -> "
             << next.world_size();
@@ -644,7 +661,8 @@ void JobMembership::EmitKill(const std::string& node, std::vector<std::string> i
 void JobMembership::MarkLeaving(const std::string& id, const std::string& node) {
   stepped_.erase(id);
   unstepped_joiners_.erase(id);
-  if (leaving_.size() >= kMaxLeavingTrainers && leaving_.count(id) == 0) leaving_.erase(leaving_.begin());
+  if (leaving_.size() >= kMaxLeavingTrainers && leaving_.count(id) == 0)
+    leaving_.erase(leaving_.begin());
   leaving_[id] = node;
 }
 
@@ -660,7 +678,8 @@ std::vector<MemberInfo> JobMembership::FreeSlots(int count) const {
   for (const auto& [name, n] : nodes_) {
     if (n.connected && refused_nodes_.count(name) == 0) order.push_back(&n);
   }
-  std::sort(order.begin(), order.end(), [](const Node* a, const Node* b) { return a->order < b->order; });
+  std::sort(order.begin(), order.end(),
+            [](const Node* a, const Node* b) { return a->order < b->order; });
   std::vector<MemberInfo> out;
   const auto taken = TakenSlots();
   for (const Node* n : order) {
@@ -689,12 +708,14 @@ std::string JobMembership::NewTrainerId(const std::string& node, int slot) {
 
 int JobMembership::total_slots() const {
   int n = 0;
-  for (const auto& [name, node] : nodes_) n += node.connected ? static_cast<int>(node.slots.size()) : 0;
+  for (const auto& [name, node] : nodes_)
+    n += node.connected ? static_cast<int>(node.slots.size()) : 0;
   return n;
 }
 
 int JobMembership::used_slots() const {  // members that finished hold no slot any more
-  return current_.world_size() - static_cast<int>(finished_.size()) + static_cast<int>(pending_.joiners.size());
+  return current_.world_size() - static_cast<int>(finished_.size()) +
+         static_cast<int>(pending_.joiners.size());
 }
 
 const MemberInfo* JobMembership::FindMember(const std::string& trainer_id) const {
@@ -706,7 +727,8 @@ void JobMembership::SetCurrent(proto::GenerationInfo g) {
   current_ = std::move(g);
   current_index_.clear();
   current_index_.reserve(current_.members.size());
-  for (size_t i = 0; i < current_.members.size(); ++i) current_index_.emplace(current_.members[i].trainer_id, i);
+  for (size_t i = 0; i < current_.members.size(); ++i)
+    current_index_.emplace(current_.members[i].trainer_id, i);
 }
 
 bool JobMembership::IsLiveTrainerOf(const std::string& trainer_id, const std::string& node) const {
@@ -723,47 +745,56 @@ bool JobMembership::PlacedOn(const std::string& trainer_id, const std::string& n
 
 json JobMembership::Summary() const {
   std::unordered_map<std::string, int> used_on;
-  for (const MemberInfo& m : current_.members) used_on[m.node] += finished_.count(m.trainer_id) ? 0 : 1;
+  for (const MemberInfo& m : current_.members)
+    used_on[m.node] += finished_.count(m.trainer_id) ? 0 : 1;
   json nodes = json::array();
   for (const auto& [name, n] : nodes_) {
     auto u = used_on.find(name);
     const int used = u == used_on.end() ? 0 : u->second;
-    nodes.push_back({{"name", name}, {"host", n.host}, {"mode", proto::NameOf(proto::NodeModeOf(n.restart_mode))},
-                     {"slots", n.slots.size()}, {"used", used}, {"connected", n.connected}});
+    nodes.push_back({{"name", name},
+                     {"host", n.host},
+                     {"mode", proto::NameOf(proto::NodeModeOf(n.restart_mode))},
+                     {"slots", n.slots.size()},
+                     {"used", used},
+                     {"connected", n.connected}});
   }
   json members = json::array();
   for (const MemberInfo& m : current_.members) {
     if (members.size() >= 256) break;
-    members.push_back({{"trainer_id", m.trainer_id}, {"node", m.node}, {"slot", m.slot},
-                       {"rank", m.rank}, {"finished", finished_.count(m.trainer_id) > 0}});
+    members.push_back({{"trainer_id", m.trainer_id},
+                       {"node", m.node},
+                       {"slot", m.slot},
+                       {"rank", m.rank},
+                       {"finished", finished_.count(m.trainer_id) > 0}});
   }
   json out = {{"job_id", options_.job_id},
-          {"generation", current_.generation},
-          {"reason", current_.reason},
-          {"world_size", current_.world_size()},
-          {"desired", desired_},
-          {"target", target()},
-          {"min_trainers", options_.min_trainers},
-          {"max_trainers", options_.max_trainers},
-          {"pending", pending_.active},
-          {"pending_generation", pending_.active ? pending_.generation : 0},
-          {"joiners", pending_.joiners.size()},
-          {"total_slots", total_slots()},
-          {"used_slots", used_slots()},
-          {"finished", finished_.size()},
-          {"running", current_.world_size() - static_cast<int>(finished_.size())},
-          {"done", done_},
-          {"nodes", nodes},
-          {"members", members}};
-  if (!refused_nodes_.empty()) out["refused_nodes"] = refused_nodes_;  // node -> why its joiner was refused
+              {"generation", current_.generation},
+              {"reason", current_.reason},
+              {"world_size", current_.world_size()},
+              {"desired", desired_},
+              {"target", target()},
+              {"min_trainers", options_.min_trainers},
+              {"max_trainers", options_.max_trainers},
+              {"pending", pending_.active},
+              {"pending_generation", pending_.active ? pending_.generation : 0},
+              {"joiners", pending_.joiners.size()},
+              {"total_slots", total_slots()},
+              {"used_slots", used_slots()},
+              {"finished", finished_.size()},
+              {"running", current_.world_size() - static_cast<int>(finished_.size())},
+              {"done", done_},
+              {"nodes", nodes},
+              {"members", members}};
+  if (!refused_nodes_.empty())
+    out["refused_nodes"] = refused_nodes_;  // node -> why its joiner was refused
   return out;
 }
-
 
 // ---- durable state (jobserver/state/STATE.md)
 
 int64_t JobMembership::max_generation() const {
-  return std::max({generation_floor_, current_.generation, pending_.active ? pending_.generation : 0});
+  return std::max(
+      {generation_floor_, current_.generation, pending_.active ? pending_.generation : 0});
 }
 
 void JobMembership::Snapshot(JobState* s) const {
@@ -803,11 +834,12 @@ void JobMembership::Restore(const JobState& s, const std::vector<SlotGrant>& gra
   for (const MemberInfo& m : current_.members) stepped_.insert(m.trainer_id);
   unstepped_joiners_.clear();
   recovering_ = !done_ && !current_.members.empty();
-  EmitEvent(events::JobRestored{current_.generation, current_.world_size(), s.max_generation, nodes_.size(),
-                                 done_});
-  LOG(INFO) << "job " << options_.job_id << ": resumed generation " << current_.generation << " (world size "
-            << current_.world_size() << ", " << nodes_.size() << " known nodes); new generations start above "
-            << max_generation() << (recovering_ ? "; waiting for the members' nodes to re-attach" : "");
+  EmitEvent(events::JobRestored{current_.generation, current_.world_size(), s.max_generation,
+                                nodes_.size(), done_});
+  LOG(INFO) << "job " << options_.job_id << ": resumed generation " << current_.generation
+            << " (world size " << current_.world_size() << ", " << nodes_.size()
+            << " known nodes); new generations start above " << max_generation()
+            << (recovering_ ? "; waiting for the members' nodes to re-attach" : "");
   UpdateRecovery();
 }
 
@@ -819,8 +851,9 @@ void JobMembership::UpdateRecovery() {
   }
   recovering_ = false;
   EmitEvent(events::Recovered{current_.generation, current_.world_size()});
-  LOG(INFO) << "job " << options_.job_id << ": every member's node re-attached or was lost; generation "
-            << current_.generation << " (world size " << current_.world_size() << ") goes on";
+  LOG(INFO) << "job " << options_.job_id
+            << ": every member's node re-attached or was lost; generation " << current_.generation
+            << " (world size " << current_.world_size() << ") goes on";
 }
 
 }  // namespace edl::jobserver

@@ -43,13 +43,13 @@ namespace edl::jobserver {
 
 struct MembershipOptions {
   std::string job_id = "edl-job";
-  int min_trainers = 1;       // never start below this; desired sizes are clamped up to it
+  int min_trainers = 1;  // never start below this; desired sizes are clamped up to it
   // The first generation waits for initial_trainers slots (or join_timeout_us after the first node
   // was granted, with at least min_trainers).
-  int max_trainers = 0;       // 0: no bound
-  int initial_trainers = 0;   // desired size at start; 0: every free slot
-  int64_t join_timeout_us = 60'000'000;      // joiners not ready by then are dropped
-  int master_port_base = 29500;              // MASTER_PORT = base + generation % 1000
+  int max_trainers = 0;                  // 0: no bound
+  int initial_trainers = 0;              // desired size at start; 0: every free slot
+  int64_t join_timeout_us = 60'000'000;  // joiners not ready by then are dropped
+  int master_port_base = 29500;          // MASTER_PORT = base + generation % 1000
   // Grow-back delay after a failure of what has not yet trained (a joiner, a member before its
   // first step), doubling up to backoff_max_us, reset after a quiet minute. A member that trained
   // and then failed is replaced at once: the back-off is for what keeps failing.
@@ -73,9 +73,9 @@ struct SlotGrant {
 struct Action {
   enum class Kind { kPrepare, kCommit, kKill, kDone, kEvent };
   Kind kind = Kind::kEvent;
-  std::string node;                 // kPrepare, kKill: the target node
-  proto::Prepare prepare;           // kPrepare
-  proto::GenerationInfo prev, next; // kCommit: the generation before and the new one
+  std::string node;                      // kPrepare, kKill: the target node
+  proto::Prepare prepare;                // kPrepare
+  proto::GenerationInfo prev, next;      // kCommit: the generation before and the new one
   std::vector<std::string> trainer_ids;  // kKill
   // kEvent: one events-log record (without time/job), built from its struct (events.h) by Record.
   nlohmann::json event;
@@ -83,7 +83,8 @@ struct Action {
   // The kEvent action of record `e` (an events.h struct).
   template <typename E>
   static Action Record(const E& e) {
-    static_assert(std::is_enum_v<decltype(E::kType)>, "an events-log record is built from its events.h struct");
+    static_assert(std::is_enum_v<decltype(E::kType)>,
+                  "an events-log record is built from its events.h struct");
     Action a;
     a.kind = Kind::kEvent;
     a.event = e.ToJson();
@@ -133,16 +134,16 @@ class JobMembership {
   // before their first step, and their peers are gone (TrainerExited).
   // Before any retry, members on nodes whose connection closed are taken as dead (as CommFailed).
   void ReformFailed(const std::string& trainer_id, int64_t generation);
-  // Member `trainer_id` (its report authorized as its own node's) could not complete a collective of
-  // generation `generation` (event "comm_failed"; the current one, or an older one that a trainer's
-  // exit report superseded meanwhile): a peer died. A client's death takes its
-  // trainers with it, and the server learns of theirs only when the restarted client re-attaches
-  // or the node's heartbeat times out (seconds the survivors would wait). So when a node holding
-  // members lost its connection in this server's lifetime and has not re-attached, its members are
-  // taken as dead now: one failure generation without them (record members_lost_with_node). A
-  // client that only lost its connection gets back trainers the job no longer has; they leave or
-  // are killed when it re-attaches. Other reports (about a generation before the node closed, from
-  // a non-member, while restoring, stopping or finishing) change nothing but the memory of the
+  // Member `trainer_id` (its report authorized as its own node's) could not complete a collective
+  // of generation `generation` (event "comm_failed"; the current one, or an older one that a
+  // trainer's exit report superseded meanwhile): a peer died. A client's death takes its trainers
+  // with it, and the server learns of theirs only when the restarted client re-attaches or the
+  // node's heartbeat times out (seconds the survivors would wait). So when a node holding members
+  // lost its connection in this server's lifetime and has not re-attached, its members are taken as
+  // dead now: one failure generation without them (record members_lost_with_node). A client that
+  // only lost its connection gets back trainers the job no longer has; they leave or are killed
+  // when it re-attaches. Other reports (about a generation before the node closed, from a
+  // non-member, while restoring, stopping or finishing) change nothing but the memory of the
   // report, which a connection that closes later in that generation still uses.
   void CommFailed(const std::string& trainer_id, int64_t generation);
   // Member `trainer_id` took a step (its progress report or its first step as a joiner): from now
@@ -178,9 +179,9 @@ class JobMembership {
   // The job-level fields of `*s` (its nodes are the cluster's; the scaling fields the server's).
   void Snapshot(JobState* s) const;
   // Resumes a job saved by an earlier server on its saved allocation (`grants`; the nodes not
-  // connected yet). Until every node holding a member of the current generation has re-attached or been lost,
-  // membership does not change: survivors are adopted as they report. A change that was being
-  // prepared is rolled back (its joiners are killed when their nodes report them); numbers
+  // connected yet). Until every node holding a member of the current generation has re-attached or
+  // been lost, membership does not change: survivors are adopted as they report. A change that was
+  // being prepared is rolled back (its joiners are killed when their nodes report them); numbers
   // continue above s.max_generation.
   void Restore(const JobState& s, const std::vector<SlotGrant>& grants);
   // Generations issued from now on are above `g` (e.g. the newest generation in the checkpoint
@@ -193,8 +194,8 @@ class JobMembership {
   // ---- state
   const proto::GenerationInfo& current() const { return current_; }
   bool has_pending() const { return pending_.active; }
-  int desired() const { return desired_; }   // 0: every free slot
-  int target() const;                        // desired clamped to min/max and free slots
+  int desired() const { return desired_; }  // 0: every free slot
+  int target() const;                       // desired clamped to min/max and free slots
   int total_slots() const;
   int used_slots() const;
   bool done() const { return done_; }
@@ -278,7 +279,9 @@ class JobMembership {
     Emit(Action::Record(e));
   }
   int64_t NextGeneration() const { return std::max(current_.generation, generation_floor_) + 1; }
-  uint64_t& TrainerSeq() { return options_.shared_trainer_seq ? *options_.shared_trainer_seq : next_trainer_seq_; }
+  uint64_t& TrainerSeq() {
+    return options_.shared_trainer_seq ? *options_.shared_trainer_seq : next_trainer_seq_;
+  }
   uint64_t TrainerSeq() const {
     return options_.shared_trainer_seq ? *options_.shared_trainer_seq : next_trainer_seq_;
   }
@@ -291,7 +294,7 @@ class JobMembership {
   int64_t first_node_us_ = -1;
   int desired_ = 0;
   std::string desired_reason_ = "start";
-  bool need_grow_back_ = false;   // a failure shrank the job; the next growth is "grow_back"
+  bool need_grow_back_ = false;  // a failure shrank the job; the next growth is "grow_back"
   int64_t grow_blocked_until_us_ = 0;
   int64_t backoff_us_ = 0;
   int64_t last_reform_retry_us_ = -1;  // the last commit ReformFailed made
@@ -302,7 +305,7 @@ class JobMembership {
     std::string trainer_id;
   } failed_report_;
   int64_t last_failure_us_ = 0;
-  proto::GenerationInfo current_;               // changed only by SetCurrent
+  proto::GenerationInfo current_;                          // changed only by SetCurrent
   std::unordered_map<std::string, size_t> current_index_;  // trainer id -> position in current_
   Pending pending_;
   std::set<std::string> finished_;  // members that exited 0: training is complete for them
@@ -317,9 +320,10 @@ class JobMembership {
   std::map<std::string, std::string> refused_nodes_;
   bool done_ = false;
   uint64_t next_trainer_seq_ = 1;
-  int64_t generation_floor_ = 0;  // numbers issued by earlier servers (Restore) or seen in the store
-  bool stopping_ = false;         // Stop() committed the stop generation: no more changes
-  bool recovering_ = false;       // restored; waiting for the current members' nodes (Restore)
+  int64_t generation_floor_ =
+      0;                     // numbers issued by earlier servers (Restore) or seen in the store
+  bool stopping_ = false;    // Stop() committed the stop generation: no more changes
+  bool recovering_ = false;  // restored; waiting for the current members' nodes (Restore)
   std::vector<Action> actions_;
 };
 

@@ -6,14 +6,15 @@ namespace edl::jobserver {
 
 Status KvStore::Set(const std::string& key, const std::string& value) {
   if (value.size() > limits_.max_value_bytes) {
-    return Status::FailedPrecondition("kv value for '" + key + "' is " + std::to_string(value.size()) +
-                                      " bytes; the limit is " + std::to_string(limits_.max_value_bytes) +
-                                      " (server flag --kv_max_value_bytes)");
+    return Status::FailedPrecondition(
+        "kv value for '" + key + "' is " + std::to_string(value.size()) + " bytes; the limit is " +
+        std::to_string(limits_.max_value_bytes) + " (server flag --kv_max_value_bytes)");
   }
   auto it = values_.find(key);
   const size_t old = it == values_.end() ? 0 : key.size() + it->second.size();
   if (it == values_.end() && values_.size() >= limits_.max_keys) {
-    return Status::FailedPrecondition("kv store of the job holds " + std::to_string(values_.size()) +
+    return Status::FailedPrecondition("kv store of the job holds " +
+                                      std::to_string(values_.size()) +
                                       " keys, the limit (server flag --kv_max_keys); keys of "
                                       "generations older than the current one minus 2 are dropped");
   }
@@ -106,9 +107,10 @@ void KvStore::Expire(int64_t now_us) {
 
 size_t KvStore::CollectGarbage(int64_t current_generation, const std::string& job) {
   size_t erased = 0;
-  for (auto it = job.empty() ? values_.begin() : values_.lower_bound(job + "/"); it != values_.end();) {
+  for (auto it = job.empty() ? values_.begin() : values_.lower_bound(job + "/");
+       it != values_.end();) {
     const std::string& k = it->first;
-    const size_t slash = k.find('/');  // after the job scope
+    const size_t slash = k.find('/');                          // after the job scope
     if (!job.empty() && k.compare(0, slash, job) != 0) break;  // past the job's keys (sorted)
     const int64_t g = slash == std::string::npos
                           ? -1

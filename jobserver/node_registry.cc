@@ -22,18 +22,22 @@ Status NodeRegistry::CheckAdmission(const std::string& name, const std::string& 
       (it->second.connected ? "connected from " + it->second.info.host
                             : "disconnected; its name is held until it re-attaches or is lost") +
       ") and this one did not present that node's session token; retrying. If this is a second "
-      "client, give it a unique --node_name; if it is the same node restarted, keep its --state_dir");
+      "client, give it a unique --node_name; if it is the same node restarted, keep its "
+      "--state_dir");
 }
 
-Status NodeRegistry::Register(const ClusterNode& node, bool require_types, std::string* session, bool* known) {
+Status NodeRegistry::Register(const ClusterNode& node, bool require_types, std::string* session,
+                              bool* known) {
   EDL_RETURN_IF_ERROR(proto::CheckNodeName(node.name));
   if (node.slots.empty()) {
-    return Status::InvalidArgument("node " + node.name + " offers no slots: start its client with "
+    return Status::InvalidArgument("node " + node.name +
+                                   " offers no slots: start its client with "
                                    "--gpus 0,1,.. or --slots N");
   }
   if (node.slots.size() > proto::kMaxSlotsPerNode) {
-    return Status::InvalidArgument("node " + node.name + " offers " + std::to_string(node.slots.size()) +
-                                   " slots; the limit is " + std::to_string(proto::kMaxSlotsPerNode));
+    return Status::InvalidArgument("node " + node.name + " offers " +
+                                   std::to_string(node.slots.size()) + " slots; the limit is " +
+                                   std::to_string(proto::kMaxSlotsPerNode));
   }
   std::set<int> distinct;
   for (int s : node.slots) {
@@ -43,7 +47,8 @@ Status NodeRegistry::Register(const ClusterNode& node, bool require_types, std::
     }
   }
   if (require_types && node.types.empty()) {
-    return Status::InvalidArgument("node " + node.name + " offers no job type to this cluster server: add "
+    return Status::InvalidArgument("node " + node.name +
+                                   " offers no job type to this cluster server: add "
                                    "`job_type = NAME = COMMAND...` to its client configuration");
   }
   const int64_t now = clock_->NowMicros();
@@ -61,12 +66,15 @@ Status NodeRegistry::Register(const ClusterNode& node, bool require_types, std::
       if (name == node.name || !other.connected || other.info.host != node.host) continue;
       std::string shared;
       for (int s : node.slots) {
-        if (std::find(other.info.slots.begin(), other.info.slots.end(), s) == other.info.slots.end()) continue;
+        if (std::find(other.info.slots.begin(), other.info.slots.end(), s) ==
+            other.info.slots.end())
+          continue;
         shared += (shared.empty() ? "" : ",") + std::to_string(s);
       }
       if (shared.empty()) continue;
       return Status::AlreadyExists(
-          "node " + node.name + " offers slots " + shared + " of host " + node.host + ", which node " + name +
+          "node " + node.name + " offers slots " + shared + " of host " + node.host +
+          ", which node " + name +
           " on the same host offers already: " + proto::kOneClientPerMachineFix);
     }
   }
@@ -79,9 +87,11 @@ Status NodeRegistry::Register(const ClusterNode& node, bool require_types, std::
   } else {
     ClusterNode& was = it->second.info;
     if (was.slots != node.slots || was.restart_mode != node.restart_mode) {
-      LOG(WARNING) << "node " << node.name << " re-attached offering " << node.slots.size() << " slots ("
-                   << proto::NameOf(proto::NodeModeOf(node.restart_mode)) << " mode); it keeps the " << was.slots.size()
-                   << " it joined with until it is lost (stop its client past the heartbeat timeout to change them)";
+      LOG(WARNING) << "node " << node.name << " re-attached offering " << node.slots.size()
+                   << " slots (" << proto::NameOf(proto::NodeModeOf(node.restart_mode))
+                   << " mode); it keeps the " << was.slots.size()
+                   << " it joined with until it is lost (stop its client past the heartbeat "
+                      "timeout to change them)";
     }
     was.host = node.host;
   }
@@ -170,7 +180,8 @@ Status NodeRegistry::Restore(const std::map<std::string, ClusterNodeState>& node
   nodes_.clear();
   for (const auto& [name, s] : nodes) {
     if (Status st = proto::CheckNodeName(name); !st.ok()) {
-      return Status::Corruption("saved node: " + st.message() + ". Move the state aside or restore it from a backup");
+      return Status::Corruption("saved node: " + st.message() +
+                                ". Move the state aside or restore it from a backup");
     }
     Node n;
     n.info = {name, s.node.host, s.node.restart_mode, s.node.slots, s.types};

@@ -25,8 +25,8 @@
 #include "edl/base/clock.h"
 #include "edl/base/status.h"
 #include "edl/proto/messages.h"
-#include "jobserver/state/cluster_state.h"
 #include "jobserver/policy/job_spec.h"
+#include "jobserver/state/cluster_state.h"
 
 namespace edl::jobserver {
 
@@ -42,10 +42,10 @@ class NodeRegistry {
  public:
   struct Node {
     ClusterNode info;
-    std::string session;    // its token (proto::kSessionTokenBytes hex)
+    std::string session;  // its token (proto::kSessionTokenBytes hex)
     bool connected = false;
     int64_t last_heard_us = 0;
-    int order = 0;          // registration order: placement fills nodes in this order
+    int order = 0;  // registration order: placement fills nodes in this order
     std::optional<proto::NodeStats> stats;  // the latest report while connected
   };
 

@@ -9,16 +9,16 @@
 
 #include <glog/logging.h>
 
-#include "edl/ckpt/checkpoint_store.h"
 #include "edl/base/enum_names.h"
+#include "edl/ckpt/checkpoint_store.h"
 #include "edl/net/auth.h"
 #include "edl/proto/fields.h"
 #include "edl/proto/frame.h"
 #include "edl/proto/frames.h"
 #include "edl/proto/messages.h"
-#include "jobserver/state/etcd_state.h"
 #include "jobserver/events/events.h"
 #include "jobserver/server_peer.h"
+#include "jobserver/state/etcd_state.h"
 
 namespace edl::jobserver {
 
@@ -45,7 +45,8 @@ bool IsLoopback(const std::string& host) {
 // A client on another machine that advertises a loopback address would have every other node's
 // trainers dial themselves and the job hang in rendezvous (docs/SSH.md, "Without ssh"):
 // refused, naming the fix. `peer` is the connection's "address:port".
-Status CheckAdvertisedHost(const std::string& node, const std::string& host, const std::string& peer) {
+Status CheckAdvertisedHost(const std::string& node, const std::string& host,
+                           const std::string& peer) {
   const std::string source = peer.substr(0, peer.rfind(':'));
   if (!IsLoopback(host) || IsLoopback(source)) return Status::OK();
   return Status::InvalidArgument(
@@ -100,12 +101,16 @@ Status Server::Start() {
         .WithContext("is another edl server running? pick another --server_port");
   }
   port_ = acceptor_.local_endpoint().port();
-  if (!options_.http.addr.empty()) {  // the read-only HTTP endpoint, up before the port file says the server is
-    http_ = std::make_unique<HttpEndpoint>(io_, options_.http, &metrics_, [this] { return StatusBody(); });
+  if (!options_.http.addr
+           .empty()) {  // the read-only HTTP endpoint, up before the port file says the server is
+    http_ = std::make_unique<HttpEndpoint>(io_, options_.http, &metrics_,
+                                           [this] { return StatusBody(); });
     EDL_RETURN_IF_ERROR(http_->Start());
   }
-  LOG(INFO) << "edl server " << options_.id << (cluster_.own_job().empty() ? " (a cluster of submitted jobs)" : "")
-            << " listening on " << options_.bind << ":" << port_ << "; events in " << events_.path();
+  LOG(INFO) << "edl server " << options_.id
+            << (cluster_.own_job().empty() ? " (a cluster of submitted jobs)" : "")
+            << " listening on " << options_.bind << ":" << port_ << "; events in "
+            << events_.path();
   if (!options_.port_file.empty()) {
     const std::string tmp = options_.port_file + ".tmp";
     std::ofstream(tmp) << port_ << "\n";
@@ -129,15 +134,18 @@ Status Server::OpenState() {
       int64_t newest = 0;
       for (const auto& m : metas) newest = std::max(newest, m.generation);
       cluster_.RaiseGenerationFloor(newest);
-      LOG(INFO) << "checkpoint store " << options_.checkpoint_dir << " holds generations up to " << newest
+      LOG(INFO) << "checkpoint store " << options_.checkpoint_dir << " holds generations up to "
+                << newest
                 << ": new generations are numbered above it (its fence then accepts their saves)";
     } else if (!s.ok() && !s.IsNotFound()) {
-      return s.WithContext("--checkpoint_dir (read at start to number generations above its newest)");
+      return s.WithContext(
+          "--checkpoint_dir (read at start to number generations above its newest)");
     }
   }
   if (options_.state_dir.empty() && options_.state_store.empty()) {
-    LOG(WARNING) << "no --state_dir: the state is kept in memory only; a restarted server starts anew and "
-                    "ignores the running trainers";
+    LOG(WARNING)
+        << "no --state_dir: the state is kept in memory only; a restarted server starts anew and "
+           "ignores the running trainers";
     return Status::OK();
   }
   state_ = std::make_unique<StateStore>();
@@ -149,19 +157,24 @@ Status Server::OpenState() {
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);
     EtcdStateOptions eo{options_.state_store, options_.id, options_.lease_ttl_s,
-                        std::string(host) + " " + options_.bind + ":" + std::to_string(options_.port) + " pid " +
-                            std::to_string(::getpid()),
+                        std::string(host) + " " + options_.bind + ":" +
+                            std::to_string(options_.port) + " pid " + std::to_string(::getpid()),
                         options_.stop_requested};
     std::unique_ptr<StateBackend> backend;
-    EDL_RETURN_IF_ERROR(BecomeEtcdLeader(eo, [this](const Status& why) {
-      asio::post(*io_, [this, why] {
-        LOG(ERROR) << "edl server: lost the leadership of "
-                   << (cluster_.own_job().empty() ? "the cluster " : "job ") << options_.id << ": " << why.ToString()
-                   << "; stopping (fail-stop; the trainers keep running and the new leader adopts them)";
-        failed_ = true;
-        Shutdown(/*stop_clients=*/false);
-      });
-    }, &backend));
+    EDL_RETURN_IF_ERROR(BecomeEtcdLeader(
+        eo,
+        [this](const Status& why) {
+          asio::post(*io_, [this, why] {
+            LOG(ERROR) << "edl server: lost the leadership of "
+                       << (cluster_.own_job().empty() ? "the cluster " : "job ") << options_.id
+                       << ": " << why.ToString()
+                       << "; stopping (fail-stop; the trainers keep running and the new leader "
+                          "adopts them)";
+            failed_ = true;
+            Shutdown(/*stop_clients=*/false);
+          });
+        },
+        &backend));
     state_->Open(std::move(backend));
   }
   state_writer_ = std::make_unique<ClusterStateWriter>(state_.get());
@@ -171,20 +184,25 @@ Status Server::OpenState() {
   const std::string& own = cluster_.own_job();
   const std::string what = own.empty() ? "the cluster" : "job " + own;
   if (!found) {
-    LOG(INFO) << "no state for " << what << " in " << state_->dir() << (created ? " (a new state directory)" : "")
-              << ": " << (own.empty() ? "starting with no jobs" : "starting a new job");
+    LOG(INFO) << "no state for " << what << " in " << state_->dir()
+              << (created ? " (a new state directory)" : "") << ": "
+              << (own.empty() ? "starting with no jobs" : "starting a new job");
     if (own.empty()) {
       Record("", events::NewCluster{options_.state_dir, options_.state_store});
     } else {
       Record("", events::NewJob{options_.state_dir, options_.state_store});
     }
   } else {
-    LOG(INFO) << "resuming " << what << " from " << state_->dir() << ": " << st.jobs.size() << " live job(s), "
-              << st.nodes.size() << " node(s), " << st.ended.size() << " ended job(s)"
-              << (migrated ? "; the state was in the old one-job layout: read once, rewritten in the current one" : "");
+    LOG(INFO) << "resuming " << what << " from " << state_->dir() << ": " << st.jobs.size()
+              << " live job(s), " << st.nodes.size() << " node(s), " << st.ended.size()
+              << " ended job(s)"
+              << (migrated ? "; the state was in the old one-job layout: read once, rewritten in "
+                             "the current one"
+                           : "");
     if (migrated) Record("", events::StateMigrated{state_->dir()});
     EDL_RETURN_IF_ERROR(cluster_.Restore(st));
-    if (auto j = st.jobs.find(own); j != st.jobs.end()) {  // the one job's scaling sources and their clock
+    if (auto j = st.jobs.find(own);
+        j != st.jobs.end()) {  // the one job's scaling sources and their clock
       const JobState& js = j->second.sched;
       if (script_) script_->Resume(js.script_next, js.script_offset_us);
       if (demo_) demo_->Resume(js.demo_size, js.demo_steps);
@@ -209,10 +227,13 @@ Status Server::OpenStateDir(bool* created) {
       // Another standby may have taken the directory between the look and the open: wait for it.
       if (s.ok() || !options_.standby || StateDirHolder(dir) < 0) {
         if (s.ok() && seen_leader >= 0) {
-          LOG(INFO) << "edl server: standby for " << what << " takes over --state_dir " << dir << " "
-                    << std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                           waited_since).count()
-                    << " ms after it started waiting (the leader, pid " << seen_leader << ", is gone)";
+          LOG(INFO) << "edl server: standby for " << what << " takes over --state_dir " << dir
+                    << " "
+                    << std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - waited_since)
+                           .count()
+                    << " ms after it started waiting (the leader, pid " << seen_leader
+                    << ", is gone)";
         }
         return s;
       }
@@ -220,9 +241,10 @@ Status Server::OpenStateDir(bool* created) {
     }
     if (holder != seen_leader) {
       seen_leader = holder;
-      LOG(INFO) << "standby for " << what << ": the leader is pid " << holder
-                << (holder == 0 ? " (on another host)" : "") << ", which holds --state_dir " << dir
-                << "; this server takes over the moment that process ends. Not listening until then";
+      LOG(INFO)
+          << "standby for " << what << ": the leader is pid " << holder
+          << (holder == 0 ? " (on another host)" : "") << ", which holds --state_dir " << dir
+          << "; this server takes over the moment that process ends. Not listening until then";
     }
     if (options_.stop_requested && options_.stop_requested()) {
       return Status::Aborted("stopped while a standby for " + what);
@@ -240,7 +262,8 @@ bool Server::Persist() {
   if (auto j = st.jobs.find(cluster_.own_job()); j != st.jobs.end()) {
     JobState& js = j->second.sched;
     js.clock_started = first_generation_us_ >= 0;
-    js.scale_elapsed_us = js.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
+    js.scale_elapsed_us =
+        js.clock_started ? std::max<int64_t>(0, now - first_generation_us_ - paused_us_) : 0;
     if (script_) {
       js.script_next = script_->position();
       js.script_offset_us = script_->offset_us();
@@ -253,9 +276,11 @@ bool Server::Persist() {
   const Status s = state_writer_->Save(st);
   last_persist_us_ = now;
   if (s.ok()) return true;
-  LOG(ERROR) << "edl server: " << s.ToString()
-             << "; stopping without sending the change (the trainers keep running; restart the server "
-                "once " << state_->dir() << " is writable and it resumes from the last state kept)";
+  LOG(ERROR)
+      << "edl server: " << s.ToString()
+      << "; stopping without sending the change (the trainers keep running; restart the server "
+         "once "
+      << state_->dir() << " is writable and it resumes from the last state kept)";
   failed_ = true;
   Shutdown(/*stop_clients=*/false);
   return false;
@@ -296,9 +321,10 @@ void Server::ShutdownWith(const nlohmann::json* farewell) {
   });
 }
 
-void Server::StopWhenDrained(std::shared_ptr<asio::steady_timer> timer,
-                             std::shared_ptr<std::vector<std::shared_ptr<net::Connection>>> draining,
-                             std::chrono::steady_clock::time_point give_up) {
+void Server::StopWhenDrained(
+    std::shared_ptr<asio::steady_timer> timer,
+    std::shared_ptr<std::vector<std::shared_ptr<net::Connection>>> draining,
+    std::chrono::steady_clock::time_point give_up) {
   const bool drained =
       std::all_of(draining->begin(), draining->end(), [](const auto& c) { return c->closed(); });
   if (drained || std::chrono::steady_clock::now() >= give_up) {
@@ -340,7 +366,7 @@ void Server::OnAccepted(tcp::socket socket) {
   socket.set_option(tcp::no_delay(true), ec);
   net::ConnectionOptions o;
   o.idle_timeout = milliseconds(options_.handshake_timeout_ms);  // until authenticated
-  o.max_frame_bytes = proto::kMaxPreAuthFrameBytes;             // a hello is small
+  o.max_frame_bytes = proto::kMaxPreAuthFrameBytes;              // a hello is small
   auto peer = std::make_shared<Peer>();
   peer->conn = net::Connection::Create(net::ToGeneric(std::move(socket)), name, o);
   peer->handshake = std::make_unique<net::ServerHandshake>(options_.secret);
@@ -373,7 +399,8 @@ void Server::OnAccepted(tcp::socket socket) {
 
 void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
   EDL_DCHECK_OWNING_THREAD(io_thread_);
-  if (peer->conn->handler_failed()) metrics_.FrameRefused(FrameRefusal::kHandlerError);  // logged there
+  if (peer->conn->handler_failed())
+    metrics_.FrameRefused(FrameRefusal::kHandlerError);  // logged there
   if (peer->state == Peer::State::kClient) {
     LOG(WARNING) << "client of node " << peer->node << " (" << peer->conn->peer()
                  << ") disconnected: " << why.ToString();
@@ -396,8 +423,8 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
     // A ctl, teacher or student connection closed for a reason of its own (a frame that failed
     // its session MAC, a bad frame, a read error), not because the peer left (Unavailable) or we
     // closed it (Aborted): say why, as for a client.
-    LOG(WARNING) << (peer->state == Peer::State::kCtl ? "ctl" : "service peer") << " connection from "
-                 << peer->conn->peer() << " closed: " << why.ToString();
+    LOG(WARNING) << (peer->state == Peer::State::kCtl ? "ctl" : "service peer")
+                 << " connection from " << peer->conn->peer() << " closed: " << why.ToString();
   }
   admission_.Remove(reinterpret_cast<uintptr_t>(peer.get()));
   services_.Remove(peer->id);
@@ -410,7 +437,8 @@ void Server::OnClose(const std::shared_ptr<Peer>& peer, const Status& why) {
 
 void Server::Reject(const std::shared_ptr<Peer>& peer, const Status& why) {
   const std::string line = "rejecting " + peer->conn->peer() + ": " + why.ToString();
-  metrics_.FrameRefused(peer->state == Peer::State::kAuth ? FrameRefusal::kUnauthenticated : FrameRefusal::kInvalid);
+  metrics_.FrameRefused(peer->state == Peer::State::kAuth ? FrameRefusal::kUnauthenticated
+                                                          : FrameRefusal::kInvalid);
   if (peer->state == Peer::State::kAuth) {
     LogUnauthenticated(line);
   } else {
@@ -445,7 +473,8 @@ void Server::OnMessage(const std::shared_ptr<Peer>& peer, const json& msg) {
       break;
     case Peer::State::kCtl:
       if (type != proto::msg::kCtl) {
-        Reject(peer, Status::InvalidArgument("ctl connections send only 'ctl' messages, got '" + type + "'"));
+        Reject(peer, Status::InvalidArgument("ctl connections send only 'ctl' messages, got '" +
+                                             type + "'"));
         return;
       }
       OnCtl(peer, msg);
@@ -479,12 +508,13 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     peer->conn->StartSession(hs.TakeSession(), proto::kMaxFrameBytes);
     peer->handshake.reset();
   };
-  if (hello.role == proto::Role::kTeacher || hello.role == proto::Role::kStudent) {  // service_registry.h
+  if (hello.role == proto::Role::kTeacher ||
+      hello.role == proto::Role::kStudent) {  // service_registry.h
     uint64_t replaced = 0;
     if (s = services_.Attach(peer->id, hello, &replaced); !s.ok()) return refuse(s);
     peer->state = Peer::State::kService;
-    peer->conn->SetIdleTimeout(milliseconds(
-        hello.role == proto::Role::kTeacher ? heartbeat_timeout_ms() : 0));
+    peer->conn->SetIdleTimeout(
+        milliseconds(hello.role == proto::Role::kTeacher ? heartbeat_timeout_ms() : 0));
     welcome();
     services_.Welcomed(peer->id);
     std::shared_ptr<Peer> old;  // a re-registered teacher's previous connection
@@ -502,7 +532,8 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
   }
   s = CheckAdvertisedHost(hello.node, hello.host, peer->conn->peer());
   // A session token for a node the cluster does not know: the node was dropped (lost past the
-  // heartbeat timeout, e.g. its client was stopped) or the server started anew. The welcome says so.
+  // heartbeat timeout, e.g. its client was stopped) or the server started anew. The welcome says
+  // so.
   w.dropped = !hello.node_token.empty() && cluster_.registry().SessionOf(hello.node).empty();
   if (s.ok()) s = AttachNode(peer, hello, &w.node_token);
   if (s.ok() && w.dropped) {
@@ -513,13 +544,16 @@ void Server::OnHello(const std::shared_ptr<Peer>& peer, const json& msg) {
     return;
   }
   welcome();
-  placer_.NodeUp(hello.node, hello.services, hello.teacher_slots, hello.teachers, clock_->NowMicros());
+  placer_.NodeUp(hello.node, hello.services, hello.teacher_slots, hello.teachers,
+                 clock_->NowMicros());
   LOG(INFO) << "node " << hello.node << " registered from " << peer->conn->peer() << " ("
-            << hello.slots.size() << " slots, " << proto::NameOf(hello.mode) << " mode, host " << hello.host << ")";
+            << hello.slots.size() << " slots, " << proto::NameOf(hello.mode) << " mode, host "
+            << hello.host << ")";
   SendJobsTo(peer);
 }
 
-Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello, std::string* session) {
+Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello,
+                          std::string* session) {
   EDL_RETURN_IF_ERROR(cluster_.CheckAdmission(hello.node, hello.node_token));
   auto old = nodes_.find(hello.node);
   if (old != nodes_.end()) {
@@ -541,7 +575,8 @@ Status Server::AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello&
     n.types.push_back({t.name, std::set<std::string>(t.settable.begin(), t.settable.end())});
   }
   bool known = false;
-  EDL_RETURN_IF_ERROR(cluster_.AddNode(n, hello.trainers, hello.trainer_generations, session, &known));
+  EDL_RETURN_IF_ERROR(
+      cluster_.AddNode(n, hello.trainers, hello.trainer_generations, session, &known));
   peer->state = Peer::State::kClient;
   peer->node = hello.node;
   peer->conn->SetIdleTimeout(milliseconds(heartbeat_timeout_ms()));
@@ -583,30 +618,34 @@ void Server::TellJob(const std::shared_ptr<Peer>& peer, const std::string& job) 
   peer->job_generation[job] = 0;
 }
 
-bool Server::Authorized(const std::shared_ptr<Peer>& peer, const char* what, const std::string& trainer_id,
-                        std::string* job) {
+bool Server::Authorized(const std::shared_ptr<Peer>& peer, const char* what,
+                        const std::string& trainer_id, std::string* job) {
   if (cluster_.Authorized(trainer_id, peer->node, job)) return true;
   metrics_.FrameRefused(FrameRefusal::kNotPlaced);
   // Not closed: an honest client may still hold a report queued across a server restart (ids of
   // the previous server); dropping the frame costs nothing, closing would make it reconnect.
   if (LogThis(++peer->refused)) {
-    LOG(WARNING) << "refused '" << what << "' from node " << peer->node << " (" << peer->conn->peer()
-                 << ") about trainer " << trainer_id << ": not placed on that node; a node reports only its own "
+    LOG(WARNING) << "refused '" << what << "' from node " << peer->node << " ("
+                 << peer->conn->peer() << ") about trainer " << trainer_id
+                 << ": not placed on that node; a node reports only its own "
                  << "trainers (" << peer->refused << " refused so far)";
   }
   return false;
 }
 
-void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, const std::string& job) {
+void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e,
+                     const std::string& job) {
   // Nodes write trainer events only: no other record type, a bounded payload, a bounded rate.
   std::string why;
   const auto t = e.event.find("type");
   if (t != e.event.end() && *t != events::NameOf(events::Type::kTrainerEvent)) {
-    why = "sets record type " + t->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 64) +
+    why = "sets record type " +
+          t->dump(-1, ' ', false, json::error_handler_t::replace).substr(0, 64) +
           "; nodes write only 'trainer_event'";
   } else if (const size_t n = e.event.dump(-1, ' ', false, json::error_handler_t::replace).size();
              n > options_.max_event_bytes) {
-    why = "is " + std::to_string(n) + " bytes; the limit is " + std::to_string(options_.max_event_bytes);
+    why = "is " + std::to_string(n) + " bytes; the limit is " +
+          std::to_string(options_.max_event_bytes);
   } else {
     const int64_t now = clock_->NowMicros();
     double& tokens = peer->event_tokens;
@@ -617,15 +656,18 @@ void Server::OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, c
     peer->event_tokens_us = now;
     if (tokens < 1) {
       why = "passes the rate of " + std::to_string(static_cast<int>(options_.events_per_second)) +
-            " events a second (bursts of " + std::to_string(static_cast<int>(options_.event_burst)) + ")";
+            " events a second (bursts of " +
+            std::to_string(static_cast<int>(options_.event_burst)) + ")";
     } else {
       tokens -= 1;
     }
   }
   const auto* malformed = std::get_if<proto::ev::Malformed>(&e.body);
-  if (why.empty() && malformed != nullptr) why = "is not a valid event: " + malformed->why.message();
+  if (why.empty() && malformed != nullptr)
+    why = "is not a valid event: " + malformed->why.message();
   if (!why.empty()) {
-    metrics_.FrameRefused(malformed != nullptr ? FrameRefusal::kMalformedEvent : FrameRefusal::kEventLimit);
+    metrics_.FrameRefused(malformed != nullptr ? FrameRefusal::kMalformedEvent
+                                               : FrameRefusal::kEventLimit);
     if (LogThis(++peer->refused)) {
       LOG(WARNING) << "dropped an event of trainer " << e.trainer_id << " from node " << peer->node
                    << ": it " << why << " (" << peer->refused << " refused so far)";
@@ -644,46 +686,50 @@ void Server::OnClientMessage(const std::shared_ptr<Peer>& peer, const json& msg)
   if (Status s = proto::DecodeClientFrame(msg, &frame); !s.ok()) return Reject(peer, s);
   // A report about one trainer is acted on only when authorised: its job placed it on this node.
   std::string job;  // the trainer's job
-  std::visit(
-      Overloaded{
-          [&](const proto::Heartbeat&) {
-            peer->conn->Send(proto::Heartbeat().Encoded());  // proves the server alive
-          },
-          [&](const proto::TeacherOrder& exit) { OnTeacherExit(peer, exit); },
-          [&](const proto::ServiceWatch& w) {  // for the node's distilling trainers
-            if (Status s = services_.Watch(peer->id, w.service); !s.ok() && LogThis(++peer->refused)) {
-              LOG(WARNING) << "service_watch from node " << peer->node << " refused: " << s.ToString();
-            }
-          },
-          [&](const proto::KvRequest& r) { OnKv(peer, r); },
-          [&](const proto::NodeStats& st) {
-            metrics_.NodeStatsReported(peer->node, st);
-            cluster_.SetNodeStats(peer->node, st);
-          },
-          [&](const proto::TrainerExit& exit) {
-            if (!Authorized(peer, proto::msg::kTrainerExit, exit.trainer_id, &job)) return;
-            const std::string how =
-                exit.exited ? "exit " + std::to_string(exit.code) : "signal " + std::to_string(exit.signal);
-            cluster_.TrainerExited(exit.trainer_id, peer->node, exit.success(), how, exit.error);
-            status_dirty_ = true;
-            if (stop_waiting_.erase(exit.trainer_id) > 0) MaybeEndStop();
-          },
-          [&](const proto::Ready& ready) {
-            if (!Authorized(peer, proto::msg::kReady, ready.trainer_id, &job)) return;
-            cluster_.TrainerReady(ready.trainer_id, peer->node, ready.generation);
-          },
-          [&](const proto::Progress& progress) {
-            if (!Authorized(peer, proto::msg::kProgress, progress.trainer_id, &job)) return;
-            cluster_.Progress(job, progress.trainer_id, progress.report);  // kept for live trainers only
-            if (script_ && job == options_.id) script_->ObserveStep(progress.report.step);  // `step N` lines (scaling.h)
-            status_dirty_ = true;
-          },
-          [&](const proto::Event& event) {
-            if (!Authorized(peer, proto::msg::kEvent, event.trainer_id, &job)) return;
-            OnEvent(peer, event, job);
-          },
-      },
-      frame);
+  std::visit(Overloaded{
+                 [&](const proto::Heartbeat&) {
+                   peer->conn->Send(proto::Heartbeat().Encoded());  // proves the server alive
+                 },
+                 [&](const proto::TeacherOrder& exit) { OnTeacherExit(peer, exit); },
+                 [&](const proto::ServiceWatch& w) {  // for the node's distilling trainers
+                   if (Status s = services_.Watch(peer->id, w.service);
+                       !s.ok() && LogThis(++peer->refused)) {
+                     LOG(WARNING) << "service_watch from node " << peer->node
+                                  << " refused: " << s.ToString();
+                   }
+                 },
+                 [&](const proto::KvRequest& r) { OnKv(peer, r); },
+                 [&](const proto::NodeStats& st) {
+                   metrics_.NodeStatsReported(peer->node, st);
+                   cluster_.SetNodeStats(peer->node, st);
+                 },
+                 [&](const proto::TrainerExit& exit) {
+                   if (!Authorized(peer, proto::msg::kTrainerExit, exit.trainer_id, &job)) return;
+                   const std::string how = exit.exited ? "exit " + std::to_string(exit.code)
+                                                       : "signal " + std::to_string(exit.signal);
+                   cluster_.TrainerExited(exit.trainer_id, peer->node, exit.success(), how,
+                                          exit.error);
+                   status_dirty_ = true;
+                   if (stop_waiting_.erase(exit.trainer_id) > 0) MaybeEndStop();
+                 },
+                 [&](const proto::Ready& ready) {
+                   if (!Authorized(peer, proto::msg::kReady, ready.trainer_id, &job)) return;
+                   cluster_.TrainerReady(ready.trainer_id, peer->node, ready.generation);
+                 },
+                 [&](const proto::Progress& progress) {
+                   if (!Authorized(peer, proto::msg::kProgress, progress.trainer_id, &job)) return;
+                   cluster_.Progress(job, progress.trainer_id,
+                                     progress.report);  // kept for live trainers only
+                   if (script_ && job == options_.id)
+                     script_->ObserveStep(progress.report.step);  // `step N` lines (scaling.h)
+                   status_dirty_ = true;
+                 },
+                 [&](const proto::Event& event) {
+                   if (!Authorized(peer, proto::msg::kEvent, event.trainer_id, &job)) return;
+                   OnEvent(peer, event, job);
+                 },
+             },
+             frame);
 }
 
 void Server::OnKv(const std::shared_ptr<Peer>& peer, const proto::KvRequest& r) {
@@ -705,10 +751,12 @@ void Server::OnKv(const std::shared_ptr<Peer>& peer, const proto::KvRequest& r) 
   const std::string scope = r.job.empty() ? options_.id : r.job;
   if (!cluster_.Hosts(peer->node, scope)) {
     if (LogThis(++peer->refused)) {
-      LOG(WARNING) << "kv " << proto::NameOf(r.op) << " from node " << peer->node << " refused: job '" << r.job
-                   << "' has no slot on that node";
+      LOG(WARNING) << "kv " << proto::NameOf(r.op) << " from node " << peer->node
+                   << " refused: job '" << r.job << "' has no slot on that node";
     }
-    return reply(Status::FailedPrecondition("kv: job '" + r.job + "' has no slot on node " + peer->node), "");
+    return reply(
+        Status::FailedPrecondition("kv: job '" + r.job + "' has no slot on node " + peer->node),
+        "");
   }
   const std::string key = scope + "/" + r.key;
   Status st;
@@ -730,7 +778,8 @@ void Server::OnKv(const std::shared_ptr<Peer>& peer, const proto::KvRequest& r) 
       break;
   }
   if (!st.ok() && LogThis(++peer->refused)) {
-    LOG(WARNING) << "kv " << proto::NameOf(r.op) << " from node " << peer->node << " refused: " << st.ToString();
+    LOG(WARNING) << "kv " << proto::NameOf(r.op) << " from node " << peer->node
+                 << " refused: " << st.ToString();
   }
 }
 
@@ -742,7 +791,8 @@ void Server::Tick() {
   const int64_t now = clock_->NowMicros();
   // The one job's scaling sources run on their own clock: from its first generation, paused while
   // a grow is being prepared.
-  if (const JobMembership* own = cluster_.FindJob(cluster_.own_job()); own != nullptr && (script_ || demo_)) {
+  if (const JobMembership* own = cluster_.FindJob(cluster_.own_job());
+      own != nullptr && (script_ || demo_)) {
     if (first_generation_us_ < 0 && own->current().generation > 0) first_generation_us_ = now;
     if (own->has_pending() && last_tick_us_ >= 0) paused_us_ += now - last_tick_us_;
     if (first_generation_us_ >= 0 && !own->done() && !own->has_pending()) {
@@ -758,7 +808,8 @@ void Server::Tick() {
   kv_.Expire(now);
   Dispatch();
   // The scaling clock moves between changes too: keep it about once a second.
-  if ((script_ || demo_) && first_generation_us_ >= 0 && now - last_persist_us_ >= 1'000'000 && !Persist()) {
+  if ((script_ || demo_) && first_generation_us_ >= 0 && now - last_persist_us_ >= 1'000'000 &&
+      !Persist()) {
     return;
   }
   // At most once a second: the progress records for the events logs (the timeline picture needs
@@ -779,18 +830,29 @@ void Server::ApplyScaleEvents(const std::vector<ScaleEvent>& events, const std::
   for (const ScaleEvent& e : events) {
     LOG(INFO) << reason << " event: " << e.ToString();
     switch (e.op) {
-      case ScaleEvent::Op::kSet: cluster_.SetDesired(e.n, reason); break;
-      case ScaleEvent::Op::kAdd: cluster_.AddDesired(e.n, reason); break;
-      case ScaleEvent::Op::kRemove: cluster_.AddDesired(-e.n, reason); break;
-      case ScaleEvent::Op::kKill: cluster_.KillTrainers(e.n); break;
-      case ScaleEvent::Op::kKillAll: cluster_.KillAllTrainers(); break;
+      case ScaleEvent::Op::kSet:
+        cluster_.SetDesired(e.n, reason);
+        break;
+      case ScaleEvent::Op::kAdd:
+        cluster_.AddDesired(e.n, reason);
+        break;
+      case ScaleEvent::Op::kRemove:
+        cluster_.AddDesired(-e.n, reason);
+        break;
+      case ScaleEvent::Op::kKill:
+        cluster_.KillTrainers(e.n);
+        break;
+      case ScaleEvent::Op::kKillAll:
+        cluster_.KillAllTrainers();
+        break;
       case ScaleEvent::Op::kTeachers:
         // As `edl ctl scale --service SERVICE N`; a client offering the service may connect later.
         if (Status st = placer_.SetDesired(e.service, e.n, /*require_offer=*/false); !st.ok()) {
           LOG(WARNING) << reason << " event '" << e.ToString() << "' refused: " << st.ToString();
         }
         break;
-      case ScaleEvent::Op::kRepeat: break;
+      case ScaleEvent::Op::kRepeat:
+        break;
     }
   }
 }
@@ -811,7 +873,8 @@ void Server::Dispatch() {
       case Action::Kind::kPrepare: {
         auto node = nodes_.find(a.node);
         if (node == nodes_.end()) {
-          LOG(WARNING) << "cannot send a prepare of job " << ja.job << " to node " << a.node << ": not connected";
+          LOG(WARNING) << "cannot send a prepare of job " << ja.job << " to node " << a.node
+                       << ": not connected";
           break;
         }
         TellJob(node->second, ja.job);
@@ -840,8 +903,9 @@ void Server::Dispatch() {
         for (auto& [name, peer] : nodes_) peer->conn->Send(proto::Done().Encoded());
         break;
       case Action::Kind::kEvent:
-        if (events::Type type; ja.job.empty() && events::TypeOf(a.event, &type) &&
-                                 (type == events::Type::kJobFinished || type == events::Type::kJobCancelled)) {
+        if (events::Type type;
+            ja.job.empty() && events::TypeOf(a.event, &type) &&
+            (type == events::Type::kJobFinished || type == events::Type::kJobCancelled)) {
           const std::string name = proto::StrOr(a.event, "job_name");  // the cluster's own record
           job_events_.erase(name);
           for (auto& [n, peer] : nodes_) peer->job_generation.erase(name);
@@ -915,7 +979,8 @@ EventsLog* Server::LogOf(const std::string& job) {
   if (it == job_events_.end()) {
     auto opened = std::make_unique<EventsLog>();
     // Opened per record, not held open: a job's log costs no file descriptor while it waits.
-    if (Status s = opened->Open(options_.events_dir, job, clock_, &metrics_, /*keep_open=*/false); !s.ok()) {
+    if (Status s = opened->Open(options_.events_dir, job, clock_, &metrics_, /*keep_open=*/false);
+        !s.ok()) {
       LOG(ERROR) << "events log of job " << job << ": " << s.ToString();
       return nullptr;
     }

@@ -37,19 +37,19 @@
 #include "jobserver/cluster.h"
 #include "jobserver/events/events_log.h"
 #include "jobserver/http/http_endpoint.h"
-#include "jobserver/state/job_state.h"
 #include "jobserver/kv_store.h"
 #include "jobserver/policy/scaling.h"
 #include "jobserver/services/service_placement.h"
 #include "jobserver/services/service_registry.h"
+#include "jobserver/state/job_state.h"
 
 namespace edl::jobserver {
 
 struct ServerOptions {
   std::string bind = "0.0.0.0";
-  int port = 8180;                 // 0: any free port (see port_file)
-  std::string port_file;           // when set, the bound port is written here once listening
-  std::string secret;              // the cluster secret (from --secret_file)
+  int port = 8180;        // 0: any free port (see port_file)
+  std::string port_file;  // when set, the bound port is written here once listening
+  std::string secret;     // the cluster secret (from --secret_file)
   // The server's name (--job_id): its events log <events_dir>/<id>.events.jsonl, its etcd leader
   // key, and the name of a one-job server's job.
   std::string id = "edl-job";
@@ -61,7 +61,7 @@ struct ServerOptions {
   // election among the servers of one id: Start() waits as a standby, not listening, until this
   // server leads.
   std::string state_store;
-  int64_t lease_ttl_s = 5;         // the leader's etcd lease; a standby takes over within 2x this
+  int64_t lease_ttl_s = 5;  // the leader's etcd lease; a standby takes over within 2x this
   // --state_dir held by another server: Start() waits, not listening, until that process ends and
   // then takes the directory over (STATE.md "Standby servers"); false: Start() fails instead.
   bool standby = false;
@@ -73,10 +73,10 @@ struct ServerOptions {
   // The jobs and nodes: one_job set (its job_id is `id`) for a one-job server, unset for a
   // cluster server.
   ClusterOptions cluster;
-  std::string scale_script;        // path; empty: none (one-job server only)
-  bool demo_policy = false;        // the EDL demo's periodic policy (one-job server only)
+  std::string scale_script;  // path; empty: none (one-job server only)
+  bool demo_policy = false;  // the EDL demo's periodic policy (one-job server only)
   DemoPolicyOptions demo;
-  bool exit_when_done = false;     // shut down once the one job finished
+  bool exit_when_done = false;  // shut down once the one job finished
   // `edl ctl stop`: how long the server waits for the stopped trainers to leave (rank 0 saving a
   // final checkpoint) before it tells the clients to stop whatever still runs.
   int64_t stop_timeout_ms = 300'000;
@@ -130,11 +130,12 @@ class Server {
   void OnHello(const std::shared_ptr<Peer>& peer, const nlohmann::json& msg);
   // Registers the node of an authenticated client hello with the Cluster (session check,
   // re-attach: its old connection is dropped) and sets *session to the node's token.
-  Status AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello, std::string* session);
+  Status AttachNode(const std::shared_ptr<Peer>& peer, const proto::Hello& hello,
+                    std::string* session);
   // Whether `peer`'s node may report about `trainer_id` (Cluster::Authorized); *job gets the
   // trainer's job. A refusal is logged (rate-limited per connection) and the frame has no effect.
-  bool Authorized(const std::shared_ptr<Peer>& peer, const char* what, const std::string& trainer_id,
-                  std::string* job);
+  bool Authorized(const std::shared_ptr<Peer>& peer, const char* what,
+                  const std::string& trainer_id, std::string* job);
   // Records a trainer's event in the events log of `job` (empty: the server's own log).
   void OnEvent(const std::shared_ptr<Peer>& peer, const proto::Event& e, const std::string& job);
   // True (and the peer is closed with a logged reason) when a ctl/watch peer does not read.
@@ -185,7 +186,8 @@ class Server {
   // Appends record `e` (an events.h struct) to LogOf(job) and streams it to watchers.
   template <typename E>
   void Record(const std::string& job, const E& e) {
-    static_assert(std::is_enum_v<decltype(E::kType)>, "an events-log record is built from its events.h struct");
+    static_assert(std::is_enum_v<decltype(E::kType)>,
+                  "an events-log record is built from its events.h struct");
     AppendRecord(job, e.ToJson());
   }
   // The same for a record already built (a Cluster action's, a trainer event's).
@@ -218,7 +220,7 @@ class Server {
   ServiceRegistry services_;  // teachers and the students watching them
   ServicePlacer placer_;      // teachers the clients run for `edl ctl scale --service SERVICE N`
   KvStore kv_;
-  EventsLog events_;          // the server's own log (a one-job server's: its job's)
+  EventsLog events_;  // the server's own log (a one-job server's: its job's)
   std::map<std::string, std::unique_ptr<EventsLog>> job_events_;  // other live jobs' logs
   std::optional<ScalingScript> script_;
   std::optional<DemoPolicy> demo_;
@@ -244,7 +246,7 @@ class Server {
   bool status_dirty_ = false;
   int64_t last_watch_push_us_ = 0;
 
-  ServerMetrics metrics_{clock_};        // fed by the server, served by http_
+  ServerMetrics metrics_{clock_};       // fed by the server, served by http_
   std::unique_ptr<HttpEndpoint> http_;  // null without --http_addr
 };
 

@@ -59,8 +59,8 @@ Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlReque
   // has a desired count already).
   if (r.command == Command::kScale && !r.service.empty()) {
     if (!placer_.Knows(r.service)) {
-      return Status::NotFound("no client offers a service '" + r.service + "' (start one with --service " + r.service +
-                              " = 'edl teacher ...')");
+      return Status::NotFound("no client offers a service '" + r.service +
+                              "' (start one with --service " + r.service + " = 'edl teacher ...')");
     }
     LOG(INFO) << "ctl " << peer->conn->peer() << ": scale service " << r.service << " to " << r.n;
     return placer_.SetDesired(r.service, static_cast<int>(r.n));
@@ -69,7 +69,8 @@ Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlReque
     JobSpec spec;
     EDL_RETURN_IF_ERROR(DecodeJobSpec(r.spec, &spec));
     if (spec.job.name == options_.id) {
-      return Status::InvalidArgument("job name " + spec.job.name + " is the server's own --job_id (its "
+      return Status::InvalidArgument("job name " + spec.job.name +
+                                     " is the server's own --job_id (its "
                                      "cluster-wide records use it); pick another name");
     }
     EDL_RETURN_IF_ERROR(cluster_.Submit(spec));
@@ -80,14 +81,17 @@ Status Server::OnJobCtl(const std::shared_ptr<Peer>& peer, const proto::CtlReque
     return Status::OK();
   }
   if (r.command == Command::kCancel) {
-    if (r.job.empty()) return Status::InvalidArgument("'cancel' names a job: `edl ctl cancel NAME`");
+    if (r.job.empty())
+      return Status::InvalidArgument("'cancel' names a job: `edl ctl cancel NAME`");
     LOG(INFO) << "ctl " << peer->conn->peer() << ": cancel " << r.job;
     return cluster_.Cancel(r.job);
   }
-  LOG(INFO) << "ctl " << peer->conn->peer() << ": scale " << (r.job.empty() ? "" : r.job + " ") << r.n;
+  LOG(INFO) << "ctl " << peer->conn->peer() << ": scale " << (r.job.empty() ? "" : r.job + " ")
+            << r.n;
   Status s = cluster_.Scale(r.job, static_cast<int>(r.n));
   if (s.code() == Status::Code::kNotFound && placer_.Knows(r.job)) {
-    return Status::NotFound(s.message() + "; '" + r.job + "' is a service: `edl ctl scale --service " + r.job + " N`");
+    return Status::NotFound(s.message() + "; '" + r.job +
+                            "' is a service: `edl ctl scale --service " + r.job + " N`");
   }
   return s;
 }
@@ -99,8 +103,9 @@ bool Server::BeginStop(const std::string& by) {
     if (nodes_.count(m.node)) stop_waiting_.emplace(m.trainer_id, m.node);
   }
   stop_deadline_us_ = clock_->NowMicros() + options_.stop_timeout_ms * 1000;
-  LOG(INFO) << "job " << cluster_.own_job() << " stopping: waiting up to " << options_.stop_timeout_ms / 1000
-            << " s for " << stop_waiting_.size() << " trainer(s) to leave (rank 0 saves a final checkpoint first)";
+  LOG(INFO) << "job " << cluster_.own_job() << " stopping: waiting up to "
+            << options_.stop_timeout_ms / 1000 << " s for " << stop_waiting_.size()
+            << " trainer(s) to leave (rank 0 saves a final checkpoint first)";
   Dispatch();  // the stop generation goes out now
   MaybeEndStop();
   return true;
@@ -119,14 +124,16 @@ void Server::MaybeEndStop() {
   std::string error;
   const Cluster::FinalCheckpoint final = cluster_.FinalCheckpointOf(cluster_.own_job(), &error);
   const char* final_name = events::kFinalCheckpointNames.Name(final);
-  Record("", events::StopComplete{own != nullptr ? own->current().generation : 0, stop_waiting_.size(), final});
+  Record("", events::StopComplete{own != nullptr ? own->current().generation : 0,
+                                  stop_waiting_.size(), final});
   proto::CtlReply outcome;
   if (final == Cluster::FinalCheckpoint::kFailed) {
     outcome.status = Status::FailedPrecondition(
         "job " + cluster_.own_job() + " stopped, but rank 0's final checkpoint failed: " + error +
         "; its trainers resume from the newest checkpoint the store accepted (`edl ckpt ls`)");
   }
-  outcome.body = {{"stopped", {{"final_checkpoint", final_name}, {"not_left", stop_waiting_.size()}}}};
+  outcome.body = {
+      {"stopped", {{"final_checkpoint", final_name}, {"not_left", stop_waiting_.size()}}}};
   json j;
   outcome.EncodeTo(&j);
   for (const auto& caller : stop_callers_) {

@@ -19,15 +19,15 @@ struct Server::Peer {
   std::shared_ptr<net::Connection> conn;
   State state = State::kAuth;
   std::unique_ptr<net::ServerHandshake> handshake;  // from accept to the welcome or refusal
-  std::string node;            // kClient
+  std::string node;                                 // kClient
   // The jobs this client holds (the one job from its welcome, others told by job_info), each
   // with the newest generation it holds (0: none yet), for deltas.
   std::map<std::string, int64_t> job_generation;
-  bool watch = false;          // kCtl after `watch`
-  uint64_t id = 0;             // owner of its KV waits
-  int64_t refused = 0;         // frames refused as not its node's (for rate-limited logging)
-  double event_tokens = -1;    // trainer-event token bucket (-1: full, not yet used)
-  int64_t event_tokens_us = 0; // when event_tokens was last refilled
+  bool watch = false;           // kCtl after `watch`
+  uint64_t id = 0;              // owner of its KV waits
+  int64_t refused = 0;          // frames refused as not its node's (for rate-limited logging)
+  double event_tokens = -1;     // trainer-event token bucket (-1: full, not yet used)
+  int64_t event_tokens_us = 0;  // when event_tokens was last refilled
 };
 
 using net::LogThis;

@@ -23,8 +23,8 @@ void Server::PlaceTeachers() {
     t.name = o.name;
     json j;
     t.EncodeTo(&j);
-    LOG(INFO) << "service " << o.service << ": " << (o.start ? "start" : "stop") << " teacher " << o.name
-              << " on node " << o.node;
+    LOG(INFO) << "service " << o.service << ": " << (o.start ? "start" : "stop") << " teacher "
+              << o.name << " on node " << o.node;
     SendToNode(o.node, j);
     status_dirty_ = true;
   }
@@ -34,8 +34,8 @@ void Server::RestoreServices(const ServicesState& s) {
   if (s.empty()) return;
   // A node has the scheduler's grace to re-attach: one heartbeat timeout on top of the usual one.
   placer_.Restore(s, clock_->NowMicros(), 2 * options_.cluster.heartbeat_timeout_us);
-  LOG(INFO) << "services restored: " << s.desired.size() << " desired count(s), " << s.teachers.size()
-            << " teacher(s) placed, awaiting their nodes";
+  LOG(INFO) << "services restored: " << s.desired.size() << " desired count(s), "
+            << s.teachers.size() << " teacher(s) placed, awaiting their nodes";
 }
 
 void Server::OnTeacherExit(const std::shared_ptr<Peer>& peer, const proto::TeacherOrder& e) {

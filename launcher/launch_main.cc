@@ -167,7 +167,6 @@ bool AllDone(const std::vector<Trainer>& trainers) {
   return true;
 }
 
-
 // Stops every trainer still running: SIGTERM to all at once, up to `grace` for them to exit (a
 // second SIGINT/SIGTERM cuts it short), then SIGKILL and reap (bounded, in Stop()).
 void StopAll(std::vector<Trainer>* trainers, std::chrono::milliseconds grace,
@@ -230,8 +229,8 @@ Status StartTrainer(ProcessLauncher* launcher, const LaunchOptions& opts, const 
 
 // How one start of the trainer set ended.
 struct Outcome {
-  int code = 0;           // edl launch's exit code if nothing follows
-  bool failed = false;    // a trainer failed (a restart may follow)
+  int code = 0;         // edl launch's exit code if nothing follows
+  bool failed = false;  // a trainer failed (a restart may follow)
 };
 
 // Runs one start of the trainers to its end. `tees` (one per rank, or empty) outlive the attempt,
@@ -258,16 +257,17 @@ Outcome Supervise(const LaunchOptions& opts, const Attempt& attempt, const Signa
     const int failed = PollAll(&trainers);
     pump(false);
     if (IsStopSignal(sig)) {
-      std::cerr << "edl launch: got " << ::sigabbrev_np(sig) << "; stopping all trainers" << std::endl;
+      std::cerr << "edl launch: got " << ::sigabbrev_np(sig) << "; stopping all trainers"
+                << std::endl;
       StopAll(&trainers, grace, signals);
       pump(true);
       return {128 + sig, false};
     }
     if (failed >= 0) {
       const Trainer& t = trainers[failed];
-      std::cerr << "edl launch: rank " << t.rank << " (pid " << t.process->pid() << ") failed: "
-                << t.exit->ToString() << "; stopping the other trainers. Its log: " << t.log_path
-                << std::endl;
+      std::cerr << "edl launch: rank " << t.rank << " (pid " << t.process->pid()
+                << ") failed: " << t.exit->ToString()
+                << "; stopping the other trainers. Its log: " << t.log_path << std::endl;
       StopAll(&trainers, grace, signals);
       pump(true);
       return {t.exit->ShellStatus() != 0 ? t.exit->ShellStatus() : 1, true};
@@ -289,8 +289,9 @@ int RunLocal(LaunchOptions opts) {
   std::vector<std::unique_ptr<LogTailer>> tees;
   if (opts.tee) {
     for (int r = 0; r < opts.num_trainers; ++r) {
-      tees.push_back(std::make_unique<LogTailer>(opts.log_dir + "/trainer-" + std::to_string(r) + ".log",
-                                                 "[rank " + std::to_string(r) + "] "));
+      tees.push_back(
+          std::make_unique<LogTailer>(opts.log_dir + "/trainer-" + std::to_string(r) + ".log",
+                                      "[rank " + std::to_string(r) + "] "));
     }
   }
   SignalBlock signals;
@@ -310,8 +311,8 @@ int RunLocal(LaunchOptions opts) {
     // keys (edl/runtime/run_mode.h, static mode); removed when the start ends.
     attempt.rendezvous_dir = "/tmp/edl-launch-rdzv-XXXXXX";
     if (::mkdtemp(attempt.rendezvous_dir.data()) == nullptr) {
-      std::cerr << "edl launch: " << PosixError("mkdtemp " + attempt.rendezvous_dir, errno).ToString()
-                << std::endl;
+      std::cerr << "edl launch: "
+                << PosixError("mkdtemp " + attempt.rendezvous_dir, errno).ToString() << std::endl;
       return 1;
     }
     std::cerr << "edl launch: " << opts.num_trainers << " trainers (job " << opts.rdzv_id
@@ -337,23 +338,27 @@ int RunLocal(LaunchOptions opts) {
 // Joining a server: this process becomes `edl client` (the same binary), so signals, exit codes
 // and logs are the client's own.
 int JoinServer(const LaunchOptions& opts) {
-  for (const std::string& note : JoinNotes(opts)) std::cerr << "edl launch: note: " << note << std::endl;
+  for (const std::string& note : JoinNotes(opts))
+    std::cerr << "edl launch: note: " << note << std::endl;
   std::vector<std::string> args = ClientArgv(opts);
   std::string self(4096, '\0');
   const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
   if (n <= 0) {
-    std::cerr << "edl launch: " << PosixError("readlink /proc/self/exe", errno).ToString() << std::endl;
+    std::cerr << "edl launch: " << PosixError("readlink /proc/self/exe", errno).ToString()
+              << std::endl;
     return 1;
   }
   self.resize(static_cast<size_t>(n));
   std::cerr << "edl launch: joining the edl server at " << opts.rdzv_endpoint << " as node "
-            << opts.node_name << " with " << opts.num_trainers << " slots (restart mode)" << std::endl;
+            << opts.node_name << " with " << opts.num_trainers << " slots (restart mode)"
+            << std::endl;
   std::vector<char*> argv;
   argv.push_back(self.data());
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   ::execv(self.c_str(), argv.data());
-  std::cerr << "edl launch: " << PosixError("exec " + self + " client", errno).ToString() << std::endl;
+  std::cerr << "edl launch: " << PosixError("exec " + self + " client", errno).ToString()
+            << std::endl;
   return 1;
 }
 

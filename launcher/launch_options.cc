@@ -51,11 +51,15 @@ const char kLaunchUsage[] =
     "                  [--rdzv_id ID] [--max_restarts K] [--log_dir D] [--tee] -- CMD ARGS...\n"
     "\n"
     "torchrun's flags (docs/PYTORCH.md). Without --rdzv_endpoint: N local trainers\n"
-    "and no server (like `torchrun --standalone`). Trainer r gets RANK=r WORLD_SIZE=N LOCAL_RANK=r\n"
+    "and no server (like `torchrun --standalone`). Trainer r gets RANK=r WORLD_SIZE=N "
+    "LOCAL_RANK=r\n"
     "LOCAL_WORLD_SIZE=N GROUP_RANK=0 ROLE_RANK=r MASTER_ADDR=127.0.0.1 MASTER_PORT=P\n"
-    "TORCHELASTIC_RUN_ID=ID TORCHELASTIC_RESTART_COUNT=k TORCHELASTIC_MAX_RESTARTS=K EDL_JOB_ID=ID\n"
-    "EDL_TRAINER_ID=local-r EDL_SLOT=r EDL_GENERATION=0, and logs to D/trainer-r.log. If a trainer\n"
-    "fails, the others are stopped (SIGTERM, then SIGKILL after --stop_grace_s); while restarts are\n"
+    "TORCHELASTIC_RUN_ID=ID TORCHELASTIC_RESTART_COUNT=k TORCHELASTIC_MAX_RESTARTS=K "
+    "EDL_JOB_ID=ID\n"
+    "EDL_TRAINER_ID=local-r EDL_SLOT=r EDL_GENERATION=0, and logs to D/trainer-r.log. If a "
+    "trainer\n"
+    "fails, the others are stopped (SIGTERM, then SIGKILL after --stop_grace_s); while restarts "
+    "are\n"
     "left (--max_restarts) every trainer starts again, else edl launch exits with that trainer's\n"
     "status (code, or 128+signal).\n"
     "With --rdzv_endpoint HOST:PORT this node joins the `edl server` there as an `edl client`\n"
@@ -84,43 +88,42 @@ Status ParseLaunchArgs(int argc, char** argv, LaunchOptions* opts, bool* help) {
 
   std::string nnodes = "1";
   po::options_description desc("edl launch");
-  desc.add_options()
-      ("nproc_per_node,n", po::value<int>(&opts->num_trainers)->required(),
-       "trainers on this node (required)")
-      ("nnodes", po::value<std::string>(&nnodes)->default_value("1"),
-       "nodes: N or MIN:MAX; a local job has 1, more need --rdzv_endpoint")
-      ("rdzv_endpoint", po::value<std::string>(&opts->rdzv_endpoint),
-       "HOST:PORT of the `edl server` to join as a client (empty: a local job)")
-      ("rdzv_id", po::value<std::string>(&opts->rdzv_id)->default_value("local"),
-       "job id of a local job (EDL_JOB_ID, TORCHELASTIC_RUN_ID); a server's is its --job_id")
-      ("rdzv_backend", po::value<std::string>(&opts->rdzv_backend),
-       "accepted for torchrun command lines: c10d | static | edl (EDL is the rendezvous)")
-      ("standalone", po::bool_switch(&opts->standalone),
-       "a local job (the default without --rdzv_endpoint)")
-      ("max_restarts", po::value<int>(&opts->max_restarts)->default_value(0),
-       "local job: restarts of every trainer after a failure before giving up")
-      ("log_dir", po::value<std::string>(&opts->log_dir),
-       "trainer logs: D/trainer-<rank>.log (local; default ./edl-logs/launch-<time>), "
-       "D/<trainer_id>.log (joined; default ./edl-logs)")
-      ("master_port", po::value<int>(&opts->master_port)->default_value(0),
-       "local job: MASTER_PORT for the trainers; 0 picks a free port (per start)")
-      ("stop_grace_s", po::value<double>(&opts->stop_grace_s)->default_value(10),
-       "seconds between SIGTERM and SIGKILL when stopping trainers")
-      ("tee", po::bool_switch(&opts->tee),
-       "local job: also print every trainer's output on stdout, each line prefixed with [rank r]")
-      ("secret_file", po::value<std::string>(&opts->secret_file),
-       "joining: the cluster secret (default $HOME/.edl/secret)")
-      ("node_name", po::value<std::string>(&opts->node_name),
-       "joining: this node's unique name (default: the host name)")
-      ("advertise_addr", po::value<std::string>(&opts->advertise_addr),
-       "joining: the address of this node that other nodes' trainers reach (MASTER_ADDR when "
-       "rank 0 is here)");
+  desc.add_options()("nproc_per_node,n", po::value<int>(&opts->num_trainers)->required(),
+                     "trainers on this node (required)")(
+      "nnodes", po::value<std::string>(&nnodes)->default_value("1"),
+      "nodes: N or MIN:MAX; a local job has 1, more need --rdzv_endpoint")(
+      "rdzv_endpoint", po::value<std::string>(&opts->rdzv_endpoint),
+      "HOST:PORT of the `edl server` to join as a client (empty: a local job)")(
+      "rdzv_id", po::value<std::string>(&opts->rdzv_id)->default_value("local"),
+      "job id of a local job (EDL_JOB_ID, TORCHELASTIC_RUN_ID); a server's is its --job_id")(
+      "rdzv_backend", po::value<std::string>(&opts->rdzv_backend),
+      "accepted for torchrun command lines: c10d | static | edl (EDL is the rendezvous)")(
+      "standalone", po::bool_switch(&opts->standalone),
+      "a local job (the default without --rdzv_endpoint)")(
+      "max_restarts", po::value<int>(&opts->max_restarts)->default_value(0),
+      "local job: restarts of every trainer after a failure before giving up")(
+      "log_dir", po::value<std::string>(&opts->log_dir),
+      "trainer logs: D/trainer-<rank>.log (local; default ./edl-logs/launch-<time>), "
+      "D/<trainer_id>.log (joined; default ./edl-logs)")(
+      "master_port", po::value<int>(&opts->master_port)->default_value(0),
+      "local job: MASTER_PORT for the trainers; 0 picks a free port (per start)")(
+      "stop_grace_s", po::value<double>(&opts->stop_grace_s)->default_value(10),
+      "seconds between SIGTERM and SIGKILL when stopping trainers")(
+      "tee", po::bool_switch(&opts->tee),
+      "local job: also print every trainer's output on stdout, each line prefixed with [rank r]")(
+      "secret_file", po::value<std::string>(&opts->secret_file),
+      "joining: the cluster secret (default $HOME/.edl/secret)")(
+      "node_name", po::value<std::string>(&opts->node_name),
+      "joining: this node's unique name (default: the host name)")(
+      "advertise_addr", po::value<std::string>(&opts->advertise_addr),
+      "joining: the address of this node that other nodes' trainers reach (MASTER_ADDR when "
+      "rank 0 is here)");
   ParsedFlags flags;
   Status s = ParseFlags("launch", kLaunchUsage, desc, split, argv, &flags);
   if (!s.ok() && split == argc && s.message().find("config file") == std::string::npos) {
     // likely a trainer command given without `--`
-    return Status::InvalidArgument(s.message() +
-                                   "; put the trainer command after `--`: edl launch -n N -- CMD ARGS...");
+    return Status::InvalidArgument(
+        s.message() + "; put the trainer command after `--`: edl launch -n N -- CMD ARGS...");
   }
   EDL_RETURN_IF_ERROR(s);
   *help = flags.help;
@@ -159,32 +162,37 @@ Status ParseLaunchArgs(int argc, char** argv, LaunchOptions* opts, bool* help) {
     }
     for (const char* flag : {"secret_file", "node_name", "advertise_addr"}) {
       if (flags.vm.count(flag)) {
-        return Status::InvalidArgument(std::string("--") + flag +
-                                       " is for joining a server: give --rdzv_endpoint HOST:PORT too");
+        return Status::InvalidArgument(
+            std::string("--") + flag +
+            " is for joining a server: give --rdzv_endpoint HOST:PORT too");
       }
     }
   } else {
     if (opts->standalone) {
-      return Status::InvalidArgument("--standalone and --rdzv_endpoint together: drop one (a "
-                                     "local job, or joining that edl server)");
+      return Status::InvalidArgument(
+          "--standalone and --rdzv_endpoint together: drop one (a "
+          "local job, or joining that edl server)");
     }
     if (!ValidEndpoint(opts->rdzv_endpoint)) {
       return Status::InvalidArgument("--rdzv_endpoint " + opts->rdzv_endpoint +
                                      ": give HOST:PORT of an `edl server`, e.g. node0:8180");
     }
     if (opts->tee) {
-      return Status::InvalidArgument("--tee is for a local job: a joined node's trainers log to "
-                                     "--log_dir/<trainer_id>.log");
+      return Status::InvalidArgument(
+          "--tee is for a local job: a joined node's trainers log to "
+          "--log_dir/<trainer_id>.log");
     }
     if (flags.vm.count("master_port") && !flags.vm["master_port"].defaulted()) {
-      return Status::InvalidArgument("--master_port is for a local job: the edl server gives each "
-                                     "generation its MASTER_PORT");
+      return Status::InvalidArgument(
+          "--master_port is for a local job: the edl server gives each "
+          "generation its MASTER_PORT");
     }
     if (opts->secret_file.empty()) {
       const char* home = std::getenv("HOME");
       if (home == nullptr || home[0] == '\0') {
-        return Status::InvalidArgument("HOME is unset: give --secret_file FILE (the cluster "
-                                       "secret) to join a server");
+        return Status::InvalidArgument(
+            "HOME is unset: give --secret_file FILE (the cluster "
+            "secret) to join a server");
       }
       opts->secret_file = std::string(home) + "/.edl/secret";
     }
@@ -200,11 +208,12 @@ Status ParseLaunchArgs(int argc, char** argv, LaunchOptions* opts, bool* help) {
 std::vector<std::string> ClientArgv(const LaunchOptions& opts) {
   std::ostringstream grace;
   grace << opts.stop_grace_s;  // 10, 2.5: no trailing zeros
-  std::vector<std::string> a = {"client",        "--server",      opts.rdzv_endpoint,
-                                "--secret_file", opts.secret_file, "--node_name",
-                                opts.node_name,  "--slots",       std::to_string(opts.num_trainers),
-                                "--mode",        "restart",       "--stop_grace_s",
-                                grace.str(),     "--exit_when_done"};
+  std::vector<std::string> a = {
+      "client",        "--server",        opts.rdzv_endpoint,
+      "--secret_file", opts.secret_file,  "--node_name",
+      opts.node_name,  "--slots",         std::to_string(opts.num_trainers),
+      "--mode",        "restart",         "--stop_grace_s",
+      grace.str(),     "--exit_when_done"};
   if (!opts.advertise_addr.empty()) {
     a.insert(a.end(), {"--advertise_addr", opts.advertise_addr});
   }
@@ -219,16 +228,20 @@ std::vector<std::string> JoinNotes(const LaunchOptions& opts) {
   const int n = opts.num_trainers;
   if (opts.min_nodes > 1 || opts.max_nodes > 1) {
     notes.push_back("--nnodes " + std::to_string(opts.min_nodes) + ":" +
-                    std::to_string(opts.max_nodes) + " is the server's to enforce: start it with "
-                    "--min_trainers " + std::to_string(opts.min_nodes * n) + " --max_trainers " +
+                    std::to_string(opts.max_nodes) +
+                    " is the server's to enforce: start it with "
+                    "--min_trainers " +
+                    std::to_string(opts.min_nodes * n) + " --max_trainers " +
                     std::to_string(opts.max_nodes * n));
   }
   if (opts.rdzv_id != "local") {
-    notes.push_back("--rdzv_id " + opts.rdzv_id + ": the job id (TORCHELASTIC_RUN_ID) is the "
+    notes.push_back("--rdzv_id " + opts.rdzv_id +
+                    ": the job id (TORCHELASTIC_RUN_ID) is the "
                     "server's --job_id; one server runs one job");
   }
   if (opts.max_restarts > 0) {
-    notes.push_back("--max_restarts " + std::to_string(opts.max_restarts) + ": the server restarts "
+    notes.push_back("--max_restarts " + std::to_string(opts.max_restarts) +
+                    ": the server restarts "
                     "after every failure, backing off per --backoff_min_s/--backoff_max_s, with no "
                     "count bound (TORCHELASTIC_MAX_RESTARTS=2147483647)");
   }

@@ -22,7 +22,7 @@
 namespace edl::launcher {
 
 struct LaunchOptions {
-  int num_trainers = 0;  // --nproc_per_node / -n
+  int num_trainers = 0;              // --nproc_per_node / -n
   int min_nodes = 1, max_nodes = 1;  // --nnodes N or MIN:MAX
   std::string rdzv_endpoint;         // HOST:PORT of an edl server; empty: a local job
   std::string rdzv_id = "local";     // job id of a local job

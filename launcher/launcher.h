@@ -1,13 +1,14 @@
 // The launcher: starts and stops one trainer process. A trainer runs in its own process group (so a
 // signal reaches the workers it forks too), with the EDL env contract (docs/ARCHITECTURE.md, "Env
 // contract") added to the launcher's own environment, stdout and stderr appended to a per-trainer
-// log file and stdin from /dev/null. Stopping is SIGTERM to the group, a grace period, then SIGKILL.
+// log file and stdin from /dev/null. Stopping is SIGTERM to the group, a grace period, then
+// SIGKILL.
 //
 // OS access sits behind ProcessLauncher so the job client can be tested with a fake;
 // NewProcessLauncher() is the real one (Boost.Process).
 //
-// Reaping: nothing here installs a SIGCHLD handler or reaps behind the owner's back. The owner (e.g.
-// the job client's asio::signal_set on SIGCHLD) calls Poll() on each child; Poll() reaps with
+// Reaping: nothing here installs a SIGCHLD handler or reaps behind the owner's back. The owner
+// (e.g. the job client's asio::signal_set on SIGCHLD) calls Poll() on each child; Poll() reaps with
 // waitpid(WNOHANG). A process that has reaped children itself (SIGCHLD set to SIG_IGN, or a
 // waitpid(-1)) breaks this contract: Poll() then reports the child as lost (ExitInfo::lost).
 //
@@ -50,8 +51,9 @@ struct ExitInfo {
   int signal = 0;
   bool lost = false;  // somebody else reaped the child; its status is unknown (never success)
 
-  bool success() const;          // exited && code == 0
-  std::string ToString() const;  // "exit 0", "exit 3", "killed by SIGKILL", "lost (reaped elsewhere)"
+  bool success() const;  // exited && code == 0
+  std::string ToString()
+      const;  // "exit 0", "exit 3", "killed by SIGKILL", "lost (reaped elsewhere)"
   // A shell-style exit status for a launcher process: code, 128 + signal, or 1 when lost.
   int ShellStatus() const;
 };

@@ -23,9 +23,9 @@
 #include <sstream>
 #include <thread>
 
+#include <glog/logging.h>
 #include <boost/process.hpp>
 #include <boost/process/extend.hpp>
-#include <glog/logging.h>
 
 namespace edl::launcher {
 
@@ -134,7 +134,8 @@ void PrepareChild(pid_t parent) {
   if (::close_range(3, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
     struct rlimit rl;
     rlim_t max_fd = 65536;
-    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < max_fd) {
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur < max_fd) {
       max_fd = rl.rlim_cur;
     }
     for (int fd = 3; fd < static_cast<int>(max_fd); ++fd) {
@@ -180,8 +181,8 @@ class PosixTrainerProcess final : public TrainerProcess {
     if (reaped_) return;
     Kill();
     if (!WaitReaped(kReapAfterKill)) {
-      LOG(ERROR) << "trainer " << name_ << " (pid " << pid_
-                 << ") did not die within " << kReapAfterKill.count()
+      LOG(ERROR) << "trainer " << name_ << " (pid " << pid_ << ") did not die within "
+                 << kReapAfterKill.count()
                  << " ms of SIGKILL; it is probably stuck in the kernel (D state); leaving it";
     }
   }
@@ -203,8 +204,8 @@ class PosixTrainerProcess final : public TrainerProcess {
     if (Poll(nullptr)) return info_;
     Terminate();
     if (WaitReaped(grace)) return info_;
-    LOG(WARNING) << "trainer " << name_ << " (pid " << pid_ << ") still running "
-                 << grace.count() << " ms after SIGTERM; sending SIGKILL to its process group";
+    LOG(WARNING) << "trainer " << name_ << " (pid " << pid_ << ") still running " << grace.count()
+                 << " ms after SIGTERM; sending SIGKILL to its process group";
     Kill();
     if (WaitReaped(kReapAfterKill)) return info_;
     LOG(ERROR) << "trainer " << name_ << " (pid " << pid_ << ") did not die within "
@@ -236,7 +237,7 @@ class PosixTrainerProcess final : public TrainerProcess {
       return;
     }
     if (si.si_pid != pid_) return;  // still running
-    ::kill(-pid_, SIGKILL);          // workers it left behind die with it
+    ::kill(-pid_, SIGKILL);         // workers it left behind die with it
     int status = 0;
     pid_t w;
     do {
@@ -282,12 +283,13 @@ class PosixTrainerProcess final : public TrainerProcess {
 class BoostProcessLauncher final : public ProcessLauncher {
  public:
   StatusOr<std::unique_ptr<TrainerProcess>> Start(const TrainerSpec& spec) override {
-    if (spec.argv.empty()) return Status::InvalidArgument("trainer command is empty; give a command");
+    if (spec.argv.empty())
+      return Status::InvalidArgument("trainer command is empty; give a command");
     auto path_it = spec.env.find("PATH");
     const char* own_path = std::getenv("PATH");
     const std::string path_env = path_it != spec.env.end() ? path_it->second
-                                 : own_path != nullptr    ? own_path
-                                                          : "/usr/local/bin:/usr/bin:/bin";
+                                 : own_path != nullptr     ? own_path
+                                                           : "/usr/local/bin:/usr/bin:/bin";
     StatusOr<std::string> exe = ResolveCommand(spec.argv[0], path_env);
     if (!exe.ok()) return exe.status();
     std::error_code fs_ec;
@@ -326,7 +328,8 @@ class BoostProcessLauncher final : public ProcessLauncher {
             bp::exe = exe, bp::args = args, bp::start_dir = dir, bp::std_in < bp::null, io...,
             bp::extend::on_setup = [&](auto& exec) { exec.env = envp.data(); },
             bp::extend::on_exec_setup = [parent](auto&) { PrepareChild(parent); },
-            bp::extend::on_error = [&](auto& exec, const std::error_code&) { failed_pid = exec.pid; },
+            bp::extend::on_error = [&](auto& exec,
+                                       const std::error_code&) { failed_pid = exec.pid; },
             ec);
       };
       bp::child child = log != nullptr ? spawn((bp::std_out & bp::std_err) > log) : spawn();

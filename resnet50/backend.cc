@@ -107,18 +107,20 @@ Status CheckSgdRange(const Tensor& params, const Tensor& grads, const Tensor& mo
 
 StatusOr<int> ResolveCudaDevice(int requested, int hint, int visible) {
   const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
-  const std::string seen = std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") +
-                           " visible" +
-                           (cvd != nullptr ? std::string(" (CUDA_VISIBLE_DEVICES=") + cvd + ")" : "");
+  const std::string seen =
+      std::to_string(visible) + " CUDA device" + (visible == 1 ? "" : "s") + " visible" +
+      (cvd != nullptr ? std::string(" (CUDA_VISIBLE_DEVICES=") + cvd + ")" : "");
   if (visible <= 0) {
-    return Status::InvalidArgument("--device cuda: " + seen +
-                                   "; check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu");
+    return Status::InvalidArgument(
+        "--device cuda: " + seen +
+        "; check nvidia-smi and CUDA_VISIBLE_DEVICES, or use --device cpu");
   }
   if (requested == kAutoCudaDevice) return visible > 1 ? std::max(hint, 0) % visible : 0;
   if (requested < 0 || requested >= visible) {
-    return Status::InvalidArgument("--cuda_device " + std::to_string(requested) + " is out of range: " +
-                                   seen + "; use 0.." + std::to_string(visible - 1) +
-                                   ", or leave it unset (the slot, or LOCAL_RANK, modulo the visible devices)");
+    return Status::InvalidArgument(
+        "--cuda_device " + std::to_string(requested) + " is out of range: " + seen + "; use 0.." +
+        std::to_string(visible - 1) +
+        ", or leave it unset (the slot, or LOCAL_RANK, modulo the visible devices)");
   }
   return requested;
 }

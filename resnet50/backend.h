@@ -7,11 +7,12 @@
 // outside and return a Status (a failed library call, an unsupported shape/layout combination).
 //
 // Layouts. Weights, biases, BN vectors, 2-D tensors and host data are always kNCHW (row-major in
-// shape order: NCHW, OIHW, NC, C), so parameters and gradients are identical on every device and can
-// live in one flat buffer, be all-reduced and be checkpointed. 4-D activations may use kNative, the
-// backend's preferred activation layout (CPU: oneDNN blocked nChw16c/nChw8c; CUDA: the CUDA backend's
-// choice, e.g. NHWC). Its storage may be padded: allocate with Backend::BytesFor, convert with
-// Backend::Copy. Element-wise ops (BN, ReLU, Add) require all their 4-D operands in one layout.
+// shape order: NCHW, OIHW, NC, C), so parameters and gradients are identical on every device and
+// can live in one flat buffer, be all-reduced and be checkpointed. 4-D activations may use kNative,
+// the backend's preferred activation layout (CPU: oneDNN blocked nChw16c/nChw8c; CUDA: the CUDA
+// backend's choice, e.g. NHWC). Its storage may be padded: allocate with Backend::BytesFor, convert
+// with Backend::Copy. Element-wise ops (BN, ReLU, Add) require all their 4-D operands in one
+// layout.
 //
 // Numerics: fp32 everywhere; reductions (BN statistics, softmax) accumulate in fp32 or wider.
 //
@@ -74,7 +75,7 @@ class Tensor {
   int rank() const { return static_cast<int>(shape_.size()); }
   Layout layout() const { return layout_; }
   DataType dtype() const { return dtype_; }
-  int64_t numel() const;  // product of the shape (logical elements, no padding)
+  int64_t numel() const;                   // product of the shape (logical elements, no padding)
   size_t bytes() const { return bytes_; }  // storage size, including any padding
   std::string DebugString() const;         // "[8,64,56,56] fp32 native"
 
@@ -96,7 +97,7 @@ class Tensor {
 struct Conv2dParams {
   int kernel = 3;  // square kernel kernel x kernel
   int stride = 1;
-  int pad = 1;     // symmetric zero padding
+  int pad = 1;  // symmetric zero padding
   // Output spatial size for input size `in`: (in + 2*pad - kernel) / stride + 1.
   int64_t OutSize(int64_t in) const { return (in + 2 * pad - kernel) / stride + 1; }
 };
@@ -124,11 +125,12 @@ struct SgdParams {
 };
 
 struct BackendOptions {
-  int threads = 0;       // CPU: compute threads (OpenMP); 0 = all cores. Ignored by CUDA.
+  int threads = 0;  // CPU: compute threads (OpenMP); 0 = all cores. Ignored by CUDA.
   // CUDA: device ordinal (after CUDA_VISIBLE_DEVICES); kAutoCudaDevice: ResolveCudaDevice's
   // default from device_hint. Ignored by CPU.
   int cuda_device = -1;
-  int device_hint = 0;   // CUDA: EnvContract::DeviceHint() (the slot, or LOCAL_RANK), the default device
+  int device_hint =
+      0;  // CUDA: EnvContract::DeviceHint() (the slot, or LOCAL_RANK), the default device
   // CUDA: compute precision of activations and convolutions: fp32 | bf16 | fp16 (fp16 adds dynamic
   // loss scaling); parameters, gradients and optimizer state stay fp32. Ignored by CPU (fp32).
   std::string precision = "fp32";
@@ -152,9 +154,9 @@ class Backend {
  public:
   virtual ~Backend() = default;
 
-  virtual std::string name() const = 0;  // "cpu" or "cuda"
-  virtual bool on_device() const = 0;    // memory is not host-addressable (CUDA)
-  virtual void* stream() const { return nullptr; }  // cudaStream_t as void*; nullptr on CPU
+  virtual std::string name() const = 0;              // "cpu" or "cuda"
+  virtual bool on_device() const = 0;                // memory is not host-addressable (CUDA)
+  virtual void* stream() const { return nullptr; }   // cudaStream_t as void*; nullptr on CPU
   virtual int device_ordinal() const { return -1; }  // CUDA: the device in use; -1 on CPU
 
   // ---- memory
@@ -195,9 +197,9 @@ class Backend {
                                       Tensor* dw) = 0;
 
   // ---- batch normalisation over N,H,W per channel C (x, y [N,C,H,W]; vectors [C] kNCHW)
-  // Training: normalises with the batch statistics, writes save_mean / save_invstd (1/sqrt(var+eps),
-  // biased variance) for the backward and updates running_mean / running_var in place (running_var
-  // with the unbiased variance, as PyTorch). y may alias x.
+  // Training: normalises with the batch statistics, writes save_mean / save_invstd
+  // (1/sqrt(var+eps), biased variance) for the backward and updates running_mean / running_var in
+  // place (running_var with the unbiased variance, as PyTorch). y may alias x.
   virtual Status BatchNormForwardTraining(const BatchNormParams& p, const Tensor& x,
                                           const Tensor& gamma, const Tensor& beta, Tensor* y,
                                           Tensor* save_mean, Tensor* save_invstd,

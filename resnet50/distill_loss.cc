@@ -77,8 +77,7 @@ Status DistillLoss(const DistillLossParams& p, const float* logits, const int32_
     if (!soft || a == 1.0) continue;
     if (!LogSoftmax(teacher + i * m, m, t, lt_t.data())) {
       return Status::InvalidArgument("DistillLoss: the teacher's logits of row " +
-                                     std::to_string(i) +
-                                     " hold NaN or +inf, or no finite value");
+                                     std::to_string(i) + " hold NaN or +inf, or no finite value");
     }
     LogSoftmax(z, m, t, ls_t.data());
     // d/dz_k of T^2 KL(pt || ps_T) = T (ps_T,k - pt_k).

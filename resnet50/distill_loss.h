@@ -1,6 +1,7 @@
 // Knowledge-distillation loss of a student's logits against a teacher's (docs/DISTILLATION.md):
 //
-//   loss_i = A * CE(label_i, softmax(z_i)) + (1 - A) * T^2 * KL(softmax(t_i / T) || softmax(z_i / T))
+//   loss_i = A * CE(label_i, softmax(z_i)) + (1 - A) * T^2 * KL(softmax(t_i / T) || softmax(z_i /
+//   T))
 //
 // for a sample i with a teacher answer t_i, and the plain CE (labels only) for a sample without
 // one (a fallback: no teacher answered in time). The T^2 factor keeps the soft term's gradient
@@ -25,9 +26,9 @@
 namespace edl::resnet50 {
 
 struct DistillLossParams {
-  float temperature = 4.0f;     // T > 0
-  float alpha = 0.5f;           // A in [0, 1]: weight of the label term
-  float label_smoothing = 0.0f; // eps of the label term
+  float temperature = 4.0f;      // T > 0
+  float alpha = 0.5f;            // A in [0, 1]: weight of the label term
+  float label_smoothing = 0.0f;  // eps of the label term
 };
 
 // Checks T > 0 and A in [0, 1]; InvalidArgument naming the flag otherwise.

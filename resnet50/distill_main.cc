@@ -15,32 +15,33 @@
 namespace edl::resnet50 {
 
 void AddDistillFlags(po::options_description* desc, DistillFlags* d) {
-  desc->add_options()
-      ("distill", po::value(&d->service)->default_value(""),
-       "distil from the teachers of this service (`edl teacher --service NAME`); empty = off")
-      ("distill_temperature", po::value(&d->loss.temperature)->default_value(4.0f, "4"),
-       "T: loss = A*CE(labels) + (1-A)*T^2*KL(teacher_T || student_T)")
-      ("distill_alpha", po::value(&d->loss.alpha)->default_value(0.5f, "0.5"), "A, in [0, 1]")
-      ("distill_server", po::value(&d->server)->default_value(""),
-       "HOST:PORT of the edl server the teachers register with (their list follows it); "
-       "not needed under `edl client`, which relays the list")
-      ("distill_teachers", po::value(&d->teachers)->default_value(""),
-       "HOST:PORT,... of teachers, when they run without a server")
-      ("secret_file", po::value(&d->secret_file)->default_value(""),
-       "cluster secret for the teachers and --distill_server (default $HOME/.edl/secret)")
-      ("distill_top_k", po::value(&d->top_k)->default_value(0),
-       "ask for the k largest teacher logits per sample (less traffic); 0 = all")
-      ("distill_window", po::value(&d->window)->default_value(8), "steps whose logits are asked ahead")
-      ("distill_wait_s", po::value(&d->answer_wait_s)->default_value(2, "2"),
-       "longest a step waits for its teacher answers; then its samples use labels only (counted)")
-      ("distill_resend_s", po::value(&d->resend_after_s)->default_value(1, "1"),
-       "a request unanswered this long goes to another teacher")
-      ("distill_discovery_s", po::value(&d->discovery_wait_s)->default_value(30, "30"),
-       "fail when no teacher of the service appears within this long (an unknown service)")
-      ("distill_local", po::value(&d->local_checkpoint)->default_value(""),
-       "baseline: run the teacher from this checkpoint store inside this process")
-      ("distill_local_model", po::value(&d->local_model)->default_value("resnet56"),
-       "--distill_local's model");
+  desc->add_options()(
+      "distill", po::value(&d->service)->default_value(""),
+      "distil from the teachers of this service (`edl teacher --service NAME`); empty = off")(
+      "distill_temperature", po::value(&d->loss.temperature)->default_value(4.0f, "4"),
+      "T: loss = A*CE(labels) + (1-A)*T^2*KL(teacher_T || student_T)")(
+      "distill_alpha", po::value(&d->loss.alpha)->default_value(0.5f, "0.5"), "A, in [0, 1]")(
+      "distill_server", po::value(&d->server)->default_value(""),
+      "HOST:PORT of the edl server the teachers register with (their list follows it); "
+      "not needed under `edl client`, which relays the list")(
+      "distill_teachers", po::value(&d->teachers)->default_value(""),
+      "HOST:PORT,... of teachers, when they run without a server")(
+      "secret_file", po::value(&d->secret_file)->default_value(""),
+      "cluster secret for the teachers and --distill_server (default $HOME/.edl/secret)")(
+      "distill_top_k", po::value(&d->top_k)->default_value(0),
+      "ask for the k largest teacher logits per sample (less traffic); 0 = all")(
+      "distill_window", po::value(&d->window)->default_value(8),
+      "steps whose logits are asked ahead")(
+      "distill_wait_s", po::value(&d->answer_wait_s)->default_value(2, "2"),
+      "longest a step waits for its teacher answers; then its samples use labels only (counted)")(
+      "distill_resend_s", po::value(&d->resend_after_s)->default_value(1, "1"),
+      "a request unanswered this long goes to another teacher")(
+      "distill_discovery_s", po::value(&d->discovery_wait_s)->default_value(30, "30"),
+      "fail when no teacher of the service appears within this long (an unknown service)")(
+      "distill_local", po::value(&d->local_checkpoint)->default_value(""),
+      "baseline: run the teacher from this checkpoint store inside this process")(
+      "distill_local_model", po::value(&d->local_model)->default_value("resnet56"),
+      "--distill_local's model");
 }
 
 Status ValidateDistillFlags(const DistillFlags& d) {
@@ -49,7 +50,8 @@ Status ValidateDistillFlags(const DistillFlags& d) {
     return Status::InvalidArgument("--distill and --distill_local exclude each other");
   }
   EDL_RETURN_IF_ERROR(ValidateDistillLossParams(d.loss));
-  if (d.window < 1 || d.window > 64) return Status::InvalidArgument("--distill_window must be in 1..64");
+  if (d.window < 1 || d.window > 64)
+    return Status::InvalidArgument("--distill_window must be in 1..64");
   if (d.top_k < 0) return Status::InvalidArgument("--distill_top_k must be >= 0");
   if (!(d.answer_wait_s > 0) || !(d.resend_after_s > 0) || !(d.discovery_wait_s > 0)) {
     return Status::InvalidArgument(
@@ -144,8 +146,8 @@ StatusOr<std::unique_ptr<Trainer>> LoadTeacherModel(const TeacherModelOptions& o
     }
     EDL_RETURN_IF_ERROR(teacher->CopyFromHost(st, bytes));
   }
-  LOG(INFO) << "teacher: loaded checkpoint " << cp.meta.id << " (step " << cp.meta.step
-            << ") of " << ModelPart(want) << " from " << o.checkpoint_dir;
+  LOG(INFO) << "teacher: loaded checkpoint " << cp.meta.id << " (step " << cp.meta.step << ") of "
+            << ModelPart(want) << " from " << o.checkpoint_dir;
   return t;
 }
 

@@ -21,18 +21,18 @@
 namespace edl::resnet50 {
 
 struct DistillFlags {
-  std::string service;          // --distill: the teacher service; empty: no distillation
-  DistillLossParams loss;       // --distill_temperature, --distill_alpha
-  std::string server;           // --distill_server HOST:PORT (the edl server of the teachers;
-                                // unset under `edl client`: it relays the teacher list)
-  std::string teachers;         // --distill_teachers HOST:PORT,... (no server)
-  std::string secret_file;      // --secret_file
-  int top_k = 0;                // --distill_top_k
-  int window = 8;               // --distill_window: steps asked ahead
-  double answer_wait_s = 2;     // --distill_wait_s: longest wait of a step for its answers
-  double resend_after_s = 1;    // --distill_resend_s
-  double discovery_wait_s = 30; // --distill_discovery_s
-  std::string local_checkpoint; // --distill_local DIR: teacher in this process (baseline)
+  std::string service;           // --distill: the teacher service; empty: no distillation
+  DistillLossParams loss;        // --distill_temperature, --distill_alpha
+  std::string server;            // --distill_server HOST:PORT (the edl server of the teachers;
+                                 // unset under `edl client`: it relays the teacher list)
+  std::string teachers;          // --distill_teachers HOST:PORT,... (no server)
+  std::string secret_file;       // --secret_file
+  int top_k = 0;                 // --distill_top_k
+  int window = 8;                // --distill_window: steps asked ahead
+  double answer_wait_s = 2;      // --distill_wait_s: longest wait of a step for its answers
+  double resend_after_s = 1;     // --distill_resend_s
+  double discovery_wait_s = 30;  // --distill_discovery_s
+  std::string local_checkpoint;  // --distill_local DIR: teacher in this process (baseline)
   std::string local_model = "resnet56";  // --distill_local_model
 };
 
@@ -43,9 +43,9 @@ Status ValidateDistillFlags(const DistillFlags& d);
 struct TeacherModelOptions {
   std::string model = "resnet56";
   DataFlags data;
-  uint64_t seed = 1;          // synthetic data content (the students' --seed)
-  int64_t batch = 128;        // synthetic default sizes (the students' --batch_size)
-  std::string checkpoint_dir; // RocksDB store written by `edl train --checkpoint_dir`
+  uint64_t seed = 1;           // synthetic data content (the students' --seed)
+  int64_t batch = 128;         // synthetic default sizes (the students' --batch_size)
+  std::string checkpoint_dir;  // RocksDB store written by `edl train --checkpoint_dir`
   std::string device = "cpu";
   int threads = 0;
 };

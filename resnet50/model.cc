@@ -13,19 +13,26 @@ namespace edl::resnet50 {
 namespace {
 
 struct Arch {
-  bool cifar;                 // CIFAR stem (3x3 conv, no max pool) and 16/32/64 widths
-  bool bottleneck;            // 1x1-3x3-1x1 blocks with expansion 4
-  std::vector<int> blocks;    // blocks per stage
+  bool cifar;               // CIFAR stem (3x3 conv, no max pool) and 16/32/64 widths
+  bool bottleneck;          // 1x1-3x3-1x1 blocks with expansion 4
+  std::vector<int> blocks;  // blocks per stage
 };
 
 bool LookupArch(const std::string& name, Arch* arch) {
-  if (name == "resnet20") *arch = {true, false, {3, 3, 3}};
-  else if (name == "resnet56") *arch = {true, false, {9, 9, 9}};
-  else if (name == "resnet18") *arch = {false, false, {2, 2, 2, 2}};
-  else if (name == "resnet34") *arch = {false, false, {3, 4, 6, 3}};
-  else if (name == "resnet50") *arch = {false, true, {3, 4, 6, 3}};
-  else if (name == "resnet101") *arch = {false, true, {3, 4, 23, 3}};
-  else return false;
+  if (name == "resnet20")
+    *arch = {true, false, {3, 3, 3}};
+  else if (name == "resnet56")
+    *arch = {true, false, {9, 9, 9}};
+  else if (name == "resnet18")
+    *arch = {false, false, {2, 2, 2, 2}};
+  else if (name == "resnet34")
+    *arch = {false, false, {3, 4, 6, 3}};
+  else if (name == "resnet50")
+    *arch = {false, true, {3, 4, 6, 3}};
+  else if (name == "resnet101")
+    *arch = {false, true, {3, 4, 23, 3}};
+  else
+    return false;
   return true;
 }
 
@@ -51,8 +58,8 @@ Status ValidateModelConfig(const ModelConfig& c) {
     }
     if (c.image_size < 8 || c.image_size > 64 || c.image_size % 4 != 0) {
       return Status::InvalidArgument(
-          "--image_size " + std::to_string(c.image_size) + " cannot be taken by --model " +
-          c.name + " (CIFAR-style: a multiple of 4 in [8, 64], e.g. 28 or 32); use resnet18/50 "
+          "--image_size " + std::to_string(c.image_size) + " cannot be taken by --model " + c.name +
+          " (CIFAR-style: a multiple of 4 in [8, 64], e.g. 28 or 32); use resnet18/50 "
           "for larger images");
     }
   } else {
@@ -61,8 +68,8 @@ Status ValidateModelConfig(const ModelConfig& c) {
     }
     if (c.image_size < 64 || c.image_size > 512 || c.image_size % 32 != 0) {
       return Status::InvalidArgument(
-          "--image_size " + std::to_string(c.image_size) + " cannot be taken by --model " +
-          c.name + " (ImageNet-style: a multiple of 32 in [64, 512], e.g. 224); use resnet20/56 "
+          "--image_size " + std::to_string(c.image_size) + " cannot be taken by --model " + c.name +
+          " (ImageNet-style: a multiple of 32 in [64, 512], e.g. 224); use resnet20/56 "
           "for 28/32 px images");
     }
   }
@@ -75,9 +82,9 @@ Status ValidateModelConfig(const ModelConfig& c) {
 struct ConvBn {
   Conv2dParams p;
   int64_t cin = 0, cout = 0, in_size = 0, out_size = 0;
-  bool relu = true;     // ReLU fused after the BN
-  bool need_dx = true;  // false for the stem: no gradient w.r.t. the images
-  int w = -1, g = -1, b = -1;  // indices into Model::params_
+  bool relu = true;                  // ReLU fused after the BN
+  bool need_dx = true;               // false for the stem: no gradient w.r.t. the images
+  int w = -1, g = -1, b = -1;        // indices into Model::params_
   Tensor running_mean, running_var;  // [cout]
   // Per-batch state.
   const Tensor* input = nullptr;  // the last Forward's x (owned by the caller)
@@ -100,9 +107,9 @@ struct Model::Impl {
   PoolParams pool;
   std::vector<Block> blocks;
   int fc_w = -1, fc_b = -1;
-  int64_t feat = 0;     // channels into the fc
-  int64_t last_size = 0;  // spatial size of the last block's output
-  std::vector<ParamInit> init;  // per param
+  int64_t feat = 0;                  // channels into the fc
+  int64_t last_size = 0;             // spatial size of the last block's output
+  std::vector<ParamInit> init;       // per param
   std::vector<Tensor> pview, gview;  // per param: views into the flat buffers
   // Per-batch state.
   int64_t batch = -1;
@@ -167,16 +174,16 @@ Status Model::Impl::FwdConvBn(ConvBn* c, const Tensor& x, bool training) {
                                         &c->save_mean, &c->save_invstd, &c->running_mean,
                                         &c->running_var);
   }
-  return be->BatchNormForwardInference(bp, c->conv_out, pview[c->g], pview[c->b],
-                                       c->running_mean, c->running_var, &c->bn_out);
+  return be->BatchNormForwardInference(bp, c->conv_out, pview[c->g], pview[c->b], c->running_mean,
+                                       c->running_var, &c->bn_out);
 }
 
 Status Model::Impl::BwdConvBn(ConvBn* c, const Tensor& dy) {
   BatchNormParams bp;
   bp.fuse_relu = c->relu;
   EDL_RETURN_IF_ERROR(be->BatchNormBackward(bp, c->conv_out, dy, c->relu ? &c->bn_out : nullptr,
-                                            pview[c->g], c->save_mean, c->save_invstd,
-                                            &c->d_conv, &gview[c->g], &gview[c->b]));
+                                            pview[c->g], c->save_mean, c->save_invstd, &c->d_conv,
+                                            &gview[c->g], &gview[c->b]));
   EDL_RETURN_IF_ERROR(be->Conv2dBackwardFilter(c->p, *c->input, c->d_conv, &gview[c->w]));
   if (c->need_dx) return be->Conv2dBackwardData(c->p, c->d_conv, pview[c->w], &c->dx);
   return Status::OK();
@@ -341,7 +348,8 @@ Status Model::Build() {
   }
   num_params_ = off;
   flat_params_ = Tensor(backend_, {num_params_});
-  flat_grads_ = Tensor(backend_, {num_params_ + static_cast<int64_t>(runtime::Trainable::kInbandSlots)});
+  flat_grads_ =
+      Tensor(backend_, {num_params_ + static_cast<int64_t>(runtime::Trainable::kInbandSlots)});
   if (!flat_params_.ok() || !flat_grads_.ok()) {
     return Status::Internal("out of memory allocating " + std::to_string(num_params_) +
                             " parameters of " + config_.name);
@@ -418,8 +426,8 @@ Status Model::Backward(const Tensor& dlogits) {
     d = &im.blocks[i].dx;
   }
   if (im.maxpool) {
-    EDL_RETURN_IF_ERROR(backend_->MaxPool2dBackward(im.pool, im.stem.bn_out, im.pool_out, *d,
-                                                    &im.d_pool_in));
+    EDL_RETURN_IF_ERROR(
+        backend_->MaxPool2dBackward(im.pool, im.stem.bn_out, im.pool_out, *d, &im.d_pool_in));
     d = &im.d_pool_in;
   }
   return im.BwdConvBn(&im.stem, *d);

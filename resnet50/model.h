@@ -24,7 +24,7 @@ namespace edl::resnet50 {
 struct ModelConfig {
   std::string name = "resnet20";  // resnet20|resnet56|resnet18|resnet34|resnet50|resnet101
   int in_channels = 1;
-  int image_size = 28;             // square images
+  int image_size = 28;  // square images
   int num_classes = 10;
   bool zero_init_residual = false;  // gamma of each block's last BN starts at 0
   bool decay_bn_and_bias = false;   // apply weight decay to BN params and biases too
@@ -56,8 +56,8 @@ class Model {
   std::vector<BufferInfo> buffers();
   int64_t num_params() const { return num_params_; }
   int64_t decay_count() const { return decay_count_; }  // floats [0, decay_count) take decay
-  Tensor& params() { return flat_params_; }  // [num_params]
-  Tensor& grads() { return flat_grads_; }    // [num_params + kInbandSlots]
+  Tensor& params() { return flat_params_; }             // [num_params]
+  Tensor& grads() { return flat_grads_; }               // [num_params + kInbandSlots]
 
   // x [N, C, S, S] kNCHW (N may change between calls). On success *logits points to the model's
   // [N, classes] output, valid until the next Forward. training: batch statistics + running-stat

@@ -22,9 +22,11 @@ std::string Duration(double s) {
   char buf[32];
   const int64_t t = std::isfinite(s) && s >= 0 ? static_cast<int64_t>(s + 0.5) : 0;
   if (t >= 3600) {
-    std::snprintf(buf, sizeof(buf), "%ldh%02ldm", static_cast<long>(t / 3600), static_cast<long>(t / 60 % 60));
+    std::snprintf(buf, sizeof(buf), "%ldh%02ldm", static_cast<long>(t / 3600),
+                  static_cast<long>(t / 60 % 60));
   } else {
-    std::snprintf(buf, sizeof(buf), "%ldm%02lds", static_cast<long>(t / 60), static_cast<long>(t % 60));
+    std::snprintf(buf, sizeof(buf), "%ldm%02lds", static_cast<long>(t / 60),
+                  static_cast<long>(t % 60));
   }
   return buf;
 }
@@ -68,11 +70,13 @@ class ProgressPrinter : public runtime::TrainingObserver {
     result_->test_loss = r.loss;
     if (r.rank == 0) {
       char line[256], top5[32] = "";
-      if (r.accuracy_top5 >= 0) std::snprintf(top5, sizeof(top5), " top5 %.2f%%", 100.0 * r.accuracy_top5);
-      std::snprintf(line, sizeof(line),
-                    "eval epoch %ld step %ld: test loss %.4f acc %.2f%%%s (%ld images, %d ranks, %.1f s)",
-                    static_cast<long>(r.epoch), static_cast<long>(r.step), r.loss, 100.0 * r.accuracy,
-                    top5, static_cast<long>(r.samples), r.world_size, r.seconds);
+      if (r.accuracy_top5 >= 0)
+        std::snprintf(top5, sizeof(top5), " top5 %.2f%%", 100.0 * r.accuracy_top5);
+      std::snprintf(
+          line, sizeof(line),
+          "eval epoch %ld step %ld: test loss %.4f acc %.2f%%%s (%ld images, %d ranks, %.1f s)",
+          static_cast<long>(r.epoch), static_cast<long>(r.step), r.loss, 100.0 * r.accuracy, top5,
+          static_cast<long>(r.samples), r.world_size, r.seconds);
       out_ << line << std::endl;
     }
     window_start_ = SteadyClock::now();  // evaluation time is not training throughput
@@ -177,7 +181,8 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
                          runtime::MembershipSource* membership, std::ostream& out,
                          LoopResult* result) {
   if (t->on_device()) {
-    return Status::InvalidArgument("--plain_allreduce is the CPU/Gloo overhead baseline; use --device cpu");
+    return Status::InvalidArgument(
+        "--plain_allreduce is the CPU/Gloo overhead baseline; use --device cpu");
   }
   runtime::Generation g;
   EDL_RETURN_IF_ERROR(membership->WaitGeneration(0, o.elastic.generation_wait, &g));
@@ -199,10 +204,13 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
   lo.total_epochs = o.elastic.epochs;
   const runtime::LrSchedule schedule(lo);
   runtime::DataPlan plan(t->train_size(), o.elastic.seed);
-  const std::vector<int64_t> b = runtime::BatchSizes(o.elastic.batch_policy, o.elastic.batch, g.world_size());
+  const std::vector<int64_t> b =
+      runtime::BatchSizes(o.elastic.batch_policy, o.elastic.batch, g.world_size());
   int64_t global = 0;
   for (int64_t x : b) global += x;
-  FILE* log = o.elastic.sample_log_path.empty() ? nullptr : std::fopen(o.elastic.sample_log_path.c_str(), "a");
+  FILE* log = o.elastic.sample_log_path.empty()
+                  ? nullptr
+                  : std::fopen(o.elastic.sample_log_path.c_str(), "a");
   runtime::DataPosition pos;
   constexpr int64_t kWarmSteps = 5;
   int64_t step = 0, warm_samples = 0;
@@ -223,8 +231,8 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
     }
     size_t count = 0;
     float* grad = t->GradientBuffer(&count);
-    EDL_RETURN_IF_ERROR(comm.value()->AllReduce(grad, count, runtime::DataType::kFloat32,
-                                                runtime::ReduceOp::kSum));
+    EDL_RETURN_IF_ERROR(
+        comm.value()->AllReduce(grad, count, runtime::DataType::kFloat32, runtime::ReduceOp::kSum));
     EDL_RETURN_IF_ERROR(t->ApplyUpdate(schedule.At(plan.EpochProgress(pos), global)));
     pos = plan.Advance(pos, b);
     ++step;
@@ -232,10 +240,11 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
     if (step == kWarmSteps) warm_t0 = SteadyClock::now();
     if (step > kWarmSteps) warm_samples += total;
     if (log != nullptr) {
-      const double now = std::chrono::duration<double>(
-                             std::chrono::system_clock::now().time_since_epoch()).count();
-      std::fprintf(log, "{\"rank\":%d,\"step\":%ld,\"time\":%.6f}\n", rank,
-                   static_cast<long>(step), now);
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      std::fprintf(log, "{\"rank\":%d,\"step\":%ld,\"time\":%.6f}\n", rank, static_cast<long>(step),
+                   now);
       std::fflush(log);
     }
   }
@@ -247,7 +256,8 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
   result->last_window_loss = loss;
   if (rank == 0) {
     char line[256];
-    std::snprintf(line, sizeof(line), "plain: steps %ld world %d loss %.4f train_images/s %.1f time %.1f s",
+    std::snprintf(line, sizeof(line),
+                  "plain: steps %ld world %d loss %.4f train_images/s %.1f time %.1f s",
                   static_cast<long>(step), g.world_size(), loss, result->train_images_per_sec,
                   result->seconds);
     out << line << std::endl;
@@ -257,7 +267,8 @@ Status RunPlainAllReduce(runtime::Trainable* t, const LoopOptions& o,
 
 Status RunStandaloneLoop(runtime::Trainable* t, const LoopOptions& o, std::ostream& out,
                          LoopResult* result) {
-  auto membership = runtime::NewStaticMembership(0, 1, 1, std::make_unique<runtime::MemoryKvStore>());
+  auto membership =
+      runtime::NewStaticMembership(0, 1, 1, std::make_unique<runtime::MemoryKvStore>());
   return RunTraining(t, o, membership.get(), out, result);
 }
 

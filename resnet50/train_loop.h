@@ -27,18 +27,18 @@ namespace edl::resnet50 {
 // progress_every, observer) and otherwise passes `elastic` through unchanged.
 struct LoopOptions {
   runtime::ElasticOptions elastic;  // batch (> 0), epochs (> 0), lr, timeouts, loader, ...
-  int64_t log_every = 50;    // 0 = no progress lines
-  bool eval = true;          // evaluate on the test split after every epoch (sharded)
-  std::string label;         // e.g. "resnet20 fashion-mnist", shown in the summary
-  int threads = 0;           // shown in the summary
+  int64_t log_every = 50;           // 0 = no progress lines
+  bool eval = true;                 // evaluate on the test split after every epoch (sharded)
+  std::string label;                // e.g. "resnet20 fashion-mnist", shown in the summary
+  int threads = 0;                  // shown in the summary
 };
 
 struct LoopResult {
-  int64_t steps = 0;            // committed steps at the end (including restored ones)
-  double first_loss = 0;        // mean loss of the first step this process took
-  double last_window_loss = 0;  // mean training loss over the last log window
+  int64_t steps = 0;                // committed steps at the end (including restored ones)
+  double first_loss = 0;            // mean loss of the first step this process took
+  double last_window_loss = 0;      // mean training loss over the last log window
   double train_images_per_sec = 0;  // all ranks, while this process trained
-  int64_t skipped = 0;          // unreadable samples skipped, all ranks, while this process trained
+  int64_t skipped = 0;  // unreadable samples skipped, all ranks, while this process trained
   double seconds = 0;
   std::vector<double> test_accuracy;  // after each evaluation (fractions)
   double test_loss = 0;               // last evaluation

@@ -36,7 +36,7 @@ namespace {
 // the runtime take; the few below them need parsing or a unit conversion (Finish()).
 struct Config {
   TrainerOptions trainer;
-  LoopOptions loop;  // loop.elastic: the runtime's options
+  LoopOptions loop;                             // loop.elastic: the runtime's options
   runtime::CheckpointLoaderOptions checkpoint;  // checkpoint.save: when to save
   ckpt::RocksDbStoreOptions store;              // store.dir empty: no checkpoints
   DataFlags data;
@@ -57,75 +57,84 @@ po::options_description Flags(Config* c) {
   po::options_description d("edl train flags");
   AddDataFlags(&d, &c->data);
   AddDistillFlags(&d, &c->distill);
-  d.add_options()
-      ("model", po::value(&c->trainer.model.name)->default_value("resnet20"),
-       "resnet20|resnet56 (28/32 px) or resnet18|resnet34|resnet50|resnet101 (224 px)")
-      ("batch_size", po::value(&c->loop.elastic.batch)->default_value(128, "128"),
-       "samples per step: per trainer (fixed-local) or in total (fixed-global)")
-      ("batch_policy", po::value(&c->batch_policy)->default_value("fixed-local"),
-       "fixed-local (global batch = world x batch_size) | fixed-global (batch_size split across trainers)")
-      ("epochs", po::value(&c->loop.elastic.epochs)->default_value(1, "1"), "training epochs")
-      ("max_steps", po::value(&c->loop.elastic.max_steps)->default_value(0, "0"), "stop after this many steps; 0 = no limit")
-      ("lr", po::value(&c->loop.elastic.lr.base_lr)->default_value(0.1, "0.1"), "learning rate at --base_batch samples per step")
-      ("base_batch", po::value(&c->loop.elastic.lr.base_batch)->default_value(128),
-       "linear scaling reference: lr * global_batch / base_batch; 0 disables scaling")
-      ("rescale_ramp_steps", po::value(&c->loop.elastic.lr.rescale_ramp_steps)->default_value(0),
-       "after a re-form that changes the global batch, move the LR linearly to its new value over N steps")
-      ("comm", po::value(&c->comm)->default_value("auto"),
-       "communicator: auto (nccl for --device cuda when the CUDA plugin has NCCL, else gloo) | "
-       "nccl (GPU memory, --device cuda only) | gloo (TCP; with --device cuda the gradients and "
-       "state are staged through pinned host buffers)")
-      ("comm_timeout_s", po::value(&c->comm_timeout_s)->default_value(30, "30"),
-       "bound on communicator rendezvous and every collective (a hung peer fails after this)")
-      ("generation_wait_s", po::value(&c->generation_wait_s)->default_value(120, "120"),
-       "bound on waiting for a (new) generation: after a failure, or as a joiner to be committed")
-      ("checkpoint_dir", po::value(&c->store.dir)->default_value(""),
-       "RocksDB checkpoint store (local disk or NFS); empty = no checkpoints")
-      ("checkpoint_steps", po::value(&c->checkpoint.save.checkpoint_steps)->default_value(0),
-       "checkpoint every N steps (rank 0, in the background); 0 = no step trigger")
-      ("checkpoint_secs", po::value(&c->checkpoint.save.checkpoint_secs)->default_value(0, "0"),
-       "checkpoint every N seconds; 0 = no time trigger (a final checkpoint is always written)")
-      ("keep_checkpoints", po::value(&c->store.keep_checkpoints)->default_value(3), "checkpoints kept")
-      ("plain_allreduce", po::value(&c->plain_allreduce)->default_value(false),
-       "benchmark baseline: a plain all-reduce loop without the elastic runtime (static world "
-       "under `edl launch`; CPU only)")
-      ("resident_batch", po::value(&c->trainer.resident_batch)->default_value(false),
-       "benchmark flag: load and upload the first batch once and train on it every step "
-       "(device-resident data, no per-step loading; bench/trainer_gpu.sh)")
-      ("usage_log", po::value(&c->usage_log)->default_value(""),
-       "benchmark flag: at exit append {\"trainer\",\"steps\",\"cpu_s\",\"plain\"} (this process's "
-       "user+system CPU seconds) as one JSON line to this file")
-      ("sample_log", po::value(&c->loop.elastic.sample_log_path)->default_value(""),
-       "test flag: append each committed step's sample indices (JSON lines) to this file")
-      ("momentum", po::value(&c->trainer.momentum)->default_value(0.9f, "0.9"), "SGD momentum")
-      ("weight_decay", po::value(&c->trainer.weight_decay)->default_value(5e-4f, "0.0005"),
-       "L2 weight decay on conv/fc weights")
-      ("decay_bn_and_bias", po::value(&c->trainer.model.decay_bn_and_bias)->default_value(false),
-       "also apply weight decay to BN parameters and biases")
-      ("nesterov", po::value(&c->trainer.nesterov)->default_value(false), "Nesterov momentum")
-      ("label_smoothing", po::value(&c->trainer.label_smoothing)->default_value(0.0f, "0.0"), "label smoothing eps")
-      ("warmup_epochs", po::value(&c->loop.elastic.lr.warmup_epochs)->default_value(0.0, "0.0"), "linear LR warm-up, in epochs")
-      ("lr_decay", po::value(&c->loop.elastic.lr.decay)->default_value("cosine"), "constant|step|cosine")
-      ("lr_milestones", po::value(&c->lr_milestones)->default_value(""),
-       "step decay: comma-separated epochs where the LR is multiplied by 0.1")
-      ("zero_init_residual", po::value(&c->trainer.model.zero_init_residual)->default_value(false),
-       "start each block's last BN gamma at 0")
-      ("augment", po::value(&c->augment)->default_value(false),
-       "random crop (pad 4) and horizontal flip of training images; imagefolder always trains with "
-       "RandomResizedCrop + flip")
-      ("seed", po::value(&c->trainer.seed)->default_value(1, "1"), "init, data order and augmentation seed")
-      ("threads", po::value(&c->trainer.threads)->default_value(0),
-       "CPU compute threads; 0 = cores / trainers on this node (EDL_LOCAL_TRAINERS, else LOCAL_WORLD_SIZE)")
-      ("log_every", po::value(&c->loop.log_every)->default_value(50, "50"), "progress line every N steps; 0 = none")
-      ("eval", po::value(&c->loop.eval)->default_value(true), "evaluate on the test split after every epoch")
-      ("device", po::value(&c->trainer.device)->default_value("cpu"), "cpu|cuda|auto")
-      ("cuda_device", po::value(&c->trainer.cuda_device)->default_value(-1, "-1"),
-       "CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for the model and NCCL; -1 = the slot "
-       "(EDL_SLOT, under edl client) or LOCAL_RANK modulo the visible devices when more than one is "
-       "visible, else 0")
-      ("precision", po::value(&c->trainer.precision)->default_value("fp32"),
-       "cuda: fp32|bf16|fp16 activations and convolutions (fp32 master weights; fp16 adds loss "
-       "scaling); cpu: fp32 only");
+  d.add_options()("model", po::value(&c->trainer.model.name)->default_value("resnet20"),
+                  "resnet20|resnet56 (28/32 px) or resnet18|resnet34|resnet50|resnet101 (224 px)")(
+      "batch_size", po::value(&c->loop.elastic.batch)->default_value(128, "128"),
+      "samples per step: per trainer (fixed-local) or in total (fixed-global)")(
+      "batch_policy", po::value(&c->batch_policy)->default_value("fixed-local"),
+      "fixed-local (global batch = world x batch_size) | fixed-global (batch_size split across "
+      "trainers)")("epochs", po::value(&c->loop.elastic.epochs)->default_value(1, "1"),
+                   "training epochs")("max_steps",
+                                      po::value(&c->loop.elastic.max_steps)->default_value(0, "0"),
+                                      "stop after this many steps; 0 = no limit")(
+      "lr", po::value(&c->loop.elastic.lr.base_lr)->default_value(0.1, "0.1"),
+      "learning rate at --base_batch samples per step")(
+      "base_batch", po::value(&c->loop.elastic.lr.base_batch)->default_value(128),
+      "linear scaling reference: lr * global_batch / base_batch; 0 disables scaling")(
+      "rescale_ramp_steps", po::value(&c->loop.elastic.lr.rescale_ramp_steps)->default_value(0),
+      "after a re-form that changes the global batch, move the LR linearly to its new value over N "
+      "steps")(
+      "comm", po::value(&c->comm)->default_value("auto"),
+      "communicator: auto (nccl for --device cuda when the CUDA plugin has NCCL, else gloo) | "
+      "nccl (GPU memory, --device cuda only) | gloo (TCP; with --device cuda the gradients and "
+      "state are staged through pinned host buffers)")(
+      "comm_timeout_s", po::value(&c->comm_timeout_s)->default_value(30, "30"),
+      "bound on communicator rendezvous and every collective (a hung peer fails after this)")(
+      "generation_wait_s", po::value(&c->generation_wait_s)->default_value(120, "120"),
+      "bound on waiting for a (new) generation: after a failure, or as a joiner to be committed")(
+      "checkpoint_dir", po::value(&c->store.dir)->default_value(""),
+      "RocksDB checkpoint store (local disk or NFS); empty = no checkpoints")(
+      "checkpoint_steps", po::value(&c->checkpoint.save.checkpoint_steps)->default_value(0),
+      "checkpoint every N steps (rank 0, in the background); 0 = no step trigger")(
+      "checkpoint_secs", po::value(&c->checkpoint.save.checkpoint_secs)->default_value(0, "0"),
+      "checkpoint every N seconds; 0 = no time trigger (a final checkpoint is always written)")(
+      "keep_checkpoints", po::value(&c->store.keep_checkpoints)->default_value(3),
+      "checkpoints kept")(
+      "plain_allreduce", po::value(&c->plain_allreduce)->default_value(false),
+      "benchmark baseline: a plain all-reduce loop without the elastic runtime (static world "
+      "under `edl launch`; CPU only)")(
+      "resident_batch", po::value(&c->trainer.resident_batch)->default_value(false),
+      "benchmark flag: load and upload the first batch once and train on it every step "
+      "(device-resident data, no per-step loading; bench/trainer_gpu.sh)")(
+      "usage_log", po::value(&c->usage_log)->default_value(""),
+      "benchmark flag: at exit append {\"trainer\",\"steps\",\"cpu_s\",\"plain\"} (this process's "
+      "user+system CPU seconds) as one JSON line to this file")(
+      "sample_log", po::value(&c->loop.elastic.sample_log_path)->default_value(""),
+      "test flag: append each committed step's sample indices (JSON lines) to this file")(
+      "momentum", po::value(&c->trainer.momentum)->default_value(0.9f, "0.9"), "SGD momentum")(
+      "weight_decay", po::value(&c->trainer.weight_decay)->default_value(5e-4f, "0.0005"),
+      "L2 weight decay on conv/fc weights")(
+      "decay_bn_and_bias", po::value(&c->trainer.model.decay_bn_and_bias)->default_value(false),
+      "also apply weight decay to BN parameters and biases")(
+      "nesterov", po::value(&c->trainer.nesterov)->default_value(false), "Nesterov momentum")(
+      "label_smoothing", po::value(&c->trainer.label_smoothing)->default_value(0.0f, "0.0"),
+      "label smoothing eps")(
+      "warmup_epochs", po::value(&c->loop.elastic.lr.warmup_epochs)->default_value(0.0, "0.0"),
+      "linear LR warm-up, in epochs")("lr_decay",
+                                      po::value(&c->loop.elastic.lr.decay)->default_value("cosine"),
+                                      "constant|step|cosine")(
+      "lr_milestones", po::value(&c->lr_milestones)->default_value(""),
+      "step decay: comma-separated epochs where the LR is multiplied by 0.1")(
+      "zero_init_residual", po::value(&c->trainer.model.zero_init_residual)->default_value(false),
+      "start each block's last BN gamma at 0")(
+      "augment", po::value(&c->augment)->default_value(false),
+      "random crop (pad 4) and horizontal flip of training images; imagefolder always trains with "
+      "RandomResizedCrop + flip")("seed", po::value(&c->trainer.seed)->default_value(1, "1"),
+                                  "init, data order and augmentation seed")(
+      "threads", po::value(&c->trainer.threads)->default_value(0),
+      "CPU compute threads; 0 = cores / trainers on this node (EDL_LOCAL_TRAINERS, else "
+      "LOCAL_WORLD_SIZE)")("log_every", po::value(&c->loop.log_every)->default_value(50, "50"),
+                           "progress line every N steps; 0 = none")(
+      "eval", po::value(&c->loop.eval)->default_value(true),
+      "evaluate on the test split after every epoch")(
+      "device", po::value(&c->trainer.device)->default_value("cpu"), "cpu|cuda|auto")(
+      "cuda_device", po::value(&c->trainer.cuda_device)->default_value(-1, "-1"),
+      "CUDA device ordinal (after CUDA_VISIBLE_DEVICES) for the model and NCCL; -1 = the slot "
+      "(EDL_SLOT, under edl client) or LOCAL_RANK modulo the visible devices when more than one is "
+      "visible, else 0")(
+      "precision", po::value(&c->trainer.precision)->default_value("fp32"),
+      "cuda: fp32|bf16|fp16 activations and convolutions (fp32 master weights; fp16 adds loss "
+      "scaling); cpu: fp32 only");
   return d;
 }
 
@@ -148,20 +157,23 @@ Status ParseMilestones(const std::string& text, std::vector<double>* out) {
 Status Validate(const Config& c) {
   const runtime::ElasticOptions& e = c.loop.elastic;
   const TrainerOptions& t = c.trainer;
-  if (e.batch <= 0) return Status::InvalidArgument("--batch_size must be > 0, got " + std::to_string(e.batch));
+  if (e.batch <= 0)
+    return Status::InvalidArgument("--batch_size must be > 0, got " + std::to_string(e.batch));
   if (e.epochs <= 0) return Status::InvalidArgument("--epochs must be > 0");
   if (e.max_steps < 0) return Status::InvalidArgument("--max_steps must be >= 0");
   if (t.threads < 0) return Status::InvalidArgument("--threads must be >= 0");
   if (e.lr.base_lr <= 0) return Status::InvalidArgument("--lr must be > 0");
   EDL_RETURN_IF_ERROR(ValidateDataFlags(c.data));
   EDL_RETURN_IF_ERROR(ValidateDistillFlags(c.distill));
-  if (e.lr.rescale_ramp_steps < 0) return Status::InvalidArgument("--rescale_ramp_steps must be >= 0");
+  if (e.lr.rescale_ramp_steps < 0)
+    return Status::InvalidArgument("--rescale_ramp_steps must be >= 0");
   if (c.comm_timeout_s <= 0) return Status::InvalidArgument("--comm_timeout_s must be > 0");
   if (c.generation_wait_s <= 0) return Status::InvalidArgument("--generation_wait_s must be > 0");
   if (c.checkpoint.save.checkpoint_steps < 0 || c.checkpoint.save.checkpoint_secs < 0) {
     return Status::InvalidArgument("--checkpoint_steps and --checkpoint_secs must be >= 0");
   }
-  if (c.store.keep_checkpoints < 1) return Status::InvalidArgument("--keep_checkpoints must be >= 1");
+  if (c.store.keep_checkpoints < 1)
+    return Status::InvalidArgument("--keep_checkpoints must be >= 1");
   if (t.device != "cpu" && t.device != "cuda" && t.device != "auto") {
     return Status::InvalidArgument("--device '" + t.device + "' is unknown; use cpu, cuda or auto");
   }
@@ -174,15 +186,18 @@ Status Validate(const Config& c) {
         "in host memory; use --comm gloo (or auto) with --device cpu");
   }
   if (t.precision != "fp32" && t.precision != "bf16" && t.precision != "fp16") {
-    return Status::InvalidArgument("--precision '" + t.precision + "' is unknown; use fp32, bf16 or fp16");
+    return Status::InvalidArgument("--precision '" + t.precision +
+                                   "' is unknown; use fp32, bf16 or fp16");
   }
   if (t.cuda_device < -1) {
-    return Status::InvalidArgument("--cuda_device " + std::to_string(t.cuda_device) +
-                                   " is not a device ordinal; use 0, 1, ... or -1 (the slot, or LOCAL_RANK, modulo the "
-                                   "visible devices)");
+    return Status::InvalidArgument(
+        "--cuda_device " + std::to_string(t.cuda_device) +
+        " is not a device ordinal; use 0, 1, ... or -1 (the slot, or LOCAL_RANK, modulo the "
+        "visible devices)");
   }
   if (t.device == "cpu" && t.precision != "fp32") {
-    return Status::InvalidArgument("--precision " + t.precision + " needs --device cuda (or auto); the CPU backend is fp32");
+    return Status::InvalidArgument("--precision " + t.precision +
+                                   " needs --device cuda (or auto); the CPU backend is fp32");
   }
   ModelConfig mc;
   mc.name = c.model();
@@ -200,9 +215,11 @@ void AppendUsage(const Config& c, const std::string& trainer, const LoopResult& 
   ::getrusage(RUSAGE_SELF, &u);
   const double cpu = u.ru_utime.tv_sec + u.ru_stime.tv_sec +
                      1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-  const std::string line = nlohmann::json{{"trainer", trainer}, {"steps", r.steps},
-                                          {"cpu_s", cpu}, {"plain", c.plain_allreduce}}
-                               .dump() + "\n";
+  const std::string line =
+      nlohmann::json{
+          {"trainer", trainer}, {"steps", r.steps}, {"cpu_s", cpu}, {"plain", c.plain_allreduce}}
+          .dump() +
+      "\n";
   std::ofstream(c.usage_log, std::ios::app) << line;  // best effort
 }
 
@@ -222,12 +239,14 @@ Status Finish(Config* c) {
   e.seed = c->trainer.seed;  // one --seed: init, augmentation and data order
   // Augmentation is seeded by (seed, epoch, sample index) inside the loader: nothing to sync on
   // re-form.
-  c->trainer.augment.random_crop = c->trainer.augment.flip = c->augment || c->data.data == "imagefolder";
+  c->trainer.augment.random_crop = c->trainer.augment.flip =
+      c->augment || c->data.data == "imagefolder";
   c->loop.label = c->model() + " " + c->data.data;
   return Status::OK();
 }
 
-// The datasets a trainer trains and evaluates on: loaded ahead by a host spare, else by MakeTrainer.
+// The datasets a trainer trains and evaluates on: loaded ahead by a host spare, else by
+// MakeTrainer.
 struct Datasets {
   std::unique_ptr<Dataset> train, test;
 };
@@ -275,8 +294,8 @@ StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* pla
     if (!t.ok()) return t.status();
     prepared = std::move(t.value());
     // A replacement restores the job's size: it joins at its largest world, ranked last.
-    warmed = runtime::WarmUpSamples(prepared->train_size(), c->loop.elastic.batch_policy, c->loop.elastic.batch,
-                                    std::max(1, spare.world_size));
+    warmed = runtime::WarmUpSamples(prepared->train_size(), c->loop.elastic.batch_policy,
+                                    c->loop.elastic.batch, std::max(1, spare.world_size));
     EDL_RETURN_IF_ERROR(runtime::WarmUpTrainable(prepared.get(), warmed));
   } else {
     EDL_RETURN_IF_ERROR(LoadDatasets(*c, ahead));
@@ -294,11 +313,15 @@ StatusOr<std::unique_ptr<Trainer>> PrepareSpare(Config* c, runtime::RunPlan* pla
     return assigned.status();
   }
   *plan = std::move(assigned.value());
-  std::cout << "edl train: spare " << spare.trainer_id << " is now trainer " << plan->env.trainer_id << std::endl;
+  std::cout << "edl train: spare " << spare.trainer_id << " is now trainer " << plan->env.trainer_id
+            << std::endl;
   if (!prepared) return Status::Unavailable("no trainer prepared");
-  const auto threads = [&](int trainers_on_node) { return o.threads > 0 ? o.threads : DefaultThreads(trainers_on_node); };
+  const auto threads = [&](int trainers_on_node) {
+    return o.threads > 0 ? o.threads : DefaultThreads(trainers_on_node);
+  };
   if (threads(plan->env.TrainersOnNode()) != threads(o.trainers_on_node)) {
-    std::cout << "edl train: the assignment's threads differ from the spare's; building anew" << std::endl;
+    std::cout << "edl train: the assignment's threads differ from the spare's; building anew"
+              << std::endl;
     return Status::Unavailable("prepared for other threads");
   }
   c->loop.elastic.warmed_samples = warmed;
@@ -337,7 +360,8 @@ int RunTrainMain(int argc, char** argv) {
     bool released = false;
     trainer = PrepareSpare(&c, &plan.value(), &released, &ahead);
     if (released) return 0;
-    if (!trainer.ok() && trainer.status().code() != Status::Code::kUnavailable) return Fail(trainer.status());
+    if (!trainer.ok() && trainer.status().code() != Status::Code::kUnavailable)
+      return Fail(trainer.status());
   }
   plan.value().ApplyTo(&c.loop.elastic);
   c.loop.elastic.start_micros = was_spare ? Clock::Real()->NowMicros() : start_micros;
@@ -363,13 +387,14 @@ int RunTrainMain(int argc, char** argv) {
   if (!teacher.ok()) return Fail(teacher.status());
   // What every member must share: a joiner started with another command line (batch, data, seed,
   // model) is refused by the server instead of breaking the ring.
-  c.loop.elastic.config_fingerprint = "model=" + t->Fingerprint() + ";seed=" + std::to_string(c.trainer.seed) +
-                                      ";train=" + std::to_string(t->train_size()) + ";batch=" + std::to_string(c.batch()) +
-                                      ";batch_policy=" + c.batch_policy;
+  c.loop.elastic.config_fingerprint =
+      "model=" + t->Fingerprint() + ";seed=" + std::to_string(c.trainer.seed) +
+      ";train=" + std::to_string(t->train_size()) + ";batch=" + std::to_string(c.batch()) +
+      ";batch_policy=" + c.batch_policy;
   std::unique_ptr<runtime::CheckpointLoader> loader;
   if (!c.store.dir.empty()) {
-    c.checkpoint.config_fingerprint = "seed=" + std::to_string(c.trainer.seed) +
-                                      ";train=" + std::to_string(t->train_size());
+    c.checkpoint.config_fingerprint =
+        "seed=" + std::to_string(c.trainer.seed) + ";train=" + std::to_string(t->train_size());
     loader = runtime::NewRocksDbCheckpointLoader(c.store, c.checkpoint);
     c.loop.elastic.loader = loader.get();
   }
@@ -377,10 +402,11 @@ int RunTrainMain(int argc, char** argv) {
             << t->train_size() << " train / " << t->test_size() << " test, "
             << t->model()->num_params() << " parameters), device " << t->backend()->name()
             << (t->cuda_device() >= 0 ? " " + std::to_string(t->cuda_device()) : std::string())
-            << ", comm " << c.loop.elastic.backend << ", threads " << t->threads() << ", batch " << c.batch() << " ("
-            << c.batch_policy << "), " << runtime::RunModeName(plan.value().mode)
-            << " mode, trainer " << membership.value()->trainer_id()
-            << (plan.value().joining() ? " (joining)" : "") << std::endl;
+            << ", comm " << c.loop.elastic.backend << ", threads " << t->threads() << ", batch "
+            << c.batch() << " (" << c.batch_policy << "), "
+            << runtime::RunModeName(plan.value().mode) << " mode, trainer "
+            << membership.value()->trainer_id() << (plan.value().joining() ? " (joining)" : "")
+            << std::endl;
   LoopResult result;
   s = c.plain_allreduce ? RunPlainAllReduce(t, c.loop, membership.value().get(), std::cout, &result)
                         : RunTraining(t, c.loop, membership.value().get(), std::cout, &result);

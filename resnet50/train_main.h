@@ -1,4 +1,5 @@
-// `edl train`: the reference ResNet trainer run standalone (world size 1). Flags: `edl train --help`.
+// `edl train`: the reference ResNet trainer run standalone (world size 1). Flags: `edl train
+// --help`.
 #pragma once
 
 namespace edl::resnet50 {

@@ -74,7 +74,8 @@ Status Trainer::Init() {
     state_.push_back({name, shape, runtime::DataType::kFloat32, data, n * sizeof(float), per_rank});
   };
   float* p = model_->params().data();
-  for (const Model::ParamInfo& info : model_->param_info()) add(info.name, info.shape, p + info.offset);
+  for (const Model::ParamInfo& info : model_->param_info())
+    add(info.name, info.shape, p + info.offset);
   // BN running statistics follow each rank's own batches (as in PyTorch DDP): per rank.
   for (const Model::BufferInfo& b : model_->buffers()) {
     add(b.name, b.tensor->shape(), b.tensor->raw(), /*per_rank=*/true);
@@ -124,8 +125,8 @@ Status Trainer::InferTrain(const std::vector<TrainBatch>& batches, std::vector<f
   int64_t n = 0;
   for (const TrainBatch& b : batches) n += static_cast<int64_t>(b.indices->size());
   if (n == 0) return Status::InvalidArgument("InferTrain: no samples");
-  const int64_t per = static_cast<int64_t>(train_->channels()) * train_->image_size() *
-                      train_->image_size();
+  const int64_t per =
+      static_cast<int64_t>(train_->channels()) * train_->image_size() * train_->image_size();
   HostBatch all;
   all.images.resize(static_cast<size_t>(n * per));
   all.labels.resize(static_cast<size_t>(n));
@@ -172,10 +173,9 @@ Status Trainer::DistillStep(const std::vector<int64_t>& indices, const Tensor& l
     teacher_hits_ += std::max_element(row, row + m) - row == fed_labels_[i];
     teacher_rows_++;
   }
-  EDL_RETURN_IF_ERROR(DistillLoss(distill_, host_logits_.data(), fed_labels_.data(),
-                                  host_teacher_.data(), has_teacher_.data(), n, m,
-                                  1.f / static_cast<float>(n), host_dlogits_.data(), loss_sum,
-                                  correct));
+  EDL_RETURN_IF_ERROR(DistillLoss(
+      distill_, host_logits_.data(), fed_labels_.data(), host_teacher_.data(), has_teacher_.data(),
+      n, m, 1.f / static_cast<float>(n), host_dlogits_.data(), loss_sum, correct));
   return backend_->CopyFromHost(host_dlogits_.data(), &dlogits_);
 }
 
@@ -290,7 +290,8 @@ Status Trainer::ApplyUpdate(double lr) {
   p.nesterov = options_.nesterov;
   p.weight_decay = options_.weight_decay;
   const int64_t decay = model_->decay_count();
-  EDL_RETURN_IF_ERROR(backend_->SgdUpdate(p, &model_->params(), model_->grads(), &momentum_, 0, decay));
+  EDL_RETURN_IF_ERROR(
+      backend_->SgdUpdate(p, &model_->params(), model_->grads(), &momentum_, 0, decay));
   p.weight_decay = 0.f;
   return backend_->SgdUpdate(p, &model_->params(), model_->grads(), &momentum_, decay,
                              model_->num_params() - decay);

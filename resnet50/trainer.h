@@ -26,20 +26,21 @@
 namespace edl::resnet50 {
 
 struct TrainerOptions {
-  std::string device = "cpu";  // cpu | cuda | auto (cuda when built and usable, else cpu)
-  int threads = 0;             // CPU compute threads; 0 = DefaultThreads(trainers_on_node)
-  int trainers_on_node = 1;    // trainers sharing this node's cores (the env contract's
-                               // EnvContract::TrainersOnNode())
+  std::string device = "cpu";      // cpu | cuda | auto (cuda when built and usable, else cpu)
+  int threads = 0;                 // CPU compute threads; 0 = DefaultThreads(trainers_on_node)
+  int trainers_on_node = 1;        // trainers sharing this node's cores (the env contract's
+                                   // EnvContract::TrainersOnNode())
   std::string precision = "fp32";  // CUDA compute precision: fp32 | bf16 | fp16 (CPU: fp32 only)
-  int cuda_device = -1;        // --cuda_device; -1: device_hint modulo the visible GPUs (ResolveCudaDevice)
-  int device_hint = 0;         // EnvContract::DeviceHint(): the slot, or LOCAL_RANK
-  ModelConfig model;           // in_channels / image_size / num_classes come from the data
+  int cuda_device =
+      -1;  // --cuda_device; -1: device_hint modulo the visible GPUs (ResolveCudaDevice)
+  int device_hint = 0;  // EnvContract::DeviceHint(): the slot, or LOCAL_RANK
+  ModelConfig model;    // in_channels / image_size / num_classes come from the data
   float momentum = 0.9f;
   float weight_decay = 5e-4f;  // on conv/fc weights (and on BN/bias when model.decay_bn_and_bias)
   bool nesterov = false;
   float label_smoothing = 0.0f;
-  Augment augment;             // training-set augmentation
-  uint64_t seed = 1;           // init and augmentation
+  Augment augment;    // training-set augmentation
+  uint64_t seed = 1;  // init and augmentation
   // Benchmark only (--resident_batch): the first training batch is loaded and uploaded once and
   // fed again every step, so a timed window measures compute on device-resident data (no
   // per-step loading or host-to-device copy). Training then sees one batch, whatever the indices.
@@ -156,7 +157,8 @@ class Trainer : public runtime::Trainable {
   int window_ = 0;
   std::vector<float> host_logits_, host_teacher_, host_dlogits_;
   std::vector<uint8_t> has_teacher_;
-  int64_t teacher_rows_ = 0, teacher_hits_ = 0;  // answered samples; of them, teacher argmax == label
+  int64_t teacher_rows_ = 0,
+          teacher_hits_ = 0;  // answered samples; of them, teacher argmax == label
 };
 
 }  // namespace edl::resnet50

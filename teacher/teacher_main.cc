@@ -36,36 +36,39 @@ struct Config {
 po::options_description Flags(Config* c) {
   po::options_description d("edl teacher flags");
   resnet50::AddDataFlags(&d, &c->model.data);
-  d.add_options()
-      ("model", po::value(&c->model.model)->default_value("resnet56"), "the teacher's architecture")
-      ("checkpoint_dir", po::value(&c->model.checkpoint_dir)->default_value(""),
-       "RocksDB checkpoint store of the trained teacher (`edl train --checkpoint_dir`); required")
-      ("seed", po::value(&c->model.seed)->default_value(1, "1"), "synthetic data: the students' --seed")
-      ("batch_size", po::value(&c->model.batch)->default_value(128, "128"),
-       "synthetic data: the students' --batch_size (sets the default sizes)")
-      ("device", po::value(&c->model.device)->default_value("cpu"), "cpu|cuda|auto")
-      ("threads", po::value(&c->model.threads)->default_value(0), "CPU compute threads; 0 = all cores")
-      ("service", po::value(&c->server.service)->default_value(""), "service name; required")
-      ("name", po::value(&c->server.name)->default_value(""),
-       "this teacher's name in the service; default teacher-<pid>")
-      ("bind", po::value(&c->server.bind_host)->default_value("0.0.0.0"), "address to listen on")
-      ("port", po::value(&c->server.port)->default_value(0), "port to listen on; 0 = any free one")
-      ("port_file", po::value(&c->port_file)->default_value(""),
-       "write the port listened on to this file once serving (scripts, tests)")
-      ("server", po::value(&c->register_with)->default_value(""),
-       "HOST:PORT of the edl server to register with (students find the teacher there); empty = none")
-      ("advertise_host", po::value(&c->advertise_host)->default_value("127.0.0.1"),
-       "the address students reach this teacher at (sent to the server)")
-      ("secret_file", po::value(&c->secret_file)->default_value(""),
-       "cluster secret (default $HOME/.edl/secret)")
-      ("max_batch", po::value(&c->server.max_batch)->default_value(1024),
-       "most samples in one forward pass (concurrent requests are batched up to it)")
-      ("max_students", po::value(&c->server.max_students)->default_value(64), "concurrent students")
-      ("exit_with_parent", po::value(&c->exit_with_parent)->default_value(0),
-       "PID: stop when the parent process is no longer PID (the edl client that started this teacher "
-       "sets it, so a killed client leaves no teacher behind); 0 = never")
-      ("log_every_s", po::value(&c->log_every_s)->default_value(30, "30"),
-       "log the request rate and latency this often; 0 = never");
+  d.add_options()("model", po::value(&c->model.model)->default_value("resnet56"),
+                  "the teacher's architecture")(
+      "checkpoint_dir", po::value(&c->model.checkpoint_dir)->default_value(""),
+      "RocksDB checkpoint store of the trained teacher (`edl train --checkpoint_dir`); required")(
+      "seed", po::value(&c->model.seed)->default_value(1, "1"),
+      "synthetic data: the students' --seed")(
+      "batch_size", po::value(&c->model.batch)->default_value(128, "128"),
+      "synthetic data: the students' --batch_size (sets the default sizes)")(
+      "device", po::value(&c->model.device)->default_value("cpu"), "cpu|cuda|auto")(
+      "threads", po::value(&c->model.threads)->default_value(0),
+      "CPU compute threads; 0 = all cores")(
+      "service", po::value(&c->server.service)->default_value(""), "service name; required")(
+      "name", po::value(&c->server.name)->default_value(""),
+      "this teacher's name in the service; default teacher-<pid>")(
+      "bind", po::value(&c->server.bind_host)->default_value("0.0.0.0"), "address to listen on")(
+      "port", po::value(&c->server.port)->default_value(0), "port to listen on; 0 = any free one")(
+      "port_file", po::value(&c->port_file)->default_value(""),
+      "write the port listened on to this file once serving (scripts, tests)")(
+      "server", po::value(&c->register_with)->default_value(""),
+      "HOST:PORT of the edl server to register with (students find the teacher there); empty = "
+      "none")("advertise_host", po::value(&c->advertise_host)->default_value("127.0.0.1"),
+              "the address students reach this teacher at (sent to the server)")(
+      "secret_file", po::value(&c->secret_file)->default_value(""),
+      "cluster secret (default $HOME/.edl/secret)")(
+      "max_batch", po::value(&c->server.max_batch)->default_value(1024),
+      "most samples in one forward pass (concurrent requests are batched up to it)")(
+      "max_students", po::value(&c->server.max_students)->default_value(64), "concurrent students")(
+      "exit_with_parent", po::value(&c->exit_with_parent)->default_value(0),
+      "PID: stop when the parent process is no longer PID (the edl client that started this "
+      "teacher "
+      "sets it, so a killed client leaves no teacher behind); 0 = never")(
+      "log_every_s", po::value(&c->log_every_s)->default_value(30, "30"),
+      "log the request rate and latency this often; 0 = never");
   return d;
 }
 
@@ -88,10 +91,12 @@ int RunTeacherMain(int argc, char** argv) {
   if (!s.ok()) return Fail(s);
   if (parsed.help) return 0;
   if (c.server.service.empty() || !proto::IsValidName(c.server.service)) {
-    return Fail(Status::InvalidArgument("--service must be a name (letters, digits, '.', '_', '-')"));
+    return Fail(
+        Status::InvalidArgument("--service must be a name (letters, digits, '.', '_', '-')"));
   }
   if (c.server.name.empty()) c.server.name = "teacher-" + std::to_string(::getpid());
-  if (!proto::IsValidName(c.server.name)) return Fail(Status::InvalidArgument("--name is not a valid name"));
+  if (!proto::IsValidName(c.server.name))
+    return Fail(Status::InvalidArgument("--name is not a valid name"));
   if (c.server.max_batch < 1 || c.server.max_students < 1) {
     return Fail(Status::InvalidArgument("--max_batch and --max_students must be >= 1"));
   }
@@ -126,8 +131,8 @@ int RunTeacherMain(int argc, char** argv) {
   CheckFn check = [train_size](const proto::TeacherRequest& r) {
     for (int64_t i : r.indices) {
       if (i >= train_size) {
-        return Status::InvalidArgument("sample " + std::to_string(i) + " is outside this teacher's " +
-                                       std::to_string(train_size) +
+        return Status::InvalidArgument("sample " + std::to_string(i) +
+                                       " is outside this teacher's " + std::to_string(train_size) +
                                        " training samples: give it the students' --data flags");
       }
     }
@@ -156,7 +161,8 @@ int RunTeacherMain(int argc, char** argv) {
       break;
     }
     if (c.exit_with_parent > 0 && ::getppid() != c.exit_with_parent) {
-      LOG(WARNING) << "edl teacher: parent " << c.exit_with_parent << " (its edl client) is gone; stopping";
+      LOG(WARNING) << "edl teacher: parent " << c.exit_with_parent
+                   << " (its edl client) is gone; stopping";
       break;
     }
     if (c.log_every_s > 0 && ++since_log >= c.log_every_s) {
@@ -164,8 +170,9 @@ int RunTeacherMain(int argc, char** argv) {
       const TeacherStats tot = server.Totals();
       LOG(INFO) << "edl teacher: " << tot.requests << " requests, " << tot.samples << " samples in "
                 << tot.passes << " passes, mean latency "
-                << (tot.requests ? tot.latency_ms_sum / tot.requests : 0) << " ms, dropped unanswered "
-                << tot.cancelled << " cancelled + " << tot.orphaned << " of closed connections";
+                << (tot.requests ? tot.latency_ms_sum / tot.requests : 0)
+                << " ms, dropped unanswered " << tot.cancelled << " cancelled + " << tot.orphaned
+                << " of closed connections";
     }
   }
   server.Stop();

@@ -24,8 +24,8 @@
 namespace edl::teacher {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using nlohmann::json;
+using std::chrono::milliseconds;
 
 class TeacherServer::Impl {
  public:
@@ -137,7 +137,8 @@ Status TeacherServer::Impl::Start() {
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 64) != 0) {
-      last = PosixError("listen on " + what, errno).WithContext("is the port taken? pick another --port");
+      last = PosixError("listen on " + what, errno)
+                 .WithContext("is the port taken? pick another --port");
       ::close(fd);
       continue;
     }
@@ -296,7 +297,8 @@ void TeacherServer::Impl::StudentLoop(std::shared_ptr<Student> s) {
     }
     proto::TeacherRequest r;
     if (type != proto::msg::kTeacherRequest) {
-      st = Status::InvalidArgument("a teacher accepts only 'teacher_request', got " + proto::Quote(proto::TypeOf(j)));
+      st = Status::InvalidArgument("a teacher accepts only 'teacher_request', got " +
+                                   proto::Quote(proto::TypeOf(j)));
     } else {
       st = r.DecodeFrom(j);
     }
@@ -416,9 +418,8 @@ void TeacherServer::Impl::InferLoop() {
       // Everything that queued while the previous pass ran, up to max_batch samples (always at
       // least one request).
       size_t samples = 0;
-      while (!jobs_.empty() &&
-             (pass.empty() ||
-              samples + jobs_.front().request.indices.size() <= static_cast<size_t>(o_.max_batch))) {
+      while (!jobs_.empty() && (pass.empty() || samples + jobs_.front().request.indices.size() <=
+                                                    static_cast<size_t>(o_.max_batch))) {
         samples += jobs_.front().request.indices.size();
         pass.push_back(std::move(jobs_.front()));
         jobs_.pop_front();
@@ -430,8 +431,8 @@ void TeacherServer::Impl::InferLoop() {
     size_t total = 0;
     for (const Job& j : pass) total += j.request.indices.size();
     if (st.ok() && logits.size() != total * classes_) {
-      st = Status::Internal("the model returned " + std::to_string(logits.size()) +
-                            " logits for " + std::to_string(total) + " samples");
+      st = Status::Internal("the model returned " + std::to_string(logits.size()) + " logits for " +
+                            std::to_string(total) + " samples");
     }
     size_t at = 0;
     for (const Job& j : pass) {
@@ -445,7 +446,8 @@ void TeacherServer::Impl::InferLoop() {
       }
       at += j.request.indices.size();
       Reply(j.student.get(), a);
-      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - j.received).count();
+      const double ms =
+          std::chrono::duration<double, std::milli>(Clock::now() - j.received).count();
       const auto n = static_cast<int64_t>(j.request.indices.size());
       MutexLock l(&mu_);
       j.student->queued--;
@@ -472,9 +474,9 @@ StatusOr<std::unique_ptr<net::FramedSocket>> TeacherServer::Impl::ConnectServer(
   auto sock = net::FramedSocket::ConnectTcp(host, port, o_.handshake_timeout);
   if (!sock.ok()) return sock.status();
   proto::Welcome w;
-  EDL_RETURN_IF_ERROR(net::AuthenticateToServer(sock.value().get(), o_.secret, hello,
-                                                o_.handshake_timeout, &w)
-                          .WithContext("registering with the server " + server));
+  EDL_RETURN_IF_ERROR(
+      net::AuthenticateToServer(sock.value().get(), o_.secret, hello, o_.handshake_timeout, &w)
+          .WithContext("registering with the server " + server));
   *heartbeat_ms = w.heartbeat_ms;
   return sock;
 }
@@ -491,8 +493,9 @@ Status TeacherServer::Impl::Register(const std::string& server, const std::strin
   if (!sock.ok()) return sock.status();
   LOG(INFO) << "teacher " << o_.name << ": registered with " << server << " as " << advertise_host
             << ":" << port_ << " in service " << o_.service;
-  server_thread_ = std::thread(
-      [this, server, hello, s = std::move(sock.value())]() mutable { ServerLoop(server, hello, std::move(s)); });
+  server_thread_ = std::thread([this, server, hello, s = std::move(sock.value())]() mutable {
+    ServerLoop(server, hello, std::move(s));
+  });
   return Status::OK();
 }
 
@@ -557,7 +560,8 @@ void TeacherServer::Impl::ServerLoop(std::string server, proto::Hello hello,
 
 TeacherServer::TeacherServer(TeacherServerOptions options, int classes, InferFn infer,
                              CheckFn check)
-    : impl_(std::make_unique<Impl>(std::move(options), classes, std::move(infer), std::move(check))) {}
+    : impl_(std::make_unique<Impl>(std::move(options), classes, std::move(infer),
+                                   std::move(check))) {}
 TeacherServer::~TeacherServer() = default;
 Status TeacherServer::Start() { return impl_->Start(); }
 Status TeacherServer::Register(const std::string& server, const std::string& advertise_host) {

@@ -36,17 +36,17 @@ namespace edl::teacher {
 
 struct TeacherServerOptions {
   std::string bind_host = "0.0.0.0";
-  int port = 0;                  // 0: an ephemeral port (port() tells which)
-  std::string service;           // the service this teacher serves (students must name it)
-  std::string name;              // this teacher's name in the service
-  std::string secret;            // the cluster secret
-  int max_students = 64;         // concurrent authenticated students
+  int port = 0;           // 0: an ephemeral port (port() tells which)
+  std::string service;    // the service this teacher serves (students must name it)
+  std::string name;       // this teacher's name in the service
+  std::string secret;     // the cluster secret
+  int max_students = 64;  // concurrent authenticated students
   // Connections that have not authenticated yet, in all and per source address: beyond either
   // bound the oldest of them is closed (edl/net/admission.h). They never count against
   // max_students. max_total 0: the edl server's default, from the open-file limit.
   net::AdmissionControl::Limits unauthenticated{0, 0};
   int max_queued_per_student = 16;
-  int max_batch = 1024;          // samples per forward pass
+  int max_batch = 1024;  // samples per forward pass
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds io_timeout{10000};  // one reply send
 };

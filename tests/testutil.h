@@ -17,15 +17,15 @@
 
 #include "edl/base/status.h"
 
-#define EXPECT_OK(expr)                                         \
-  do {                                                          \
-    const ::edl::Status _s = (expr);                            \
-    EXPECT_TRUE(_s.ok()) << #expr << " -> " << _s.ToString();   \
+#define EXPECT_OK(expr)                                       \
+  do {                                                        \
+    const ::edl::Status _s = (expr);                          \
+    EXPECT_TRUE(_s.ok()) << #expr << " -> " << _s.ToString(); \
   } while (0)
-#define ASSERT_OK(expr)                                         \
-  do {                                                          \
-    const ::edl::Status _s = (expr);                            \
-    ASSERT_TRUE(_s.ok()) << #expr << " -> " << _s.ToString();   \
+#define ASSERT_OK(expr)                                       \
+  do {                                                        \
+    const ::edl::Status _s = (expr);                          \
+    ASSERT_TRUE(_s.ok()) << #expr << " -> " << _s.ToString(); \
   } while (0)
 
 namespace edl::test {
@@ -90,7 +90,8 @@ inline void ExpectNoSanitizerReportUnder(const std::string& dir) {
   for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
        !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
     const std::string ext = it->path().extension().string();
-    if (it->is_regular_file(ec) && (ext == ".log" || ext == ".out" || ext == ".err" || ext == ".txt")) {
+    if (it->is_regular_file(ec) &&
+        (ext == ".log" || ext == ".out" || ext == ".err" || ext == ".txt")) {
       ExpectNoSanitizerReport(it->path().string(), "a log in the test's scratch directory");
     }
   }

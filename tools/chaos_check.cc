@@ -78,11 +78,13 @@ int main(int argc, char** argv) {
   std::string events_path, labels_path;
   int64_t n = 0;
   edl::po::options_description d("edl_chaos_check flags");
-  d.add_options()
-      ("sample_log", edl::po::value(&sample_logs)->composing(), "a trainers' --sample_log file (repeatable)")
-      ("events", edl::po::value(&events_path), "the job's events log (<events_dir>/<job>.events.jsonl)")
-      ("labels", edl::po::value(&labels_path), "the training split's IDX label file (.gz or plain)")
-      ("train_samples", edl::po::value(&n), "the job's --train_samples (the first N samples are the epoch)");
+  d.add_options()("sample_log", edl::po::value(&sample_logs)->composing(),
+                  "a trainers' --sample_log file (repeatable)")(
+      "events", edl::po::value(&events_path),
+      "the job's events log (<events_dir>/<job>.events.jsonl)")(
+      "labels", edl::po::value(&labels_path), "the training split's IDX label file (.gz or plain)")(
+      "train_samples", edl::po::value(&n),
+      "the job's --train_samples (the first N samples are the epoch)");
   edl::ParsedFlags pf;
   edl::Status s = edl::ParseFlags("chaos_check", kUsage, d, argc, argv, &pf);
   if (!s.ok()) {

@@ -28,15 +28,18 @@ const Subcommand kSubcommands[] = {
     {"server", edl::jobserver::RunServerMain, "job server: membership, generations, rendezvous KV"},
     {"ctl", edl::jobserver::RunCtlMain, "talk to a server: status | scale N | watch | stop"},
     {"client", edl::jobclient::RunClientMain, "per-node agent: starts and stops trainers"},
-    {"launch", edl::launcher::RunLaunchMain, "torchrun's flags: N local trainers, or join a server"},
+    {"launch", edl::launcher::RunLaunchMain,
+     "torchrun's flags: N local trainers, or join a server"},
     {"train", edl::resnet50::RunTrainMain, "the reference ResNet trainer (CPU oneDNN / CUDA)"},
-    {"teacher", edl::teacher::RunTeacherMain, "serve a trained model's logits to distilling students"},
+    {"teacher", edl::teacher::RunTeacherMain,
+     "serve a trained model's logits to distilling students"},
     {"ckpt", edl::ckpt::RunCkptMain, "checkpoint store tools: ls | verify | export"},
 };
 
 void PrintUsage(std::ostream& os) {
-  os << "edl " << EDL_VERSION << " — Elastic Deep Learning (CUDA backend: "
-     << (EDL_HAVE_CUDA ? "built" : "not built") << ")\n\nusage: edl SUBCOMMAND [flags]\n\n";
+  os << "edl " << EDL_VERSION
+     << " — Elastic Deep Learning (CUDA backend: " << (EDL_HAVE_CUDA ? "built" : "not built")
+     << ")\n\nusage: edl SUBCOMMAND [flags]\n\n";
   for (const Subcommand& s : kSubcommands) {
     os << "  " << s.name << std::string(10 - std::strlen(s.name), ' ') << s.help << "\n";
   }

@@ -117,14 +117,16 @@ void Summarize(int total_slots, double slot_us, SimResult* out) {
 
 // The static_easy variant (sched_sim.h): every job at its requested size for start_s + its
 // duration; FIFO with EASY backfilling over one pool of slots.
-Status SimulateEasyBackfill(const std::vector<TraceJob>& trace, const SimOptions& o, SimResult* out) {
+Status SimulateEasyBackfill(const std::vector<TraceJob>& trace, const SimOptions& o,
+                            SimResult* out) {
   const size_t n = trace.size();
   const int total = o.nodes * o.slots_per_node;
   out->jobs.resize(n);
   for (size_t i = 0; i < n; ++i) {
     out->jobs[i].arrival_us = trace[i].arrival_us;
     if (trace[i].requested > total) {
-      return Status::FailedPrecondition("job " + trace[i].name + " needs " + std::to_string(trace[i].requested) +
+      return Status::FailedPrecondition("job " + trace[i].name + " needs " +
+                                        std::to_string(trace[i].requested) +
                                         " slots; the cluster has " + std::to_string(total));
     }
   }

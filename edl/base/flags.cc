@@ -20,12 +20,14 @@ constexpr size_t kMaxConfigBytes = 1 << 20;
 Status CheckNoPlaceholder(const std::string& text, const std::string& where) {
   for (size_t a = text.find('%'); a != std::string::npos; a = text.find('%', a + 1)) {
     size_t b = a + 1;
-    while (b < text.size() && (std::isalnum(static_cast<unsigned char>(text[b])) || text[b] == '_')) {
+    while (b < text.size() &&
+           (std::isalnum(static_cast<unsigned char>(text[b])) || text[b] == '_')) {
       ++b;
     }
     if (b > a + 1 && b < text.size() && text[b] == '%') {
-      return Status::InvalidArgument(where + " holds '" + text.substr(a, b - a + 1) +
-                                     "', which the flag parser cannot handle; remove the '%' signs");
+      return Status::InvalidArgument(
+          where + " holds '" + text.substr(a, b - a + 1) +
+          "', which the flag parser cannot handle; remove the '%' signs");
     }
   }
   return Status::OK();
@@ -57,7 +59,8 @@ std::string Suggest(const po::options_description& all, const std::string& given
   for (const auto& opt : all.options()) {
     const std::string& flag = opt->long_name();
     if (flag.empty()) continue;
-    if ((flag.size() > name.size() && flag.compare(0, name.size(), name) == 0) || EditDistance(name, flag) <= 2) {
+    if ((flag.size() > name.size() && flag.compare(0, name.size(), name) == 0) ||
+        EditDistance(name, flag) <= 2) {
       close.push_back("--" + flag);
     }
   }
@@ -106,7 +109,8 @@ Status ParseFlags(const std::string& command, const std::string& usage,
         return Status::InvalidArgument("unexpected argument '" + word + "': `edl " + command +
                                        "` takes no such word; a value holding a space must be "
                                        "quoted as one word (e.g. --checkpoint_dir '/data/ckpt "
-                                       "dir')" + hint);
+                                       "dir')" +
+                                       hint);
       }
     }
     po::store(parsed, out->vm);
@@ -139,14 +143,16 @@ Status ParseFlags(const std::string& command, const std::string& usage,
     }
     po::notify(out->vm);
   } catch (const po::unknown_option& e) {
-    return Status::InvalidArgument(std::string(e.what()) + Suggest(all, e.get_option_name()) + hint);
+    return Status::InvalidArgument(std::string(e.what()) + Suggest(all, e.get_option_name()) +
+                                   hint);
   } catch (const po::error& e) {
     return Status::InvalidArgument(std::string(e.what()) + hint);
   }
   return Status::OK();
 }
 
-StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line, const std::string& what) {
+StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line,
+                                                    const std::string& what) {
   std::vector<std::string> out;
   std::string cur;
   bool in_word = false;
@@ -154,12 +160,15 @@ StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line, con
   for (size_t i = 0; i < line.size(); ++i) {
     const char c = line[i];
     if (quote == '\'') {
-      if (c == '\'') quote = 0;
-      else cur += c;
+      if (c == '\'')
+        quote = 0;
+      else
+        cur += c;
     } else if (quote == '"') {
       if (c == '"') {
         quote = 0;
-      } else if (c == '\\' && i + 1 < line.size() && std::string("\"\\$`").find(line[i + 1]) != std::string::npos) {
+      } else if (c == '\\' && i + 1 < line.size() &&
+                 std::string("\"\\$`").find(line[i + 1]) != std::string::npos) {
         cur += line[++i];
       } else {
         cur += c;
@@ -169,7 +178,8 @@ StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line, con
       in_word = true;
     } else if (c == '\\') {
       if (i + 1 == line.size()) {
-        return Status::InvalidArgument(what + " ends with a backslash that escapes nothing; remove it "
+        return Status::InvalidArgument(what +
+                                       " ends with a backslash that escapes nothing; remove it "
                                        "or quote the word");
       }
       cur += line[++i];
@@ -184,8 +194,9 @@ StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line, con
     }
   }
   if (quote != 0) {
-    return Status::InvalidArgument(what + " has an unterminated " + (quote == '"' ? "double" : "single") +
-                                   " quote; close it (" + std::string(1, quote) + "..." + std::string(1, quote) + ")");
+    return Status::InvalidArgument(what + " has an unterminated " +
+                                   (quote == '"' ? "double" : "single") + " quote; close it (" +
+                                   std::string(1, quote) + "..." + std::string(1, quote) + ")");
   }
   if (in_word) out.push_back(cur);
   return out;

@@ -38,7 +38,8 @@ Status ParseFlags(const std::string& command, const std::string& usage,
 // before ", \, $ or ` (which it escapes); outside quotes a backslash keeps the next character
 // (`/data/ckpt\ dir` is one word). InvalidArgument naming `what` (e.g. "--trainer_cmd") and the
 // fix for an unterminated quote or a trailing backslash: never a guess at what was meant.
-StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line, const std::string& what);
+StatusOr<std::vector<std::string>> SplitCommandLine(const std::string& line,
+                                                    const std::string& what);
 
 // `--log_dir DIR`, which means the same for every role (docs/TROUBLESHOOTING.md, "Logs"):
 // the directory of the log files this process writes. Its own glog files go there

@@ -6,18 +6,30 @@ namespace edl {
 
 const char* Status::CodeName(Code code) {
   switch (code) {
-    case Code::kOk: return "OK";
-    case Code::kInvalidArgument: return "InvalidArgument";
-    case Code::kNotFound: return "NotFound";
-    case Code::kCorruption: return "Corruption";
-    case Code::kIOError: return "IOError";
-    case Code::kTimeout: return "Timeout";
-    case Code::kAborted: return "Aborted";
-    case Code::kUnauthenticated: return "Unauthenticated";
-    case Code::kAlreadyExists: return "AlreadyExists";
-    case Code::kFailedPrecondition: return "FailedPrecondition";
-    case Code::kUnavailable: return "Unavailable";
-    case Code::kInternal: return "Internal";
+    case Code::kOk:
+      return "OK";
+    case Code::kInvalidArgument:
+      return "InvalidArgument";
+    case Code::kNotFound:
+      return "NotFound";
+    case Code::kCorruption:
+      return "Corruption";
+    case Code::kIOError:
+      return "IOError";
+    case Code::kTimeout:
+      return "Timeout";
+    case Code::kAborted:
+      return "Aborted";
+    case Code::kUnauthenticated:
+      return "Unauthenticated";
+    case Code::kAlreadyExists:
+      return "AlreadyExists";
+    case Code::kFailedPrecondition:
+      return "FailedPrecondition";
+    case Code::kUnavailable:
+      return "Unavailable";
+    case Code::kInternal:
+      return "Internal";
   }
   return "Unknown";
 }
@@ -35,14 +47,20 @@ std::string Status::ToString() const {
 Status PosixError(const std::string& context, int err_number) {
   std::string msg = context + ": " + std::strerror(err_number);
   switch (err_number) {
-    case ENOENT: return Status::NotFound(msg);
-    case ETIMEDOUT: return Status::Timeout(msg);
-    case EINVAL: return Status::InvalidArgument(msg);
-    case EEXIST: return Status::AlreadyExists(msg);
+    case ENOENT:
+      return Status::NotFound(msg);
+    case ETIMEDOUT:
+      return Status::Timeout(msg);
+    case EINVAL:
+      return Status::InvalidArgument(msg);
+    case EEXIST:
+      return Status::AlreadyExists(msg);
     case ECONNREFUSED:
     case EHOSTUNREACH:
-    case ENETUNREACH: return Status::Unavailable(msg);
-    default: return Status::IOError(msg);
+    case ENETUNREACH:
+      return Status::Unavailable(msg);
+    default:
+      return Status::IOError(msg);
   }
 }
 

@@ -19,17 +19,17 @@ class [[nodiscard]] Status {
  public:
   enum class Code {
     kOk = 0,
-    kInvalidArgument,  // bad flag, bad config, malformed input from a user
-    kNotFound,         // file, key, checkpoint or peer does not exist
-    kCorruption,       // bytes failed validation: bad frame, checksum mismatch, wrong magic
-    kIOError,          // OS or network failure
-    kTimeout,          // a bounded wait ran out
-    kAborted,          // the operation was cancelled (communicator abort, shutdown)
-    kUnauthenticated,  // HMAC challenge failed or no credentials
-    kAlreadyExists,    // e.g. node name already connected
+    kInvalidArgument,     // bad flag, bad config, malformed input from a user
+    kNotFound,            // file, key, checkpoint or peer does not exist
+    kCorruption,          // bytes failed validation: bad frame, checksum mismatch, wrong magic
+    kIOError,             // OS or network failure
+    kTimeout,             // a bounded wait ran out
+    kAborted,             // the operation was cancelled (communicator abort, shutdown)
+    kUnauthenticated,     // HMAC challenge failed or no credentials
+    kAlreadyExists,       // e.g. node name already connected
     kFailedPrecondition,  // e.g. stale generation, incompatible fingerprint
-    kUnavailable,      // peer or service not reachable right now; retry may work
-    kInternal,         // a bug or an unexpected library failure
+    kUnavailable,         // peer or service not reachable right now; retry may work
+    kInternal,            // a bug or an unexpected library failure
   };
 
   Status() = default;
@@ -98,8 +98,8 @@ class [[nodiscard]] StatusOr {
 }  // namespace edl
 
 // Returns early from the enclosing function with the Status of `expr` when it is not OK.
-#define EDL_RETURN_IF_ERROR(expr)          \
-  do {                                     \
-    ::edl::Status _edl_st = (expr);        \
-    if (!_edl_st.ok()) return _edl_st;     \
+#define EDL_RETURN_IF_ERROR(expr)      \
+  do {                                 \
+    ::edl::Status _edl_st = (expr);    \
+    if (!_edl_st.ok()) return _edl_st; \
   } while (0)

@@ -18,7 +18,8 @@ AsyncCheckpointer::AsyncCheckpointer(CheckpointStore* store, AsyncCheckpointerOp
 
 AsyncCheckpointer::~AsyncCheckpointer() {
   Status s = WaitIdle(options_.wait_timeout);
-  if (!s.ok() && s.IsTimeout()) LOG(ERROR) << "checkpoint writer still busy at shutdown: " << s.ToString();
+  if (!s.ok() && s.IsTimeout())
+    LOG(ERROR) << "checkpoint writer still busy at shutdown: " << s.ToString();
   {
     MutexLock lock(&mu_);
     stop_ = true;
@@ -64,8 +65,8 @@ Status AsyncCheckpointer::Snapshot(const std::vector<TensorView>& tensors, const
   size_t off = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     snapshot_views_[i].data = snapshot_.get() + off;
-    EDL_RETURN_IF_ERROR(copy(i, snapshot_.get() + off)
-                            .WithContext("snapshot of tensor '" + tensors[i].name + "'"));
+    EDL_RETURN_IF_ERROR(
+        copy(i, snapshot_.get() + off).WithContext("snapshot of tensor '" + tensors[i].name + "'"));
     off += tensors[i].bytes;
   }
   MutexLock lock(&mu_);
@@ -118,7 +119,8 @@ Status AsyncCheckpointer::SaveNow(const CheckpointMeta& meta,
 
 Status AsyncCheckpointer::WaitIdle(std::chrono::milliseconds timeout) {
   MutexLock lock(&mu_);
-  if (!cv_.wait_for(lock.native(), timeout, [this]() REQUIRES(mu_) { return !pending_ && !writing_; })) {
+  if (!cv_.wait_for(lock.native(), timeout,
+                    [this]() REQUIRES(mu_) { return !pending_ && !writing_; })) {
     return Status::Timeout("checkpoint save still in flight after " +
                            std::to_string(timeout.count()) + " ms; is the checkpoint disk stuck?");
   }

@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "edl/base/clock.h"
-#include "edl/base/thread_annotations.h"
 #include "edl/base/status.h"
+#include "edl/base/thread_annotations.h"
 #include "edl/ckpt/checkpoint_store.h"
 
 namespace edl::ckpt {
@@ -89,8 +89,8 @@ class AsyncCheckpointer {
   int64_t saves_failed() const;
   Status last_failure() const;
   int64_t last_failed_step() const;
-  int64_t last_saved_step() const;  // step of the newest successful save, -1 if none
-  int64_t last_saved_id() const;    // id the store gave it, 0 if none
+  int64_t last_saved_step() const;       // step of the newest successful save, -1 if none
+  int64_t last_saved_id() const;         // id the store gave it, 0 if none
   double last_snapshot_seconds() const;  // training-thread time of the last snapshot copy
   double last_write_seconds() const;     // background time of the last store write
 

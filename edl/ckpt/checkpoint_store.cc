@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <limits>
-#include <stdexcept>
 #include <new>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -43,8 +43,8 @@ struct DataTypeEntry {
   const char* name;
 };
 constexpr DataTypeEntry kDataTypes[] = {
-    {DataType::kFloat32, "float32"}, {DataType::kFloat64, "float64"},
-    {DataType::kInt64, "int64"},     {DataType::kInt32, "int32"},
+    {DataType::kFloat32, "float32"},   {DataType::kFloat64, "float64"},
+    {DataType::kInt64, "int64"},       {DataType::kInt32, "int32"},
     {DataType::kBFloat16, "bfloat16"}, {DataType::kFloat16, "float16"},
     {DataType::kUInt8, "uint8"},
 };
@@ -260,17 +260,20 @@ Status CheckFence(const std::string& store, const CheckpointMeta& writer,
                            std::to_string(newest.generation);
   if (newest.wall_time_micros >= writer_since_wall_micros) {
     return Status::FailedPrecondition(
-        head + ", saved by a newer generation after this writer started: this writer is stale "
-               "(only rank 0 of the current generation may save). Stop this trainer: it should "
-               "have left when generation " + std::to_string(newest.generation) + " began");
+        head +
+        ", saved by a newer generation after this writer started: this writer is stale "
+        "(only rank 0 of the current generation may save). Stop this trainer: it should "
+        "have left when generation " +
+        std::to_string(newest.generation) + " began");
   }
   return Status::FailedPrecondition(
-      head + ", which was there before this writer started: the store is ahead of this job, whose "
-             "generations start lower (its server began with fresh state, e.g. a new run or state "
-             "directory beside an existing checkpoint store), so no save of this job lands there. "
-             "Fix: give the server the store (edl server --checkpoint_dir DIR; the scripts pass "
-             "the trainers' --checkpoint_dir, or set EDL_SERVER_ARGS) so it numbers generations "
-             "above the store's, or move the store aside to start afresh");
+      head +
+      ", which was there before this writer started: the store is ahead of this job, whose "
+      "generations start lower (its server began with fresh state, e.g. a new run or state "
+      "directory beside an existing checkpoint store), so no save of this job lands there. "
+      "Fix: give the server the store (edl server --checkpoint_dir DIR; the scripts pass "
+      "the trainers' --checkpoint_dir, or set EDL_SERVER_ARGS) so it numbers generations "
+      "above the store's, or move the store aside to start afresh");
 }
 
 Status CheckpointStore::Read(int64_t id, LoadedCheckpoint* out) {
@@ -321,14 +324,16 @@ Status CheckpointStore::LoadLatest(const std::string& fingerprint, LoadedCheckpo
   EDL_RETURN_IF_ERROR(List(&all));
   for (int relist = 0;; ++relist) {
     if (all.empty()) {
-      return Status::NotFound(Describe() + " holds no checkpoint yet (cold start with fresh state)");
+      return Status::NotFound(Describe() +
+                              " holds no checkpoint yet (cold start with fresh state)");
     }
     const CheckpointMeta& latest = all.back();
     if (!fingerprint.empty() && latest.fingerprint != fingerprint) {
       return Status::FailedPrecondition(
           Describe() + ": latest checkpoint " + std::to_string(latest.id) +
           " was written for fingerprint '" + latest.fingerprint + "' but this trainer's is '" +
-          fingerprint + "' (another model, shapes or config); point --checkpoint_dir at this "
+          fingerprint +
+          "' (another model, shapes or config); point --checkpoint_dir at this "
           "job's store or start from fresh state with an empty directory");
     }
     std::string failures;

@@ -59,13 +59,13 @@ struct TensorView {
 };
 
 struct CheckpointMeta {
-  int64_t id = 0;          // assigned by Save (ascending from 1); ignored on input
-  int64_t step = 0;        // optimizer steps completed
+  int64_t id = 0;    // assigned by Save (ascending from 1); ignored on input
+  int64_t step = 0;  // optimizer steps completed
   int64_t epoch = 0;
   int64_t cursor = 0;      // global data cursor within the epoch
   int64_t generation = 0;  // generation of the writer (fencing)
   int world_size = 0;
-  std::string fingerprint;     // model/config fingerprint (Trainable::Fingerprint)
+  std::string fingerprint;       // model/config fingerprint (Trainable::Fingerprint)
   int64_t wall_time_micros = 0;  // set by Save when 0
   // A JSON object for the runtime: its TrainingState under "training_state"
   // (edl/runtime/training_state.h, EncodeCheckpointMeta; docs/ARCHITECTURE.md, "Training state").
@@ -124,7 +124,8 @@ class CheckpointStore {
 
   // ---- shared logic on top of the primitives above
 
-  // Reads and verifies checkpoint `id` (NotFound if absent, Corruption naming the first bad tensor).
+  // Reads and verifies checkpoint `id` (NotFound if absent, Corruption naming the first bad
+  // tensor).
   Status Read(int64_t id, LoadedCheckpoint* out);
   // Checks every tensor of checkpoint `id`; returns OK with report->corrupt listing the bad ones,
   // or an error when the checkpoint cannot be read at all.
@@ -137,8 +138,8 @@ class CheckpointStore {
 };
 
 enum class SaveMethod {
-  kSstIngest,   // tensors written to SST files with SstFileWriter, ingested at once (default)
-  kWriteBatch,  // one synced WriteBatch (for benchmarks)
+  kSstIngest,       // tensors written to SST files with SstFileWriter, ingested at once (default)
+  kWriteBatch,      // one synced WriteBatch (for benchmarks)
   kBlobWriteBatch,  // one synced WriteBatch with BlobDB blob files (for benchmarks)
 };
 

@@ -57,7 +57,7 @@ uint32_t ShiftOperator(size_t bytes) {
 constexpr size_t kStripe = 8192;  // bytes per stream per round (3 streams)
 
 __attribute__((target("sse4.2"))) uint32_t HardwareExtend(uint32_t crc, const uint8_t* p,
-                                                         size_t n) {
+                                                          size_t n) {
   static const uint32_t shift = ShiftOperator(kStripe);
   uint64_t c0 = ~crc;
   while (n >= 3 * kStripe) {

@@ -24,8 +24,7 @@ class MemoryStore : public CheckpointStore {
     entry.meta.tensors.clear();
     if (entry.meta.wall_time_micros == 0) entry.meta.wall_time_micros = Clock::Real()->WallMicros();
     for (const TensorView& v : tensors) {
-      entry.meta.tensors.push_back(
-          {v.name, v.dtype, v.shape, v.bytes, Crc32c(v.data, v.bytes)});
+      entry.meta.tensors.push_back({v.name, v.dtype, v.shape, v.bytes, Crc32c(v.data, v.bytes)});
       entry.data.emplace_back(static_cast<const char*>(v.data), v.bytes);
     }
     MutexLock lock(&mu_);

@@ -32,7 +32,7 @@ namespace fs = std::filesystem;
 constexpr char kLatestKey[] = "latest";
 constexpr char kMetaPrefix[] = "meta/";
 constexpr char kDataPrefix[] = "data/";  // every tensor chunk key (DataPrefix(id) below)
-constexpr char kMetaEnd[] = "meta0";  // '0' == '/' + 1: just past every "meta/..." key
+constexpr char kMetaEnd[] = "meta0";     // '0' == '/' + 1: just past every "meta/..." key
 constexpr char kIngestDir[] = "ingest";
 
 std::string MetaKey(int64_t id) {
@@ -179,7 +179,7 @@ rocksdb::Options RocksDbStore::DbOptions() const {
   // names the right tensor; only tensors under 4 KiB share blocks.
   table.block_size = 4096;
   table.checksum = rocksdb::kXXH3;
-  table.no_block_cache = true;        // tensors are read once; no point caching them
+  table.no_block_cache = true;  // tensors are read once; no point caching them
   options.table_factory.reset(rocksdb::NewBlockBasedTableFactory(table));
   if (o_.save_method != SaveMethod::kSstIngest) {
     options.write_buffer_size = 1ull << 30;  // a whole checkpoint fits one memtable
@@ -229,7 +229,8 @@ Status RocksDbStore::OpenForWrite(DbPtr* out) {
 Status RocksDbStore::OpenForRead(DbPtr* out) {
   std::error_code ec;
   if (!fs::exists(fs::path(o_.dir) / "CURRENT", ec)) {
-    return Status::NotFound(Describe() + " does not exist (no checkpoint was ever saved there; "
+    return Status::NotFound(Describe() +
+                            " does not exist (no checkpoint was ever saved there; "
                             "a trainer starts from fresh state)");
   }
   // A writer in another process may delete files between our read of its MANIFEST and our open
@@ -249,9 +250,11 @@ Status RocksDbStore::OpenForRead(DbPtr* out) {
       return Status::OK();
     }
     if (IsVanishedFile(s) && ManifestState(o_.dir) == before) {
-      return Status::Corruption(Describe() + " is damaged: " + s.ToString() + ", and no writer changed the store "
-                                "meanwhile (a file was deleted or lost outside EDL). Move the directory aside "
-                                "(trainers then start from fresh state) or restore it from a copy");
+      return Status::Corruption(
+          Describe() + " is damaged: " + s.ToString() +
+          ", and no writer changed the store "
+          "meanwhile (a file was deleted or lost outside EDL). Move the directory aside "
+          "(trainers then start from fresh state) or restore it from a copy");
     }
     if (!IsVanishedFile(s) || Clock::Real()->NowMicros() >= deadline) {
       return FromRocks("opening " + Describe() + " read-only", s);
@@ -384,17 +387,18 @@ Status RocksDbStore::Save(const CheckpointMeta& meta, const std::vector<TensorVi
   }
   if (id != nullptr) *id = stored.id;
   Status s = Prune(db.get());
-  if (!s.ok()) LOG(WARNING) << "checkpoint " << stored.id << " saved, but pruning failed: " << s.ToString();
+  if (!s.ok())
+    LOG(WARNING) << "checkpoint " << stored.id << " saved, but pruning failed: " << s.ToString();
   return Status::OK();
 }
 
 // Deletes all but the newest keep_checkpoints checkpoints and returns their disk space. The
-// metadata goes first, in one flushed write (CommitBatch): from then on the store no longer lists them, so a
-// writer killed at any later point never leaves a listed checkpoint without its tensors. Then every
-// data key below the oldest kept checkpoint goes (ids only grow, so none of them belongs to a
-// listed checkpoint): those just unlisted, and any a killed writer left behind. In the SST layout
-// each checkpoint's tensors are whole files, dropped by DeleteFilesInRange; anything left in the
-// range (WriteBatch layouts) is removed by a range delete and a compaction.
+// metadata goes first, in one flushed write (CommitBatch): from then on the store no longer lists
+// them, so a writer killed at any later point never leaves a listed checkpoint without its tensors.
+// Then every data key below the oldest kept checkpoint goes (ids only grow, so none of them belongs
+// to a listed checkpoint): those just unlisted, and any a killed writer left behind. In the SST
+// layout each checkpoint's tensors are whole files, dropped by DeleteFilesInRange; anything left in
+// the range (WriteBatch layouts) is removed by a range delete and a compaction.
 Status RocksDbStore::Prune(rocksdb::DB* db) {
   std::vector<CheckpointMeta> all;
   EDL_RETURN_IF_ERROR(ListOpen(db, &all));
@@ -480,7 +484,8 @@ Status RocksDbStore::ReadTensors(const CheckpointMeta& meta,
   EDL_RETURN_IF_ERROR(OpenForRead(&db));
   // Split the tensors into read_threads contiguous ranges of about equal bytes; each range is
   // read by its own thread so disk reads overlap with copying and checksumming.
-  const size_t threads = std::max<size_t>(1, std::min<size_t>(o_.read_threads, meta.tensors.size()));
+  const size_t threads =
+      std::max<size_t>(1, std::min<size_t>(o_.read_threads, meta.tensors.size()));
   std::vector<size_t> bounds = {0};
   const uint64_t share = meta.TotalBytes() / threads + 1;
   uint64_t acc = 0;

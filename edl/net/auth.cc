@@ -79,7 +79,8 @@ namespace {
 // The checks every key file gets (a regular file of this user's, mode 0600 or stricter, at most
 // 4096 bytes, of at least kMinSecretBytes random-looking bytes after trailing whitespace), its
 // errors naming `flag` and the fix `make`.
-Status ReadKeyFile(const std::string& path, const std::string& flag, const char* make, std::string* key) {
+Status ReadKeyFile(const std::string& path, const std::string& flag, const char* make,
+                   std::string* key) {
   if (path.empty()) {
     return Status::InvalidArgument(flag + " is required: " + make);
   }
@@ -106,12 +107,14 @@ Status ReadKeyFile(const std::string& path, const std::string& flag, const char*
     snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return Status::InvalidArgument(what + ": mode " + mode +
                                    " lets other users read or change the secret it holds; run "
-                                   "`chmod 600 " + path + "`");
+                                   "`chmod 600 " +
+                                   path + "`");
   }
   if (s.size() > 4096) {
     return Status::InvalidArgument(what + ": larger than 4096 bytes; " + make);
   }
-  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) {
+  while (!s.empty() &&
+         (s.back() == '\n' || s.back() == '\r' || s.back() == ' ' || s.back() == '\t')) {
     s.pop_back();
   }
   if (s.size() < kMinSecretBytes) {
@@ -140,7 +143,8 @@ Status ReadSecretFile(const std::string& path, std::string* secret) {
 }
 
 Status ReadTokenFile(const std::string& path, const std::string& flag, std::string* token) {
-  return ReadKeyFile(path, flag, "create one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`",
+  return ReadKeyFile(path, flag,
+                     "create one with `head -c 32 /dev/urandom | base64 > FILE && chmod 600 FILE`",
                      token);
 }
 

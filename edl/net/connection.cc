@@ -50,26 +50,27 @@ void Connection::StartSession(std::unique_ptr<SessionMac> session, uint32_t max_
 
 void Connection::ReadHeader() {
   auto self = shared_from_this();
-  asio::async_read(socket_, asio::buffer(header_, sizeof(header_)),
-                   [self](const boost::system::error_code& ec, size_t) {
-                     if (self->closed_) return;
-                     if (ec) {
-                       self->Close(ec == asio::error::eof
-                                       ? Status::Unavailable("peer " + self->peer_ + " closed the connection")
-                                       : FromErrorCode("read from " + self->peer_, ec));
-                       return;
-                     }
-                     uint32_t len = 0;
-                     const bool sealed = self->session_ != nullptr;
-                     Status s = proto::DecodeFrameHeader(
-                         self->header_, self->options_.max_frame_bytes, sealed, &len);
-                     if (!s.ok()) {
-                       self->Close(s.WithContext("frame from " + self->peer_));
-                       return;
-                     }
-                     self->body_.clear();
-                     self->ReadBody(len);
-                   });
+  asio::async_read(
+      socket_, asio::buffer(header_, sizeof(header_)),
+      [self](const boost::system::error_code& ec, size_t) {
+        if (self->closed_) return;
+        if (ec) {
+          self->Close(ec == asio::error::eof
+                          ? Status::Unavailable("peer " + self->peer_ + " closed the connection")
+                          : FromErrorCode("read from " + self->peer_, ec));
+          return;
+        }
+        uint32_t len = 0;
+        const bool sealed = self->session_ != nullptr;
+        Status s =
+            proto::DecodeFrameHeader(self->header_, self->options_.max_frame_bytes, sealed, &len);
+        if (!s.ok()) {
+          self->Close(s.WithContext("frame from " + self->peer_));
+          return;
+        }
+        self->body_.clear();
+        self->ReadBody(len);
+      });
 }
 
 // Reads the rest of a `length`-byte body in steps that at most double what has arrived (64 KiB
@@ -121,7 +122,8 @@ void Connection::OnBody() {
       // A handler's bug must cost this peer its connection, never the process its other peers
       // share: the frame is dropped and the connection closed, with the reason logged.
       handler_failed_ = true;
-      LOG(ERROR) << "handling a frame from " << peer_ << " failed: " << e.what() << "; closing its connection";
+      LOG(ERROR) << "handling a frame from " << peer_ << " failed: " << e.what()
+                 << "; closing its connection";
       Close(Status::Internal(std::string("handling a frame failed: ") + e.what()));
       return;
     }

@@ -39,7 +39,6 @@ struct ConnectionOptions {
   uint32_t max_frame_bytes = proto::kMaxFrameBytes;
 };
 
-
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   using Socket = asio::generic::stream_protocol::socket;
@@ -82,8 +81,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   struct Outgoing {
     std::shared_ptr<const std::string> frame;  // unsealed header + payload, maybe shared
     bool sealed = false;
-    char header[proto::kFrameHeaderBytes];     // sealed: this connection's header
-    char tag[proto::kSealTagBytes];            // sealed: the session MAC
+    char header[proto::kFrameHeaderBytes];  // sealed: this connection's header
+    char tag[proto::kSealTagBytes];         // sealed: the session MAC
   };
   void ReadHeader();
   void ReadBody(uint32_t length);

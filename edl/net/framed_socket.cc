@@ -177,7 +177,8 @@ Status FramedSocket::ReadFull(char* p, size_t n, Clock::time_point deadline) {
   size_t off = 0;
   while (off < n) {
     Status s = WaitFd(POLLIN, deadline);
-    if (!s.ok()) return Status::IOError(peer_ + " stalled in the middle of a frame: " + s.message());
+    if (!s.ok())
+      return Status::IOError(peer_ + " stalled in the middle of a frame: " + s.message());
     const ssize_t r = ::recv(fd_, p + off, n - off, MSG_DONTWAIT);
     if (r == 0) return Status::Unavailable(peer_ + " closed the connection");
     if (r < 0) {
@@ -191,7 +192,8 @@ Status FramedSocket::ReadFull(char* p, size_t n, Clock::time_point deadline) {
 
 Status FramedSocket::Receive(nlohmann::json* msg, std::chrono::milliseconds timeout) {
   EDL_RETURN_IF_ERROR(WaitFd(POLLIN, Clock::now() + timeout));
-  const auto deadline = Clock::now() + std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(10));
+  const auto deadline =
+      Clock::now() + std::max<std::chrono::milliseconds>(timeout, std::chrono::seconds(10));
   char header[proto::kFrameHeaderBytes];
   EDL_RETURN_IF_ERROR(ReadFull(header, sizeof(header), deadline));
   uint32_t len = 0;
@@ -240,9 +242,11 @@ Status AuthenticateToServer(FramedSocket* sock, const std::string& secret, proto
     // An edl server speaks first; a silent one may be an HTTP server (its --http_addr) that waits
     // for a request: then say so, instead of a bare timeout.
     if (s.IsTimeout() && sock->ProbeHttp(std::chrono::milliseconds(2000))) {
-      return Status::InvalidArgument(sock->peer() + " is an HTTP endpoint (edl server --http_addr serves the "
-                                     "metrics and the dashboard there), not the server's port: point --server at "
-                                     "the server's --server_port (default 8180; the scripts' EDL_SERVER_PORT)");
+      return Status::InvalidArgument(
+          sock->peer() +
+          " is an HTTP endpoint (edl server --http_addr serves the "
+          "metrics and the dashboard there), not the server's port: point --server at "
+          "the server's --server_port (default 8180; the scripts' EDL_SERVER_PORT)");
     }
     return s.WithContext("waiting for the server's challenge");
   }

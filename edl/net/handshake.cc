@@ -22,8 +22,8 @@ bool IsNonce(const json& j) {
 
 }  // namespace
 
-Status PreAuthError(const json& frame, const std::string& secret, const std::string& nonce, const std::string& peer,
-                    bool* proven) {
+Status PreAuthError(const json& frame, const std::string& secret, const std::string& nonce,
+                    const std::string& peer, bool* proven) {
   *proven = false;
   proto::ErrorMsg e;
   EDL_RETURN_IF_ERROR(e.DecodeFrom(frame));
@@ -34,13 +34,16 @@ Status PreAuthError(const json& frame, const std::string& secret, const std::str
   const Status claimed = e.ToStatus();
   return Status(claimed.code() == Status::Code::kUnauthenticated ? Status::Code::kUnauthenticated
                                                                  : Status::Code::kUnavailable,
-                peer + " refused the handshake with an error it cannot prove (a server with a "
-                       "different --secret_file, or not the edl server): " + claimed.ToString());
+                peer +
+                    " refused the handshake with an error it cannot prove (a server with a "
+                    "different --secret_file, or not the edl server): " +
+                    claimed.ToString());
 }
 
 // ---- the server's side
 
-ServerHandshake::ServerHandshake(std::string secret) : secret_(std::move(secret)), nonce_(NewNonce()) {}
+ServerHandshake::ServerHandshake(std::string secret)
+    : secret_(std::move(secret)), nonce_(NewNonce()) {}
 
 json ServerHandshake::Challenge() const {
   proto::Challenge ch;
@@ -53,18 +56,21 @@ json ServerHandshake::Challenge() const {
 Status ServerHandshake::OnHello(const json& frame, const std::string& peer, proto::Hello* hello) {
   const std::string& type = proto::TypeOf(frame);
   if (type != proto::msg::kHello) {
-    return Status::Unauthenticated("expected 'hello' before anything else, got " + proto::Quote(type));
+    return Status::Unauthenticated("expected 'hello' before anything else, got " +
+                                   proto::Quote(type));
   }
   // The MAC first: a peer without the secret gets no further than this, whatever else it sent.
   const std::string* mac = proto::FieldOf(frame, "mac").get_ptr<const std::string*>();
   mac_ok_ = mac != nullptr && MacEqual(*mac, HelloMac(secret_, nonce_, frame));
   if (!mac_ok_) {
-    return Status::Unauthenticated("bad HMAC from " + peer + ": the peer's --secret_file differs from the server's");
+    return Status::Unauthenticated("bad HMAC from " + peer +
+                                   ": the peer's --secret_file differs from the server's");
   }
   state_ = State::kHelloProven;
   // From here on the peer holds the secret: a refusal carries our proof over its nonce, even when
   // another field of its hello is refused (it would otherwise retry, unable to trust the error).
-  if (const json& n = proto::FieldOf(frame, "nonce"); IsNonce(n)) peer_nonce_ = *n.get_ptr<const std::string*>();
+  if (const json& n = proto::FieldOf(frame, "nonce"); IsNonce(n))
+    peer_nonce_ = *n.get_ptr<const std::string*>();
   EDL_RETURN_IF_ERROR(hello->DecodeFrom(frame));
   peer_nonce_ = hello->nonce;
   return Status::OK();
@@ -80,7 +86,8 @@ json ServerHandshake::Welcome(const proto::Welcome& w) {
 
 json ServerHandshake::Refusal(const Status& why) {
   proto::ErrorMsg e = proto::ErrorMsg::From(why);
-  if (mac_ok_ && !peer_nonce_.empty()) e.mac = ServerErrorMac(secret_, peer_nonce_, e.code, e.message);
+  if (mac_ok_ && !peer_nonce_.empty())
+    e.mac = ServerErrorMac(secret_, peer_nonce_, e.code, e.message);
   state_ = State::kRefused;
   json j;
   e.EncodeTo(&j);
@@ -118,7 +125,8 @@ Status PeerHandshake::OnChallenge(const json& frame, const std::string& peer, js
   return Status::OK();
 }
 
-Status PeerHandshake::OnReply(const json& frame, const std::string& peer, proto::Welcome* welcome, bool* proven) {
+Status PeerHandshake::OnReply(const json& frame, const std::string& peer, proto::Welcome* welcome,
+                              bool* proven) {
   *proven = false;
   state_ = State::kFailed;
   const std::string& type = proto::TypeOf(frame);
@@ -128,7 +136,8 @@ Status PeerHandshake::OnReply(const json& frame, const std::string& peer, proto:
   }
   EDL_RETURN_IF_ERROR(welcome->DecodeFrom(frame));
   if (!MacEqual(welcome->mac, WelcomeMac(secret_, hello_.nonce, frame))) {
-    return Status::Unauthenticated("server " + peer + " could not prove it holds the cluster secret: check "
+    return Status::Unauthenticated("server " + peer +
+                                   " could not prove it holds the cluster secret: check "
                                    "--secret_file on both sides");
   }
   state_ = State::kWelcomed;

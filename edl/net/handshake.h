@@ -76,7 +76,8 @@ class PeerHandshake {
   // The server's first frame: a challenge gives *hello_out, the hello to send (with its MAC). An
   // error frame gives the server's error, unproven (no nonce was sent yet); anything else
   // Corruption. `peer` names the server in messages.
-  Status OnChallenge(const nlohmann::json& frame, const std::string& peer, nlohmann::json* hello_out);
+  Status OnChallenge(const nlohmann::json& frame, const std::string& peer,
+                     nlohmann::json* hello_out);
   // The server's answer to the hello. OK with *welcome when it is a welcome the server proves;
   // Unauthenticated when it cannot prove it; for an error frame, the server's own error when its
   // proof verifies (*proven true), else an Unavailable (or Unauthenticated when the server claims
@@ -100,7 +101,7 @@ class PeerHandshake {
 // none yet): the server's own words when it proved them (ServerErrorMac over the nonce; *proven
 // true), else an Unavailable (Unauthenticated when the server claims that) naming `peer` and
 // saying nothing is proven.
-Status PreAuthError(const nlohmann::json& frame, const std::string& secret, const std::string& nonce,
-                    const std::string& peer, bool* proven);
+Status PreAuthError(const nlohmann::json& frame, const std::string& secret,
+                    const std::string& nonce, const std::string& peer, bool* proven);
 
 }  // namespace edl::net

@@ -11,11 +11,12 @@ using std::chrono::milliseconds;
 
 namespace {
 constexpr milliseconds kSendTimeout(10000);
-constexpr milliseconds kKvTimeout(30000);   // set/get: the server answers at once
+constexpr milliseconds kKvTimeout(30000);     // set/get: the server answers at once
 constexpr milliseconds kKvWaitMargin(10000);  // wait: the server's own timeout plus this
 }  // namespace
 
-StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path, const std::string& spare_id,
+StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path,
+                                         const std::string& spare_id,
                                          milliseconds connect_timeout) {
   auto sock = FramedSocket::ConnectUnix(socket_path, connect_timeout);
   if (!sock.ok()) return sock.status().WithContext("spare " + spare_id);
@@ -29,8 +30,8 @@ StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path, const s
     Status s = sock.value()->Receive(&j, milliseconds(60000));
     if (s.IsTimeout()) continue;
     if (!s.ok()) {
-      return Status::Aborted("spare " + spare_id + ": its client closed the connection (" + s.ToString() +
-                             "): released, or the client exited");
+      return Status::Aborted("spare " + spare_id + ": its client closed the connection (" +
+                             s.ToString() + "): released, or the client exited");
     }
     const auto type = j.find("type");
     if (type != j.end() && *type == proto::msg::kError) {
@@ -44,9 +45,10 @@ StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path, const s
       return a;
     }
     if (type == j.end() || (*type != proto::msg::kHeartbeat && *type != proto::msg::kWelcome)) {
-      return Status::Corruption("spare " + spare_id + ": the client at " + socket_path + " sent " +
-                                (type == j.end() ? std::string("a frame without a type") : type->dump()) +
-                                " instead of spare_assign");
+      return Status::Corruption(
+          "spare " + spare_id + ": the client at " + socket_path + " sent " +
+          (type == j.end() ? std::string("a frame without a type") : type->dump()) +
+          " instead of spare_assign");
     }
   }
 }
@@ -56,8 +58,9 @@ StatusOr<std::unique_ptr<TrainerChannel>> TrainerChannel::Connect(const std::str
                                                                   milliseconds timeout,
                                                                   milliseconds heartbeat) {
   if (socket_path.empty()) {
-    return Status::InvalidArgument("no client socket: EDL_CLIENT_SOCKET is unset; run the trainer "
-                                   "under `edl client` or `edl launch`");
+    return Status::InvalidArgument(
+        "no client socket: EDL_CLIENT_SOCKET is unset; run the trainer "
+        "under `edl client` or `edl launch`");
   }
   auto sock = FramedSocket::ConnectUnix(socket_path, timeout);
   if (!sock.ok()) return sock.status().WithContext("trainer " + trainer_id);
@@ -66,15 +69,16 @@ StatusOr<std::unique_ptr<TrainerChannel>> TrainerChannel::Connect(const std::str
   json j;
   hello.EncodeTo(&j);
   EDL_RETURN_IF_ERROR(sock.value()->Send(j, timeout));
-  EDL_RETURN_IF_ERROR(sock.value()->Receive(&j, timeout).WithContext("waiting for the client's welcome"));
+  EDL_RETURN_IF_ERROR(
+      sock.value()->Receive(&j, timeout).WithContext("waiting for the client's welcome"));
   if (proto::TypeOf(j) == proto::msg::kError) {
     proto::ErrorMsg e;
     EDL_RETURN_IF_ERROR(e.DecodeFrom(j));
     return e.ToStatus();
   }
   if (proto::TypeOf(j) != proto::msg::kWelcome) {
-    return Status::Corruption("client at " + socket_path + " answered " + proto::Quote(proto::TypeOf(j)) +
-                              " instead of welcome");
+    return Status::Corruption("client at " + socket_path + " answered " +
+                              proto::Quote(proto::TypeOf(j)) + " instead of welcome");
   }
   return std::unique_ptr<TrainerChannel>(
       new TrainerChannel(std::move(sock.value()), trainer_id, heartbeat));
@@ -109,7 +113,8 @@ void TrainerChannel::ReaderLoop() {
     if (s.IsTimeout()) continue;
     if (!s.ok()) {
       MutexLock lock(&mu_);
-      if (!stop_) LOG(WARNING) << "trainer " << trainer_id_ << ": channel to client broken: " << s.ToString();
+      if (!stop_)
+        LOG(WARNING) << "trainer " << trainer_id_ << ": channel to client broken: " << s.ToString();
       broken_ = true;
       broken_reason_ = s;
       cv_.notify_all();
@@ -170,7 +175,8 @@ Status TrainerChannel::WatchService(const std::string& service) {
 }
 
 Status TrainerChannel::WaitServiceMembers(const std::string& service, uint64_t* version,
-                                          std::chrono::milliseconds timeout, proto::ServiceMembers* out) {
+                                          std::chrono::milliseconds timeout,
+                                          proto::ServiceMembers* out) {
   MutexLock lock(&mu_);
   auto newer = [&]() REQUIRES(mu_) {
     auto it = members_.find(service);
@@ -201,7 +207,8 @@ void TrainerChannel::HeartbeatLoop() {
 Status TrainerChannel::SendMsg(const json& msg) {
   {
     MutexLock lock(&mu_);
-    if (broken_) return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
+    if (broken_)
+      return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
   }
   return sock_->Send(msg, kSendTimeout);
 }
@@ -213,7 +220,8 @@ bool TrainerChannel::Latest(proto::GenerationInfo* out) const {
   return true;
 }
 
-Status TrainerChannel::WaitGeneration(int64_t after, milliseconds timeout, proto::GenerationInfo* out) {
+Status TrainerChannel::WaitGeneration(int64_t after, milliseconds timeout,
+                                      proto::GenerationInfo* out) {
   MutexLock lock(&mu_);
   const bool got = cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) {
     return (have_generation_ && latest_.generation > after) || broken_ || stop_;
@@ -222,7 +230,8 @@ Status TrainerChannel::WaitGeneration(int64_t after, milliseconds timeout, proto
     *out = latest_;
     return Status::OK();
   }
-  if (broken_) return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
+  if (broken_)
+    return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
   (void)got;
   return Status::Timeout("no generation after " + std::to_string(after) + " within " +
                          std::to_string(timeout.count()) + " ms");
@@ -242,10 +251,12 @@ Status TrainerChannel::KvCall(proto::KvRequest req, milliseconds timeout, std::s
   });
   auto it = replies_.find(req.req_id);
   if (it == replies_.end()) {
-    if (broken_) return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
+    if (broken_)
+      return Status::Unavailable("trainer channel is broken: " + broken_reason_.ToString());
     (void)got;
-    return Status::Timeout(std::string("kv ") + proto::NameOf(req.op) + " '" + req.key + "': no reply within " +
-                           std::to_string(timeout.count()) + " ms (is the server reachable?)");
+    return Status::Timeout(std::string("kv ") + proto::NameOf(req.op) + " '" + req.key +
+                           "': no reply within " + std::to_string(timeout.count()) +
+                           " ms (is the server reachable?)");
   }
   proto::KvReply r = std::move(it->second);
   replies_.erase(it);
@@ -291,7 +302,8 @@ Status TrainerChannel::ReportProgress(const ProgressReport& p) {
 }
 
 Status TrainerChannel::ReportEvent(const json& event) {
-  if (!event.is_object()) return Status::InvalidArgument("ReportEvent: the event must be a JSON object");
+  if (!event.is_object())
+    return Status::InvalidArgument("ReportEvent: the event must be a JSON object");
   proto::Event m;
   m.trainer_id = trainer_id_;
   m.event = event;

@@ -32,7 +32,8 @@ using ProgressReport = proto::ProgressReport;
 // long that takes. Aborted when the client closes the socket (it released the spare, or exited);
 // Unavailable / Timeout when the socket does not answer within `connect_timeout`; the client's
 // refusal as its status. The connection is closed on return: the assigned trainer connects anew.
-StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path, const std::string& spare_id,
+StatusOr<proto::SpareAssign> WaitAsSpare(const std::string& socket_path,
+                                         const std::string& spare_id,
                                          std::chrono::milliseconds connect_timeout);
 
 // A trainer's heartbeat period. The client reads two periods of silence from a stopped process
@@ -46,8 +47,7 @@ class TrainerChannel {
   // (FailedPrecondition). Unavailable / Timeout when the socket does not answer within `timeout`.
   static StatusOr<std::unique_ptr<TrainerChannel>> Connect(
       const std::string& socket_path, const std::string& trainer_id,
-      std::chrono::milliseconds timeout,
-      std::chrono::milliseconds heartbeat = kTrainerHeartbeat);
+      std::chrono::milliseconds timeout, std::chrono::milliseconds heartbeat = kTrainerHeartbeat);
   ~TrainerChannel();
   TrainerChannel(const TrainerChannel&) = delete;
   TrainerChannel& operator=(const TrainerChannel&) = delete;
@@ -56,17 +56,19 @@ class TrainerChannel {
   bool Latest(proto::GenerationInfo* out) const;
   // Blocks until a committed generation with number > `after` has arrived (returns at once if one
   // has). Timeout when none arrives in time; Unavailable when the channel broke.
-  Status WaitGeneration(int64_t after, std::chrono::milliseconds timeout, proto::GenerationInfo* out);
+  Status WaitGeneration(int64_t after, std::chrono::milliseconds timeout,
+                        proto::GenerationInfo* out);
 
   // Rendezvous KV on the server; keys are scoped by job by the server. Callers put the
   // generation in the key (e.g. "g7/nccl_id").
   Status KvSet(const std::string& key, const std::string& value);
   Status KvGet(const std::string& key, std::string* value);  // NotFound when absent
-  Status KvWait(const std::string& key, std::chrono::milliseconds timeout, std::string* value);  // Timeout
+  Status KvWait(const std::string& key, std::chrono::milliseconds timeout,
+                std::string* value);  // Timeout
 
-  Status ReportReady(int64_t generation);                 // a joiner finished preparing
+  Status ReportReady(int64_t generation);  // a joiner finished preparing
   Status ReportProgress(const ProgressReport& p);
-  Status ReportEvent(const nlohmann::json& event);        // appended to the job's events log
+  Status ReportEvent(const nlohmann::json& event);  // appended to the job's events log
   bool connected() const;
 
   // Distillation (PROTOCOL.md, "Services"): asks the client for the member lists of `service`
@@ -74,8 +76,8 @@ class TrainerChannel {
   Status WatchService(const std::string& service);
   // Waits up to `timeout` for a member list of `service` newer than *version (0: none seen yet)
   // and sets *version to its number. Timeout when none came; Unavailable when the channel broke.
-  Status WaitServiceMembers(const std::string& service, uint64_t* version, std::chrono::milliseconds timeout,
-                            proto::ServiceMembers* out);
+  Status WaitServiceMembers(const std::string& service, uint64_t* version,
+                            std::chrono::milliseconds timeout, proto::ServiceMembers* out);
 
  private:
   TrainerChannel(std::unique_ptr<FramedSocket> sock, std::string trainer_id,

@@ -44,7 +44,8 @@ inline bool GetInt(const json& v, int64_t lo, int64_t hi, int64_t* out) {
 class Fields {
  public:
   // Fields of message `what` (its type): errors read "message '<what>' field '<key>' <why>".
-  Fields(const json& j, const char* what) : Fields(j, "message '" + std::string(what) + "'", std::string()) {}
+  Fields(const json& j, const char* what)
+      : Fields(j, "message '" + std::string(what) + "'", std::string()) {}
   // Fields of `subject`: errors read "<subject> field '<key>' <why><suffix>".
   Fields(const json& j, std::string subject, std::string suffix)
       : j_(j), subject_(std::move(subject)), suffix_(std::move(suffix)) {
@@ -57,7 +58,8 @@ class Fields {
     if (v == nullptr) return *this;
     if (!v->is_string()) return Fail(key, "is not a string");
     const auto& s = v->get_ref<const std::string&>();
-    if (s.size() > max_len) return Fail(key, "is longer than " + std::to_string(max_len) + " bytes");
+    if (s.size() > max_len)
+      return Fail(key, "is longer than " + std::to_string(max_len) + " bytes");
     *out = s;
     return *this;
   }
@@ -135,7 +137,8 @@ class Fields {
   }
   Fields& Fail(const std::string& key, const std::string& why) {
     if (status_.ok()) {
-      status_ = Status::Corruption(subject_ + (key.empty() ? "" : " field '" + key + "'") + " " + why + suffix_);
+      status_ = Status::Corruption(subject_ + (key.empty() ? "" : " field '" + key + "'") + " " +
+                                   why + suffix_);
     }
     return *this;
   }
@@ -196,7 +199,9 @@ T FieldOr(const json& j, const char* key, T def) {
   }
 }
 inline double NumOr(const json& j, const char* key, double def = 0) { return FieldOr(j, key, def); }
-inline bool BoolOr(const json& j, const char* key, bool def = false) { return FieldOr(j, key, def); }
+inline bool BoolOr(const json& j, const char* key, bool def = false) {
+  return FieldOr(j, key, def);
+}
 inline std::string StrOr(const json& j, const char* key, const std::string& def = "") {
   return FieldOr(j, key, def);
 }

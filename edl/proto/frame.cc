@@ -111,9 +111,8 @@ Status DecodePayload(const char* data, size_t size, nlohmann::json* msg) {
   bool good = !type.empty() && type.size() <= kMaxTypeBytes;
   for (char c : type) good = good && IsTypeChar(c);
   if (!good) {
-    return Status::Corruption("frame payload's \"type\" " + Quote(type) +
-                              " is not 1.." + std::to_string(kMaxTypeBytes) +
-                              " lowercase letters or '_'");
+    return Status::Corruption("frame payload's \"type\" " + Quote(type) + " is not 1.." +
+                              std::to_string(kMaxTypeBytes) + " lowercase letters or '_'");
   }
   *msg = std::move(j);
   return Status::OK();

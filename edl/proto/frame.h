@@ -33,8 +33,8 @@ constexpr uint32_t kFrameMagic = 0x45444C31;  // "EDL1"
 // 2: the reserved field became `flags` and post-handshake frames carry a session MAC.
 constexpr uint16_t kProtocolVersion = 2;
 constexpr size_t kFrameHeaderBytes = 12;
-constexpr uint16_t kFrameSealed = 1;     // flags bit: the payload is followed by a session MAC
-constexpr size_t kSealTagBytes = 32;     // HMAC-SHA256
+constexpr uint16_t kFrameSealed = 1;  // flags bit: the payload is followed by a session MAC
+constexpr size_t kSealTagBytes = 32;  // HMAC-SHA256
 // The largest payload accepted after authentication. A full generation of 8 000 trainers encodes
 // to ~0.5 MiB; deltas are far smaller.
 constexpr uint32_t kMaxFrameBytes = 4u << 20;

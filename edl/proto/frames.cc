@@ -2,7 +2,6 @@
 
 #include <string>
 
-
 namespace edl::proto {
 
 using nlohmann::json;
@@ -66,7 +65,8 @@ Status DecodeServerFrame(const json& j, ServerFrame* out) {
   if (type == msg::kKill) return DecodeAs<Kill>(j, out);
   if (type == msg::kJobInfo) return DecodeAs<JobInfo>(j, out);
   if (type == msg::kKvReply) return DecodeAs<KvReply>(j, out);
-  if (type == msg::kTeacherStart || type == msg::kTeacherStop) return DecodeAs<TeacherOrder>(j, out);
+  if (type == msg::kTeacherStart || type == msg::kTeacherStop)
+    return DecodeAs<TeacherOrder>(j, out);
   if (type == msg::kServiceMembers) return DecodeAs<ServiceMembers>(j, out);
   if (type == msg::kStop) return DecodeAs<Stop>(j, out);
   if (type == msg::kDone) return DecodeAs<Done>(j, out);

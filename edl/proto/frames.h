@@ -25,14 +25,14 @@
 namespace edl::proto {
 
 // Client -> server. TeacherOrder: a teacher_exit only.
-using ClientFrame = std::variant<Heartbeat, TrainerExit, Ready, Progress, Event, KvRequest, NodeStats,
-                                 ServiceWatch, TeacherOrder>;
+using ClientFrame = std::variant<Heartbeat, TrainerExit, Ready, Progress, Event, KvRequest,
+                                 NodeStats, ServiceWatch, TeacherOrder>;
 // Trainer -> its node's client (relayed to the server with the trainer's id and job filled in).
 using TrainerFrame = std::variant<Heartbeat, Ready, Progress, Event, KvRequest, ServiceWatch>;
 // Server -> client. GenerationUpdate: a generation (full or delta); TeacherOrder: a teacher_start
 // or teacher_stop; ErrorMsg: an error the server sent before closing.
-using ServerFrame = std::variant<Heartbeat, GenerationUpdate, Prepare, Kill, JobInfo, KvReply, TeacherOrder,
-                                 ServiceMembers, Stop, Done, ErrorMsg>;
+using ServerFrame = std::variant<Heartbeat, GenerationUpdate, Prepare, Kill, JobInfo, KvReply,
+                                 TeacherOrder, ServiceMembers, Stop, Done, ErrorMsg>;
 
 // InvalidArgument naming the type ("unexpected message 'X' from a client" / "... from a trainer" /
 // "... from the server")

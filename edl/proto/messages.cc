@@ -24,7 +24,9 @@ using internal::GetInt;
 constexpr int64_t kMaxI64 = std::numeric_limits<int64_t>::max();
 
 // Members travel as compact arrays [trainer_id, node, slot, host]; the rank is the position.
-json MemberToJson(const MemberInfo& m) { return json::array({m.trainer_id, m.node, m.slot, m.host}); }
+json MemberToJson(const MemberInfo& m) {
+  return json::array({m.trainer_id, m.node, m.slot, m.host});
+}
 
 Status MembersFromJson(const json& a, const char* what, std::vector<MemberInfo>* out) {
   out->clear();
@@ -69,8 +71,8 @@ std::string RunId(const std::string& node, int64_t slot, int64_t seq) {
 }
 
 // Appends `members` to `out` as packed run strings and single items. `with_host`: member runs
-// (added; every member of run form travels in a run, even alone); otherwise id runs (removed), where
-// a lone id travels as the plain id (shorter than its run).
+// (added; every member of run form travels in a run, even alone); otherwise id runs (removed),
+// where a lone id travels as the plain id (shorter than its run).
 void EncodeRuns(const std::vector<MemberInfo>& members, bool with_host, json* out) {
   std::string packed;
   auto flush = [&] {
@@ -84,7 +86,8 @@ void EncodeRuns(const std::vector<MemberInfo>& members, bool with_host, json* ou
     size_t n = 1;
     while (seq >= 0 && i + n < members.size()) {
       const MemberInfo& x = members[i + n];
-      if (x.node != m.node || (with_host && x.host != m.host) || x.slot != m.slot + static_cast<int>(n) ||
+      if (x.node != m.node || (with_host && x.host != m.host) ||
+          x.slot != m.slot + static_cast<int>(n) ||
           TrainerId::SeqOf(x.trainer_id, x.node, x.slot) != seq + static_cast<int64_t>(n)) {
         break;
       }
@@ -156,7 +159,8 @@ Status ExpandRun(std::string_view run, bool with_host, const char* what, size_t*
       seq > (int64_t{1} << 53) || slot + count - 1 > kMaxSlot) {
     return bad("slot or sequence out of range");
   }
-  if (RunId(m.node, slot + count - 1, seq + count - 1).size() > kMaxNameBytes) return bad("ids too long");
+  if (RunId(m.node, slot + count - 1, seq + count - 1).size() > kMaxNameBytes)
+    return bad("ids too long");
   *budget -= static_cast<size_t>(count);
   for (int64_t k = 0; k < count; ++k) {
     m.slot = static_cast<int>(slot + k);
@@ -324,10 +328,10 @@ Status GenerationUpdate::ApplyTo(GenerationInfo* current) const {
   std::vector<MemberInfo> members;
   if (base_generation != 0) {
     if (current->generation != base_generation) {
-      return Status::FailedPrecondition(
-          "generation update " + std::to_string(header.generation) + " is a delta against " +
-          std::to_string(base_generation) + " but the receiver holds " +
-          std::to_string(current->generation));
+      return Status::FailedPrecondition("generation update " + std::to_string(header.generation) +
+                                        " is a delta against " + std::to_string(base_generation) +
+                                        " but the receiver holds " +
+                                        std::to_string(current->generation));
     }
     std::unordered_set<std::string_view> gone(removed.begin(), removed.end());
     members.reserve(current->members.size() + added.size());
@@ -346,7 +350,8 @@ Status GenerationUpdate::ApplyTo(GenerationInfo* current) const {
   for (const MemberInfo& m : members) have.insert(m.trainer_id);
   for (const MemberInfo& m : added) {
     if (!have.insert(m.trainer_id).second) {
-      return Status::FailedPrecondition("generation update adds trainer " + m.trainer_id + " twice");
+      return Status::FailedPrecondition("generation update adds trainer " + m.trainer_id +
+                                        " twice");
     }
   }
   members.insert(members.end(), added.begin(), added.end());
@@ -408,17 +413,19 @@ Status GenerationUpdate::DecodeFrom(const json& j) {
       --budget;
       u.removed.push_back(*str);
     } else {
-      return Status::Corruption("message 'generation' field 'removed' holds an item that is neither a "
-                                "trainer id nor runs \"node first_slot count first_seq[;...]\"");
+      return Status::Corruption(
+          "message 'generation' field 'removed' holds an item that is neither a "
+          "trainer id nor runs \"node first_slot count first_seq[;...]\"");
     }
   }
   budget = kMaxListItems;
   for (const json& e : *a) {
     if (e.is_string()) {
-      EDL_RETURN_IF_ERROR(
-          ExpandRuns(e.get_ref<const std::string&>(), /*with_host=*/true, "generation", &budget, &u.added));
+      EDL_RETURN_IF_ERROR(ExpandRuns(e.get_ref<const std::string&>(), /*with_host=*/true,
+                                     "generation", &budget, &u.added));
     } else {
-      if (budget == 0) return Status::Corruption("message 'generation' field 'added' has too many members");
+      if (budget == 0)
+        return Status::Corruption("message 'generation' field 'added' has too many members");
       --budget;
       std::vector<MemberInfo> one;
       EDL_RETURN_IF_ERROR(MembersFromJson(json::array({e}), "generation", &one));
@@ -430,7 +437,8 @@ Status GenerationUpdate::DecodeFrom(const json& j) {
   for (size_t i = 0; i < u.added.size(); ++i) {
     u.added[i].rank = static_cast<int>(i);
     if (!seen.insert(u.added[i].trainer_id).second) {
-      return Status::Corruption("message 'generation' lists trainer " + u.added[i].trainer_id + " twice");
+      return Status::Corruption("message 'generation' lists trainer " + u.added[i].trainer_id +
+                                " twice");
     }
   }
   *this = std::move(u);
@@ -464,7 +472,8 @@ void DecodeHelloServices(const json& j, Fields* f, Hello* h) {
   for (size_t i = 0; f->ok() && teachers != nullptr && i < teachers->size(); ++i) {
     const json& t = (*teachers)[i];
     if (!t.is_array() || t.size() != 2 || !t[0].is_string() || !t[1].is_string() ||
-        !IsValidName(t[0].get_ref<const std::string&>()) || !IsValidName(t[1].get_ref<const std::string&>())) {
+        !IsValidName(t[0].get_ref<const std::string&>()) ||
+        !IsValidName(t[1].get_ref<const std::string&>())) {
       f->Fail("teachers", "item " + std::to_string(i) + " is not a [service, name] pair of names");
       break;
     }
@@ -485,7 +494,8 @@ void Hello::EncodeTo(json* j) const {
     if (!node_token.empty()) (*j)["node_token"] = node_token;
     if (!job_types.empty()) {
       json a = json::array();
-      for (const JobTypeDecl& t : job_types) a.push_back({{"name", t.name}, {"settable", t.settable}});
+      for (const JobTypeDecl& t : job_types)
+        a.push_back({{"name", t.name}, {"settable", t.settable}});
       (*j)["job_types"] = std::move(a);
     }
     if (!services.empty()) {
@@ -511,7 +521,8 @@ Status Hello::DecodeFrom(const json& j) {
   f.Str("role", &role, 16).Str("mac", &h.mac, 64).Str("nonce", &h.nonce, 64);
   if (f.ok() && !kRoleNames.Parse(role, &h.role)) f.Fail("role", "is not " + kRoleNames.List("'"));
   if (f.ok() && h.nonce.size() != 64) f.Fail("nonce", "is not 64 hex characters");
-  if (f.ok() && (h.role == Role::kTeacher || h.role == Role::kStudent)) f.Name("service", &h.service);
+  if (f.ok() && (h.role == Role::kTeacher || h.role == Role::kStudent))
+    f.Name("service", &h.service);
   if (f.ok() && h.role == Role::kTeacher) {
     f.Name("node", &h.node).Host("host", &h.host).Int("port", &h.port, 1, 65535);
   }
@@ -535,7 +546,8 @@ Status Hello::DecodeFrom(const json& j) {
         }
       }
     }
-    if (f.ok() && !kNodeModeNames.Parse(mode, &h.mode)) f.Fail("mode", "is not " + kNodeModeNames.List("'"));
+    if (f.ok() && !kNodeModeNames.Parse(mode, &h.mode))
+      f.Fail("mode", "is not " + kNodeModeNames.List("'"));
     const json* types = nullptr;
     f.Arr("job_types", &types, /*required=*/false);
     if (f.ok() && types != nullptr && types->size() > kMaxJobTypesPerNode) {
@@ -629,7 +641,9 @@ Status TrainerHello::DecodeFrom(const json& j) {
   return Fields(j, msg::kTrainerHello).Name("trainer_id", &trainer_id).status();
 }
 
-void SpareHello::EncodeTo(json* j) const { *j = {{"type", msg::kSpareHello}, {"spare_id", spare_id}}; }
+void SpareHello::EncodeTo(json* j) const {
+  *j = {{"type", msg::kSpareHello}, {"spare_id", spare_id}};
+}
 Status SpareHello::DecodeFrom(const json& j) {
   return Fields(j, msg::kSpareHello).Name("spare_id", &spare_id).status();
 }
@@ -649,7 +663,8 @@ Status SpareAssign::DecodeFrom(const json& j) {
                          std::all_of(name.begin(), name.end(), [](char c) {
                            return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
                          });
-    if (!name_ok || !it->is_string() || it->get_ref<const std::string&>().size() > kMaxSpareEnvValueBytes ||
+    if (!name_ok || !it->is_string() ||
+        it->get_ref<const std::string&>().size() > kMaxSpareEnvValueBytes ||
         it->get_ref<const std::string&>().find('\0') != std::string::npos) {
       f.Fail("env", "holds an invalid variable name or value");
     } else {
@@ -692,12 +707,14 @@ std::string CheckpointDirProblem(const std::string& path, const std::string& roo
            "--job_checkpoint_root, the client's checkpoint_root): configure one, or leave "
            "checkpoint_dir to the job type's own command";
   }
-  if (path.empty() || path[0] != '/') return "checkpoint_dir " + Quote(path) + " is not an absolute path";
+  if (path.empty() || path[0] != '/')
+    return "checkpoint_dir " + Quote(path) + " is not an absolute path";
   std::stringstream ss(path);
   std::string part;
   while (std::getline(ss, part, '/')) {
     if (part == "." || part == "..") {
-      return "checkpoint_dir " + Quote(path) + " has a '.' or '..' component; give a plain absolute path";
+      return "checkpoint_dir " + Quote(path) +
+             " has a '.' or '..' component; give a plain absolute path";
     }
   }
   std::string r = root;
@@ -718,15 +735,21 @@ std::vector<std::string> JobInfo::Argv(const std::vector<std::string>& command) 
 }
 
 void NodeStats::EncodeTo(json* j) const {
-  *j = {{"type", msg::kNodeStats}, {"cpu_busy", cpu_busy}, {"cpu_cores", cpu_cores}, {"gpu_util", gpu_util}};
+  *j = {{"type", msg::kNodeStats},
+        {"cpu_busy", cpu_busy},
+        {"cpu_cores", cpu_cores},
+        {"gpu_util", gpu_util}};
 }
 Status NodeStats::DecodeFrom(const json& j) {
   NodeStats r;
   Fields f(j, msg::kNodeStats);
-  f.Num("cpu_busy", &r.cpu_busy).Int("cpu_cores", &r.cpu_cores, 1, static_cast<int64_t>(kMaxSlotsPerNode) * 16)
+  f.Num("cpu_busy", &r.cpu_busy)
+      .Int("cpu_cores", &r.cpu_cores, 1, static_cast<int64_t>(kMaxSlotsPerNode) * 16)
       .Num("gpu_util", &r.gpu_util);
-  if (f.ok() && (r.cpu_busy < 0 || r.cpu_busy > r.cpu_cores)) f.Fail("cpu_busy", "is not in 0..cpu_cores");
-  if (f.ok() && r.gpu_util != -1 && (r.gpu_util < 0 || r.gpu_util > 100)) f.Fail("gpu_util", "is not -1 or 0..100");
+  if (f.ok() && (r.cpu_busy < 0 || r.cpu_busy > r.cpu_cores))
+    f.Fail("cpu_busy", "is not in 0..cpu_cores");
+  if (f.ok() && r.gpu_util != -1 && (r.gpu_util < 0 || r.gpu_util > 100))
+    f.Fail("gpu_util", "is not -1 or 0..100");
   if (!f.ok()) return f.status();
   *this = r;
   return Status::OK();
@@ -744,7 +767,8 @@ Status JobInfo::DecodeFrom(const json& j) {
     f.Fail("flags", "has more than " + std::to_string(kMaxSettableFlags) + " items");
   }
   for (auto it = flags.begin(); f.ok() && it != flags.end(); ++it) {
-    if (!IsValidFlagName(it.key()) || !it->is_string() || !IsValidFlagValue(it->get_ref<const std::string&>())) {
+    if (!IsValidFlagName(it.key()) || !it->is_string() ||
+        !IsValidFlagValue(it->get_ref<const std::string&>())) {
       f.Fail("flags", "holds an invalid flag name or value");
     } else {
       r.flags[it.key()] = it->get<std::string>();
@@ -756,10 +780,11 @@ Status JobInfo::DecodeFrom(const json& j) {
 }
 
 void Prepare::EncodeTo(json* j) const {
-  *j = {{"type", msg::kPrepare},      {"generation", generation},   {"job_id", job_id},
-        {"world_size", world_size},   {"master_addr", master_addr}, {"master_port", master_port}};
+  *j = {{"type", msg::kPrepare},    {"generation", generation},   {"job_id", job_id},
+        {"world_size", world_size}, {"master_addr", master_addr}, {"master_port", master_port}};
   json a = json::array();
-  for (const MemberInfo& m : joiners) a.push_back(json::array({m.trainer_id, m.node, m.slot, m.host, m.rank}));
+  for (const MemberInfo& m : joiners)
+    a.push_back(json::array({m.trainer_id, m.node, m.slot, m.host, m.rank}));
   (*j)["joiners"] = std::move(a);
 }
 Status Prepare::DecodeFrom(const json& j) {
@@ -776,12 +801,13 @@ Status Prepare::DecodeFrom(const json& j) {
   for (const json& e : *a) {
     int64_t rank = -1;
     if (!e.is_array() || e.size() != 5 || !GetInt(e[4], 0, p.world_size - 1, &rank)) {
-      return Status::Corruption("message 'prepare' holds a joiner that is not "
-                                "[trainer_id, node, slot, host, rank < world_size]");
+      return Status::Corruption(
+          "message 'prepare' holds a joiner that is not "
+          "[trainer_id, node, slot, host, rank < world_size]");
     }
     std::vector<MemberInfo> one;
-    EDL_RETURN_IF_ERROR(MembersFromJson(json::array({json::array({e[0], e[1], e[2], e[3]})}),
-                                        msg::kPrepare, &one));
+    EDL_RETURN_IF_ERROR(
+        MembersFromJson(json::array({json::array({e[0], e[1], e[2], e[3]})}), msg::kPrepare, &one));
     one[0].rank = static_cast<int>(rank);
     p.joiners.push_back(one[0]);
   }
@@ -795,8 +821,11 @@ Status Kill::DecodeFrom(const json& j) {
 }
 
 void TrainerExit::EncodeTo(json* j) const {
-  *j = {{"type", msg::kTrainerExit}, {"trainer_id", trainer_id}, {"exited", exited},
-        {"code", code}, {"signal", signal}};
+  *j = {{"type", msg::kTrainerExit},
+        {"trainer_id", trainer_id},
+        {"exited", exited},
+        {"code", code},
+        {"signal", signal}};
   if (!error.empty()) (*j)["error"] = error;
 }
 Status TrainerExit::DecodeFrom(const json& j) {
@@ -877,17 +906,23 @@ Status KvRequest::DecodeFrom(const json& j) {
   f.Name("job", &r.job, /*required=*/false);
   if (f.ok() && r.key.empty()) f.Fail("key", "is empty");
   const bool known = kKvOpNames.Parse(op, &r.op);
-  if (f.ok() && known && r.op == KvOp::kSet) f.Str("value", &r.value, kMaxValueBytes);
-  else if (f.ok() && known && r.op == KvOp::kWait) f.Int("timeout_ms", &r.timeout_ms, 0, 3600 * 1000);
-  else if (f.ok() && !known) f.Fail("op", "is not " + kKvOpNames.List("'"));
+  if (f.ok() && known && r.op == KvOp::kSet)
+    f.Str("value", &r.value, kMaxValueBytes);
+  else if (f.ok() && known && r.op == KvOp::kWait)
+    f.Int("timeout_ms", &r.timeout_ms, 0, 3600 * 1000);
+  else if (f.ok() && !known)
+    f.Fail("op", "is not " + kKvOpNames.List("'"));
   if (!f.ok()) return f.status();
   *this = std::move(r);
   return Status::OK();
 }
 
 void KvReply::EncodeTo(json* j) const {
-  *j = {{"type", msg::kKvReply}, {"req_id", req_id}, {"code", Status::CodeName(status.code())},
-        {"message", status.message()}, {"value", value}};
+  *j = {{"type", msg::kKvReply},
+        {"req_id", req_id},
+        {"code", Status::CodeName(status.code())},
+        {"message", status.message()},
+        {"value", value}};
 }
 Status KvReply::DecodeFrom(const json& j) {
   KvReply r;
@@ -921,7 +956,8 @@ Status CtlRequest::DecodeFrom(const json& j) {
       .Name("service", &r.service, /*required=*/false)
       .Obj("spec", &r.spec, /*required=*/known && r.command == CtlCommand::kSubmit);
   if (f.ok() && !known) f.Fail("command", Quote(command) + " is not " + kCtlCommandNames.List(""));
-  if (f.ok() && r.command == CtlCommand::kCancel && r.job.empty()) f.Fail("job", "is missing (cancel names a job)");
+  if (f.ok() && r.command == CtlCommand::kCancel && r.job.empty())
+    f.Fail("job", "is missing (cancel names a job)");
   if (f.ok() && !r.service.empty() && (!r.job.empty() || r.command != CtlCommand::kScale)) {
     f.Fail("service", "names what `scale` scales, alone (not with a job)");
   }
@@ -931,8 +967,10 @@ Status CtlRequest::DecodeFrom(const json& j) {
 }
 
 void CtlReply::EncodeTo(json* j) const {
-  *j = {{"type", msg::kCtlReply}, {"code", Status::CodeName(status.code())},
-        {"message", status.message()}, {"body", body}};
+  *j = {{"type", msg::kCtlReply},
+        {"code", Status::CodeName(status.code())},
+        {"message", status.message()},
+        {"body", body}};
 }
 Status CtlReply::DecodeFrom(const json& j) {
   std::string code, message;

@@ -23,29 +23,29 @@ namespace edl::proto {
 
 // Message "type" values.
 namespace msg {
-inline constexpr char kChallenge[] = "challenge";        // server -> peer, first frame
-inline constexpr char kHello[] = "hello";                // peer -> server, answers the challenge
-inline constexpr char kWelcome[] = "welcome";            // server -> peer (or client -> trainer)
-inline constexpr char kError[] = "error";                // either way, then the sender closes
-inline constexpr char kHeartbeat[] = "heartbeat";        // client -> server, trainer -> client
-inline constexpr char kGeneration[] = "generation";      // a committed generation (full or delta)
-inline constexpr char kPrepare[] = "prepare";            // server -> client: start these joiners
-inline constexpr char kKill[] = "kill";                  // server -> client: SIGKILL these trainers
-inline constexpr char kTrainerExit[] = "trainer_exit";   // client -> server
-inline constexpr char kReady[] = "ready";                // trainer -> client -> server
-inline constexpr char kProgress[] = "progress";          // trainer -> client -> server
-inline constexpr char kEvent[] = "event";                // trainer -> client -> server (-> watch)
-inline constexpr char kKv[] = "kv";                      // trainer -> client -> server
-inline constexpr char kKvReply[] = "kv_reply";           // server -> client -> trainer
-inline constexpr char kCtl[] = "ctl";                    // ctl -> server
-inline constexpr char kCtlReply[] = "ctl_reply";         // server -> ctl
-inline constexpr char kStop[] = "stop";                  // server -> client: stop trainers, exit
-inline constexpr char kDone[] = "done";                  // server -> client: job finished
-inline constexpr char kTrainerHello[] = "trainer_hello"; // trainer -> client, first frame
-inline constexpr char kJobInfo[] = "job_info";            // server -> client: a job's type and flags
-inline constexpr char kNodeStats[] = "node_stats";        // client -> server: measured utilisation
-inline constexpr char kSpareHello[] = "spare_hello";      // spare trainer -> client, first frame
-inline constexpr char kSpareAssign[] = "spare_assign";    // client -> spare: the identity it takes
+inline constexpr char kChallenge[] = "challenge";       // server -> peer, first frame
+inline constexpr char kHello[] = "hello";               // peer -> server, answers the challenge
+inline constexpr char kWelcome[] = "welcome";           // server -> peer (or client -> trainer)
+inline constexpr char kError[] = "error";               // either way, then the sender closes
+inline constexpr char kHeartbeat[] = "heartbeat";       // client -> server, trainer -> client
+inline constexpr char kGeneration[] = "generation";     // a committed generation (full or delta)
+inline constexpr char kPrepare[] = "prepare";           // server -> client: start these joiners
+inline constexpr char kKill[] = "kill";                 // server -> client: SIGKILL these trainers
+inline constexpr char kTrainerExit[] = "trainer_exit";  // client -> server
+inline constexpr char kReady[] = "ready";               // trainer -> client -> server
+inline constexpr char kProgress[] = "progress";         // trainer -> client -> server
+inline constexpr char kEvent[] = "event";               // trainer -> client -> server (-> watch)
+inline constexpr char kKv[] = "kv";                     // trainer -> client -> server
+inline constexpr char kKvReply[] = "kv_reply";          // server -> client -> trainer
+inline constexpr char kCtl[] = "ctl";                   // ctl -> server
+inline constexpr char kCtlReply[] = "ctl_reply";        // server -> ctl
+inline constexpr char kStop[] = "stop";                 // server -> client: stop trainers, exit
+inline constexpr char kDone[] = "done";                 // server -> client: job finished
+inline constexpr char kTrainerHello[] = "trainer_hello";  // trainer -> client, first frame
+inline constexpr char kJobInfo[] = "job_info";          // server -> client: a job's type and flags
+inline constexpr char kNodeStats[] = "node_stats";      // client -> server: measured utilisation
+inline constexpr char kSpareHello[] = "spare_hello";    // spare trainer -> client, first frame
+inline constexpr char kSpareAssign[] = "spare_assign";  // client -> spare: the identity it takes
 }  // namespace msg
 
 // ---- closed sets on the wire: each enum's names live in its one table, which the encoders write
@@ -63,18 +63,20 @@ enum class KvOp { kSet, kGet, kWait };
 inline constexpr EnumNames<KvOp, 3> kKvOpNames({"set", "get", "wait"});
 // `edl ctl` commands (submit, jobs and cancel: a cluster server's).
 enum class CtlCommand { kStatus, kScale, kWatch, kStop, kSubmit, kJobs, kCancel };
-inline constexpr EnumNames<CtlCommand, 7> kCtlCommandNames(
-    {"status", "scale", "watch", "stop", "submit", "jobs", "cancel"});
+inline constexpr EnumNames<CtlCommand, 7> kCtlCommandNames({"status", "scale", "watch", "stop",
+                                                            "submit", "jobs", "cancel"});
 
 inline const char* NameOf(Role r) { return kRoleNames.Name(r); }
 inline const char* NameOf(NodeMode m) { return kNodeModeNames.Name(m); }
 inline const char* NameOf(KvOp o) { return kKvOpNames.Name(o); }
 inline const char* NameOf(CtlCommand c) { return kCtlCommandNames.Name(c); }
 // Parts that keep the mode as a flag (restart or not).
-inline NodeMode NodeModeOf(bool restart) { return restart ? NodeMode::kRestart : NodeMode::kInplace; }
+inline NodeMode NodeModeOf(bool restart) {
+  return restart ? NodeMode::kRestart : NodeMode::kInplace;
+}
 
 // Largest host / key accepted on the wire (names and slots: names.h).
-constexpr size_t kMaxHostBytes = 253;        // a DNS name
+constexpr size_t kMaxHostBytes = 253;  // a DNS name
 constexpr size_t kMaxKeyBytes = 512;
 constexpr size_t kMaxListItems = 100000;
 constexpr size_t kMaxValueBytes = 1u << 20;  // a KV value (e.g. an NCCL unique id, a Gloo address)
@@ -106,11 +108,12 @@ struct Message {
 // ---- the generation as every part sees it
 
 struct MemberInfo {
-  std::string trainer_id;  // stable for the trainer process's life, unique in the job, e.g. "node1-s0-7"
-  std::string node;        // node name of its client
-  int slot = 0;            // slot / GPU index on that node
-  int rank = 0;            // rank in this generation
-  std::string host;        // address of that node that trainers bind and advertise
+  std::string
+      trainer_id;    // stable for the trainer process's life, unique in the job, e.g. "node1-s0-7"
+  std::string node;  // node name of its client
+  int slot = 0;      // slot / GPU index on that node
+  int rank = 0;      // rank in this generation
+  std::string host;  // address of that node that trainers bind and advertise
   bool operator==(const MemberInfo& o) const {
     return trainer_id == o.trainer_id && node == o.node && slot == o.slot && rank == o.rank &&
            host == o.host;
@@ -124,14 +127,16 @@ inline constexpr char kStopReason[] = "stop";
 struct GenerationInfo : Message<GenerationInfo> {
   int64_t generation = 0;
   std::string job_id;
-  std::string reason;       // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back",
-                            // "join_timeout", "stop" (kStopReason), "resume" (first after a stop),
-                            // "reform_retry" (a member could not re-form the previous one),
-                            // "finish" (the same, while finishing: the unfinished members leave)
-  bool failure = false;     // true when the change removed a trainer that died or hung: survivors must abort
-  std::vector<MemberInfo> members;   // ordered by rank; survivors keep relative order, joiners come last
+  std::string reason;  // "start", "script", "policy", "ctl", "failure", "node_loss", "grow_back",
+                       // "join_timeout", "stop" (kStopReason), "resume" (first after a stop),
+                       // "reform_retry" (a member could not re-form the previous one),
+                       // "finish" (the same, while finishing: the unfinished members leave)
+  bool failure =
+      false;  // true when the change removed a trainer that died or hung: survivors must abort
+  std::vector<MemberInfo>
+      members;  // ordered by rank; survivors keep relative order, joiners come last
   std::string master_addr;
-  int master_port = 0;      // for restart-mode (torchrun-style) trainers
+  int master_port = 0;  // for restart-mode (torchrun-style) trainers
 
   int world_size() const { return static_cast<int>(members.size()); }
   int RankOf(const std::string& trainer_id) const;  // -1 when not a member (a leaving trainer)
@@ -147,9 +152,9 @@ struct GenerationInfo : Message<GenerationInfo> {
 // come last, a scaling step costs a few bytes per client whatever the world size.
 struct GenerationUpdate : Message<GenerationUpdate> {
   int64_t base_generation = 0;
-  GenerationInfo header;                // every field but `members`
+  GenerationInfo header;  // every field but `members`
   std::vector<std::string> removed;
-  std::vector<MemberInfo> added;        // rank fields are ignored on decode (recomputed)
+  std::vector<MemberInfo> added;  // rank fields are ignored on decode (recomputed)
 
   static GenerationUpdate Full(const GenerationInfo& g);
   // The delta from `prev` to `next`, or Full(next) when `next` is not of the delta form.
@@ -196,12 +201,13 @@ struct Hello : Message<Hello> {
   // role kClient only:
   std::string node, host;
   NodeMode mode = NodeMode::kInplace;
-  std::vector<int> slots;           // slot / GPU indices this node offers
+  std::vector<int> slots;             // slot / GPU indices this node offers
   std::vector<std::string> trainers;  // trainers this client still runs (after a reconnect)
   // Parallel to `trainers` (same length, or empty from an older client): the generation each is
   // in, a prepared joiner's being the one it was prepared for (a server restart adopts survivors).
   std::vector<int64_t> trainer_generations;
-  std::string node_token;  // the node's session token from an earlier welcome (64 hex); empty at first join
+  std::string
+      node_token;  // the node's session token from an earlier welcome (64 hex); empty at first join
   // roles kTeacher and kStudent: the service name; kTeacher also fills `node` (the teacher's
   // name, unique in its service), `host` and `port` (where it serves students)
   std::string service;
@@ -218,10 +224,12 @@ struct Hello : Message<Hello> {
 };
 
 struct Welcome : Message<Welcome> {
-  std::string mac;          // net::WelcomeMac over every other field and the peer's nonce; empty on Unix sockets
+  std::string
+      mac;  // net::WelcomeMac over every other field and the peer's nonce; empty on Unix sockets
   std::string job_id;
   int heartbeat_ms = 1000;  // how often the peer should send heartbeats
-  std::string node_token;   // client role: the node's session token (64 hex), to present on reconnect
+  std::string
+      node_token;  // client role: the node's session token (64 hex), to present on reconnect
   // Client role: the client presented a session token for a node the server no longer knows (it
   // was lost past the heartbeat timeout, or the server started a new job): its trainers are stale.
   bool dropped = false;
@@ -230,9 +238,9 @@ struct Welcome : Message<Welcome> {
 };
 
 struct ErrorMsg : Message<ErrorMsg> {
-  std::string code;     // Status::CodeName
+  std::string code;  // Status::CodeName
   std::string message;
-  std::string mac;      // optional: net::ServerErrorMac, when the server can prove the error
+  std::string mac;  // optional: net::ServerErrorMac, when the server can prove the error
   static ErrorMsg From(const Status& s);
   // The status, with the peer's text escaped and cut (it may come from anybody).
   Status ToStatus() const;
@@ -287,9 +295,9 @@ struct Done : Message<Done> {
 // ---- scaling
 
 struct Prepare : Message<Prepare> {
-  int64_t generation = 0;   // the pending generation the joiners will belong to
+  int64_t generation = 0;  // the pending generation the joiners will belong to
   std::string job_id;
-  int world_size = 0;       // of the pending generation
+  int world_size = 0;  // of the pending generation
   std::string master_addr;
   int master_port = 0;
   std::vector<MemberInfo> joiners;  // with their ranks in the pending generation
@@ -313,9 +321,9 @@ struct JobInfo : Message<JobInfo> {
 // Client -> server, about every heartbeat: the node's measured utilisation since the previous
 // report (CPU from /proc/stat). The server sums them for `edl ctl status` (CPU-UTILS, GPU-UTILS).
 struct NodeStats : Message<NodeStats> {
-  double cpu_busy = 0;    // CPUs busy on average over the interval, 0..cpu_cores
-  int cpu_cores = 0;      // 1..kMaxSlotsPerNode*16
-  double gpu_util = -1;   // mean GPU utilisation in percent, 0..100; -1: not measured
+  double cpu_busy = 0;   // CPUs busy on average over the interval, 0..cpu_cores
+  int cpu_cores = 0;     // 1..kMaxSlotsPerNode*16
+  double gpu_util = -1;  // mean GPU utilisation in percent, 0..100; -1: not measured
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -384,7 +392,7 @@ struct KvRequest : Message<KvRequest> {
   KvOp op = KvOp::kGet;
   std::string key, value;  // value: set only
   int64_t timeout_ms = 0;  // wait only, 0 .. 1 hour
-  std::string job;         // client -> server: the trainer's job (cluster mode); empty: the default job
+  std::string job;  // client -> server: the trainer's job (cluster mode); empty: the default job
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };

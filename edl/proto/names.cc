@@ -32,16 +32,18 @@ bool IsValidName(const std::string& s) {
 
 Status CheckName(const std::string& what, const std::string& s, size_t max_bytes) {
   if (s.empty()) {
-    return Status::InvalidArgument(what + " is empty: give it a name of letters, digits, '.', '_' or '-'");
+    return Status::InvalidArgument(what +
+                                   " is empty: give it a name of letters, digits, '.', '_' or '-'");
   }
   if (s.size() > max_bytes) {
-    return Status::InvalidArgument(what + " '" + s.substr(0, 32) + "...' is " + std::to_string(s.size()) +
-                                   " bytes: at most " + std::to_string(max_bytes) + " are allowed");
+    return Status::InvalidArgument(what + " '" + s.substr(0, 32) + "...' is " +
+                                   std::to_string(s.size()) + " bytes: at most " +
+                                   std::to_string(max_bytes) + " are allowed");
   }
   for (char c : s) {
     if (!NameChar(c)) {
-      return Status::InvalidArgument(what + " '" + s +
-                                     "' has a character other than letters, digits, '.', '_' or '-'");
+      return Status::InvalidArgument(
+          what + " '" + s + "' has a character other than letters, digits, '.', '_' or '-'");
     }
   }
   if (s[0] == '.' || s[0] == '-') {
@@ -54,8 +56,9 @@ Status CheckNodeName(const std::string& name) {
   Status s = CheckName("node name", name, kMaxNodeNameBytes);
   if (s.ok()) return s;
   if (name.size() > kMaxNodeNameBytes) {
-    return Status::InvalidArgument(s.message() + ", so that its trainer ids '<node>-s<slot>-<seq>' fit " +
-                                   std::to_string(kMaxNameBytes) + " bytes; give the client a shorter --node_name");
+    return Status::InvalidArgument(
+        s.message() + ", so that its trainer ids '<node>-s<slot>-<seq>' fit " +
+        std::to_string(kMaxNameBytes) + " bytes; give the client a shorter --node_name");
   }
   return Status::InvalidArgument(s.message() + "; give the client another --node_name");
 }

@@ -28,8 +28,10 @@ bool IsValidName(const std::string& s);
 
 // The rule for a name somebody picks (--node_name, a job name, --job_id, a job type, a service):
 // 1..max_bytes of letters, digits, '.', '_' and '-', not starting with '.' or '-' (it would read as
-// a hidden file or a flag). OK, or InvalidArgument naming `what`, the name, the problem and the fix.
-Status CheckName(const std::string& what, const std::string& name, size_t max_bytes = kMaxNameBytes);
+// a hidden file or a flag). OK, or InvalidArgument naming `what`, the name, the problem and the
+// fix.
+Status CheckName(const std::string& what, const std::string& name,
+                 size_t max_bytes = kMaxNameBytes);
 
 // A trainer id "<node>-s<slot>-<seq>": unique in a server (one counter for every job), stable for
 // the trainer process's life.

@@ -31,7 +31,8 @@ inline int64_t GenerationOfKey(std::string_view key) {
   key.remove_prefix(kGenerationKeyRoot.size());
   int64_t g = 0;
   size_t i = 0;
-  for (; i < key.size() && i < 18 && key[i] >= '0' && key[i] <= '9'; ++i) g = g * 10 + (key[i] - '0');
+  for (; i < key.size() && i < 18 && key[i] >= '0' && key[i] <= '9'; ++i)
+    g = g * 10 + (key[i] - '0');
   if (i == 0 || i >= key.size() || key[i] != '/') return -1;
   return g;
 }

@@ -11,9 +11,9 @@
 
 namespace edl::proto {
 
-using nlohmann::json;
 using internal::Fields;
 using internal::GetInt;
+using nlohmann::json;
 
 namespace {
 
@@ -43,8 +43,11 @@ bool ParseHex64(const std::string& s, uint64_t* out) {
 // ---- service_stats
 
 void ServiceStats::EncodeTo(json* j) const {
-  *j = {{"type", msg::kServiceStats}, {"requests", requests}, {"samples", samples},
-        {"period_s", period_s}, {"latency_ms", latency_ms}};
+  *j = {{"type", msg::kServiceStats},
+        {"requests", requests},
+        {"samples", samples},
+        {"period_s", period_s},
+        {"latency_ms", latency_ms}};
 }
 Status ServiceStats::DecodeFrom(const json& j) {
   ServiceStats s;
@@ -53,7 +56,8 @@ Status ServiceStats::DecodeFrom(const json& j) {
       .Int("samples", &s.samples, 0, kMaxInt64)
       .Num("period_s", &s.period_s)
       .Num("latency_ms", &s.latency_ms);
-  if (f.ok() && (s.period_s < 0 || s.latency_ms < 0)) f.Fail("period_s", "or 'latency_ms' is negative");
+  if (f.ok() && (s.period_s < 0 || s.latency_ms < 0))
+    f.Fail("period_s", "or 'latency_ms' is negative");
   if (!f.ok()) return f.status();
   *this = s;
   return Status::OK();
@@ -64,7 +68,9 @@ Status ServiceStats::DecodeFrom(const json& j) {
 void ServiceMembers::EncodeTo(json* j) const {
   json a = json::array();
   for (const ServiceMember& m : members) a.push_back(json::array({m.name, m.host, m.port}));
-  *j = {{"type", msg::kServiceMembers}, {"service", service}, {"members", std::move(a)},
+  *j = {{"type", msg::kServiceMembers},
+        {"service", service},
+        {"members", std::move(a)},
         {"known", known}};
 }
 Status ServiceMembers::DecodeFrom(const json& j) {
@@ -95,9 +101,14 @@ Status ServiceMembers::DecodeFrom(const json& j) {
 // ---- teacher_request
 
 void TeacherRequest::EncodeTo(json* j) const {
-  *j = {{"type", msg::kTeacherRequest}, {"req_id", req_id},     {"indices", indices},
-        {"aug_seed", Hex64(aug_seed)},  {"random_crop", random_crop}, {"pad", pad},
-        {"flip", flip},                 {"top_k", top_k}};
+  *j = {{"type", msg::kTeacherRequest},
+        {"req_id", req_id},
+        {"indices", indices},
+        {"aug_seed", Hex64(aug_seed)},
+        {"random_crop", random_crop},
+        {"pad", pad},
+        {"flip", flip},
+        {"top_k", top_k}};
 }
 Status TeacherRequest::DecodeFrom(const json& j) {
   TeacherRequest r;
@@ -111,7 +122,8 @@ Status TeacherRequest::DecodeFrom(const json& j) {
       .Int("pad", &r.pad, 0, 64)
       .Bool("flip", &r.flip)
       .Int("top_k", &r.top_k, 0, kMaxTeacherClasses);
-  if (f.ok() && !ParseHex64(seed, &r.aug_seed)) f.Fail("aug_seed", "is not 16 lowercase hex digits");
+  if (f.ok() && !ParseHex64(seed, &r.aug_seed))
+    f.Fail("aug_seed", "is not 16 lowercase hex digits");
   if (f.ok() && (a->empty() || a->size() > kMaxTeacherBatch)) {
     f.Fail("indices", "must hold 1 .. " + std::to_string(kMaxTeacherBatch) + " items");
   }
@@ -132,8 +144,13 @@ Status TeacherRequest::DecodeFrom(const json& j) {
 // ---- teacher_reply
 
 void TeacherReply::EncodeTo(json* j) const {
-  *j = {{"type", msg::kTeacherReply}, {"req_id", req_id}, {"code", Status::CodeName(status.code())},
-        {"message", status.message()}, {"classes", classes}, {"rows", rows}, {"k", k},
+  *j = {{"type", msg::kTeacherReply},
+        {"req_id", req_id},
+        {"code", Status::CodeName(status.code())},
+        {"message", status.message()},
+        {"classes", classes},
+        {"rows", rows},
+        {"k", k},
         {"values", values}};
   if (!classes_of.empty()) (*j)["classes_of"] = classes_of;
 }
@@ -153,10 +170,10 @@ Status TeacherReply::DecodeFrom(const json& j) {
   r.status = StatusFromWire(code, message);  // the peer's text: escape before logging it
   const size_t n = static_cast<size_t>(r.rows) * static_cast<size_t>(r.k);
   if (n > kMaxTeacherValues || v->size() != n) {
-    return Status::Corruption("message 'teacher_reply' field 'values' holds " +
-                              std::to_string(v->size()) + " values, not rows x k = " +
-                              std::to_string(r.rows) + " x " + std::to_string(r.k) +
-                              " (at most " + std::to_string(kMaxTeacherValues) + ")");
+    return Status::Corruption(
+        "message 'teacher_reply' field 'values' holds " + std::to_string(v->size()) +
+        " values, not rows x k = " + std::to_string(r.rows) + " x " + std::to_string(r.k) +
+        " (at most " + std::to_string(kMaxTeacherValues) + ")");
   }
   if (r.k > r.classes) {
     return Status::Corruption("message 'teacher_reply' has k = " + std::to_string(r.k) +
@@ -178,7 +195,8 @@ Status TeacherReply::DecodeFrom(const json& j) {
   const auto c = j.find("classes_of");
   if (c != j.end()) {
     if (!c->is_array() || c->size() != n) {
-      return Status::Corruption("message 'teacher_reply' field 'classes_of' is not a list of rows x k classes");
+      return Status::Corruption(
+          "message 'teacher_reply' field 'classes_of' is not a list of rows x k classes");
     }
     r.classes_of.reserve(n);
     for (const json& e : *c) {
@@ -197,7 +215,9 @@ Status TeacherReply::DecodeFrom(const json& j) {
 
 // ---- teacher_cancel
 
-void TeacherCancel::EncodeTo(json* j) const { *j = {{"type", msg::kTeacherCancel}, {"req_id", req_id}}; }
+void TeacherCancel::EncodeTo(json* j) const {
+  *j = {{"type", msg::kTeacherCancel}, {"req_id", req_id}};
+}
 Status TeacherCancel::DecodeFrom(const json& j) {
   TeacherCancel c;
   Fields f(j, msg::kTeacherCancel);
@@ -211,7 +231,9 @@ Status TeacherCancel::DecodeFrom(const json& j) {
 
 // ---- service_watch
 
-void ServiceWatch::EncodeTo(json* j) const { *j = {{"type", msg::kServiceWatch}, {"service", service}}; }
+void ServiceWatch::EncodeTo(json* j) const {
+  *j = {{"type", msg::kServiceWatch}, {"service", service}};
+}
 Status ServiceWatch::DecodeFrom(const json& j) {
   ServiceWatch w;
   Fields f(j, msg::kServiceWatch);

@@ -30,9 +30,9 @@ inline constexpr char kTeacherStop[] = "teacher_stop";        // server -> clien
 inline constexpr char kTeacherExit[] = "teacher_exit";        // client -> server: one ended
 }  // namespace msg
 
-constexpr size_t kMaxTeacherBatch = 4096;   // samples per teacher_request
-constexpr int kMaxTeacherClasses = 10000;   // logits per sample
-constexpr size_t kMaxServiceMembers = 1024; // teachers listed per service
+constexpr size_t kMaxTeacherBatch = 4096;    // samples per teacher_request
+constexpr int kMaxTeacherClasses = 10000;    // logits per sample
+constexpr size_t kMaxServiceMembers = 1024;  // teachers listed per service
 // A reply of kMaxTeacherBatch x kMaxTeacherClasses floats would not fit a frame: a teacher refuses
 // a request whose answer would exceed this many values (students ask top-k or smaller batches).
 constexpr size_t kMaxTeacherValues = 160000;
@@ -60,8 +60,9 @@ struct ServiceWatch : Message<ServiceWatch> {
 // start or a stop, the client reports each teacher that ended. One shape for the three message
 // types, whose names are the order's kinds.
 enum class TeacherOrderType { kStart, kStop, kExit };
-inline constexpr EnumNames<TeacherOrderType, 3> kTeacherOrderNames(
-    {msg::kTeacherStart, msg::kTeacherStop, msg::kTeacherExit});
+inline constexpr EnumNames<TeacherOrderType, 3> kTeacherOrderNames({msg::kTeacherStart,
+                                                                    msg::kTeacherStop,
+                                                                    msg::kTeacherExit});
 inline const char* NameOf(TeacherOrderType t) { return kTeacherOrderNames.Name(t); }
 
 struct TeacherOrder : Message<TeacherOrder> {
@@ -76,10 +77,10 @@ struct TeacherOrder : Message<TeacherOrder> {
 
 // A teacher's load since its previous report.
 struct ServiceStats : Message<ServiceStats> {
-  int64_t requests = 0;        // requests answered in the period
-  int64_t samples = 0;         // samples answered in the period
-  double period_s = 0;         // length of the period
-  double latency_ms = 0;       // mean time from receiving a request to sending its answer
+  int64_t requests = 0;   // requests answered in the period
+  int64_t samples = 0;    // samples answered in the period
+  double period_s = 0;    // length of the period
+  double latency_ms = 0;  // mean time from receiving a request to sending its answer
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -109,9 +110,9 @@ struct TeacherRequest : Message<TeacherRequest> {
   std::vector<int64_t> indices;  // 1 .. kMaxTeacherBatch sample indices, each >= 0
   uint64_t aug_seed = 0;
   bool random_crop = false;
-  int pad = 4;                   // 0 .. 64
+  int pad = 4;  // 0 .. 64
   bool flip = false;
-  int top_k = 0;                 // 0: every class; else the k largest logits per sample
+  int top_k = 0;  // 0: every class; else the k largest logits per sample
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);
 };
@@ -121,10 +122,10 @@ struct TeacherRequest : Message<TeacherRequest> {
 struct TeacherReply : Message<TeacherReply> {
   uint64_t req_id = 0;
   Status status;
-  int classes = 0;               // the teacher model's class count
+  int classes = 0;  // the teacher model's class count
   int rows = 0;
-  int k = 0;                     // values per row
-  std::vector<float> values;     // [rows, k], finite
+  int k = 0;                        // values per row
+  std::vector<float> values;        // [rows, k], finite
   std::vector<int32_t> classes_of;  // [rows, k] in [0, classes); empty unless top-k
   void EncodeTo(nlohmann::json* j) const;
   Status DecodeFrom(const nlohmann::json& j);

@@ -71,21 +71,21 @@ struct CommFailed {
 // Periodic checkpoints completed since the last report.
 struct CheckpointSaved {
   bool ok = true;
-  int64_t saves = 1;     // >= 0
-  double seconds = -1;   // the last save's snapshot + write time; -1: not reported
+  int64_t saves = 1;    // >= 0
+  double seconds = -1;  // the last save's snapshot + write time; -1: not reported
 };
 // A periodic checkpoint failed (refused: the store's generation fence said no).
 struct CheckpointFailed {
-  int64_t step = -1;      // the step whose save failed; -1: unknown (optional)
-  bool refused = false;   // optional
-  std::string error;      // <= kMaxEventErrorBytes (optional)
+  int64_t step = -1;     // the step whose save failed; -1: unknown (optional)
+  bool refused = false;  // optional
+  std::string error;     // <= kMaxEventErrorBytes (optional)
 };
 // Rank 0's final checkpoint at `edl ctl stop`.
 struct StopCheckpoint {
   int64_t generation = 0;  // optional
   int64_t step = 0;        // optional
   bool ok = true;
-  std::string error;      // <= kMaxEventErrorBytes; set when !ok
+  std::string error;  // <= kMaxEventErrorBytes; set when !ok
 };
 // A survivor's stall across a re-form (docs/ARCHITECTURE.md, "The stall and its phases"): from
 // the end of its last step in the old generation to the end of its first in the new one, and the
@@ -96,35 +96,34 @@ struct StallPhases {
   double agree = -1;            // agree_s: agreeing on the switch step
   double reform = -1;           // reform_s: building the new communicator
   double sync = -1;             // sync_s: syncing the state to joiners
-  double eval = -1;             // eval_s: evaluation work inside the stall (the fixed run does it too)
-  double first_step = -1;       // first_step_s: the first step in the new generation
+  double eval = -1;        // eval_s: evaluation work inside the stall (the fixed run does it too)
+  double first_step = -1;  // first_step_s: the first step in the new generation
 };
 struct Stall {
   int64_t generation = 0;
   int64_t world_before = 0, world_after = 0;
   bool failure = false;
-  double stall_s = 0;     // >= 0
+  double stall_s = 0;  // >= 0
   StallPhases phases;
   // The training time the re-form cost: the stall less the evaluation work inside it.
   double cost_s() const { return phases.eval > 0 ? std::max(0.0, stall_s - phases.eval) : stall_s; }
 };
 // A kind no part of the server acts on.
 struct Other {
-  std::string kind;       // the "event" name, a valid name (names.h)
+  std::string kind;  // the "event" name, a valid name (names.h)
 };
 // Not a valid event: dropped and counted.
 struct Malformed {
-  std::string kind;       // the "event" name when it was a short string, else ""
-  Status why;             // Corruption naming the field and the problem
+  std::string kind;  // the "event" name when it was a short string, else ""
+  Status why;        // Corruption naming the field and the problem
 };
 
 }  // namespace ev
 
 // Default-constructed: ev::Other with no kind (an event nobody decoded reads as nothing).
-using TrainerEventBody =
-    std::variant<ev::Other, ev::Config, ev::JoinerFirstStep, ev::ReformFailed, ev::CommFailed,
-                 ev::CheckpointSaved, ev::CheckpointFailed, ev::StopCheckpoint, ev::Stall,
-                 ev::Malformed>;
+using TrainerEventBody = std::variant<ev::Other, ev::Config, ev::JoinerFirstStep, ev::ReformFailed,
+                                      ev::CommFailed, ev::CheckpointSaved, ev::CheckpointFailed,
+                                      ev::StopCheckpoint, ev::Stall, ev::Malformed>;
 
 // The typed body of event object `e` (any JSON value): never fails; a value that is not a valid
 // event becomes ev::Malformed with the reason.

@@ -46,7 +46,8 @@ Status HexDecode(const std::string& key, const std::string& hex, std::string* ra
   for (size_t i = 0; i < raw->size(); ++i) {
     const int hi = nibble(hex[2 * i]), lo = nibble(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) {
-      return Status::Corruption("rendezvous value of '" + key + "' is not hex; was it written "
+      return Status::Corruption("rendezvous value of '" + key +
+                                "' is not hex; was it written "
                                 "by something other than the elastic runtime?");
     }
     (*raw)[i] = static_cast<char>(hi << 4 | lo);

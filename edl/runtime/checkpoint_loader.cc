@@ -92,13 +92,17 @@ std::vector<nlohmann::json> CheckpointLoader::TakeEvents() {
   std::vector<nlohmann::json> out;
   const int64_t done = checkpointer_.saves_completed();
   if (done != saves_reported_) {  // the server counts them (jobserver/http/metrics.h)
-    out.push_back({{"event", "checkpoint_saved"}, {"ok", true}, {"saves", done - saves_reported_},
-                   {"seconds", checkpointer_.last_snapshot_seconds() + checkpointer_.last_write_seconds()}});
+    out.push_back(
+        {{"event", "checkpoint_saved"},
+         {"ok", true},
+         {"saves", done - saves_reported_},
+         {"seconds", checkpointer_.last_snapshot_seconds() + checkpointer_.last_write_seconds()}});
     saves_reported_ = done;
   }
   const int64_t failed = checkpointer_.saves_failed();
   if (failed != reported_failures_) {
-    out.push_back(CheckpointFailedEvent(checkpointer_.last_failure(), checkpointer_.last_failed_step(),
+    out.push_back(CheckpointFailedEvent(checkpointer_.last_failure(),
+                                        checkpointer_.last_failed_step(),
                                         failed - reported_failures_, failed, store_->Describe()));
     reported_failures_ = failed;
   }

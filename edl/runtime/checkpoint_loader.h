@@ -27,8 +27,8 @@ namespace edl::runtime {
 
 struct CheckpointLoaderOptions {
   ckpt::AsyncCheckpointerOptions save;  // when to save: checkpoint_steps / checkpoint_secs
-  std::string config_fingerprint;  // appended to the Trainable's fingerprint
-  bool final_save = true;         // Finish() saves synchronously
+  std::string config_fingerprint;       // appended to the Trainable's fingerprint
+  bool final_save = true;               // Finish() saves synchronously
 };
 
 class CheckpointLoader : public StateLoader {
@@ -54,7 +54,8 @@ class CheckpointLoader : public StateLoader {
   ckpt::CheckpointMeta Meta(Trainable* trainable, const TrainingState& state,
                             const StepContext& ctx) const;
   // Tensor descriptions (data unused: the copy function reads from the Trainable).
-  std::vector<ckpt::TensorView> Views(Trainable* trainable, std::vector<StateTensor>* tensors) const;
+  std::vector<ckpt::TensorView> Views(Trainable* trainable,
+                                      std::vector<StateTensor>* tensors) const;
 
   const std::unique_ptr<ckpt::CheckpointStore> store_;
   const CheckpointLoaderOptions options_;

@@ -98,8 +98,8 @@ std::vector<int64_t> DataPlan::Slice(const DataPosition& pos, const std::vector<
   CHECK_LT(static_cast<size_t>(rank), b.size());
   const std::vector<int64_t>& perm = Permutation(pos.epoch);
   const std::vector<int64_t> shares = Shares(b, StepSamples(pos, b));
-  const int64_t begin = pos.cursor + std::accumulate(shares.begin(), shares.begin() + rank,
-                                                     int64_t{0});
+  const int64_t begin =
+      pos.cursor + std::accumulate(shares.begin(), shares.begin() + rank, int64_t{0});
   return std::vector<int64_t>(perm.begin() + begin, perm.begin() + begin + shares[rank]);
 }
 

@@ -2,11 +2,12 @@
 // exactly once per epoch whatever sequence of world sizes the job goes through
 // (docs/ARCHITECTURE.md, "Data plan and the exactly-once cursor").
 //
-// Epoch e visits a permutation of the N samples seeded by (seed, e). The synced training state holds
-// a Position (epoch, global cursor into that permutation). At each step rank r takes the next b_r
-// indices after the ranks before it; the cursor then advances by the global batch sum(b). A step
-// never crosses an epoch boundary: when fewer than sum(b) samples remain, they are split across the
-// ranks in proportion to b (some ranks may then get none), and the next step starts epoch e+1.
+// Epoch e visits a permutation of the N samples seeded by (seed, e). The synced training state
+// holds a Position (epoch, global cursor into that permutation). At each step rank r takes the next
+// b_r indices after the ranks before it; the cursor then advances by the global batch sum(b). A
+// step never crosses an epoch boundary: when fewer than sum(b) samples remain, they are split
+// across the ranks in proportion to b (some ranks may then get none), and the next step starts
+// epoch e+1.
 //
 // Thread-safety: const methods are safe to call concurrently; Permutation() caches one epoch and is
 // not thread-safe.

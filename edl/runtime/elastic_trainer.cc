@@ -49,7 +49,10 @@ class SupersedableKv : public KvStore {
   // how long a Set or Get keeps retrying while the base store is Unavailable.
   SupersedableKv(KvStore* base, MembershipSource* membership, int64_t target,
                  const std::atomic<bool>* cancel, milliseconds retry_for)
-      : base_(base), membership_(membership), target_(target), cancel_(cancel),
+      : base_(base),
+        membership_(membership),
+        target_(target),
+        cancel_(cancel),
         retry_for_(retry_for) {}
   Status Set(const std::string& key, const std::string& value) override {
     return Retrying(key, [&] { return base_->Set(key, value); });
@@ -60,8 +63,8 @@ class SupersedableKv : public KvStore {
   Status Wait(const std::string& key, milliseconds timeout, std::string* value) override {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     for (;;) {
-      const auto left = std::chrono::duration_cast<milliseconds>(deadline -
-                                                                 std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
       Status s = base_->Wait(key, std::max(milliseconds(1), std::min(left, kSlice)), value);
       if (IsUnavailable(s)) {
         if (left <= kSlice) return s;
@@ -109,7 +112,6 @@ class SupersedableKv : public KvStore {
 };
 
 }  // namespace
-
 
 // ---------------------------------------------------------------------------------------------
 // Run: join or start, then steps until done or left; the phases (trainer_phase.h).
@@ -216,7 +218,9 @@ Status ElasticTrainer::Impl::FirstGeneration(Generation* gen) {
     const int world = o_.join_world > 0 ? o_.join_world : std::max(1, known.world_size() + 1);
     EDL_RETURN_IF_ERROR(WarmUp(world));
     EDL_RETURN_IF_ERROR(membership_->ReportReady(pending));
-    Event({{"event", "joiner_ready"}, {"generation", pending}, {"after_generation", known.number},
+    Event({{"event", "joiner_ready"},
+           {"generation", pending},
+           {"after_generation", known.number},
            {"ready_s", MicrosToSeconds(clock_->NowMicros() - start_us_)}});
   } else if (known.number > 0 && known.RankOf(me_) >= 0) {
     *gen = known;
@@ -243,7 +247,8 @@ Status ElasticTrainer::Impl::WarmUp(int world) {
   }
   const int64_t t0 = clock_->NowMicros();
   EDL_RETURN_IF_ERROR(WarmUpTrainable(trainable_, n));
-  Event({{"event", "joiner_warm_up"}, {"samples", n},
+  Event({{"event", "joiner_warm_up"},
+         {"samples", n},
          {"seconds", MicrosToSeconds(clock_->NowMicros() - t0)}});
   return Status::OK();
 }
@@ -280,10 +285,9 @@ Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {
   Status s = membership_->WaitGeneration(after, o_.generation_wait, out);
   if (s.ok()) NoteSeen(out->number);
   if (s.IsTimeout()) {
-    return Status::Timeout("trainer " + me_ + ": no committed generation after " +
-                           std::to_string(after) + " within " +
-                           std::to_string(o_.generation_wait.count()) +
-                           " ms; is the edl client / server running?");
+    return Status::Timeout(
+        "trainer " + me_ + ": no committed generation after " + std::to_string(after) + " within " +
+        std::to_string(o_.generation_wait.count()) + " ms; is the edl client / server running?");
   }
   return s;
 }
@@ -306,8 +310,10 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
           phase_ != TrainerPhase::kJoining && o_.loader != nullptr) {
         Status s = o_.loader->Finish(trainable_, state_, Context());
         ReportLoaderEvents();  // a refused final save: checkpoint_failed with the fence's reason
-        nlohmann::json e = {{"event", "stop_checkpoint"}, {"generation", gen_.number},
-                            {"step", state_.step}, {"ok", s.ok()}};
+        nlohmann::json e = {{"event", "stop_checkpoint"},
+                            {"generation", gen_.number},
+                            {"step", state_.step},
+                            {"ok", s.ok()}};
         // The server's stop outcome quotes it.
         if (!s.ok()) e["error"] = s.ToString().substr(0, 1024);
         Event(std::move(e));
@@ -376,7 +382,8 @@ Status ElasticTrainer::Impl::Reform(Generation target) {
       // so, and the server commits the generation again (JobMembership::ReformFailed) rather than
       // every member waiting out --generation_wait_s for a commit nobody would make.
       if (!failed_why.empty()) {
-        Event({{"event", "reform_failed"}, {"generation", target.number},
+        Event({{"event", "reform_failed"},
+               {"generation", target.number},
                {"error", failed_why.substr(0, 1024)}});
       }
       EDL_RETURN_IF_ERROR(WaitNewer(target.number, &next));
@@ -425,7 +432,7 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   int64_t v[6] = {level * w + (w - 1 - r), latest.number, -level, fp, -fp, done ? level : 0};
   EDL_RETURN_IF_ERROR(Comm(comm_->AllReduce(v, 6, DataType::kInt64, ReduceOp::kMax)));
   *newest_seen = v[1];
-  *evaluated = v[5] > 0 && v[5] == v[0] / w;  // of the step the root holds, which every rank gets
+  *evaluated = v[5] > 0 && v[5] == v[0] / w;    // of the step the root holds, which every rank gets
   if (v[1] > gen_.number) return Status::OK();  // every rank saw the same: re-form again
   if (*evaluated) {
     // Its accuracy, for the members that did not complete it: the bits of the double, whose MAX is
@@ -471,8 +478,13 @@ Status ElasticTrainer::Impl::SyncState(int64_t* newest_seen, bool* evaluated) {
   }
   auto hash = StateHash(trainable_);
   EDL_RETURN_IF_ERROR(hash.status());
-  Event({{"event", "sync"}, {"generation", gen_.number}, {"rank", r}, {"world_size", w},
-         {"step", state_.step}, {"root", root}, {"tensors_broadcast", need_tensors},
+  Event({{"event", "sync"},
+         {"generation", gen_.number},
+         {"rank", r},
+         {"world_size", w},
+         {"step", state_.step},
+         {"root", root},
+         {"tensors_broadcast", need_tensors},
          {"state_hash", std::to_string(hash.value())}});
   return Status::OK();
 }
@@ -495,21 +507,26 @@ Status ElasticTrainer::Impl::FingerprintMismatch(int root) {
   const std::string mine = trainable_->Fingerprint();
   uint64_t len = std::min<uint64_t>(mine.size(), kMaxBytes);
   EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(&len, sizeof(len), root)));
-  if (len > kMaxBytes) return Comm(Status::Corruption("rank " + std::to_string(root) + " sent a " +
-                                                      std::to_string(len) + "-byte fingerprint"));
+  if (len > kMaxBytes)
+    return Comm(Status::Corruption("rank " + std::to_string(root) + " sent a " +
+                                   std::to_string(len) + "-byte fingerprint"));
   std::string theirs = rank_ == root ? mine.substr(0, len) : std::string(len, '\0');
   EDL_RETURN_IF_ERROR(Comm(comm_->Broadcast(theirs.data(), len, root)));
   if (mine.substr(0, kMaxBytes) == theirs) {
     Event({{"event", "fingerprint_mismatch"}, {"generation", gen_.number}, {"root", root}});
     return Comm(Status::Aborted("a trainer of generation " + std::to_string(gen_.number) +
                                 " has another model or optimizer than rank " +
-                                std::to_string(root) + ", which holds the job's state; waiting "
+                                std::to_string(root) +
+                                ", which holds the job's state; waiting "
                                 "for the job to re-form without it"));
   }
   return Status::FailedPrecondition(
       "this trainer's model or optimizer differs from the job's, so the training state of rank " +
-      std::to_string(root) + " (generation " + std::to_string(gen_.number) + ") cannot be loaded "
-      "into it: this trainer has '" + mine + "', the job has '" + theirs + "'; start every "
+      std::to_string(root) + " (generation " + std::to_string(gen_.number) +
+      ") cannot be loaded "
+      "into it: this trainer has '" +
+      mine + "', the job has '" + theirs +
+      "'; start every "
       "trainer of a job with the same model and optimizer");
 }
 
@@ -678,7 +695,8 @@ Status ElasticTrainer::Impl::ReportStep(const StepResult& r) {
   if (phase_ == TrainerPhase::kResuming && last_step_end_us_ > 0) {
     Event(StallEvent(now));
   } else if (last_step_end_us_ == 0 && o_.joining) {
-    Event({{"event", "joiner_first_step"}, {"generation", gen_.number},
+    Event({{"event", "joiner_first_step"},
+           {"generation", gen_.number},
            {"since_start_s", MicrosToSeconds(now - start_us_)}});
   }
   if (phase_ == TrainerPhase::kResuming) Enter(TrainerPhase::kTraining);
@@ -866,8 +884,11 @@ Status ElasticTrainer::Impl::Evaluate(double* accuracy) {
     r.seconds = MicrosToSeconds(clock_->NowMicros() - t0);
     o_.observer->OnEval(r);
   }
-  Event({{"event", "eval"}, {"generation", gen_.number}, {"step", state_.step},
-         {"loss", v[2] > 0 ? v[0] / v[2] : 0.0}, {"accuracy", *accuracy}});
+  Event({{"event", "eval"},
+         {"generation", gen_.number},
+         {"step", state_.step},
+         {"loss", v[2] > 0 ? v[0] / v[2] : 0.0},
+         {"accuracy", *accuracy}});
   return Status::OK();
 }
 
@@ -880,8 +901,9 @@ void ElasticTrainer::Impl::LogSamples(int64_t step, int64_t epoch,
                                       const std::vector<int64_t>& indices, double loss,
                                       const std::vector<int64_t>* fed, const StepStats* fed_stats) {
   if (sample_log_fd_ < 0) return;
-  nlohmann::json j = {{"trainer", me_}, {"generation", gen_.number}, {"rank", rank_},
-                      {"world", gen_.world_size()}, {"step", step}, {"epoch", epoch},
+  nlohmann::json j = {{"trainer", me_}, {"generation", gen_.number},
+                      {"rank", rank_},  {"world", gen_.world_size()},
+                      {"step", step},   {"epoch", epoch},
                       {"idx", indices}, {"time", MicrosToSeconds(Clock::Real()->NowMicros())}};
   j["loss"] = std::isfinite(loss) ? nlohmann::json(loss) : nlohmann::json();
   if (fed != nullptr) j["fed_idx"] = *fed;

@@ -71,7 +71,8 @@ class StateLoader {
   }
   // Records for the job's events log (each a trainer event's payload with its "event" name) of
   // what happened since the last call: saves that finished ("checkpoint_saved", counted by the
-  // server's metrics: jobserver/http/metrics.h) and saves the checkpoint fence refused or that failed
+  // server's metrics: jobserver/http/metrics.h) and saves the checkpoint fence refused or that
+  // failed
   // ("checkpoint_failed"). Called on rank 0 after AfterStep and Finish; the trainer adds the
   // generation, the step (when the record has none), trainer and pid.
   virtual std::vector<nlohmann::json> TakeEvents() { return {}; }
@@ -79,12 +80,12 @@ class StateLoader {
 
 // What a committed step looked like across the whole generation (every rank gets the same).
 struct StepReport {
-  int64_t step = 0;           // committed steps so far
-  DataPosition position;      // after the step
-  double epochs_done = 0;     // fractional epochs after the step
-  double loss = 0;            // mean training loss of the step over all ranks' samples
-  int64_t correct = 0;        // top-1 correct of the step, all ranks
-  int64_t samples = 0;        // samples of the step, all ranks
+  int64_t step = 0;        // committed steps so far
+  DataPosition position;   // after the step
+  double epochs_done = 0;  // fractional epochs after the step
+  double loss = 0;         // mean training loss of the step over all ranks' samples
+  int64_t correct = 0;     // top-1 correct of the step, all ranks
+  int64_t samples = 0;     // samples of the step, all ranks
   // Samples the data plan gave the step, all ranks: more than `samples` when some could not be
   // loaded and were skipped (--data imagefolder skips unreadable files).
   int64_t planned = 0;
@@ -96,7 +97,7 @@ struct StepReport {
 
 struct EvalReport {
   int64_t step = 0;
-  int64_t epoch = 0;          // epochs completed when evaluated
+  int64_t epoch = 0;  // epochs completed when evaluated
   double loss = 0, accuracy = 0;
   double accuracy_top5 = -1;  // -1 when the Trainable computes no top-5
   int64_t samples = 0;        // test samples evaluated, all ranks
@@ -117,28 +118,28 @@ class TrainingObserver {
 struct ElasticOptions {
   int64_t batch = 32;  // per-rank (fixed-local) or global (fixed-global) batch
   BatchPolicy batch_policy = BatchPolicy::kFixedLocal;
-  uint64_t seed = 1;     // epoch permutations
-  double epochs = 1;     // train until this many epochs (samples seen / N) ...
-  int64_t max_steps = 0; // ... or this many steps, when > 0
+  uint64_t seed = 1;      // epoch permutations
+  double epochs = 1;      // train until this many epochs (samples seen / N) ...
+  int64_t max_steps = 0;  // ... or this many steps, when > 0
   LrScheduleOptions lr;
-  bool joining = false;  // a hot joiner (EDL_JOINING=1): report ready, wait to be committed
+  bool joining = false;         // a hot joiner (EDL_JOINING=1): report ready, wait to be committed
   int64_t join_generation = 0;  // the pending generation a joiner was started for
                                 // (EDL_GENERATION); 0: newest known + 1
   int join_world = 0;  // that generation's size (WORLD_SIZE), for the warm-up; 0: newest known + 1
-  int64_t start_micros = 0;     // Clock time preparation began, for time-to-ready (0: Run())
+  int64_t start_micros = 0;  // Clock time preparation began, for time-to-ready (0: Run())
   // The batch a warm spare already ran WarmUpTrainable with (0: none): a joiner whose warm-up
   // batch is the same skips its own.
   int64_t warmed_samples = 0;
   std::string backend = "gloo";  // "gloo" or "nccl" (SelectCommBackend resolves --comm)
-  std::string host;      // address the communicator binds (empty: loopback)
-  int cuda_device = -1;  // NCCL only
+  std::string host;              // address the communicator binds (empty: loopback)
+  int cuda_device = -1;          // NCCL only
   // Stage the gradient all-reduce through a host buffer even when the Trainable's memory is host
   // memory (tests: the path a Gloo job with device tensors takes, checked on CPU). Staging is
   // automatic whenever the Trainable is on_device() and the communicator reads host memory.
   bool stage_through_host = false;
-  std::chrono::milliseconds comm_timeout{30000};    // rendezvous and every collective
-  std::chrono::milliseconds generation_wait{60000}; // wait for a new generation after a failure
-                                                    // or, for a joiner, to be committed
+  std::chrono::milliseconds comm_timeout{30000};     // rendezvous and every collective
+  std::chrono::milliseconds generation_wait{60000};  // wait for a new generation after a failure
+                                                     // or, for a joiner, to be committed
   // Broadcast every state tensor at each re-form even when all ranks hold the same step. Without
   // it such a re-form (e.g. a pure shrink) broadcasts only the StateTensors marked per_rank.
   bool always_broadcast_state = false;
@@ -156,9 +157,9 @@ struct ElasticOptions {
   // applied the step itself: "fed_idx" (its slice) and "label_hash" (StepStats::label_hash, when
   // the Trainable computes one); one write(2) per line, so trainers may share the file.
   std::string sample_log_path;
-  StateLoader* loader = nullptr;     // not owned; may be null (no checkpoints)
+  StateLoader* loader = nullptr;         // not owned; may be null (no checkpoints)
   TrainingObserver* observer = nullptr;  // not owned; may be null
-  Clock* clock = nullptr;            // null: Clock::Real()
+  Clock* clock = nullptr;                // null: Clock::Real()
 };
 
 struct ElasticResult {

@@ -32,8 +32,12 @@ namespace edl::runtime {
 class ElasticTrainer::Impl {
  public:
   Impl(ElasticOptions o, Trainable* t, MembershipSource* m)
-      : o_(std::move(o)), trainable_(t), membership_(m), me_(m->trainer_id()),
-        clock_(o_.clock ? o_.clock : Clock::Real()), plan_(t->train_size(), o_.seed),
+      : o_(std::move(o)),
+        trainable_(t),
+        membership_(m),
+        me_(m->trainer_id()),
+        clock_(o_.clock ? o_.clock : Clock::Real()),
+        plan_(t->train_size(), o_.seed),
         schedule_(o_.lr) {}
   ~Impl() {
     StopWatcher();
@@ -58,7 +62,7 @@ class ElasticTrainer::Impl {
   // Make-before-break: see "Prepared communicators" below.
   // A planned generation with this trainer in it whose communicator is built ahead (Gloo, and
   // NCCL unless it is a shrink of the current one).
-  bool BuildsAhead(const Generation& g);  // watcher or training thread
+  bool BuildsAhead(const Generation& g);                      // watcher or training thread
   void MaybePrepare(const Generation& g) EXCLUDES(prep_mu_);  // watcher thread; SwitchVote
   // Training thread: true and the communicator built ahead for `*target` (or for a newer
   // generation, which then replaces *target), or false when there is none; either way no
@@ -202,7 +206,7 @@ class ElasticTrainer::Impl {
   // survivor holds (Evaluate). Its size is bounded by the test set.
   struct EvalPartial {
     int64_t step = -1;
-    std::vector<int64_t> samples;  // the test samples this rank evaluated
+    std::vector<int64_t> samples;   // the test samples this rank evaluated
     double sums[4] = {0, 0, 0, 0};  // their loss sum, correct, samples, top-5 correct (< 0: none)
   } eval_partial_;
   // Evaluation work done since the last step ended whose results are kept (a whole evaluation,

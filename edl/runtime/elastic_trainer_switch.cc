@@ -56,8 +56,8 @@ NcclBuildPlan ElasticTrainer::Impl::PlanNccl(const Generation& target) {
   if (plan.build == NcclBuild::kShrinkAbort) {
     plan = {NcclBuild::kInit, {}, "a failure re-forms with a full init"};
   }
-  LOG(INFO) << me_ << ": generation " << target.number << " NCCL build: "
-            << NcclBuildName(plan.build) << " (" << plan.why << ")";
+  LOG(INFO) << me_ << ": generation " << target.number
+            << " NCCL build: " << NcclBuildName(plan.build) << " (" << plan.why << ")";
   return plan;
 }
 
@@ -98,7 +98,9 @@ void ElasticTrainer::Impl::MaybePrepare(const Generation& g) {
       prep_done_ = true;
     }
     // Off the stall (training went on meanwhile), but what make-before-break took.
-    Event({{"event", "prepared"}, {"generation", g.number}, {"ok", ok},
+    Event({{"event", "prepared"},
+           {"generation", g.number},
+           {"ok", ok},
            {"build_s", MicrosToSeconds(clock_->NowMicros() - t0)}});
   });
 }
@@ -292,9 +294,13 @@ nlohmann::json ElasticTrainer::Impl::StallEvent(int64_t now) {
   const auto [seen_us, seen_wall_us] = SeenAt(gen_.number);
   const int64_t wait_switch =
       reform_was_failure_ ? 0 : std::max<int64_t>(0, last_step_end_us_ - seen_us);
-  return {{"event", "stall"}, {"generation", gen_.number}, {"from_generation", reform_from_gen_},
-          {"world_before", reform_from_world_}, {"world_after", gen_.world_size()},
-          {"switch_step", switch_step_}, {"failure", reform_was_failure_},
+  return {{"event", "stall"},
+          {"generation", gen_.number},
+          {"from_generation", reform_from_gen_},
+          {"world_before", reform_from_world_},
+          {"world_after", gen_.world_size()},
+          {"switch_step", switch_step_},
+          {"failure", reform_was_failure_},
           {"stall_s", MicrosToSeconds(now - last_step_end_us_)},
           {"lost_s", MicrosToSeconds(stall_.lost_us)},
           {"wait_generation_s", MicrosToSeconds(stall_.wait_gen_us)},
@@ -303,7 +309,8 @@ nlohmann::json ElasticTrainer::Impl::StallEvent(int64_t now) {
           {"sync_s", MicrosToSeconds(stall_.sync_us)},
           {"eval_s", MicrosToSeconds(stall_.eval_us + eval_kept_us_)},
           {"first_step_s", MicrosToSeconds(now - stall_.sync_end_us - eval_kept_us_)},
-          {"attempts", stall_.attempts}, {"prepared", stall_.prepared},
+          {"attempts", stall_.attempts},
+          {"prepared", stall_.prepared},
           {"wait_switch_s", MicrosToSeconds(wait_switch)},
           {"seen_time", MicrosToSeconds(seen_wall_us)}};
 }

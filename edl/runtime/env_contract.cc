@@ -26,13 +26,11 @@ Status ParseInt(const std::map<std::string, std::string>& env, const char* name,
   char* end = nullptr;
   const long long x = std::strtoll(v->c_str(), &end, 10);
   if (end == v->c_str() || *end != '\0' || errno == ERANGE) {
-    return Status::InvalidArgument(std::string(name) + "='" + *v + "' is not an integer " +
-                                   hint);
+    return Status::InvalidArgument(std::string(name) + "='" + *v + "' is not an integer " + hint);
   }
   if (x < lo || x > hi) {
     return Status::InvalidArgument(std::string(name) + "=" + *v + " is outside [" +
-                                   std::to_string(lo) + ", " + std::to_string(hi) + "] " +
-                                   hint);
+                                   std::to_string(lo) + ", " + std::to_string(hi) + "] " + hint);
   }
   *out = x;
   return Status::OK();
@@ -113,13 +111,13 @@ StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& 
   EDL_RETURN_IF_ERROR(ParseFlag(env, env::kJoining, &c.joining));
   if (const std::string* v = Find(env, env::kSpare)) {
     if (*v != "full" && *v != "host") {
-      return Status::InvalidArgument(std::string(env::kSpare) + "='" + *v + "' must be full or host " +
-                                     kWhoSets);
+      return Status::InvalidArgument(std::string(env::kSpare) + "='" + *v +
+                                     "' must be full or host " + kWhoSets);
     }
     c.spare = *v == "full" ? SpareKind::kFull : SpareKind::kHost;
   }
-  EDL_RETURN_IF_ERROR(ParseInt(env, env::kGeneration, 0, std::numeric_limits<int64_t>::max(),
-                               &c.generation));
+  EDL_RETURN_IF_ERROR(
+      ParseInt(env, env::kGeneration, 0, std::numeric_limits<int64_t>::max(), &c.generation));
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kSlot, 0, kIntMax, &c.slot));
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kMasterPort, 0, 65535, &c.master_port));
   EDL_RETURN_IF_ERROR(ParseInt(env, env::kLocalTrainers, 0, kIntMax, &c.local_trainers,
@@ -147,8 +145,8 @@ StatusOr<EnvContract> ParseTrainerEnv(const std::map<std::string, std::string>& 
 
   if (c.client_socket.empty()) {
     if (c.joining) {
-      return Status::InvalidArgument(std::string(env::kJoining) + "=1 needs " +
-                                     env::kClientSocket + ": only an edl client starts hot joiners");
+      return Status::InvalidArgument(std::string(env::kJoining) + "=1 needs " + env::kClientSocket +
+                                     ": only an edl client starts hot joiners");
     }
     if (c.restart_mode) {
       return Status::InvalidArgument(std::string(env::kRestartMode) + "=1 needs " +

@@ -78,10 +78,11 @@ inline constexpr const char* kDefaultRoleName = "default";
 inline constexpr const char* kCudaPhaseTimes = "EDL_CUDA_PHASE_TIMES";
 // Every contract name above (the diagnostics excepted), for TrainerEnvFromProcess and tests.
 inline constexpr const char* kAll[] = {
-    kJobId, kTrainerId, kClientSocket, kRestartMode, kGeneration, kSlot, kJoining, kSpare,
-    kRendezvousDir, kLocalTrainers, kCudaVisibleDevices, kRank, kWorldSize, kLocalRank,
-    kLocalWorldSize, kMasterAddr, kMasterPort, kGroupRank, kGroupWorldSize, kRoleRank,
-    kRoleWorldSize, kRoleName, kRestartCount, kMaxRestarts, kRunId};
+    kJobId,          kTrainerId, kClientSocket,   kRestartMode,   kGeneration,         kSlot,
+    kJoining,        kSpare,     kRendezvousDir,  kLocalTrainers, kCudaVisibleDevices, kRank,
+    kWorldSize,      kLocalRank, kLocalWorldSize, kMasterAddr,    kMasterPort,         kGroupRank,
+    kGroupWorldSize, kRoleRank,  kRoleWorldSize,  kRoleName,      kRestartCount,       kMaxRestarts,
+    kRunId};
 }  // namespace env
 
 // A warm spare's kind (EDL_SPARE): what it may prepare before its assignment.
@@ -101,7 +102,7 @@ struct EnvContract {
   int rank = 0, world_size = 1, local_rank = 0, local_world_size = 1;
   std::string master_addr = "127.0.0.1";  // MASTER_ADDR
   int master_port = 0;                    // MASTER_PORT
-  bool joining = false;        // EDL_JOINING=1 for a hot joiner (in-place mode); unset otherwise
+  bool joining = false;  // EDL_JOINING=1 for a hot joiner (in-place mode); unset otherwise
   // EDL_SPARE (unset: kNone). A spare's trainer_id is its spare id, its world_size the world it
   // expects to join (warm-up), its local_world_size the joiners' (1); the rest is the assignment's.
   SpareKind spare = SpareKind::kNone;

@@ -40,7 +40,8 @@ double LrSchedule::At(double epoch, int64_t global_batch) const {
   if (o.decay == "cosine") {
     const double span = std::max(o.total_epochs - o.warmup_epochs, 1e-9);
     const double t = std::clamp((epoch - o.warmup_epochs) / span, 0.0, 1.0);
-    const double factor = o.final_factor + (1.0 - o.final_factor) * 0.5 * (1.0 + std::cos(M_PI * t));
+    const double factor =
+        o.final_factor + (1.0 - o.final_factor) * 0.5 * (1.0 + std::cos(M_PI * t));
     return peak * factor;
   }
   return peak;

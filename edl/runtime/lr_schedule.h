@@ -17,14 +17,14 @@
 namespace edl::runtime {
 
 struct LrScheduleOptions {
-  double base_lr = 0.1;          // rate at a global batch of base_batch (after warm-up)
-  int64_t base_batch = 256;      // linear scaling reference; <= 0 disables scaling
-  double warmup_epochs = 0;      // linear warm-up from warmup_start_factor * peak to peak
+  double base_lr = 0.1;      // rate at a global batch of base_batch (after warm-up)
+  int64_t base_batch = 256;  // linear scaling reference; <= 0 disables scaling
+  double warmup_epochs = 0;  // linear warm-up from warmup_start_factor * peak to peak
   double warmup_start_factor = 0.1;
-  std::string decay = "cosine";  // "constant", "step" or "cosine"
+  std::string decay = "cosine";    // "constant", "step" or "cosine"
   std::vector<double> milestones;  // step decay: epochs at which the rate is multiplied by gamma
   double gamma = 0.1;
-  double total_epochs = 1;       // cosine: the rate reaches final_factor * peak at this epoch
+  double total_epochs = 1;  // cosine: the rate reaches final_factor * peak at this epoch
   double final_factor = 0.0;
   int64_t rescale_ramp_steps = 0;  // ramp length after a re-form; 0 = jump at once
 };

@@ -4,7 +4,6 @@
 
 #include <glog/logging.h>
 
-
 namespace edl::runtime {
 
 int Generation::RankOf(const std::string& trainer_id) const {

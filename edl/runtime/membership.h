@@ -57,8 +57,8 @@ class ServiceFeed {
   virtual Status Watch(const std::string& service) = 0;
   // Waits up to `timeout` for a list of `service` newer than *version (0: none yet) and updates
   // *version. Timeout when none came; Unavailable when the way to the client broke.
-  virtual Status Next(const std::string& service, uint64_t* version, std::chrono::milliseconds timeout,
-                      proto::ServiceMembers* out) = 0;
+  virtual Status Next(const std::string& service, uint64_t* version,
+                      std::chrono::milliseconds timeout, proto::ServiceMembers* out) = 0;
 };
 
 class MembershipSource {

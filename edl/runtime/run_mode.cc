@@ -5,21 +5,21 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <iterator>
-#include <string>
-#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <set>
-#include <vector>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "edl/base/thread_annotations.h"
+#include "edl/net/trainer_channel.h"
 #include "edl/runtime/channel_membership.h"
 #include "edl/runtime/comm/file_kv_store.h"
 #include "edl/runtime/comm/memory_kv_store.h"
-#include "edl/net/trainer_channel.h"
 
 namespace edl::runtime {
 
@@ -165,7 +165,8 @@ class RunScopedKv : public KvStore {
         ++it;
       }
       lock.Lock();
-      cv_.wait_for(lock.native(), std::chrono::milliseconds(10), [this]() REQUIRES(mu_) { return stop_; });
+      cv_.wait_for(lock.native(), std::chrono::milliseconds(10),
+                   [this]() REQUIRES(mu_) { return stop_; });
     }
   }
 
@@ -185,10 +186,14 @@ class RunScopedKv : public KvStore {
 
 const char* RunModeName(RunMode mode) {
   switch (mode) {
-    case RunMode::kStandalone: return "standalone";
-    case RunMode::kStatic: return "static";
-    case RunMode::kElastic: return "elastic";
-    case RunMode::kRestart: return "restart";
+    case RunMode::kStandalone:
+      return "standalone";
+    case RunMode::kStatic:
+      return "static";
+    case RunMode::kElastic:
+      return "elastic";
+    case RunMode::kRestart:
+      return "restart";
   }
   return "?";
 }
@@ -245,8 +250,8 @@ StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare, std::chrono::millisecond
     const std::string& name = var.first;  // (a structured binding cannot be captured in C++17)
     if (std::find_if(std::begin(env::kAll), std::end(env::kAll),
                      [&](const char* n) { return name == n; }) == std::end(env::kAll)) {
-      return Status::InvalidArgument("spare " + spare.env.trainer_id + ": the assignment sets " + name +
-                                     ", which is no env contract variable");
+      return Status::InvalidArgument("spare " + spare.env.trainer_id + ": the assignment sets " +
+                                     name + ", which is no env contract variable");
     }
   }
   auto env = ParseTrainerEnv(vars);
@@ -254,7 +259,8 @@ StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare, std::chrono::millisecond
   const EnvContract& e = env.value();
   std::string wrong;
   if (e.job_id != spare.env.job_id) wrong = std::string(env::kJobId) + " differs from the spare's";
-  if (e.client_socket != spare.env.client_socket) wrong = std::string(env::kClientSocket) + " differs from the spare's";
+  if (e.client_socket != spare.env.client_socket)
+    wrong = std::string(env::kClientSocket) + " differs from the spare's";
   if (e.spare != SpareKind::kNone) wrong = std::string(env::kSpare) + " is set";
   if (e.restart_mode) wrong = std::string(env::kRestartMode) + "=1 (restart mode has no spares)";
   if (!wrong.empty()) {
@@ -290,17 +296,15 @@ StatusOr<std::unique_ptr<MembershipSource>> Connect(const RunPlan& plan,
       return NewPinnedMembership(std::move(channel.value()), e.generation);
     }
     case RunMode::kStatic: {
-      const std::string dir = !e.rendezvous_dir.empty()
-                                  ? e.rendezvous_dir
-                                  : "/tmp/edl-rdzv-" + e.master_addr + "-" +
-                                        std::to_string(e.master_port);
+      const std::string dir = !e.rendezvous_dir.empty() ? e.rendezvous_dir
+                                                        : "/tmp/edl-rdzv-" + e.master_addr + "-" +
+                                                              std::to_string(e.master_port);
       // `edl launch` starts trainers in generation 0; generation numbers start at 1.
       // Every key under this run's id: a run never reads a key an earlier run on the same
       // MASTER_ADDR/MASTER_PORT left in `dir` (e.g. gen/1/nccl/nccl_unique_id).
-      return NewStaticMembership(
-          e.rank, e.world_size, std::max<int64_t>(e.generation, 1),
-          NewRunScopedKvStore(std::make_unique<FileKvStore>(dir), e.rank, e.world_size,
-                              kStaticJoinBound));
+      return NewStaticMembership(e.rank, e.world_size, std::max<int64_t>(e.generation, 1),
+                                 NewRunScopedKvStore(std::make_unique<FileKvStore>(dir), e.rank,
+                                                     e.world_size, kStaticJoinBound));
     }
     case RunMode::kStandalone:
       break;

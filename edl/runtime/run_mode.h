@@ -68,8 +68,8 @@ StatusOr<RunPlan> ReadRunPlanFromProcess();
 // not restart mode: InvalidArgument naming the variable), writes it into this process's
 // environment (every env contract variable: set as assigned, or unset) and returns its plan.
 // Aborted when the client released the spare or exited (the spare should then exit 0).
-StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare,
-                                  std::chrono::milliseconds connect_timeout = std::chrono::milliseconds(10000));
+StatusOr<RunPlan> AwaitAssignment(const RunPlan& spare, std::chrono::milliseconds connect_timeout =
+                                                            std::chrono::milliseconds(10000));
 
 // A spare's process name (/proc/PID/comm, what `ps -o comm` shows) from the moment its plan is
 // read until its assignment, so neither a person nor a script takes it for a trainer.

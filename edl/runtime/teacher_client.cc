@@ -64,8 +64,8 @@ class TeacherClient::Impl {
   struct Batch {
     std::vector<int64_t> indices;
     uint64_t seed = 0;
-    uint64_t req_id = 0;      // of the request in flight; 0: not sent
-    std::string teacher;      // who has it; empty: waiting for a teacher
+    uint64_t req_id = 0;  // of the request in flight; 0: not sent
+    std::string teacher;  // who has it; empty: waiting for a teacher
     Clock::time_point sent;
     std::set<std::string> tried;  // teachers that failed it or were too slow
     bool done = false;
@@ -98,7 +98,8 @@ class TeacherClient::Impl {
   // Assigns waiting batches to teachers; the sends to do after unlocking go to *out.
   void Dispatch(std::vector<Send>* out) REQUIRES(mu_);
   void DoSends(std::vector<Send>* sends);
-  std::shared_ptr<Batch> FindOrAdd(const std::vector<int64_t>& indices, uint64_t seed) REQUIRES(mu_);
+  std::shared_ptr<Batch> FindOrAdd(const std::vector<int64_t>& indices, uint64_t seed)
+      REQUIRES(mu_);
   std::shared_ptr<Batch> Find(const std::vector<int64_t>& indices, uint64_t seed) REQUIRES(mu_);
   void Erase(const std::shared_ptr<Batch>& b) REQUIRES(mu_);
   // The student gives up on b's request at its teacher (not answered yet): queues a
@@ -121,7 +122,7 @@ class TeacherClient::Impl {
   bool ever_listed_ GUARDED_BY(mu_) = false;
   std::map<std::string, std::shared_ptr<Teacher>> teachers_ GUARDED_BY(mu_);
   std::map<std::string, Clock::time_point> next_try_ GUARDED_BY(mu_);  // connect backoff
-  std::vector<std::shared_ptr<Teacher>> graveyard_ GUARDED_BY(mu_);  // readers to join
+  std::vector<std::shared_ptr<Teacher>> graveyard_ GUARDED_BY(mu_);    // readers to join
   std::unordered_multimap<uint64_t, std::shared_ptr<Batch>> batches_ GUARDED_BY(mu_);
   std::deque<std::shared_ptr<Batch>> order_ GUARDED_BY(mu_);  // oldest first, for the cap
   std::unordered_map<uint64_t, std::shared_ptr<Batch>> by_req_ GUARDED_BY(mu_);
@@ -155,8 +156,9 @@ Status TeacherClient::Impl::Start() {
     hello.role = proto::Role::kStudent;
     hello.service = o_.service;
     proto::Welcome w;
-    EDL_RETURN_IF_ERROR(net::AuthenticateToServer(server_.get(), o_.secret, hello, o_.io_timeout, &w)
-                            .WithContext("--distill_server " + o_.server));
+    EDL_RETURN_IF_ERROR(
+        net::AuthenticateToServer(server_.get(), o_.secret, hello, o_.io_timeout, &w)
+            .WithContext("--distill_server " + o_.server));
     discovery_ = std::thread([this] { DiscoveryLoop(); });
   } else if (o_.feed != nullptr) {
     EDL_RETURN_IF_ERROR(o_.feed->Watch(o_.service).WithContext("--distill " + o_.service));
@@ -213,7 +215,8 @@ void TeacherClient::Impl::DiscoveryLoop() {
       LOG(WARNING) << "distill: lost the server " << o_.server << " (" << s.ToString()
                    << "); keeping the current teacher list";
       MutexLock l(&mu_);
-      cv_.wait_for(l.native(), std::chrono::hours(24 * 365), [this]() REQUIRES(mu_) { return stop_; });
+      cv_.wait_for(l.native(), std::chrono::hours(24 * 365),
+                   [this]() REQUIRES(mu_) { return stop_; });
       return;
     }
     const std::string type = proto::TypeOf(j);
@@ -249,7 +252,8 @@ void TeacherClient::Impl::FeedLoop() {
       LOG(WARNING) << "distill: lost the node client's teacher list (" << s.ToString()
                    << "); keeping the current teacher list";
       MutexLock l(&mu_);
-      cv_.wait_for(l.native(), std::chrono::hours(24 * 365), [this]() REQUIRES(mu_) { return stop_; });
+      cv_.wait_for(l.native(), std::chrono::hours(24 * 365),
+                   [this]() REQUIRES(mu_) { return stop_; });
       return;
     }
     UseMembers(m);
@@ -462,7 +466,8 @@ void TeacherClient::Impl::ReaderLoop(std::shared_ptr<Teacher> t) {
     proto::TeacherReply r;
     if (proto::TypeOf(j) != proto::msg::kTeacherReply || !(s = r.DecodeFrom(j)).ok()) {
       MutexLock l(&mu_);
-      DropTeacher(t.get(), s.ok() ? "unexpected message " + proto::Quote(proto::TypeOf(j)) : s.ToString());
+      DropTeacher(t.get(),
+                  s.ok() ? "unexpected message " + proto::Quote(proto::TypeOf(j)) : s.ToString());
       return;
     }
     OnReply(t.get(), r);
@@ -481,8 +486,8 @@ void TeacherClient::Impl::OnReply(Teacher* t, const proto::TeacherReply& r) {
   const int k = o_.top_k > 0 ? std::min(o_.top_k, o_.classes) : o_.classes;
   std::string bad;
   if (!r.status.ok()) {
-    LOG(WARNING) << "distill: teacher " << t->name << " failed a request: "
-                 << proto::Escape(r.status.ToString(), 1024);
+    LOG(WARNING) << "distill: teacher " << t->name
+                 << " failed a request: " << proto::Escape(r.status.ToString(), 1024);
     b->tried.insert(t->name);
     b->teacher.clear();
     b->req_id = 0;
@@ -594,12 +599,15 @@ Status TeacherClient::Impl::Get(const std::vector<int64_t>& indices, uint64_t se
   MutexLock l(&mu_);
   const auto deadline = Clock::now() + o_.answer_wait;
   std::shared_ptr<Batch> b = Find(indices, seed);
-  cv_.wait_until(l.native(), deadline, [&]() REQUIRES(mu_) { return stop_ || b == nullptr || b->done; });
+  cv_.wait_until(l.native(), deadline,
+                 [&]() REQUIRES(mu_) { return stop_ || b == nullptr || b->done; });
   if (!ever_listed_ && Clock::now() - start_ > o_.discovery_wait) {
     std::string known;
     for (const std::string& s : known_services_) known += (known.empty() ? "" : ", ") + s;
-    return Status::NotFound("--distill " + o_.service + ": no teacher of that service registered at " +
-                            (o_.server.empty() ? std::string("the job's server") : o_.server) + " within " + std::to_string(o_.discovery_wait.count() / 1000) +
+    return Status::NotFound("--distill " + o_.service +
+                            ": no teacher of that service registered at " +
+                            (o_.server.empty() ? std::string("the job's server") : o_.server) +
+                            " within " + std::to_string(o_.discovery_wait.count() / 1000) +
                             " s (services there now: " + (known.empty() ? "none" : known) +
                             "); start `edl teacher --service " + o_.service + "` or fix the name");
   }
@@ -620,7 +628,8 @@ Status TeacherClient::Impl::Get(const std::vector<int64_t>& indices, uint64_t se
 TeacherClient::TeacherClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TeacherClient::~TeacherClient() = default;
 
-StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Create(const TeacherClientOptions& options) {
+StatusOr<std::unique_ptr<TeacherClient>> TeacherClient::Create(
+    const TeacherClientOptions& options) {
   auto impl = std::make_unique<Impl>(options);
   EDL_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<TeacherClient>(new TeacherClient(std::move(impl)));

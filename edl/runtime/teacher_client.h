@@ -29,8 +29,8 @@
 namespace edl::runtime {
 
 struct TeacherClientOptions {
-  std::string service;                // the service name the teachers registered under
-  std::string server;                 // HOST:PORT of the edl server; empty: `feed` or `teachers`
+  std::string service;  // the service name the teachers registered under
+  std::string server;   // HOST:PORT of the edl server; empty: `feed` or `teachers`
   // The member lists relayed by the trainer's node client (not owned; outlives the client); used
   // when `server` is empty.
   ServiceFeed* feed = nullptr;

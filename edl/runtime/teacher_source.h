@@ -22,12 +22,12 @@ namespace edl::runtime {
 
 // Counters of a source, cumulative since it was created.
 struct TeacherCounters {
-  int64_t answered = 0;  // samples whose teacher logits arrived in time
-  int64_t fallback = 0;  // samples trained on labels only (no answer within the bound)
-  int64_t resent = 0;    // requests sent again to another teacher (one died, was removed or slow)
-  int64_t requests = 0;  // requests sent
-  int64_t cancelled = 0; // requests given up on (re-sent elsewhere, or the step went on): the
-                         // teacher was told (teacher_cancel) so it drops them if not started
+  int64_t answered = 0;   // samples whose teacher logits arrived in time
+  int64_t fallback = 0;   // samples trained on labels only (no answer within the bound)
+  int64_t resent = 0;     // requests sent again to another teacher (one died, was removed or slow)
+  int64_t requests = 0;   // requests sent
+  int64_t cancelled = 0;  // requests given up on (re-sent elsewhere, or the step went on): the
+                          // teacher was told (teacher_cancel) so it drops them if not started
 };
 
 class TeacherSource {

@@ -44,10 +44,10 @@ struct StateTensor {
 };
 
 struct StepStats {
-  double loss_sum = 0;  // sum over samples of the per-sample loss
-  int64_t correct = 0;  // top-1 correct predictions
+  double loss_sum = 0;        // sum over samples of the per-sample loss
+  int64_t correct = 0;        // top-1 correct predictions
   int64_t correct_top5 = -1;  // Evaluate: labels among the 5 highest logits (-1: not computed)
-  int64_t samples = 0;  // samples processed
+  int64_t samples = 0;        // samples processed
   // ForwardBackward: LabelHash of the labels in the batch the model was fed, read from that batch
   // (0: the Trainable computes none). The runtime writes it to its sample log, so tests check the
   // data each rank trained on, not only the indices the data plan gave it.

@@ -39,7 +39,8 @@ Status DecodeSyncHeader(const SyncHeader& h, const std::string& from, TrainingSt
   std::memcpy(&magic, h.data(), 8);
   std::memcpy(&count, h.data() + 8, 8);
   if (magic != kSyncMagic || count != TrainingStateFieldCount()) {
-    return Status::Corruption("state sync header from " + from + " is garbled or from another "
+    return Status::Corruption("state sync header from " + from +
+                              " is garbled or from another "
                               "edl build (every trainer of a job must run the same binary)");
   }
   TrainingState s;
@@ -54,7 +55,8 @@ Status DecodeSyncHeader(const SyncHeader& h, const std::string& from, TrainingSt
 
 void EncodeCheckpointMeta(const TrainingState& state, ckpt::CheckpointMeta* meta) {
   nlohmann::json fields = nlohmann::json::object();
-  ForEachTrainingStateField(state, [&](const char* name, const auto& field) { fields[name] = field; });
+  ForEachTrainingStateField(state,
+                            [&](const char* name, const auto& field) { fields[name] = field; });
   meta->step = state.step;
   meta->epoch = state.position.epoch;
   meta->cursor = state.position.cursor;
@@ -65,7 +67,8 @@ Status DecodeCheckpointMeta(const ckpt::CheckpointMeta& meta, TrainingState* sta
   const std::string what = "checkpoint " + std::to_string(meta.id);
   const nlohmann::json extra = nlohmann::json::parse(meta.extra_json, nullptr, false);
   if (!extra.is_object() || !extra.contains(kMetaKey) || !extra[kMetaKey].is_object()) {
-    return Status::Corruption(what + " has no \"" + kMetaKey + "\" object in its metadata's "
+    return Status::Corruption(what + " has no \"" + kMetaKey +
+                              "\" object in its metadata's "
                               "extra field (written by another edl version?); resume from a "
                               "checkpoint of this version or start with a fresh --checkpoint_dir");
   }
@@ -76,8 +79,8 @@ Status DecodeCheckpointMeta(const ckpt::CheckpointMeta& meta, TrainingState* sta
     using T = std::remove_reference_t<decltype(field)>;
     if (!status.ok()) return;
     auto it = fields.find(name);
-    const bool typed = it != fields.end() && (std::is_integral_v<T> ? it->is_number_integer()
-                                                                    : it->is_number());
+    const bool typed =
+        it != fields.end() && (std::is_integral_v<T> ? it->is_number_integer() : it->is_number());
     if (!typed) {
       status = Status::Corruption(what + ": training state field \"" + std::string(name) +
                                   "\" is missing or not a number");
@@ -90,8 +93,8 @@ Status DecodeCheckpointMeta(const ckpt::CheckpointMeta& meta, TrainingState* sta
     return Status::Corruption(what + ": training state (step " + std::to_string(s.step) +
                               ", epoch " + std::to_string(s.position.epoch) + ", cursor " +
                               std::to_string(s.position.cursor) + ") disagrees with the store's (" +
-                              std::to_string(meta.step) + ", " + std::to_string(meta.epoch) +
-                              ", " + std::to_string(meta.cursor) + ")");
+                              std::to_string(meta.step) + ", " + std::to_string(meta.epoch) + ", " +
+                              std::to_string(meta.cursor) + ")");
   }
   *state = s;
   return Status::OK();

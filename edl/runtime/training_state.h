@@ -27,11 +27,11 @@
 namespace edl::runtime {
 
 struct TrainingState {
-  int64_t step = 0;              // committed optimizer steps
-  DataPosition position;         // epoch and global cursor
-  double last_lr = 0;            // rate of the last committed step
-  int64_t last_global_batch = 0; // global batch of the last committed step (0: none yet)
-  double ramp_from_lr = 0;       // rate the post-re-form ramp starts from
+  int64_t step = 0;               // committed optimizer steps
+  DataPosition position;          // epoch and global cursor
+  double last_lr = 0;             // rate of the last committed step
+  int64_t last_global_batch = 0;  // global batch of the last committed step (0: none yet)
+  double ramp_from_lr = 0;        // rate the post-re-form ramp starts from
   int64_t steps_since_reform = 0;
 
   bool operator==(const TrainingState& o) const;
@@ -58,8 +58,9 @@ constexpr size_t TrainingStateFieldCount() {
   ForEachTrainingStateField(s, [&n](const char*, auto&) { ++n; });
   return n;
 }
-static_assert(sizeof(TrainingState) == 8 * TrainingStateFieldCount(),
-              "a TrainingState field is missing from ForEachTrainingStateField (or is not 8 bytes)");
+static_assert(
+    sizeof(TrainingState) == 8 * TrainingStateFieldCount(),
+    "a TrainingState field is missing from ForEachTrainingStateField (or is not 8 bytes)");
 
 // ---- state-sync header (a fixed-size broadcast buffer)
 inline constexpr size_t kSyncHeaderBytes = 16 + 8 * TrainingStateFieldCount();

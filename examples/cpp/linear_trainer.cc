@@ -28,7 +28,7 @@ using edl::Status;
 using edl::runtime::StateTensor;
 using edl::runtime::StepStats;
 
-constexpr int kDim = 8;              // features per sample
+constexpr int kDim = 8;               // features per sample
 constexpr int64_t kTrainSize = 8192;  // samples 0 .. kTrainSize-1
 constexpr int64_t kTestSize = 1024;   // samples kTrainSize .. kTrainSize+kTestSize-1
 
@@ -152,7 +152,8 @@ int main(int argc, char** argv) {
   edl::runtime::CheckpointLoaderOptions checkpoint;
   for (int a = 1; a < argc; ++a) {
     const std::string flag = argv[a];
-    if (a + 1 >= argc) return Fail("flag " + flag + " needs a value (see the top of linear_trainer.cc)");
+    if (a + 1 >= argc)
+      return Fail("flag " + flag + " needs a value (see the top of linear_trainer.cc)");
     const char* v = argv[++a];
     if (flag == "--steps") {
       options.max_steps = std::atoll(v);
@@ -165,7 +166,8 @@ int main(int argc, char** argv) {
     } else if (flag == "--checkpoint_steps") {
       checkpoint.save.checkpoint_steps = std::atoll(v);
     } else {
-      return Fail("unknown flag " + flag + "; flags: --steps --batch --lr --checkpoint_dir --checkpoint_steps");
+      return Fail("unknown flag " + flag +
+                  "; flags: --steps --batch --lr --checkpoint_dir --checkpoint_steps");
     }
   }
   // The environment (edl client, edl launch, or nothing) decides the mode; a malformed one fails
@@ -182,8 +184,8 @@ int main(int argc, char** argv) {
   }
   Progress progress;
   options.observer = &progress;
-  std::cout << "linear_trainer: " << edl::runtime::RunModeName(plan.value().mode) << " mode, trainer "
-            << membership.value()->trainer_id() << std::endl;
+  std::cout << "linear_trainer: " << edl::runtime::RunModeName(plan.value().mode)
+            << " mode, trainer " << membership.value()->trainer_id() << std::endl;
 
   LinearModel model;
   edl::runtime::ElasticTrainer trainer(options, &model, membership.value().get());
@@ -191,7 +193,8 @@ int main(int argc, char** argv) {
   const Status s = trainer.Run(&result);
   if (!s.ok()) return Fail(s.ToString());
   std::cout << "linear_trainer: " << (result.left ? "left" : "finished") << " at step "
-            << result.step << " generation " << result.generation << ", loss " << progress.first_loss
-            << " -> " << result.last_loss << ", test within 0.1: " << result.accuracy << std::endl;
+            << result.step << " generation " << result.generation << ", loss "
+            << progress.first_loss << " -> " << result.last_loss
+            << ", test within 0.1: " << result.accuracy << std::endl;
   return 0;
 }

@@ -6,8 +6,8 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
-#include <type_traits>
 #include <sstream>
+#include <type_traits>
 
 #include "edl/base/flags.h"
 #include "edl/net/auth.h"
@@ -30,7 +30,8 @@ constexpr char kUsage[] =
     "  scale N           set the job's desired number of trainers\n"
     "  scale --service SERVICE N\n"
     "                    run N teachers of a distillation service on the clients offering it\n"
-    "  watch             print a line per change and every events-log record, until the server exits\n"
+    "  watch             print a line per change and every events-log record, until the server "
+    "exits\n"
     "  stop              stop the whole job: one stop generation, rank 0 saves a final\n"
     "                    checkpoint, the trainers leave, then the clients and the server exit\n"
     "a cluster server (`edl server --cluster`) also takes:\n"
@@ -39,7 +40,9 @@ constexpr char kUsage[] =
     "  cancel NAME       stop a job's trainers and forget it\n"
     "  scale --job NAME N  ask for N trainers of job NAME (within its min..max)";
 
-std::string Pad(const std::string& s, size_t w) { return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' '); }
+std::string Pad(const std::string& s, size_t w) {
+  return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' ');
+}
 
 // A field of the server's reply, or `def` where the reply lacks it or holds another type. The
 // server's bytes are a peer's like any other: a field of the wrong type shows as its default
@@ -60,33 +63,42 @@ std::string ClusterLine(const json& b) {
   auto pct = [&](const char* key) {
     return FieldOf(b, key).is_number() ? Fixed(proto::NumOr(b, key), 2) + "%" : std::string("n/a");
   };
-  return Pad(std::to_string(FieldOr(b, "submitted_jobs", 0)), 16) + Pad(std::to_string(FieldOr(b, "pending_jobs", 0)), 14) +
-         Pad(running.empty() ? "-" : running, 32) + Pad(pct("cpu_utils"), 11) + Pad(pct("gpu_utils"), 11) +
-         Pad(std::to_string(used) + "/" + std::to_string(total), 8) + Fixed(FieldOr(b, "images_per_sec", 0.0), 1);
+  return Pad(std::to_string(FieldOr(b, "submitted_jobs", 0)), 16) +
+         Pad(std::to_string(FieldOr(b, "pending_jobs", 0)), 14) +
+         Pad(running.empty() ? "-" : running, 32) + Pad(pct("cpu_utils"), 11) +
+         Pad(pct("gpu_utils"), 11) + Pad(std::to_string(used) + "/" + std::to_string(total), 8) +
+         Fixed(FieldOr(b, "images_per_sec", 0.0), 1);
 }
 
 std::string ClusterHeader() {
-  return Pad("SUBMITTED-JOBS", 16) + Pad("PENDING-JOBS", 14) + Pad("RUNNING-TRAINERS", 32) + Pad("CPU-UTILS", 11) +
-         Pad("GPU-UTILS", 11) + Pad("SLOTS", 8) + "IMAGES/S";
+  return Pad("SUBMITTED-JOBS", 16) + Pad("PENDING-JOBS", 14) + Pad("RUNNING-TRAINERS", 32) +
+         Pad("CPU-UTILS", 11) + Pad("GPU-UTILS", 11) + Pad("SLOTS", 8) + "IMAGES/S";
 }
 
 void PrintHealth(const json& j);
 
 void PrintJobs(const json& b) {
-  std::cout << Pad("JOB", 16) << Pad("TYPE", 12) << Pad("STATE", 9) << Pad("TRAINERS", 10) << Pad("MIN..MAX", 10)
-            << Pad("PRIO", 6) << Pad("GEN", 6) << Pad("IMAGES/S", 10) << "PENDING-REASON\n";
+  std::cout << Pad("JOB", 16) << Pad("TYPE", 12) << Pad("STATE", 9) << Pad("TRAINERS", 10)
+            << Pad("MIN..MAX", 10) << Pad("PRIO", 6) << Pad("GEN", 6) << Pad("IMAGES/S", 10)
+            << "PENDING-REASON\n";
   for (const json& j : FieldOr(b, "jobs", json::array())) {
-    std::cout << Pad(FieldOr(j, "name", std::string()), 16) << Pad(FieldOr(j, "type", std::string()), 12)
-              << Pad(FieldOr(j, "state", std::string()), 9) << Pad(std::to_string(FieldOr(j, "trainers", 0)), 10)
-              << Pad(std::to_string(FieldOr(j, "min", 0)) + ".." + std::to_string(FieldOr(j, "max", 0)), 10)
-              << Pad(std::to_string(FieldOr(j, "priority", 0)), 6) << Pad(std::to_string(FieldOr(j, "generation", 0)), 6)
-              << Pad(Fixed(FieldOr(j, "images_per_sec", 0.0), 1), 10) << FieldOr(j, "pending_reason", std::string("-"))
-              << "\n";
+    std::cout << Pad(FieldOr(j, "name", std::string()), 16)
+              << Pad(FieldOr(j, "type", std::string()), 12)
+              << Pad(FieldOr(j, "state", std::string()), 9)
+              << Pad(std::to_string(FieldOr(j, "trainers", 0)), 10)
+              << Pad(std::to_string(FieldOr(j, "min", 0)) + ".." +
+                         std::to_string(FieldOr(j, "max", 0)),
+                     10)
+              << Pad(std::to_string(FieldOr(j, "priority", 0)), 6)
+              << Pad(std::to_string(FieldOr(j, "generation", 0)), 6)
+              << Pad(Fixed(FieldOr(j, "images_per_sec", 0.0), 1), 10)
+              << FieldOr(j, "pending_reason", std::string("-")) << "\n";
     PrintHealth(j);
   }
   for (const json& j : FieldOr(b, "ended", json::array())) {
-    std::cout << Pad(FieldOr(j, "name", std::string()), 16) << Pad(FieldOr(j, "type", std::string()), 12)
-              << FieldOr(j, "state", std::string()) << "\n";
+    std::cout << Pad(FieldOr(j, "name", std::string()), 16)
+              << Pad(FieldOr(j, "type", std::string()), 12) << FieldOr(j, "state", std::string())
+              << "\n";
   }
 }
 
@@ -107,14 +119,16 @@ void PrintHealth(const json& j) {
   }
   const json ckpt = FieldOr(j, "checkpoint_failures", json::object());
   if (!ckpt.empty()) {
-    std::cout << "  checkpoint saves failed: " << FieldOr(ckpt, "failed", 0) << " (refused by the store's fence: "
-              << FieldOr(ckpt, "refused", 0) << "), the last at step " << FieldOr(ckpt, "last_step", int64_t{-1}) << ": "
+    std::cout << "  checkpoint saves failed: " << FieldOr(ckpt, "failed", 0)
+              << " (refused by the store's fence: " << FieldOr(ckpt, "refused", 0)
+              << "), the last at step " << FieldOr(ckpt, "last_step", int64_t{-1}) << ": "
               << proto::Quote(FieldOr(ckpt, "last_error", std::string()), 300) << "\n";
   }
   const json refused = FieldOr(j, "refused_nodes", json::object());
   if (refused.is_object()) {
     for (const auto& [node, why] : refused.items()) {
-      std::cout << "  node " << node << " gets no joiner: " << proto::StrOr(refused, node.c_str(), "?") << "\n";
+      std::cout << "  node " << node
+                << " gets no joiner: " << proto::StrOr(refused, node.c_str(), "?") << "\n";
     }
   }
 }
@@ -138,22 +152,25 @@ void PrintStatus(const json& b) {
   std::cout << Pad("1", 18) << Pad(world == 0 && !done ? "1" : "0", 16)
             << Pad(job + ":" + std::to_string(running), 20) << util << "\n\n";
   const json p = FieldOr(b, "progress", json::object());
-  std::string state = done                                      ? "finished"
+  std::string state = done                                             ? "finished"
                       : !FieldOr(b, "failing", json::object()).empty() ? "failing"
-                      : FieldOr(b, "pending", false)                  ? "joining"
-                      : world > 0                                   ? "running"
-                                                                    : "pending";
-  std::cout << Pad("JOB", 14) << Pad("GEN", 6) << Pad("REASON", 12) << Pad("WORLD", 7) << Pad("DESIRED", 9)
-            << Pad("NODES", 7) << Pad("STEP", 9) << Pad("EPOCH", 7) << Pad("LOSS", 9) << Pad("IMAGES/S", 10)
-            << "STATE\n";
+                      : FieldOr(b, "pending", false)                   ? "joining"
+                      : world > 0                                      ? "running"
+                                                                       : "pending";
+  std::cout << Pad("JOB", 14) << Pad("GEN", 6) << Pad("REASON", 12) << Pad("WORLD", 7)
+            << Pad("DESIRED", 9) << Pad("NODES", 7) << Pad("STEP", 9) << Pad("EPOCH", 7)
+            << Pad("LOSS", 9) << Pad("IMAGES/S", 10) << "STATE\n";
   const int desired = FieldOr(b, "desired", 0);
   std::cout << Pad(job, 14) << Pad(std::to_string(FieldOr(b, "generation", 0)), 6)
             << Pad(FieldOr(b, "reason", std::string("-")), 12) << Pad(std::to_string(world), 7)
             << Pad(desired > 0 ? std::to_string(desired) : "all", 9)
             << Pad(std::to_string(FieldOr(b, "nodes", json::array()).size()), 7)
-            << Pad(std::to_string(FieldOr(p, "step", 0)), 9) << Pad(std::to_string(FieldOr(p, "epoch", 0)), 7)
+            << Pad(std::to_string(FieldOr(p, "step", 0)), 9)
+            << Pad(std::to_string(FieldOr(p, "epoch", 0)), 7)
             << Pad(FieldOr(p, "reporting", 0) > 0 ? Fixed(FieldOr(p, "loss", 0.0), 4) : "-", 9)
-            << Pad(FieldOr(p, "reporting", 0) > 0 ? Fixed(FieldOr(p, "images_per_sec", 0.0), 1) : "-", 10)
+            << Pad(FieldOr(p, "reporting", 0) > 0 ? Fixed(FieldOr(p, "images_per_sec", 0.0), 1)
+                                                  : "-",
+                   10)
             << state << "\n";
   PrintHealth(b);
   PrintServices(b);
@@ -164,21 +181,27 @@ void PrintStatus(const json& b) {
 void PrintServices(const json& b) {
   const json services = FieldOr(b, "services", json::object());
   if (!services.is_object() || services.empty()) return;
-  std::cout << "\n" << Pad("SERVICE", 14) << Pad("TEACHER", 20) << Pad("ADDRESS", 22) << Pad("REQ/S", 9)
+  std::cout << "\n"
+            << Pad("SERVICE", 14) << Pad("TEACHER", 20) << Pad("ADDRESS", 22) << Pad("REQ/S", 9)
             << Pad("SAMPLES/S", 11) << Pad("LATENCY-MS", 12) << "STUDENTS\n";
   for (const auto& [name, s] : services.items()) {
     const std::string students = std::to_string(FieldOr(s, "students", 0));
     const json teachers = FieldOr(s, "teachers", json::array());
-    if (teachers.empty()) std::cout << Pad(name, 14) << Pad("-", 20) << Pad("-", 22) << Pad("-", 9) << Pad("-", 11) << Pad("-", 12) << students << "\n";
+    if (teachers.empty())
+      std::cout << Pad(name, 14) << Pad("-", 20) << Pad("-", 22) << Pad("-", 9) << Pad("-", 11)
+                << Pad("-", 12) << students << "\n";
     for (const json& t : teachers) {
       std::cout << Pad(name, 14) << Pad(FieldOr(t, "name", std::string("?")), 20)
-                << Pad(FieldOr(t, "host", std::string("?")) + ":" + std::to_string(FieldOr(t, "port", 0)), 22)
+                << Pad(FieldOr(t, "host", std::string("?")) + ":" +
+                           std::to_string(FieldOr(t, "port", 0)),
+                       22)
                 << Pad(Fixed(FieldOr(t, "requests_per_sec", 0.0), 1), 9)
                 << Pad(Fixed(FieldOr(t, "samples_per_sec", 0.0), 1), 11)
                 << Pad(Fixed(FieldOr(t, "latency_ms", 0.0), 1), 12) << students << "\n";
     }
   }
-  // Teachers the clients run (`scale --service SERVICE N`): desired count, placed teachers, replacements.
+  // Teachers the clients run (`scale --service SERVICE N`): desired count, placed teachers,
+  // replacements.
   for (const auto& [name, s] : services.items()) {
     if (!s.contains("placed")) continue;
     std::string placed;
@@ -189,9 +212,12 @@ void PrintServices(const json& b) {
     }
     const int64_t desired = FieldOr<int64_t>(s, "desired", -1);
     const int64_t preempted = FieldOr<int64_t>(s, "preempted", 0);
-    std::cout << "service " << name << ": desired " << (desired >= 0 ? std::to_string(desired) : "-")
-              << ", placed " << FieldOr(s, "placed", json::array()).size() << (placed.empty() ? "" : " (" + placed + ")") << ", replaced "
-              << FieldOr(s, "restarts", 0) << (preempted > 0 ? ", gave " + std::to_string(preempted) + " slot(s) to jobs" : "")
+    std::cout << "service " << name << ": desired "
+              << (desired >= 0 ? std::to_string(desired) : "-") << ", placed "
+              << FieldOr(s, "placed", json::array()).size()
+              << (placed.empty() ? "" : " (" + placed + ")") << ", replaced "
+              << FieldOr(s, "restarts", 0)
+              << (preempted > 0 ? ", gave " + std::to_string(preempted) + " slot(s) to jobs" : "")
               << ", offered by " << FieldOr(s, "nodes", json::array()).size() << " node(s)\n";
   }
 }
@@ -199,12 +225,16 @@ void PrintServices(const json& b) {
 std::string StatusLine(const json& b) {
   if (FieldOr(b, "cluster", false)) return ClusterLine(b);
   const json p = FieldOr(b, "progress", json::object());
-  const bool done = FieldOr(b, "done", false);  // a finished job runs no trainer, whatever its last world
-  return "generation=" + std::to_string(FieldOr(b, "generation", 0)) + " reason=" +
-         FieldOr(b, "reason", std::string("-")) + " world=" + std::to_string(done ? 0 : FieldOr(b, "world_size", 0)) +
-         " desired=" + std::to_string(FieldOr(b, "desired", 0)) + " slots=" +
-         std::to_string(FieldOr(b, "used_slots", 0)) + "/" + std::to_string(FieldOr(b, "total_slots", 0)) +
-         " epoch=" + std::to_string(FieldOr(p, "epoch", 0)) + " step=" + std::to_string(FieldOr(p, "step", 0)) +
+  const bool done =
+      FieldOr(b, "done", false);  // a finished job runs no trainer, whatever its last world
+  return "generation=" + std::to_string(FieldOr(b, "generation", 0)) +
+         " reason=" + FieldOr(b, "reason", std::string("-")) +
+         " world=" + std::to_string(done ? 0 : FieldOr(b, "world_size", 0)) +
+         " desired=" + std::to_string(FieldOr(b, "desired", 0)) +
+         " slots=" + std::to_string(FieldOr(b, "used_slots", 0)) + "/" +
+         std::to_string(FieldOr(b, "total_slots", 0)) +
+         " epoch=" + std::to_string(FieldOr(p, "epoch", 0)) +
+         " step=" + std::to_string(FieldOr(p, "step", 0)) +
          " loss=" + (FieldOr(p, "reporting", 0) > 0 ? Fixed(FieldOr(p, "loss", 0.0), 4) : "-") +
          " images/s=" + Fixed(FieldOr(p, "images_per_sec", 0.0), 1) +
          (done ? " finished (last world " + std::to_string(FieldOr(b, "world_size", 0)) + ")" : "");
@@ -225,9 +255,10 @@ Status Connect(const std::string& server, const std::string& secret_file,
     if (!sock.ok()) {
       last = sock.status();
       if (last.code() == Status::Code::kUnavailable) {
-        last = Status::Unavailable(last.message() + ": is `edl server` running on " + host +
-                                   ", and does --server name its --server_port (default 8180; the scripts' "
-                                   "EDL_SERVER_PORT)?");
+        last = Status::Unavailable(
+            last.message() + ": is `edl server` running on " + host +
+            ", and does --server name its --server_port (default 8180; the scripts' "
+            "EDL_SERVER_PORT)?");
       }
       continue;
     }
@@ -241,14 +272,17 @@ Status Connect(const std::string& server, const std::string& secret_file,
     }
     if (last.code() == Status::Code::kUnauthenticated) break;  // the same secret fails everywhere
   }
-  return servers.size() == 1 ? last : last.WithContext("no server of --server " + server + " answered; the last");
+  return servers.size() == 1
+             ? last
+             : last.WithContext("no server of --server " + server + " answered; the last");
 }
 
 Status Call(net::FramedSocket* sock, const proto::CtlRequest& req, proto::CtlReply* rep) {
   json j;
   req.EncodeTo(&j);
   EDL_RETURN_IF_ERROR(sock->Send(j, milliseconds(5000)));
-  EDL_RETURN_IF_ERROR(sock->Receive(&j, milliseconds(10000)).WithContext("waiting for the server's reply"));
+  EDL_RETURN_IF_ERROR(
+      sock->Receive(&j, milliseconds(10000)).WithContext("waiting for the server's reply"));
   if (proto::TypeOf(j) == proto::msg::kError) {
     proto::ErrorMsg e;
     EDL_RETURN_IF_ERROR(e.DecodeFrom(j));
@@ -276,10 +310,14 @@ int StopOutcome(net::FramedSocket* sock, int64_t timeout_s) {
     return 1;
   }
   const json stopped = FieldOr(rep.body, "stopped", json::object());
-  std::cout << "job stopped" << (FieldOr(stopped, "final_checkpoint", std::string()) == "saved" ? "; final checkpoint saved" : "")
-            << (FieldOr(stopped, "not_left", 0) > 0 ? "; " + std::to_string(FieldOr(stopped, "not_left", 0)) +
-                                                        " trainer(s) did not leave in time and were stopped by their clients"
-                                                  : "")
+  std::cout << "job stopped"
+            << (FieldOr(stopped, "final_checkpoint", std::string()) == "saved"
+                    ? "; final checkpoint saved"
+                    : "")
+            << (FieldOr(stopped, "not_left", 0) > 0
+                    ? "; " + std::to_string(FieldOr(stopped, "not_left", 0)) +
+                          " trainer(s) did not leave in time and were stopped by their clients"
+                    : "")
             << "\n";
   return 0;
 }
@@ -305,7 +343,9 @@ int Watch(net::FramedSocket* sock) {
     }
     if (rep.DecodeFrom(j).ok()) {
       const json& event = FieldOf(rep.body, "event");
-      if (!event.is_null()) std::cout << "event " << event.dump(-1, ' ', false, json::error_handler_t::replace) << std::endl;
+      if (!event.is_null())
+        std::cout << "event " << event.dump(-1, ' ', false, json::error_handler_t::replace)
+                  << std::endl;
       if (const json& status = FieldOf(rep.body, "status"); !status.is_null()) {
         const std::string line = StatusLine(status);
         if (line != last) std::cout << "status " << line << std::endl;
@@ -322,20 +362,22 @@ Status ReadJobFile(const std::string& path, JobSpec* spec) {
   std::string text(64 * 1024 + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > 64 * 1024) return Status::InvalidArgument("job file " + path + " is over 64 KiB");
+  if (text.size() > 64 * 1024)
+    return Status::InvalidArgument("job file " + path + " is over 64 KiB");
   return ParseJobIni(text, spec).WithContext(path);
 }
 
 // Fills `req` from the command `c`, its positional arguments and --job / --service (`scale`).
-Status BuildRequest(const std::string& c, const std::vector<std::string>& args, const std::string& job,
-                    const std::string& service, proto::CtlRequest* req) {
+Status BuildRequest(const std::string& c, const std::vector<std::string>& args,
+                    const std::string& job, const std::string& service, proto::CtlRequest* req) {
   using Command = proto::CtlCommand;
   if (!proto::kCtlCommandNames.Parse(c, &req->command)) {
     return Status::InvalidArgument(c.empty() ? "no command" : "unknown command '" + c + "'");
   }
   auto count = [&](size_t lo, size_t hi, const char* usage) {
-    return args.size() >= lo && args.size() <= hi ? Status::OK()
-                                                  : Status::InvalidArgument(std::string("usage: edl ctl ") + usage);
+    return args.size() >= lo && args.size() <= hi
+               ? Status::OK()
+               : Status::InvalidArgument(std::string("usage: edl ctl ") + usage);
   };
   // N of `scale`: the trainers of a job (at least 1; a job ends by `edl ctl stop`) or the
   // teachers of a service (0 stops them all).
@@ -344,12 +386,14 @@ Status BuildRequest(const std::string& c, const std::vector<std::string>& args, 
     errno = 0;
     *n = std::strtoll(v.c_str(), &end, 10);
     if (v.empty() || *end != '\0' || errno == ERANGE) {
-      return Status::InvalidArgument("scale: '" + v + "' is not a number; N is how many trainers (or teachers) to run");
+      return Status::InvalidArgument(
+          "scale: '" + v + "' is not a number; N is how many trainers (or teachers) to run");
     }
     if (*n < lo) {
       return Status::InvalidArgument(
-          "scale: N is " + v + ", but " + (lo == 1 ? "a job runs at least 1 trainer; to end a job use `edl ctl stop`" :
-                                                     "a count cannot be negative"));
+          "scale: N is " + v + ", but " +
+          (lo == 1 ? "a job runs at least 1 trainer; to end a job use `edl ctl stop`"
+                   : "a count cannot be negative"));
     }
     if (*n > 65536) return Status::InvalidArgument("scale: N is " + v + ", more than 65536");
     return Status::OK();
@@ -362,10 +406,11 @@ Status BuildRequest(const std::string& c, const std::vector<std::string>& args, 
       return count(0, 0, c.c_str());
     case Command::kScale:
       if (args.size() == 2) {
-        return Status::InvalidArgument("scale " + args[0] + " " + args[1] + ": say what " + args[0] +
-                                       " is: `edl ctl scale --job " + args[0] + " " + args[1] +
-                                       "` (a cluster's job) or `edl ctl scale --service " + args[0] + " " + args[1] +
-                                       "` (a distillation service)");
+        return Status::InvalidArgument("scale " + args[0] + " " + args[1] + ": say what " +
+                                       args[0] + " is: `edl ctl scale --job " + args[0] + " " +
+                                       args[1] +
+                                       "` (a cluster's job) or `edl ctl scale --service " +
+                                       args[0] + " " + args[1] + "` (a distillation service)");
       }
       EDL_RETURN_IF_ERROR(count(1, 1, "scale N  |  scale --job NAME N  |  scale --service NAME N"));
       if (!job.empty() && !service.empty()) {
@@ -396,14 +441,18 @@ int RunCtlMain(int argc, char** argv) {
   std::string server, secret_file, command, job, service;
   std::vector<std::string> args;
   bool as_json = false;
-  d.add_options()
-      ("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"), "the server's HOST:PORT, or a comma-separated list of a leader and its standbys (the first that answers)")
-      ("secret_file", po::value<std::string>(&secret_file), "cluster secret shared by every node (required)")
-      ("json", po::bool_switch(&as_json), "status: print the raw JSON")
-      ("job", po::value<std::string>(&job), "scale: the job to scale (a cluster server's; the single job by default)")
-      ("service", po::value<std::string>(&service), "scale: the distillation service whose teachers to scale")
-      ("command", po::value<std::string>(&command), "status | scale | watch | stop | submit | jobs | cancel")
-      ("args", po::value<std::vector<std::string>>(&args), "the command's arguments");
+  d.add_options()("server", po::value<std::string>(&server)->default_value("127.0.0.1:8180"),
+                  "the server's HOST:PORT, or a comma-separated list of a leader and its standbys "
+                  "(the first that answers)")("secret_file", po::value<std::string>(&secret_file),
+                                              "cluster secret shared by every node (required)")(
+      "json", po::bool_switch(&as_json), "status: print the raw JSON")(
+      "job", po::value<std::string>(&job),
+      "scale: the job to scale (a cluster server's; the single job by default)")(
+      "service", po::value<std::string>(&service),
+      "scale: the distillation service whose teachers to scale")(
+      "command", po::value<std::string>(&command),
+      "status | scale | watch | stop | submit | jobs | cancel")(
+      "args", po::value<std::vector<std::string>>(&args), "the command's arguments");
   po::positional_options_description pos;
   pos.add("command", 1).add("args", -1);
   ParsedFlags pf;
@@ -462,7 +511,8 @@ int RunCtlMain(int argc, char** argv) {
     case Command::kWatch:  // Watch() above
       break;
     case Command::kStop:
-      std::cout << "stopping job " << FieldOr(rep.body, "job_id", std::string()) << " and its server\n";
+      std::cout << "stopping job " << FieldOr(rep.body, "job_id", std::string())
+                << " and its server\n";
       return StopOutcome(sock.get(), FieldOr(rep.body, "stop_timeout_s", int64_t{-1}));
   }
   return 0;

@@ -21,7 +21,9 @@ json ClusterRestored::ToJson() const {
   return {{"type", NameOf(kType)}, {"jobs", jobs}, {"nodes", nodes}, {"ended", ended}};
 }
 
-json NodeDisconnected::ToJson() const { return {{"type", NameOf(kType)}, {"node", node}, {"why", why}}; }
+json NodeDisconnected::ToJson() const {
+  return {{"type", NameOf(kType)}, {"node", node}, {"why", why}};
+}
 
 json NodeDroppedRejoins::ToJson() const {
   return {{"type", NameOf(kType)}, {"node", node}, {"stale_trainers", stale_trainers}};
@@ -40,14 +42,14 @@ json Submitted::ToJson() const { return {{"type", NameOf(kType)}, {"spec", Encod
 
 json Progress::ToJson() const {
   json j = {{"type", NameOf(kType)},
-          {"reporting", reporting},
-          {"step", step},
-          {"epoch", epoch},
-          {"loss", loss},
-          {"images_per_sec", images_per_sec},
-          {"accuracy", accuracy},
-          {"generation", generation},
-          {"world_size", world_size}};
+            {"reporting", reporting},
+            {"step", step},
+            {"epoch", epoch},
+            {"loss", loss},
+            {"images_per_sec", images_per_sec},
+            {"accuracy", accuracy},
+            {"generation", generation},
+            {"world_size", world_size}};
   if (samples >= 0) j["samples"] = samples;  // reported by the trainers (not by older ones)
   return j;
 }
@@ -65,8 +67,8 @@ json TrainerEvent::ToJson() const {
 // ---- the cluster's
 
 json NodeJoined::ToJson() const {
-  return {{"type", NameOf(kType)},    {"node", node},           {"host", host},
-          {"slots", slots},           {"mode", proto::NameOf(mode)}, {"job_types", job_types}};
+  return {{"type", NameOf(kType)},       {"node", node},          {"host", host}, {"slots", slots},
+          {"mode", proto::NameOf(mode)}, {"job_types", job_types}};
 }
 
 json StaleTrainers::ToJson() const {
@@ -89,7 +91,9 @@ json Failing::ToJson() const {
 
 json NodeLost::ToJson() const { return {{"type", NameOf(kType)}, {"node", node}, {"why", why}}; }
 
-json Desired::ToJson() const { return {{"type", NameOf(kType)}, {"desired", desired}, {"reason", reason}}; }
+json Desired::ToJson() const {
+  return {{"type", NameOf(kType)}, {"desired", desired}, {"reason", reason}};
+}
 
 json Kill::ToJson() const { return {{"type", NameOf(kType)}, {"trainers", trainers}}; }
 
@@ -98,7 +102,10 @@ json Stop::ToJson() const {
 }
 
 json Prepare::ToJson() const {
-  return {{"type", NameOf(kType)}, {"generation", generation}, {"reason", reason}, {"joiners", joiners}};
+  return {{"type", NameOf(kType)},
+          {"generation", generation},
+          {"reason", reason},
+          {"joiners", joiners}};
 }
 
 json PrepareAborted::ToJson() const {
@@ -128,7 +135,10 @@ json JoinerRefused::ToJson() const {
 }
 
 json MembersLostWithNode::ToJson() const {
-  return {{"type", NameOf(kType)}, {"node", node}, {"trainer_ids", trainer_ids}, {"generation", generation},
+  return {{"type", NameOf(kType)},
+          {"node", node},
+          {"trainer_ids", trainer_ids},
+          {"generation", generation},
           {"reporter", reporter}};
 }
 
@@ -141,8 +151,9 @@ json Finished::ToJson() const {
 }
 
 json JobRestored::ToJson() const {
-  return {{"type", NameOf(kType)}, {"generation", generation}, {"world_size", world_size},
-          {"max_generation", max_generation}, {"nodes", nodes}, {"done", done}};
+  return {{"type", NameOf(kType)},    {"generation", generation},
+          {"world_size", world_size}, {"max_generation", max_generation},
+          {"nodes", nodes},           {"done", done}};
 }
 
 json Recovered::ToJson() const {

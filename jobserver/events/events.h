@@ -61,11 +61,37 @@ enum class Type {
   kRecovered,
 };
 inline constexpr EnumNames<Type, 32> kTypeNames({
-    "server_started", "new_job", "new_cluster", "state_migrated", "restored", "node_disconnected",
-    "node_dropped_rejoins", "stopped", "stop_complete", "submitted", "progress", "trainer_event",
-    "node_joined", "stale_trainers", "policy", "failing", "job_finished", "job_cancelled",
-    "node_lost", "members_lost_with_node", "desired", "kill", "stop", "prepare", "prepare_aborted", "generation",
-    "trainer_exit", "joiner_exit", "joiner_refused", "failed_while_finishing", "finished",
+    "server_started",
+    "new_job",
+    "new_cluster",
+    "state_migrated",
+    "restored",
+    "node_disconnected",
+    "node_dropped_rejoins",
+    "stopped",
+    "stop_complete",
+    "submitted",
+    "progress",
+    "trainer_event",
+    "node_joined",
+    "stale_trainers",
+    "policy",
+    "failing",
+    "job_finished",
+    "job_cancelled",
+    "node_lost",
+    "members_lost_with_node",
+    "desired",
+    "kill",
+    "stop",
+    "prepare",
+    "prepare_aborted",
+    "generation",
+    "trainer_exit",
+    "joiner_exit",
+    "joiner_refused",
+    "failed_while_finishing",
+    "finished",
     "recovered",
 });
 inline const char* NameOf(Type t) { return kTypeNames.Name(t); }
@@ -151,7 +177,7 @@ struct Submitted {
 // A running job's progress (at most one a second while trainers report).
 struct Progress {
   static constexpr Type kType = Type::kProgress;
-  int reporting = 0;  // members that reported
+  int reporting = 0;            // members that reported
   int64_t step = 0, epoch = 0;  // the highest
   double loss = 0;              // rank 0's
   double images_per_sec = 0;    // the sum
@@ -165,7 +191,8 @@ struct Progress {
 // A trainer's own event (ReportEvent), relayed by its node: the trainer's fields, then these.
 struct TrainerEvent {
   static constexpr Type kType = Type::kTrainerEvent;
-  nlohmann::json event = nlohmann::json::object();  // its "time" and "job" are dropped (the log's own)
+  nlohmann::json event =
+      nlohmann::json::object();  // its "time" and "job" are dropped (the log's own)
   std::string trainer_id, node;
   nlohmann::json ToJson() const;
 };

@@ -35,7 +35,8 @@ nlohmann::json EventsLog::Append(nlohmann::json record) {
 void EventsLog::Write(const nlohmann::json& record) {
   if (!keep_open_) out_.open(path_, std::ios::app);
   if (!out_) {
-    LOG_EVERY_N(ERROR, 100) << "events log " << path_ << ": cannot open it for appending: " << std::strerror(errno);
+    LOG_EVERY_N(ERROR, 100) << "events log " << path_
+                            << ": cannot open it for appending: " << std::strerror(errno);
     out_.clear();
     return;
   }

@@ -1,8 +1,9 @@
 // EventsLog: the job's events as JSON lines in <events_dir>/<job_id>.events.jsonl, one record per
 // generation change (reason, world size before/after, stall), node and trainer events, records
-// trainers send through ReportEvent, "progress" (at most one a second) and "finished". Each record gets "time" (Unix seconds) and
-// "job". A plot can be made from the file directly. An EventsObserver, when given, sees every
-// record appended (the metrics and dashboard of `edl server --http_addr`, jobserver/http/metrics.h).
+// trainers send through ReportEvent, "progress" (at most one a second) and "finished". Each record
+// gets "time" (Unix seconds) and "job". A plot can be made from the file directly. An
+// EventsObserver, when given, sees every record appended (the metrics and dashboard of `edl server
+// --http_addr`, jobserver/http/metrics.h).
 //
 // Thread-safety: none; used from the server's io_context thread.
 #pragma once
@@ -41,7 +42,7 @@ class EventsLog {
   std::ofstream out_;
   bool keep_open_ = true;
   std::string path_, job_id_;
-  Clock* clock_ = nullptr;  // not owned
+  Clock* clock_ = nullptr;              // not owned
   EventsObserver* observer_ = nullptr;  // not owned
 };
 

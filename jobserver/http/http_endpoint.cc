@@ -6,11 +6,11 @@
 #include <map>
 #include <optional>
 
+#include <glog/logging.h>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
-#include <glog/logging.h>
 
 #include "edl/net/admission.h"
 #include "edl/net/auth.h"

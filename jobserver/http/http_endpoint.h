@@ -1,9 +1,9 @@
 // HttpEndpoint: `edl server --http_addr HOST:PORT`, the read-only window onto the cluster
 // (docs/WATCHING.md, "The dashboard and the HTTP endpoint"), on Boost.Beast in the server's own
 // io_context:
-//   /             the dashboard (one page embedded in the binary: jobserver/http/dashboard/index.html)
-//   /metrics      Prometheus text (ServerMetrics::Render of the status body)
-//   /api/status   the status body, as `edl ctl status --json` prints it
+//   /             the dashboard (one page embedded in the binary:
+//   jobserver/http/dashboard/index.html) /metrics      Prometheus text (ServerMetrics::Render of
+//   the status body) /api/status   the status body, as `edl ctl status --json` prints it
 //   /api/events?job=J&since=N   the job's recent timeline records (ServerMetrics::Recent)
 //   /api/nodes    heartbeat age and utilisation per node (ServerMetrics::NodesJson)
 // Nothing a request carries reaches the control plane: the endpoint reads the status callback and

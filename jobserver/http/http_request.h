@@ -1,8 +1,8 @@
-// The HTTP request head of `edl server --http_addr` (jobserver/http/http_endpoint.h): a bounded parser
-// over Boost.Beast's basic_parser that keeps only what the endpoint acts on (method, path, query,
-// Host, a bearer token) and refuses anything else a read-only endpoint has no use for: a body,
-// more than HttpLimits' header fields or bytes, a long target, HTTP/0.9 or 2. Every byte here comes
-// from an unauthenticated peer; a refusal names an HTTP status and nothing of the input.
+// The HTTP request head of `edl server --http_addr` (jobserver/http/http_endpoint.h): a bounded
+// parser over Boost.Beast's basic_parser that keeps only what the endpoint acts on (method, path,
+// query, Host, a bearer token) and refuses anything else a read-only endpoint has no use for: a
+// body, more than HttpLimits' header fields or bytes, a long target, HTTP/0.9 or 2. Every byte here
+// comes from an unauthenticated peer; a refusal names an HTTP status and nothing of the input.
 //
 // Thread-safety: none; one parser per connection, on the server's io_context thread.
 #pragma once

@@ -16,13 +16,15 @@ namespace {
 enum StallKind { kFailure, kGrow, kShrink, kReform };
 constexpr const char* kStallKinds[] = {"failure", "grow", "shrink", "reform"};
 // The phases of a stall (proto::ev::StallPhases), as the phase label names them.
-constexpr const char* kStallPhases[] = {"lost", "wait_generation", "agree", "reform", "sync", "eval", "first_step"};
+constexpr const char* kStallPhases[] = {"lost", "wait_generation", "agree", "reform", "sync",
+                                        "eval", "first_step"};
 double PhaseOf(const proto::ev::StallPhases& p, size_t i) {
   const double v[] = {p.lost, p.wait_generation, p.agree, p.reform, p.sync, p.eval, p.first_step};
   return v[i];
 }
 
-// The status body is ours, but read as if it were not: a field of another type reads as its default.
+// The status body is ours, but read as if it were not: a field of another type reads as its
+// default.
 using proto::BoolOr;
 using proto::FieldOf;
 using proto::NumOr;
@@ -126,7 +128,8 @@ std::vector<JobView> JobsOf(const json& status) {
     JobView v;
     v.name = StrOr(status, "job_id");
     v.desired = NumOr(status, "desired");
-    v.trainers = BoolOr(status, "done") ? 0 : NumOr(status, "world_size");  // a finished job runs none
+    v.trainers =
+        BoolOr(status, "done") ? 0 : NumOr(status, "world_size");  // a finished job runs none
     v.generation = NumOr(status, "generation");
     v.state = BoolOr(status, "done") ? "done" : v.trainers > 0 ? "running" : "pending";
     v.rescale_pending = BoolOr(status, "pending");
@@ -278,13 +281,14 @@ void ServerMetrics::TrainerEvent(const std::string& job, const proto::TrainerEve
     if (seconds >= 0) j->checkpoint_seconds.Observe(seconds);
   };
   if (const auto* e = std::get_if<ev::Stall>(&event)) {
-    const StallKind kind = e->failure                          ? kFailure
+    const StallKind kind = e->failure                         ? kFailure
                            : e->world_after > e->world_before ? kGrow
                            : e->world_after < e->world_before ? kShrink
                                                               : kReform;
     Job* j = JobFor(job);
     j->stalls[kind].Observe(e->cost_s());
-    for (size_t i = 0; i < std::size(kStallPhases); ++i) j->stall_phases[i].Observe(PhaseOf(e->phases, i));
+    for (size_t i = 0; i < std::size(kStallPhases); ++i)
+      j->stall_phases[i].Observe(PhaseOf(e->phases, i));
     // The timeline's record of it: the dashboard marks a re-form with what it cost.
     ++seq_;
     json rec = {{"type", "stall"},
@@ -405,13 +409,16 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
     if (j.samples >= 0) Sample("edl_job_steps_total", Label("job_name", j.name), j.step, out);
   }
   Family("edl_job_samples_total", "counter",
-         "Training samples the job committed (epochs times the data set, plus the epoch's cursor).", out);
+         "Training samples the job committed (epochs times the data set, plus the epoch's cursor).",
+         out);
   for (const JobView& j : jobs) {
     if (j.samples >= 0) Sample("edl_job_samples_total", Label("job_name", j.name), j.samples, out);
   }
-  Family("edl_job_test_accuracy", "gauge", "Test accuracy (0..1) of rank 0's last evaluation.", out);
+  Family("edl_job_test_accuracy", "gauge", "Test accuracy (0..1) of rank 0's last evaluation.",
+         out);
   for (const JobView& j : jobs) {
-    if (j.accuracy >= 0) Sample("edl_job_test_accuracy", Label("job_name", j.name), j.accuracy, out);
+    if (j.accuracy >= 0)
+      Sample("edl_job_test_accuracy", Label("job_name", j.name), j.accuracy, out);
   }
   Family("edl_job_state", "gauge",
          "1 for the job's state: pending (no trainers yet), running or done.", out);
@@ -435,10 +442,11 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
              static_cast<double>(n), out);
     }
   }
-  Family("edl_job_stall_seconds", "histogram",
-         "Training time a re-form cost a surviving trainer (its stall less the evaluation work inside "
-         "it), one observation per survivor, by kind (failure, grow, shrink, reform).",
-         out);
+  Family(
+      "edl_job_stall_seconds", "histogram",
+      "Training time a re-form cost a surviving trainer (its stall less the evaluation work inside "
+      "it), one observation per survivor, by kind (failure, grow, shrink, reform).",
+      out);
   for (const auto& [name, j] : jobs_) {
     for (int k = 0; k < 4; ++k) {
       if (j.stalls[k].count() > 0) {
@@ -447,16 +455,18 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
       }
     }
   }
-  Family("edl_job_stall_phase_seconds", "histogram",
-         "The phases of the survivors' stalls (lost step, waiting for the generation, agreeing on the "
-         "switch step, re-forming, syncing the state, evaluation, first step), one observation per "
-         "survivor and phase.",
-         out);
+  Family(
+      "edl_job_stall_phase_seconds", "histogram",
+      "The phases of the survivors' stalls (lost step, waiting for the generation, agreeing on the "
+      "switch step, re-forming, syncing the state, evaluation, first step), one observation per "
+      "survivor and phase.",
+      out);
   for (const auto& [name, j] : jobs_) {
     for (size_t i = 0; i < std::size(kStallPhases); ++i) {
       if (j.stall_phases[i].count() > 0) {
         j.stall_phases[i].Render("edl_job_stall_phase_seconds",
-                                 Label("job_name", name) + "," + Label("phase", kStallPhases[i]), out);
+                                 Label("job_name", name) + "," + Label("phase", kStallPhases[i]),
+                                 out);
       }
     }
   }
@@ -543,7 +553,8 @@ void ServerMetrics::RenderServices(const json& status, std::string* out) const {
     if (placed.is_array()) {
       for (const json& p : placed) r.placed += !BoolOr(p, "stopping");
     }
-    const json& teachers = FieldOf(s, "teachers").is_array() ? FieldOf(s, "teachers") : json::array();
+    const json& teachers =
+        FieldOf(s, "teachers").is_array() ? FieldOf(s, "teachers") : json::array();
     r.teachers = static_cast<double>(teachers.size());
     double weighted = 0;
     for (const json& t : teachers) {
@@ -566,7 +577,8 @@ void ServerMetrics::RenderServices(const json& status, std::string* out) const {
   };
   auto always = [](const Row&) { return true; };
   family(
-      "edl_service_desired_teachers", "gauge", "Teachers asked for (edl ctl scale --service SERVICE N).",
+      "edl_service_desired_teachers", "gauge",
+      "Teachers asked for (edl ctl scale --service SERVICE N).",
       [](const Row& r) { return r.desired; }, [](const Row& r) { return r.has_desired; });
   family(
       "edl_service_placed_teachers", "gauge", "Teachers the server placed on nodes (not stopping).",

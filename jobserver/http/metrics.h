@@ -1,6 +1,6 @@
-// ServerMetrics: what `edl server --http_addr` serves about the cluster (jobserver/http/http_endpoint.h)
-// beyond the status body `edl ctl status --json` prints: counters the server feeds as things
-// happen, and the Prometheus text exposition of both.
+// ServerMetrics: what `edl server --http_addr` serves about the cluster
+// (jobserver/http/http_endpoint.h) beyond the status body `edl ctl status --json` prints: counters
+// the server feeds as things happen, and the Prometheus text exposition of both.
 //
 // Fed by
 //  - OnRecord: every record an events log appends (EventsLog's observer): generations by reason,

@@ -249,7 +249,8 @@ Status ClusterPolicy::Cancel(const std::string& name) {
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("job " + name + " is not pending or running");
   RemoveJob(name, "cancel",
-            it->second.state == JobPhase::kRunning ? "cancelled while running" : "cancelled while pending");
+            it->second.state == JobPhase::kRunning ? "cancelled while running"
+                                                   : "cancelled while pending");
   return Status::OK();
 }
 
@@ -274,7 +275,8 @@ void ClusterPolicy::Tick() {
   RunPass();
 }
 
-Status ClusterPolicy::Restore(const std::vector<PolicyNode>& nodes, const std::vector<PolicyJob>& jobs) {
+Status ClusterPolicy::Restore(const std::vector<PolicyNode>& nodes,
+                              const std::vector<PolicyJob>& jobs) {
   const int64_t now = clock_->NowMicros();
   for (const PolicyNode& pn : nodes) {
     Node& n = nodes_[pn.name];
@@ -299,9 +301,10 @@ Status ClusterPolicy::Restore(const std::vector<PolicyNode>& nodes, const std::v
   if (s.ok()) return s;
   nodes_.clear();
   jobs_.clear();
-  return Status::Corruption("the saved jobs do not fit the saved nodes: " + s.message() +
-                            ". Move --state_dir aside (the server then starts with no jobs) or restore it "
-                            "from a backup");
+  return Status::Corruption(
+      "the saved jobs do not fit the saved nodes: " + s.message() +
+      ". Move --state_dir aside (the server then starts with no jobs) or restore it "
+      "from a backup");
 }
 
 std::vector<PolicyEvent> ClusterPolicy::TakeEvents() {

@@ -285,11 +285,11 @@ class ClusterPolicy {
     uint64_t order = 0;
   };
 
-  void BeginPass();  // snapshot sizes; clear the pass's reservations and notes
+  void BeginPass();      // snapshot sizes; clear the pass's reservations and notes
   void AccrueService();  // attained service up to now
   // Logs `kind` for job `name` (which must exist), frees its slots, forgets it and re-plans.
   void RemoveJob(const std::string& name, const char* kind, const char* reason);
-  void RunPass();    // steps 1-4, deadlines, then one event per changed job
+  void RunPass();  // steps 1-4, deadlines, then one event per changed job
   bool Repair(PolicyJob* job);
   void Admit();
   // Takes `need` slots for `job` on nodes offering its type: free ones first, then (with

@@ -28,7 +28,7 @@
 
 namespace edl::jobserver {
 
-constexpr size_t kMaxJobNameBytes = 48;       // leaves room for "<job>/" scopes and file names
+constexpr size_t kMaxJobNameBytes = 48;  // leaves room for "<job>/" scopes and file names
 
 struct JobSpec {
   JobSubmission job;                         // name, type, min/max, priority, mode, deadline
@@ -59,7 +59,8 @@ Status DecodeJobSpec(const nlohmann::json& j, JobSpec* out);
 // flag settable, checkpoint_dir under `checkpoint_root` (refused when the root is empty). A
 // duplicate name is the policy's to refuse (ClusterPolicy::Submit).
 Status CheckJobSpec(const JobSpec& spec, const std::map<std::string, JobTypeOffer>& offers,
-                    const std::set<std::string>& configured_types, const std::string& checkpoint_root);
+                    const std::set<std::string>& configured_types,
+                    const std::string& checkpoint_root);
 
 // Checks one flag name / value (what a submission sets); empty when fine.
 std::string FlagNameProblem(const std::string& name);

@@ -13,14 +13,16 @@ namespace edl::jobserver {
 
 std::string ScaleEvent::ToString() const {
   static const char* kNames[] = {"set", "add", "remove", "kill", "repeat", "kill all", "teachers"};
-  const std::string when = at_step >= 0 ? std::string(step_relative ? "step +" : "step ") + std::to_string(at_step)
-                                         : std::to_string(static_cast<double>(at_us) * 1e-6);
+  const std::string when =
+      at_step >= 0 ? std::string(step_relative ? "step +" : "step ") + std::to_string(at_step)
+                   : std::to_string(static_cast<double>(at_us) * 1e-6);
   if (op == Op::kTeachers) return when + " teachers " + service + " " + std::to_string(n);
   return when + " " + kNames[static_cast<int>(op)] +
          (op == Op::kRepeat || op == Op::kKillAll ? "" : " " + std::to_string(n));
 }
 
-Status ScalingScript::Parse(const std::string& text, const std::string& source, ScalingScript* out) {
+Status ScalingScript::Parse(const std::string& text, const std::string& source,
+                            ScalingScript* out) {
   ScalingScript s;
   std::istringstream in(text);
   std::string line;
@@ -41,7 +43,8 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
     char* end = nullptr;
     ScaleEvent e;
     if (t == "step") {
-      // `step N <command>`: due once the job reached step N; `step +N`: N steps after the line above.
+      // `step N <command>`: due once the job reached step N; `step +N`: N steps after the line
+      // above.
       std::string n;
       ls >> n;
       e.step_relative = !n.empty() && n[0] == '+';
@@ -49,7 +52,8 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
       const long long step = std::strtoll(digits.c_str(), &end, 10);
       if (digits.empty() || !std::isdigit(static_cast<unsigned char>(digits[0])) || *end != '\0' ||
           step > 1'000'000'000'000LL) {
-        return Status::InvalidArgument(where + "step '" + n.substr(0, 32) + "' is not an integer >= 0 nor +N");
+        return Status::InvalidArgument(where + "step '" + n.substr(0, 32) +
+                                       "' is not an integer >= 0 nor +N");
       }
       if (!e.step_relative && step < last_step) {
         return Status::InvalidArgument(where + "steps must not go backwards");
@@ -69,24 +73,32 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
       last = e.at_us;
     }
     if (!(ls >> cmd)) {
-      return Status::InvalidArgument(where + "expected '<seconds> <command> [N]' or 'step <N> <command> [N]'");
+      return Status::InvalidArgument(
+          where + "expected '<seconds> <command> [N]' or 'step <N> <command> [N]'");
     }
     if (cmd == "repeat") {
       if (e.at_step >= 0 || stepped) {
-        return Status::InvalidArgument(where + "'repeat' in a script with step lines (steps do not repeat; "
+        return Status::InvalidArgument(where +
+                                       "'repeat' in a script with step lines (steps do not repeat; "
                                        "write the events out)");
       }
       if (e.at_us == 0) return Status::InvalidArgument(where + "'repeat' needs a time > 0");
       e.op = ScaleEvent::Op::kRepeat;
       repeated = true;
     } else {
-      if (cmd == "set") e.op = ScaleEvent::Op::kSet;
-      else if (cmd == "add") e.op = ScaleEvent::Op::kAdd;
-      else if (cmd == "remove") e.op = ScaleEvent::Op::kRemove;
-      else if (cmd == "kill") e.op = ScaleEvent::Op::kKill;
-      else if (cmd == "teachers") e.op = ScaleEvent::Op::kTeachers;
-      else return Status::InvalidArgument(where + "unknown command '" + cmd.substr(0, 32) +
-                                          "' (use set, add, remove, kill, teachers or repeat)");
+      if (cmd == "set")
+        e.op = ScaleEvent::Op::kSet;
+      else if (cmd == "add")
+        e.op = ScaleEvent::Op::kAdd;
+      else if (cmd == "remove")
+        e.op = ScaleEvent::Op::kRemove;
+      else if (cmd == "kill")
+        e.op = ScaleEvent::Op::kKill;
+      else if (cmd == "teachers")
+        e.op = ScaleEvent::Op::kTeachers;
+      else
+        return Status::InvalidArgument(where + "unknown command '" + cmd.substr(0, 32) +
+                                       "' (use set, add, remove, kill, teachers or repeat)");
       if (e.op == ScaleEvent::Op::kTeachers) {
         std::string service;
         if (!(ls >> service) || !(ls >> arg)) {
@@ -97,13 +109,16 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
                                          "' is not a name of letters, digits, '.', '_', '-'");
         }
         const long n = std::strtol(arg.c_str(), &end, 10);
-        if (arg.empty() || *end != '\0' || n < 0 || n > static_cast<long>(proto::kMaxServiceMembers)) {
-          return Status::InvalidArgument(where + "teacher count '" + arg.substr(0, 32) + "' is not an integer in 0.." +
+        if (arg.empty() || *end != '\0' || n < 0 ||
+            n > static_cast<long>(proto::kMaxServiceMembers)) {
+          return Status::InvalidArgument(where + "teacher count '" + arg.substr(0, 32) +
+                                         "' is not an integer in 0.." +
                                          std::to_string(proto::kMaxServiceMembers));
         }
         e.service = std::move(service);
         e.n = static_cast<int>(n);
-        if (ls >> extra) return Status::InvalidArgument(where + "unexpected '" + extra.substr(0, 32) + "'");
+        if (ls >> extra)
+          return Status::InvalidArgument(where + "unexpected '" + extra.substr(0, 32) + "'");
         s.events_.push_back(e);
         continue;
       }
@@ -116,8 +131,9 @@ Status ScalingScript::Parse(const std::string& text, const std::string& source, 
       }
       const long n = std::strtol(arg.c_str(), &end, 10);
       if (*end != '\0' || n < 0 || n > 100000 || (n == 0 && e.op != ScaleEvent::Op::kSet)) {
-        return Status::InvalidArgument(where + "count '" + arg + "' is not a positive integer" +
-                                     std::string(e.op == ScaleEvent::Op::kKill ? " or 'all'" : ""));
+        return Status::InvalidArgument(
+            where + "count '" + arg + "' is not a positive integer" +
+            std::string(e.op == ScaleEvent::Op::kKill ? " or 'all'" : ""));
       }
       e.n = static_cast<int>(n);
     }
@@ -165,7 +181,9 @@ std::vector<ScaleEvent> ScalingScript::Poll(int64_t elapsed_us) {
 DemoPolicy::DemoPolicy(const DemoPolicyOptions& o)
     : options_(o),
       per_pod_(std::max(1, o.gpu_num_of_node / std::max(1, o.pod_num_of_node))),
-      total_(std::max<int>(1, static_cast<int>(o.node_ips.size()) * std::max(1, o.pod_num_of_node)) * per_pod_),
+      total_(
+          std::max<int>(1, static_cast<int>(o.node_ips.size()) * std::max(1, o.pod_num_of_node)) *
+          per_pod_),
       size_(total_) {}
 
 std::vector<ScaleEvent> DemoPolicy::Poll(int64_t elapsed_us) {

@@ -1,8 +1,9 @@
 // Scaling sources that change the job's desired size over time: a scaling script of timed events
 // and the PaddlePaddle EDL demo's periodic remove-then-add policy. Both are pure: Poll(elapsed)
 // returns the events that fell due since the last call, and the server applies them to the
-// job (Cluster::SetDesired). Times are measured from the job's first generation, on a clock that the server
-// pauses while a grow is being prepared (joiners loading): an event never cuts a join short.
+// job (Cluster::SetDesired). Times are measured from the job's first generation, on a clock that
+// the server pauses while a grow is being prepared (joiners loading): an event never cuts a join
+// short.
 //
 // Script format (one event per line, '#' starts a comment; see config/*.script):
 //   <when> <command>, <when> being either
@@ -25,8 +26,8 @@
 //                         failure generation at once (nobody re-forms in between), then restarts
 //                         the job from its latest checkpoint (the stop-resume baseline)
 //   teachers SERVICE N    desired teacher count of inference service SERVICE := N (0..1024), as
-//                         `edl ctl scale --service SERVICE N` (docs/DISTILLATION.md, "Teachers run by the
-//                         clients")
+//                         `edl ctl scale --service SERVICE N` (docs/DISTILLATION.md, "Teachers run
+//                         by the clients")
 //   repeat                start over from the top, shifted by <seconds>
 // `repeat` is last, timed and later than 0, in a script without step lines (steps do not repeat).
 //
@@ -46,7 +47,7 @@ struct ScaleEvent {
   enum class Op { kSet, kAdd, kRemove, kKill, kRepeat, kKillAll, kTeachers };
   Op op = Op::kSet;
   int n = 0;
-  std::string service;  // kTeachers: a valid name (proto::IsValidName)
+  std::string service;   // kTeachers: a valid name (proto::IsValidName)
   int64_t at_us = 0;     // timed: due at this scaling-clock time (repetitions shifted)
   int64_t at_step = -1;  // >= 0: a step line, due once the job reached this step (at_us unused)
   bool step_relative = false;  // `step +N`: at_step counts from where the line above took effect
@@ -68,8 +69,8 @@ class ScalingScript {
   // restarted server learns it again from the next reports). Only ever raises the step.
   void ObserveStep(int64_t step) { step_ = std::max(step_, step); }
   const std::vector<ScaleEvent>& events() const { return events_; }
-  // Where Poll stands, to resume it in a restarted server (jobserver/state/STATE.md): the next event's
-  // index and the shift of the current repetition. Resume clamps an index past the end.
+  // Where Poll stands, to resume it in a restarted server (jobserver/state/STATE.md): the next
+  // event's index and the shift of the current repetition. Resume clamps an index past the end.
   uint64_t position() const { return next_; }
   int64_t offset_us() const { return offset_us_; }
   void Resume(uint64_t position, int64_t offset_us) {
@@ -81,15 +82,15 @@ class ScalingScript {
   std::vector<ScaleEvent> events_;
   size_t next_ = 0;
   int64_t offset_us_ = 0;
-  int64_t step_ = -1;  // the highest step observed
+  int64_t step_ = -1;      // the highest step observed
   int64_t base_step_ = 0;  // where a `step +N` line counts from
   bool rebase_ = true;     // the next Poll sets base_step_ (the first one, and after an event)
 };
 
 // PaddlePaddle EDL demo policy, with the meaning its collective demo's job server gave the flags:
-// each of the `node_ips` holds `pod_num_of_node` pods, and a node's `gpu_num_of_node` GPUs are split
-// among its pods, gpu_num_of_node / pod_num_of_node per pod, one trainer per GPU. So the job starts
-// at len(node_ips) * gpu_num_of_node trainers (8 per node with the defaults), and every
+// each of the `node_ips` holds `pod_num_of_node` pods, and a node's `gpu_num_of_node` GPUs are
+// split among its pods, gpu_num_of_node / pod_num_of_node per pod, one trainer per GPU. So the job
+// starts at len(node_ips) * gpu_num_of_node trainers (8 per node with the defaults), and every
 // `time_interval_to_change` seconds it alternately removes `del_pods_one_step` pods and adds
 // `add_pods_one_step` back, a pod's trainers at a time (never below one pod nor above the start).
 struct DemoPolicyOptions {

@@ -16,8 +16,10 @@ constexpr int64_t kHoldBaseUs = 500'000;
 constexpr int64_t kHoldMaxUs = 30'000'000;
 }  // namespace
 
-void ServicePlacer::NodeUp(const std::string& node, const std::vector<std::string>& services, int slots,
-                           const std::vector<std::pair<std::string, std::string>>& running, int64_t now_us) {
+void ServicePlacer::NodeUp(const std::string& node, const std::vector<std::string>& services,
+                           int slots,
+                           const std::vector<std::pair<std::string, std::string>>& running,
+                           int64_t now_us) {
   NodeDown(node);
   dirty_ = true;
   const std::set<std::string> offered(services.begin(), services.end());
@@ -29,20 +31,24 @@ void ServicePlacer::NodeUp(const std::string& node, const std::vector<std::strin
       placed_[name] = Placed{service, node, now_us, false, 0};
       changed_ = true;
       reported.insert(name);
-      LOG(INFO) << "service " << service << ": adopted teacher " << name << " still running on node " << node;
-    } else if (it->second.awaiting_until_us != 0 && it->second.node == node && it->second.service == service) {
+      LOG(INFO) << "service " << service << ": adopted teacher " << name
+                << " still running on node " << node;
+    } else if (it->second.awaiting_until_us != 0 && it->second.node == node &&
+               it->second.service == service) {
       it->second.awaiting_until_us = 0;  // placed by the previous server: kept as it runs
       it->second.started_us = now_us;
       reported.insert(name);
-      LOG(INFO) << "service " << service << ": teacher " << name << " placed before the restart runs on node "
-                << node << "; kept";
+      LOG(INFO) << "service " << service << ": teacher " << name
+                << " placed before the restart runs on node " << node << "; kept";
     }
   }
   // The restored teachers of this node it did not report are gone: replaced by the next Reconcile.
   for (auto it = placed_.begin(); it != placed_.end();) {
-    if (it->second.node == node && it->second.awaiting_until_us != 0 && !reported.count(it->first)) {
-      LOG(WARNING) << "service " << it->second.service << ": teacher " << it->first << " no longer runs on node "
-                   << node << " (re-attached without it); replacing it";
+    if (it->second.node == node && it->second.awaiting_until_us != 0 &&
+        !reported.count(it->first)) {
+      LOG(WARNING) << "service " << it->second.service << ": teacher " << it->first
+                   << " no longer runs on node " << node
+                   << " (re-attached without it); replacing it";
       it = placed_.erase(it);
       changed_ = true;
     } else {
@@ -60,7 +66,8 @@ void ServicePlacer::NodeDown(const std::string& node) {
   dirty_ = true;
   for (auto it = placed_.begin(); it != placed_.end();) {
     if (it->second.node == node) {
-      LOG(WARNING) << "service " << it->second.service << ": teacher " << it->first << " lost with node " << node;
+      LOG(WARNING) << "service " << it->second.service << ": teacher " << it->first
+                   << " lost with node " << node;
       it = placed_.erase(it);
       changed_ = true;
     } else {
@@ -79,19 +86,22 @@ bool ServicePlacer::Knows(const std::string& service) const {
 
 Status ServicePlacer::SetDesired(const std::string& service, int n, bool require_offer) {
   if (n < 0 || static_cast<size_t>(n) > proto::kMaxServiceMembers) {
-    return Status::InvalidArgument("a service runs 0.." + std::to_string(proto::kMaxServiceMembers) + " teachers");
+    return Status::InvalidArgument("a service runs 0.." +
+                                   std::to_string(proto::kMaxServiceMembers) + " teachers");
   }
   if (!Knows(service) && require_offer) {
     std::set<std::string> offered;
-    for (const auto& [name, node] : nodes_) offered.insert(node.services.begin(), node.services.end());
+    for (const auto& [name, node] : nodes_)
+      offered.insert(node.services.begin(), node.services.end());
     std::string list;
     for (const std::string& s : offered) list += (list.empty() ? "" : ", ") + s;
-    return Status::NotFound("no connected client offers service '" + service + "' (offered: " +
-                            (list.empty() ? "none" : list) +
+    return Status::NotFound("no connected client offers service '" + service +
+                            "' (offered: " + (list.empty() ? "none" : list) +
                             "); start a client with --service " + service + " = 'edl teacher ...'");
   }
   if (desired_.count(service) == 0 && desired_.size() >= kMaxStoredServices) {
-    return Status::InvalidArgument("at most " + std::to_string(kMaxStoredServices) + " services have a desired count");
+    return Status::InvalidArgument("at most " + std::to_string(kMaxStoredServices) +
+                                   " services have a desired count");
   }
   if (desired_.count(service) == 0 || desired_[service] != n) changed_ = true;
   desired_[service] = n;
@@ -110,15 +120,19 @@ void ServicePlacer::Exited(const std::string& node, const std::string& name, con
   changed_ = true;
   auto n = nodes_.find(node);
   if (p.stopping || n == nodes_.end()) {
-    LOG(INFO) << "service " << p.service << ": teacher " << name << " on node " << node << " stopped (" << why << ")";
+    LOG(INFO) << "service " << p.service << ": teacher " << name << " on node " << node
+              << " stopped (" << why << ")";
     return;
   }
   auto& [fails, until] = n->second.hold[p.service];
   fails = now_us - p.started_us < kQuickExitUs ? fails + 1 : 0;
   until = fails == 0 ? 0 : now_us + std::min(kHoldMaxUs, kHoldBaseUs << std::min(fails - 1, 10));
   ++restarts_[p.service];
-  LOG(WARNING) << "service " << p.service << ": teacher " << name << " on node " << node << " ended (" << why
-               << "); replacing it" << (fails == 0 ? "" : " (quick failure " + std::to_string(fails) + ", holding that node back)");
+  LOG(WARNING) << "service " << p.service << ": teacher " << name << " on node " << node
+               << " ended (" << why << "); replacing it"
+               << (fails == 0
+                       ? ""
+                       : " (quick failure " + std::to_string(fails) + ", holding that node back)");
 }
 
 int ServicePlacer::Used(const std::string& node) const {
@@ -156,7 +170,8 @@ void ServicePlacer::Preempt(std::vector<Order>* orders) {
       std::string newest;
       int64_t newest_us = -1;
       for (const auto& [name, p] : placed_) {
-        if (p.node == node && !p.stopping && p.started_us >= newest_us) newest = name, newest_us = p.started_us;
+        if (p.node == node && !p.stopping && p.started_us >= newest_us)
+          newest = name, newest_us = p.started_us;
       }
       Placed& p = placed_[newest];
       p.stopping = true;
@@ -165,7 +180,8 @@ void ServicePlacer::Preempt(std::vector<Order>* orders) {
       changed_ = true;
       --live;
       LOG(INFO) << "service " << p.service << ": teacher " << newest << " on node " << node
-                << " gives its slot to a job (the node has " << limit << " slot(s) free for teachers)";
+                << " gives its slot to a job (the node has " << limit
+                << " slot(s) free for teachers)";
     }
   }
 }
@@ -173,7 +189,8 @@ void ServicePlacer::Preempt(std::vector<Order>* orders) {
 void ServicePlacer::ExpireAwaiting(int64_t now_us) {
   for (auto it = placed_.begin(); it != placed_.end();) {
     if (it->second.awaiting_until_us != 0 && it->second.awaiting_until_us <= now_us) {
-      LOG(WARNING) << "service " << it->second.service << ": node " << it->second.node << " did not re-attach "
+      LOG(WARNING) << "service " << it->second.service << ": node " << it->second.node
+                   << " did not re-attach "
                    << "after the server restart; teacher " << it->first << " is replaced";
       it = placed_.erase(it);
       changed_ = dirty_ = true;
@@ -201,15 +218,18 @@ std::vector<ServicePlacer::Order> ServicePlacer::Reconcile(int64_t now_us) {
         auto h = n.hold.find(service);
         if (h != n.hold.end() && h->second.second > now_us) continue;
         int mine = 0;
-        for (const auto& [t, p] : placed_) mine += p.node == name && p.service == service && !p.stopping;
+        for (const auto& [t, p] : placed_)
+          mine += p.node == name && p.service == service && !p.stopping;
         const std::pair<int, int> key{mine, Used(name)};
         if (best == nullptr || key < best_key) best = &name, best_key = key;
       }
-      if (best == nullptr) {  // no free slot offers it now: try again after the next change, or soon
+      if (best ==
+          nullptr) {  // no free slot offers it now: try again after the next change, or soon
         int64_t retry = now_us + 1'000'000;
         for (const auto& [name, n] : nodes_) {
           auto h = n.hold.find(service);
-          if (h != n.hold.end() && h->second.second > now_us) retry = std::min(retry, h->second.second);
+          if (h != n.hold.end() && h->second.second > now_us)
+            retry = std::min(retry, h->second.second);
         }
         retry_at_us_ = retry_at_us_ == 0 ? retry : std::min(retry_at_us_, retry);
         break;
@@ -230,7 +250,8 @@ std::vector<ServicePlacer::Order> ServicePlacer::Reconcile(int64_t now_us) {
       std::pair<bool, int64_t> newest_key{false, -1};
       for (const auto& [name, p] : placed_) {
         const std::pair<bool, int64_t> key{p.awaiting_until_us != 0, p.started_us};
-        if (p.service == service && !p.stopping && key >= newest_key) newest = name, newest_key = key;
+        if (p.service == service && !p.stopping && key >= newest_key)
+          newest = name, newest_key = key;
       }
       Placed& p = placed_[newest];
       changed_ = true;
@@ -255,7 +276,9 @@ json ServicePlacer::Summary(int64_t now_us) const {
     json placed = json::array(), nodes = json::array();
     for (const auto& [name, p] : placed_) {
       if (p.service != s) continue;
-      placed.push_back({{"name", name}, {"node", p.node}, {"stopping", p.stopping},
+      placed.push_back({{"name", name},
+                        {"node", p.node},
+                        {"stopping", p.stopping},
                         {"awaiting_node", p.awaiting_until_us != 0},
                         {"since_s", static_cast<double>(now_us - p.started_us) / 1e6}});
     }
@@ -265,8 +288,10 @@ json ServicePlacer::Summary(int64_t now_us) const {
     auto d = desired_.find(s);
     auto r = restarts_.find(s);
     auto pe = preempted_.find(s);
-    out[s] = {{"desired", d == desired_.end() ? json(nullptr) : json(d->second)}, {"placed", placed},
-              {"nodes", nodes}, {"restarts", r == restarts_.end() ? 0 : r->second},
+    out[s] = {{"desired", d == desired_.end() ? json(nullptr) : json(d->second)},
+              {"placed", placed},
+              {"nodes", nodes},
+              {"restarts", r == restarts_.end() ? 0 : r->second},
               {"preempted", pe == preempted_.end() ? 0 : pe->second}};
   }
   return out;
@@ -287,11 +312,13 @@ void ServicePlacer::Restore(const ServicesState& s, int64_t now_us, int64_t grac
   restarts_ = s.restarts;
   next_seq_ = std::max(next_seq_, s.next_seq);
   for (const ServicesState::Teacher& t : s.teachers) {
-    placed_[t.name] = Placed{t.service, t.node, now_us, false, now_us + std::max<int64_t>(1, grace_us)};
+    placed_[t.name] =
+        Placed{t.service, t.node, now_us, false, now_us + std::max<int64_t>(1, grace_us)};
   }
   dirty_ = true;
   for (const auto& [service, n] : desired_) {
-    LOG(INFO) << "service " << service << ": desired teachers " << n << " (kept by the previous server)";
+    LOG(INFO) << "service " << service << ": desired teachers " << n
+              << " (kept by the previous server)";
   }
 }
 

@@ -40,11 +40,13 @@ struct ServicesState {
   struct Teacher {
     std::string name, service, node;
   };
-  std::map<std::string, int> desired;        // by service
-  std::map<std::string, int64_t> restarts;   // replacements per service
-  uint64_t next_seq = 1;                     // teacher names use seqs below this
-  std::vector<Teacher> teachers;             // placed, not being stopped
-  bool empty() const { return desired.empty() && restarts.empty() && teachers.empty() && next_seq == 1; }
+  std::map<std::string, int> desired;       // by service
+  std::map<std::string, int64_t> restarts;  // replacements per service
+  uint64_t next_seq = 1;                    // teacher names use seqs below this
+  std::vector<Teacher> teachers;            // placed, not being stopped
+  bool empty() const {
+    return desired.empty() && restarts.empty() && teachers.empty() && next_seq == 1;
+  }
 };
 
 // Most services and teachers a stored value may hold (a value above them is Corruption).
@@ -77,7 +79,8 @@ class ServicePlacer {
   Status SetDesired(const std::string& service, int n, bool require_offer = true);
   bool Knows(const std::string& service) const;
   // The node reported that its teacher `name` ended (`why`). Ignored unless placed there.
-  void Exited(const std::string& node, const std::string& name, const std::string& why, int64_t now_us);
+  void Exited(const std::string& node, const std::string& name, const std::string& why,
+              int64_t now_us);
   // Cluster mode (`edl server --cluster`): the trainer slots no job holds, per node
   // (ClusterPolicy::FreeSlotsByNode). A teacher then takes one such slot: a node runs at most
   // min(its teacher slots, its free slots) teachers, so a desired count is an upper bound filled
@@ -119,18 +122,18 @@ class ServicePlacer {
     // service -> (consecutive quick failures, no start before this time)
     std::map<std::string, std::pair<int, int64_t>> hold;
   };
-  int Used(const std::string& node) const;        // teachers placed on the node (stopping too)
+  int Used(const std::string& node) const;  // teachers placed on the node (stopping too)
   int Limit(const std::string& node, const Node& n) const;  // teachers the node may run now
-  void Preempt(std::vector<Order>* orders);  // stops teachers above capacity
-  int Live(const std::string& service) const;     // placed and not stopping
+  void Preempt(std::vector<Order>* orders);                 // stops teachers above capacity
+  int Live(const std::string& service) const;               // placed and not stopping
 
   std::map<std::string, Node> nodes_;
-  std::map<std::string, int> desired_;            // by service
-  std::map<std::string, Placed> placed_;          // by teacher name
-  std::map<std::string, int64_t> restarts_;       // replacements per service
-  std::map<std::string, int64_t> preempted_;      // stopped for a job, per service (not kept)
-  bool capped_ = false;                           // SetCapacity was called (cluster mode)
-  std::map<std::string, int> capacity_;           // free trainer slots per node
+  std::map<std::string, int> desired_;        // by service
+  std::map<std::string, Placed> placed_;      // by teacher name
+  std::map<std::string, int64_t> restarts_;   // replacements per service
+  std::map<std::string, int64_t> preempted_;  // stopped for a job, per service (not kept)
+  bool capped_ = false;                       // SetCapacity was called (cluster mode)
+  std::map<std::string, int> capacity_;       // free trainer slots per node
   uint64_t next_seq_ = 1;
   // Reconcile runs on every server event: it works only after a change, or once a held-back
   // start may go ahead (a service short of teachers retries at least every second).

@@ -12,18 +12,21 @@ ServiceRegistry::ServiceRegistry(Clock* clock, SendFn send, ServiceLimits limits
 Status ServiceRegistry::Attach(uint64_t peer, const proto::Hello& hello, uint64_t* replaced) {
   *replaced = 0;
   if (hello.role != proto::Role::kTeacher && hello.role != proto::Role::kStudent) {
-    return Status::InvalidArgument("ServiceRegistry: role '" + std::string(proto::NameOf(hello.role)) +
+    return Status::InvalidArgument("ServiceRegistry: role '" +
+                                   std::string(proto::NameOf(hello.role)) +
                                    "' is not a service role");
   }
   if (services_.count(hello.service) == 0 && services_.size() >= limits_.max_services) {
-    return Status::InvalidArgument("the server already tracks " + std::to_string(limits_.max_services) +
-                                   " services; service '" + hello.service + "' is one too many");
+    return Status::InvalidArgument("the server already tracks " +
+                                   std::to_string(limits_.max_services) + " services; service '" +
+                                   hello.service + "' is one too many");
   }
   Service& s = services_[hello.service];
   if (hello.role == proto::Role::kStudent) {
     if (s.watchers.size() >= limits_.max_watchers_per_service) {
       return Status::InvalidArgument("service '" + hello.service + "' already has " +
-                                     std::to_string(limits_.max_watchers_per_service) + " students");
+                                     std::to_string(limits_.max_watchers_per_service) +
+                                     " students");
     }
     s.watchers.insert(peer);
     watcher_of_[peer].insert(hello.service);
@@ -57,10 +60,9 @@ Status ServiceRegistry::OnMessage(uint64_t peer, const std::string& type, const 
   if (type == proto::msg::kHeartbeat) return Status::OK();
   auto t = teacher_of_.find(peer);
   if (t == teacher_of_.end() || type != proto::msg::kServiceStats) {
-    return Status::InvalidArgument(std::string(t == teacher_of_.end() ? "students" : "teachers") +
-                                   " send only 'heartbeat'" +
-                                   (t == teacher_of_.end() ? "" : " and 'service_stats'") +
-                                   ", got '" + type + "'");
+    return Status::InvalidArgument(
+        std::string(t == teacher_of_.end() ? "students" : "teachers") + " send only 'heartbeat'" +
+        (t == teacher_of_.end() ? "" : " and 'service_stats'") + ", got '" + type + "'");
   }
   proto::ServiceStats st;
   EDL_RETURN_IF_ERROR(st.DecodeFrom(msg));
@@ -71,8 +73,9 @@ Status ServiceRegistry::OnMessage(uint64_t peer, const std::string& type, const 
 Status ServiceRegistry::Watch(uint64_t peer, const std::string& service) {
   if (teacher_of_.count(peer)) return Status::InvalidArgument("a teacher does not watch services");
   if (services_.count(service) == 0 && services_.size() >= limits_.max_services) {
-    return Status::InvalidArgument("the server already tracks " + std::to_string(limits_.max_services) +
-                                   " services; service '" + service + "' is one too many");
+    return Status::InvalidArgument("the server already tracks " +
+                                   std::to_string(limits_.max_services) + " services; service '" +
+                                   service + "' is one too many");
   }
   Service& s = services_[service];
   if (s.watchers.count(peer)) return Status::OK();
@@ -111,8 +114,8 @@ void ServiceRegistry::Remove(uint64_t peer) {
     teacher_of_.erase(t);
     Service& s = services_[service];
     s.teachers.erase(name);
-    LOG(WARNING) << "service " << service << ": teacher " << name << " lost ("
-                 << s.teachers.size() << " left)";
+    LOG(WARNING) << "service " << service << ": teacher " << name << " lost (" << s.teachers.size()
+                 << " left)";
     Push(service);
     touched.insert(service);
   }

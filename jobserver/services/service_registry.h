@@ -28,7 +28,7 @@
 namespace edl::jobserver {
 
 struct ServiceLimits {
-  size_t max_services = 64;             // distinct service names
+  size_t max_services = 64;  // distinct service names
   size_t max_teachers_per_service = proto::kMaxServiceMembers;
   size_t max_watchers_per_service = 1024;
 };
@@ -83,7 +83,7 @@ class ServiceRegistry {
   const ServiceLimits limits_;
   std::map<std::string, Service> services_;
   std::map<uint64_t, std::pair<std::string, std::string>> teacher_of_;  // peer -> service, name
-  std::map<uint64_t, std::set<std::string>> watcher_of_;               // peer -> services
+  std::map<uint64_t, std::set<std::string>> watcher_of_;                // peer -> services
 };
 
 }  // namespace edl::jobserver

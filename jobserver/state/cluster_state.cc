@@ -29,10 +29,12 @@ Status Bad(const std::string& key, const std::string& why) {
 
 // A list of distinct slot numbers, at most kMaxSlotsPerNode of them.
 Status DecodeSlots(const std::string& key, const json& j, std::vector<int>* out) {
-  if (!j.is_array() || j.empty() || j.size() > proto::kMaxSlotsPerNode) return Bad(key, "slots are not a list of slots");
+  if (!j.is_array() || j.empty() || j.size() > proto::kMaxSlotsPerNode)
+    return Bad(key, "slots are not a list of slots");
   std::set<int> seen;
   for (const json& x : j) {
-    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > static_cast<int64_t>(kMaxSlotsValue) ||
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 ||
+        x.get<int64_t>() > static_cast<int64_t>(kMaxSlotsValue) ||
         !seen.insert(x.get<int>()).second) {
       return Bad(key, "slots hold an invalid or repeated slot");
     }
@@ -44,10 +46,14 @@ Status DecodeSlots(const std::string& key, const json& j, std::vector<int>* out)
 std::string EncodeMeta(const ClusterState& s) {
   json ended = json::array();
   for (const EndedJob& e : s.ended) {
-    ended.push_back({{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
+    ended.push_back(
+        {{"name", e.name}, {"type", e.type}, {"state", e.state}, {"generation", e.generation}});
   }
-  return json{{"v", kClusterLayoutVersion}, {"one_job", s.one_job}, {"trainer_seq", s.trainer_seq},
-              {"submitted_jobs", s.submitted}, {"ended", ended}}
+  return json{{"v", kClusterLayoutVersion},
+              {"one_job", s.one_job},
+              {"trainer_seq", s.trainer_seq},
+              {"submitted_jobs", s.submitted},
+              {"ended", ended}}
       .dump();
 }
 
@@ -58,8 +64,10 @@ Status DecodeMeta(const std::string& key, const std::string& value, ClusterState
   Reader r(j, key);
   r.Int("trainer_seq", &s->trainer_seq, 1, kMaxI64)
       .Int("submitted_jobs", &s->submitted, 0, INT32_MAX);
-  if (version >= 2) r.Str("one_job", &s->one_job, kMaxJobNameBytes);  // version 1: a cluster server's
-  if (r.ok() && !s->one_job.empty() && !proto::CheckName("job", s->one_job, kMaxJobNameBytes).ok()) {
+  if (version >= 2)
+    r.Str("one_job", &s->one_job, kMaxJobNameBytes);  // version 1: a cluster server's
+  if (r.ok() && !s->one_job.empty() &&
+      !proto::CheckName("job", s->one_job, kMaxJobNameBytes).ok()) {
     r.Fail("one_job", "is not a valid job name");
   }
   EDL_RETURN_IF_ERROR(r.status());
@@ -75,7 +83,8 @@ Status DecodeMeta(const std::string& key, const std::string& value, ClusterState
         .Str("type", &x.type, kMaxPolicyNameBytes)
         .Str("state", &x.state, 16)
         .Int("generation", &x.generation, 0, kMaxI64);
-    if (er.ok() && x.state != "finished" && x.state != "cancelled") er.Fail("state", "is not finished or cancelled");
+    if (er.ok() && x.state != "finished" && x.state != "cancelled")
+      er.Fail("state", "is not finished or cancelled");
     if (er.ok() && !proto::IsValidName(x.name)) er.Fail("name", "is not a valid job name");
     EDL_RETURN_IF_ERROR(er.status());
     s->ended.push_back(std::move(x));
@@ -85,7 +94,8 @@ Status DecodeMeta(const std::string& key, const std::string& value, ClusterState
 
 std::string EncodeTypes(const ClusterNodeState& n) {
   json types = json::array();
-  for (const JobTypeOffer& t : n.types) types.push_back({{"name", t.name}, {"settable", t.settable}});
+  for (const JobTypeOffer& t : n.types)
+    types.push_back({{"name", t.name}, {"settable", t.settable}});
   return json{{"v", kStateFormatVersion}, {"name", n.node.name}, {"types", types}}.dump();
 }
 
@@ -96,7 +106,8 @@ Status DecodeTypes(const std::string& key, const std::string& value, ClusterNode
   EDL_RETURN_IF_ERROR(Reader(j, key).Str("name", &name, proto::kMaxNameBytes).status());
   if (key != kNodeTypesPrefix + name) return Bad(key, "node name does not match its key");
   const auto types = j.find("types");
-  if (types == j.end() || !types->is_array() || types->empty() || types->size() > kMaxPolicyTypesPerNode) {
+  if (types == j.end() || !types->is_array() || types->empty() ||
+      types->size() > kMaxPolicyTypesPerNode) {
     return Bad(key, "'types' is not a list of job types");
   }
   for (const json& t : *types) {
@@ -109,7 +120,8 @@ Status DecodeTypes(const std::string& key, const std::string& value, ClusterNode
       return Bad(key, "job type's 'settable' is not a list of flags");
     }
     for (const json& f : *settable) {
-      if (!f.is_string() || !FlagNameProblem(f.get<std::string>()).empty()) return Bad(key, "settable flag name");
+      if (!f.is_string() || !FlagNameProblem(f.get<std::string>()).empty())
+        return Bad(key, "settable flag name");
       o.settable.insert(f.get<std::string>());
     }
     n->types.push_back(std::move(o));
@@ -118,7 +130,9 @@ Status DecodeTypes(const std::string& key, const std::string& value, ClusterNode
 }
 
 std::string EncodeSpec(const ClusterJobState& j) {
-  return json{{"v", kStateFormatVersion}, {"spec", EncodeJobSpec(j.spec)}, {"seq", j.seq},
+  return json{{"v", kStateFormatVersion},
+              {"spec", EncodeJobSpec(j.spec)},
+              {"seq", j.seq},
               {"port_index", j.port_index}}
       .dump();
 }
@@ -126,7 +140,10 @@ std::string EncodeSpec(const ClusterJobState& j) {
 Status DecodeSpec(const std::string& key, const std::string& value, ClusterJobState* out) {
   json j;
   EDL_RETURN_IF_ERROR(ParseValue(key, value, &j));
-  EDL_RETURN_IF_ERROR(Reader(j, key).Int("seq", &out->seq, 1, kMaxI64).Int("port_index", &out->port_index, 0, kJobPortRanges - 1).status());
+  EDL_RETURN_IF_ERROR(Reader(j, key)
+                          .Int("seq", &out->seq, 1, kMaxI64)
+                          .Int("port_index", &out->port_index, 0, kJobPortRanges - 1)
+                          .status());
   const auto spec = j.find("spec");
   if (spec == j.end()) return Bad(key, "job has no 'spec'");
   Status st = DecodeJobSpec(*spec, &out->spec);
@@ -135,8 +152,12 @@ Status DecodeSpec(const std::string& key, const std::string& value, ClusterJobSt
 }
 
 std::string EncodePlacement(const ClusterJobState& j) {
-  return json{{"v", kStateFormatVersion}, {"running", j.running}, {"cap", j.cap}, {"slots", j.slots},
-              {"deadline_left_us", j.deadline_left_us}, {"deadline_reported", j.deadline_reported}}
+  return json{{"v", kStateFormatVersion},
+              {"running", j.running},
+              {"cap", j.cap},
+              {"slots", j.slots},
+              {"deadline_left_us", j.deadline_left_us},
+              {"deadline_reported", j.deadline_reported}}
       .dump();
 }
 
@@ -157,7 +178,8 @@ Status DecodePlacement(const std::string& key, const std::string& value, Cluster
     if (!proto::IsValidName(node)) return Bad(key, "'slots' names an invalid node");
     EDL_RETURN_IF_ERROR(DecodeSlots(key, list, &out->slots[node]));
   }
-  if (out->running == out->slots.empty()) return Bad(key, "placement: a running job holds slots, a pending one none");
+  if (out->running == out->slots.empty())
+    return Bad(key, "placement: a running job holds slots, a pending one none");
   return Status::OK();
 }
 
@@ -169,11 +191,13 @@ std::map<std::string, std::string> EncodeClusterState(const ClusterState& s) {
   kv[kServicesKey] = EncodeServices(s.services);
   for (const auto& [name, n] : s.nodes) {
     kv[kNodeKeyPrefix + name] = EncodeNode(n.node);
-    if (!n.types.empty()) kv[kNodeTypesPrefix + name] = EncodeTypes(n);  // a one-job server's nodes offer none
+    if (!n.types.empty())
+      kv[kNodeTypesPrefix + name] = EncodeTypes(n);  // a one-job server's nodes offer none
   }
   for (const auto& [name, j] : s.jobs) {
     const std::string prefix = JobKeyPrefix(name);
-    if (name != s.one_job) kv[prefix + "spec"] = EncodeSpec(j);  // the one job's flags are the server's
+    if (name != s.one_job)
+      kv[prefix + "spec"] = EncodeSpec(j);  // the one job's flags are the server's
     kv[prefix + "placement"] = EncodePlacement(j);
     kv[prefix + "meta"] = EncodeJobMeta(j.sched);
     kv[prefix + "generation"] = EncodeGeneration(j.sched);
@@ -181,23 +205,26 @@ std::map<std::string, std::string> EncodeClusterState(const ClusterState& s) {
   return kv;
 }
 
-Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterState* out, bool* found) {
+Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterState* out,
+                          bool* found) {
   ClusterState s;
   *found = false;
   auto meta = kv.find(kClusterMetaKey);
   if (meta == kv.end()) {
     for (const auto& [key, value] : kv) {
       if (key.rfind("job/", 0) == 0) {
-        return Status::Corruption("the state store holds a single-job server's job (key '" + key +
-                                  "', the old one-job layout) and no cluster: give the cluster server its own "
-                                  "--state_dir");
+        return Status::Corruption(
+            "the state store holds a single-job server's job (key '" + key +
+            "', the old one-job layout) and no cluster: give the cluster server its own "
+            "--state_dir");
       }
     }
     *out = std::move(s);
     return Status::OK();
   }
   EDL_RETURN_IF_ERROR(DecodeMeta(meta->first, meta->second, &s));
-  std::map<std::string, std::map<std::string, const std::string*>> job_keys;  // job -> part -> value
+  std::map<std::string, std::map<std::string, const std::string*>>
+      job_keys;  // job -> part -> value
   for (const auto& [key, value] : kv) {
     if (key == kClusterMetaKey) continue;
     if (key == kServicesKey) {
@@ -223,7 +250,8 @@ Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterS
       return Bad(kNodeKeyPrefix + name, "node lacks its value or its job types");
     }
   }
-  if (!s.one_job.empty() && !job_keys.count(s.one_job)) return Bad(kClusterMetaKey, "server's one job has no keys");
+  if (!s.one_job.empty() && !job_keys.count(s.one_job))
+    return Bad(kClusterMetaKey, "server's one job has no keys");
   for (const auto& [name, parts] : job_keys) {
     const std::string prefix = JobKeyPrefix(name);
     const bool own = name == s.one_job;  // no spec: its flags are the server's
@@ -232,7 +260,8 @@ Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterS
         return Bad(prefix + part, "job '" + name + "' lacks this key");
       }
     }
-    if (parts.size() != (own ? 3u : 4u)) return Bad(prefix, "job '" + name + "' has a key that is not part of a job");
+    if (parts.size() != (own ? 3u : 4u))
+      return Bad(prefix, "job '" + name + "' has a key that is not part of a job");
     ClusterJobState& j = s.jobs[name];
     if (own) {
       j.spec.job.name = name;
@@ -249,7 +278,8 @@ Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterS
       return Bad(prefix + "generation", "generation is above the issued maximum");
     }
     for (const auto& [node, slots] : j.slots) {
-      if (!s.nodes.count(node)) return Bad(prefix + "placement", "placement names a node the cluster does not hold");
+      if (!s.nodes.count(node))
+        return Bad(prefix + "placement", "placement names a node the cluster does not hold");
     }
   }
   *out = std::move(s);
@@ -257,8 +287,8 @@ Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterS
   return Status::OK();
 }
 
-Status DecodeOneJobLayout(const std::map<std::string, std::string>& kv, const std::string& job, ClusterState* out,
-                          bool* found) {
+Status DecodeOneJobLayout(const std::map<std::string, std::string>& kv, const std::string& job,
+                          ClusterState* out, bool* found) {
   *found = false;
   const std::string prefix = JobKeyPrefix(job);
   auto value = [&](const std::string& part) -> const std::string* {
@@ -273,7 +303,8 @@ Status DecodeOneJobLayout(const std::map<std::string, std::string>& kv, const st
   JobState& st = j.sched;
   EDL_RETURN_IF_ERROR(DecodeJobMeta(prefix + "meta", *value("meta"), &st));
   if (st.job_id != job) return Bad(prefix + "meta", "job id differs from its key");
-  if (value("generation") == nullptr) return Bad(prefix + "generation", "job '" + job + "' has metadata but no generation");
+  if (value("generation") == nullptr)
+    return Bad(prefix + "generation", "job '" + job + "' has metadata but no generation");
   EDL_RETURN_IF_ERROR(DecodeGeneration(prefix + "generation", *value("generation"), &st));
   if (st.current.generation > st.max_generation || st.current.job_id != job) {
     return Bad(prefix + "generation", "generation is above the issued maximum or of another job");
@@ -295,7 +326,8 @@ Status DecodeOneJobLayout(const std::map<std::string, std::string>& kv, const st
   return Status::OK();
 }
 
-Status ClusterStateWriter::Load(const std::string& one_job, ClusterState* s, bool* found, bool* migrated) {
+Status ClusterStateWriter::Load(const std::string& one_job, ClusterState* s, bool* found,
+                                bool* migrated) {
   std::map<std::string, std::string> kv;
   EDL_RETURN_IF_ERROR(store_->Scan("cluster/", &kv));
   EDL_RETURN_IF_ERROR(store_->Scan("job/", &kv));
@@ -305,9 +337,12 @@ Status ClusterStateWriter::Load(const std::string& one_job, ClusterState* s, boo
     for (const auto& [key, value] : kv) {
       if (!*found && key.rfind("job/", 0) == 0) {
         const size_t slash = key.find('/', 4);
-        const std::string other = key.substr(4, slash == std::string::npos ? std::string::npos : slash - 4);
-        return Status::FailedPrecondition("the state store holds job " + other + " of another server; start this "
-                                          "one with --job_id " + other + " to resume it, or give job " + one_job +
+        const std::string other =
+            key.substr(4, slash == std::string::npos ? std::string::npos : slash - 4);
+        return Status::FailedPrecondition("the state store holds job " + other +
+                                          " of another server; start this "
+                                          "one with --job_id " +
+                                          other + " to resume it, or give job " + one_job +
                                           " its own --state_dir");
       }
     }

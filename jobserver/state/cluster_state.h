@@ -1,9 +1,9 @@
-// The cluster server's durable state (`edl server --cluster --state_dir DIR`; jobserver/state/STATE.md,
-// "A cluster server"): every submitted job (its spec, its placement, its JobMembership's JobState), the
-// cluster's nodes with the job types they offered, and the jobs that ended. ClusterState is a
-// plain value; the encoding (JSON with a format version, validated on decode as hostile bytes) and
-// the key layout live here, apart from the single-job layout of job_state.h, whose value encodings
-// (job meta, generation, node) are reused as they are.
+// The cluster server's durable state (`edl server --cluster --state_dir DIR`;
+// jobserver/state/STATE.md, "A cluster server"): every submitted job (its spec, its placement, its
+// JobMembership's JobState), the cluster's nodes with the job types they offered, and the jobs that
+// ended. ClusterState is a plain value; the encoding (JSON with a format version, validated on
+// decode as hostile bytes) and the key layout live here, apart from the single-job layout of
+// job_state.h, whose value encodings (job meta, generation, node) are reused as they are.
 //
 // ClusterStateWriter writes a ClusterState through a StateStore as one synced batch holding only
 // the keys that changed since its last write (and deletes for the keys that went away).
@@ -29,13 +29,13 @@ constexpr int64_t kMaxDeadlineLeftUs = int64_t{100} * 365 * 24 * 3600 * 1'000'00
 
 // One live (pending or running) submitted job.
 struct ClusterJobState {
-  JobSpec spec;          // the one job of a one-job server: its name only (its flags are the server's)
-  uint64_t seq = 0;      // submission order (the policy's tie-break)
-  int port_index = 0;    // its MASTER_PORT range: base + 1000 * port_index
-  int cap = 0;           // the scale request (min..max)
-  bool running = false;  // the policy started it (it holds slots)
+  JobSpec spec;      // the one job of a one-job server: its name only (its flags are the server's)
+  uint64_t seq = 0;  // submission order (the policy's tie-break)
+  int port_index = 0;                             // its MASTER_PORT range: base + 1000 * port_index
+  int cap = 0;                                    // the scale request (min..max)
+  bool running = false;                           // the policy started it (it holds slots)
   std::map<std::string, std::vector<int>> slots;  // node -> the slots it holds there
-  int64_t deadline_left_us = 0;  // time to its deadline when saved; 0: none
+  int64_t deadline_left_us = 0;                   // time to its deadline when saved; 0: none
   bool deadline_reported = false;
   JobState sched;  // its membership's job-level state (nodes not used: they are the cluster's)
 };
@@ -72,12 +72,13 @@ std::map<std::string, std::string> EncodeClusterState(const ClusterState& s);
 // state in this layout. Corruption naming the key and the fix for anything that is not a value of
 // its kind, a job missing one of its keys, or keys of the old one-job layout; FailedPrecondition
 // for another format version.
-Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterState* s, bool* found);
+Status DecodeClusterState(const std::map<std::string, std::string>& kv, ClusterState* s,
+                          bool* found);
 // The old one-job layout (`job/<job>/meta|generation|services`, `cluster/nodes/<name>`, no
 // `cluster/meta`) as this layout: job `job` with every node's slots, its services as the
 // cluster's. *found false when `kv` holds no such job.
-Status DecodeOneJobLayout(const std::map<std::string, std::string>& kv, const std::string& job, ClusterState* s,
-                          bool* found);
+Status DecodeOneJobLayout(const std::map<std::string, std::string>& kv, const std::string& job,
+                          ClusterState* s, bool* found);
 
 class ClusterStateWriter {
  public:

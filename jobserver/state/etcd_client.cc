@@ -1,5 +1,6 @@
 // etcd's JSON gateway: the v3 API's protobuf messages as JSON (int64 fields as decimal strings,
-// bytes fields base64, fields with default values left out). See jobserver/state/STATE.md "Backends".
+// bytes fields base64, fields with default values left out). See jobserver/state/STATE.md
+// "Backends".
 #include "jobserver/state/etcd_client.h"
 
 #include <boost/asio.hpp>
@@ -20,7 +21,8 @@ using nlohmann::json;
 namespace {
 
 Status Bad(const std::string& what) {
-  return Status::Corruption("etcd reply: " + what + " (is the --state_store address an etcd v3 server?)");
+  return Status::Corruption("etcd reply: " + what +
+                            " (is the --state_store address an etcd v3 server?)");
 }
 
 // An int64 field as the gateway writes it (a decimal string) or as a JSON integer. Absent: 0.
@@ -38,11 +40,13 @@ Status Int64Field(const json& j, const char* name, int64_t* out) {
   if (!it->is_string()) return Bad(std::string("field '") + name + "' is not an integer");
   const std::string& s = it->get_ref<const std::string&>();
   const bool neg = !s.empty() && s[0] == '-';
-  if (s.size() < 1u + neg || s.size() > 19u + neg) return Bad(std::string("field '") + name + "' is not an int64");
+  if (s.size() < 1u + neg || s.size() > 19u + neg)
+    return Bad(std::string("field '") + name + "' is not an int64");
   int64_t v = 0;
   for (size_t i = neg; i < s.size(); ++i) {
     if (s[i] < '0' || s[i] > '9') return Bad(std::string("field '") + name + "' is not an int64");
-    if (v > (INT64_MAX - (s[i] - '0')) / 10) return Bad(std::string("field '") + name + "' is out of range");
+    if (v > (INT64_MAX - (s[i] - '0')) / 10)
+      return Bad(std::string("field '") + name + "' is out of range");
     v = v * 10 + (s[i] - '0');
   }
   *out = neg ? -v : v;
@@ -56,7 +60,8 @@ Status BytesField(const json& j, const char* name, size_t max, std::string* out)
   if (it == j.end()) return Status::OK();
   if (!it->is_string()) return Bad(std::string("field '") + name + "' is not a base64 string");
   const std::string& s = it->get_ref<const std::string&>();
-  if (s.size() / 4 * 3 > max) return Bad(std::string("field '") + name + "' is over " + std::to_string(max) + " bytes");
+  if (s.size() / 4 * 3 > max)
+    return Bad(std::string("field '") + name + "' is over " + std::to_string(max) + " bytes");
   Status st = DecodeBase64(s, out);
   return st.ok() ? st : Bad(std::string("field '") + name + "': " + st.message());
 }
@@ -68,7 +73,8 @@ Status ObjectList(const json& j, const char* name, const json** out) {
   const auto it = j.find(name);
   if (it == j.end()) return Status::OK();
   if (!it->is_array()) return Bad(std::string("field '") + name + "' is not a list");
-  if (it->size() > kMaxEtcdItems) return Bad(std::string("field '") + name + "' has too many items");
+  if (it->size() > kMaxEtcdItems)
+    return Bad(std::string("field '") + name + "' has too many items");
   for (const json& x : *it) {
     if (!x.is_object()) return Bad(std::string("an item of '") + name + "' is not an object");
   }
@@ -97,15 +103,17 @@ Status ParseEtcdUrl(const std::string& spec, std::vector<EtcdEndpoint>* out) {
   out->clear();
   const std::string scheme = "etcd://";
   const auto bad = [&] {
-    return Status::InvalidArgument("--state_store '" + proto::Escape(spec) +
-                                   "': expected etcd://HOST:PORT[,HOST:PORT...] (etcd's client URLs)");
+    return Status::InvalidArgument(
+        "--state_store '" + proto::Escape(spec) +
+        "': expected etcd://HOST:PORT[,HOST:PORT...] (etcd's client URLs)");
   };
   if (spec.compare(0, scheme.size(), scheme) != 0 || spec.size() == scheme.size()) return bad();
   size_t pos = scheme.size();
   while (pos <= spec.size()) {
     const size_t comma = std::min(spec.find(',', pos), spec.size());
     EtcdEndpoint e;
-    if (!net::ParseHostPort(spec.substr(pos, comma - pos), "--state_store", &e.host, &e.port).ok() ||
+    if (!net::ParseHostPort(spec.substr(pos, comma - pos), "--state_store", &e.host, &e.port)
+             .ok() ||
         e.port <= 0 || out->size() >= 16) {
       return bad();
     }
@@ -134,36 +142,43 @@ std::string EncodeBase64(const std::string& in) {
 }
 
 Status DecodeBase64(const std::string& in, std::string* out) {
-  if (in.size() % 4 != 0) return Status::Corruption("base64 text of a length that is not a multiple of 4");
+  if (in.size() % 4 != 0)
+    return Status::Corruption("base64 text of a length that is not a multiple of 4");
   size_t pad = 0;
   for (size_t i = 0; i < in.size(); ++i) {
     const char c = in[i];
-    const bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' || c == '/';
+    const bool alpha = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+                       c == '+' || c == '/';
     if (c == '=') {
       ++pad;
     } else if (!alpha || pad > 0) {
-      return Status::Corruption("base64 text with a character outside the alphabet or after padding");
+      return Status::Corruption(
+          "base64 text with a character outside the alphabet or after padding");
     }
   }
   if (pad > 2) return Status::Corruption("base64 text with more than two padding characters");
   out->assign(beast::detail::base64::decoded_size(in.size()), '\0');
   const auto [written, read] = beast::detail::base64::decode(out->data(), in.data(), in.size());
-  if (read != in.size() - pad && read != in.size()) return Status::Corruption("base64 text that does not decode");
+  if (read != in.size() - pad && read != in.size())
+    return Status::Corruption("base64 text that does not decode");
   out->resize(written);
   return Status::OK();
 }
 
 Status ParseEtcdReply(const std::string& body, size_t max_bytes, json* out) {
-  if (body.size() > max_bytes) return Bad("reply of " + std::to_string(body.size()) + " bytes, over the limit");
+  if (body.size() > max_bytes)
+    return Bad("reply of " + std::to_string(body.size()) + " bytes, over the limit");
   EDL_RETURN_IF_ERROR(proto::CheckJsonDepth(body.data(), body.size()).WithContext("etcd reply"));
   *out = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (out->is_discarded() || !out->is_object()) return Bad("not a JSON object: " + proto::Quote(body));
+  if (out->is_discarded() || !out->is_object())
+    return Bad("not a JSON object: " + proto::Quote(body));
   const auto err = out->find("error");
   const auto msg = out->find("message");
   if (err != out->end() || (msg != out->end() && out->contains("code"))) {
     const json& m = err != out->end() ? *err : *msg;
     return Status::Unavailable("etcd refused the request: " +
-                               (m.is_string() ? proto::Quote(*m.get_ptr<const std::string*>(), 200) : proto::QuoteJson(m)));
+                               (m.is_string() ? proto::Quote(*m.get_ptr<const std::string*>(), 200)
+                                              : proto::QuoteJson(m)));
   }
   return Status::OK();
 }
@@ -179,7 +194,8 @@ Status ParseRangeReply(const json& j, std::vector<EtcdKv>* out) {
     EDL_RETURN_IF_ERROR(Int64Field(x, "create_revision", &kv.create_revision));
     EDL_RETURN_IF_ERROR(Int64Field(x, "mod_revision", &kv.mod_revision));
     EDL_RETURN_IF_ERROR(Int64Field(x, "lease", &kv.lease));
-    if (kv.key.empty() || kv.create_revision < 0 || kv.mod_revision < kv.create_revision || kv.lease < 0) {
+    if (kv.key.empty() || kv.create_revision < 0 || kv.mod_revision < kv.create_revision ||
+        kv.lease < 0) {
       return Bad("a key-value pair with an empty key or revisions out of order");
     }
     out->push_back(std::move(kv));
@@ -231,7 +247,8 @@ EtcdClient::EtcdClient(EtcdClientOptions options) : options_(std::move(options))
 std::string EtcdClient::Describe() const {
   std::string s = "etcd://";
   for (size_t i = 0; i < options_.endpoints.size(); ++i) {
-    s += (i ? "," : "") + options_.endpoints[i].host + ":" + std::to_string(options_.endpoints[i].port);
+    s += (i ? "," : "") + options_.endpoints[i].host + ":" +
+         std::to_string(options_.endpoints[i].port);
   }
   return s;
 }
@@ -253,32 +270,37 @@ Status EtcdClient::PostTo(const EtcdEndpoint& e, const std::string& path, const 
   boost::system::error_code result = asio::error::would_block;
   const std::string where = e.host + ":" + std::to_string(e.port);
   stream.expires_after(options_.timeout);
-  resolver.async_resolve(e.host, std::to_string(e.port), [&](boost::system::error_code ec, auto results) {
-    if (ec) return void(result = ec);
-    stream.async_connect(results, [&](boost::system::error_code ec2, const auto&) {
-      if (ec2) return void(result = ec2);
-      http::async_write(stream, req, [&](boost::system::error_code ec3, size_t) {
-        if (ec3) return void(result = ec3);
-        http::async_read(stream, buffer, parser, [&](boost::system::error_code ec4, size_t) { result = ec4; });
+  resolver.async_resolve(
+      e.host, std::to_string(e.port), [&](boost::system::error_code ec, auto results) {
+        if (ec) return void(result = ec);
+        stream.async_connect(results, [&](boost::system::error_code ec2, const auto&) {
+          if (ec2) return void(result = ec2);
+          http::async_write(stream, req, [&](boost::system::error_code ec3, size_t) {
+            if (ec3) return void(result = ec3);
+            http::async_read(stream, buffer, parser,
+                             [&](boost::system::error_code ec4, size_t) { result = ec4; });
+          });
+        });
       });
-    });
-  });
   // The stream's expiry bounds connect, write and read; the resolver gets the same deadline.
-  if (io.run_for(options_.timeout + std::chrono::milliseconds(100)) == 0 || result == asio::error::would_block) {
+  if (io.run_for(options_.timeout + std::chrono::milliseconds(100)) == 0 ||
+      result == asio::error::would_block) {
     io.stop();
   }
   if (result == asio::error::would_block || result == beast::error::timeout) {
     return Status::Timeout("etcd at " + where + " did not answer " + path + " within " +
                            std::to_string(options_.timeout.count()) + " ms");
   }
-  if (result) return Status::Unavailable("etcd at " + where + " (" + path + "): " + result.message());
+  if (result)
+    return Status::Unavailable("etcd at " + where + " (" + path + "): " + result.message());
   const auto& res = parser.get();
   const unsigned status = res.result_int();
   *reply = res.body();
   if (status != 200) {
     json j;
     Status s = ParseEtcdReply(*reply, options_.max_reply_bytes, &j);
-    return Status::Unavailable("etcd at " + where + " answered " + path + " with HTTP " + std::to_string(status) +
+    return Status::Unavailable("etcd at " + where + " answered " + path + " with HTTP " +
+                               std::to_string(status) +
                                (s.ok() ? std::string() : ": " + s.message()));
   }
   return Status::OK();
@@ -299,7 +321,8 @@ Status EtcdClient::Post(const std::string& path, const json& body, json* reply) 
   return last;
 }
 
-Status EtcdClient::Range(const std::string& key, const std::string& range_end, std::vector<EtcdKv>* out) {
+Status EtcdClient::Range(const std::string& key, const std::string& range_end,
+                         std::vector<EtcdKv>* out) {
   json body = {{"key", EncodeBase64(key)}};
   if (!range_end.empty()) body["range_end"] = EncodeBase64(range_end);
   json reply;
@@ -308,8 +331,8 @@ Status EtcdClient::Range(const std::string& key, const std::string& range_end, s
 }
 
 Status EtcdClient::Txn(const std::vector<std::pair<std::string, int64_t>>& create_revision_equals,
-                       const std::vector<EtcdOp>& success, const std::vector<EtcdOp>& failure, bool* succeeded,
-                       std::vector<std::vector<EtcdKv>>* ranges) {
+                       const std::vector<EtcdOp>& success, const std::vector<EtcdOp>& failure,
+                       bool* succeeded, std::vector<std::vector<EtcdKv>>* ranges) {
   json body = {{"compare", json::array()}, {"success", json::array()}, {"failure", json::array()}};
   for (const auto& [key, rev] : create_revision_equals) {
     body["compare"].push_back({{"key", EncodeBase64(key)},

@@ -1,6 +1,6 @@
-// EtcdClient: the few etcd v3 calls `edl server --state_store etcd://...` needs (jobserver/state/STATE.md,
-// "Backends"), through etcd's own JSON gateway (HTTP POST /v3/kv/range, /v3/kv/txn,
-// /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke; keys and values base64) over
+// EtcdClient: the few etcd v3 calls `edl server --state_store etcd://...` needs
+// (jobserver/state/STATE.md, "Backends"), through etcd's own JSON gateway (HTTP POST /v3/kv/range,
+// /v3/kv/txn, /v3/lease/grant, /v3/lease/keepalive, /v3/lease/revoke; keys and values base64) over
 // Boost.Beast. Every call has a deadline and a bounded reply; replies are parsed as hostile bytes
 // (size, nesting, field types and ranges). The endpoints are tried in order; the one that answered
 // last is tried first next time.
@@ -41,8 +41,8 @@ struct EtcdOp {
 
 struct EtcdClientOptions {
   std::vector<EtcdEndpoint> endpoints;
-  std::chrono::milliseconds timeout{2000};       // one request, connect to reply, per endpoint
-  size_t max_reply_bytes = size_t{160} << 20;    // a whole HTTP reply (body and headers)
+  std::chrono::milliseconds timeout{2000};     // one request, connect to reply, per endpoint
+  size_t max_reply_bytes = size_t{160} << 20;  // a whole HTTP reply (body and headers)
 };
 
 // Largest key accepted in a reply (etcd allows 1.5 MiB requests by default; ours are short).
@@ -60,7 +60,8 @@ Status ParseEtcdReply(const std::string& body, size_t max_bytes, nlohmann::json*
 Status ParseRangeReply(const nlohmann::json& j, std::vector<EtcdKv>* out);
 // "succeeded" (absent: false) and, per response that is a response_range, its kvs (other
 // responses give an empty list at their position).
-Status ParseTxnReply(const nlohmann::json& j, bool* succeeded, std::vector<std::vector<EtcdKv>>* ranges);
+Status ParseTxnReply(const nlohmann::json& j, bool* succeeded,
+                     std::vector<std::vector<EtcdKv>>* ranges);
 Status ParseLeaseGrantReply(const nlohmann::json& j, int64_t* id, int64_t* ttl);
 // The TTL left after a keepalive (0 or less: the lease is gone). Accepts the stream form
 // {"result": {...}} as well as the bare one.
@@ -78,8 +79,8 @@ class EtcdClient {
   // If every compare holds (key's create_revision == the given value; 0: the key is absent),
   // applies `success`, else `failure`; *ranges as ParseTxnReply.
   Status Txn(const std::vector<std::pair<std::string, int64_t>>& create_revision_equals,
-             const std::vector<EtcdOp>& success, const std::vector<EtcdOp>& failure, bool* succeeded,
-             std::vector<std::vector<EtcdKv>>* ranges);
+             const std::vector<EtcdOp>& success, const std::vector<EtcdOp>& failure,
+             bool* succeeded, std::vector<std::vector<EtcdKv>>* ranges);
   Status LeaseGrant(int64_t ttl_s, int64_t* id);
   // *ttl: seconds left (0 or less: the lease has expired or was revoked).
   Status LeaseKeepAlive(int64_t id, int64_t* ttl);
@@ -90,7 +91,8 @@ class EtcdClient {
   std::string Describe() const;  // "etcd://h:p,h:p" for messages
 
  private:
-  Status PostTo(const EtcdEndpoint& e, const std::string& path, const std::string& body, std::string* reply);
+  Status PostTo(const EtcdEndpoint& e, const std::string& path, const std::string& body,
+                std::string* reply);
 
   EtcdClientOptions options_;
   size_t preferred_ = 0;

@@ -48,34 +48,39 @@ class EtcdBackend : public StateBackend {
     renewer_.join();
     if (!lost_) {
       Status s = renew_client_.LeaseRevoke(lease_);
-      LOG_IF(WARNING, !s.ok()) << "resigning the leadership (revoking lease " << lease_ << "): " << s.ToString()
+      LOG_IF(WARNING, !s.ok()) << "resigning the leadership (revoking lease " << lease_
+                               << "): " << s.ToString()
                                << "; a standby takes over when the lease ends";
     }
   }
 
   Status Get(const std::string& key, std::string* value, bool* found) override {
     std::vector<EtcdKv> kvs;
-    EDL_RETURN_IF_ERROR(client_.Range(key, "", &kvs).WithContext("reading " + key + " from " + Describe()));
+    EDL_RETURN_IF_ERROR(
+        client_.Range(key, "", &kvs).WithContext("reading " + key + " from " + Describe()));
     *found = !kvs.empty();
     if (*found) *value = std::move(kvs[0].value);
     return Status::OK();
   }
 
-  Status Scan(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out) override {
+  Status Scan(const std::string& prefix,
+              std::vector<std::pair<std::string, std::string>>* out) override {
     std::vector<EtcdKv> kvs;
-    EDL_RETURN_IF_ERROR(
-        client_.Range(prefix, EtcdPrefixEnd(prefix), &kvs).WithContext("scanning " + prefix + " in " + Describe()));
+    EDL_RETURN_IF_ERROR(client_.Range(prefix, EtcdPrefixEnd(prefix), &kvs)
+                            .WithContext("scanning " + prefix + " in " + Describe()));
     out->clear();
     for (EtcdKv& kv : kvs) {
       if (kv.key.compare(0, prefix.size(), prefix) != 0) {
-        return Status::Corruption("etcd returned key " + proto::Quote(kv.key) + " outside the range " + prefix);
+        return Status::Corruption("etcd returned key " + proto::Quote(kv.key) +
+                                  " outside the range " + prefix);
       }
       out->emplace_back(std::move(kv.key), std::move(kv.value));
     }
     return Status::OK();
   }
 
-  Status Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes) override {
+  Status Write(const std::map<std::string, std::string>& puts,
+               const std::vector<std::string>& deletes) override {
     if (lost_) return Lost("its lease is gone");
     std::vector<EtcdOp> ops;
     for (const std::string& key : deletes) ops.push_back({EtcdOp::Kind::kDelete, key, "", 0});
@@ -86,7 +91,8 @@ class EtcdBackend : public StateBackend {
                             .WithContext("writing the job state to " + Describe()));
     if (!ok) {
       lost_ = true;
-      return Lost("the leader key " + key_ + " is no longer the one it created (another server leads)");
+      return Lost("the leader key " + key_ +
+                  " is no longer the one it created (another server leads)");
     }
     return Status::OK();
   }
@@ -115,7 +121,8 @@ class EtcdBackend : public StateBackend {
         last_ok = sent;
       } else if (s.ok()) {
         lost = Status::FailedPrecondition("etcd says lease " + std::to_string(lease_) +
-                                          " of the leader key " + key_ + " has expired or was revoked");
+                                          " of the leader key " + key_ +
+                                          " has expired or was revoked");
       } else if (SteadyClock::now() - last_ok >= ttl_) {
         lost = s.WithContext("the leader lease could not be renewed within its TTL of " +
                              std::to_string(ttl_.count()) + " s");
@@ -152,7 +159,8 @@ Status BecomeEtcdLeader(const EtcdStateOptions& o, std::function<void(const Stat
                         std::unique_ptr<StateBackend>* out) {
   std::vector<EtcdEndpoint> endpoints;
   EDL_RETURN_IF_ERROR(ParseEtcdUrl(o.url, &endpoints));
-  if (o.lease_ttl_s < 1 || o.lease_ttl_s > 3600) return Status::InvalidArgument("--lease_ttl_s must be in 1..3600");
+  if (o.lease_ttl_s < 1 || o.lease_ttl_s > 3600)
+    return Status::InvalidArgument("--lease_ttl_s must be in 1..3600");
   EtcdClient c(ClientOptions(endpoints, o.lease_ttl_s));
   const std::string key = EtcdLeaderKey(o.job_id);
   const auto poll = milliseconds(std::clamp<int64_t>(o.lease_ttl_s * 1000 / 5, 100, 1000));
@@ -164,9 +172,11 @@ Status BecomeEtcdLeader(const EtcdStateOptions& o, std::function<void(const Stat
     Status s = c.Range(key, "", &kvs);
     if (!s.ok()) {
       if (first) {
-        return s.WithContext("cannot reach etcd at " + c.Describe() + " (--state_store); is etcd running there?");
+        return s.WithContext("cannot reach etcd at " + c.Describe() +
+                             " (--state_store); is etcd running there?");
       }
-      LOG_EVERY_N(WARNING, 20) << "standby for job " << o.job_id << ": " << s.ToString() << " (retrying)";
+      LOG_EVERY_N(WARNING, 20) << "standby for job " << o.job_id << ": " << s.ToString()
+                               << " (retrying)";
       continue;
     }
     if (kvs.empty()) {
@@ -182,26 +192,29 @@ Status BecomeEtcdLeader(const EtcdStateOptions& o, std::function<void(const Stat
       if (s.ok() && won) {
         if (ranges.size() != 2 || ranges[1].size() != 1 || ranges[1][0].lease != lease ||
             ranges[1][0].create_revision <= 0) {
-          return Status::Corruption("etcd's reply to the leader election does not hold the key it created");
+          return Status::Corruption(
+              "etcd's reply to the leader election does not hold the key it created");
         }
         LOG(INFO) << "edl server " << o.self << " leads job " << o.job_id << " (leader key " << key
-                  << " at revision " << ranges[1][0].create_revision << ", lease " << lease << ", TTL "
-                  << o.lease_ttl_s << " s, " << c.Describe() << ")";
-        *out = std::make_unique<EtcdBackend>(endpoints, o, lease, ranges[1][0].create_revision, std::move(on_lost));
+                  << " at revision " << ranges[1][0].create_revision << ", lease " << lease
+                  << ", TTL " << o.lease_ttl_s << " s, " << c.Describe() << ")";
+        *out = std::make_unique<EtcdBackend>(endpoints, o, lease, ranges[1][0].create_revision,
+                                             std::move(on_lost));
         return Status::OK();
       }
       if (lease != 0) (void)c.LeaseRevoke(lease);  // best effort: it expires within its TTL anyway
       if (!s.ok()) {
-        LOG_EVERY_N(WARNING, 20) << "standby for job " << o.job_id << ": " << s.ToString() << " (retrying)";
+        LOG_EVERY_N(WARNING, 20) << "standby for job " << o.job_id << ": " << s.ToString()
+                                 << " (retrying)";
         continue;
       }
       if (ranges.size() == 1) kvs = ranges[0];
     }
     if (!kvs.empty() && kvs[0].value != seen_leader) {
       seen_leader = kvs[0].value;
-      LOG(INFO) << "standby for job " << o.job_id << ": the leader is " << proto::Quote(seen_leader, 200)
-                << "; this server takes over when its lease (" << key << " in " << c.Describe()
-                << ") ends. Not listening until then";
+      LOG(INFO) << "standby for job " << o.job_id << ": the leader is "
+                << proto::Quote(seen_leader, 200) << "; this server takes over when its lease ("
+                << key << " in " << c.Describe() << ") ends. Not listening until then";
     }
   }
 }

@@ -25,10 +25,10 @@
 namespace edl::jobserver {
 
 struct EtcdStateOptions {
-  std::string url;          // --state_store, "etcd://HOST:PORT[,HOST:PORT...]"
+  std::string url;  // --state_store, "etcd://HOST:PORT[,HOST:PORT...]"
   std::string job_id;
-  int64_t lease_ttl_s = 5;  // --lease_ttl_s
-  std::string self;         // this server's address, stored as the leader key's value (for logs)
+  int64_t lease_ttl_s = 5;     // --lease_ttl_s
+  std::string self;            // this server's address, stored as the leader key's value (for logs)
   std::function<bool()> stop;  // polled while waiting as a standby: true ends the wait (Aborted)
 };
 

@@ -9,10 +9,10 @@
 #include <unordered_set>
 
 #include <glog/logging.h>
-#include <nlohmann/json.hpp>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
+#include <nlohmann/json.hpp>
 
 #include "jobserver/state/state_value.h"
 
@@ -79,14 +79,17 @@ Status DecodeJobMeta(const std::string& key, const std::string& value, JobState*
   t.leaving.clear();
   t.config.clear();
   EDL_RETURN_IF_ERROR(Reader(j, key).Str("config", &t.config, 2048, /*required=*/false).status());
-  if (const auto lv = j.find("leaving"); lv != j.end()) {  // absent in values written before it was kept
+  if (const auto lv = j.find("leaving");
+      lv != j.end()) {  // absent in values written before it was kept
     if (!lv->is_object() || lv->size() > kMaxLeavingKept) {
       return Status::Corruption("stored field 'leaving' is not an object of at most " +
                                 std::to_string(kMaxLeavingKept) + " trainers" + Fix(key));
     }
     for (const auto& [id, node] : lv->items()) {
-      if (!proto::IsValidName(id) || !node.is_string() || !proto::IsValidName(node.get<std::string>())) {
-        return Status::Corruption("stored field 'leaving' holds an invalid trainer or node" + Fix(key));
+      if (!proto::IsValidName(id) || !node.is_string() ||
+          !proto::IsValidName(node.get<std::string>())) {
+        return Status::Corruption("stored field 'leaving' holds an invalid trainer or node" +
+                                  Fix(key));
       }
       t.leaving[id] = node.get<std::string>();
     }
@@ -112,7 +115,8 @@ Status DecodeGeneration(const std::string& key, const std::string& value, JobSta
   if (!st.ok()) return Status::Corruption("stored generation: " + st.message() + Fix(key));
   const auto f = j.find("finished");
   if (f == j.end() || !f->is_array() || f->size() > g.members.size()) {
-    return Status::Corruption("stored generation's 'finished' is not a list of its members" + Fix(key));
+    return Status::Corruption("stored generation's 'finished' is not a list of its members" +
+                              Fix(key));
   }
   std::vector<std::string> finished;
   for (const json& id : *f) {
@@ -125,7 +129,8 @@ Status DecodeGeneration(const std::string& key, const std::string& value, JobSta
   std::unordered_set<std::string> ids;
   for (size_t i = 0; i < g.members.size(); ++i) {
     if (g.members[i].rank != static_cast<int>(i) || !ids.insert(g.members[i].trainer_id).second) {
-      return Status::Corruption("stored generation's members are not ranked 0..n-1 with unique ids" + Fix(key));
+      return Status::Corruption(
+          "stored generation's members are not ranked 0..n-1 with unique ids" + Fix(key));
     }
   }
   s->current = std::move(g);
@@ -134,9 +139,10 @@ Status DecodeGeneration(const std::string& key, const std::string& value, JobSta
 }
 
 std::string EncodeNode(const NodeState& n) {
-  json j = {{"v", kStateFormatVersion}, {"name", n.name},   {"host", n.host},
-            {"mode", proto::NameOf(proto::NodeModeOf(n.restart_mode))}, {"slots", n.slots},
-            {"order", n.order},          {"session", n.session}};
+  json j = {{"v", kStateFormatVersion}, {"name", n.name},
+            {"host", n.host},           {"mode", proto::NameOf(proto::NodeModeOf(n.restart_mode))},
+            {"slots", n.slots},         {"order", n.order},
+            {"session", n.session}};
   return j.dump();
 }
 
@@ -151,12 +157,15 @@ Status DecodeNode(const std::string& key, const std::string& value, NodeState* n
       .Str("mode", &mode, 16)
       .Int("order", &t.order, 0, INT32_MAX)
       .Str("session", &t.session, proto::kSessionTokenBytes);
-  if (r.ok() && (!proto::IsValidName(t.name) || key != NodeKey(t.name))) r.Fail("name", "does not match its key");
+  if (r.ok() && (!proto::IsValidName(t.name) || key != NodeKey(t.name)))
+    r.Fail("name", "does not match its key");
   if (r.ok() && !proto::IsValidHost(t.host)) r.Fail("host", "is not a host name or address");
   proto::NodeMode parsed = proto::NodeMode::kInplace;
-  if (r.ok() && !proto::kNodeModeNames.Parse(mode, &parsed)) r.Fail("mode", "is not " + proto::kNodeModeNames.List("'"));
+  if (r.ok() && !proto::kNodeModeNames.Parse(mode, &parsed))
+    r.Fail("mode", "is not " + proto::kNodeModeNames.List("'"));
   const auto sl = j.find("slots");
-  if (r.ok() && (sl == j.end() || !sl->is_array() || sl->empty() || sl->size() > proto::kMaxSlotsPerNode)) {
+  if (r.ok() &&
+      (sl == j.end() || !sl->is_array() || sl->empty() || sl->size() > proto::kMaxSlotsPerNode)) {
     r.Fail("slots", "is not a non-empty list of slots");
   }
   EDL_RETURN_IF_ERROR(r.status());
@@ -164,7 +173,8 @@ Status DecodeNode(const std::string& key, const std::string& value, NodeState* n
   for (const json& x : *sl) {
     if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > 1'000'000 ||
         !seen.insert(x.get<int>()).second) {
-      return Status::Corruption("stored field 'slots' holds an invalid or repeated slot" + Fix(key));
+      return Status::Corruption("stored field 'slots' holds an invalid or repeated slot" +
+                                Fix(key));
     }
     t.slots.push_back(x.get<int>());
   }
@@ -187,10 +197,12 @@ class RocksDbBackend : public StateBackend {
     const rocksdb::Status rs = db_->Get(ro, key, value);
     *found = rs.ok();
     if (rs.ok() || rs.IsNotFound()) return Status::OK();
-    return Status::Corruption("reading " + key + " in " + Describe() + ": " + rs.ToString() + Fix(key));
+    return Status::Corruption("reading " + key + " in " + Describe() + ": " + rs.ToString() +
+                              Fix(key));
   }
 
-  Status Scan(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out) override {
+  Status Scan(const std::string& prefix,
+              std::vector<std::pair<std::string, std::string>>* out) override {
     out->clear();
     rocksdb::ReadOptions ro;
     ro.verify_checksums = true;
@@ -199,20 +211,22 @@ class RocksDbBackend : public StateBackend {
       out->emplace_back(it->key().ToString(), it->value().ToString());
     }
     if (!it->status().ok()) {
-      return Status::Corruption("scanning " + prefix + " in " + Describe() + ": " + it->status().ToString() +
-                                Fix(prefix));
+      return Status::Corruption("scanning " + prefix + " in " + Describe() + ": " +
+                                it->status().ToString() + Fix(prefix));
     }
     return Status::OK();
   }
 
-  Status Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes) override {
+  Status Write(const std::map<std::string, std::string>& puts,
+               const std::vector<std::string>& deletes) override {
     rocksdb::WriteBatch batch;
     for (const std::string& key : deletes) batch.Delete(key);
     for (const auto& [key, value] : puts) batch.Put(key, value);
     rocksdb::WriteOptions wo;
     wo.sync = true;
     const rocksdb::Status rs = db_->Write(wo, &batch);
-    if (!rs.ok()) return Status::IOError("writing the job state to " + Describe() + ": " + rs.ToString());
+    if (!rs.ok())
+      return Status::IOError("writing the job state to " + Describe() + ": " + rs.ToString());
     return Status::OK();
   }
 
@@ -225,11 +239,13 @@ class RocksDbBackend : public StateBackend {
 
 }  // namespace
 
-Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBackend>* out, bool* created) {
+Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBackend>* out,
+                               bool* created) {
   std::error_code ec;
   const bool existed = fs::exists(dir, ec);
   if (existed && !fs::is_directory(dir, ec)) {
-    return Status::FailedPrecondition("--state_dir " + dir + " is not a directory; give a directory "
+    return Status::FailedPrecondition("--state_dir " + dir +
+                                      " is not a directory; give a directory "
                                       "(it is created when missing)");
   }
   const bool empty = !existed || fs::is_empty(dir, ec);
@@ -238,7 +254,8 @@ Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBack
   }
   if (!empty && !fs::exists(fs::path(dir) / "CURRENT", ec)) {
     return Status::Corruption(
-        "--state_dir " + dir + " is not empty but holds no state database (no CURRENT file): it is "
+        "--state_dir " + dir +
+        " is not empty but holds no state database (no CURRENT file): it is "
         "damaged or another program's directory: move it aside (the server then starts a new job) "
         "or restore it from a backup");
   }
@@ -254,10 +271,12 @@ Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBack
   if (!s.ok()) {
     const std::string what = "state database in --state_dir " + dir + ": " + s.ToString();
     if (s.IsIOError() && s.ToString().find("lock") != std::string::npos) {
-      return Status::FailedPrecondition(what + ". Another edl server uses this state directory; "
+      return Status::FailedPrecondition(what +
+                                        ". Another edl server uses this state directory; "
                                         "stop it first or give this one its own --state_dir");
     }
-    return Status::Corruption(what + ". The state directory is damaged: move it aside (the server "
+    return Status::Corruption(what +
+                              ". The state directory is damaged: move it aside (the server "
                               "then starts a new job) or restore it from a backup");
   }
   *out = std::make_unique<RocksDbBackend>(dir, db);
@@ -272,7 +291,7 @@ int64_t StateDirHolder(const std::string& dir) {
   if (fd < 0) return -1;
   // F_GETLK only asks. Closing the descriptor drops every POSIX lock this process holds on the
   // file, so this is never called on a directory this process has open.
-  struct flock fl{};
+  struct flock fl {};
   fl.l_type = F_WRLCK;
   fl.l_whence = SEEK_SET;
   const int rc = ::fcntl(fd, F_GETLK, &fl);
@@ -305,7 +324,8 @@ Status StateStore::Scan(const std::string& prefix, std::map<std::string, std::st
   return Status::OK();
 }
 
-Status StateStore::Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes) {
+Status StateStore::Write(const std::map<std::string, std::string>& puts,
+                         const std::vector<std::string>& deletes) {
   return backend_->Write(puts, deletes);
 }
 

@@ -1,10 +1,10 @@
-// The job server's durable state (jobserver/state/STATE.md): what `edl server` keeps under --state_dir so
-// that a restarted server resumes the running jobs instead of starting anew. JobState (one job's
-// membership) and NodeState (one node) are plain values with an encoding (JSON with a format
-// version, validated on decode as hostile bytes); the layout of a whole server's state is
-// cluster_state.h's. StateStore keeps the keys in a StateBackend, each save one atomic, durable
-// write: an embedded RocksDB under --state_dir (the default) or etcd (--state_store etcd://...,
-// jobserver/state/etcd_state.h; STATE.md "Backends").
+// The job server's durable state (jobserver/state/STATE.md): what `edl server` keeps under
+// --state_dir so that a restarted server resumes the running jobs instead of starting anew.
+// JobState (one job's membership) and NodeState (one node) are plain values with an encoding (JSON
+// with a format version, validated on decode as hostile bytes); the layout of a whole server's
+// state is cluster_state.h's. StateStore keeps the keys in a StateBackend, each save one atomic,
+// durable write: an embedded RocksDB under --state_dir (the default) or etcd (--state_store
+// etcd://..., jobserver/state/etcd_state.h; STATE.md "Backends").
 //
 // Thread-safety: StateStore is not thread-safe (the server uses it from its io_context thread).
 #pragma once
@@ -33,8 +33,8 @@ struct NodeState {
   std::string name, host;
   bool restart_mode = false;
   std::vector<int> slots;
-  int order = 0;            // registration order (placement fills nodes in this order)
-  std::string session;      // the node's session token (64 hex), proves a re-attach
+  int order = 0;        // registration order (placement fills nodes in this order)
+  std::string session;  // the node's session token (64 hex), proves a re-attach
 };
 
 struct JobState {
@@ -45,13 +45,13 @@ struct JobState {
   proto::GenerationInfo current;
   std::vector<std::string> finished;  // members of `current` that exited 0
   bool done = false;
-  uint64_t next_trainer_seq = 1;      // trainer ids "<node>-s<slot>-<seq>" use seqs below this
+  uint64_t next_trainer_seq = 1;  // trainer ids "<node>-s<slot>-<seq>" use seqs below this
   int desired = 0;
   std::string desired_reason = "start";
   bool need_grow_back = false;
   // Scaling sources (scaling.h): the script's position and the policy's, and their clock.
-  bool clock_started = false;          // the first generation was committed
-  int64_t scale_elapsed_us = 0;        // script/policy time when saved
+  bool clock_started = false;    // the first generation was committed
+  int64_t scale_elapsed_us = 0;  // script/policy time when saved
   uint64_t script_next = 0;
   int64_t script_offset_us = 0;
   int demo_size = 0;
@@ -85,9 +85,11 @@ class StateBackend {
   // *found false (and OK) when the key is absent.
   virtual Status Get(const std::string& key, std::string* value, bool* found) = 0;
   // Every key that starts with `prefix`, in key order.
-  virtual Status Scan(const std::string& prefix, std::vector<std::pair<std::string, std::string>>* out) = 0;
+  virtual Status Scan(const std::string& prefix,
+                      std::vector<std::pair<std::string, std::string>>* out) = 0;
   // Applies every put and delete together and durably, or none of them.
-  virtual Status Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes) = 0;
+  virtual Status Write(const std::map<std::string, std::string>& puts,
+                       const std::vector<std::string>& deletes) = 0;
   // Names the store in messages: "--state_dir DIR", "--state_store etcd://...".
   virtual std::string Describe() const = 0;
 };
@@ -95,7 +97,8 @@ class StateBackend {
 // The RocksDB backend in `dir` (created when missing or empty). *created: there was no state yet.
 // Corruption / FailedPrecondition naming the directory and the fix when it holds something that
 // is not a readable state database.
-Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBackend>* out, bool* created);
+Status OpenRocksDbStateBackend(const std::string& dir, std::unique_ptr<StateBackend>* out,
+                               bool* created);
 
 // The pid of the process that holds the RocksDB state database in `dir` open (its lock on
 // `dir`/LOCK, as the kernel reports it: 0 when that process runs on another host of a shared
@@ -119,7 +122,8 @@ class StateStore {
   // Every key starting with `prefix` and its value (the layout: cluster_state.h).
   Status Scan(const std::string& prefix, std::map<std::string, std::string>* out);
   // Puts and deletes in one synced write.
-  Status Write(const std::map<std::string, std::string>& puts, const std::vector<std::string>& deletes);
+  Status Write(const std::map<std::string, std::string>& puts,
+               const std::vector<std::string>& deletes);
   // "--state_dir DIR" or "--state_store etcd://...", for messages.
   const std::string& dir() const { return dir_; }
 

@@ -1,5 +1,5 @@
-// The stored value of a server's services (jobserver/state/STATE.md, "Keys": `services`): desired and
-// replacement counts, the teacher-name counter and the placed teachers.
+// The stored value of a server's services (jobserver/state/STATE.md, "Keys": `services`): desired
+// and replacement counts, the teacher-name counter and the placed teachers.
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -19,8 +19,11 @@ std::string EncodeServices(const ServicesState& s) {
   for (const ServicesState::Teacher& t : s.teachers) {
     teachers.push_back({{"name", t.name}, {"service", t.service}, {"node", t.node}});
   }
-  return json{{"v", kStateFormatVersion}, {"desired", s.desired}, {"restarts", s.restarts},
-              {"next_seq", s.next_seq}, {"teachers", teachers}}
+  return json{{"v", kStateFormatVersion},
+              {"desired", s.desired},
+              {"restarts", s.restarts},
+              {"next_seq", s.next_seq},
+              {"teachers", teachers}}
       .dump();
 }
 
@@ -36,15 +39,17 @@ Status DecodeCounts(const std::string& key, const json& j, const char* field, in
   const auto f = j.find(field);
   if (f == j.end() || !f->is_object() || f->size() > kMaxStoredServices) {
     return BadServices(key, std::string("'") + field + "' is not an object of at most " +
-                        std::to_string(kMaxStoredServices) + " services");
+                                std::to_string(kMaxStoredServices) + " services");
   }
   for (auto it = f->begin(); it != f->end(); ++it) {
     const std::string& name = it.key();
     const json& n = it.value();
-    if (!proto::IsValidName(name)) return BadServices(key, std::string("'") + field + "' names an invalid service");
+    if (!proto::IsValidName(name))
+      return BadServices(key, std::string("'") + field + "' names an invalid service");
     if (!n.is_number_integer() || n.get<int64_t>() < 0 || n.get<int64_t>() > hi ||
         (n.is_number_unsigned() && n.get<uint64_t>() > static_cast<uint64_t>(hi))) {
-      return BadServices(key, std::string("'") + field + "' holds a count out of range for service '" + name + "'");
+      return BadServices(key, std::string("'") + field +
+                                  "' holds a count out of range for service '" + name + "'");
     }
     (*out)[name] = n.get<int64_t>();
   }
@@ -61,12 +66,14 @@ Status DecodeServices(const std::string& key, const std::string& value, Services
   r.Int("next_seq", &s.next_seq, 1, sv::kMaxI64);
   EDL_RETURN_IF_ERROR(r.status());
   std::map<std::string, int64_t> desired;
-  EDL_RETURN_IF_ERROR(DecodeCounts(key, j, "desired", static_cast<int64_t>(proto::kMaxServiceMembers), &desired));
+  EDL_RETURN_IF_ERROR(
+      DecodeCounts(key, j, "desired", static_cast<int64_t>(proto::kMaxServiceMembers), &desired));
   for (const auto& [name, n] : desired) s.desired[name] = static_cast<int>(n);
   EDL_RETURN_IF_ERROR(DecodeCounts(key, j, "restarts", sv::kMaxI64, &s.restarts));
   const auto t = j.find("teachers");
   if (t == j.end() || !t->is_array() || t->size() > kMaxStoredTeachers) {
-    return BadServices(key, "'teachers' is not a list of at most " + std::to_string(kMaxStoredTeachers) + " teachers");
+    return BadServices(key, "'teachers' is not a list of at most " +
+                                std::to_string(kMaxStoredTeachers) + " teachers");
   }
   std::set<std::string> names;
   for (const json& e : *t) {
@@ -77,10 +84,12 @@ Status DecodeServices(const std::string& key, const std::string& value, Services
         .Str("service", &x.service, proto::kMaxNameBytes)
         .Str("node", &x.node, proto::kMaxNameBytes);
     EDL_RETURN_IF_ERROR(tr.status());
-    if (!proto::IsValidName(x.name) || !proto::IsValidName(x.service) || !proto::IsValidName(x.node)) {
+    if (!proto::IsValidName(x.name) || !proto::IsValidName(x.service) ||
+        !proto::IsValidName(x.node)) {
       return BadServices(key, "a teacher's name, service or node is not a valid name");
     }
-    if (!names.insert(x.name).second) return BadServices(key, "teacher '" + x.name + "' is listed twice");
+    if (!names.insert(x.name).second)
+      return BadServices(key, "teacher '" + x.name + "' is listed twice");
     s.teachers.push_back(std::move(x));
   }
   *out = std::move(s);

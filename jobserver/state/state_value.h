@@ -1,5 +1,5 @@
-// Reading one stored state value (jobserver/state/STATE.md "Values"): the bytes are hostile, so a value
-// is parsed with a size bound and a format-version check, and every field is read through the
+// Reading one stored state value (jobserver/state/STATE.md "Values"): the bytes are hostile, so a
+// value is parsed with a size bound and a format-version check, and every field is read through the
 // typed, range-checked reader of edl/proto/fields.h, failing with Corruption naming the key, the
 // field and the fix. Shared by the value encodings (job_state.cc, service_state.cc) and the
 // layout (cluster_state.cc).
@@ -21,8 +21,10 @@ using nlohmann::json;
 constexpr int64_t kMaxI64 = INT64_MAX;
 
 inline std::string Fix(const std::string& key) {
-  return " (state key '" + key + "'). The stored state is damaged or was written by another "
-         "program: move it aside (the --state_dir directory, or the job's keys in etcd) and the server "
+  return " (state key '" + key +
+         "'). The stored state is damaged or was written by another "
+         "program: move it aside (the --state_dir directory, or the job's keys in etcd) and the "
+         "server "
          "starts a new job, or restore it from a backup";
 }
 
@@ -30,8 +32,9 @@ inline std::string Fix(const std::string& key) {
 inline Status ParseValue(const std::string& key, const std::string& value, json* out,
                          int newest = kStateFormatVersion, int* version = nullptr) {
   if (value.size() > kMaxStateValueBytes) {
-    return Status::Corruption("stored value is " + std::to_string(value.size()) + " bytes, over the " +
-                              std::to_string(kMaxStateValueBytes) + " limit" + Fix(key));
+    return Status::Corruption("stored value is " + std::to_string(value.size()) +
+                              " bytes, over the " + std::to_string(kMaxStateValueBytes) + " limit" +
+                              Fix(key));
   }
   *out = json::parse(value, nullptr, /*allow_exceptions=*/false);
   if (out->is_discarded() || !out->is_object()) {
@@ -42,10 +45,11 @@ inline Status ParseValue(const std::string& key, const std::string& value, json*
     return Status::Corruption("stored value has no format version 'v'" + Fix(key));
   }
   if (v->get<int64_t>() < 1 || v->get<int64_t>() > newest) {
-    return Status::FailedPrecondition(
-        "state key '" + key + "' has format version " + v->dump() + "; this edl server reads version" +
-        (newest > 1 ? "s 1.." : " ") + std::to_string(newest) + ". Run the edl version that wrote it, or move "
-        "the state aside to start anew");
+    return Status::FailedPrecondition("state key '" + key + "' has format version " + v->dump() +
+                                      "; this edl server reads version" +
+                                      (newest > 1 ? "s 1.." : " ") + std::to_string(newest) +
+                                      ". Run the edl version that wrote it, or move "
+                                      "the state aside to start anew");
   }
   if (version != nullptr) *version = static_cast<int>(v->get<int64_t>());
   return Status::OK();

@@ -86,8 +86,8 @@ Status Guard(const char* op, F&& body) {
   try {
     return body();
   } catch (const dnnl::error& e) {
-    return Status::Internal(std::string("oneDNN ") + op + " failed: " + e.what() +
-                            " (status " + std::to_string(static_cast<int>(e.status)) + ")");
+    return Status::Internal(std::string("oneDNN ") + op + " failed: " + e.what() + " (status " +
+                            std::to_string(static_cast<int>(e.status)) + ")");
   } catch (const std::bad_alloc&) {
     return Status::Internal(std::string(op) + ": out of host memory");
   }
@@ -158,8 +158,7 @@ class CpuBackend : public Backend {
   }
 
   // ---- ops
-  Status Conv2dForward(const Conv2dParams& p, const Tensor& x, const Tensor& w,
-                       Tensor* y) override;
+  Status Conv2dForward(const Conv2dParams& p, const Tensor& x, const Tensor& w, Tensor* y) override;
   Status Conv2dBackwardData(const Conv2dParams& p, const Tensor& dy, const Tensor& w,
                             Tensor* dx) override;
   Status Conv2dBackwardFilter(const Conv2dParams& p, const Tensor& x, const Tensor& dy,
@@ -179,13 +178,13 @@ class CpuBackend : public Backend {
   Status ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
   Status Add(const Tensor& a, const Tensor& b, Tensor* y, bool relu) override;
   Status MaxPool2dForward(const PoolParams& p, const Tensor& x, Tensor* y) override;
-  Status MaxPool2dBackward(const PoolParams& p, const Tensor& x, const Tensor& y,
-                           const Tensor& dy, Tensor* dx) override;
+  Status MaxPool2dBackward(const PoolParams& p, const Tensor& x, const Tensor& y, const Tensor& dy,
+                           Tensor* dx) override;
   Status GlobalAvgPoolForward(const Tensor& x, Tensor* y) override;
   Status GlobalAvgPoolBackward(const Tensor& dy, Tensor* dx) override;
   Status LinearForward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* y) override;
-  Status LinearBackward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
-                        Tensor* dw, Tensor* db) override;
+  Status LinearBackward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                        Tensor* db) override;
   Status SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
                              float grad_scale, Tensor* dlogits, double* loss_sum,
                              int64_t* correct) override;
@@ -201,8 +200,7 @@ class CpuBackend : public Backend {
     c->needs_in = want != MdOf(w);
     if (!c->needs_in) return;
     c->scratch = memory(want, engine_);
-    c->reorder_in =
-        dnnl::reorder(dnnl::reorder::primitive_desc(engine_, MdOf(w), engine_, want));
+    c->reorder_in = dnnl::reorder(dnnl::reorder::primitive_desc(engine_, MdOf(w), engine_, want));
   }
   // The weights in the primitive's format: `w` itself, or reordered into c.scratch.
   memory WeightsIn(Cached& c, const Tensor& w) {
@@ -261,8 +259,9 @@ Status CpuBackend::Copy(const Tensor& src, Tensor* dst) {
   }
   return Guard("Copy", [&] {
     Cached& c = cache_[KeyBuilder("copy").Add(src).Add(*dst).str()];
-    if (!c.prim) c.prim = dnnl::reorder(dnnl::reorder::primitive_desc(engine_, MdOf(src), engine_,
-                                                                       MdOf(*dst)));
+    if (!c.prim)
+      c.prim =
+          dnnl::reorder(dnnl::reorder::primitive_desc(engine_, MdOf(src), engine_, MdOf(*dst)));
     c.prim.execute(stream_, {{DNNL_ARG_FROM, Mem(src)}, {DNNL_ARG_TO, Mem(*dst)}});
     return Status::OK();
   });
@@ -313,7 +312,8 @@ Status CpuBackend::Conv2dForward(const Conv2dParams& p, const Tensor& x, const T
       PrepareWeightsIn(&c, pd.weights_desc(), w);
     }
     const memory wm = WeightsIn(c, w);
-    c.prim.execute(stream_, {{DNNL_ARG_SRC, Mem(x)}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, Mem(*y)}});
+    c.prim.execute(stream_,
+                   {{DNNL_ARG_SRC, Mem(x)}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, Mem(*y)}});
     return Status::OK();
   });
 }
@@ -321,8 +321,7 @@ Status CpuBackend::Conv2dForward(const Conv2dParams& p, const Tensor& x, const T
 Status CpuBackend::Conv2dBackwardData(const Conv2dParams& p, const Tensor& dy, const Tensor& w,
                                       Tensor* dx) {
   return Guard("Conv2dBackwardData", [&] {
-    Cached& c =
-        cache_[KeyBuilder("convbd").Add(dy).Add(w).Add(*dx).Add(p.stride).Add(p.pad).str()];
+    Cached& c = cache_[KeyBuilder("convbd").Add(dy).Add(w).Add(*dx).Add(p.stride).Add(p.pad).str()];
     if (!c.prim) {
       const memory::desc wany(Dims(w.shape()), dt::f32, tag::any);
       auto hint = ConvFwdPd(p, MdOf(*dx), wany, MdOf(dy));
@@ -334,9 +333,9 @@ Status CpuBackend::Conv2dBackwardData(const Conv2dParams& p, const Tensor& dy, c
       PrepareWeightsIn(&c, pd.weights_desc(), w);
     }
     const memory wm = WeightsIn(c, w);
-    c.prim.execute(stream_, {{DNNL_ARG_DIFF_DST, Mem(dy)},
-                             {DNNL_ARG_WEIGHTS, wm},
-                             {DNNL_ARG_DIFF_SRC, Mem(*dx)}});
+    c.prim.execute(
+        stream_,
+        {{DNNL_ARG_DIFF_DST, Mem(dy)}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DIFF_SRC, Mem(*dx)}});
     return Status::OK();
   });
 }
@@ -344,14 +343,13 @@ Status CpuBackend::Conv2dBackwardData(const Conv2dParams& p, const Tensor& dy, c
 Status CpuBackend::Conv2dBackwardFilter(const Conv2dParams& p, const Tensor& x, const Tensor& dy,
                                         Tensor* dw) {
   return Guard("Conv2dBackwardFilter", [&] {
-    Cached& c =
-        cache_[KeyBuilder("convbw").Add(x).Add(dy).Add(*dw).Add(p.stride).Add(p.pad).str()];
+    Cached& c = cache_[KeyBuilder("convbw").Add(x).Add(dy).Add(*dw).Add(p.stride).Add(p.pad).str()];
     if (!c.prim) {
       const memory::desc wany(Dims(dw->shape()), dt::f32, tag::any);
       auto hint = ConvFwdPd(p, MdOf(x), wany, MdOf(dy));
-      dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, MdOf(x),
-                                                 wany, MdOf(dy), {p.stride, p.stride},
-                                                 {p.pad, p.pad}, {p.pad, p.pad});
+      dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, MdOf(x), wany,
+                                                 MdOf(dy), {p.stride, p.stride}, {p.pad, p.pad},
+                                                 {p.pad, p.pad});
       dnnl::convolution_backward_weights::primitive_desc pd(d, engine_, hint);
       c.prim = dnnl::convolution_backward_weights(pd);
       c.needs_out = pd.diff_weights_desc() != MdOf(*dw);
@@ -362,9 +360,9 @@ Status CpuBackend::Conv2dBackwardFilter(const Conv2dParams& p, const Tensor& x, 
       }
     }
     memory dwm = c.needs_out ? c.scratch : Mem(*dw);
-    c.prim.execute(stream_, {{DNNL_ARG_SRC, Mem(x)},
-                             {DNNL_ARG_DIFF_DST, Mem(dy)},
-                             {DNNL_ARG_DIFF_WEIGHTS, dwm}});
+    c.prim.execute(
+        stream_,
+        {{DNNL_ARG_SRC, Mem(x)}, {DNNL_ARG_DIFF_DST, Mem(dy)}, {DNNL_ARG_DIFF_WEIGHTS, dwm}});
     if (c.needs_out) {
       c.reorder_out.execute(stream_, {{DNNL_ARG_FROM, c.scratch}, {DNNL_ARG_TO, Mem(*dw)}});
     }
@@ -410,18 +408,18 @@ Status CpuBackend::BatchNormForwardTraining(const BatchNormParams& p, const Tens
 
 Status CpuBackend::BatchNormForwardInference(const BatchNormParams& p, const Tensor& x,
                                              const Tensor& gamma, const Tensor& beta,
-                                             const Tensor& running_mean,
-                                             const Tensor& running_var, Tensor* y) {
+                                             const Tensor& running_mean, const Tensor& running_var,
+                                             Tensor* y) {
   EDL_RETURN_IF_ERROR(SameShape("BatchNormForwardInference", x, *y));
   return Guard("BatchNormForwardInference", [&] {
-    Cached& c = cache_[KeyBuilder("bnfi").Add(x).Add(static_cast<int64_t>(p.eps * 1e9))
-                           .Add(p.fuse_relu).str()];
+    Cached& c = cache_
+        [KeyBuilder("bnfi").Add(x).Add(static_cast<int64_t>(p.eps * 1e9)).Add(p.fuse_relu).str()];
     if (!c.prim) {
       auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift |
                    dnnl::normalization_flags::use_global_stats;
       if (p.fuse_relu) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
-      dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, MdOf(x),
-                                                p.eps, flags);
+      dnnl::batch_normalization_forward::desc d(dnnl::prop_kind::forward_inference, MdOf(x), p.eps,
+                                                flags);
       c.prim = dnnl::batch_normalization_forward(
           dnnl::batch_normalization_forward::primitive_desc(d, engine_));
     }
@@ -436,9 +434,9 @@ Status CpuBackend::BatchNormForwardInference(const BatchNormParams& p, const Ten
 }
 
 Status CpuBackend::BatchNormBackward(const BatchNormParams& p, const Tensor& x, const Tensor& dy,
-                                     const Tensor* y, const Tensor& gamma,
-                                     const Tensor& save_mean, const Tensor& save_invstd,
-                                     Tensor* dx, Tensor* dgamma, Tensor* dbeta) {
+                                     const Tensor* y, const Tensor& gamma, const Tensor& save_mean,
+                                     const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
+                                     Tensor* dbeta) {
   EDL_RETURN_IF_ERROR(SameShape("BatchNormBackward", x, dy));
   if (p.fuse_relu && y == nullptr) {
     return Status::InvalidArgument("BatchNormBackward: fuse_relu needs the forward output y");
@@ -501,9 +499,9 @@ Status CpuBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
       c.prim = dnnl::eltwise_backward(
           dnnl::eltwise_backward::primitive_desc(d, engine_, ReluFwdPd(MdOf(y))));
     }
-    c.prim.execute(stream_, {{DNNL_ARG_DST, Mem(y)},
-                             {DNNL_ARG_DIFF_DST, Mem(dy)},
-                             {DNNL_ARG_DIFF_SRC, Mem(*dx)}});
+    c.prim.execute(
+        stream_,
+        {{DNNL_ARG_DST, Mem(y)}, {DNNL_ARG_DIFF_DST, Mem(dy)}, {DNNL_ARG_DIFF_SRC, Mem(*dx)}});
     return Status::OK();
   });
 }
@@ -537,10 +535,9 @@ Status CpuBackend::MaxPool2dForward(const PoolParams& p, const Tensor& x, Tensor
     Cached& c =
         cache_[KeyBuilder("maxf").Add(x).Add(*y).Add(p.kernel).Add(p.stride).Add(p.pad).str()];
     if (!c.prim) {
-      dnnl::pooling_forward::desc d(dnnl::prop_kind::forward_inference,
-                                    dnnl::algorithm::pooling_max, MdOf(x), MdOf(*y),
-                                    {p.stride, p.stride}, {p.kernel, p.kernel}, {p.pad, p.pad},
-                                    {p.pad, p.pad});
+      dnnl::pooling_forward::desc d(
+          dnnl::prop_kind::forward_inference, dnnl::algorithm::pooling_max, MdOf(x), MdOf(*y),
+          {p.stride, p.stride}, {p.kernel, p.kernel}, {p.pad, p.pad}, {p.pad, p.pad});
       c.prim = dnnl::pooling_forward(dnnl::pooling_forward::primitive_desc(d, engine_));
     }
     c.prim.execute(stream_, {{DNNL_ARG_SRC, Mem(x)}, {DNNL_ARG_DST, Mem(*y)}});
@@ -553,14 +550,12 @@ Status CpuBackend::MaxPool2dForward(const PoolParams& p, const Tensor& x, Tensor
 Status CpuBackend::MaxPool2dBackward(const PoolParams& p, const Tensor& x, const Tensor& y,
                                      const Tensor& dy, Tensor* dx) {
   return Guard("MaxPool2dBackward", [&] {
-    Cached& c =
-        cache_[KeyBuilder("maxb").Add(x).Add(dy).Add(*dx).Add(p.kernel).Add(p.stride).Add(p.pad)
-                   .str()];
+    Cached& c = cache_
+        [KeyBuilder("maxb").Add(x).Add(dy).Add(*dx).Add(p.kernel).Add(p.stride).Add(p.pad).str()];
     if (!c.prim) {
-      dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training,
-                                     dnnl::algorithm::pooling_max, MdOf(x), MdOf(y),
-                                     {p.stride, p.stride}, {p.kernel, p.kernel}, {p.pad, p.pad},
-                                     {p.pad, p.pad});
+      dnnl::pooling_forward::desc fd(
+          dnnl::prop_kind::forward_training, dnnl::algorithm::pooling_max, MdOf(x), MdOf(y),
+          {p.stride, p.stride}, {p.kernel, p.kernel}, {p.pad, p.pad}, {p.pad, p.pad});
       dnnl::pooling_forward::primitive_desc fpd(fd, engine_);
       c.reorder_in = dnnl::pooling_forward(fpd);  // the training forward
       c.scratch2 = memory(fpd.workspace_desc(), engine_);
@@ -570,9 +565,9 @@ Status CpuBackend::MaxPool2dBackward(const PoolParams& p, const Tensor& x, const
                                       {p.pad, p.pad});
       c.prim = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(bd, engine_, fpd));
     }
-    c.reorder_in.execute(stream_, {{DNNL_ARG_SRC, Mem(x)},
-                                   {DNNL_ARG_DST, c.scratch3},
-                                   {DNNL_ARG_WORKSPACE, c.scratch2}});
+    c.reorder_in.execute(
+        stream_,
+        {{DNNL_ARG_SRC, Mem(x)}, {DNNL_ARG_DST, c.scratch3}, {DNNL_ARG_WORKSPACE, c.scratch2}});
     c.prim.execute(stream_, {{DNNL_ARG_DIFF_DST, Mem(dy)},
                              {DNNL_ARG_WORKSPACE, c.scratch2},
                              {DNNL_ARG_DIFF_SRC, Mem(*dx)}});
@@ -603,11 +598,11 @@ Status CpuBackend::GlobalAvgPoolBackward(const Tensor& dy, Tensor* dx) {
     if (!c.prim) {
       const memory::dim h = dx->dim(2), w = dx->dim(3);
       dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training,
-                                     dnnl::algorithm::pooling_avg_exclude_padding, MdOf(*dx),
-                                     dymd, {1, 1}, {h, w}, {0, 0}, {0, 0});
+                                     dnnl::algorithm::pooling_avg_exclude_padding, MdOf(*dx), dymd,
+                                     {1, 1}, {h, w}, {0, 0}, {0, 0});
       dnnl::pooling_forward::primitive_desc fpd(fd, engine_);
-      dnnl::pooling_backward::desc bd(dnnl::algorithm::pooling_avg_exclude_padding, MdOf(*dx),
-                                      dymd, {1, 1}, {h, w}, {0, 0}, {0, 0});
+      dnnl::pooling_backward::desc bd(dnnl::algorithm::pooling_avg_exclude_padding, MdOf(*dx), dymd,
+                                      {1, 1}, {h, w}, {0, 0}, {0, 0});
       c.prim = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(bd, engine_, fpd));
     }
     c.prim.execute(stream_, {{DNNL_ARG_DIFF_DST, Mem(dy, dymd)}, {DNNL_ARG_DIFF_SRC, Mem(*dx)}});

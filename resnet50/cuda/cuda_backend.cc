@@ -69,8 +69,7 @@ BnPlan::~BnPlan() {
 // ---------------------------------------------------------------------------------------------
 // Construction
 
-CudaBackend::CudaBackend(const BackendOptions& options, Elem act)
-    : options_(options), act_(act) {}
+CudaBackend::CudaBackend(const BackendOptions& options, Elem act) : options_(options), act_(act) {}
 
 Status CudaBackend::Init() {
   EDL_CUDA_RETURN_IF_ERROR(cudaSetDevice(options_.cuda_device));
@@ -116,9 +115,9 @@ CudaBackend::~CudaBackend() {
     std::fprintf(stderr,
                  "EDL_CUDA_PHASE_TIMES steps=%d step_ms=%.3f h2d_ms=%.3f forward_ms=%.3f "
                  "backward_ms=%.3f allreduce_ms=%.3f update_ms=%.3f idle_ms=%.3f\n",
-                 phase_sum_.steps, phase_sum_.step / n, phase_sum_.h2d / n,
-                 phase_sum_.forward / n, phase_sum_.backward / n, phase_sum_.allreduce / n,
-                 phase_sum_.update / n, phase_sum_.idle / n);
+                 phase_sum_.steps, phase_sum_.step / n, phase_sum_.h2d / n, phase_sum_.forward / n,
+                 phase_sum_.backward / n, phase_sum_.allreduce / n, phase_sum_.update / n,
+                 phase_sum_.idle / n);
     for (cudaEvent_t e : phase_ev_) {
       if (e) cudaEventDestroy(e);
     }
@@ -160,7 +159,8 @@ Status CudaBackend::WaitStream(const char* what) {
     if (now - start < std::chrono::microseconds(100)) {
       std::this_thread::yield();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(now - start < std::chrono::milliseconds(10) ? 20 : 200));
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(now - start < std::chrono::milliseconds(10) ? 20 : 200));
     }
   }
 }
@@ -193,8 +193,8 @@ void CudaBackend::RecordPhase(PhaseEvent e) {
 void CudaBackend::CollectPhases() {
   const int need = (1 << kUploadStart) | (1 << kUploadEnd) | (1 << kLoss) | (1 << kUpdateStart) |
                    (1 << kUpdateEnd) | (1 << kNextStart);
-  if ((phase_state_ & need) == need &&
-      cudaEventSynchronize(phase_ev_[kNextStart]) == cudaSuccess && ++phase_seen_ > 3) {
+  if ((phase_state_ & need) == need && cudaEventSynchronize(phase_ev_[kNextStart]) == cudaSuccess &&
+      ++phase_seen_ > 3) {
     auto ms = [this](PhaseEvent a, PhaseEvent b) {
       float t = 0;
       return cudaEventElapsedTime(&t, phase_ev_[a], phase_ev_[b]) == cudaSuccess ? double{t} : 0.0;
@@ -239,7 +239,8 @@ void* CudaBackend::Allocate(size_t bytes) {
   const cudaError_t e = cudaMallocAsync(&p, std::max<size_t>(bytes, 256), stream_);
   if (e != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error so later calls are not blamed
-    LOG(WARNING) << "CUDA backend: cannot allocate " << bytes << " bytes: " << cudaGetErrorString(e);
+    LOG(WARNING) << "CUDA backend: cannot allocate " << bytes
+                 << " bytes: " << cudaGetErrorString(e);
     return nullptr;
   }
   return p;
@@ -273,22 +274,24 @@ Status CudaBackend::ScratchFor(Slot slot, size_t bytes, void** ptr) {
 
 Status CudaBackend::InNative(const Tensor& t, Slot slot, const void** ptr) {
   const Fmt4 f = FmtOf(t);
-  if (t.rank() != 4) return Status::InvalidArgument("expected a 4-D tensor, got " + t.DebugString());
+  if (t.rank() != 4)
+    return Status::InvalidArgument("expected a 4-D tensor, got " + t.DebugString());
   if (f.elem == act_ && f.nhwc) {
     *ptr = t.raw();
     return Status::OK();
   }
   void* s = nullptr;
   EDL_RETURN_IF_ERROR(ScratchFor(slot, t.numel() * ElemSize(act_), &s));
-  EDL_CUDA_RETURN_IF_ERROR(Convert4d(t.raw(), f, s, native(), t.dim(0), t.dim(1), t.dim(2),
-                                     t.dim(3), 1.f, stream_));
+  EDL_CUDA_RETURN_IF_ERROR(
+      Convert4d(t.raw(), f, s, native(), t.dim(0), t.dim(1), t.dim(2), t.dim(3), 1.f, stream_));
   *ptr = s;
   return Status::OK();
 }
 
 Status CudaBackend::OutNative(Tensor* t, Slot slot, void** ptr) {
   const Fmt4 f = FmtOf(*t);
-  if (t->rank() != 4) return Status::InvalidArgument("expected a 4-D tensor, got " + t->DebugString());
+  if (t->rank() != 4)
+    return Status::InvalidArgument("expected a 4-D tensor, got " + t->DebugString());
   if (f.elem == act_ && f.nhwc) {
     *ptr = t->raw();
     return Status::OK();
@@ -313,7 +316,8 @@ Status CudaBackend::CopyFromHost(const void* src, Tensor* dst) {
   // Take the next ring slot; wait (bounded) for its previous DMA when the ring is full.
   if (pinned_.size() < static_cast<size_t>(config::kPinnedSlots)) {
     pinned_.emplace_back();
-    EDL_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&pinned_.back().done, cudaEventDisableTiming));
+    EDL_CUDA_RETURN_IF_ERROR(
+        cudaEventCreateWithFlags(&pinned_.back().done, cudaEventDisableTiming));
     next_pinned_ = pinned_.size() - 1;
   }
   PinnedSlot& slot = pinned_[next_pinned_];
@@ -322,7 +326,8 @@ Status CudaBackend::CopyFromHost(const void* src, Tensor* dst) {
   for (;;) {
     const cudaError_t e = cudaEventQuery(slot.done);
     if (e == cudaSuccess) break;
-    if (e != cudaErrorNotReady) return CudaError(e, "cudaEventQuery(pinned slot)", __FILE__, __LINE__);
+    if (e != cudaErrorNotReady)
+      return CudaError(e, "cudaEventQuery(pinned slot)", __FILE__, __LINE__);
     if (std::chrono::steady_clock::now() > deadline) {
       return Status::Timeout("CopyFromHost: the previous upload did not finish; the GPU is hung");
     }
@@ -361,7 +366,8 @@ Status CudaBackend::Copy(const Tensor& src, Tensor* dst) {
     return Status::OK();
   }
   if (src.raw() == dst->raw()) return Status::OK();
-  EDL_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->raw(), src.raw(), std::min(src.bytes(), dst->bytes()),
+  EDL_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->raw(), src.raw(),
+                                           std::min(src.bytes(), dst->bytes()),
                                            cudaMemcpyDeviceToDevice, stream_));
   return Status::OK();
 }
@@ -418,8 +424,8 @@ Status CudaBackend::ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) 
 Status CudaBackend::Add(const Tensor& a, const Tensor& b, Tensor* y, bool relu) {
   EDL_RETURN_IF_ERROR(SameShape("Add", a, b));
   EDL_RETURN_IF_ERROR(SameShape("Add", a, *y));
-  EDL_RETURN_IF_ERROR(Need(SameFmt(FmtOf(a), FmtOf(b)) && SameFmt(FmtOf(a), FmtOf(*y)), "Add",
-                           "layouts differ"));
+  EDL_RETURN_IF_ERROR(
+      Need(SameFmt(FmtOf(a), FmtOf(b)) && SameFmt(FmtOf(a), FmtOf(*y)), "Add", "layouts differ"));
   EDL_CUDA_RETURN_IF_ERROR(
       cuda::Add(a.raw(), b.raw(), y->raw(), FmtOf(a).elem, a.numel(), relu, stream_));
   return Status::OK();
@@ -436,8 +442,8 @@ Status CudaBackend::MaxPool2dForward(const PoolParams& p, const Tensor& x, Tenso
   EDL_RETURN_IF_ERROR(Need(SameFmt(FmtOf(x), FmtOf(*y)), "MaxPool2dForward", "layouts differ"));
   EDL_RETURN_IF_ERROR(Need(p.kernel > 0 && p.stride > 0 && p.pad >= 0 && p.pad < p.kernel,
                            "MaxPool2dForward", "bad kernel/stride/pad"));
-  const PoolShape s{x.dim(0), x.dim(1), x.dim(2), x.dim(3), y->dim(2), y->dim(3),
-                    p.kernel, p.stride, p.pad};
+  const PoolShape s{x.dim(0),  x.dim(1), x.dim(2), x.dim(3), y->dim(2),
+                    y->dim(3), p.kernel, p.stride, p.pad};
   EDL_CUDA_RETURN_IF_ERROR(cuda::MaxPoolForward(x.raw(), y->raw(), FmtOf(x), s, stream_));
   return Status::OK();
 }
@@ -446,15 +452,15 @@ Status CudaBackend::MaxPool2dBackward(const PoolParams& p, const Tensor& x, cons
                                       const Tensor& dy, Tensor* dx) {
   EDL_RETURN_IF_ERROR(SameShape("MaxPool2dBackward", x, *dx));
   EDL_RETURN_IF_ERROR(SameShape("MaxPool2dBackward", y, dy));
-  EDL_RETURN_IF_ERROR(Need(x.rank() == 4 && y.dim(2) == p.OutSize(x.dim(2)) &&
-                               y.dim(3) == p.OutSize(x.dim(3)),
-                           "MaxPool2dBackward", "output size does not match the pool"));
+  EDL_RETURN_IF_ERROR(
+      Need(x.rank() == 4 && y.dim(2) == p.OutSize(x.dim(2)) && y.dim(3) == p.OutSize(x.dim(3)),
+           "MaxPool2dBackward", "output size does not match the pool"));
   EDL_RETURN_IF_ERROR(Need(SameFmt(FmtOf(x), FmtOf(dy)) && SameFmt(FmtOf(x), FmtOf(*dx)),
                            "MaxPool2dBackward", "layouts differ"));
   EDL_RETURN_IF_ERROR(Need(p.kernel > 0 && p.stride > 0 && p.pad >= 0 && p.pad < p.kernel,
                            "MaxPool2dBackward", "bad kernel/stride/pad"));
-  const PoolShape s{x.dim(0), x.dim(1), x.dim(2), x.dim(3), y.dim(2), y.dim(3),
-                    p.kernel, p.stride, p.pad};
+  const PoolShape s{x.dim(0), x.dim(1), x.dim(2), x.dim(3), y.dim(2),
+                    y.dim(3), p.kernel, p.stride, p.pad};
   EDL_CUDA_RETURN_IF_ERROR(
       cuda::MaxPoolBackward(x.raw(), dy.raw(), dx->raw(), FmtOf(x), s, stream_));
   return Status::OK();
@@ -470,12 +476,11 @@ Status CudaBackend::GlobalAvgPoolForward(const Tensor& x, Tensor* y) {
 }
 
 Status CudaBackend::GlobalAvgPoolBackward(const Tensor& dy, Tensor* dx) {
-  EDL_RETURN_IF_ERROR(Need(dx->rank() == 4 && dy.rank() == 2 && dy.dim(0) == dx->dim(0) &&
-                               dy.dim(1) == dx->dim(1),
-                           "GlobalAvgPoolBackward", dy.DebugString() + " -> " + dx->DebugString()));
-  EDL_CUDA_RETURN_IF_ERROR(cuda::GlobalAvgPoolBackward(dy.data(), dx->raw(), FmtOf(*dx),
-                                                       dx->dim(0), dx->dim(1), dx->dim(2),
-                                                       dx->dim(3), stream_));
+  EDL_RETURN_IF_ERROR(
+      Need(dx->rank() == 4 && dy.rank() == 2 && dy.dim(0) == dx->dim(0) && dy.dim(1) == dx->dim(1),
+           "GlobalAvgPoolBackward", dy.DebugString() + " -> " + dx->DebugString()));
+  EDL_CUDA_RETURN_IF_ERROR(cuda::GlobalAvgPoolBackward(
+      dy.data(), dx->raw(), FmtOf(*dx), dx->dim(0), dx->dim(1), dx->dim(2), dx->dim(3), stream_));
   return Status::OK();
 }
 
@@ -488,15 +493,15 @@ Status CudaBackend::GlobalAvgPoolBackward(const Tensor& dy, Tensor* dx) {
 
 Status CudaBackend::LinearForward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* y) {
   EDL_RETURN_IF_ERROR(Need(x.rank() == 2 && w.rank() == 2 && x.dim(1) == w.dim(1) &&
-                               b.numel() == w.dim(0) && y->rank() == 2 &&
-                               y->dim(0) == x.dim(0) && y->dim(1) == w.dim(0),
+                               b.numel() == w.dim(0) && y->rank() == 2 && y->dim(0) == x.dim(0) &&
+                               y->dim(1) == w.dim(0),
                            "LinearForward", x.DebugString() + " x " + w.DebugString()));
   const int n = static_cast<int>(x.dim(0)), k = static_cast<int>(x.dim(1)),
             m = static_cast<int>(w.dim(0));
   EDL_CUDA_RETURN_IF_ERROR(BroadcastRows(b.data(), y->data(), n, m, stream_));
   const float one = 1.f;
-  EDL_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one,
-                                         w.data(), k, x.data(), k, &one, y->data(), m));
+  EDL_CUBLAS_RETURN_IF_ERROR(cublasSgemm(cublas_, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w.data(),
+                                         k, x.data(), k, &one, y->data(), m));
   return Status::OK();
 }
 
@@ -545,8 +550,8 @@ Status CudaBackend::UpdateLossScale() {
 Status CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
                                         float label_smoothing, float grad_scale, Tensor* dlogits,
                                         double* loss_sum, int64_t* correct) {
-  if (logits.rank() != 2 || labels.numel() != logits.dim(0) ||
-      labels.dtype() != DataType::kInt32 || FmtOf(logits).elem != Elem::kF32) {
+  if (logits.rank() != 2 || labels.numel() != logits.dim(0) || labels.dtype() != DataType::kInt32 ||
+      FmtOf(logits).elem != Elem::kF32) {
     return Status::InvalidArgument("SoftmaxCrossEntropy: logits " + logits.DebugString() +
                                    " and labels " + labels.DebugString() + " do not match");
   }
@@ -559,10 +564,9 @@ Status CudaBackend::SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labe
   if (backward) RecordPhase(kLoss);
   const int64_t n = logits.dim(0), m = logits.dim(1);
   const float scale = backward ? grad_scale * loss_scale_ : grad_scale;
-  EDL_CUDA_RETURN_IF_ERROR(cuda::SoftmaxCrossEntropy(logits.data(), labels.data_i32(), n, m,
-                                                     label_smoothing, scale,
-                                                     backward ? dlogits->data() : nullptr,
-                                                     xent_dev_, stream_));
+  EDL_CUDA_RETURN_IF_ERROR(
+      cuda::SoftmaxCrossEntropy(logits.data(), labels.data_i32(), n, m, label_smoothing, scale,
+                                backward ? dlogits->data() : nullptr, xent_dev_, stream_));
   EDL_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(xent_host_, xent_dev_, sizeof(XentResult), cudaMemcpyDeviceToHost, stream_));
   EDL_RETURN_IF_ERROR(WaitStream("SoftmaxCrossEntropy"));

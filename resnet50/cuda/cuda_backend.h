@@ -144,8 +144,7 @@ class CudaBackend : public Backend {
   Status Synchronize() override { return WaitStream("Synchronize"); }
 
   // cudnn_ops.cc
-  Status Conv2dForward(const Conv2dParams& p, const Tensor& x, const Tensor& w,
-                       Tensor* y) override;
+  Status Conv2dForward(const Conv2dParams& p, const Tensor& x, const Tensor& w, Tensor* y) override;
   Status Conv2dBackwardData(const Conv2dParams& p, const Tensor& dy, const Tensor& w,
                             Tensor* dx) override;
   Status Conv2dBackwardFilter(const Conv2dParams& p, const Tensor& x, const Tensor& dy,
@@ -167,13 +166,13 @@ class CudaBackend : public Backend {
   Status ReluBackward(const Tensor& y, const Tensor& dy, Tensor* dx) override;
   Status Add(const Tensor& a, const Tensor& b, Tensor* y, bool relu) override;
   Status MaxPool2dForward(const PoolParams& p, const Tensor& x, Tensor* y) override;
-  Status MaxPool2dBackward(const PoolParams& p, const Tensor& x, const Tensor& y,
-                           const Tensor& dy, Tensor* dx) override;
+  Status MaxPool2dBackward(const PoolParams& p, const Tensor& x, const Tensor& y, const Tensor& dy,
+                           Tensor* dx) override;
   Status GlobalAvgPoolForward(const Tensor& x, Tensor* y) override;
   Status GlobalAvgPoolBackward(const Tensor& dy, Tensor* dx) override;
   Status LinearForward(const Tensor& x, const Tensor& w, const Tensor& b, Tensor* y) override;
-  Status LinearBackward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx,
-                        Tensor* dw, Tensor* db) override;
+  Status LinearBackward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor* dx, Tensor* dw,
+                        Tensor* db) override;
   Status SoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
                              float grad_scale, Tensor* dlogits, double* loss_sum,
                              int64_t* correct) override;
@@ -224,7 +223,12 @@ class CudaBackend : public Backend {
   Status UpdateLossScale();
   // Phase events (EDL_CUDA_PHASE_TIMES).
   enum PhaseEvent {
-    kUploadStart, kUploadEnd, kLoss, kBackwardEnd, kUpdateStart, kUpdateEnd,
+    kUploadStart,
+    kUploadEnd,
+    kLoss,
+    kBackwardEnd,
+    kUpdateStart,
+    kUpdateEnd,
     kNextStart,  // the next step's first upload: ends this step, then becomes its kUploadStart
     kNumPhaseEvents
   };
@@ -262,8 +266,8 @@ class CudaBackend : public Backend {
 
   bool phase_on_ = false;
   cudaEvent_t phase_ev_[kNumPhaseEvents] = {};
-  int phase_state_ = 0;   // bit i: event i recorded in the current step
-  int phase_seen_ = 0;    // training steps seen (the first 3 are not counted)
+  int phase_state_ = 0;  // bit i: event i recorded in the current step
+  int phase_seen_ = 0;   // training steps seen (the first 3 are not counted)
   PhaseTimes phase_sum_;
 };
 

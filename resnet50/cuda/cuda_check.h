@@ -35,8 +35,9 @@ inline Status CudaError(cudaError_t e, const char* expr, const char* file, int l
       break;
     case cudaErrorIllegalAddress:
     case cudaErrorLaunchFailure:
-      hint = "the device context is lost (a kernel fault); restart the trainer, run "
-             "compute-sanitizer to find the kernel";
+      hint =
+          "the device context is lost (a kernel fault); restart the trainer, run "
+          "compute-sanitizer to find the kernel";
       break;
     default:
       hint = "check nvidia-smi; rerun with CUDA_LAUNCH_BLOCKING=1 to pin the failing call";
@@ -48,8 +49,8 @@ inline Status CudaError(cudaError_t e, const char* expr, const char* file, int l
 inline Status CudnnError(cudnnStatus_t s, const char* expr, const char* file, int line) {
   char last[512] = {0};
   cudnnGetLastErrorString(last, sizeof(last));
-  std::string msg = std::string(expr) + " failed at " + Where(file, line) + ": " +
-                    cudnnGetErrorString(s);
+  std::string msg =
+      std::string(expr) + " failed at " + Where(file, line) + ": " + cudnnGetErrorString(s);
   if (last[0] != '\0') msg += " (" + std::string(last) + ")";
   if (s == CUDNN_STATUS_NOT_SUPPORTED) {
     return Status::InvalidArgument(msg + "; this shape/precision is not supported by cuDNN " +
@@ -63,14 +64,22 @@ inline Status CudnnError(cudnnStatus_t s, const char* expr, const char* file, in
 
 inline const char* CublasName(cublasStatus_t s) {
   switch (s) {
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    default: return "cuBLAS error";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "cuBLAS error";
   }
 }
 
@@ -82,24 +91,24 @@ inline Status CublasError(cublasStatus_t s, const char* expr, const char* file, 
 
 }  // namespace edl::resnet50::cuda
 
-#define EDL_CUDA_RETURN_IF_ERROR(expr)                                                      \
-  do {                                                                                      \
-    const cudaError_t _edl_e = (expr);                                                      \
-    if (_edl_e != cudaSuccess) {                                                            \
-      return ::edl::resnet50::cuda::CudaError(_edl_e, #expr, __FILE__, __LINE__);           \
-    }                                                                                       \
+#define EDL_CUDA_RETURN_IF_ERROR(expr)                                            \
+  do {                                                                            \
+    const cudaError_t _edl_e = (expr);                                            \
+    if (_edl_e != cudaSuccess) {                                                  \
+      return ::edl::resnet50::cuda::CudaError(_edl_e, #expr, __FILE__, __LINE__); \
+    }                                                                             \
   } while (0)
-#define EDL_CUDNN_RETURN_IF_ERROR(expr)                                                     \
-  do {                                                                                      \
-    const cudnnStatus_t _edl_s = (expr);                                                    \
-    if (_edl_s != CUDNN_STATUS_SUCCESS) {                                                   \
-      return ::edl::resnet50::cuda::CudnnError(_edl_s, #expr, __FILE__, __LINE__);          \
-    }                                                                                       \
+#define EDL_CUDNN_RETURN_IF_ERROR(expr)                                            \
+  do {                                                                             \
+    const cudnnStatus_t _edl_s = (expr);                                           \
+    if (_edl_s != CUDNN_STATUS_SUCCESS) {                                          \
+      return ::edl::resnet50::cuda::CudnnError(_edl_s, #expr, __FILE__, __LINE__); \
+    }                                                                              \
   } while (0)
-#define EDL_CUBLAS_RETURN_IF_ERROR(expr)                                                    \
-  do {                                                                                      \
-    const cublasStatus_t _edl_s = (expr);                                                   \
-    if (_edl_s != CUBLAS_STATUS_SUCCESS) {                                                  \
-      return ::edl::resnet50::cuda::CublasError(_edl_s, #expr, __FILE__, __LINE__);         \
-    }                                                                                       \
+#define EDL_CUBLAS_RETURN_IF_ERROR(expr)                                            \
+  do {                                                                              \
+    const cublasStatus_t _edl_s = (expr);                                           \
+    if (_edl_s != CUBLAS_STATUS_SUCCESS) {                                          \
+      return ::edl::resnet50::cuda::CublasError(_edl_s, #expr, __FILE__, __LINE__); \
+    }                                                                               \
   } while (0)

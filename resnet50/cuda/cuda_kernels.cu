@@ -27,18 +27,22 @@ __device__ __forceinline__ float ToF(__half x) { return __half2float(x); }
 template <typename T>
 __device__ __forceinline__ T FromF(float x);
 template <>
-__device__ __forceinline__ float FromF<float>(float x) { return x; }
+__device__ __forceinline__ float FromF<float>(float x) {
+  return x;
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 template <>
-__device__ __forceinline__ __half FromF<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half FromF<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 // Grid-stride loop over [0, n).
-#define EDL_KERNEL_LOOP(i, n)                                                    \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
-       i < (n); i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+#define EDL_KERNEL_LOOP(i, n)                                                            \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 // Offset of element (n, c, h, w) of a [N, C, H, W] tensor in NCHW or NHWC order.
 __device__ __forceinline__ int64_t Offset(bool nhwc, int64_t n, int64_t c, int64_t h, int64_t w,
@@ -67,16 +71,26 @@ cudaError_t Dispatch(Elem e, F&& body) {
 // Conversion and fill
 
 template <typename S, typename D>
-__global__ void Convert4dKernel(const S* src, bool snhwc, D* dst, bool dnhwc, int64_t N,
-                                int64_t C, int64_t H, int64_t W, float scale) {
+__global__ void Convert4dKernel(const S* src, bool snhwc, D* dst, bool dnhwc, int64_t N, int64_t C,
+                                int64_t H, int64_t W, float scale) {
   const int64_t total = N * C * H * W;
   EDL_KERNEL_LOOP(i, total) {
     // i enumerates dst in its own order, so stores are coalesced.
     int64_t n, c, h, w, r = i;
     if (dnhwc) {
-      c = r % C; r /= C; w = r % W; r /= W; h = r % H; n = r / H;
+      c = r % C;
+      r /= C;
+      w = r % W;
+      r /= W;
+      h = r % H;
+      n = r / H;
     } else {
-      w = r % W; r /= W; h = r % H; r /= H; c = r % C; n = r / C;
+      w = r % W;
+      r /= W;
+      h = r % H;
+      r /= H;
+      c = r % C;
+      n = r / C;
     }
     dst[i] = FromF<D>(scale * ToF(src[Offset(snhwc, n, c, h, w, C, H, W)]));
   }
@@ -122,9 +136,19 @@ __global__ void MaxPoolForwardKernel(const T* x, T* y, bool nhwc, PoolShape s) {
   EDL_KERNEL_LOOP(i, total) {
     int64_t n, c, oh, ow, r = i;
     if (nhwc) {
-      c = r % s.c; r /= s.c; ow = r % s.ow; r /= s.ow; oh = r % s.oh; n = r / s.oh;
+      c = r % s.c;
+      r /= s.c;
+      ow = r % s.ow;
+      r /= s.ow;
+      oh = r % s.oh;
+      n = r / s.oh;
     } else {
-      ow = r % s.ow; r /= s.ow; oh = r % s.oh; r /= s.oh; c = r % s.c; n = r / s.c;
+      ow = r % s.ow;
+      r /= s.ow;
+      oh = r % s.oh;
+      r /= s.oh;
+      c = r % s.c;
+      n = r / s.c;
     }
     float best = -FLT_MAX;
     for (int kh = 0; kh < s.kernel; ++kh) {
@@ -145,8 +169,8 @@ __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? 
 
 // Index (h * W + w) of the first maximum of window (oh, ow).
 template <typename T>
-__device__ int64_t ArgMaxOfWindow(const T* x, bool nhwc, const PoolShape& s, int64_t n,
-                                  int64_t c, int64_t oh, int64_t ow) {
+__device__ int64_t ArgMaxOfWindow(const T* x, bool nhwc, const PoolShape& s, int64_t n, int64_t c,
+                                  int64_t oh, int64_t ow) {
   float best = -FLT_MAX;
   int64_t arg = -1;
   for (int kh = 0; kh < s.kernel; ++kh) {
@@ -171,9 +195,19 @@ __global__ void MaxPoolBackwardKernel(const T* x, const T* dy, T* dx, bool nhwc,
   EDL_KERNEL_LOOP(i, total) {
     int64_t n, c, h, w, r = i;
     if (nhwc) {
-      c = r % s.c; r /= s.c; w = r % s.w; r /= s.w; h = r % s.h; n = r / s.h;
+      c = r % s.c;
+      r /= s.c;
+      w = r % s.w;
+      r /= s.w;
+      h = r % s.h;
+      n = r / s.h;
     } else {
-      w = r % s.w; r /= s.w; h = r % s.h; r /= s.h; c = r % s.c; n = r / s.c;
+      w = r % s.w;
+      r /= s.w;
+      h = r % s.h;
+      r /= s.h;
+      c = r % s.c;
+      n = r / s.c;
     }
     // Windows (oh, ow) with oh*stride - pad <= h < oh*stride - pad + kernel.
     const int64_t oh_lo = Max64(0, (h + s.pad - s.kernel + s.stride) / s.stride);
@@ -194,8 +228,8 @@ __global__ void MaxPoolBackwardKernel(const T* x, const T* dy, T* dx, bool nhwc,
 
 // One thread per (n, c); in NHWC neighbouring threads read neighbouring channels (coalesced).
 template <typename T>
-__global__ void GapForwardKernel(const T* x, bool nhwc, int64_t N, int64_t C, int64_t H,
-                                 int64_t W, float* y) {
+__global__ void GapForwardKernel(const T* x, bool nhwc, int64_t N, int64_t C, int64_t H, int64_t W,
+                                 float* y) {
   EDL_KERNEL_LOOP(i, N * C) {
     const int64_t n = i / C, c = i % C;
     float sum = 0.f;
@@ -213,9 +247,12 @@ __global__ void GapBackwardKernel(const float* dy, T* dx, bool nhwc, int64_t N, 
   EDL_KERNEL_LOOP(i, N * C * H * W) {
     int64_t n, c, r = i;
     if (nhwc) {
-      c = r % C; n = r / (C * H * W);
+      c = r % C;
+      n = r / (C * H * W);
     } else {
-      r /= H * W; c = r % C; n = r / C;
+      r /= H * W;
+      c = r % C;
+      n = r / C;
     }
     dx[i] = FromF<T>(dy[n * C + c] * inv);
   }
@@ -338,15 +375,18 @@ size_t ElemSize(Elem e) { return e == Elem::kF32 ? 4 : 2; }
 
 const char* ElemName(Elem e) {
   switch (e) {
-    case Elem::kF32: return "fp32";
-    case Elem::kBF16: return "bf16";
-    case Elem::kF16: return "fp16";
+    case Elem::kF32:
+      return "fp32";
+    case Elem::kBF16:
+      return "bf16";
+    case Elem::kF16:
+      return "fp16";
   }
   return "?";
 }
 
-cudaError_t Convert4d(const void* src, Fmt4 sf, void* dst, Fmt4 df, int64_t n, int64_t c,
-                      int64_t h, int64_t w, float scale, cudaStream_t stream) {
+cudaError_t Convert4d(const void* src, Fmt4 sf, void* dst, Fmt4 df, int64_t n, int64_t c, int64_t h,
+                      int64_t w, float scale, cudaStream_t stream) {
   CHECK(src != dst) << "Convert4d: src and dst overlap";
   const int64_t total = n * c * h * w;
   if (total == 0) return cudaSuccess;
@@ -379,7 +419,7 @@ cudaError_t Relu(const void* x, void* y, Elem e, int64_t count, cudaStream_t str
   return Dispatch(e, [&](auto t) {
     using T = decltype(t);
     ReluKernel<T><<<Blocks(count), kThreads, 0, stream>>>(static_cast<const T*>(x),
-                                                           static_cast<T*>(y), count);
+                                                          static_cast<T*>(y), count);
   });
 }
 
@@ -410,8 +450,8 @@ cudaError_t MaxPoolForward(const void* x, void* y, Fmt4 f, const PoolShape& s,
   if (total == 0) return cudaSuccess;
   return Dispatch(f.elem, [&](auto t) {
     using T = decltype(t);
-    MaxPoolForwardKernel<T><<<Blocks(total), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), static_cast<T*>(y), f.nhwc, s);
+    MaxPoolForwardKernel<T><<<Blocks(total), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                                    static_cast<T*>(y), f.nhwc, s);
   });
 }
 
@@ -427,14 +467,14 @@ cudaError_t MaxPoolBackward(const void* x, const void* dy, void* dx, Fmt4 f, con
   });
 }
 
-cudaError_t GlobalAvgPoolForward(const void* x, Fmt4 f, int64_t n, int64_t c, int64_t h,
-                                 int64_t w, float* y, cudaStream_t stream) {
+cudaError_t GlobalAvgPoolForward(const void* x, Fmt4 f, int64_t n, int64_t c, int64_t h, int64_t w,
+                                 float* y, cudaStream_t stream) {
   CHECK(h > 0 && w > 0) << "GlobalAvgPoolForward: empty spatial size";
   if (n * c == 0) return cudaSuccess;
   return Dispatch(f.elem, [&](auto t) {
     using T = decltype(t);
-    GapForwardKernel<T><<<Blocks(n * c), kThreads, 0, stream>>>(static_cast<const T*>(x), f.nhwc,
-                                                                 n, c, h, w, y);
+    GapForwardKernel<T>
+        <<<Blocks(n * c), kThreads, 0, stream>>>(static_cast<const T*>(x), f.nhwc, n, c, h, w, y);
   });
 }
 
@@ -445,8 +485,8 @@ cudaError_t GlobalAvgPoolBackward(const float* dy, void* dx, Fmt4 f, int64_t n, 
   if (total == 0) return cudaSuccess;
   return Dispatch(f.elem, [&](auto t) {
     using T = decltype(t);
-    GapBackwardKernel<T><<<Blocks(total), kThreads, 0, stream>>>(dy, static_cast<T*>(dx), f.nhwc,
-                                                                  n, c, h, w);
+    GapBackwardKernel<T>
+        <<<Blocks(total), kThreads, 0, stream>>>(dy, static_cast<T*>(dx), f.nhwc, n, c, h, w);
   });
 }
 
@@ -470,7 +510,7 @@ cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int6
   cudaError_t e = cudaMemsetAsync(result, 0, sizeof(XentResult), stream);
   if (e != cudaSuccess || n == 0) return e;
   XentKernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(logits, labels, m, label_smoothing,
-                                                               grad_scale, dlogits, result);
+                                                                grad_scale, dlogits, result);
   return cudaGetLastError();
 }
 
@@ -480,9 +520,8 @@ cudaError_t FlagNonFinite(const float* x, int64_t count, int* flag, cudaStream_t
   return cudaGetLastError();
 }
 
-cudaError_t SgdUpdate(float* w, const float* g, float* buf, int64_t count, float lr,
-                      float momentum, float weight_decay, bool nesterov, const int* skip,
-                      cudaStream_t stream) {
+cudaError_t SgdUpdate(float* w, const float* g, float* buf, int64_t count, float lr, float momentum,
+                      float weight_decay, bool nesterov, const int* skip, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   SgdKernel<<<Blocks(count), kThreads, 0, stream>>>(w, g, buf, count, lr, momentum, weight_decay,
                                                     nesterov, skip);

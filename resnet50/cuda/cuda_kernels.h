@@ -1,6 +1,7 @@
 // Own CUDA kernels of the CUDA backend (cuda_kernels.cu): layout/dtype conversion, element-wise
 // ops, pooling, the fully connected layer's bias helpers, softmax cross-entropy and the SGD update.
-// cuDNN/cuBLAS do convolution, batch norm and the FC matrix products (cudnn_ops.cc, cuda_backend.cc).
+// cuDNN/cuBLAS do convolution, batch norm and the FC matrix products (cudnn_ops.cc,
+// cuda_backend.cc).
 //
 // Every launcher checks its shape preconditions (CHECK: these are programmer errors; the backend
 // validates tensors from callers first), launches on `stream`, and returns cudaGetLastError() so
@@ -30,8 +31,8 @@ struct Fmt4 {
 
 // dst = scale * src for a 4-D tensor [n,c,h,w], converting element type and order. Also packs
 // OIHW fp32 weights into KRSC (nhwc) and back. src and dst must not overlap.
-cudaError_t Convert4d(const void* src, Fmt4 sf, void* dst, Fmt4 df, int64_t n, int64_t c,
-                      int64_t h, int64_t w, float scale, cudaStream_t stream);
+cudaError_t Convert4d(const void* src, Fmt4 sf, void* dst, Fmt4 df, int64_t n, int64_t c, int64_t h,
+                      int64_t w, float scale, cudaStream_t stream);
 // dst[0..count) = value.
 cudaError_t Fill(void* dst, Elem e, int64_t count, float value, cudaStream_t stream);
 // x[0..count) *= factor (fp32).
@@ -51,15 +52,14 @@ struct PoolShape {
   int kernel, stride, pad;
 };
 // Max pool x [n,c,h,w] -> y [n,c,oh,ow] (same format); padding never wins (-inf).
-cudaError_t MaxPoolForward(const void* x, void* y, Fmt4 f, const PoolShape& s,
-                           cudaStream_t stream);
+cudaError_t MaxPoolForward(const void* x, void* y, Fmt4 f, const PoolShape& s, cudaStream_t stream);
 // dx[i] = sum of dy over the windows whose first maximum is x[i] (a gather: no atomics, so the
 // result is deterministic). Overwrites dx.
 cudaError_t MaxPoolBackward(const void* x, const void* dy, void* dx, Fmt4 f, const PoolShape& s,
                             cudaStream_t stream);
 // y [n,c] fp32 = mean of x [n,c,h,w] over h,w.
-cudaError_t GlobalAvgPoolForward(const void* x, Fmt4 f, int64_t n, int64_t c, int64_t h,
-                                 int64_t w, float* y, cudaStream_t stream);
+cudaError_t GlobalAvgPoolForward(const void* x, Fmt4 f, int64_t n, int64_t c, int64_t h, int64_t w,
+                                 float* y, cudaStream_t stream);
 // dx [n,c,h,w] = dy [n,c] / (h*w), broadcast.
 cudaError_t GlobalAvgPoolBackward(const float* dy, void* dx, Fmt4 f, int64_t n, int64_t c,
                                   int64_t h, int64_t w, cudaStream_t stream);
@@ -87,8 +87,7 @@ cudaError_t SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int6
 cudaError_t FlagNonFinite(const float* x, int64_t count, int* flag, cudaStream_t stream);
 // One SGD step (SgdParams semantics in backend.h) over count floats; a no-op when skip != nullptr
 // and *skip != 0 (fp16 overflow: the step is dropped and the loss scale lowered).
-cudaError_t SgdUpdate(float* w, const float* g, float* buf, int64_t count, float lr,
-                      float momentum, float weight_decay, bool nesterov, const int* skip,
-                      cudaStream_t stream);
+cudaError_t SgdUpdate(float* w, const float* g, float* buf, int64_t count, float lr, float momentum,
+                      float weight_decay, bool nesterov, const int* skip, cudaStream_t stream);
 
 }  // namespace edl::resnet50::cuda

@@ -27,9 +27,12 @@ namespace {
 
 cudnnDataType_t CudnnType(Elem e) {
   switch (e) {
-    case Elem::kF32: return CUDNN_DATA_FLOAT;
-    case Elem::kBF16: return CUDNN_DATA_BFLOAT16;
-    case Elem::kF16: return CUDNN_DATA_HALF;
+    case Elem::kF32:
+      return CUDNN_DATA_FLOAT;
+    case Elem::kBF16:
+      return CUDNN_DATA_BFLOAT16;
+    case Elem::kF16:
+      return CUDNN_DATA_HALF;
   }
   return CUDNN_DATA_FLOAT;
 }
@@ -205,9 +208,9 @@ Status CheckConvShapes(const char* op, const Conv2dParams& p, const Tensor& x, c
                   FitsInt(x.shape()) && FitsInt(y.shape()) && FitsInt(w.shape());
   if (ok) return Status::OK();
   return Status::InvalidArgument(std::string(op) + ": shapes do not match (x " + x.DebugString() +
-                                 ", w " + w.DebugString() + ", y " + y.DebugString() +
-                                 ", kernel " + std::to_string(p.kernel) + " stride " +
-                                 std::to_string(p.stride) + " pad " + std::to_string(p.pad) + ")");
+                                 ", w " + w.DebugString() + ", y " + y.DebugString() + ", kernel " +
+                                 std::to_string(p.kernel) + " stride " + std::to_string(p.stride) +
+                                 " pad " + std::to_string(p.pad) + ")");
 }
 
 }  // namespace
@@ -230,8 +233,8 @@ Status CudaBackend::Conv2dForward(const Conv2dParams& p, const Tensor& x, const 
   EDL_RETURN_IF_ERROR(EnsureWorkspace(c->fwd_ws));
   const float one = 1.f, zero = 0.f;
   EDL_CUDNN_RETURN_IF_ERROR(cudnnConvolutionForward(cudnn_, &one, c->x, xin, c->w, wp, c->fwd,
-                                                    c->fwd_algo, workspace_.get(), c->fwd_ws,
-                                                    &zero, c->y, yout));
+                                                    c->fwd_algo, workspace_.get(), c->fwd_ws, &zero,
+                                                    c->y, yout));
   return FinishOut(y, kSlotY);
 }
 
@@ -273,9 +276,9 @@ Status CudaBackend::Conv2dBackwardFilter(const Conv2dParams& p, const Tensor& x,
       cudnn_, &one, c->x, xin, c->y, dyin, c->bwd_filter, c->bwd_filter_algo, workspace_.get(),
       c->bwd_filter_ws, &zero, c->w, dwp));
   // KRSC (compute precision) -> OIHW fp32, undoing the fp16 loss scale.
-  EDL_CUDA_RETURN_IF_ERROR(Convert4d(dwp, native(), dw->raw(), Fmt4{Elem::kF32, false},
-                                     dw->dim(0), dw->dim(1), dw->dim(2), dw->dim(3),
-                                     1.f / loss_scale_, stream_));
+  EDL_CUDA_RETURN_IF_ERROR(Convert4d(dwp, native(), dw->raw(), Fmt4{Elem::kF32, false}, dw->dim(0),
+                                     dw->dim(1), dw->dim(2), dw->dim(3), 1.f / loss_scale_,
+                                     stream_));
   return Status::OK();
 }
 
@@ -312,7 +315,8 @@ namespace {
 
 Status CheckBnShapes(const char* op, const Tensor& x, std::initializer_list<const Tensor*> vecs) {
   bool ok = x.rank() == 4 && FitsInt(x.shape());
-  for (const Tensor* v : vecs) ok = ok && v->numel() == x.dim(1) && v->dtype() == DataType::kFloat32;
+  for (const Tensor* v : vecs)
+    ok = ok && v->numel() == x.dim(1) && v->dtype() == DataType::kFloat32;
   if (ok) return Status::OK();
   return Status::InvalidArgument(std::string(op) + ": x " + x.DebugString() +
                                  " and its [C] vectors do not match");
@@ -324,9 +328,9 @@ Status CudaBackend::BatchNormForwardTraining(const BatchNormParams& p, const Ten
                                              const Tensor& gamma, const Tensor& beta, Tensor* y,
                                              Tensor* save_mean, Tensor* save_invstd,
                                              Tensor* running_mean, Tensor* running_var) {
-  EDL_RETURN_IF_ERROR(CheckBnShapes("BatchNormForwardTraining", x,
-                                    {&gamma, &beta, save_mean, save_invstd, running_mean,
-                                     running_var}));
+  EDL_RETURN_IF_ERROR(
+      CheckBnShapes("BatchNormForwardTraining", x,
+                    {&gamma, &beta, save_mean, save_invstd, running_mean, running_var}));
   if (x.shape() != y->shape()) return Status::InvalidArgument("BatchNormForwardTraining: y shape");
   auto plan = PlanBn(x.shape());
   if (!plan.ok()) return plan.status();
@@ -349,9 +353,9 @@ Status CudaBackend::BatchNormForwardTraining(const BatchNormParams& p, const Ten
   const float one = 1.f, zero = 0.f;
   EDL_CUDNN_RETURN_IF_ERROR(cudnnBatchNormalizationForwardTrainingEx(
       cudnn_, BnMode(), CUDNN_BATCHNORM_OPS_BN, &one, &zero, b->x, xin, nullptr, nullptr, b->x,
-      yout, b->param, gamma.raw(), beta.raw(), p.momentum, running_mean->raw(),
-      running_var->raw(), std::max<double>(p.eps, CUDNN_BN_MIN_EPSILON), save_mean->raw(),
-      save_invstd->raw(), nullptr, workspace_.get(), b->fwd_ws, reserve->get(), b->reserve));
+      yout, b->param, gamma.raw(), beta.raw(), p.momentum, running_mean->raw(), running_var->raw(),
+      std::max<double>(p.eps, CUDNN_BN_MIN_EPSILON), save_mean->raw(), save_invstd->raw(), nullptr,
+      workspace_.get(), b->fwd_ws, reserve->get(), b->reserve));
   if (p.fuse_relu) {
     EDL_CUDA_RETURN_IF_ERROR(Relu(yout, yout, act_, x.numel(), stream_));
   }
@@ -360,10 +364,10 @@ Status CudaBackend::BatchNormForwardTraining(const BatchNormParams& p, const Ten
 
 Status CudaBackend::BatchNormForwardInference(const BatchNormParams& p, const Tensor& x,
                                               const Tensor& gamma, const Tensor& beta,
-                                              const Tensor& running_mean,
-                                              const Tensor& running_var, Tensor* y) {
-  EDL_RETURN_IF_ERROR(CheckBnShapes("BatchNormForwardInference", x,
-                                    {&gamma, &beta, &running_mean, &running_var}));
+                                              const Tensor& running_mean, const Tensor& running_var,
+                                              Tensor* y) {
+  EDL_RETURN_IF_ERROR(
+      CheckBnShapes("BatchNormForwardInference", x, {&gamma, &beta, &running_mean, &running_var}));
   if (x.shape() != y->shape()) return Status::InvalidArgument("BatchNormForwardInference: y shape");
   auto plan = PlanBn(x.shape());
   if (!plan.ok()) return plan.status();
@@ -385,11 +389,11 @@ Status CudaBackend::BatchNormForwardInference(const BatchNormParams& p, const Te
 }
 
 Status CudaBackend::BatchNormBackward(const BatchNormParams& p, const Tensor& x, const Tensor& dy,
-                                      const Tensor* y, const Tensor& gamma,
-                                      const Tensor& save_mean, const Tensor& save_invstd,
-                                      Tensor* dx, Tensor* dgamma, Tensor* dbeta) {
-  EDL_RETURN_IF_ERROR(CheckBnShapes("BatchNormBackward", x,
-                                    {&gamma, &save_mean, &save_invstd, dgamma, dbeta}));
+                                      const Tensor* y, const Tensor& gamma, const Tensor& save_mean,
+                                      const Tensor& save_invstd, Tensor* dx, Tensor* dgamma,
+                                      Tensor* dbeta) {
+  EDL_RETURN_IF_ERROR(
+      CheckBnShapes("BatchNormBackward", x, {&gamma, &save_mean, &save_invstd, dgamma, dbeta}));
   if (x.shape() != dy.shape() || x.shape() != dx->shape()) {
     return Status::InvalidArgument("BatchNormBackward: x, dy and dx shapes differ");
   }
@@ -430,8 +434,7 @@ Status CudaBackend::BatchNormBackward(const BatchNormParams& p, const Tensor& x,
       nullptr, b->x, dyin, nullptr, nullptr, b->x, dxout, b->param, gamma.raw(),
       /*bnBiasData (unused without activation)=*/gamma.raw(), dgamma->raw(), dbeta->raw(),
       std::max<double>(p.eps, CUDNN_BN_MIN_EPSILON), save_mean.raw(), save_invstd.raw(), nullptr,
-      workspace_.get(), b->bwd_ws, b->reserve > 0 ? reserve->second->get() : nullptr,
-      b->reserve));
+      workspace_.get(), b->bwd_ws, b->reserve > 0 ? reserve->second->get() : nullptr, b->reserve));
   return FinishOut(dx, kSlotDX);
 }
 

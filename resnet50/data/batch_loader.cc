@@ -21,8 +21,8 @@ BatchLoader::~BatchLoader() {
 
 Status BatchLoader::Fill(HostBatch* b) const {
   const int64_t n = static_cast<int64_t>(b->indices.size());
-  const int64_t per = static_cast<int64_t>(dataset_->channels()) * dataset_->image_size() *
-                      dataset_->image_size();
+  const int64_t per =
+      static_cast<int64_t>(dataset_->channels()) * dataset_->image_size() * dataset_->image_size();
   b->images.resize(n * per);
   b->labels.resize(n);
   return dataset_->FillBatch(b->indices, augment_, AugSeed(b->epoch), b->images.data(),

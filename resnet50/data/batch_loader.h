@@ -1,8 +1,8 @@
 // BatchLoader: fills host batches from a Dataset on one background thread, so the training step
 // finds the next batch ready. Prefetch(epoch, indices) queues a batch; Get(epoch, indices) returns
 // it (waiting for it if it is still being filled) or, when nothing matching was queued, fills it on
-// the spot. Augmentation is seeded by (seed, epoch) and each sample's index (Dataset::FillBatch), so
-// a sample gets the same crop and flip whatever batch, thread or trainer loads it. A dataset may
+// the spot. Augmentation is seeded by (seed, epoch) and each sample's index (Dataset::FillBatch),
+// so a sample gets the same crop and flip whatever batch, thread or trainer loads it. A dataset may
 // spread one batch over several threads itself (ImageFolder's DecodePool).
 //
 // Thread-safety: Prefetch and Get are called from the training thread; the worker thread only
@@ -26,7 +26,7 @@ namespace edl::resnet50 {
 struct HostBatch {
   int64_t epoch = 0;
   std::vector<int64_t> indices;
-  std::vector<float> images;   // [n, C, S, S]
+  std::vector<float> images;    // [n, C, S, S]
   std::vector<int32_t> labels;  // [n]; kSkippedLabel for a sample the dataset could not load
   int64_t skipped() const;      // samples labelled kSkippedLabel
 };

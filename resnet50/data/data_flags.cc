@@ -8,25 +8,25 @@
 namespace edl::resnet50 {
 
 void AddDataFlags(po::options_description* desc, DataFlags* d) {
-  desc->add_options()
-      ("data", po::value(&d->data)->default_value("fashion-mnist"), "fashion-mnist|synthetic|imagefolder")
-      ("data_dir", po::value(&d->data_dir)->default_value("/usr/share/datasets/fashion-mnist"),
-       "directory with the Fashion-MNIST IDX files (.gz or plain); imagefolder: the directory "
-       "holding train/<class>/*.jpg and val/<class>/*.jpg")
-      ("data_threads", po::value(&d->data_threads)->default_value(1),
-       "imagefolder: JPEG decode + augmentation threads per split, preparing the next batch while "
-       "the step runs")
-      ("image_size", po::value(&d->image_size)->default_value(0),
-       "image side in px; 0 = 28 for fashion-mnist, 32 (resnet20/56) or 224 for synthetic and "
-       "imagefolder; fashion-mnist images are zero-padded to it; imagefolder crops to it "
-       "(evaluation resizes to image_size*256/224 first)")
-      ("channels", po::value(&d->channels)->default_value(3, "3"), "synthetic image channels")
-      ("synthetic_train", po::value(&d->synthetic_train)->default_value(0),
-       "synthetic training samples; 0 = 100 batches")
-      ("synthetic_test", po::value(&d->synthetic_test)->default_value(0),
-       "synthetic test samples; 0 = 4 batches")
-      ("train_samples", po::value(&d->train_samples)->default_value(0),
-       "use only the first N training samples (fast tests and demos); 0 = all");
+  desc->add_options()("data", po::value(&d->data)->default_value("fashion-mnist"),
+                      "fashion-mnist|synthetic|imagefolder")(
+      "data_dir", po::value(&d->data_dir)->default_value("/usr/share/datasets/fashion-mnist"),
+      "directory with the Fashion-MNIST IDX files (.gz or plain); imagefolder: the directory "
+      "holding train/<class>/*.jpg and val/<class>/*.jpg")(
+      "data_threads", po::value(&d->data_threads)->default_value(1),
+      "imagefolder: JPEG decode + augmentation threads per split, preparing the next batch while "
+      "the step runs")(
+      "image_size", po::value(&d->image_size)->default_value(0),
+      "image side in px; 0 = 28 for fashion-mnist, 32 (resnet20/56) or 224 for synthetic and "
+      "imagefolder; fashion-mnist images are zero-padded to it; imagefolder crops to it "
+      "(evaluation resizes to image_size*256/224 first)")(
+      "channels", po::value(&d->channels)->default_value(3, "3"), "synthetic image channels")(
+      "synthetic_train", po::value(&d->synthetic_train)->default_value(0),
+      "synthetic training samples; 0 = 100 batches")(
+      "synthetic_test", po::value(&d->synthetic_test)->default_value(0),
+      "synthetic test samples; 0 = 4 batches")(
+      "train_samples", po::value(&d->train_samples)->default_value(0),
+      "use only the first N training samples (fast tests and demos); 0 = all");
 }
 
 Status ValidateDataFlags(const DataFlags& d) {

@@ -21,10 +21,11 @@ struct DataFlags {
   int data_threads = 1;                // imagefolder: decode + augmentation threads per split
   int channels = 3;                    // synthetic only
   int64_t synthetic_train = 0, synthetic_test = 0;  // 0: 100 / 4 batches
-  int64_t train_samples = 0;           // the first N training samples; 0 = all
+  int64_t train_samples = 0;                        // the first N training samples; 0 = all
 };
 
-// Adds --data, --data_dir, --data_threads, --image_size, --channels, --synthetic_train, --synthetic_test and
+// Adds --data, --data_dir, --data_threads, --image_size, --channels, --synthetic_train,
+// --synthetic_test and
 // --train_samples, bound to *d.
 void AddDataFlags(po::options_description* desc, DataFlags* d);
 

@@ -24,7 +24,8 @@ constexpr float kFashionStd = 0.3530f;
 Status ReadMaybeGzip(const std::string& path, std::vector<uint8_t>* out) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) {
-    return Status::NotFound(path + ": no such file; install the Debian package "
+    return Status::NotFound(path +
+                            ": no such file; install the Debian package "
                             "dataset-fashion-mnist or point --data_dir at the IDX files");
   }
   gzFile f = gzopen(path.c_str(), "rb");
@@ -128,8 +129,8 @@ class Synthetic : public Dataset {
   int num_classes() const override { return classes_; }
   std::string name() const override { return "synthetic"; }
 
-  Status FillBatch(const std::vector<int64_t>& indices, const Augment&, uint64_t,
-                   float* images, int32_t* labels) const override {
+  Status FillBatch(const std::vector<int64_t>& indices, const Augment&, uint64_t, float* images,
+                   int32_t* labels) const override {
     const int64_t per = static_cast<int64_t>(channels_) * size_ * size_;
     for (size_t i = 0; i < indices.size(); ++i) {
       const int64_t idx = indices[i];
@@ -183,9 +184,9 @@ Status ReadIdxImages(const std::string& path, IdxImages* out) {
   const uint64_t need = uint64_t{count} * rows * cols;
   if (bytes.size() - 16 != need) {
     return Status::Corruption(path + ": " + std::to_string(bytes.size() - 16) +
-                              " payload bytes, header says " + std::to_string(count) + " images of " +
-                              std::to_string(rows) + "x" + std::to_string(cols) + " (" +
-                              std::to_string(need) + " bytes): truncated or damaged file");
+                              " payload bytes, header says " + std::to_string(count) +
+                              " images of " + std::to_string(rows) + "x" + std::to_string(cols) +
+                              " (" + std::to_string(need) + " bytes): truncated or damaged file");
   }
   out->count = count;
   out->rows = static_cast<int>(rows);
@@ -235,8 +236,7 @@ StatusOr<std::unique_ptr<Dataset>> LoadFashionMnist(const std::string& dir, bool
   }
   for (uint8_t l : labels) {
     if (l >= 10) {
-      return Status::Corruption(labels_path + ": label " + std::to_string(l) +
-                                " outside [0, 10)");
+      return Status::Corruption(labels_path + ": label " + std::to_string(l) + " outside [0, 10)");
     }
   }
   if (pad_to < images.rows || pad_to < images.cols) {

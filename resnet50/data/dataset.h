@@ -23,7 +23,7 @@ constexpr int32_t kSkippedLabel = -1;
 struct Augment {
   bool random_crop = false;  // pad by `pad` pixels (zeros) and crop back at a random offset
   int pad = 4;
-  bool flip = false;         // random horizontal flip
+  bool flip = false;  // random horizontal flip
 };
 
 class Dataset {

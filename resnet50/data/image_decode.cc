@@ -1,8 +1,8 @@
 #include "resnet50/data/image_decode.h"
 
 // jpeglib.h needs size_t and FILE declared first.
-#include <cstdio>
 #include <csetjmp>
+#include <cstdio>
 
 #include <jpeglib.h>
 #include <png.h>
@@ -18,14 +18,15 @@ namespace {
 constexpr uint8_t kPngSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 
 bool IsPng(const uint8_t* data, size_t size) {
-  return size >= sizeof(kPngSignature) && std::memcmp(data, kPngSignature, sizeof(kPngSignature)) == 0;
+  return size >= sizeof(kPngSignature) &&
+         std::memcmp(data, kPngSignature, sizeof(kPngSignature)) == 0;
 }
 
 Status CheckSize(const std::string& what, int64_t w, int64_t h) {
   if (w <= 0 || h <= 0 || w * h > image_limits::kMaxPixels) {
-    return Status::Corruption(what + ": image size " + std::to_string(w) + "x" +
-                              std::to_string(h) + " is outside 1x1 .. " +
-                              std::to_string(image_limits::kMaxPixels) + " pixels");
+    return Status::Corruption(what + ": image size " + std::to_string(w) + "x" + std::to_string(h) +
+                              " is outside 1x1 .. " + std::to_string(image_limits::kMaxPixels) +
+                              " pixels");
   }
   return Status::OK();
 }
@@ -113,8 +114,8 @@ struct JpegOut {
 // Decodes at 1/denom, over `region` (+ margin) when given, into *buf (which lives in the caller's
 // frame); with buf null, only reads the header (out->full_width, full_height: the full size).
 // False (e->message says why) on a fatal error, or bytes that are not a JPEG.
-bool JpegDecode(const uint8_t* data, size_t size, int denom, const SourceRegion* region,
-                int margin, JpegErrors* e, std::vector<uint8_t>* buf, JpegOut* out) {
+bool JpegDecode(const uint8_t* data, size_t size, int denom, const SourceRegion* region, int margin,
+                JpegErrors* e, std::vector<uint8_t>* buf, JpegOut* out) {
   jpeg_decompress_struct cinfo;
   InitJpeg(&cinfo, e);
   if (setjmp(e->jump)) {

@@ -1,6 +1,6 @@
 // Image decoding for the ImageFolder dataset: JPEG through libjpeg-turbo (its libjpeg API), PNG
-// (some ImageNet "JPEG"s are PNGs under a .JPEG name) through libpng's simplified API. Grayscale and
-// CMYK/YCCK JPEGs come out as RGB. A JPEG is decoded
+// (some ImageNet "JPEG"s are PNGs under a .JPEG name) through libpng's simplified API. Grayscale
+// and CMYK/YCCK JPEGs come out as RGB. A JPEG is decoded
 //   - at 1/2, 1/4 or 1/8 scale in the DCT domain when asked (the caller picks the scale that still
 //     covers its crop: JpegScaleDenominator), and
 //   - only over the region the caller needs: rows above it are skipped without the inverse DCT
@@ -60,8 +60,7 @@ class ImageDecoder {
   // still decode (a truncated file: the missing part comes out grey) is a success with *damaged
   // set. Corruption naming `what` when nothing could be decoded.
   Status Decode(const uint8_t* data, size_t size, const std::string& what, int scale_denom,
-                RgbImage* out, bool* damaged, const SourceRegion* region = nullptr,
-                int margin = 0);
+                RgbImage* out, bool* damaged, const SourceRegion* region = nullptr, int margin = 0);
 };
 
 // The largest scale denominator (8, 4, 2, else 1) at which a crop of crop_width x crop_height

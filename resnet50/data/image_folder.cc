@@ -23,7 +23,8 @@ namespace fs = std::filesystem;
 
 bool IsImageFile(const fs::path& p) {
   std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
   return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
 }
 
@@ -150,8 +151,10 @@ class ImageFolder : public Dataset {
 Status ListClasses(const std::string& dir, std::vector<std::string>* classes) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    return Status::InvalidArgument(dir + ": no such directory; --data imagefolder wants "
-                                   "DIR/train/<class>/*.jpg (and DIR/val/<class>/*.jpg for --eval)");
+    return Status::InvalidArgument(
+        dir +
+        ": no such directory; --data imagefolder wants "
+        "DIR/train/<class>/*.jpg (and DIR/val/<class>/*.jpg for --eval)");
   }
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (it->is_directory(ec)) classes->push_back(it->path().filename().string());
@@ -159,8 +162,10 @@ Status ListClasses(const std::string& dir, std::vector<std::string>* classes) {
   if (ec) return Status::InvalidArgument(dir + ": cannot list (" + ec.message() + ")");
   std::sort(classes->begin(), classes->end());
   if (classes->empty()) {
-    return Status::InvalidArgument(dir + ": no class folders; put each class's images in "
-                                   "their own subfolder (" + dir + "/<class>/*.jpg)");
+    return Status::InvalidArgument(dir +
+                                   ": no class folders; put each class's images in "
+                                   "their own subfolder (" +
+                                   dir + "/<class>/*.jpg)");
   }
   return Status::OK();
 }
@@ -187,12 +192,14 @@ StatusOr<std::unique_ptr<Dataset>> OpenImageFolderSplit(const std::string& split
     const std::string class_dir = split_dir + "/" + (*classes)[c];
     std::vector<std::string> found;
     std::error_code ec;
-    for (fs::recursive_directory_iterator it(class_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    for (fs::recursive_directory_iterator it(class_dir, ec), end; !ec && it != end;
+         it.increment(ec)) {
       if (IsImageFile(it->path()) && !it->is_directory(ec)) found.push_back(it->path().string());
     }
     if (ec) return Status::InvalidArgument(class_dir + ": cannot list (" + ec.message() + ")");
     if (found.empty()) {
-      return Status::InvalidArgument(class_dir + ": class folder holds no .jpg/.jpeg/.png "
+      return Status::InvalidArgument(class_dir +
+                                     ": class folder holds no .jpg/.jpeg/.png "
                                      "files; add images or remove the folder");
     }
     std::sort(found.begin(), found.end());
@@ -225,9 +232,10 @@ Status LoadImageFolder(const std::string& dir, const ImageFolderOptions& o, bool
       if (v.size() > 5) s += " and " + std::to_string(v.size() - 5) + " more";
       return s.empty() ? std::string("none") : s;
     };
-    return Status::InvalidArgument(dir + "/val has other classes than " + dir + "/train (only in train: " +
-                                   list(only_train) + "; only in val: " + list(only_val) +
-                                   "): the class indices would not match; give both splits the same class folders");
+    return Status::InvalidArgument(
+        dir + "/val has other classes than " + dir + "/train (only in train: " + list(only_train) +
+        "; only in val: " + list(only_val) +
+        "): the class indices would not match; give both splits the same class folders");
   }
   *val = std::move(va.value());
   return Status::OK();

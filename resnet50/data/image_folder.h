@@ -27,10 +27,10 @@
 namespace edl::resnet50 {
 
 struct ImageFolderOptions {
-  int image_size = 224;    // side of the square images the model gets (crop size)
-  int resize = 0;          // evaluation: shorter side before the centre crop; 0 = image_size * 256 / 224
-  int threads = 1;         // decode threads per split (the calling thread is one of them)
-  RandomCropParams crop;   // RandomResizedCrop's scale and ratio ranges
+  int image_size = 224;  // side of the square images the model gets (crop size)
+  int resize = 0;   // evaluation: shorter side before the centre crop; 0 = image_size * 256 / 224
+  int threads = 1;  // decode threads per split (the calling thread is one of them)
+  RandomCropParams crop;  // RandomResizedCrop's scale and ratio ranges
 };
 
 // Opens DIR/train and, when `with_val`, DIR/val (which must have the same class folders).

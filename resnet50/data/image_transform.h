@@ -47,7 +47,7 @@ struct CropBox {
 };
 
 struct RandomCropParams {
-  double min_scale = 0.08, max_scale = 1.0;     // fraction of the image area
+  double min_scale = 0.08, max_scale = 1.0;         // fraction of the image area
   double min_ratio = 3.0 / 4, max_ratio = 4.0 / 3;  // width / height
 };
 

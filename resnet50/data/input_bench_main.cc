@@ -31,15 +31,16 @@ int main(int argc, char** argv) {
   int threads = 1, size = 224;
   int64_t batch = 32, batches = 20, warmup = 3;
   po::options_description d("edl_input_bench flags");
-  d.add_options()
-      ("data_dir", po::value(&dir)->required(), "ImageFolder root (DIR/train/<class>/*.jpg)")
-      ("data_threads", po::value(&threads)->default_value(1), "decode threads")
-      ("image_size", po::value(&size)->default_value(224), "crop size")
-      ("batch_size", po::value(&batch)->default_value(32), "images per batch")
-      ("batches", po::value(&batches)->default_value(20), "timed batches")
-      ("warmup", po::value(&warmup)->default_value(3), "untimed batches first");
+  d.add_options()("data_dir", po::value(&dir)->required(),
+                  "ImageFolder root (DIR/train/<class>/*.jpg)")(
+      "data_threads", po::value(&threads)->default_value(1), "decode threads")(
+      "image_size", po::value(&size)->default_value(224), "crop size")(
+      "batch_size", po::value(&batch)->default_value(32), "images per batch")(
+      "batches", po::value(&batches)->default_value(20), "timed batches")(
+      "warmup", po::value(&warmup)->default_value(3), "untimed batches first");
   ParsedFlags parsed;
-  Status s = ParseFlags("input_bench", "usage: edl_input_bench --data_dir DIR [flags]", d, argc, argv, &parsed);
+  Status s = ParseFlags("input_bench", "usage: edl_input_bench --data_dir DIR [flags]", d, argc,
+                        argv, &parsed);
   if (!s.ok()) {
     std::cerr << "edl_input_bench: " << s.ToString() << "\n";
     return 2;

@@ -358,7 +358,9 @@ std::string Isolate() {
   // Best effort: the quick start runs the same without it. Not with EDL_KEEP_TEST_DIRS, whose
   // scratch directory must outlive the namespace, nor when the tree (the source or the build)
   // lies under /tmp, which the mount would hide.
-  auto under_tmp = [](const std::string& p) { return fs::absolute(p).string().rfind("/tmp/", 0) == 0; };
+  auto under_tmp = [](const std::string& p) {
+    return fs::absolute(p).string().rfind("/tmp/", 0) == 0;
+  };
   if (std::getenv("EDL_KEEP_TEST_DIRS") == nullptr && !under_tmp(test::SourceDir()) &&
       !under_tmp(test::BuildDir()) &&
       ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) == 0) {

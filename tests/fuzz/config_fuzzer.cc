@@ -49,8 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<char*> argv = {const_cast<char*>("fuzz"), const_cast<char*>("--config"),
                              config_arg.data(), const_cast<char*>("--port=9")};
   edl::ParsedFlags flags;
-  const edl::Status s = edl::ParseFlags("fuzz", "usage", desc, static_cast<int>(argv.size()),
-                                        argv.data(), &flags);
+  const edl::Status s =
+      edl::ParseFlags("fuzz", "usage", desc, static_cast<int>(argv.size()), argv.data(), &flags);
   if (s.ok()) {
     FUZZ_CHECK(port == 9);  // the command line wins over the file
     FUZZ_CHECK(flags.config_file == path);

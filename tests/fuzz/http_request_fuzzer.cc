@@ -1,8 +1,8 @@
-// The request head of `edl server --http_addr` (jobserver/http/http_request.h): arbitrary bytes as an
-// unauthenticated peer sends them, whole and split in two as they may arrive on a socket; and, for
-// inputs that are JSON, an events-log record fed to ServerMetrics (a trainer event's fields come
-// from a node) and the Prometheus text rendered from it. Whatever the bytes: a refusal or a head
-// within HttpLimits, never a crash; the same answer whole or split.
+// The request head of `edl server --http_addr` (jobserver/http/http_request.h): arbitrary bytes as
+// an unauthenticated peer sends them, whole and split in two as they may arrive on a socket; and,
+// for inputs that are JSON, an events-log record fed to ServerMetrics (a trainer event's fields
+// come from a node) and the Prometheus text rendered from it. Whatever the bytes: a refusal or a
+// head within HttpLimits, never a crash; the same answer whole or split.
 #include <string>
 
 #include <boost/asio/buffer.hpp>

@@ -153,7 +153,8 @@ inline std::string Mutate(json msg, ByteReader* r) {
         msg = Removed(std::move(msg), p);
         break;
       case 3:  // an unknown member beside a known one
-        if (msg.is_object()) msg["x_unknown_" + std::to_string(r->Below(4))] = variants[r->Below(variants.size())];
+        if (msg.is_object())
+          msg["x_unknown_" + std::to_string(r->Below(4))] = variants[r->Below(variants.size())];
         break;
       case 4:  // a top-level member twice
         if (p.parent_pointer().empty()) {
@@ -163,7 +164,8 @@ inline std::string Mutate(json msg, ByteReader* r) {
         break;
     }
   }
-  if (!duplicate_key.empty() && msg.is_object()) return WithDuplicate(msg, duplicate_key, duplicate_value);
+  if (!duplicate_key.empty() && msg.is_object())
+    return WithDuplicate(msg, duplicate_key, duplicate_value);
   return msg.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

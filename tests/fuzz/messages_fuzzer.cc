@@ -1,7 +1,8 @@
-// Message decoders (edl/proto/messages.h, service_messages.h): a frame payload goes through DecodePayload, then through
-// every message's DecodeFrom (DecodeFrom does not look at "type", so each decoder sees every input).
-// A message a decoder accepts must encode to JSON that decodes again to the same encoding, and an
-// accepted GenerationUpdate is applied to a small current generation, as a client does.
+// Message decoders (edl/proto/messages.h, service_messages.h): a frame payload goes through
+// DecodePayload, then through every message's DecodeFrom (DecodeFrom does not look at "type", so
+// each decoder sees every input). A message a decoder accepts must encode to JSON that decodes
+// again to the same encoding, and an accepted GenerationUpdate is applied to a small current
+// generation, as a client does.
 #include <string>
 
 #include "edl/proto/frame.h"

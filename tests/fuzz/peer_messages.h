@@ -35,7 +35,11 @@ inline std::vector<json> TrainerEventBodies(int64_t generation) {
        {"failed", 1},
        {"failed_total", 1},
        {"store", "/tmp/ckpt"}},
-      {{"event", "stop_checkpoint"}, {"generation", generation}, {"step", 12}, {"ok", false}, {"error", "no space"}},
+      {{"event", "stop_checkpoint"},
+       {"generation", generation},
+       {"step", 12},
+       {"ok", false},
+       {"error", "no space"}},
       {{"event", "stall"},
        {"generation", generation},
        {"from_generation", generation > 0 ? generation - 1 : 0},
@@ -45,7 +49,11 @@ inline std::vector<json> TrainerEventBodies(int64_t generation) {
        {"failure", false},
        {"stall_s", 0.4},
        {"reform_s", 0.1}},
-      {{"event", "sync"}, {"generation", generation}, {"rank", 0}, {"world_size", 2}, {"state_hash", "123"}},
+      {{"event", "sync"},
+       {"generation", generation},
+       {"rank", 0},
+       {"world_size", 2},
+       {"state_hash", "123"}},
       {{"event", "eval"}, {"generation", generation}, {"step", 10}, {"accuracy", 0.9}},
       {{"event", "leave"}, {"generation", generation}, {"step", 10}},
   };
@@ -114,7 +122,8 @@ inline std::vector<json> CtlMessages() {
     r.command = c;
     if (c == C::kScale) r.n = 3;
     if (c == C::kCancel) r.job = "other";
-    if (c == C::kSubmit) r.spec = {{"name", "j2"}, {"type", "resnet"}, {"min_trainers", 1}, {"max_trainers", 2}};
+    if (c == C::kSubmit)
+      r.spec = {{"name", "j2"}, {"type", "resnet"}, {"min_trainers", 1}, {"max_trainers", 2}};
     out.push_back(r.Encoded());
   }
   return out;

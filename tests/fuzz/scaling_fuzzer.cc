@@ -1,8 +1,8 @@
-// Scaling-script parser (jobserver/policy/scaling.h): a script file as an operator wrote it. Parse returns a
-// Status whatever the text; an accepted script's events are in time order, and polling it returns
-// due events only, in order, never a `repeat`, and stays bounded while it repeats; step lines fire
-// only once their step was observed, each line at most once. A `teachers` event names a valid
-// service with a count within the service limit.
+// Scaling-script parser (jobserver/policy/scaling.h): a script file as an operator wrote it. Parse
+// returns a Status whatever the text; an accepted script's events are in time order, and polling it
+// returns due events only, in order, never a `repeat`, and stays bounded while it repeats; step
+// lines fire only once their step was observed, each line at most once. A `teachers` event names a
+// valid service with a count within the service limit.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -38,7 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Up to three passes through a repeating script; each Poll returns due events in time order.
   // The job's step advances between polls (a script with step lines never repeats).
   const int64_t span = std::min<int64_t>(last_at, std::numeric_limits<int64_t>::max() / 4);
-  const int64_t polls[] = {0, span / 2, span, 2 * span + 1, 3 * span + 2, 3 * span + 2, 3 * span + 2};
+  const int64_t polls[] = {0,           span / 2, span, 2 * span + 1, 3 * span + 2, 3 * span + 2,
+                           3 * span + 2};
   const int64_t steps[] = {-1, 0, 10, 1000, 1'000'000, 1'000'000'000'000LL, 1'000'000'000'000LL};
   int64_t prev_poll = -1;
   int64_t prev_at = -1;

@@ -45,7 +45,8 @@ class Harness {
     if (driver_ == nullptr || ++uses_ > kRenewEvery) {
       driver_.reset();
       std::error_code ec;
-      for (const auto& e : std::filesystem::directory_iterator(dir_, ec)) std::filesystem::remove_all(e.path(), ec);
+      for (const auto& e : std::filesystem::directory_iterator(dir_, ec))
+        std::filesystem::remove_all(e.path(), ec);
       driver_ = std::make_unique<edl::jobserver::ServerDriver>(dir_);
       FUZZ_CHECK(driver_->start_status().ok());
       uses_ = 0;

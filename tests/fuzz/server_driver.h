@@ -105,7 +105,8 @@ class ServerDriver {
  private:
   using Peer = Server::Peer;
 
-  std::shared_ptr<Peer> NewPeer(const std::string& name, boost::asio::local::stream_protocol::socket* other) {
+  std::shared_ptr<Peer> NewPeer(const std::string& name,
+                                boost::asio::local::stream_protocol::socket* other) {
     boost::asio::local::stream_protocol::socket ours(io_);
     *other = boost::asio::local::stream_protocol::socket(io_);
     boost::asio::local::connect_pair(ours, *other);

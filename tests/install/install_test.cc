@@ -40,7 +40,8 @@ class InstallTest : public ::testing::Test {
   }
   void SetUp() override {
     ASSERT_TRUE(fs::exists(Prefix() + "/bin/edl"))
-        << "no installed tree at " << Prefix() << ": run the test through ctest (ctest -R '^install_test\\.' "
+        << "no installed tree at " << Prefix()
+        << ": run the test through ctest (ctest -R '^install_test\\.' "
         << "runs the fixture install_test.fixture, `cmake --install` of this tree, first)";
   }
 
@@ -77,15 +78,17 @@ class InstallTest : public ::testing::Test {
       *out = "no " + dir + "/edl/torch.py";
       return -1;
     }
-    const int rc = Run({"/usr/bin/env", "PYTHONPATH=" + dir, "/usr/bin/python3", "-c",
-                        "import edl; assert edl.__file__.startswith('" + dir + "'); print(edl.plan())"},
-                       name, out);
+    const int rc =
+        Run({"/usr/bin/env", "PYTHONPATH=" + dir, "/usr/bin/python3", "-c",
+             "import edl; assert edl.__file__.startswith('" + dir + "'); print(edl.plan())"},
+            name, out);
     return rc != 0 || out->find("'mode': 'standalone'") == std::string::npos ? 1 : 0;
   }
   // The first "loss A -> B" of a trainer's final line: {A, B}, or {-1, -1} when there is none.
   static std::pair<double, double> Losses(const std::string& out) {
     std::smatch m;
-    const std::regex re(R"(linear_trainer: finished at step (\d+) generation \d+, loss ([0-9.e+-]+) -> ([0-9.e+-]+))");
+    const std::regex re(R"(linear_trainer: finished at step (\d+) generation \d+, )"
+                        R"(loss ([0-9.e+-]+) -> ([0-9.e+-]+))");
     if (!std::regex_search(out, m, re)) return {-1, -1};
     return {std::stod(m[2].str()), std::stod(m[3].str())};
   }
@@ -97,15 +100,16 @@ test::ScratchDir* InstallTest::dir_ = nullptr;
 
 TEST_F(InstallTest, InstalledTreeRunsAfterBeingMoved) {
   const std::string lib = LibDir();
-  std::vector<std::string> files = {Prefix() + "/bin/edl", lib + "/libedl.so", lib + "/libedl_resnet50.so",
-                                    lib + "/cmake/edl/edlConfig.cmake",
+  std::vector<std::string> files = {Prefix() + "/bin/edl", lib + "/libedl.so",
+                                    lib + "/libedl_resnet50.so", lib + "/cmake/edl/edlConfig.cmake",
                                     lib + "/cmake/edl/edlTargets.cmake"};
   if (EDL_HAVE_CUDA) files.push_back(lib + "/libedl_cuda.so");  // found next to libedl.so
   for (const std::string& f : files) EXPECT_TRUE(fs::exists(f)) << f << " was not installed";
   // bin/edl and libedl_resnet50.so find libedl.so relative to themselves; nothing installed
   // points into the build tree (libedl.so needs only system libraries: no RUNPATH at all).
   for (const std::string& elf : {files[0], files[2]}) {
-    EXPECT_NE(RunPath(elf).find("$ORIGIN"), std::string::npos) << elf << " RUNPATH '" << RunPath(elf) << "'";
+    EXPECT_NE(RunPath(elf).find("$ORIGIN"), std::string::npos)
+        << elf << " RUNPATH '" << RunPath(elf) << "'";
   }
   for (const std::string& elf : {files[0], files[1], files[2]}) {
     EXPECT_EQ(RunPath(elf).find(test::BuildDir()), std::string::npos)
@@ -133,7 +137,8 @@ TEST_F(InstallTest, InstalledHeadersIncludeOnlyInstalledHeaders) {
     if (!e.is_regular_file()) continue;
     ++headers;
     const std::string text = Slurp(e.path().string());
-    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it) {
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
+         ++it) {
       EXPECT_TRUE(fs::exists(inc + "/" + (*it)[1].str()))
           << e.path() << " includes " << (*it)[1].str() << ", which is not installed";
     }
@@ -151,7 +156,8 @@ TEST_F(InstallTest, ExampleTrainerBuildsAgainstThePackageAndTrains) {
                 "example-configure", &out),
             0)
       << out;
-  EXPECT_NE(out.find(Prefix()), std::string::npos) << "found another edl than the installed one:\n" << out;
+  EXPECT_NE(out.find(Prefix()), std::string::npos) << "found another edl than the installed one:\n"
+                                                   << out;
   ASSERT_EQ(Run({EDL_CMAKE, "--build", build, "-j", "2"}, "example-build", &out), 0) << out;
   const std::string trainer = build + "/linear_trainer";
 
@@ -169,7 +175,8 @@ TEST_F(InstallTest, ExampleTrainerBuildsAgainstThePackageAndTrains) {
                  "--checkpoint_steps", "50"},
                 "example-launch", &out),
             0)
-      << out << "\n" << Slurp(logs + "/trainer-0.log", 4000) << Slurp(logs + "/trainer-1.log", 4000);
+      << out << "\n"
+      << Slurp(logs + "/trainer-0.log", 4000) << Slurp(logs + "/trainer-1.log", 4000);
   for (int rank = 0; rank < 2; ++rank) {
     const std::string t = Slurp(logs + "/trainer-" + std::to_string(rank) + ".log");
     EXPECT_NE(t.find("static mode"), std::string::npos) << t;
@@ -184,7 +191,8 @@ TEST_F(InstallTest, ExampleTrainerBuildsAgainstThePackageAndTrains) {
             0)
       << out;
   EXPECT_TRUE(std::regex_search(out, std::regex(R"((^|\n)\s*\d+\s+100\s)")))
-      << "no checkpoint at step 100:\n" << out;
+      << "no checkpoint at step 100:\n"
+      << out;
 }
 
 // The Debian package: built by cpack from this tree, it names the Debian libraries it needs, holds
@@ -195,9 +203,10 @@ TEST_F(InstallTest, DebianPackageNamesItsDependenciesAndRuns) {
   }
   const std::string pkgs = dir_->Join("packages");
   std::string out;
-  ASSERT_EQ(Run({EDL_CPACK, "-G", "DEB", "--config", test::BuildDir() + "/CPackConfig.cmake", "-B", pkgs},
-                "cpack", &out),
-            0)
+  ASSERT_EQ(
+      Run({EDL_CPACK, "-G", "DEB", "--config", test::BuildDir() + "/CPackConfig.cmake", "-B", pkgs},
+          "cpack", &out),
+      0)
       << out;
   std::string deb;
   for (const auto& e : fs::directory_iterator(pkgs)) {
@@ -206,12 +215,14 @@ TEST_F(InstallTest, DebianPackageNamesItsDependenciesAndRuns) {
   }
   ASSERT_FALSE(deb.empty()) << "no edl_*.deb in " << pkgs << ":\n" << out;
   if (EDL_HAVE_CUDA) {
-    EXPECT_TRUE(fs::exists(pkgs + "/" + fs::path(deb).filename().string().replace(0, 4, "edl-cuda_")))
+    EXPECT_TRUE(
+        fs::exists(pkgs + "/" + fs::path(deb).filename().string().replace(0, 4, "edl-cuda_")))
         << "no edl-cuda package next to " << deb;
   }
   ASSERT_EQ(Run({EDL_DPKG_DEB, "-f", deb, "Package", "Depends"}, "deb-fields", &out), 0) << out;
   EXPECT_NE(out.find("Package: edl"), std::string::npos) << out;
-  for (const char* dep : {"librocksdb", "libgoogle-glog", "libgloo", "libdnnl", "libboost-program-options"}) {
+  for (const char* dep :
+       {"librocksdb", "libgoogle-glog", "libgloo", "libdnnl", "libboost-program-options"}) {
     EXPECT_NE(out.find(dep), std::string::npos) << "Depends lacks " << dep << ":\n" << out;
   }
   const std::string root = dir_->Join("root");
@@ -228,16 +239,20 @@ TEST_F(InstallTest, DebianPackageNamesItsDependenciesAndRuns) {
   // --device cuda` loads the plugin from the package's lib directory and gets as far as asking the
   // driver for a GPU (on a machine without one: the clear "no usable GPU" error, not a missing or
   // mismatched plugin).
-  const std::string cuda_deb = pkgs + "/" + fs::path(deb).filename().string().replace(0, 4, "edl-cuda_");
-  ASSERT_EQ(Run({EDL_DPKG_DEB, "-f", cuda_deb, "Package", "Depends"}, "cuda-deb-fields", &out), 0) << out;
+  const std::string cuda_deb =
+      pkgs + "/" + fs::path(deb).filename().string().replace(0, 4, "edl-cuda_");
+  ASSERT_EQ(Run({EDL_DPKG_DEB, "-f", cuda_deb, "Package", "Depends"}, "cuda-deb-fields", &out), 0)
+      << out;
   EXPECT_NE(out.find("Package: edl-cuda"), std::string::npos) << out;
-  EXPECT_NE(out.find("edl (= "), std::string::npos) << "edl-cuda must depend on its own edl:\n" << out;
+  EXPECT_NE(out.find("edl (= "), std::string::npos) << "edl-cuda must depend on its own edl:\n"
+                                                    << out;
   ASSERT_EQ(Run({EDL_DPKG_DEB, "-x", cuda_deb, root}, "cuda-deb-extract", &out), 0) << out;
-  const int rc = Run({root + "/usr/bin/edl", "train", "--device", "cuda", "--model", "resnet20", "--data",
-                      "synthetic", "--max_steps", "1"},
+  const int rc = Run({root + "/usr/bin/edl", "train", "--device", "cuda", "--model", "resnet20",
+                      "--data", "synthetic", "--max_steps", "1"},
                      "deb-edl-cuda", &out);
   if (rc == 0) return;  // a machine with a GPU: it trained
-  EXPECT_EQ(out.find("CUDA plugin"), std::string::npos) << "the packaged plugin did not load:\n" << out;
+  EXPECT_EQ(out.find("CUDA plugin"), std::string::npos) << "the packaged plugin did not load:\n"
+                                                        << out;
   EXPECT_NE(out.find("--device cuda"), std::string::npos) << out;
 }
 

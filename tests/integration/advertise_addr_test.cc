@@ -25,18 +25,20 @@ TEST(AdvertiseAddrTest, LoopbackAdvertisedFromAnotherAddressIsRefusedWithTheFix)
   test::ScratchDir dir("advertise");
   const std::string secret = dir.Join("secret");
   itest::WriteSecretFile(secret, "advertise-addr-test-secret-0123456789abcdef");
-  Proc server({test::EdlBinary(), "server", "--server_port", "0", "--bind", "0.0.0.0", "--port_file",
-               dir.Join("port"), "--secret_file", secret, "--job_id", "adv", "--trainers", "1",
-               "--min_trainers", "1", "--events_dir", dir.Join("events")},
+  Proc server({test::EdlBinary(), "server", "--server_port", "0", "--bind", "0.0.0.0",
+               "--port_file", dir.Join("port"), "--secret_file", secret, "--job_id", "adv",
+               "--trainers", "1", "--min_trainers", "1", "--events_dir", dir.Join("events")},
               dir.Join("server.log"));
   const std::string port = itest::WaitForPortFile(dir.Join("port"), &server);
   ASSERT_FALSE(port.empty()) << Slurp(dir.Join("server.log"));
-  auto client = [&](const std::string& name, const std::string& server_addr, const std::string& advertise) {
+  auto client = [&](const std::string& name, const std::string& server_addr,
+                    const std::string& advertise) {
     return std::make_unique<Proc>(
         std::vector<std::string>{test::EdlBinary(), "client", "--server", server_addr + ":" + port,
                                  "--secret_file", secret, "--node_name", name, "--slots", "1",
-                                 "--advertise_addr", advertise, "--socket_path", dir.Join(name + ".sock"),
-                                 "--log_dir", dir.Join("logs"), "--", "/bin/sleep", "1000"},
+                                 "--advertise_addr", advertise, "--socket_path",
+                                 dir.Join(name + ".sock"), "--log_dir", dir.Join("logs"), "--",
+                                 "/bin/sleep", "1000"},
         dir.Join(name + ".log"));
   };
 
@@ -44,19 +46,22 @@ TEST(AdvertiseAddrTest, LoopbackAdvertisedFromAnotherAddressIsRefusedWithTheFix)
   auto bad = client("remote", addr, "127.0.0.1");
   EXPECT_EQ(bad->Wait(milliseconds(60000)), 2) << Slurp(dir.Join("remote.log"), 4000);
   const std::string why = Slurp(dir.Join("remote.log"));
-  EXPECT_NE(why.find("node remote advertises the loopback address 127.0.0.1 but connects from " + addr),
-            std::string::npos)
+  EXPECT_NE(
+      why.find("node remote advertises the loopback address 127.0.0.1 but connects from " + addr),
+      std::string::npos)
       << why;
   EXPECT_NE(why.find("--advertise_addr"), std::string::npos) << "the fix is named: " << why;
 
   // The same address advertised as it is reached, and loopback over loopback: both join.
   auto good = client("remote2", addr, addr);
   auto local = client("local", "127.0.0.1", "127.0.0.1");
-  ASSERT_TRUE(WaitFor([&] {
-    const std::string log = Slurp(dir.Join("server.log"));
-    return log.find("node remote2 registered") != std::string::npos &&
-           log.find("node local registered") != std::string::npos;
-  }, milliseconds(60000)))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        const std::string log = Slurp(dir.Join("server.log"));
+        return log.find("node remote2 registered") != std::string::npos &&
+               log.find("node local registered") != std::string::npos;
+      },
+      milliseconds(60000)))
       << Slurp(dir.Join("server.log"), 4000);
   EXPECT_LT(good->Wait(milliseconds(0)), 0) << "a correctly configured client exited";
 

@@ -20,10 +20,24 @@ using itest::WaitFor;
 class ClusterCtlTest : public itest::ControlPlaneHarness {
  protected:
   void StartServerWith(const std::vector<std::string>& extra) {
-    std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1",
-                                     "--port_file", dir_.Join("port"), "--secret_file", secret_, "--job_id",
-                                     "itest", "--events_dir", dir_.Join("events"), "--heartbeat_timeout_ms",
-                                     "3000", "--join_timeout_s", "20"};
+    std::vector<std::string> argv = {test::EdlBinary(),
+                                     "server",
+                                     "--server_port",
+                                     "0",
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--port_file",
+                                     dir_.Join("port"),
+                                     "--secret_file",
+                                     secret_,
+                                     "--job_id",
+                                     "itest",
+                                     "--events_dir",
+                                     dir_.Join("events"),
+                                     "--heartbeat_timeout_ms",
+                                     "3000",
+                                     "--join_timeout_s",
+                                     "20"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     server_ = std::make_unique<Proc>(argv, dir_.Join("server.log"));
     port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
@@ -42,17 +56,24 @@ TEST_F(ClusterCtlTest, BadSubmissionsAreRefusedWithTheFixAndChangeNothing) {
                             {{"job_type", std::string("standin = ") + STAND_IN_TRAINER},
                              {"job_flags", "standin = epochs,checkpoint_dir"},
                              {"checkpoint_root", "/ckpt"}});
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("node n1 registered") != std::string::npos; },
-                      milliseconds(30000)))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Slurp(dir_.Join("server.log")).find("node n1 registered") != std::string::npos;
+      },
+      milliseconds(30000)))
       << Slurp(dir_.Join("server.log"));
   std::string out;
-  ASSERT_EQ(Ctl({"submit", Job("a", "name = a\ntype = standin\nmin = 1\nmax = 1\n[flags]\nepochs = 2\n")}, &out), 0)
+  ASSERT_EQ(
+      Ctl({"submit", Job("a", "name = a\ntype = standin\nmin = 1\nmax = 1\n[flags]\nepochs = 2\n")},
+          &out),
+      0)
       << out;
   // Its trainer runs: the job's own generation, in the job's own events log.
   ASSERT_TRUE(WaitFor(
       [&] {
         for (const json& e : ReadLines(dir_.Join("events/a.events.jsonl"))) {
-          if (e.value("type", "") == "generation" && e.value("world_size_after", 0) == 1) return true;
+          if (e.value("type", "") == "generation" && e.value("world_size_after", 0) == 1)
+            return true;
         }
         return false;
       },
@@ -64,16 +85,21 @@ TEST_F(ClusterCtlTest, BadSubmissionsAreRefusedWithTheFixAndChangeNothing) {
   const std::vector<std::pair<std::string, std::string>> bad = {
       {"name = b\ntype = standin\nmin = 3\nmax = 2\n", "min 3 > max 2"},
       {"name = b\ntype = bert\nmin = 1\nmax = 1\n", "no node offers job type 'bert'"},
-      {"name = b\ntype = standin\nmin = 1\nmax = 1\n[flags]\nlr = 0.1\n", "does not declare flag 'lr' settable"},
+      {"name = b\ntype = standin\nmin = 1\nmax = 1\n[flags]\nlr = 0.1\n",
+       "does not declare flag 'lr' settable"},
       {"name = a\ntype = standin\nmin = 1\nmax = 1\n", "already submitted"},
-      {"name = b\ntype = standin\nmin = 1\nmax = 1\n[flags]\ncheckpoint_dir = /etc/b\n", "outside the checkpoint root"},
+      {"name = b\ntype = standin\nmin = 1\nmax = 1\n[flags]\ncheckpoint_dir = /etc/b\n",
+       "outside the checkpoint root"},
   };
   for (const auto& [ini, expect] : bad) {
     EXPECT_EQ(Ctl({"submit", Job("bad", ini)}, &out), 1) << ini << out;
     EXPECT_NE(out.find(expect), std::string::npos) << ini << " -> " << out;
   }
   // A typo never leaves ctl.
-  EXPECT_EQ(Ctl({"submit", Job("typo", "name = b\ntype = standin\nmin = 1\nmax = 1\nmaxx = 2\n")}, &out), 2) << out;
+  EXPECT_EQ(
+      Ctl({"submit", Job("typo", "name = b\ntype = standin\nmin = 1\nmax = 1\nmaxx = 2\n")}, &out),
+      2)
+      << out;
   EXPECT_NE(out.find("maxx"), std::string::npos) << out;
   const json after = Jobs();
   EXPECT_EQ(after["jobs"].size(), 1u) << after.dump();
@@ -104,7 +130,8 @@ TEST_F(ClusterCtlTest, ScaleNamesWhatIsWrongWithItsArguments) {
       {{"scale", "-1"}, "a job runs at least 1 trainer; to end a job use `edl ctl stop`"},
       {{"scale", "0"}, "a job runs at least 1 trainer"},
       {{"scale", "x"}, "'x' is not a number"},
-      {{"scale", "kd", "2"}, "`edl ctl scale --job kd 2` (a cluster's job) or `edl ctl scale --service kd 2`"},
+      {{"scale", "kd", "2"},
+       "`edl ctl scale --job kd 2` (a cluster's job) or `edl ctl scale --service kd 2`"},
       {{"scale", "--job", "a", "--service", "b", "2"}, "give --job or --service, not both"}};
   for (const auto& [args, says] : cases) {
     EXPECT_EQ(Ctl(args, &out), 2) << out;
@@ -112,7 +139,8 @@ TEST_F(ClusterCtlTest, ScaleNamesWhatIsWrongWithItsArguments) {
   }
   // Past the job's bounds: the server refuses it with the bounds and the flag, and nothing changes.
   EXPECT_EQ(Ctl({"scale", "3"}, &out), 1) << out;
-  EXPECT_NE(out.find("takes 1..2 trainers (the server's --min_trainers / --max_trainers), not 3"), std::string::npos)
+  EXPECT_NE(out.find("takes 1..2 trainers (the server's --min_trainers / --max_trainers), not 3"),
+            std::string::npos)
       << out;
   EXPECT_EQ(Ctl({"scale", "2"}, &out), 0) << out;
 }

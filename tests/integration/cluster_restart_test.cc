@@ -27,11 +27,27 @@ class ClusterRestartTest : public itest::ControlPlaneHarness {
  protected:
   void StartServerOn(const std::string& port) {
     std::remove(dir_.Join("port").c_str());
-    std::vector<std::string> argv = {test::EdlBinary(), "server", "--cluster", "--server_port", port, "--bind",
-                                     "127.0.0.1", "--port_file", dir_.Join("port"), "--secret_file", secret_,
-                                     "--job_id", "itest", "--events_dir", dir_.Join("events"),
-                                     "--heartbeat_timeout_ms", "3000", "--join_timeout_s", "30",
-                                     "--state_dir", dir_.Join("state")};
+    std::vector<std::string> argv = {test::EdlBinary(),
+                                     "server",
+                                     "--cluster",
+                                     "--server_port",
+                                     port,
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--port_file",
+                                     dir_.Join("port"),
+                                     "--secret_file",
+                                     secret_,
+                                     "--job_id",
+                                     "itest",
+                                     "--events_dir",
+                                     dir_.Join("events"),
+                                     "--heartbeat_timeout_ms",
+                                     "3000",
+                                     "--join_timeout_s",
+                                     "30",
+                                     "--state_dir",
+                                     dir_.Join("state")};
     server_ = std::make_unique<Proc>(argv, dir_.Join("server.log"));
     port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
     ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
@@ -42,7 +58,8 @@ class ClusterRestartTest : public itest::ControlPlaneHarness {
     ASSERT_EQ(server_->Wait(milliseconds(10000)), 128 + SIGKILL);
   }
   std::unique_ptr<Proc> Client(const std::string& node) {
-    return StartClient(node, "inplace", "", {{"job_type", std::string("standin = ") + STAND_IN_TRAINER}});
+    return StartClient(node, "inplace", "",
+                       {{"job_type", std::string("standin = ") + STAND_IN_TRAINER}});
   }
   // A server and clients of nodes n1 and n2 (2 slots each), both registered.
   void StartServerAndTwoNodes(std::unique_ptr<Proc>* c1, std::unique_ptr<Proc>* c2) {
@@ -50,8 +67,11 @@ class ClusterRestartTest : public itest::ControlPlaneHarness {
     if (HasFatalFailure()) return;
     *c1 = Client("n1");
     *c2 = Client("n2");
-    ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("node n2 registered") != std::string::npos; },
-                        milliseconds(30000)))
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          return Slurp(dir_.Join("server.log")).find("node n2 registered") != std::string::npos;
+        },
+        milliseconds(30000)))
         << Diag();
   }
   void Submit(const std::string& name, int max = 2) {
@@ -62,7 +82,8 @@ class ClusterRestartTest : public itest::ControlPlaneHarness {
   }
   std::string Diag() {
     return "\n--- server\n" + Slurp(dir_.Join("server.log")).substr(0, 30000) + "\n--- a\n" +
-           Slurp(dir_.Join("events/a.events.jsonl")) + "\n--- b\n" + Slurp(dir_.Join("events/b.events.jsonl"));
+           Slurp(dir_.Join("events/a.events.jsonl")) + "\n--- b\n" +
+           Slurp(dir_.Join("events/b.events.jsonl"));
   }
 };
 
@@ -99,8 +120,11 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
   const size_t a_events = JobEvents("a").size(), b_events = JobEvents("b").size();
   StartServerOn(port_);
   if (HasFatalFailure()) return;
-  ASSERT_TRUE(WaitFor([&] { return CountJobEvents("a", "recovered") == 1 && CountJobEvents("b", "recovered") == 1; },
-                      milliseconds(60000)))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return CountJobEvents("a", "recovered") == 1 && CountJobEvents("b", "recovered") == 1;
+      },
+      milliseconds(60000)))
       << Diag();
   EXPECT_NE(Slurp(dir_.Join("server.log")).find("resuming the cluster"), std::string::npos);
   const json after = Jobs();
@@ -122,7 +146,8 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
   // The next change is numbered above; the trainers kept their processes throughout.
   std::string out;
   ASSERT_EQ(Ctl({"scale", "--job", "a", "1"}, &out), 0) << out;
-  ASSERT_TRUE(WaitFor([&] { return LastGeneration("a") > gen["a"]; }, milliseconds(60000))) << Diag();
+  ASSERT_TRUE(WaitFor([&] { return LastGeneration("a") > gen["a"]; }, milliseconds(60000)))
+      << Diag();
   const auto pids_after = Pids();
   for (const std::string& id : members) {
     EXPECT_EQ(pids_after.at(id), pids_before.at(id)) << id << " was restarted";
@@ -137,7 +162,8 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
       [&] {
         std::set<std::string> left;
         for (const json& r : ReadLines(records_)) {
-          if (r["event"] == "leave" && r.value("job_id", "") == "b") left.insert(r["trainer_id"].get<std::string>());
+          if (r["event"] == "leave" && r.value("job_id", "") == "b")
+            left.insert(r["trainer_id"].get<std::string>());
         }
         return left == b_members;
       },
@@ -163,7 +189,8 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
   StartServerOn(port_);
   if (HasFatalFailure()) return;
   // a's remaining trainer was adopted again.
-  ASSERT_TRUE(WaitFor([&] { return CountJobEvents("a", "recovered") == 2; }, milliseconds(60000))) << Diag();
+  ASSERT_TRUE(WaitFor([&] { return CountJobEvents("a", "recovered") == 2; }, milliseconds(60000)))
+      << Diag();
   ASSERT_TRUE(WaitFor(
       [&] {  // both nodes registered with this server (ctl stop then reaches their clients)
         const std::string log = Slurp(dir_.Join("server.log"));
@@ -189,11 +216,13 @@ TEST_F(ClusterRestartTest, SigkilledServerResumesEveryJobWithItsTrainers) {
   EXPECT_EQ(c2->Wait(milliseconds(15000)), 0);
 
   // A single-job server refuses the cluster's state directory (it would take the cluster's nodes).
-  Proc single({test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1", "--secret_file", secret_,
-               "--job_id", "itest", "--events_dir", dir_.Join("events"), "--state_dir", dir_.Join("state")},
+  Proc single({test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1",
+               "--secret_file", secret_, "--job_id", "itest", "--events_dir", dir_.Join("events"),
+               "--state_dir", dir_.Join("state")},
               dir_.Join("single.log"));
   EXPECT_EQ(single.Wait(milliseconds(20000)), 1);
-  EXPECT_NE(Slurp(dir_.Join("single.log")).find("holds a cluster server's state"), std::string::npos)
+  EXPECT_NE(Slurp(dir_.Join("single.log")).find("holds a cluster server's state"),
+            std::string::npos)
       << Slurp(dir_.Join("single.log"));
 }
 
@@ -225,7 +254,8 @@ TEST_F(ClusterRestartTest, ANodeLostAndReattachedHasItsStaleTrainersKilledAndIsU
   ASSERT_TRUE(WaitFor(
       [&] {
         for (const json& e : JobEvents("a")) {
-          if (e.value("type", "") == "generation" && e["generation"] > g0 && e["failure"] == true) lost = e;
+          if (e.value("type", "") == "generation" && e["generation"] > g0 && e["failure"] == true)
+            lost = e;
         }
         return !lost.is_null();
       },
@@ -233,7 +263,8 @@ TEST_F(ClusterRestartTest, ANodeLostAndReattachedHasItsStaleTrainersKilledAndIsU
       << Diag();
   EXPECT_EQ(lost["world_size_after"], 2) << lost.dump();
   // n1's trainers re-formed without n2's.
-  ASSERT_TRUE(WaitFor([&] { return KvDone("a", lost["generation"].get<int64_t>()) == on_n1; }, milliseconds(60000)))
+  ASSERT_TRUE(WaitFor([&] { return KvDone("a", lost["generation"].get<int64_t>()) == on_n1; },
+                      milliseconds(60000)))
       << Diag();
   ASSERT_EQ(::kill(c2->pid(), SIGCONT), 0);
 
@@ -264,7 +295,8 @@ TEST_F(ClusterRestartTest, ANodeLostAndReattachedHasItsStaleTrainersKilledAndIsU
     EXPECT_TRUE(now.count(id)) << id << " is no longer a member";
     EXPECT_EQ(pids_after.at(id), pids_before.at(id)) << id << " was restarted";
   }
-  for (const std::string& id : on_n2) EXPECT_FALSE(now.count(id)) << id << " was adopted after its node was lost";
+  for (const std::string& id : on_n2)
+    EXPECT_FALSE(now.count(id)) << id << " was adopted after its node was lost";
   int fresh_on_n2 = 0;
   for (const std::string& id : now) fresh_on_n2 += id.rfind("n2-", 0) == 0 && !first.count(id);
   EXPECT_EQ(fresh_on_n2, 2) << Diag();

@@ -39,39 +39,58 @@ class ClusterTutorialTest : public ::testing::Test {
     secret_ = dir_.Join("secret");
     itest::WriteSecretFile(secret_, "cluster-tutorial-secret-0123456789");
     server_ = std::make_unique<Proc>(
-        std::vector<std::string>{test::EdlBinary(), "server", "--cluster", "--server_port", "0", "--bind",
-                                 "127.0.0.1", "--port_file", dir_.Join("port"), "--secret_file", secret_,
-                                 "--events_dir", dir_.Join("events"), "--join_timeout_s", "120"},
+        std::vector<std::string>{test::EdlBinary(), "server", "--cluster", "--server_port", "0",
+                                 "--bind", "127.0.0.1", "--port_file", dir_.Join("port"),
+                                 "--secret_file", secret_, "--events_dir", dir_.Join("events"),
+                                 "--join_timeout_s", "120"},
         dir_.Join("server.log"));
     port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
     ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
     for (const std::string node : {"n1", "n2"}) {
       clients_.push_back(std::make_unique<Proc>(
-          std::vector<std::string>{
-              test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file", secret_,
-              "--node_name", node, "--slots", "2", "--socket_path", dir_.Join(node + ".sock"), "--log_dir",
-              dir_.Join("logs"), "--stop_grace_s", "2", "--leave_grace_s", "60",
-              "--job_type",
-              "resnet = " + test::EdlBinary() + " train --model resnet20 --train_samples " +
-                  std::to_string(kSamples) +
-                  " --batch_size 8 --base_batch 32 --lr 0.05 --lr_decay constant --threads 1 --log_every 10 "
-                  "--eval false --comm_timeout_s 30",
-              "--job_flags", "resnet = epochs,sample_log"},
+          std::vector<std::string>{test::EdlBinary(),
+                                   "client",
+                                   "--server",
+                                   "127.0.0.1:" + port_,
+                                   "--secret_file",
+                                   secret_,
+                                   "--node_name",
+                                   node,
+                                   "--slots",
+                                   "2",
+                                   "--socket_path",
+                                   dir_.Join(node + ".sock"),
+                                   "--log_dir",
+                                   dir_.Join("logs"),
+                                   "--stop_grace_s",
+                                   "2",
+                                   "--leave_grace_s",
+                                   "60",
+                                   "--job_type",
+                                   "resnet = " + test::EdlBinary() +
+                                       " train --model resnet20 --train_samples " +
+                                       std::to_string(kSamples) +
+                                       " --batch_size 8 --base_batch 32 --lr 0.05 --lr_decay "
+                                       "constant --threads 1 --log_every 10 "
+                                       "--eval false --comm_timeout_s 30",
+                                   "--job_flags",
+                                   "resnet = epochs,sample_log"},
           dir_.Join(node + ".log")));
     }
     // A job is placed only on nodes that offer its type: submit once both have registered theirs
     // (under load the first submit could otherwise find no node, and be refused for it).
     for (const std::string node : {"n1", "n2"}) {
       const std::string line = "node " + node + " registered";
-      ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find(line) != std::string::npos; },
-                          milliseconds(120000)))
+      ASSERT_TRUE(
+          WaitFor([&] { return Slurp(dir_.Join("server.log")).find(line) != std::string::npos; },
+                  milliseconds(120000)))
           << Diagnostics();
     }
   }
 
   int Ctl(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {test::EdlBinary(), "ctl", "--server", "127.0.0.1:" + port_, "--secret_file",
-                                     secret_};
+    std::vector<std::string> argv = {test::EdlBinary(),    "ctl",           "--server",
+                                     "127.0.0.1:" + port_, "--secret_file", secret_};
     argv.insert(argv.end(), args.begin(), args.end());
     return itest::RunCommand(argv, dir_.Join("ctl.log"), milliseconds(60000));
   }
@@ -84,7 +103,9 @@ class ClusterTutorialTest : public ::testing::Test {
     return Ctl({"submit", ini});
   }
 
-  std::vector<json> Events(const std::string& job) { return ReadLines(dir_.Join("events/" + job + ".events.jsonl")); }
+  std::vector<json> Events(const std::string& job) {
+    return ReadLines(dir_.Join("events/" + job + ".events.jsonl"));
+  }
 
   // The newest generation of `job` whose members all synced; its world size (0: none yet), and
   // its number in *gen.
@@ -92,7 +113,8 @@ class ClusterTutorialTest : public ::testing::Test {
     std::map<int64_t, int> world, synced;
     for (const json& e : Events(job)) {
       if (e.value("type", "") == "generation") world[e["generation"]] = e["world_size_after"];
-      if (e.value("type", "") == "trainer_event" && e.value("event", "") == "sync") synced[e["generation"]]++;
+      if (e.value("type", "") == "trainer_event" && e.value("event", "") == "sync")
+        synced[e["generation"]]++;
     }
     for (auto it = world.rbegin(); it != world.rend(); ++it) {
       if (it->second > 0 && synced[it->first] >= it->second) {
@@ -103,7 +125,8 @@ class ClusterTutorialTest : public ::testing::Test {
     return 0;
   }
   bool WaitFormed(const std::string& job, int world) {
-    return WaitFor([&] { return FormedWorld(job) == world || Finished(job); }, milliseconds(240000)) &&
+    return WaitFor([&] { return FormedWorld(job) == world || Finished(job); },
+                   milliseconds(240000)) &&
            FormedWorld(job) == world;
   }
   bool Finished(const std::string& job) {
@@ -116,7 +139,8 @@ class ClusterTutorialTest : public ::testing::Test {
   void ExpectStablePids(const std::string& job) {
     std::map<std::string, std::set<int64_t>> pids;
     for (const json& e : Events(job)) {
-      if (e.value("type", "") == "trainer_event" && e.contains("pid")) pids[e["trainer"]].insert(e["pid"].get<int64_t>());
+      if (e.value("type", "") == "trainer_event" && e.contains("pid"))
+        pids[e["trainer"]].insert(e["pid"].get<int64_t>());
     }
     EXPECT_FALSE(pids.empty()) << job;
     for (auto& [id, p] : pids) EXPECT_EQ(p.size(), 1u) << job << ": " << id << " changed pid";
@@ -129,11 +153,14 @@ class ClusterTutorialTest : public ::testing::Test {
     EXPECT_EQ(test::CheckExactlyOnce(steps, kSamples, epochs), "") << job;
   }
   std::string Diagnostics() {
-    std::string out = "\n--- server\n" + Slurp(dir_.Join("server.log"), 6000) + "\n--- ctl\n" + Slurp(dir_.Join("ctl.log"), 3000);
+    std::string out = "\n--- server\n" + Slurp(dir_.Join("server.log"), 6000) + "\n--- ctl\n" +
+                      Slurp(dir_.Join("ctl.log"), 3000);
     for (const std::string job : {"A", "B", "C"}) {
-      out += "\n--- " + job + " events\n" + Slurp(dir_.Join("events/" + job + ".events.jsonl"), 6000);
+      out +=
+          "\n--- " + job + " events\n" + Slurp(dir_.Join("events/" + job + ".events.jsonl"), 6000);
     }
-    for (const std::string node : {"n1", "n2"}) out += "\n--- " + node + "\n" + Slurp(dir_.Join(node + ".log"), 4000);
+    for (const std::string node : {"n1", "n2"})
+      out += "\n--- " + node + "\n" + Slurp(dir_.Join(node + ".log"), 4000);
     return out;
   }
 
@@ -164,7 +191,8 @@ TEST_F(ClusterTutorialTest, JobsShrinkForAHigherPriorityJobAndGrowBack) {
   ASSERT_TRUE(WaitFor([&] { return Finished("C"); }, milliseconds(240000))) << Diagnostics();
   ASSERT_TRUE(WaitFormed("A", 2)) << Diagnostics();
   ASSERT_TRUE(WaitFormed("B", 2)) << Diagnostics();
-  ASSERT_TRUE(WaitFor([&] { return Finished("A") && Finished("B"); }, milliseconds(400000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return Finished("A") && Finished("B"); }, milliseconds(400000)))
+      << Diagnostics();
 
   ExpectExactlyOnce("A", kLongEpochs);
   ExpectExactlyOnce("B", kLongEpochs);

@@ -18,9 +18,13 @@ TEST(ConfigRolesTest, EveryRoleRefusesAnUnknownKeyNamingIt) {
   test::ScratchDir dir("config-roles");
   const std::string ini = dir.Join("bad.ini");
   std::ofstream(ini) << "# a typo of a real key\nsecret_fiel = /tmp/x\n";
-  for (const std::vector<std::string>& role :
-       {std::vector<std::string>{"server"}, {"client"}, {"ctl"}, {"launch"}, {"train"},
-        {"teacher"}, {"ckpt", "ls"}}) {
+  for (const std::vector<std::string>& role : {std::vector<std::string>{"server"},
+                                               {"client"},
+                                               {"ctl"},
+                                               {"launch"},
+                                               {"train"},
+                                               {"teacher"},
+                                               {"ckpt", "ls"}}) {
     std::vector<std::string> argv = {test::EdlBinary()};
     argv.insert(argv.end(), role.begin(), role.end());
     argv.insert(argv.end(), {"--config", ini});
@@ -40,10 +44,10 @@ TEST(ConfigRolesTest, LaunchTakesTorchrunsFlagsFromTheConfig) {
   std::ofstream(ini) << "nproc_per_node = 2\nnnodes = 1:1\nrdzv_id = fromini\nmax_restarts = 0\n"
                      << "log_dir = " << dir.Join("logs") << "\n";
   const std::string out = dir.Join("out");
-  const int rc = itest::RunCommand(
-      {test::EdlBinary(), "launch", "--config", ini, "--", "/bin/sh", "-c",
-       "echo \"$RANK $WORLD_SIZE $TORCHELASTIC_RUN_ID\" > " + out + ".$RANK"},
-      dir.Join("launch.log"), std::chrono::milliseconds(60000));
+  const int rc =
+      itest::RunCommand({test::EdlBinary(), "launch", "--config", ini, "--", "/bin/sh", "-c",
+                         "echo \"$RANK $WORLD_SIZE $TORCHELASTIC_RUN_ID\" > " + out + ".$RANK"},
+                        dir.Join("launch.log"), std::chrono::milliseconds(60000));
   ASSERT_EQ(rc, 0) << itest::Slurp(dir.Join("launch.log"));
   EXPECT_EQ(itest::Slurp(out + ".0"), "0 2 fromini\n");
   EXPECT_EQ(itest::Slurp(out + ".1"), "1 2 fromini\n");
@@ -79,10 +83,26 @@ TEST(ConfigRolesTest, LogDirHoldsEachRolesOwnLogFiles) {
   EXPECT_NE(itest::Slurp(dir.Join("server.stderr")).find("listening on"), std::string::npos)
       << "stderr must keep the INFO lines";
 
-  itest::Proc client({test::EdlBinary(), "client", "--server", "127.0.0.1:" + port,
-                      "--secret_file", secret, "--node_name", "logs-node", "--slots", "1",
-                      "--mode", "restart", "--socket_path", dir.Join("c.sock"), "--log_dir",
-                      dir.Join("client-logs"), "--", "/bin/sh", "-c", "echo from-the-trainer; exec sleep 600"},
+  itest::Proc client({test::EdlBinary(),
+                      "client",
+                      "--server",
+                      "127.0.0.1:" + port,
+                      "--secret_file",
+                      secret,
+                      "--node_name",
+                      "logs-node",
+                      "--slots",
+                      "1",
+                      "--mode",
+                      "restart",
+                      "--socket_path",
+                      dir.Join("c.sock"),
+                      "--log_dir",
+                      dir.Join("client-logs"),
+                      "--",
+                      "/bin/sh",
+                      "-c",
+                      "echo from-the-trainer; exec sleep 600"},
                      dir.Join("client.stderr"));
   // The client's own lines and its trainer's output both land in its --log_dir.
   EXPECT_TRUE(itest::WaitFor(
@@ -99,7 +119,8 @@ TEST(ConfigRolesTest, LogDirHoldsEachRolesOwnLogFiles) {
         return false;
       },
       std::chrono::milliseconds(60000)))
-      << "client --log_dir lacks its own log or its trainer's\n" << itest::Slurp(dir.Join("client.stderr"));
+      << "client --log_dir lacks its own log or its trainer's\n"
+      << itest::Slurp(dir.Join("client.stderr"));
   EXPECT_NE(itest::Slurp(dir.Join("client.stderr")).find("started trainer"), std::string::npos);
   client.Stop();
   server.Stop();

@@ -57,14 +57,33 @@ class ControlPlaneHarness : public ::testing::Test {
     return out;
   }
 
-  void StartServer(const std::string& script, int trainers, const std::vector<std::string>& extra = {}) {
+  void StartServer(const std::string& script, int trainers,
+                   const std::vector<std::string>& extra = {}) {
     std::ofstream(dir_.Join("scale.script")) << script;
-    std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", "0", "--bind", ServerBind(),
-                                     "--port_file", dir_.Join("port"), "--secret_file", secret_,
-                                     "--job_id", "itest", "--min_trainers", "1",
-                                     "--trainers", std::to_string(trainers), "--scale_script",
-                                     dir_.Join("scale.script"), "--events_dir", dir_.Join("events"),
-                                     "--heartbeat_timeout_ms", "3000", "--join_timeout_s", "20"};
+    std::vector<std::string> argv = {test::EdlBinary(),
+                                     "server",
+                                     "--server_port",
+                                     "0",
+                                     "--bind",
+                                     ServerBind(),
+                                     "--port_file",
+                                     dir_.Join("port"),
+                                     "--secret_file",
+                                     secret_,
+                                     "--job_id",
+                                     "itest",
+                                     "--min_trainers",
+                                     "1",
+                                     "--trainers",
+                                     std::to_string(trainers),
+                                     "--scale_script",
+                                     dir_.Join("scale.script"),
+                                     "--events_dir",
+                                     dir_.Join("events"),
+                                     "--heartbeat_timeout_ms",
+                                     "3000",
+                                     "--join_timeout_s",
+                                     "20"};
     // A flag of `extra` replaces its default (the server refuses a flag given twice).
     for (const std::string& flag : extra) {
       auto d = std::find(argv.begin() + 2, argv.end(), flag);
@@ -85,10 +104,15 @@ class ControlPlaneHarness : public ::testing::Test {
     std::map<std::string, std::string> f = {
         {"server", ServerAddrFor(node) + ":" + port_},
         {"secret_file", secret_file.empty() ? secret_ : secret_file},
-        {"node_name", node}, {"slots", "2"}, {"mode", mode},
+        {"node_name", node},
+        {"slots", "2"},
+        {"mode", mode},
         {"advertise_addr", AdvertiseAddrFor(node)},
-        {"socket_path", dir_.Join(node + ".sock")}, {"log_dir", dir_.Join("logs")},
-        {"leave_grace_s", "5"}, {"stop_grace_s", "2"}, {"trainer_timeout_s", "10"}};
+        {"socket_path", dir_.Join(node + ".sock")},
+        {"log_dir", dir_.Join("logs")},
+        {"leave_grace_s", "5"},
+        {"stop_grace_s", "2"},
+        {"trainer_timeout_s", "10"}};
     for (const auto& [k, v] : flags) f[k] = v;
     std::vector<std::string> argv = {test::EdlBinary(), "client"};
     for (const auto& [k, v] : f) {
@@ -102,9 +126,11 @@ class ControlPlaneHarness : public ::testing::Test {
     return std::make_unique<Proc>(Wrapped(node, argv), dir_.Join(node + ".log"), env);
   }
 
-  std::vector<std::string> CtlArgv(const std::vector<std::string>& args, const std::string& secret = "") {
-    std::vector<std::string> argv = {test::EdlBinary(), "ctl", "--server", ServerAddrFor("ctl") + ":" + port_,
-                                     "--secret_file", secret.empty() ? secret_ : secret};
+  std::vector<std::string> CtlArgv(const std::vector<std::string>& args,
+                                   const std::string& secret = "") {
+    std::vector<std::string> argv = {test::EdlBinary(), "ctl",
+                                     "--server",        ServerAddrFor("ctl") + ":" + port_,
+                                     "--secret_file",   secret.empty() ? secret_ : secret};
     argv.insert(argv.end(), args.begin(), args.end());
     return Wrapped("ctl", argv);
   }
@@ -130,7 +156,9 @@ class ControlPlaneHarness : public ::testing::Test {
   std::vector<json> Events() { return ReadLines(dir_.Join("events/itest.events.jsonl")); }
 
   // ---- a cluster server's jobs (`--cluster`: one events log per job)
-  std::vector<json> JobEvents(const std::string& job) { return ReadLines(dir_.Join("events/" + job + ".events.jsonl")); }
+  std::vector<json> JobEvents(const std::string& job) {
+    return ReadLines(dir_.Join("events/" + job + ".events.jsonl"));
+  }
   int64_t LastGeneration(const std::string& job) {
     int64_t g = 0;
     for (const json& e : JobEvents(job)) {
@@ -147,7 +175,8 @@ class ControlPlaneHarness : public ::testing::Test {
   std::set<std::string> KvDone(const std::string& job, int64_t g) {
     std::set<std::string> out;
     for (const json& r : ReadLines(records_)) {
-      if (r["event"] == "kv" && r["generation"] == g && r["ok"] == true && r.value("job_id", "") == job) {
+      if (r["event"] == "kv" && r["generation"] == g && r["ok"] == true &&
+          r.value("job_id", "") == job) {
         out.insert(r["trainer_id"].get<std::string>());
       }
     }
@@ -166,7 +195,6 @@ class ControlPlaneHarness : public ::testing::Test {
     }
     return out;
   }
-
 
   std::vector<json> Generations() {
     std::vector<json> out;
@@ -200,7 +228,9 @@ class ControlPlaneHarness : public ::testing::Test {
     int64_t failed = 0;
     const bool came = WaitFor(
         [&] {
-          failed = FirstGeneration([&](const json& g) { return g["failure"] == true && g["world_size_after"] == world; });
+          failed = FirstGeneration([&](const json& g) {
+            return g["failure"] == true && g["world_size_after"] == world;
+          });
           return failed > 0;
         },
         milliseconds(60000));
@@ -229,7 +259,8 @@ class ControlPlaneHarness : public ::testing::Test {
   // 2 slots each; 4 trainers at start, 2 at t=3 s, 3 at t=6 s (one hot joiner), one SIGKILLed at
   // t=10 s and grown back to 3. Asserts from the events log, `edl ctl status` and the stand-ins'
   // own records; then stops the job with `edl ctl stop`. `check_start` sees each start record.
-  void RunInPlaceFourTwoThreeAndKill(const std::function<void(const json&)>& check_start = nullptr) {
+  void RunInPlaceFourTwoThreeAndKill(
+      const std::function<void(const json&)>& check_start = nullptr) {
     StartServer("0 set 4\n3 set 2\n6 set 3\n10 kill 1\n", 4);
     if (HasFatalFailure()) return;
     auto c1 = StartClient("n1", "inplace");
@@ -246,7 +277,8 @@ class ControlPlaneHarness : public ::testing::Test {
     ASSERT_TRUE(WaitFor(
         [&] {
           int done = 0;
-          for (const json& r : ReadLines(records_)) done += r["event"] == "kv" && r["generation"] == grown;
+          for (const json& r : ReadLines(records_))
+            done += r["event"] == "kv" && r["generation"] == grown;
           return done >= 3;
         },
         milliseconds(60000)))
@@ -257,7 +289,8 @@ class ControlPlaneHarness : public ::testing::Test {
     ASSERT_FALSE(st.is_discarded()) << out;
     EXPECT_EQ(st["world_size"], 3);
     EXPECT_EQ(st["total_slots"], 4);
-    for (const json& n : st["nodes"]) EXPECT_EQ(n["host"], AdvertiseAddrFor(n["name"].get<std::string>())) << n.dump();
+    for (const json& n : st["nodes"])
+      EXPECT_EQ(n["host"], AdvertiseAddrFor(n["name"].get<std::string>())) << n.dump();
     ASSERT_EQ(Ctl({"status"}, &out), 0);
     EXPECT_NE(out.find("RUNNING-TRAINERS"), std::string::npos) << out;
     EXPECT_NE(out.find("itest:3"), std::string::npos) << out;
@@ -276,7 +309,7 @@ class ControlPlaneHarness : public ::testing::Test {
     EXPECT_EQ(gens[3]["world_size_after"], 2);
 
     // The stand-ins' own records.
-    std::map<std::string, json> start_of;         // trainer id -> start record
+    std::map<std::string, json> start_of;          // trainer id -> start record
     std::map<std::string, std::set<int>> pids_of;  // trainer id -> every pid that wrote for it
     std::set<std::string> left, kv_failed;
     for (const json& r : ReadLines(records_)) {

@@ -45,22 +45,24 @@ class NetnsStar {
   static std::string WhyUnsupported(const std::string& log) {
     if (::geteuid() != 0) return "needs root to create network namespaces";
     if (::access(kIp, X_OK) != 0) return std::string(kIp) + " not found (install iproute2)";
-    if (itest::RunCommand({kIp, "netns", "list"}, log) != 0) return "`ip netns list` failed; see " + log;
+    if (itest::RunCommand({kIp, "netns", "list"}, log) != 0)
+      return "`ip netns list` failed; see " + log;
     return "";
   }
 
   // Creates the namespaces and links. The first failure is returned with the command's log.
   std::string Build() {
     if (!Add(server_ns_)) return "ip netns add " + server_ns_ + " failed: " + itest::Slurp(log_);
-    if (!Run({kIp, "-n", server_ns_, "link", "set", "lo", "up"})) return Failed("lo up in " + server_ns_);
+    if (!Run({kIp, "-n", server_ns_, "link", "set", "lo", "up"}))
+      return Failed("lo up in " + server_ns_);
     int i = 0;
     for (auto& [leaf, ns] : leaf_ns_) {
       ++i;
       if (!Add(ns)) return Failed("ip netns add " + ns);
       const std::string net = "10.231." + std::to_string(i) + ".";
       const std::string hub_if = "s" + std::to_string(i), leaf_if = "c" + std::to_string(i);
-      if (!Run({kIp, "link", "add", hub_if, "netns", server_ns_, "type", "veth", "peer", "name", leaf_if,
-                "netns", ns}) ||
+      if (!Run({kIp, "link", "add", hub_if, "netns", server_ns_, "type", "veth", "peer", "name",
+                leaf_if, "netns", ns}) ||
           !Run({kIp, "-n", server_ns_, "addr", "add", net + "1/24", "dev", hub_if}) ||
           !Run({kIp, "-n", server_ns_, "link", "set", hub_if, "up"}) ||
           !Run({kIp, "-n", ns, "addr", "add", net + "2/24", "dev", leaf_if}) ||
@@ -86,7 +88,9 @@ class NetnsStar {
     int i = 0;
     for (const auto& [name, ns] : leaf_ns_) {
       ++i;
-      if (name == leaf) return Run({kIp, "-n", server_ns_, "link", "set", "s" + std::to_string(i), up ? "up" : "down"});
+      if (name == leaf)
+        return Run(
+            {kIp, "-n", server_ns_, "link", "set", "s" + std::to_string(i), up ? "up" : "down"});
     }
     return false;
   }
@@ -188,7 +192,8 @@ TEST_F(NetnsControlPlaneTest, CutLinkIsANodeLossByHeartbeatAndTheOthersTrainOn) 
       },
       milliseconds(60000)))
       << Diagnostics();
-  EXPECT_NE(itest::Slurp(dir_.Join("n2.log")).find("the server dropped this node"), std::string::npos)
+  EXPECT_NE(itest::Slurp(dir_.Join("n2.log")).find("the server dropped this node"),
+            std::string::npos)
       << itest::Slurp(dir_.Join("n2.log"));
   std::string out;
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;

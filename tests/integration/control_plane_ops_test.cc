@@ -1,5 +1,6 @@
 // Control-plane operations end to end on loopback: `edl ctl watch`, `--exit_when_done` on server
-// and client, and the client's kill of a trainer that is stopped (SIGSTOP) and silent on its channel.
+// and client, and the client's kill of a trainer that is stopped (SIGSTOP) and silent on its
+// channel.
 #include <signal.h>
 
 #include <cerrno>
@@ -29,10 +30,11 @@ TEST_F(ControlPlaneOpsTest, WatchPrintsALinePerChangeAndEveryEventRecord) {
   ASSERT_TRUE(WaitFor([&] { return Slurp(out).rfind("status ", 0) == 0; }, milliseconds(10000)))
       << "the watch never printed its first status line: " << Slurp(out);
   auto c1 = StartClient("n1", "inplace");
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["generation"] == 2; }, milliseconds(30000)))
+  ASSERT_TRUE(
+      WaitForGeneration([](const json& g) { return g["generation"] == 2; }, milliseconds(30000)))
       << Diagnostics();
-  // Every events-log record (but progress) from the first one the watch printed on reaches it as one `event`
-  // line (records before the watch connected cannot), generation records included.
+  // Every events-log record (but progress) from the first one the watch printed on reaches it as
+  // one `event` line (records before the watch connected cannot), generation records included.
   ASSERT_TRUE(WaitFor(
       [&] {
         const std::string w = Slurp(out);
@@ -51,8 +53,10 @@ TEST_F(ControlPlaneOpsTest, WatchPrintsALinePerChangeAndEveryEventRecord) {
         return generations == 2;
       },
       milliseconds(10000)))
-      << "--- watch\n" << Slurp(out) << Diagnostics();
-  // Status lines: the initial one, then one per change (world 0 -> 2 -> 1), never two equal in a row.
+      << "--- watch\n"
+      << Slurp(out) << Diagnostics();
+  // Status lines: the initial one, then one per change (world 0 -> 2 -> 1), never two equal in a
+  // row.
   ASSERT_TRUE(WaitFor([&] { return Slurp(out).find("status generation=2") != std::string::npos; },
                       milliseconds(10000)))
       << Slurp(out);
@@ -73,8 +77,10 @@ TEST_F(ControlPlaneOpsTest, WatchPrintsALinePerChangeAndEveryEventRecord) {
 
 TEST_F(ControlPlaneOpsTest, ExitWhenDoneStopsServerAndClientsOnceEveryTrainerExitedZero) {
   StartServer("", 4, {"--exit_when_done"});
-  auto c1 = StartClient("n1", "inplace", "", {{"exit_when_done", ""}}, {{"STANDIN_EXIT_AFTER_MS", "4000"}});
-  auto c2 = StartClient("n2", "inplace", "", {{"exit_when_done", ""}}, {{"STANDIN_EXIT_AFTER_MS", "4000"}});
+  auto c1 = StartClient("n1", "inplace", "", {{"exit_when_done", ""}},
+                        {{"STANDIN_EXIT_AFTER_MS", "4000"}});
+  auto c2 = StartClient("n2", "inplace", "", {{"exit_when_done", ""}},
+                        {{"STANDIN_EXIT_AFTER_MS", "4000"}});
   EXPECT_EQ(server_->Wait(milliseconds(60000)), 0) << Diagnostics();
   EXPECT_EQ(c1->Wait(milliseconds(20000)), 0) << Slurp(dir_.Join("n1.log"));
   EXPECT_EQ(c2->Wait(milliseconds(20000)), 0) << Slurp(dir_.Join("n2.log"));
@@ -96,7 +102,8 @@ TEST_F(ControlPlaneOpsTest, ExitWhenDoneStopsServerAndClientsOnceEveryTrainerExi
 TEST_F(ControlPlaneOpsTest, StoppedTrainerIsKilledWithoutWaitingOutTheChannelTimeout) {
   StartServer("", 2);
   auto c1 = StartClient("n1", "inplace", "", {{"trainer_timeout_s", "3600"}});
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["generation"] == 1; }, milliseconds(30000)))
+  ASSERT_TRUE(
+      WaitForGeneration([](const json& g) { return g["generation"] == 1; }, milliseconds(30000)))
       << Diagnostics();
   // Freeze one stand-in once it has seen generation 1 (so its channel is up and heartbeating).
   int victim = 0;
@@ -118,10 +125,13 @@ TEST_F(ControlPlaneOpsTest, StoppedTrainerIsKilledWithoutWaitingOutTheChannelTim
   // The client SIGKILLs it (stopped and silent; --trainer_timeout_s is an hour) and reports a
   // failure; the server commits a generation without it.
   ASSERT_TRUE(WaitForGeneration(
-      [](const json& g) { return g["reason"] == "failure" && g["failure"] == true && g["world_size_after"] == 1; },
+      [](const json& g) {
+        return g["reason"] == "failure" && g["failure"] == true && g["world_size_after"] == 1;
+      },
       milliseconds(30000)))
       << Diagnostics();
-  EXPECT_TRUE(WaitFor([&] { return ::kill(victim, 0) != 0 && errno == ESRCH; }, milliseconds(10000)))
+  EXPECT_TRUE(
+      WaitFor([&] { return ::kill(victim, 0) != 0 && errno == ESRCH; }, milliseconds(10000)))
       << "pid " << victim << " still exists";
   bool reported = false;
   for (const json& e : Events()) {
@@ -133,7 +143,8 @@ TEST_F(ControlPlaneOpsTest, StoppedTrainerIsKilledWithoutWaitingOutTheChannelTim
   }
   EXPECT_TRUE(reported) << Diagnostics();
   // A stopped trainer is killed once it is 2 s silent, not after --trainer_timeout_s.
-  EXPECT_NE(Slurp(dir_.Join("n1.log")).find("is stopped (state T"), std::string::npos) << Slurp(dir_.Join("n1.log"));
+  EXPECT_NE(Slurp(dir_.Join("n1.log")).find("is stopped (state T"), std::string::npos)
+      << Slurp(dir_.Join("n1.log"));
   std::string out;
   ASSERT_EQ(Ctl({"status", "--json"}, &out), 0) << out;
   json st = json::parse(out.substr(out.find('{')), nullptr, false);

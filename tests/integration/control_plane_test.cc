@@ -8,8 +8,8 @@
 
 #include <cerrno>
 #include <fstream>
-#include <map>
 #include <iostream>
+#include <map>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -75,7 +75,8 @@ class RawPeer {
   bool ReadUntilClosed(std::string* got, milliseconds timeout) {
     const auto end = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < end) {
-      if (!ReadSome(got, std::chrono::duration_cast<milliseconds>(end - std::chrono::steady_clock::now()))) {
+      if (!ReadSome(got, std::chrono::duration_cast<milliseconds>(
+                             end - std::chrono::steady_clock::now()))) {
         return closed_;
       }
     }
@@ -110,7 +111,8 @@ TEST_F(ControlPlaneTest, RestartModeRestartsEveryTrainerWithNewEnv) {
   StartServer("0 set 4\n3 set 2\n6 set 3\n", 4);
   auto c1 = StartClient("n1", "restart");
   auto c2 = StartClient("n2", "restart");
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["generation"] == 3; }, milliseconds(60000)))
+  ASSERT_TRUE(
+      WaitForGeneration([](const json& g) { return g["generation"] == 3; }, milliseconds(60000)))
       << Diagnostics();
   const std::map<int64_t, int> want = {{1, 4}, {2, 2}, {3, 3}};
   std::map<int64_t, std::vector<json>> starts;  // generation -> start records
@@ -136,7 +138,8 @@ TEST_F(ControlPlaneTest, RestartModeRestartsEveryTrainerWithNewEnv) {
       milliseconds(60000));
   EXPECT_TRUE(settled) << Diagnostics();
   for (auto [gen, world] : want) {
-    ASSERT_EQ(starts[gen].size(), static_cast<size_t>(world)) << "generation " << gen << Diagnostics();
+    ASSERT_EQ(starts[gen].size(), static_cast<size_t>(world))
+        << "generation " << gen << Diagnostics();
     std::set<int> ranks;
     for (const json& s : starts[gen]) {
       EXPECT_EQ(s["world_size"], world);
@@ -158,8 +161,8 @@ TEST_F(ControlPlaneTest, RestartModeRestartsEveryTrainerWithNewEnv) {
 TEST_F(ControlPlaneTest, UnauthenticatedPeersAreRefusedAndTheServerKeepsServing) {
   StartServer("", 1);
   std::ofstream(dir_.Join("wrong")) << "a-different-secret-of-enough-length\n";
-  std::filesystem::permissions(dir_.Join("wrong"), std::filesystem::perms::owner_read |
-                                                       std::filesystem::perms::owner_write);
+  std::filesystem::permissions(
+      dir_.Join("wrong"), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   // A client with the wrong secret is refused and exits 2 without starting trainers.
   auto bad = StartClient("intruder", "inplace", dir_.Join("wrong"));
   EXPECT_EQ(bad->Wait(milliseconds(15000)), 2);
@@ -169,9 +172,10 @@ TEST_F(ControlPlaneTest, UnauthenticatedPeersAreRefusedAndTheServerKeepsServing)
   EXPECT_NE(out.find("Unauthenticated"), std::string::npos) << out;
   // Raw garbage, an oversize header, a frame before hello and a hello with a bad MAC: each
   // connection is closed by the server (after at most an error frame), and nothing else happens.
-  const std::string hello_bad_mac =
-      proto::EncodeFrame(json{{"type", "hello"}, {"role", "ctl"}, {"mac", std::string(64, '0')},
-                              {"nonce", std::string(64, '1')}});
+  const std::string hello_bad_mac = proto::EncodeFrame(json{{"type", "hello"},
+                                                            {"role", "ctl"},
+                                                            {"mac", std::string(64, '0')},
+                                                            {"nonce", std::string(64, '1')}});
   char oversize[proto::kFrameHeaderBytes];
   proto::EncodeFrameHeader(proto::kMaxFrameBytes + 1, oversize);
   // {what, bytes, the error the server must send first ("": none required, the close is enough)}
@@ -219,13 +223,26 @@ TEST_F(ControlPlaneTest, UnauthenticatedPeersAreRefusedAndTheServerKeepsServing)
 TEST_F(ControlPlaneTest, SecondClientWithTheSameNodeNameIsRefused) {
   StartServer("", 2);
   auto c1 = StartClient("same", "inplace");
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["generation"] == 1; }, milliseconds(20000)))
+  ASSERT_TRUE(
+      WaitForGeneration([](const json& g) { return g["generation"] == 1; }, milliseconds(20000)))
       << Diagnostics();
   const std::string dup_state = dir_.Join("dup-state");  // its own state dir: no token of "same"
-  std::vector<std::string> argv = {test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_,
-                                   "--secret_file", secret_, "--node_name", "same", "--slots", "2",
-                                   "--socket_path", dir_.Join("dup.sock"), "--state_dir", dup_state,
-                                   "--", STAND_IN_TRAINER};
+  std::vector<std::string> argv = {test::EdlBinary(),
+                                   "client",
+                                   "--server",
+                                   "127.0.0.1:" + port_,
+                                   "--secret_file",
+                                   secret_,
+                                   "--node_name",
+                                   "same",
+                                   "--slots",
+                                   "2",
+                                   "--socket_path",
+                                   dir_.Join("dup.sock"),
+                                   "--state_dir",
+                                   dup_state,
+                                   "--",
+                                   STAND_IN_TRAINER};
   Proc dup(argv, dir_.Join("dup.log"));
   auto refusals = [&] {
     const std::string log = Slurp(dir_.Join("dup.log"));
@@ -237,7 +254,8 @@ TEST_F(ControlPlaneTest, SecondClientWithTheSameNodeNameIsRefused) {
     return n;
   };
   ASSERT_TRUE(itest::WaitFor([&] { return refusals() >= 2; }, milliseconds(30000)))
-      << "the squatter was not refused twice:\n" << Slurp(dir_.Join("dup.log"));
+      << "the squatter was not refused twice:\n"
+      << Slurp(dir_.Join("dup.log"));
   EXPECT_EQ(dup.Wait(milliseconds(0)), -1) << "a retryable refusal made the client exit";
   std::string out;
   ASSERT_EQ(Ctl({"status", "--json"}, &out), 0);
@@ -251,14 +269,27 @@ TEST_F(ControlPlaneTest, SecondClientWithTheSameNodeNameIsRefused) {
 TEST_F(ControlPlaneTest, ASecondClientOnTheMachineIsRefusedAtOnceByTheClient) {
   StartServer("", 0);
   auto client = [&](const std::string& node, const std::string& slots) {
-    return std::vector<std::string>{test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_,
-                                    "--secret_file", secret_, "--node_name", node, "--slots", slots,
-                                    "--advertise_addr", "10.254.0.1", "--socket_path",
-                                    dir_.Join(node + ".sock"), "--", STAND_IN_TRAINER};
+    return std::vector<std::string>{test::EdlBinary(),
+                                    "client",
+                                    "--server",
+                                    "127.0.0.1:" + port_,
+                                    "--secret_file",
+                                    secret_,
+                                    "--node_name",
+                                    node,
+                                    "--slots",
+                                    slots,
+                                    "--advertise_addr",
+                                    "10.254.0.1",
+                                    "--socket_path",
+                                    dir_.Join(node + ".sock"),
+                                    "--",
+                                    STAND_IN_TRAINER};
   };
   Proc first(client("first", "2"), dir_.Join("first.log"));
-  ASSERT_TRUE(itest::WaitFor([&] { return Slurp(dir_.Join("first.log")).find("holds 2 slot(s)") != std::string::npos; },
-                             milliseconds(30000)))
+  ASSERT_TRUE(itest::WaitFor(
+      [&] { return Slurp(dir_.Join("first.log")).find("holds 2 slot(s)") != std::string::npos; },
+      milliseconds(30000)))
       << Slurp(dir_.Join("first.log"));
   Proc second(client("second", "1"), dir_.Join("second.log"));
   EXPECT_EQ(second.Wait(milliseconds(30000)), 1) << Slurp(dir_.Join("second.log"));

@@ -140,7 +140,8 @@ TEST_F(DashboardTest, ChromiumRendersTheJobItsScaleAndTheGenerationChange) {
   const auto pids = Pids();
   ASSERT_FALSE(pids.empty()) << Diagnostics();
   ASSERT_EQ(::kill(*pids.begin()->second.rbegin(), SIGKILL), 0);
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g.value("failure", false); }, milliseconds(60000)))
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g.value("failure", false); },
+                                milliseconds(60000)))
       << Diagnostics();
   // The page polls once a second; virtual time lets its timers run without waiting in real time,
   // and stands still while a request is in flight.
@@ -173,8 +174,10 @@ TEST_F(DashboardTest, ChromiumRendersTheJobItsScaleAndTheGenerationChange) {
   EXPECT_NE(dom.find("live, updated"), std::string::npos) << "the page updated itself";
   EXPECT_NE(dom.find("class=\"trainer\""), std::string::npos) << "the trainers table";
   EXPECT_TRUE(std::regex_search(dom, std::regex("<tr[^>]*class=\"reform failure\"")))
-      << "the failure is not listed:\n" << dom.substr(0, 8000);
-  EXPECT_NE(dom.find("class=\"failure-flag\""), std::string::npos) << "no failure flag on the timeline";
+      << "the failure is not listed:\n"
+      << dom.substr(0, 8000);
+  EXPECT_NE(dom.find("class=\"failure-flag\""), std::string::npos)
+      << "no failure flag on the timeline";
   StopJob();
 }
 

@@ -82,11 +82,13 @@ void ExpectNothingLeft(const std::string& dir) {
   const std::string pids = ReadFile(dir + "/pids");
   std::istringstream in(pids);
   int n = 0;
-  for (pid_t pid; in >> pid; ++n) EXPECT_FALSE(AliveWith(pid, dir)) << "pid " << pid << " left running";
+  for (pid_t pid; in >> pid; ++n)
+    EXPECT_FALSE(AliveWith(pid, dir)) << "pid " << pid << " left running";
   EXPECT_GE(n, 4) << "the demo recorded too few pids (server, 2 clients, watch): " << pids;
   const std::vector<pid_t> left = ProcessesMentioning(dir);
   for (pid_t pid : left) {
-    ADD_FAILURE() << "process " << pid << " (" << ReadFile("/proc/" + std::to_string(pid) + "/cmdline")
+    ADD_FAILURE() << "process " << pid << " ("
+                  << ReadFile("/proc/" + std::to_string(pid) + "/cmdline")
                   << ") is still running; killing it";
     ::kill(pid, SIGKILL);
   }
@@ -108,7 +110,8 @@ TEST(DemoTest, ShortDemoChangesGenerationsAndTrainsToGoodAccuracy) {
   EXPECT_EQ(rc, 0);
 
   std::smatch m;
-  ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(generation changes: (\d+) \(failures: (\d+)\))")));
+  ASSERT_TRUE(
+      std::regex_search(text, m, std::regex(R"(generation changes: (\d+) \(failures: (\d+)\))")));
   EXPECT_GE(std::stoi(m[1]), 3) << "shrink, grow and failure each make a generation";
   EXPECT_GE(std::stoi(m[2]), 1) << "the scripted SIGKILL makes a failure generation";
   // The summary names each change's kind, reason and stall; the script makes all three kinds, and
@@ -133,7 +136,8 @@ TEST(DemoTest, ShortDemoChangesGenerationsAndTrainsToGoodAccuracy) {
   EXPECT_GT(std::stod(m[1]), 75.0);
   ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(timeline picture: (\S+\.png))")));
   EXPECT_GT(std::filesystem::file_size(m[1].str()), 10000u);
-  EXPECT_NE(ReadFile(dir.Join("events/demo.events.jsonl")).find("\"type\":\"progress\""), std::string::npos)
+  EXPECT_NE(ReadFile(dir.Join("events/demo.events.jsonl")).find("\"type\":\"progress\""),
+            std::string::npos)
       << "the server writes progress records the picture is drawn from";
   ExpectNothingLeft(dir.path());
 }
@@ -145,12 +149,13 @@ TEST(DemoTest, CtrlCStopsEveryProcess) {
   {
     auto demo = StartDemo(dir.path(), out, {"--short"});
     ASSERT_GT(demo->pid(), 0);
-    // Wait until the trainers train (the server logs their progress), then interrupt as Ctrl-C would.
-    // The bound only catches a demo that never trains (a few seconds on 2 idle cores).
+    // Wait until the trainers train (the server logs their progress), then interrupt as Ctrl-C
+    // would. The bound only catches a demo that never trains (a few seconds on 2 idle cores).
     const auto deadline = steady_clock::now() + seconds(600);
     bool training = false;
     while (steady_clock::now() < deadline && !training && demo->Running()) {
-      training = ReadFile(dir.Join("events/demo.events.jsonl")).find("\"type\":\"progress\"") != std::string::npos;
+      training = ReadFile(dir.Join("events/demo.events.jsonl")).find("\"type\":\"progress\"") !=
+                 std::string::npos;
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     ASSERT_TRUE(training) << "no trainer progress within 600 s:\n" << ReadFile(out);

@@ -55,15 +55,19 @@ class ElasticTrainingTest : public ::testing::Test {
     itest::WriteSecretFile(secret_, "elastic-integration-secret-0123456789");
   }
 
-  void StartServer(const std::string& script, int trainers,
-                   std::vector<std::string> extra = {}) {
+  void StartServer(const std::string& script, int trainers, std::vector<std::string> extra = {}) {
     std::ofstream(dir_.Join("scale.script")) << script;
-    std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", server_port_, "--bind",
-                                     "127.0.0.1", "--port_file", dir_.Join("port"),
-                                     "--secret_file", secret_, "--job_id", "etest",
-                                     "--min_trainers", "1", "--trainers", std::to_string(trainers),
-                                     "--scale_script", dir_.Join("scale.script"), "--events_dir",
-                                     dir_.Join("events"), "--join_timeout_s", "60"};
+    std::vector<std::string> argv = {test::EdlBinary(),  "server",
+                                     "--server_port",    server_port_,
+                                     "--bind",           "127.0.0.1",
+                                     "--port_file",      dir_.Join("port"),
+                                     "--secret_file",    secret_,
+                                     "--job_id",         "etest",
+                                     "--min_trainers",   "1",
+                                     "--trainers",       std::to_string(trainers),
+                                     "--scale_script",   dir_.Join("scale.script"),
+                                     "--events_dir",     dir_.Join("events"),
+                                     "--join_timeout_s", "60"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     server_ = std::make_unique<Proc>(argv, dir_.Join("server.log"));
     port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
@@ -74,18 +78,57 @@ class ElasticTrainingTest : public ::testing::Test {
   // `gpu_slots`: its 2 slots are GPUs 0 and 1 instead (--gpus; the trainers still run on the CPU,
   // edl train's --device default, whatever CUDA_VISIBLE_DEVICES the slot gives them).
   std::unique_ptr<Proc> StartClient(const std::string& node, int epochs,
-                                     std::vector<std::string> train_flags = {},
-                                     double trainer_timeout_s = 20, bool gpu_slots = false) {
-    std::vector<std::string> argv = {
-        test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file", secret_,
-        "--node_name", node, gpu_slots ? "--gpus" : "--slots", gpu_slots ? "0,1" : "2", "--mode", "inplace", "--socket_path",
-        dir_.Join(node + ".sock"), "--log_dir", dir_.Join("logs"), "--leave_grace_s", "30",
-        "--stop_grace_s", "2", "--trainer_timeout_s", std::to_string(trainer_timeout_s), "--",
-        test::EdlBinary(), "train", "--model", "resnet20", "--train_samples",
-        std::to_string(kSamples), "--batch_size", "16", "--base_batch", "64", "--lr", "0.1",
-        "--lr_decay", "constant", "--epochs", std::to_string(epochs), "--threads", "1",
-        "--log_every", "10", "--eval", "false", "--comm_timeout_s", "20",
-        "--sample_log", dir_.Join("samples.jsonl")};
+                                    std::vector<std::string> train_flags = {},
+                                    double trainer_timeout_s = 20, bool gpu_slots = false) {
+    std::vector<std::string> argv = {test::EdlBinary(),
+                                     "client",
+                                     "--server",
+                                     "127.0.0.1:" + port_,
+                                     "--secret_file",
+                                     secret_,
+                                     "--node_name",
+                                     node,
+                                     gpu_slots ? "--gpus" : "--slots",
+                                     gpu_slots ? "0,1" : "2",
+                                     "--mode",
+                                     "inplace",
+                                     "--socket_path",
+                                     dir_.Join(node + ".sock"),
+                                     "--log_dir",
+                                     dir_.Join("logs"),
+                                     "--leave_grace_s",
+                                     "30",
+                                     "--stop_grace_s",
+                                     "2",
+                                     "--trainer_timeout_s",
+                                     std::to_string(trainer_timeout_s),
+                                     "--",
+                                     test::EdlBinary(),
+                                     "train",
+                                     "--model",
+                                     "resnet20",
+                                     "--train_samples",
+                                     std::to_string(kSamples),
+                                     "--batch_size",
+                                     "16",
+                                     "--base_batch",
+                                     "64",
+                                     "--lr",
+                                     "0.1",
+                                     "--lr_decay",
+                                     "constant",
+                                     "--epochs",
+                                     std::to_string(epochs),
+                                     "--threads",
+                                     "1",
+                                     "--log_every",
+                                     "10",
+                                     "--eval",
+                                     "false",
+                                     "--comm_timeout_s",
+                                     "20",
+                                     "--sample_log",
+                                     dir_.Join("samples.jsonl")};
     // A flag in `train_flags` replaces the test configuration's (edl train refuses a repeated one).
     for (const std::string& f : train_flags) {
       if (f.rfind("--", 0) != 0) continue;
@@ -98,8 +141,8 @@ class ElasticTrainingTest : public ::testing::Test {
 
   // `edl ctl ARGS` against the server; its exit code.
   int Ctl(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {test::EdlBinary(), "ctl", "--server", "127.0.0.1:" + port_,
-                                     "--secret_file", secret_};
+    std::vector<std::string> argv = {test::EdlBinary(),    "ctl",           "--server",
+                                     "127.0.0.1:" + port_, "--secret_file", secret_};
     argv.insert(argv.end(), args.begin(), args.end());
     return itest::RunCommand(argv, dir_.Join("ctl.log"), milliseconds(60000));
   }
@@ -107,7 +150,8 @@ class ElasticTrainingTest : public ::testing::Test {
   // The newest committed step in the trainers' sample log (0 before the first).
   int64_t MaxStep() {
     int64_t max = 0;
-    for (const json& l : ReadLines(dir_.Join("samples.jsonl"))) max = std::max(max, l.value("step", int64_t{0}));
+    for (const json& l : ReadLines(dir_.Join("samples.jsonl")))
+      max = std::max(max, l.value("step", int64_t{0}));
     return max;
   }
 
@@ -153,12 +197,14 @@ class ElasticTrainingTest : public ::testing::Test {
   void ExpectFedLabelsMatchThePlan(const std::map<int64_t, test::LoggedStep>& steps,
                                    int64_t max_unconfirmed) {
     std::vector<uint8_t> labels;
-    ASSERT_OK(resnet50::ReadIdxLabels(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz", &labels));
+    ASSERT_OK(
+        resnet50::ReadIdxLabels(std::string(kFashionDir) + "/train-labels-idx1-ubyte.gz", &labels));
     ASSERT_GE(labels.size(), static_cast<size_t>(kSamples));
     int64_t unconfirmed = 0;
-    EXPECT_EQ(test::CheckFedBatches(
-                  steps, [&](int64_t i) { return static_cast<int32_t>(labels.at(i)); }, &unconfirmed),
-              "");
+    EXPECT_EQ(
+        test::CheckFedBatches(
+            steps, [&](int64_t i) { return static_cast<int32_t>(labels.at(i)); }, &unconfirmed),
+        "");
     EXPECT_LE(unconfirmed, max_unconfirmed) << "of " << steps.size() << " steps";
     std::cout << steps.size() << " steps, " << unconfirmed << " not confirmed by every rank\n";
   }
@@ -214,8 +260,8 @@ class ElasticTrainingTest : public ::testing::Test {
     for (const auto& f : std::filesystem::directory_iterator(dir_.Join("logs"), ec)) {
       logs += "\n--- " + f.path().filename().string() + "\n" + Slurp(f.path().string(), 3000);
     }
-    return "\n--- events\n" + Slurp(dir_.Join("events/etest.events.jsonl"), 40000) + "\n--- server\n" +
-           Slurp(dir_.Join("server.log"), 8000) + logs;
+    return "\n--- events\n" + Slurp(dir_.Join("events/etest.events.jsonl"), 40000) +
+           "\n--- server\n" + Slurp(dir_.Join("server.log"), 8000) + logs;
   }
 
   // Every sync event of generation g carries the same state hash, one per member.
@@ -237,7 +283,8 @@ class ElasticTrainingTest : public ::testing::Test {
   // 4 trainers at start (two clients of 2 slots, training with `train_flags`); 2 (`edl ctl scale
   // 2`), then 3 (a hot joiner), then one trainer is SIGKILLed and the job grows back to 3: each
   // change once the previous one has formed and trained `steps` more steps, so the changes land
-  // mid-run however fast the machine is. Returns once the job has finished; *c1, *c2 are the clients.
+  // mid-run however fast the machine is. Returns once the job has finished; *c1, *c2 are the
+  // clients.
   void FourTwoThreeAndKill(int epochs, int64_t steps, const std::vector<std::string>& train_flags,
                            std::unique_ptr<Proc>* c1, std::unique_ptr<Proc>* c2) {
     StartServer("0 set 4\n", 4);
@@ -258,12 +305,14 @@ class ElasticTrainingTest : public ::testing::Test {
     ASSERT_EQ(members.size(), 3u);
     // Both nodes hold a prepared warm spare (docs/TRAINERS.md "Warm spares"), so the replacement is
     // one.
-    ASSERT_TRUE(WaitFor([&] { return WaitingSpares("n1") > 0 && WaitingSpares("n2") > 0; }, milliseconds(120000)))
+    ASSERT_TRUE(WaitFor([&] { return WaitingSpares("n1") > 0 && WaitingSpares("n2") > 0; },
+                        milliseconds(120000)))
         << Diagnostics();
     const int assigned = CountInClientLogs(" is spare ");
     ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
     ASSERT_TRUE(WaitFor([&] { return Finished(); }, kFinishWait)) << Diagnostics();
-    EXPECT_EQ(CountInClientLogs(" is spare "), assigned + 1) << "the kill's replacement was a warm spare";
+    EXPECT_EQ(CountInClientLogs(" is spare "), assigned + 1)
+        << "the kill's replacement was a warm spare";
     // Which ran its warm-up before it was needed: the joiner skipped its own.
     int skipped = 0;
     for (const json& e : TrainerEvents("joiner_warm_up")) skipped += e.value("spare", false);
@@ -376,10 +425,11 @@ TEST_F(ElasticTrainingTest, ScriptFourTwoThreeAndKillKeepsStateAndDataExact) {
 TEST_F(ElasticTrainingTest, ImageFolderScaleAndKillKeepsDataExact) {
   constexpr int kEpochs = 12;
   const std::string set = dir_.Join("set");
-  ASSERT_EQ(itest::RunCommand({"/bin/bash", test::SourceDir() + "/scripts/make_imagefolder.sh", set,
-                               "--classes", "10", "--train_per_class", "16", "--val_per_class", "1"},
-                              dir_.Join("make.log"), milliseconds(120000)),
-            0)
+  ASSERT_EQ(
+      itest::RunCommand({"/bin/bash", test::SourceDir() + "/scripts/make_imagefolder.sh", set,
+                         "--classes", "10", "--train_per_class", "16", "--val_per_class", "1"},
+                        dir_.Join("make.log"), milliseconds(120000)),
+      0)
       << Slurp(dir_.Join("make.log"));
   // The labels every trainer must feed, from the dataset itself (kSkippedLabel where undecodable).
   resnet50::ImageFolderOptions o;
@@ -396,10 +446,10 @@ TEST_F(ElasticTrainingTest, ImageFolderScaleAndKillKeepsDataExact) {
   ASSERT_EQ(std::count(labels.begin(), labels.end(), resnet50::kSkippedLabel), 3);
 
   std::unique_ptr<Proc> c1, c2;
-  FourTwoThreeAndKill(kEpochs, 8,
-                      {"--data", "imagefolder", "--data_dir", set, "--image_size", "32",
-                       "--data_threads", "2"},
-                      &c1, &c2);
+  FourTwoThreeAndKill(
+      kEpochs, 8,
+      {"--data", "imagefolder", "--data_dir", set, "--image_size", "32", "--data_threads", "2"},
+      &c1, &c2);
   if (HasFatalFailure()) return;
 
   ExpectIdenticalStateAfterEveryReform();
@@ -409,14 +459,16 @@ TEST_F(ElasticTrainingTest, ImageFolderScaleAndKillKeepsDataExact) {
   EXPECT_EQ(steps.rbegin()->second.epoch, kEpochs - 1);
   EXPECT_EQ(test::CheckExactlyOnce(steps, n, kEpochs), "") << Diagnostics();
   int64_t unconfirmed = 0;
-  EXPECT_EQ(test::CheckFedBatches(steps, [&](int64_t i) { return labels.at(i); }, &unconfirmed), "");
+  EXPECT_EQ(test::CheckFedBatches(
+                steps, [&](int64_t i) { return labels.at(i); }, &unconfirmed),
+            "");
   EXPECT_LE(unconfirmed, 2) << "of " << steps.size() << " steps";
   c1->Stop();
   c2->Stop();
 }
 
-// jobserver/state/STATE.md: the server SIGKILLed and restarted on its --state_dir between changes. The
-// trainers train on while it is away (and save checkpoints); the restarted server adopts them
+// jobserver/state/STATE.md: the server SIGKILLed and restarted on its --state_dir between changes.
+// The trainers train on while it is away (and save checkpoints); the restarted server adopts them
 // (no new generation, no trainer restarted); the next change re-forms them with a hot joiner;
 // every epoch's data is consumed exactly once and the saves keep landing after the restart.
 TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndNoStep) {
@@ -451,7 +503,8 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
       milliseconds(60000)))
       << Diagnostics();
   // Saves keep landing (the fence accepts them: the generation is the one they were made in).
-  ASSERT_TRUE(WaitFor([&] { return NewestSavedStep() > saved_before || Finished(); }, milliseconds(120000)))
+  ASSERT_TRUE(
+      WaitFor([&] { return NewestSavedStep() > saved_before || Finished(); }, milliseconds(120000)))
       << Diagnostics();
   ASSERT_FALSE(Finished()) << "the job finished before a change after the restart" << Diagnostics();
   ASSERT_EQ(Ctl({"scale", "3"}), 0) << Slurp(dir_.Join("ctl.log"));
@@ -459,7 +512,8 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
   ASSERT_EQ(g2, g1 + 1) << "the restart itself must not make a generation" << Diagnostics();
   ASSERT_TRUE(WaitFor([&] { return Finished(); }, kFinishWait)) << Diagnostics();
 
-  for (const json& g : Generations()) EXPECT_FALSE(g.value("failure", false)) << g.dump() << Diagnostics();
+  for (const json& g : Generations())
+    EXPECT_FALSE(g.value("failure", false)) << g.dump() << Diagnostics();
   EXPECT_TRUE(TrainerEvents("cold_start").empty()) << "no trainer restarted" << Diagnostics();
   ExpectStablePids();
   ExpectIdenticalStateAfterEveryReform();
@@ -470,7 +524,8 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
   std::vector<ckpt::CheckpointMeta> all;
   ASSERT_OK(store_->List(&all));
   ASSERT_FALSE(all.empty());
-  EXPECT_EQ(all.back().generation, g2) << "the last saves come from the generation formed after the restart";
+  EXPECT_EQ(all.back().generation, g2)
+      << "the last saves come from the generation formed after the restart";
   c1->Stop();
   c2->Stop();
 }
@@ -482,9 +537,16 @@ TEST_F(ElasticTrainingTest, ServerRestartBetweenChangesCostsNoTrainerRestartAndN
 // higher generation, so the store's fence accepts its saves.
 TEST_F(ElasticTrainingTest, StopIsOneDecisionAndTheJobResumesFromItsFinalCheckpoint) {
   constexpr int kEpochs = 40;  // far more than the test trains: it must never finish
-  const std::vector<std::string> server_flags = {"--state_dir", dir_.Join("state"), "--heartbeat_timeout_ms",
-                                                 "3000", "--backoff_min_s", "0", "--backoff_max_s", "0"};
-  const std::vector<std::string> ckpt_flags = {"--checkpoint_dir", dir_.Join("ckpt"), "--checkpoint_steps", "1000"};
+  const std::vector<std::string> server_flags = {"--state_dir",
+                                                 dir_.Join("state"),
+                                                 "--heartbeat_timeout_ms",
+                                                 "3000",
+                                                 "--backoff_min_s",
+                                                 "0",
+                                                 "--backoff_max_s",
+                                                 "0"};
+  const std::vector<std::string> ckpt_flags = {"--checkpoint_dir", dir_.Join("ckpt"),
+                                               "--checkpoint_steps", "1000"};
   StartServer("", 2, server_flags);
   if (HasFatalFailure()) return;
   auto c1 = StartClient("n1", kEpochs, ckpt_flags);
@@ -506,7 +568,8 @@ TEST_F(ElasticTrainingTest, StopIsOneDecisionAndTheJobResumesFromItsFinalCheckpo
   ASSERT_EQ(stops.size(), 1u) << "one stop generation" << Diagnostics();
   EXPECT_EQ(stops[0]["world_size_after"], 0);
   const int64_t stop_gen = stops[0]["generation"].get<int64_t>();
-  for (const json& e : EventsOfType("trainer_exit")) EXPECT_TRUE(e.value("success", false)) << e.dump();
+  for (const json& e : EventsOfType("trainer_exit"))
+    EXPECT_TRUE(e.value("success", false)) << e.dump();
   ASSERT_EQ(EventsOfType("stop_complete").size(), 1u) << Diagnostics();
   EXPECT_EQ(EventsOfType("stop_complete")[0]["not_left"], 0) << "every trainer left in place";
   EXPECT_FALSE(Finished());
@@ -605,15 +668,19 @@ TEST_F(ElasticTrainingTest, AHostSpareOnGpuSlotsLoadsItsDataAheadAndItsTrainerTr
   const int64_t g1 = WaitForFormedGeneration(2, 0);
   ASSERT_GT(g1, 0) << Diagnostics();
   ASSERT_TRUE(WaitForMoreSteps(10)) << Diagnostics();
-  ASSERT_TRUE(WaitFor([&] { return WaitingSpares("n1") > 0; }, milliseconds(120000))) << Diagnostics();
-  EXPECT_EQ(CountInTrainerLogs("(host spare: the data, " + std::to_string(kSamples) + " training samples;"), 1)
+  ASSERT_TRUE(WaitFor([&] { return WaitingSpares("n1") > 0; }, milliseconds(120000)))
+      << Diagnostics();
+  EXPECT_EQ(CountInTrainerLogs("(host spare: the data, " + std::to_string(kSamples) +
+                               " training samples;"),
+            1)
       << Diagnostics();
   const std::vector<pid_t> members = PidsOf(g1);
   ASSERT_EQ(members.size(), 2u);
   ASSERT_EQ(::kill(members.back(), SIGKILL), 0);
   ASSERT_TRUE(WaitFor([&] { return Finished(); }, kFinishWait)) << Diagnostics();
   EXPECT_EQ(CountInClientLogs(" is spare "), 1) << "the kill's replacement was the host spare";
-  EXPECT_EQ(CountInTrainerLogs("on the data the spare loaded before its assignment"), 1) << Diagnostics();
+  EXPECT_EQ(CountInTrainerLogs("on the data the spare loaded before its assignment"), 1)
+      << Diagnostics();
   ExpectIdenticalStateAfterEveryReform();
   std::map<int64_t, test::LoggedStep> steps;
   ASSERT_EQ(test::ReadSampleLogs({dir_.Join("samples.jsonl")}, &steps), "");
@@ -631,13 +698,16 @@ TEST_F(ElasticTrainingTest, AGrowCommittedAfterTheLastStepDoesNotHoldUpTheJobsEn
   StartServer("0 set 1\n", 1);
   auto c1 = StartClient("n1", kEpochs, {"--eval", "true", "--comm_timeout_s", "600"});
   int64_t last = 0;  // the job's last step: the samples over the global batch of its first step
-  ASSERT_TRUE(WaitFor([&] {
-    std::vector<json> s = ReadLines(dir_.Join("samples.jsonl"));
-    if (s.empty()) return false;
-    const int64_t batch = static_cast<int64_t>(s[0]["idx"].size());
-    last = (kSamples + batch - 1) / batch * kEpochs;
-    return MaxStep() >= last;
-  }, milliseconds(180000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::vector<json> s = ReadLines(dir_.Join("samples.jsonl"));
+        if (s.empty()) return false;
+        const int64_t batch = static_cast<int64_t>(s[0]["idx"].size());
+        last = (kSamples + batch - 1) / batch * kEpochs;
+        return MaxStep() >= last;
+      },
+      milliseconds(180000)))
+      << Diagnostics();
   ASSERT_FALSE(Finished()) << "the final evaluation ended before the grow" << Diagnostics();
   ASSERT_EQ(Ctl({"scale", "2"}), 0) << Slurp(dir_.Join("ctl.log"));
   ASSERT_TRUE(WaitFor([&] { return Finished(); }, milliseconds(180000))) << Diagnostics();
@@ -663,12 +733,15 @@ TEST_F(ElasticTrainingTest, StoppedTrainerIsDroppedAndTheOthersReform) {
   auto c2 = StartClient("n2", kEpochs, {}, 4);
   // Wait until the three trainers train, then stop the last one by pid.
   int64_t victim = 0;
-  ASSERT_TRUE(WaitFor([&] {
-    std::vector<json> s = TrainerEvents("sync");
-    if (s.size() < 3) return false;
-    victim = s[2]["pid"].get<int64_t>();
-    return true;
-  }, milliseconds(60000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::vector<json> s = TrainerEvents("sync");
+        if (s.size() < 3) return false;
+        victim = s[2]["pid"].get<int64_t>();
+        return true;
+      },
+      milliseconds(60000)))
+      << Diagnostics();
   ASSERT_TRUE(WaitForMoreSteps(10)) << Diagnostics();  // the three train together
   ASSERT_EQ(::kill(static_cast<pid_t>(victim), SIGSTOP), 0);
   const bool finished = WaitFor([&] { return Finished(); }, milliseconds(180000));

@@ -101,7 +101,8 @@ std::string Forged(const json& msg) {
   std::string tag(proto::kSealTagBytes, '\0');
   std::mt19937 rng(std::random_device{}());
   for (char& c : tag) c = static_cast<char>(rng());
-  return Header(static_cast<uint32_t>(payload.size() + tag.size()), proto::kFrameSealed) + payload + tag;
+  return Header(static_cast<uint32_t>(payload.size() + tag.size()), proto::kFrameSealed) + payload +
+         tag;
 }
 
 bool Alive(int pid) { return ::kill(pid, 0) == 0; }
@@ -129,11 +130,13 @@ class HostileWireTest : public ControlPlaneHarness {
   // Starts client n1 (2 in-place trainers) talking to the server at `server_port` and waits
   // until both trainers run generation 1.
   std::unique_ptr<Proc> StartNodeOfTwo(int server_port) {
-    auto client = StartClient("n1", "inplace", "", {{"server", "127.0.0.1:" + std::to_string(server_port)}});
+    auto client =
+        StartClient("n1", "inplace", "", {{"server", "127.0.0.1:" + std::to_string(server_port)}});
     EXPECT_TRUE(WaitFor(
         [&] {
           int seen = 0;
-          for (const json& r : ReadLines(records_)) seen += r["event"] == "generation" && r["generation"] == 1;
+          for (const json& r : ReadLines(records_))
+            seen += r["event"] == "generation" && r["generation"] == 1;
           return seen >= 2;
         },
         milliseconds(60000)))
@@ -147,7 +150,8 @@ class HostileWireTest : public ControlPlaneHarness {
     for (const auto& [id, pid] : pids) EXPECT_TRUE(Alive(pid)) << id << " was killed";
     for (const json& r : ReadLines(records_)) EXPECT_NE(r["event"], "term") << r.dump();
     EXPECT_EQ(Generations().size(), 1u) << Diagnostics();
-    EXPECT_EQ(client->Wait(milliseconds(0)), -1) << "the client exited\n" << Slurp(dir_.Join("n1.log"));
+    EXPECT_EQ(client->Wait(milliseconds(0)), -1) << "the client exited\n"
+                                                 << Slurp(dir_.Join("n1.log"));
   }
 };
 
@@ -204,12 +208,14 @@ TEST_F(HostileWireTest, PreAuthBombsAndFloodsLeaveTheServerUpAndBounded) {
   // While they are held, an authenticated ctl still gets in and is answered.
   ASSERT_EQ(Ctl({"status", "--json"}, &out), 0) << out << Slurp(dir_.Join("server.log"), 4000);
   EXPECT_NE(out.find("\"world_size\""), std::string::npos) << out;
-  EXPECT_EQ(server_->Wait(milliseconds(0)), -1) << "the server died\n" << Slurp(dir_.Join("server.log"), 4000);
+  EXPECT_EQ(server_->Wait(milliseconds(0)), -1) << "the server died\n"
+                                                << Slurp(dir_.Join("server.log"), 4000);
   // Stated bound: the whole attack raised the server's peak RSS by less than 64 MiB (before the
   // fix, each announced 4 MiB frame was allocated up front: ~800 MiB for 200 connections).
   const int64_t peak_kb = ProcStatusKb(pid, "VmHWM");
   std::cout << "server RSS before the attack " << base_kb << " kB, peak " << peak_kb << " kB\n";
-  EXPECT_LT(peak_kb - base_kb, 64 * 1024) << "baseline " << base_kb << " kB, peak " << peak_kb << " kB";
+  EXPECT_LT(peak_kb - base_kb, 64 * 1024)
+      << "baseline " << base_kb << " kB, peak " << peak_kb << " kB";
   for (int fd : idle) ::close(fd);
 }
 
@@ -354,7 +360,8 @@ class Relay {
           break;
         }
         from.buf.append(buf, static_cast<size_t>(n));
-        if (!Forward(&from, &to, from_client ? Dir::kToServer : Dir::kToClient, &s->first, &s->second)) {
+        if (!Forward(&from, &to, from_client ? Dir::kToServer : Dir::kToClient, &s->first,
+                     &s->second)) {
           End(&*s, "relay");
           s.reset();
         }
@@ -392,7 +399,8 @@ class Relay {
       std::string type;
       if (sealed_phase) {
         const size_t tag = proto::kSealTagBytes;
-        const json m = json::parse(frame.substr(proto::kFrameHeaderBytes, len - tag), nullptr, false);
+        const json m =
+            json::parse(frame.substr(proto::kFrameHeaderBytes, len - tag), nullptr, false);
         if (m.is_object() && m.contains("type")) type = m["type"];
       }
       if (attack_ && !applied_ && attack_->kind == Kind::kTamperHello && dir == Dir::kToServer &&
@@ -421,7 +429,8 @@ class Relay {
                                         ? Forged(attack_->frame)
                                         : proto::EncodeFrame(attack_->frame);
           Applied();
-          if (!SendAll(attack_->dir == Dir::kToClient ? client->fd : server->fd, bytes)) return false;
+          if (!SendAll(attack_->dir == Dir::kToClient ? client->fd : server->fd, bytes))
+            return false;
         }
       }
     }
@@ -455,8 +464,11 @@ TEST_F(HostileWireTest, RelayWithoutTheSecretCannotAlterInjectOrReplayFrames) {
 
   using D = Relay::Dir;
   using K = Relay::Kind;
-  const json exit_frame = {{"type", "trainer_exit"}, {"trainer_id", ids[0]}, {"exited", true},
-                           {"code", 1}, {"signal", 0}};
+  const json exit_frame = {{"type", "trainer_exit"},
+                           {"trainer_id", ids[0]},
+                           {"exited", true},
+                           {"code", 1},
+                           {"signal", 0}};
   const std::vector<Relay::Attack> attacks = {
       // The hello is not sealed but its MAC covers every field: a changed host is refused.
       {D::kToServer, K::kTamperHello, {{"host", "10.66.66.66"}}, "altered hello host"},
@@ -464,18 +476,36 @@ TEST_F(HostileWireTest, RelayWithoutTheSecretCannotAlterInjectOrReplayFrames) {
       {D::kToClient, K::kInjectForged, {{"type", "kill"}, {"trainer_ids", ids}}, "forged kill"},
       {D::kToClient, K::kInjectForged, {{"type", "stop"}}, "forged stop"},
       {D::kToClient, K::kInjectForged, {{"type", "done"}}, "forged done"},
-      {D::kToClient, K::kInjectForged,
-       {{"type", "prepare"}, {"generation", 9}, {"job_id", "itest"}, {"world_size", 3},
-        {"master_addr", "127.0.0.1"}, {"master_port", 1}, {"joiners", {{"n1-s9-9", "n1", 0, "127.0.0.1", 2}}}},
+      {D::kToClient,
+       K::kInjectForged,
+       {{"type", "prepare"},
+        {"generation", 9},
+        {"job_id", "itest"},
+        {"world_size", 3},
+        {"master_addr", "127.0.0.1"},
+        {"master_port", 1},
+        {"joiners", {{"n1-s9-9", "n1", 0, "127.0.0.1", 2}}}},
        "forged prepare"},
-      {D::kToClient, K::kInjectForged,
-       {{"type", "generation"}, {"generation", 9}, {"base", 0}, {"job_id", "itest"}, {"reason", "ctl"},
-        {"failure", true}, {"master_addr", "127.0.0.1"}, {"master_port", 1}, {"removed", json::array()},
+      {D::kToClient,
+       K::kInjectForged,
+       {{"type", "generation"},
+        {"generation", 9},
+        {"base", 0},
+        {"job_id", "itest"},
+        {"reason", "ctl"},
+        {"failure", true},
+        {"master_addr", "127.0.0.1"},
+        {"master_port", 1},
+        {"removed", json::array()},
         {"added", json::array()}},
        "forged empty generation"},
-      {D::kToClient, K::kInjectForged,
-       {{"type", "kv_reply"}, {"req_id", 1}, {"code", "OK"}, {"message", ""}, {"value", "x"}}, "forged kv_reply"},
-      {D::kToClient, K::kInjectForged, {{"type", "error"}, {"code", "AlreadyExists"}, {"message", "go away"}},
+      {D::kToClient,
+       K::kInjectForged,
+       {{"type", "kv_reply"}, {"req_id", 1}, {"code", "OK"}, {"message", ""}, {"value", "x"}},
+       "forged kv_reply"},
+      {D::kToClient,
+       K::kInjectForged,
+       {{"type", "error"}, {"code", "AlreadyExists"}, {"message", "go away"}},
        "forged error"},
       {D::kToClient, K::kInjectUnsealed, {{"type", "stop"}}, "unsealed stop"},
       {D::kToClient, K::kInjectUnsealed, {{"type", "kill"}, {"trainer_ids", ids}}, "unsealed kill"},
@@ -486,14 +516,28 @@ TEST_F(HostileWireTest, RelayWithoutTheSecretCannotAlterInjectOrReplayFrames) {
       // Client -> server: every message type a client sends.
       {D::kToServer, K::kInjectForged, exit_frame, "forged trainer_exit"},
       {D::kToServer, K::kInjectUnsealed, exit_frame, "unsealed trainer_exit"},
-      {D::kToServer, K::kInjectForged, {{"type", "ready"}, {"trainer_id", ids[0]}, {"generation", 1}}, "forged ready"},
-      {D::kToServer, K::kInjectForged,
-       {{"type", "progress"}, {"trainer_id", ids[0]}, {"generation", 1}, {"step", 1}, {"epoch", 0},
-        {"loss", 1.0}, {"images_per_sec", 1.0}, {"world_size", 2}},
+      {D::kToServer,
+       K::kInjectForged,
+       {{"type", "ready"}, {"trainer_id", ids[0]}, {"generation", 1}},
+       "forged ready"},
+      {D::kToServer,
+       K::kInjectForged,
+       {{"type", "progress"},
+        {"trainer_id", ids[0]},
+        {"generation", 1},
+        {"step", 1},
+        {"epoch", 0},
+        {"loss", 1.0},
+        {"images_per_sec", 1.0},
+        {"world_size", 2}},
        "forged progress"},
-      {D::kToServer, K::kInjectForged, {{"type", "event"}, {"trainer_id", ids[0]}, {"event", {{"type", "x"}}}},
+      {D::kToServer,
+       K::kInjectForged,
+       {{"type", "event"}, {"trainer_id", ids[0]}, {"event", {{"type", "x"}}}},
        "forged event"},
-      {D::kToServer, K::kInjectForged, {{"type", "kv"}, {"req_id", 1}, {"op", "set"}, {"key", "k"}, {"value", "v"}},
+      {D::kToServer,
+       K::kInjectForged,
+       {{"type", "kv"}, {"req_id", 1}, {"op", "set"}, {"key", "k"}, {"value", "v"}},
        "forged kv"},
       {D::kToServer, K::kInjectForged, {{"type", "heartbeat"}}, "forged heartbeat"},
       {D::kToServer, K::kReplay, {{"type", "heartbeat"}}, "replayed heartbeat (client)"},
@@ -553,10 +597,12 @@ TEST_F(HostileWireTest, ImpostorErrorsAfterTheServerDiedStopNothing) {
   int served = 0;
   for (; served < 6; ++served) {
     pollfd p{impostor, POLLIN, 0};
-    ASSERT_EQ(::poll(&p, 1, 30000), 1) << "the client stopped reconnecting\n" << Slurp(dir_.Join("n1.log"), 3000);
+    ASSERT_EQ(::poll(&p, 1, 30000), 1) << "the client stopped reconnecting\n"
+                                       << Slurp(dir_.Join("n1.log"), 3000);
     const int c = ::accept4(impostor, nullptr, nullptr, SOCK_CLOEXEC);
     ASSERT_GE(c, 0);
-    json err = {{"type", "error"}, {"code", codes[served % codes.size()]},
+    json err = {{"type", "error"},
+                {"code", codes[served % codes.size()]},
                 {"message", "node n1 is already connected; \x1b[2J go away"}};
     if (served % 2 == 1) {
       SendAll(c, proto::EncodeFrame(json{{"type", "challenge"}, {"nonce", std::string(64, 'a')}}));
@@ -603,9 +649,11 @@ void AnswerOneCtl(int listen_fd, const std::string& secret, const json& body) {
   w.EncodeTo(&j);
   j["mac"] = net::WelcomeMac(secret, hello.nonce, j);
   ASSERT_OK(sock.Send(j, wait));
-  sock.StartSession(std::make_unique<net::SessionMac>(secret, ch.nonce, hello.nonce, /*server_side=*/true));
+  sock.StartSession(
+      std::make_unique<net::SessionMac>(secret, ch.nonce, hello.nonce, /*server_side=*/true));
   ASSERT_OK(sock.Receive(&j, wait));  // the request
-  ASSERT_OK(sock.Send(json{{"type", "ctl_reply"}, {"code", "OK"}, {"message", ""}, {"body", body}}, wait));
+  ASSERT_OK(sock.Send(json{{"type", "ctl_reply"}, {"code", "OK"}, {"message", ""}, {"body", body}},
+                      wait));
   json rest;
   (void)sock.Receive(&rest, wait);  // until ctl closes
 }
@@ -619,13 +667,27 @@ TEST_F(HostileWireTest, CtlTakesAStatusReplyOfWrongTypesWithoutAborting) {
   const std::vector<json> bodies = {
       // The single-job form: numbers as strings and arrays, an object as a number, a count of
       // 1e300 (no int holds it), a service whose lists are not lists.
-      {{"job_id", 7}, {"world_size", "4"}, {"generation", {1}}, {"done", "yes"}, {"desired", 1e300},
-       {"progress", {{"step", "x"}, {"reporting", "1"}, {"loss", {1}}}}, {"nodes", 5},
-       {"services", {{"kd", {{"placed", 3}, {"desired", 1e300}, {"teachers", "none"},
-                              {"preempted", "x"}, {"nodes", 1}}}}}},
+      {{"job_id", 7},
+       {"world_size", "4"},
+       {"generation", {1}},
+       {"done", "yes"},
+       {"desired", 1e300},
+       {"progress", {{"step", "x"}, {"reporting", "1"}, {"loss", {1}}}},
+       {"nodes", 5},
+       {"services",
+        {{"kd",
+          {{"placed", 3},
+           {"desired", 1e300},
+           {"teachers", "none"},
+           {"preempted", "x"},
+           {"nodes", 1}}}}}},
       // The cluster form: jobs that are not objects, fields of other types, ended as an object.
-      {{"cluster", true}, {"jobs", {{{"name", 5}, {"trainers", "x"}, {"min", -1.5}}, 7, "a"}},
-       {"ended", {{"a", 1}}}, {"total_slots", -1.5}, {"images_per_sec", "fast"}, {"services", 3}},
+      {{"cluster", true},
+       {"jobs", {{{"name", 5}, {"trainers", "x"}, {"min", -1.5}}, 7, "a"}},
+       {"ended", {{"a", 1}}},
+       {"total_slots", -1.5},
+       {"images_per_sec", "fast"},
+       {"services", 3}},
   };
   for (const json& body : bodies) {
     SCOPED_TRACE(body.dump());

@@ -18,7 +18,6 @@
 #include "edl/proto/messages.h"
 #include "tests/integration/control_plane_harness.h"
 
-
 // AddressSanitizer builds (gcc says so with __SANITIZE_ADDRESS__, clang with __has_feature).
 #if defined(__SANITIZE_ADDRESS__)
 #define EDL_TEST_UNDER_ASAN 1
@@ -53,8 +52,8 @@ class Insider {
       h.node_token = session;
     }
     auto in = std::unique_ptr<Insider>(new Insider(std::move(sock.value())));
-    EDL_RETURN_IF_ERROR(net::AuthenticateToServer(in->sock_.get(), secret, h, milliseconds(10000),
-                                                  &in->welcome_));
+    EDL_RETURN_IF_ERROR(
+        net::AuthenticateToServer(in->sock_.get(), secret, h, milliseconds(10000), &in->welcome_));
     // A node that stops heartbeating is lost; keep this one alive while the test looks around.
     if (role == "client") in->heartbeats_ = std::thread([p = in.get()] { p->Beat(); });
     *out = std::move(in);
@@ -100,8 +99,9 @@ class Insider {
   // From now on seals frames under a key the server does not share: what a relay that altered a
   // frame on the way, or a peer that lost its session state, would send.
   void SealWithAForeignKey() {
-    sock_->StartSession(std::make_unique<net::SessionMac>("foreign-secret-0123456789abcdefghij", net::NewNonce(),
-                                                          net::NewNonce(), /*server_side=*/false));
+    sock_->StartSession(std::make_unique<net::SessionMac>("foreign-secret-0123456789abcdefghij",
+                                                          net::NewNonce(), net::NewNonce(),
+                                                          /*server_side=*/false));
   }
   uint64_t next_req() { return next_req_++; }
 
@@ -187,7 +187,8 @@ TEST_F(InsiderTest, ANodeCannotSpeakForAnotherNodesTrainers) {
   std::unique_ptr<Proc> n1;
   StartOneNodeOfTwoTrainers(&n1);
   if (HasFatalFailure()) return;
-  ASSERT_TRUE(WaitFor([&] { return TrainerPids().size() == 2; }, milliseconds(30000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return TrainerPids().size() == 2; }, milliseconds(30000)))
+      << Diagnostics();
 
   std::unique_ptr<Insider> evil;
   ASSERT_OK(Open("evil", 1, &evil));
@@ -200,12 +201,27 @@ TEST_F(InsiderTest, ANodeCannotSpeakForAnotherNodesTrainers) {
   ASSERT_EQ(victims.size(), 2u) << g.dump();
   const size_t gens_before = Generations().size();
   for (const std::string& id : victims) {
-    ASSERT_OK(evil->Send({{"type", "trainer_exit"}, {"trainer_id", id}, {"exited", false}, {"code", 0}, {"signal", 9}}));
-    ASSERT_OK(evil->Send({{"type", "trainer_exit"}, {"trainer_id", id}, {"exited", true}, {"code", 0}, {"signal", 0}}));
-    ASSERT_OK(evil->Send({{"type", "progress"}, {"trainer_id", id}, {"generation", 1}, {"step", 999999},
-                          {"epoch", 999}, {"loss", 0.0}, {"images_per_sec", 1e9}, {"world_size", 2}}));
+    ASSERT_OK(evil->Send({{"type", "trainer_exit"},
+                          {"trainer_id", id},
+                          {"exited", false},
+                          {"code", 0},
+                          {"signal", 9}}));
+    ASSERT_OK(evil->Send({{"type", "trainer_exit"},
+                          {"trainer_id", id},
+                          {"exited", true},
+                          {"code", 0},
+                          {"signal", 0}}));
+    ASSERT_OK(evil->Send({{"type", "progress"},
+                          {"trainer_id", id},
+                          {"generation", 1},
+                          {"step", 999999},
+                          {"epoch", 999},
+                          {"loss", 0.0},
+                          {"images_per_sec", 1e9},
+                          {"world_size", 2}}));
     ASSERT_OK(evil->Send({{"type", "ready"}, {"trainer_id", id}, {"generation", 2}}));
-    ASSERT_OK(evil->Send({{"type", "event"}, {"trainer_id", id}, {"event", {{"type", "finished"}}}}));
+    ASSERT_OK(
+        evil->Send({{"type", "event"}, {"trainer_id", id}, {"event", {{"type", "finished"}}}}));
   }
   json reply;
   ASSERT_OK(evil->Kv("get", "sync", "", &reply));  // every frame above has been handled
@@ -229,19 +245,29 @@ TEST_F(InsiderTest, ANodeCannotSpeakForAnotherNodesTrainers) {
   json prep;
   ASSERT_OK(evil->Await("prepare", &prep));
   const std::string mine = prep["joiners"][0][0];
-  ASSERT_OK(evil->Send({{"type", "ready"}, {"trainer_id", mine}, {"generation", prep["generation"]}}));
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 3; }, milliseconds(30000)))
+  ASSERT_OK(
+      evil->Send({{"type", "ready"}, {"trainer_id", mine}, {"generation", prep["generation"]}}));
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 3; },
+                                milliseconds(30000)))
       << Diagnostics();
   // About its own trainer it may write trainer events only, small ones.
   for (const char* type : {"finished", "generation", "node_lost", "stopped"}) {
-    ASSERT_OK(evil->Send({{"type", "event"}, {"trainer_id", mine}, {"event", {{"type", type}, {"forged", true}}}}));
+    ASSERT_OK(evil->Send(
+        {{"type", "event"}, {"trainer_id", mine}, {"event", {{"type", type}, {"forged", true}}}}));
   }
-  ASSERT_OK(evil->Send({{"type", "event"}, {"trainer_id", mine}, {"event", {{"pad", std::string(8192, 'x')}, {"forged", true}}}}));
-  ASSERT_OK(evil->Send({{"type", "event"}, {"trainer_id", mine}, {"event", {{"event", "insider_ok"}}}}));
-  ASSERT_TRUE(WaitFor([&] { return CountEvents([](const json& e) { return e.value("event", "") == "insider_ok"; }) == 1; },
-                      milliseconds(30000)))
+  ASSERT_OK(evil->Send({{"type", "event"},
+                        {"trainer_id", mine},
+                        {"event", {{"pad", std::string(8192, 'x')}, {"forged", true}}}}));
+  ASSERT_OK(
+      evil->Send({{"type", "event"}, {"trainer_id", mine}, {"event", {{"event", "insider_ok"}}}}));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return CountEvents([](const json& e) { return e.value("event", "") == "insider_ok"; }) == 1;
+      },
+      milliseconds(30000)))
       << Diagnostics();  // the one legitimate event went through: the filter is not a blanket drop
-  EXPECT_EQ(CountEvents([](const json& e) { return e.value("forged", false); }), 0) << Diagnostics();
+  EXPECT_EQ(CountEvents([](const json& e) { return e.value("forged", false); }), 0)
+      << Diagnostics();
   EXPECT_EQ(CountEvents([](const json& e) { return e["type"] == "finished"; }), 0) << Diagnostics();
   for (const json& e : Events()) {
     if (e.value("event", "") == "insider_ok") {
@@ -251,7 +277,8 @@ TEST_F(InsiderTest, ANodeCannotSpeakForAnotherNodesTrainers) {
   }
   // A flood of legitimate-looking events: bursts of 1000, then 100 a second get through.
   for (int i = 0; i < 3000; ++i) {
-    ASSERT_OK(evil->Send({{"type", "event"}, {"trainer_id", mine}, {"event", {{"event", "spam"}}}}));
+    ASSERT_OK(
+        evil->Send({{"type", "event"}, {"trainer_id", mine}, {"event", {{"event", "spam"}}}}));
   }
   ASSERT_OK(evil->Kv("get", "sync", "", &reply));
   const int spam = CountEvents([](const json& e) { return e.value("event", "") == "spam"; });
@@ -288,7 +315,8 @@ TEST_F(InsiderTest, ANameSquatterDoesNotDisplaceTheRealClient) {
     }
     return n;
   };
-  ASSERT_TRUE(WaitFor([&] { return refusals() >= 2; }, milliseconds(60000))) << Slurp(dir_.Join("n1.log"));
+  ASSERT_TRUE(WaitFor([&] { return refusals() >= 2; }, milliseconds(60000)))
+      << Slurp(dir_.Join("n1.log"));
   EXPECT_EQ(squat->Wait(milliseconds(0)), -1) << "the squatting client exited instead of retrying";
   EXPECT_EQ(n1->Wait(milliseconds(0)), -1) << "the real client exited";
   json st = Status_();
@@ -296,7 +324,8 @@ TEST_F(InsiderTest, ANameSquatterDoesNotDisplaceTheRealClient) {
   EXPECT_EQ(st["nodes"][0]["connected"], true);
   EXPECT_EQ(st["world_size"], 2);
   EXPECT_EQ(Generations().size(), gens_before) << Diagnostics();
-  EXPECT_EQ(CountEvents([](const json& e) { return e["type"] == "node_disconnected"; }), 0) << Diagnostics();
+  EXPECT_EQ(CountEvents([](const json& e) { return e["type"] == "node_disconnected"; }), 0)
+      << Diagnostics();
 }
 
 // A node's own client re-attaches from a new connection with the token from its welcome, while
@@ -327,9 +356,10 @@ TEST_F(InsiderTest, TheSessionTokenReattachesAndReplacesAStaleConnection) {
 // it does not depend on what the binary maps at start (~20 MB now that CUDA lives in a plugin the
 // server never loads; tests/tools/cuda_isolation_test pins that).
 TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
-  StartServer("", 1, {"--kv_max_keys", "100", "--kv_max_bytes", std::to_string(8 << 20),
-                      "--kv_max_waiters_per_connection", "64", "--kv_max_waiters", "128",
-                      "--ctl_max_queue_bytes", "65536"});
+  StartServer("", 1,
+              {"--kv_max_keys", "100", "--kv_max_bytes", std::to_string(8 << 20),
+               "--kv_max_waiters_per_connection", "64", "--kv_max_waiters", "128",
+               "--ctl_max_queue_bytes", "65536"});
   if (HasFatalFailure()) return;
   auto n1 = StartClient("n1", "restart", "", {{"slots", "1"}});  // restart mode: it uses no KV
   ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 1; },
@@ -347,7 +377,8 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
     ASSERT_OK(a->Kv("set", "flood/" + std::to_string(i), "v", &reply));
     if (reply["code"] != "OK") {
       ++refused;
-      EXPECT_NE(reply["message"].get<std::string>().find("--kv_max_keys"), std::string::npos) << reply.dump();
+      EXPECT_NE(reply["message"].get<std::string>().find("--kv_max_keys"), std::string::npos)
+          << reply.dump();
     }
   }
   EXPECT_EQ(refused, 120 - 100);
@@ -358,7 +389,8 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
     ASSERT_OK(a->Kv("set", "flood/" + std::to_string(i), mb, &reply));
     if (reply["code"] != "OK") {
       ++refused;
-      EXPECT_NE(reply["message"].get<std::string>().find("--kv_max_bytes"), std::string::npos) << reply.dump();
+      EXPECT_NE(reply["message"].get<std::string>().find("--kv_max_bytes"), std::string::npos)
+          << reply.dump();
     }
   }
   EXPECT_GE(refused, 100 - 8);
@@ -369,8 +401,11 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
   auto waits = [&](Insider* who, int n, const std::string& bound) {
     const size_t mark = who->seen().size();
     for (int i = 0; i < n; ++i) {
-      json r = {{"type", "kv"}, {"req_id", who->next_req()}, {"op", "wait"},
-                {"key", "absent/" + std::to_string(i)}, {"timeout_ms", 3600 * 1000}};
+      json r = {{"type", "kv"},
+                {"req_id", who->next_req()},
+                {"op", "wait"},
+                {"key", "absent/" + std::to_string(i)},
+                {"timeout_ms", 3600 * 1000}};
       EXPECT_OK(who->Send(r));
     }
     // Refusals are answered at once; accepted waits stay silent. A get marks the end.
@@ -388,11 +423,14 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
   EXPECT_EQ(waits(a.get(), 100, "--kv_max_waiters_per_connection"), 64);
   EXPECT_EQ(waits(b.get(), 100, "--kv_max_waiters_per_connection"), 64);
   EXPECT_EQ(waits(c.get(), 10, "--kv_max_waiters"), 0);  // 128 pending in all
-  a.reset();  // its 64 waits go with it
+  a.reset();                                             // its 64 waits go with it
   std::unique_ptr<Insider> d;
   ASSERT_OK(Open("flood-d", 1, &d));
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("client of node flood-a") != std::string::npos; },
-                      milliseconds(30000)));
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Slurp(dir_.Join("server.log")).find("client of node flood-a") != std::string::npos;
+      },
+      milliseconds(30000)));
   EXPECT_EQ(waits(d.get(), 10, "--kv_max_waiters"), 10);
 
   // A watcher that never reads, flooding status requests: dropped once 64 KiB are queued for it.
@@ -401,10 +439,13 @@ TEST_F(InsiderTest, FloodsAreRefusedAndTheServerStaysSmall) {
   ASSERT_OK(watcher->Send({{"type", "ctl"}, {"command", "watch"}}));
   for (int i = 0; i < 100000; ++i) {
     if (!watcher->Send({{"type", "ctl"}, {"command", "status"}}).ok()) break;  // dropped
-    if (i % 1000 == 999 && Slurp(dir_.Join("server.log")).find("does not read") != std::string::npos) break;
+    if (i % 1000 == 999 &&
+        Slurp(dir_.Join("server.log")).find("does not read") != std::string::npos)
+      break;
   }
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("does not read") != std::string::npos; },
-                      milliseconds(60000)))
+  ASSERT_TRUE(WaitFor(
+      [&] { return Slurp(dir_.Join("server.log")).find("does not read") != std::string::npos; },
+      milliseconds(60000)))
       << Diagnostics();
   EXPECT_NE(Slurp(dir_.Join("server.log")).find("dropping watcher"), std::string::npos);
 
@@ -435,8 +476,11 @@ TEST_F(InsiderTest, ACtlFrameThatFailsItsSessionMacIsLoggedWithTheReason) {
   ASSERT_OK(Insider::Open(std::stoi(port_), Secret(), "ctl", "", 0, "", &ctl));
   ctl->SealWithAForeignKey();
   ASSERT_OK(ctl->Send(json{{"type", "ctl"}, {"command", "status"}}));
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("ctl connection from") != std::string::npos; },
-                      milliseconds(30000)))
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Slurp(dir_.Join("server.log")).find("ctl connection from") != std::string::npos;
+      },
+      milliseconds(30000)))
       << Slurp(dir_.Join("server.log"));
   const std::string log = Slurp(dir_.Join("server.log"));
   EXPECT_NE(log.find("failed its session MAC"), std::string::npos) << log;
@@ -452,16 +496,17 @@ TEST_F(InsiderTest, ATooLongNodeNameIsRefusedAtHello) {
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("--node_name"), std::string::npos) << s.ToString();
   const std::string log = dir_.Join("long-client.out");
-  const int rc = RunCommand({test::EdlBinary(), "client", "--secret_file", secret_, "--server",
-                             "127.0.0.1:" + port_, "--node_name", longest + "n", "--slots", "1",
-                             "--", "/bin/true"},
-                            log);
+  const int rc = RunCommand(
+      {test::EdlBinary(), "client", "--secret_file", secret_, "--server", "127.0.0.1:" + port_,
+       "--node_name", longest + "n", "--slots", "1", "--", "/bin/true"},
+      log);
   EXPECT_EQ(rc, 2) << Slurp(log);
   EXPECT_NE(Slurp(log).find("--node_name"), std::string::npos) << Slurp(log);
   ASSERT_OK(Open(longest, 1, &in));
   json g;
   ASSERT_OK(in->Await("generation", &g));  // its trainer ids decode
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 1; }, milliseconds(30000)));
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 1; },
+                                milliseconds(30000)));
   EXPECT_EQ(Status_()["world_size"], 1);
 }
 
@@ -475,7 +520,8 @@ TEST_F(InsiderTest, TrainersDieWithTheirClientAndARestartedClientReattaches) {
   ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 2; },
                                 milliseconds(60000)))
       << Diagnostics();
-  ASSERT_TRUE(WaitFor([&] { return TrainerPids().size() == 2; }, milliseconds(30000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return TrainerPids().size() == 2; }, milliseconds(30000)))
+      << Diagnostics();
   const auto pids = TrainerPids();
   const std::string sock = dir_.Join("n1.sock"), session = dir_.Join("edl-n1.session");
   struct stat st_sock, st_session;
@@ -486,17 +532,20 @@ TEST_F(InsiderTest, TrainersDieWithTheirClientAndARestartedClientReattaches) {
   ASSERT_EQ(::kill(n1->pid(), SIGKILL), 0);  // the client only: trainers are in their own groups
   EXPECT_EQ(n1->Wait(milliseconds(10000)), 128 + SIGKILL);
   for (const auto& [id, pid] : pids) {
-    EXPECT_TRUE(WaitFor([pid = pid] { return !Alive(pid); }, milliseconds(10000))) << id << " pid " << pid;
+    EXPECT_TRUE(WaitFor([pid = pid] { return !Alive(pid); }, milliseconds(10000)))
+        << id << " pid " << pid;
   }
   ASSERT_TRUE(std::filesystem::exists(sock)) << "a SIGKILLed client cannot remove its socket";
   EXPECT_FALSE(Listening(sock));
 
   auto again = StartClient("n1", "restart");
-  ASSERT_TRUE(WaitFor([&] { return TrainerPids().size() == 4; }, milliseconds(60000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return TrainerPids().size() == 4; }, milliseconds(60000)))
+      << Diagnostics();
   EXPECT_TRUE(Listening(sock)) << "the stale socket was replaced by a live one";
   // With its token it was let in at once: never refused (without one it would be, until the
   // server had lost the node).
-  EXPECT_EQ(Slurp(dir_.Join("n1.log")).find("server refused us"), std::string::npos) << Slurp(dir_.Join("n1.log"));
+  EXPECT_EQ(Slurp(dir_.Join("n1.log")).find("server refused us"), std::string::npos)
+      << Slurp(dir_.Join("n1.log"));
   EXPECT_EQ(Status_()["nodes"].size(), 1u);
 
   // A clean exit (edl ctl stop) removes the socket.

@@ -37,9 +37,11 @@ class JobHealthTest : public itest::ControlPlaneHarness {
 
 TEST_F(JobHealthTest, TrainersThatKeepFailingAlikeMarkTheJobFailingWithTheirLastLogLine) {
   StartServer("", 1, {"--backoff_min_s", "0", "--backoff_max_s", "0"});
-  auto client = StartClient("n1", "inplace", "", {}, {{"STANDIN_FAIL_WITH", "error: cannot open /data/train.bin"}});
+  auto client = StartClient("n1", "inplace", "", {},
+                            {{"STANDIN_FAIL_WITH", "error: cannot open /data/train.bin"}});
   json st;
-  ASSERT_TRUE(WaitFor([&] { return (st = Status()).contains("failing"); }, milliseconds(60000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return (st = Status()).contains("failing"); }, milliseconds(60000)))
+      << Diagnostics();
   EXPECT_GE(st["failing"]["exits"].get<int>(), 3) << st.dump();
   EXPECT_EQ(st["failing"]["how"], "exit 3") << st.dump();
   EXPECT_EQ(st["failing"]["last_error"], "error: cannot open /data/train.bin") << st.dump();
@@ -60,13 +62,18 @@ TEST_F(JobHealthTest, AJoinerWithAnotherConfigurationIsRefusedNamingWhatDiffers)
   ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 2; }, milliseconds(60000))) << Diagnostics();
   // A second node whose trainers were started with another data size (a client started from a
   // shell whose EDL_TRAINER_CMD differs): its joiners would break the ring.
-  auto c2 = StartClient("n2", "inplace", "", {}, {{"STANDIN_CONFIG", "model=standin:1;seed=1;train=2048;batch=64"}});
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("server.log")).find("node n2 registered") != std::string::npos; },
-                      milliseconds(30000)))
+  auto c2 = StartClient("n2", "inplace", "", {},
+                        {{"STANDIN_CONFIG", "model=standin:1;seed=1;train=2048;batch=64"}});
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        return Slurp(dir_.Join("server.log")).find("node n2 registered") != std::string::npos;
+      },
+      milliseconds(30000)))
       << Diagnostics();
   std::string out;
   ASSERT_EQ(Ctl({"scale", "4"}, &out), 0) << out;
-  ASSERT_TRUE(WaitFor([&] { return HasEvent("joiner_refused"); }, milliseconds(60000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return HasEvent("joiner_refused"); }, milliseconds(60000)))
+      << Diagnostics();
   std::string why;
   for (const json& e : Events()) {
     if (e.value("type", "") == "joiner_refused") why = e.value("why", "");
@@ -89,8 +96,9 @@ TEST_F(JobHealthTest, AJoinerWithAnotherConfigurationIsRefusedNamingWhatDiffers)
 
 TEST_F(JobHealthTest, StopExitsNonZeroWhenTheFinalCheckpointFailed) {
   StartServer("", 2);
-  auto client = StartClient("n1", "inplace", "", {},
-                            {{"STANDIN_FINAL_CHECKPOINT_ERROR", "this writer is stale: the store holds generation 9"}});
+  auto client = StartClient(
+      "n1", "inplace", "", {},
+      {{"STANDIN_FINAL_CHECKPOINT_ERROR", "this writer is stale: the store holds generation 9"}});
   ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 2; }, milliseconds(60000))) << Diagnostics();
   std::string out;
   EXPECT_EQ(Ctl({"stop"}, &out), 1) << out;
@@ -98,7 +106,9 @@ TEST_F(JobHealthTest, StopExitsNonZeroWhenTheFinalCheckpointFailed) {
   EXPECT_EQ(server_->Wait(milliseconds(20000)), 0);
   EXPECT_EQ(client->Wait(milliseconds(20000)), 0);
   bool recorded = false;
-  for (const json& e : Events()) recorded |= e.value("type", "") == "stop_complete" && e.value("final_checkpoint", "") == "failed";
+  for (const json& e : Events())
+    recorded |=
+        e.value("type", "") == "stop_complete" && e.value("final_checkpoint", "") == "failed";
   EXPECT_TRUE(recorded) << Diagnostics();
 }
 

@@ -70,14 +70,16 @@ TEST_F(NodeLossTest, ClientSigkillTakesItsTrainersAndTheOthersReformInPlace) {
   StartFour();
   if (HasFatalFailure()) return;
   std::set<int> n1_pids, n2_pids;
-  for (const auto& [id, r] : Starts()) (id.rfind("n1-", 0) == 0 ? n1_pids : n2_pids).insert(r["pid"].get<int>());
+  for (const auto& [id, r] : Starts())
+    (id.rfind("n1-", 0) == 0 ? n1_pids : n2_pids).insert(r["pid"].get<int>());
   ASSERT_EQ(n2_pids.size(), 2u);
   KillClientAndItsTrainers(c2_.get(), n2_pids);
   if (HasFatalFailure()) return;
   int64_t lost = 0;
   ASSERT_TRUE(WaitFor(
       [&] {
-        lost = FirstGeneration([](const json& g) { return g["failure"] == true && g["world_size_after"] == 2; });
+        lost = FirstGeneration(
+            [](const json& g) { return g["failure"] == true && g["world_size_after"] == 2; });
         return lost > 0;
       },
       milliseconds(30000)))
@@ -123,7 +125,8 @@ TEST_F(NodeLossTest, ASurvivorsFailedCollectiveDropsAKilledClientsTrainersAtOnce
   int64_t lost = 0;
   ASSERT_TRUE(WaitFor(
       [&] {
-        lost = FirstGeneration([](const json& g) { return g["failure"] == true && g["world_size_after"] == 2; });
+        lost = FirstGeneration(
+            [](const json& g) { return g["failure"] == true && g["world_size_after"] == 2; });
         return lost > 0;
       },
       milliseconds(60000)))
@@ -172,12 +175,14 @@ TEST_F(NodeLossTest, StoppedClientIsDroppedThenRejoinsCleanlyAfterSigcont) {
   // Told so: the welcome of its reconnection says the server had dropped the node; the client says
   // why and what it does (stops its stale trainers itself) and the server records the rejoin.
   int rejoins = 0;
-  for (const json& e : Events()) rejoins += e["type"] == "node_dropped_rejoins" && e["node"] == "n2";
+  for (const json& e : Events())
+    rejoins += e["type"] == "node_dropped_rejoins" && e["node"] == "n2";
   EXPECT_EQ(rejoins, 1) << Diagnostics();
   const std::string client_log = itest::Slurp(dir_.Join("n2.log"));
   EXPECT_NE(client_log.find("the server dropped this node"), std::string::npos) << client_log;
   EXPECT_NE(client_log.find("stale trainer(s)"), std::string::npos) << client_log;
-  EXPECT_EQ(itest::Slurp(dir_.Join("n1.log")).find("the server dropped this node"), std::string::npos)
+  EXPECT_EQ(itest::Slurp(dir_.Join("n1.log")).find("the server dropped this node"),
+            std::string::npos)
       << "only the stopped node was dropped";
   json st;
   std::string out;
@@ -188,7 +193,9 @@ TEST_F(NodeLossTest, StoppedClientIsDroppedThenRejoinsCleanlyAfterSigcont) {
     EXPECT_EQ(old_n2.count(m["trainer_id"].get<std::string>()), 0u) << m.dump();
   }
   for (const std::string& id : old_n2) {
-    EXPECT_TRUE(WaitFor([&] { return !Alive(Starts()[id]["pid"].get<int>()); }, milliseconds(20000))) << id;
+    EXPECT_TRUE(
+        WaitFor([&] { return !Alive(Starts()[id]["pid"].get<int>()); }, milliseconds(20000)))
+        << id;
   }
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
   EXPECT_EQ(server_->Wait(milliseconds(10000)), 0);

@@ -79,7 +79,8 @@ inline std::string NonLoopbackAddress() {
 //  - its log holds no sanitizer report (tests/testutil.h).
 class Proc {
  public:
-  Proc(std::vector<std::string> argv, const std::string& log, std::map<std::string, std::string> env = {})
+  Proc(std::vector<std::string> argv, const std::string& log,
+       std::map<std::string, std::string> env = {})
       : name_(argv.empty() ? "" : argv[0]), log_(log) {
     for (size_t i = 1; i < argv.size() && i < 3; ++i) name_ += " " + argv[i];  // "edl server"
     pid_ = ::fork();
@@ -105,7 +106,8 @@ class Proc {
     Stop();
     if (done_ && !seen_by_test_ && expected_.count(code_) == 0) {
       ADD_FAILURE() << name_ << " (pid " << pid_ << ") ended with status " << code_
-                    << " (128+N: signal N), not 0 nor a status the test expected; log " << log_ << ":\n"
+                    << " (128+N: signal N), not 0 nor a status the test expected; log " << log_
+                    << ":\n"
                     << Tail();
     }
     test::ExpectNoSanitizerReport(log_, name_);
@@ -131,7 +133,8 @@ class Proc {
     ::kill(-pid_, SIGTERM);
     if (Reap(grace) < 0) {
       ADD_FAILURE() << name_ << " (pid " << pid_ << ") still ran " << grace.count()
-                    << " ms after SIGTERM; SIGKILL. Log " << log_ << ":\n" << Tail();
+                    << " ms after SIGTERM; SIGKILL. Log " << log_ << ":\n"
+                    << Tail();
       ::kill(-pid_, SIGKILL);
       Reap(milliseconds(10000));
       seen_by_test_ = true;  // reported
@@ -204,7 +207,8 @@ inline std::vector<json> ReadLines(const std::string& path) {
 // read); returns `path`.
 inline std::string WriteSecretFile(const std::string& path, const std::string& secret) {
   std::ofstream(path) << secret << "\n";
-  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  std::filesystem::permissions(
+      path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   return path;
 }
 

@@ -42,7 +42,8 @@ TEST_F(ProcCheckTest, ASanitizerReportInAChildsLogFailsTheTest) {
       "sanitizer report in");
   EXPECT_NONFATAL_FAILURE(
       {
-        Proc p({"/bin/sh", "-c", "echo 'a.cc:3:5: runtime error: signed integer overflow'"}, Dir() + "/ubsan.log");
+        Proc p({"/bin/sh", "-c", "echo 'a.cc:3:5: runtime error: signed integer overflow'"},
+               Dir() + "/ubsan.log");
         p.Wait(milliseconds(30000));
       },
       "runtime error: signed integer overflow");
@@ -57,13 +58,19 @@ TEST_F(ProcCheckTest, AnUnexpectedExitOrAHangOnSigtermFailsTheTest) {
       },
       "ended with status 3");
   // Stopped by SIGTERM, which a shell dies of: 128 + 15 unless the test says it expects that.
-  EXPECT_NONFATAL_FAILURE({ Proc p({"/bin/sleep", "600"}, Dir() + "/sleep.log"); }, "ended with status 143");
+  EXPECT_NONFATAL_FAILURE(
+      {
+        Proc p({"/bin/sleep", "600"}, Dir() + "/sleep.log");
+      },
+      "ended with status 143");
   // Ignores SIGTERM: SIGKILLed after the grace, and that is a failure.
   EXPECT_NONFATAL_FAILURE(
       {
-        Proc p({"/bin/sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.05; done"}, Dir() + "/deaf.log");
-        itest::WaitFor([&] { return itest::Slurp(Dir() + "/deaf.log").find("up") != std::string::npos; },
-                       milliseconds(30000));
+        Proc p({"/bin/sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.05; done"},
+               Dir() + "/deaf.log");
+        itest::WaitFor(
+            [&] { return itest::Slurp(Dir() + "/deaf.log").find("up") != std::string::npos; },
+            milliseconds(30000));
         p.Stop(milliseconds(200));
       },
       "after SIGTERM");
@@ -86,8 +93,9 @@ TEST_F(ProcCheckTest, WhatTheTestDeclaredOrCheckedPasses) {
     // Exits 0 on SIGTERM once its trap is set.
     Proc clean({"/bin/sh", "-c", "trap 'exit 0' TERM; echo up; while :; do sleep 0.05; done"},
                dir_.Join("clean.log"));
-    ASSERT_TRUE(itest::WaitFor([&] { return itest::Slurp(dir_.Join("clean.log")).find("up") != std::string::npos; },
-                               milliseconds(30000)));
+    ASSERT_TRUE(itest::WaitFor(
+        [&] { return itest::Slurp(dir_.Join("clean.log")).find("up") != std::string::npos; },
+        milliseconds(30000)));
   }
 }
 
@@ -96,7 +104,8 @@ TEST_F(ProcCheckTest, AScratchDirectoryChecksEveryLogInIt) {
       {
         test::ScratchDir d("sweep");
         std::filesystem::create_directories(d.Join("logs"));
-        std::ofstream(d.Join("logs/trainer-3.log")) << "WARNING: ThreadSanitizer: data race (pid=9)\n";
+        std::ofstream(d.Join("logs/trainer-3.log"))
+            << "WARNING: ThreadSanitizer: data race (pid=9)\n";
       },
       "ThreadSanitizer: data race");
   // Only log-like files: a checkpoint's bytes are not read.

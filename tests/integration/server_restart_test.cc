@@ -35,18 +35,43 @@ using itest::WaitFor;
 class ServerRestartTest : public itest::ControlPlaneHarness {
  protected:
   std::vector<std::string> ServerArgv(const std::string& port) {
-    return {test::EdlBinary(), "server", "--server_port", port, "--bind", "127.0.0.1",
-            "--port_file", dir_.Join("port"), "--secret_file", secret_, "--job_id", "itest",
-            "--min_trainers", "1", "--trainers", "4", "--events_dir", dir_.Join("events"),
-            "--heartbeat_timeout_ms", "3000", "--join_timeout_s", "60", "--backoff_min_s", "0",
-            "--backoff_max_s", "0", "--state_dir", dir_.Join("state")};
+    return {test::EdlBinary(),
+            "server",
+            "--server_port",
+            port,
+            "--bind",
+            "127.0.0.1",
+            "--port_file",
+            dir_.Join("port"),
+            "--secret_file",
+            secret_,
+            "--job_id",
+            "itest",
+            "--min_trainers",
+            "1",
+            "--trainers",
+            "4",
+            "--events_dir",
+            dir_.Join("events"),
+            "--heartbeat_timeout_ms",
+            "3000",
+            "--join_timeout_s",
+            "60",
+            "--backoff_min_s",
+            "0",
+            "--backoff_max_s",
+            "0",
+            "--state_dir",
+            dir_.Join("state")};
   }
   void Start(const std::string& port) {
     std::remove(dir_.Join("port").c_str());
     server_ = std::make_unique<Proc>(ServerArgv(port), dir_.Join("server.log"));
     const std::string got = itest::WaitForPortFile(dir_.Join("port"), server_.get());
     ASSERT_FALSE(got.empty()) << Slurp(dir_.Join("server.log"));
-    if (port != "0") ASSERT_EQ(got, port);
+    if (port != "0") {
+      ASSERT_EQ(got, port);
+    }
     port_ = got;
   }
   void KillServer() {
@@ -60,7 +85,8 @@ class ServerRestartTest : public itest::ControlPlaneHarness {
     return false;
   }
   // Records of the stand-ins: start records by trainer id, and every pid each id wrote with.
-  void Starts(std::map<std::string, json>* start_of, std::map<std::string, std::set<int>>* pids_of) {
+  void Starts(std::map<std::string, json>* start_of,
+              std::map<std::string, std::set<int>>* pids_of) {
     for (const json& r : ReadLines(records_)) {
       const std::string id = r["trainer_id"];
       (*pids_of)[id].insert(r["pid"].get<int>());
@@ -83,7 +109,8 @@ TEST_F(ServerRestartTest, SigkillBetweenChangesKeepsTrainersAndNumbersGoOnAbove)
   if (HasFatalFailure()) return;
   auto c1 = StartClient("n1", "inplace");
   auto c2 = StartClient("n2", "inplace");
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; }, milliseconds(60000)))
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; },
+                                milliseconds(60000)))
       << Diagnostics();
   std::string out;
   ASSERT_EQ(Ctl({"scale", "3"}, &out), 0) << out;
@@ -106,8 +133,8 @@ TEST_F(ServerRestartTest, SigkillBetweenChangesKeepsTrainersAndNumbersGoOnAbove)
   EXPECT_NE(Slurp(dir_.Join("server.log")).find("resuming job itest"), std::string::npos);
   std::vector<json> events = Events();
   for (size_t i = events_before; i < events.size(); ++i) {
-    EXPECT_NE(events[i]["type"], "generation") << "a restart between changes made a generation: "
-                                               << events[i].dump() << Diagnostics();
+    EXPECT_NE(events[i]["type"], "generation")
+        << "a restart between changes made a generation: " << events[i].dump() << Diagnostics();
   }
   json st = Status();
   ASSERT_TRUE(st.is_object()) << Diagnostics();
@@ -117,8 +144,9 @@ TEST_F(ServerRestartTest, SigkillBetweenChangesKeepsTrainersAndNumbersGoOnAbove)
   // The next change: numbered above every earlier generation, a trainer id above every earlier one,
   // and forwarded to the old trainers, which re-form with the joiner.
   ASSERT_EQ(Ctl({"scale", "4"}, &out), 0) << out;
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["generation"] == 3 && g["world_size_after"] == 4; },
-                                milliseconds(60000)))
+  ASSERT_TRUE(WaitForGeneration(
+      [](const json& g) { return g["generation"] == 3 && g["world_size_after"] == 4; },
+      milliseconds(60000)))
       << Diagnostics();
   ASSERT_TRUE(WaitFor([&] { return KvRounds(3) == 4; }, milliseconds(60000))) << Diagnostics();
   std::map<std::string, json> after;
@@ -135,7 +163,8 @@ TEST_F(ServerRestartTest, SigkillBetweenChangesKeepsTrainersAndNumbersGoOnAbove)
       EXPECT_TRUE(r["joining"].get<bool>());
     }
   }
-  for (const json& g : Generations()) EXPECT_FALSE(g["failure"].get<bool>()) << g.dump() << Diagnostics();
+  for (const json& g : Generations())
+    EXPECT_FALSE(g["failure"].get<bool>()) << g.dump() << Diagnostics();
 
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
   EXPECT_EQ(server_->Wait(milliseconds(10000)), 0);
@@ -151,7 +180,8 @@ TEST_F(ServerRestartTest, SigkillDuringAGrowRollsItBackAndTheNextGrowUsesNewNumb
   const std::map<std::string, std::string> env = {{"STANDIN_HOLD_READY_FILE", hold}};
   auto c1 = StartClient("n1", "inplace", "", {}, env);
   auto c2 = StartClient("n2", "inplace", "", {}, env);
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; }, milliseconds(60000)))
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; },
+                                milliseconds(60000)))
       << Diagnostics();
   std::string out;
   ASSERT_EQ(Ctl({"scale", "2"}, &out), 0) << out;
@@ -178,12 +208,14 @@ TEST_F(ServerRestartTest, SigkillDuringAGrowRollsItBackAndTheNextGrowUsesNewNumb
 
   // Rolled back: the held joiners are killed (never members), and the grow is made again, with a
   // generation number above the one the dead server had prepared (3).
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4 && g["generation"] >= 4; },
-                                milliseconds(60000)))
+  ASSERT_TRUE(WaitForGeneration(
+      [](const json& g) { return g["world_size_after"] == 4 && g["generation"] >= 4; },
+      milliseconds(60000)))
       << Diagnostics();
   int64_t grown = 0;
   for (const json& g : Generations()) {
-    EXPECT_NE(g["generation"], 3) << "the number of the rolled-back change was reused" << Diagnostics();
+    EXPECT_NE(g["generation"], 3) << "the number of the rolled-back change was reused"
+                                  << Diagnostics();
     for (const std::string& id : held) EXPECT_EQ(g.dump().find(id), std::string::npos);
     if (g["world_size_after"] == 4) grown = g["generation"].get<int64_t>();
   }
@@ -239,7 +271,8 @@ TEST_F(ServerRestartTest, ANewStateDirNextToAnOldCheckpointStoreNumbersAboveTheS
   ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
   auto c1 = StartClient("n1", "inplace");
   auto c2 = StartClient("n2", "inplace");
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; }, milliseconds(60000)))
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; },
+                                milliseconds(60000)))
       << Diagnostics();
   const std::vector<json> gens = Generations();
   EXPECT_EQ(gens.front()["generation"], 6) << Diagnostics();
@@ -288,9 +321,9 @@ TEST_F(ServerRestartTest, DamagedStateDirIsRefusedAndAnEmptyOneStartsANewJob) {
 }
 
 // A standby on the same --state_dir (STATE.md "Standbys on one state directory"): --standby needs
-// --state_dir; a second server on a held directory fails without --standby; with it, it waits without listening and takes over
-// the moment the leader is SIGKILLed, on the same port, adopting the running trainers; a standby
-// ends cleanly on SIGTERM.
+// --state_dir; a second server on a held directory fails without --standby; with it, it waits
+// without listening and takes over the moment the leader is SIGKILLed, on the same port, adopting
+// the running trainers; a standby ends cleanly on SIGTERM.
 TEST_F(ServerRestartTest, AStandbyOnTheStateDirTakesOverTheMomentTheLeaderIsKilled) {
   Start("0");
   if (HasFatalFailure()) return;
@@ -303,7 +336,8 @@ TEST_F(ServerRestartTest, AStandbyOnTheStateDirTakesOverTheMomentTheLeaderIsKill
     return std::make_unique<Proc>(argv, dir_.Join(name + ".log"));
   };
   {
-    Proc no_dir({test::EdlBinary(), "server", "--secret_file", secret_, "--standby"}, dir_.Join("no_dir.log"));
+    Proc no_dir({test::EdlBinary(), "server", "--secret_file", secret_, "--standby"},
+                dir_.Join("no_dir.log"));
     EXPECT_EQ(no_dir.Wait(milliseconds(30000)), 2);
     EXPECT_NE(Slurp(dir_.Join("no_dir.log")).find("--standby needs --state_dir"), std::string::npos)
         << Slurp(dir_.Join("no_dir.log"));
@@ -314,31 +348,38 @@ TEST_F(ServerRestartTest, AStandbyOnTheStateDirTakesOverTheMomentTheLeaderIsKill
         << Slurp(dir_.Join("refused.log"));
   }
   auto b = second("b", /*standby=*/true);
-  const std::string waits_for_a = "standby for job itest: the leader is pid " + std::to_string(server_->pid());
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("b.log")).find(waits_for_a) != std::string::npos; },
-                      milliseconds(30000)))
+  const std::string waits_for_a =
+      "standby for job itest: the leader is pid " + std::to_string(server_->pid());
+  ASSERT_TRUE(
+      WaitFor([&] { return Slurp(dir_.Join("b.log")).find(waits_for_a) != std::string::npos; },
+              milliseconds(30000)))
       << Slurp(dir_.Join("b.log"));
   auto c1 = StartClient("n1", "inplace");
   auto c2 = StartClient("n2", "inplace");
-  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; }, milliseconds(60000)))
+  ASSERT_TRUE(WaitForGeneration([](const json& g) { return g["world_size_after"] == 4; },
+                                milliseconds(60000)))
       << Diagnostics();
   ASSERT_TRUE(WaitFor([&] { return KvRounds(1) == 4; }, milliseconds(60000))) << Diagnostics();
   const auto pids_before = Pids();  // the clients' warm spares left out
   ASSERT_EQ(pids_before.size(), 4u) << Diagnostics();
-  EXPECT_FALSE(std::filesystem::exists(dir_.Join("b.port"))) << "the standby listened while the leader ran";
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("b.port")))
+      << "the standby listened while the leader ran";
 
   KillServer();
   if (HasFatalFailure()) return;
   const auto killed = std::chrono::steady_clock::now();
-  ASSERT_EQ(itest::WaitForPortFile(dir_.Join("b.port"), b.get()), port) << Slurp(dir_.Join("b.log"));
+  ASSERT_EQ(itest::WaitForPortFile(dir_.Join("b.port"), b.get()), port)
+      << Slurp(dir_.Join("b.log"));
   std::printf("the standby listened %lld ms after the leader's SIGKILL (load %s)\n",
               static_cast<long long>(std::chrono::duration_cast<milliseconds>(
-                                         std::chrono::steady_clock::now() - killed).count()),
+                                         std::chrono::steady_clock::now() - killed)
+                                         .count()),
               Slurp("/proc/loadavg").substr(0, 14).c_str());
   const std::string b_log = Slurp(dir_.Join("b.log"));
   EXPECT_NE(b_log.find("takes over --state_dir " + dir_.Join("state")), std::string::npos) << b_log;
   EXPECT_NE(b_log.find("resuming job itest"), std::string::npos) << b_log;
-  ASSERT_TRUE(WaitFor([&] { return HasEvent("recovered"); }, milliseconds(60000))) << Diagnostics() << b_log;
+  ASSERT_TRUE(WaitFor([&] { return HasEvent("recovered"); }, milliseconds(60000)))
+      << Diagnostics() << b_log;
   json st = Status();
   ASSERT_TRUE(st.is_object()) << Diagnostics();
   EXPECT_EQ(st["generation"], 1);
@@ -346,13 +387,16 @@ TEST_F(ServerRestartTest, AStandbyOnTheStateDirTakesOverTheMomentTheLeaderIsKill
 
   // The next standby waits for b; SIGTERM ends it cleanly before it ever leads.
   auto c = second("c", /*standby=*/true);
-  const std::string waits_for_b = "standby for job itest: the leader is pid " + std::to_string(b->pid());
-  ASSERT_TRUE(WaitFor([&] { return Slurp(dir_.Join("c.log")).find(waits_for_b) != std::string::npos; },
-                      milliseconds(30000)))
+  const std::string waits_for_b =
+      "standby for job itest: the leader is pid " + std::to_string(b->pid());
+  ASSERT_TRUE(
+      WaitFor([&] { return Slurp(dir_.Join("c.log")).find(waits_for_b) != std::string::npos; },
+              milliseconds(30000)))
       << Slurp(dir_.Join("c.log"));
   ASSERT_EQ(::kill(c->pid(), SIGTERM), 0);
   EXPECT_EQ(c->Wait(milliseconds(10000)), 0) << Slurp(dir_.Join("c.log"));
-  EXPECT_NE(Slurp(dir_.Join("c.log")).find("stopped while a standby for job itest"), std::string::npos)
+  EXPECT_NE(Slurp(dir_.Join("c.log")).find("stopped while a standby for job itest"),
+            std::string::npos)
       << Slurp(dir_.Join("c.log"));
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("c.port")));
 
@@ -360,9 +404,11 @@ TEST_F(ServerRestartTest, AStandbyOnTheStateDirTakesOverTheMomentTheLeaderIsKill
   std::string out;
   port_ = port;
   ASSERT_EQ(Ctl({"scale", "3"}, &out), 0) << out;
-  ASSERT_TRUE(WaitFor([&] { return KvRounds(2) == 3; }, milliseconds(60000))) << Diagnostics() << b_log;
+  ASSERT_TRUE(WaitFor([&] { return KvRounds(2) == 3; }, milliseconds(60000)))
+      << Diagnostics() << b_log;
   EXPECT_EQ(Pids(), pids_before) << "a trainer was restarted or added" << Diagnostics();
-  for (const json& g : Generations()) EXPECT_FALSE(g["failure"].get<bool>()) << g.dump() << Diagnostics();
+  for (const json& g : Generations())
+    EXPECT_FALSE(g["failure"].get<bool>()) << g.dump() << Diagnostics();
 
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
   EXPECT_EQ(b->Wait(milliseconds(10000)), 0) << Slurp(dir_.Join("b.log"));
@@ -382,10 +428,13 @@ TEST_F(ServerRestartTest, FinishedJobStaysFinishedAcrossClientAndServerRestarts)
   auto told_done = [&](const std::string& node) {
     const std::string log = Slurp(dir_.Join(node + ".log"));
     int n = 0;
-    for (size_t at = log.find("the job finished"); at != std::string::npos; at = log.find("the job finished", at + 1)) ++n;
+    for (size_t at = log.find("the job finished"); at != std::string::npos;
+         at = log.find("the job finished", at + 1))
+      ++n;
     return n;
   };
-  ASSERT_TRUE(WaitFor([&] { return told_done("n1") == 1 && told_done("n2") == 1; }, milliseconds(30000)))
+  ASSERT_TRUE(
+      WaitFor([&] { return told_done("n1") == 1 && told_done("n2") == 1; }, milliseconds(30000)))
       << Diagnostics();
   std::map<std::string, json> starts;
   std::map<std::string, std::set<int>> pids;
@@ -401,7 +450,8 @@ TEST_F(ServerRestartTest, FinishedJobStaysFinishedAcrossClientAndServerRestarts)
   EXPECT_EQ(st["used_slots"], 0) << st.dump();
   std::string out;
   ASSERT_EQ(Ctl({"status"}, &out), 0) << out;
-  EXPECT_NE(out.find("itest:0"), std::string::npos) << "no running trainer after finished:\n" << out;
+  EXPECT_NE(out.find("itest:0"), std::string::npos) << "no running trainer after finished:\n"
+                                                    << out;
   EXPECT_NE(out.find("finished"), std::string::npos) << out;
 
   // A restarted client is told the job is done and starts nothing.
@@ -414,7 +464,8 @@ TEST_F(ServerRestartTest, FinishedJobStaysFinishedAcrossClientAndServerRestarts)
   if (HasFatalFailure()) return;
   Start(port_);
   if (HasFatalFailure()) return;
-  ASSERT_TRUE(WaitFor([&] { return told_done("n1") == 2 && told_done("n2") == 3; }, milliseconds(60000)))
+  ASSERT_TRUE(
+      WaitFor([&] { return told_done("n1") == 2 && told_done("n2") == 3; }, milliseconds(60000)))
       << Diagnostics();
   st = Status();
   ASSERT_TRUE(st.is_object()) << Diagnostics();
@@ -424,7 +475,8 @@ TEST_F(ServerRestartTest, FinishedJobStaysFinishedAcrossClientAndServerRestarts)
   pids.clear();
   Starts(&starts, &pids);
   EXPECT_EQ(starts.size(), 4u) << Diagnostics();
-  for (const auto& [id, p] : pids) EXPECT_EQ(p.size(), 1u) << "finished trainer " << id << " was started again";
+  for (const auto& [id, p] : pids)
+    EXPECT_EQ(p.size(), 1u) << "finished trainer " << id << " was started again";
   int start_records = 0;
   for (const json& r : ReadLines(records_)) start_records += r["event"] == "start";
   EXPECT_EQ(start_records, 4) << Diagnostics();

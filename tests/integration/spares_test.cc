@@ -24,7 +24,8 @@ class SparesTest : public itest::ControlPlaneHarness {
   std::vector<json> Records(const std::string& event, const std::string& spare = "") {
     std::vector<json> out;
     for (const json& r : itest::ReadLines(records_)) {
-      if (r.value("event", "") == event && (spare.empty() || r.value("spare", "") == spare)) out.push_back(r);
+      if (r.value("event", "") == event && (spare.empty() || r.value("spare", "") == spare))
+        out.push_back(r);
     }
     return out;
   }
@@ -46,7 +47,9 @@ class SparesTest : public itest::ControlPlaneHarness {
     json victim;
     for (const json& r : Records("start")) {
       const std::string id = r["trainer_id"];
-      if (r["generation"] == 1 && r.value("spare", "").empty() && id.find("-spare-") == std::string::npos) victim = r;
+      if (r["generation"] == 1 && r.value("spare", "").empty() &&
+          id.find("-spare-") == std::string::npos)
+        victim = r;
     }
     EXPECT_TRUE(victim.is_object()) << Diagnostics();
     if (victim.is_object()) ::kill(victim["pid"].get<int>(), SIGKILL);
@@ -57,12 +60,15 @@ class SparesTest : public itest::ControlPlaneHarness {
     int64_t grown = 0;
     ASSERT_TRUE(itest::WaitFor(
         [&] {
-          grown = FirstGeneration([](const json& g) { return g["reason"] == "grow_back" && g["world_size_after"] == 2; });
+          grown = FirstGeneration([](const json& g) {
+            return g["reason"] == "grow_back" && g["world_size_after"] == 2;
+          });
           return grown > 0;
         },
         milliseconds(60000)))
         << Diagnostics();
-    ASSERT_TRUE(itest::WaitFor([&] { return KvRounds(grown) == 2; }, milliseconds(60000))) << Diagnostics();
+    ASSERT_TRUE(itest::WaitFor([&] { return KvRounds(grown) == 2; }, milliseconds(60000)))
+        << Diagnostics();
   }
   void StopJob(std::unique_ptr<itest::Proc>* client) {
     std::string out;
@@ -77,8 +83,9 @@ TEST_F(SparesTest, AKilledTrainerIsReplacedByTheWarmSpare) {
   if (HasFatalFailure()) return;
   auto client = StartClient("n1", "inplace");
   // The spare connected and waits (its spare_hello), after the two trainers trained.
-  ASSERT_TRUE(itest::WaitFor([&] { return CountInClientLog("spare n1-spare-1 of job itest is prepared") == 1; },
-                             milliseconds(60000)))
+  ASSERT_TRUE(itest::WaitFor(
+      [&] { return CountInClientLog("spare n1-spare-1 of job itest is prepared") == 1; },
+      milliseconds(60000)))
       << ClientLog() << Diagnostics();
   const std::vector<json> spare = Records("spare", "n1-spare-1");
   ASSERT_EQ(spare.size(), 1u) << Diagnostics();
@@ -96,7 +103,8 @@ TEST_F(SparesTest, AKilledTrainerIsReplacedByTheWarmSpare) {
   EXPECT_TRUE(assigned[0]["joining"].get<bool>()) << assigned[0].dump();
   WaitForGrowBackToTwo();
   if (HasFatalFailure()) return;
-  EXPECT_EQ(CountInClientLog("is spare n1-spare-1 (pid " + std::to_string(spare[0]["pid"].get<int>())), 1)
+  EXPECT_EQ(
+      CountInClientLog("is spare n1-spare-1 (pid " + std::to_string(spare[0]["pid"].get<int>())), 1)
       << ClientLog();
   // No cold start: every start record after the first generation's is a spare's.
   for (const json& r : Records("start")) {
@@ -106,8 +114,9 @@ TEST_F(SparesTest, AKilledTrainerIsReplacedByTheWarmSpare) {
   }
   // The client keeps the next spare, which is released (exit 0) when the job stops: by the stop
   // generation or by the client's own shutdown, whichever comes first; both log the same line.
-  ASSERT_TRUE(itest::WaitFor([&] { return CountInClientLog("spare n1-spare-2 of job itest is prepared") == 1; },
-                             milliseconds(60000)))
+  ASSERT_TRUE(itest::WaitFor(
+      [&] { return CountInClientLog("spare n1-spare-2 of job itest is prepared") == 1; },
+      milliseconds(60000)))
       << ClientLog();
   StopJob(&client);
   EXPECT_EQ(Records("spare_released", "n1-spare-2").size(), 1u) << Diagnostics();
@@ -117,12 +126,14 @@ TEST_F(SparesTest, AKilledTrainerIsReplacedByTheWarmSpare) {
 TEST_F(SparesTest, ASpareThatFailsCostsTheJobNothing) {
   StartServer("0 set 2\n", 2);
   if (HasFatalFailure()) return;
-  auto client = StartClient("n1", "inplace", "", {}, {{"STANDIN_SPARE_FAIL_WITH", "spare cannot map its dataset"}});
+  auto client = StartClient("n1", "inplace", "", {},
+                            {{"STANDIN_SPARE_FAIL_WITH", "spare cannot map its dataset"}});
   // Two spares fail, the second after a back-off; each says why, with its own last log line.
   ASSERT_TRUE(itest::WaitFor([&] { return CountInClientLog("ended before it was assigned") >= 2; },
                              milliseconds(60000)))
       << ClientLog();
-  EXPECT_GE(CountInClientLog("its last log line: \"spare cannot map its dataset\""), 2) << ClientLog();
+  EXPECT_GE(CountInClientLog("its last log line: \"spare cannot map its dataset\""), 2)
+      << ClientLog();
   EXPECT_EQ(CountInClientLog("2 spare failure(s) in a row, next spare in 2 s"), 1) << ClientLog();
   EXPECT_FALSE(AnyFailure()) << "a spare's failure is none of the job's" << Diagnostics();
   // A trainer's replacement then starts cold, and the job grows back.
@@ -131,7 +142,8 @@ TEST_F(SparesTest, ASpareThatFailsCostsTheJobNothing) {
   WaitForGrowBackToTwo();
   if (HasFatalFailure()) return;
   int cold = 0;
-  for (const json& r : Records("start")) cold += r["generation"] != 1 && r.value("spare", "").empty();
+  for (const json& r : Records("start"))
+    cold += r["generation"] != 1 && r.value("spare", "").empty();
   EXPECT_EQ(cold, 1) << Diagnostics();
   StopJob(&client);
 }

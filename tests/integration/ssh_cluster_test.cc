@@ -83,7 +83,8 @@ class SshClusterTest : public testing::Test {
   }
 
   // Runs scripts/ssh_cluster.sh ARGS (bounded); its output is Output() until the next run.
-  int Script(const std::vector<std::string>& args, const std::map<std::string, std::string>& extra = {}) {
+  int Script(const std::vector<std::string>& args,
+             const std::map<std::string, std::string>& extra = {}) {
     std::map<std::string, std::string> env = env_;
     for (const auto& [k, v] : extra) env[k] = v;
     std::vector<std::string> argv = {"/bin/bash", test::SourceDir() + "/scripts/ssh_cluster.sh"};
@@ -100,7 +101,9 @@ class SshClusterTest : public testing::Test {
   bool Says(const std::string& text) { return Output().find(text) != std::string::npos; }
 
   // Processes of this test still running (other than the machines' sshd).
-  std::vector<std::string> Running() { return itest::ProcessesMentioning(dir_.path(), net_->SshdPids()); }
+  std::vector<std::string> Running() {
+    return itest::ProcessesMentioning(dir_.path(), net_->SshdPids());
+  }
   // True once none runs (the daemons of a stopped cluster exit on their own, promptly).
   bool NoneLeft() {
     return itest::WaitFor([&] { return Running().empty(); }, milliseconds(30000));
@@ -192,8 +195,9 @@ TEST_F(SshClusterTest, NodeAddressThatIsNotItsOwnIsNamedAndNothingStarts) {
 // 2. The server's address mistyped: not the server host's (an IP literal resolves anywhere).
 TEST_F(SshClusterTest, ServerAddressThatIsNotTheServerHostsIsNamedAndNothingStarts) {
   EXPECT_EQ(Script({"start", Hosts({{"a", "10.241.0.44"}})}), 1);
-  EXPECT_TRUE(Says("(server): the server's address 10.241.0.44 (the clients connect to it) is not an "
-                   "address of"))
+  EXPECT_TRUE(
+      Says("(server): the server's address 10.241.0.44 (the clients connect to it) is not an "
+           "address of"))
       << Output();
   EXPECT_TRUE(Says("nothing was started")) << Output();
   ExpectNothingRuns();
@@ -207,12 +211,15 @@ TEST_F(SshClusterTest, NodeWithAnotherSecretIsNamedWithTheFixAndReplaceSecretPus
   itest::WriteSecretFile(other, std::string(64, '7'));
   const std::string hosts = Hosts();
   EXPECT_EQ(Script({"start", hosts}), 1);
-  EXPECT_TRUE(Says(net_->Target("b") + ": holds a different cluster secret in .edl/secret")) << Output();
-  EXPECT_TRUE(Says("scp -p " + dir_.Join("operator/.edl/secret") + " " + net_->Target("b") + ":.edl/secret"))
+  EXPECT_TRUE(Says(net_->Target("b") + ": holds a different cluster secret in .edl/secret"))
+      << Output();
+  EXPECT_TRUE(Says("scp -p " + dir_.Join("operator/.edl/secret") + " " + net_->Target("b") +
+                   ":.edl/secret"))
       << Output();
   EXPECT_TRUE(Says("--replace_secret")) << Output();
   ExpectNothingRuns();
-  EXPECT_EQ(Slurp(other), std::string(64, '7') + "\n") << "a secret was replaced without being asked";
+  EXPECT_EQ(Slurp(other), std::string(64, '7') + "\n")
+      << "a secret was replaced without being asked";
 
   ASSERT_EQ(Script({"start", "--replace_secret", hosts}), 0);
   EXPECT_EQ(Slurp(other), Slurp(dir_.Join("operator/.edl/secret")));
@@ -225,27 +232,35 @@ TEST_F(SshClusterTest, NodeWithAnotherSecretIsNamedWithTheFixAndReplaceSecretPus
 
 // 4. The trainer command's program missing on the nodes.
 TEST_F(SshClusterTest, MissingTrainerProgramIsNamedOnEveryNodeAndNothingStarts) {
-  EXPECT_EQ(Script({"start", Hosts()}, {{"EDL_TRAINER_CMD", "env OMP_NUM_THREADS=1 /opt/no-such/train --lr 1"}}), 1);
+  EXPECT_EQ(Script({"start", Hosts()},
+                   {{"EDL_TRAINER_CMD", "env OMP_NUM_THREADS=1 /opt/no-such/train --lr 1"}}),
+            1);
   for (const std::string m : {"a", "b"}) {
-    EXPECT_TRUE(Says("(node " + Node(m) + "): the trainer command's program '/opt/no-such/train'")) << Output();
+    EXPECT_TRUE(Says("(node " + Node(m) + "): the trainer command's program '/opt/no-such/train'"))
+        << Output();
   }
   EXPECT_TRUE(Says("is not found on")) << Output();
   ExpectNothingRuns();
 }
 
-// The server's port taken on the server host: named as EDL_SERVER_PORT, the variable the scripts take.
+// The server's port taken on the server host: named as EDL_SERVER_PORT, the variable the scripts
+// take.
 TEST_F(SshClusterTest, ServerPortInUseIsNamedAsEdlServerPort) {
   std::vector<std::string> argv = net_->Exec("a");
-  for (const std::string& a :
-       {std::string("/usr/bin/python3"), std::string("-c"),
-        std::string("import socket,time\ns=socket.socket()\ns.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
-                    "s.bind(('0.0.0.0',8180))\ns.listen()\nopen('" + dir_.Join("listening") + "','w').close()\n"
-                    "time.sleep(600)")}) {
+  for (const std::string& a : {std::string("/usr/bin/python3"), std::string("-c"),
+                               std::string("import "
+                                           "socket,time\ns=socket.socket()\ns.setsockopt(socket."
+                                           "SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+                                           "s.bind(('0.0.0.0',8180))\ns.listen()\nopen('" +
+                                           dir_.Join("listening") +
+                                           "','w').close()\n"
+                                           "time.sleep(600)")}) {
     argv.push_back(a);
   }
   itest::Proc squatter(argv, dir_.Join("squatter.log"));
   squatter.ExpectExit(128 + SIGTERM);  // python3 dies of the SIGTERM that stops it
-  ASSERT_TRUE(itest::WaitFor([&] { return std::filesystem::exists(dir_.Join("listening")); }, milliseconds(30000)))
+  ASSERT_TRUE(itest::WaitFor([&] { return std::filesystem::exists(dir_.Join("listening")); },
+                             milliseconds(30000)))
       << Slurp(dir_.Join("squatter.log"));
   EXPECT_EQ(Script({"start", Hosts()}), 1);
   EXPECT_TRUE(Says("(server): port 8180 on")) << Output();
@@ -258,8 +273,9 @@ TEST_F(SshClusterTest, ServerPortInUseIsNamedAsEdlServerPort) {
 
 // The newest generation among the checkpoints in `store` (`edl ckpt ls --json`), 0 when none.
 int64_t NewestCheckpointGeneration(const std::string& store, const std::string& log) {
-  if (itest::RunCommand({"/bin/sh", "-c", test::EdlBinary() + " ckpt ls --json --checkpoint_dir '" + store + "' > " +
-                                              log + ".json"},
+  if (itest::RunCommand({"/bin/sh", "-c",
+                         test::EdlBinary() + " ckpt ls --json --checkpoint_dir '" + store + "' > " +
+                             log + ".json"},
                         log) != 0) {
     return 0;
   }
@@ -270,8 +286,8 @@ int64_t NewestCheckpointGeneration(const std::string& store, const std::string& 
   return newest;
 }
 
-// 5. A new run directory (the job's state gone, e.g. `git clean -xdf`) beside the checkpoint store of
-// a run that reached a higher generation. With the store's path where the scripts cannot see it
+// 5. A new run directory (the job's state gone, e.g. `git clean -xdf`) beside the checkpoint store
+// of a run that reached a higher generation. With the store's path where the scripts cannot see it
 // (a --config file) the new job resumes from it but the store's fence refuses every save: each
 // refusal is a checkpoint_failed event with the fix, and `stop` exits 1 saying the final checkpoint
 // was not saved. With --checkpoint_dir on the trainers' command line the scripts give it to the
@@ -282,18 +298,21 @@ int64_t NewestCheckpointGeneration(const std::string& store, const std::string& 
 TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
   const std::string store = dir_.Join("ckpt dir");
   const std::string store_word = dir_.Join("ckpt\\ dir");
-  const std::string train = test::EdlBinary() +
-                            " train --model resnet20 --data synthetic --image_size 8 --channels 1 "
-                            "--synthetic_train 256 --synthetic_test 8 --batch_size 8 --epochs 100000 "
-                            "--threads 1 --checkpoint_steps 4 --log_every 0 --eval 0";
+  const std::string train =
+      test::EdlBinary() +
+      " train --model resnet20 --data synthetic --image_size 8 --channels 1 "
+      "--synthetic_train 256 --synthetic_test 8 --batch_size 8 --epochs 100000 "
+      "--threads 1 --checkpoint_steps 4 --log_every 0 --eval 0";
   const std::string hosts = Hosts();
   const std::string log = dir_.Join("ckpt-ls.log");
   // The earlier run: generations raised by rescaling (1 <-> 2 trainers), then a save at the top.
-  ASSERT_EQ(Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --checkpoint_dir " + store_word}}), 0);
+  ASSERT_EQ(
+      Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --checkpoint_dir " + store_word}}),
+      0);
   std::vector<std::string> ctl = net_->Exec("a");
-  for (const std::string a : {test::EdlBinary(), std::string("ctl"), std::string("--server"),
-                              net_->Addr("a") + ":8180", std::string("--secret_file"),
-                              dir_.Join("operator/.edl/secret")}) {
+  for (const std::string a :
+       {test::EdlBinary(), std::string("ctl"), std::string("--server"), net_->Addr("a") + ":8180",
+        std::string("--secret_file"), dir_.Join("operator/.edl/secret")}) {
     ctl.push_back(a);
   }
   auto status = [&] {
@@ -305,7 +324,8 @@ TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
   };
   auto generation = [&] {
     const nlohmann::json s = status();
-    return s.is_object() && !s.value("pending", true) ? s.value("generation", int64_t{0}) : int64_t{0};
+    return s.is_object() && !s.value("pending", true) ? s.value("generation", int64_t{0})
+                                                      : int64_t{0};
   };
   for (int round = 0; round < 4; ++round) {
     const int64_t before = generation();
@@ -317,14 +337,17 @@ TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
   }
   const int64_t top = generation();
   ASSERT_GE(top, 5);
-  ASSERT_TRUE(itest::WaitFor([&] { return NewestCheckpointGeneration(store, log) >= top; }, milliseconds(120000)));
+  ASSERT_TRUE(itest::WaitFor([&] { return NewestCheckpointGeneration(store, log) >= top; },
+                             milliseconds(120000)));
   ASSERT_EQ(Script({"stop", hosts}), 0);
   EXPECT_TRUE(NoneLeft()) << Join(Running());
 
   // The mistake: a new run directory, the store named only in a config file.
   std::filesystem::remove_all(dir_.Join("run"));
   std::ofstream(dir_.Join("train.ini")) << "checkpoint_dir = " << store << "\n";
-  ASSERT_EQ(Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --config " + dir_.Join("train.ini")}}), 0);
+  ASSERT_EQ(Script({"start", hosts},
+                   {{"EDL_TRAINER_CMD", train + " --config " + dir_.Join("train.ini")}}),
+            0);
   const std::string events = dir_.Join("run/events/edl-job.events.jsonl");
   auto refused = [&] {
     for (const auto& e : itest::ReadLines(events)) {
@@ -341,14 +364,19 @@ TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
   EXPECT_TRUE(Says("the job stopped, but rank 0's final checkpoint was NOT saved")) << Output();
   EXPECT_TRUE(Says("before this writer started")) << Output();
   EXPECT_TRUE(NoneLeft()) << Join(Running());
-  // The job is stopped, if not saved: the next start may use another command, without a second stop.
-  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/trainer_cmd"))) << "the stopped job's command is still recorded";
+  // The job is stopped, if not saved: the next start may use another command, without a second
+  // stop.
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/trainer_cmd")))
+      << "the stopped job's command is still recorded";
   EXPECT_LT(NewestCheckpointGeneration(store, log), top + 1) << "a save got past the fence";
 
   // The fix: the store on the trainers' command line, so the server numbers generations above it.
   std::filesystem::remove_all(dir_.Join("run"));
-  ASSERT_EQ(Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --checkpoint_dir " + store_word}}), 0);
-  EXPECT_TRUE(itest::WaitFor([&] { return NewestCheckpointGeneration(store, log) > top; }, milliseconds(120000)))
+  ASSERT_EQ(
+      Script({"start", hosts}, {{"EDL_TRAINER_CMD", train + " --checkpoint_dir " + store_word}}),
+      0);
+  EXPECT_TRUE(itest::WaitFor([&] { return NewestCheckpointGeneration(store, log) > top; },
+                             milliseconds(120000)))
       << "no save of the new job landed in the store";
   EXPECT_EQ(Script({"stop", hosts}), 0);
   EXPECT_FALSE(Says("NOT saved")) << Output();
@@ -359,11 +387,14 @@ TEST_F(SshClusterTest, NewRunDirectoryBesideAnOldCheckpointStore) {
 // with their last error line once EDL_JOIN_TIMEOUT_S passes, and what the start had started (the
 // server, both clients) is stopped again.
 TEST_F(SshClusterTest, ClientsThatNeverJoinAreNamedWithTheirLastErrorAndEverythingIsStopped) {
-  EXPECT_EQ(Script({"start", Hosts()}, {{"EDL_SERVER", "10.241.0.99:8180"}, {"EDL_JOIN_TIMEOUT_S", "8"}}), 1);
+  EXPECT_EQ(
+      Script({"start", Hosts()}, {{"EDL_SERVER", "10.241.0.99:8180"}, {"EDL_JOIN_TIMEOUT_S", "8"}}),
+      1);
   EXPECT_TRUE(Says("these nodes did not join the job:")) << Output();
   for (const std::string m : {"a", "b"}) {
-    EXPECT_TRUE(Says("  " + Node(m) + " (" + net_->Target(m) + "): edl client (" + Node(m) +
-                     ") did not join the server at 10.241.0.99:8180 with a running trainer within 8s"))
+    EXPECT_TRUE(
+        Says("  " + Node(m) + " (" + net_->Target(m) + "): edl client (" + Node(m) +
+             ") did not join the server at 10.241.0.99:8180 with a running trainer within 8s"))
         << Output();
   }
   EXPECT_TRUE(Says("the client's last error: ")) << Output();
@@ -379,8 +410,10 @@ TEST_F(SshClusterTest, ClientRestartedWithAnotherTrainerCommandIsRefused) {
   Kill(PidOf("client-" + Node("b") + ".pid"));
   const std::vector<std::string> before = Running();
   EXPECT_EQ(Script({"start", hosts}, {{"EDL_TRAINER_CMD", ""}}), 1);
-  EXPECT_TRUE(Says("EDL_TRAINER_CMD here is '' but the job that runs (or was not stopped) was started "
-                   "with '" + TrainerCmd() + "'"))
+  EXPECT_TRUE(
+      Says("EDL_TRAINER_CMD here is '' but the job that runs (or was not stopped) was started "
+           "with '" +
+           TrainerCmd() + "'"))
       << Output();
   EXPECT_TRUE(Says("nothing was started")) << Output();
   std::vector<std::string> after = Running();
@@ -404,11 +437,13 @@ TEST_F(SshClusterTest, StopWithAnUnreachableNodeNamesItAndCanBeRunAgain) {
   ASSERT_EQ(Script({"start", hosts}), 0);
   ASSERT_TRUE(net_->SetLink("b", false));
   EXPECT_EQ(Script({"stop", hosts}), 1);
-  EXPECT_TRUE(Says("these hosts did not answer over ssh:\n  " + net_->Target("b") + ": ")) << Output();
-  EXPECT_TRUE(Says("the edl client and trainers of these nodes may still run:\n  " + Node("b") + " (" +
-                   net_->Target("b") + ")"))
+  EXPECT_TRUE(Says("these hosts did not answer over ssh:\n  " + net_->Target("b") + ": "))
       << Output();
-  EXPECT_TRUE(Says("run `scripts/ssh_cluster.sh stop " + hosts + "` again once they answer")) << Output();
+  EXPECT_TRUE(Says("the edl client and trainers of these nodes may still run:\n  " + Node("b") +
+                   " (" + net_->Target("b") + ")"))
+      << Output();
+  EXPECT_TRUE(Says("run `scripts/ssh_cluster.sh stop " + hosts + "` again once they answer"))
+      << Output();
   EXPECT_TRUE(Alive(PidOf("client-" + Node("b") + ".pid"))) << "the node behind the cut still runs";
   ASSERT_TRUE(net_->SetLink("b", true));
   EXPECT_EQ(Script({"stop", hosts}), 0);

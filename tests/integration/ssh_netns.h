@@ -61,7 +61,8 @@ class SshNetns {
     if (::geteuid() != 0) return "needs root to create network namespaces and run sshd";
     for (const char* bin : {kIp, kSshd, kSsh, kKeygen}) {
       if (::access(bin, X_OK) != 0) {
-        return std::string(bin) + " not found (apt-get install iproute2 openssh-server openssh-client)";
+        return std::string(bin) +
+               " not found (apt-get install iproute2 openssh-server openssh-client)";
       }
     }
     if (RunCommand({kIp, "netns", "list"}, log) != 0) return "`ip netns list` failed; see " + log;
@@ -89,8 +90,8 @@ class SshNetns {
       Machine& m = machines_[name];
       m.port_if = "p" + std::to_string(++i);
       if (!Add(m.ns) ||
-          !Run({kIp, "link", "add", m.port_if, "netns", hub_, "type", "veth", "peer", "name", "eth0", "netns",
-                m.ns}) ||
+          !Run({kIp, "link", "add", m.port_if, "netns", hub_, "type", "veth", "peer", "name",
+                "eth0", "netns", m.ns}) ||
           !Run({kIp, "-n", hub_, "link", "set", m.port_if, "master", "br0"}) ||
           !Run({kIp, "-n", hub_, "link", "set", m.port_if, "up"}) ||
           !Run({kIp, "-n", m.ns, "addr", "add", m.addr + "/24", "dev", "eth0"}) ||
@@ -120,17 +121,36 @@ class SshNetns {
             return RunCommand(argv, Log()) == 0;
           },
           milliseconds(60000));
-      if (!up) return Failed("sshd of " + name + " did not accept a login: " + Slurp(dir_ + "/sshd-" + name + ".log"));
+      if (!up)
+        return Failed("sshd of " + name +
+                      " did not accept a login: " + Slurp(dir_ + "/sshd-" + name + ".log"));
     }
     return "";
   }
 
   // ssh as the operator runs it: in the hub namespace, with the test's key and known_hosts.
   std::vector<std::string> SshArgv() const {
-    return {kIp, "netns", "exec", hub_, kSsh, "-F", "/dev/null", "-i", dir_ + "/user_key",
-            "-o", "IdentitiesOnly=yes", "-o", "UserKnownHostsFile=" + dir_ + "/known_hosts",
-            "-o", "StrictHostKeyChecking=no", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
-            "-o", "ConnectTimeout=5"};
+    return {kIp,
+            "netns",
+            "exec",
+            hub_,
+            kSsh,
+            "-F",
+            "/dev/null",
+            "-i",
+            dir_ + "/user_key",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "UserKnownHostsFile=" + dir_ + "/known_hosts",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5"};
   }
   // EDL_SSH and EDL_SSH_OPTS for scripts/ssh_cluster.sh.
   std::map<std::string, std::string> ScriptEnv() const {
@@ -184,7 +204,8 @@ class SshNetns {
 
 // "pid: command line" of every process other than this one and `except` whose command line or
 // environment mentions `dir` (a test's scratch directory): what a test left running.
-inline std::vector<std::string> ProcessesMentioning(const std::string& dir, const std::vector<int>& except) {
+inline std::vector<std::string> ProcessesMentioning(const std::string& dir,
+                                                    const std::vector<int>& except) {
   std::vector<std::string> out;
   DIR* proc = ::opendir("/proc");
   if (proc == nullptr) return out;

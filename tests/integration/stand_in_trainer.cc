@@ -1,6 +1,7 @@
 // A stand-in trainer for the control-plane integration tests. It appends one JSON line per event
 // (start, generation seen, leave, term, kv) with its pid and env to $STANDIN_RECORD, and:
-//  - STANDIN_MODE=restart: sleeps until SIGTERM (a torchrun-style program, restarted by the client);
+//  - STANDIN_MODE=restart: sleeps until SIGTERM (a torchrun-style program, restarted by the
+//  client);
 //  - otherwise (in-place): connects its TrainerChannel, reports ready when EDL_JOINING=1, follows
 //    generations, does a KV round per generation, and exits 0 once a generation no longer
 //    contains it, or, with STANDIN_EXIT_AFTER_MS=T, T ms after starting (training "finished");
@@ -11,7 +12,8 @@
 //    STANDIN_SPARE_FAIL_WITH=LINE a spare prints LINE to stderr and exits 3 instead (a spare that
 //    cannot start), with STANDIN_IGNORE_SPARE=1 it goes on as if it were a trainer (a command
 //    that knows nothing of spares);
-//  - STANDIN_FAIL_WITH=LINE: prints LINE to stderr and exits 3 at once (a trainer that keeps failing);
+//  - STANDIN_FAIL_WITH=LINE: prints LINE to stderr and exits 3 at once (a trainer that keeps
+//  failing);
 //  - STANDIN_CONFIG=FP: reports a "config" event with fingerprint FP before anything else (as the
 //    runtime does with ElasticOptions::config_fingerprint);
 //  - STANDIN_FINAL_CHECKPOINT_ERROR=MSG: rank 0 leaving a stop generation reports its final save as
@@ -33,9 +35,9 @@
 #include <nlohmann/json.hpp>
 
 #include "edl/net/trainer_channel.h"
+#include "edl/proto/rendezvous_key.h"
 #include "edl/runtime/env_contract.h"
 #include "edl/runtime/run_mode.h"
-#include "edl/proto/rendezvous_key.h"
 
 namespace {
 
@@ -81,7 +83,8 @@ int main() {
     }
     auto plan = edl::runtime::PlanRunFromProcess();
     if (!plan.ok()) {
-      Record({{"event", "spare_released"}, {"spare", was_spare}, {"error", plan.status().ToString()}});
+      Record(
+          {{"event", "spare_released"}, {"spare", was_spare}, {"error", plan.status().ToString()}});
       return plan.status().code() == edl::Status::Code::kAborted ? 0 : 3;
     }
     g_env = plan.value().env;
@@ -121,14 +124,16 @@ int main() {
   const std::string hold = Env("STANDIN_HOLD_READY_FILE");
   if (g_env.joining && !hold.empty() && ::access(hold.c_str(), F_OK) == 0) {
     Record({{"event", "holding"}, {"generation", start_gen}});
-    while (!g_term && ::access(hold.c_str(), F_OK) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (!g_term && ::access(hold.c_str(), F_OK) == 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (g_env.joining) (void)ch.value()->ReportReady(start_gen);
   int64_t seen = 0;
   int last_rank = -1;
   const std::string exit_after = Env("STANDIN_EXIT_AFTER_MS");
-  const auto finish_at = std::chrono::steady_clock::now() +
-                         milliseconds(exit_after.empty() ? INT32_MAX : std::atoll(exit_after.c_str()));
+  const auto finish_at =
+      std::chrono::steady_clock::now() +
+      milliseconds(exit_after.empty() ? INT32_MAX : std::atoll(exit_after.c_str()));
   while (!g_term) {
     if (std::chrono::steady_clock::now() >= finish_at) {
       Record({{"event", "finished"}});
@@ -147,13 +152,19 @@ int main() {
     }
     seen = g.generation;
     const int rank = g.RankOf(id);
-    Record({{"event", "generation"}, {"generation", g.generation}, {"rank", rank},
-            {"world_size", g.world_size()}, {"reason", g.reason}, {"failure", g.failure}});
+    Record({{"event", "generation"},
+            {"generation", g.generation},
+            {"rank", rank},
+            {"world_size", g.world_size()},
+            {"reason", g.reason},
+            {"failure", g.failure}});
     if (rank < 0) {
       if (g.generation >= start_gen) {
-        if (g.reason == edl::proto::kStopReason && last_rank == 0 && !Env("STANDIN_FINAL_CHECKPOINT_ERROR").empty()) {
-          (void)ch.value()->ReportEvent(
-              {{"event", "stop_checkpoint"}, {"ok", false}, {"error", Env("STANDIN_FINAL_CHECKPOINT_ERROR")}});
+        if (g.reason == edl::proto::kStopReason && last_rank == 0 &&
+            !Env("STANDIN_FINAL_CHECKPOINT_ERROR").empty()) {
+          (void)ch.value()->ReportEvent({{"event", "stop_checkpoint"},
+                                         {"ok", false},
+                                         {"error", Env("STANDIN_FINAL_CHECKPOINT_ERROR")}});
         }
         Record({{"event", "leave"}, {"generation", g.generation}});
         return 0;
@@ -168,7 +179,8 @@ int main() {
     p.images_per_sec = 100;
     (void)ch.value()->ReportProgress(p);
     // A rendezvous round: rank 0 publishes, everyone reads it back.
-    const std::string key = edl::proto::GenerationKeyPrefix(g.generation) + "root";  // GC'd as the runtime's
+    const std::string key =
+        edl::proto::GenerationKeyPrefix(g.generation) + "root";  // GC'd as the runtime's
     if (rank == 0) (void)ch.value()->KvSet(key, std::to_string(::getpid()));
     std::string v;
     s = ch.value()->KvWait(key, milliseconds(5000), &v);

@@ -1,7 +1,7 @@
 // Teacher counts that survive the server and that the scaling script drives (docs/DISTILLATION.md,
-// "Teachers run by the clients"; jobserver/state/STATE.md, "Keys": services), with a real `edl server`,
-// real `edl client`s running stand-in trainers, and a stand-in teacher command (a shell script that
-// records its pid and name, then runs until stopped or until its client is gone):
+// "Teachers run by the clients"; jobserver/state/STATE.md, "Keys": services), with a real `edl
+// server`, real `edl client`s running stand-in trainers, and a stand-in teacher command (a shell
+// script that records its pid and name, then runs until stopped or until its client is gone):
 //  - a service scaled to 2 over two clients; the server is SIGKILLed and started again on the same
 //    --state_dir and port while one client is stopped (SIGSTOP): the other re-attaches first and
 //    gets no extra teacher (the stopped client's teacher still counts); once both are back,
@@ -35,14 +35,16 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
     ControlPlaneHarness::SetUp();
     teachers_ = dir_.Join("teachers.txt");
     // The client appends --service kd --name NAME ... to the command: "$*" holds the name.
-    std::ofstream(dir_.Join("teacher.sh")) << "echo \"$$ $*\" >> " << teachers_ << "\n"
-                                           << "trap 'exit 0' TERM\n"
-                                           << "while kill -0 $PPID 2>/dev/null; do sleep 0.2; done\n";
+    std::ofstream(dir_.Join("teacher.sh"))
+        << "echo \"$$ $*\" >> " << teachers_ << "\n"
+        << "trap 'exit 0' TERM\n"
+        << "while kill -0 $PPID 2>/dev/null; do sleep 0.2; done\n";
   }
   void TearDown() override {
     // Stand-ins left by a failed test (a recorded pid that still runs this test's script).
     for (const auto& [name, pid] : TeacherPids()) {
-      if (Slurp("/proc/" + std::to_string(pid) + "/cmdline").find(dir_.Join("teacher.sh")) != std::string::npos) {
+      if (Slurp("/proc/" + std::to_string(pid) + "/cmdline").find(dir_.Join("teacher.sh")) !=
+          std::string::npos) {
         ::kill(pid, SIGKILL);
       }
     }
@@ -64,13 +66,27 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
   }
 
   // A single-job server (2 trainers), or with `cluster` a cluster server.
-  std::unique_ptr<Proc> StartServerOn(const std::string& port, const std::vector<std::string>& extra,
-                                      bool cluster = false) {
+  std::unique_ptr<Proc> StartServerOn(const std::string& port,
+                                      const std::vector<std::string>& extra, bool cluster = false) {
     std::remove(dir_.Join("port").c_str());
-    std::vector<std::string> argv = {test::EdlBinary(), "server", "--server_port", port, "--bind", "127.0.0.1",
-                                     "--port_file", dir_.Join("port"), "--secret_file", secret_, "--job_id", "itest",
-                                     "--events_dir", dir_.Join("events"),
-                                     "--heartbeat_timeout_ms", "10000", "--join_timeout_s", "60"};
+    std::vector<std::string> argv = {test::EdlBinary(),
+                                     "server",
+                                     "--server_port",
+                                     port,
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--port_file",
+                                     dir_.Join("port"),
+                                     "--secret_file",
+                                     secret_,
+                                     "--job_id",
+                                     "itest",
+                                     "--events_dir",
+                                     dir_.Join("events"),
+                                     "--heartbeat_timeout_ms",
+                                     "10000",
+                                     "--join_timeout_s",
+                                     "60"};
     if (cluster) {
       argv.push_back("--cluster");
     } else {
@@ -85,7 +101,9 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
   std::unique_ptr<Proc> StartTeacherClient(const std::string& node, const std::string& slots = "1",
                                            const std::string& job_type = "") {
     std::map<std::string, std::string> flags = {
-        {"slots", slots}, {"service", "kd = /bin/sh " + dir_.Join("teacher.sh")}, {"teacher_slots", "2"}};
+        {"slots", slots},
+        {"service", "kd = /bin/sh " + dir_.Join("teacher.sh")},
+        {"teacher_slots", "2"}};
     if (!job_type.empty()) flags["job_type"] = job_type;
     return StartClient(node, "inplace", "", flags);
   }
@@ -96,7 +114,8 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
     if (Ctl({"status", "--json"}, &out) != 0) return json::object();
     const size_t brace = out.find('{');
     const json j = json::parse(brace == std::string::npos ? "" : out.substr(brace), nullptr, false);
-    if (!j.is_object() || !j.contains("services") || !j["services"].is_object() || !j["services"].contains("kd")) {
+    if (!j.is_object() || !j.contains("services") || !j["services"].is_object() ||
+        !j["services"].contains("kd")) {
       return json::object();
     }
     return j["services"]["kd"];
@@ -120,13 +139,15 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
   std::map<std::string, int> ScaleAndWait(const std::string& n, size_t running) {
     std::string out;
     EXPECT_EQ(Ctl({"scale", "--service", "kd", n}, &out), 0) << out;
-    EXPECT_TRUE(WaitFor([&] { return TeacherPids().size() == running; }, milliseconds(60000))) << Diagnostics();
+    EXPECT_TRUE(WaitFor([&] { return TeacherPids().size() == running; }, milliseconds(60000)))
+        << Diagnostics();
     const std::map<std::string, int> pids = TeacherPids();
     EXPECT_EQ(Placed(Kd()), Names(pids));
     return pids;
   }
   // SIGKILLs the server and starts it again on the same port and state; the log's size before.
-  size_t RestartServer(std::unique_ptr<Proc>* server, const std::vector<std::string>& state, bool cluster) {
+  size_t RestartServer(std::unique_ptr<Proc>* server, const std::vector<std::string>& state,
+                       bool cluster) {
     EXPECT_EQ(::kill((*server)->pid(), SIGKILL), 0);
     EXPECT_EQ((*server)->Wait(milliseconds(10000)), 128 + SIGKILL);
     const size_t log_before = Slurp(dir_.Join("server.log")).size();
@@ -149,15 +170,19 @@ class TeacherScalingTest : public itest::ControlPlaneHarness {
   }
   // After a restart: the same desired count and teachers, the same processes, and no start order
   // in the server's log since `log_before`.
-  void ExpectKept(const json& kd, int desired, const std::map<std::string, int>& before, size_t log_before) {
+  void ExpectKept(const json& kd, int desired, const std::map<std::string, int>& before,
+                  size_t log_before) {
     EXPECT_EQ(kd["desired"], desired) << kd.dump();
     EXPECT_EQ(Placed(kd), Names(before)) << kd.dump();
     EXPECT_TRUE(Placed(kd, /*stopping=*/true).empty()) << kd.dump();
     EXPECT_EQ(TeacherPids(), before) << "a teacher was started again";
     const std::string log = Slurp(dir_.Join("server.log")).substr(log_before);
-    EXPECT_EQ(Count(log, "start teacher"), 0u) << "the restarted server ordered a teacher:\n" << log;
-    EXPECT_NE(log.find("desired teachers " + std::to_string(desired) + " (kept by the previous server)"),
-              std::string::npos) << log;
+    EXPECT_EQ(Count(log, "start teacher"), 0u) << "the restarted server ordered a teacher:\n"
+                                               << log;
+    EXPECT_NE(
+        log.find("desired teachers " + std::to_string(desired) + " (kept by the previous server)"),
+        std::string::npos)
+        << log;
   }
   static std::set<std::string> Names(const std::map<std::string, int>& pids) {
     std::set<std::string> out;
@@ -209,12 +234,14 @@ TEST_F(TeacherScalingTest, DesiredCountAndTeachersSurviveAServerSigkill) {
   for (const json& t : kd["placed"]) EXPECT_FALSE(t["awaiting_node"].get<bool>()) << kd.dump();
   for (const auto& [name, pid] : before) EXPECT_EQ(::kill(pid, 0), 0) << name << " no longer runs";
   const std::string log = Slurp(dir_.Join("server.log")).substr(log_before);
-  EXPECT_NE(log.find("teacher " + n2_teacher + " placed before the restart runs on node n2; kept"), std::string::npos)
+  EXPECT_NE(log.find("teacher " + n2_teacher + " placed before the restart runs on node n2; kept"),
+            std::string::npos)
       << log;
 
   // The restarted server goes on scaling the service from there.
   ASSERT_EQ(Ctl({"scale", "--service", "kd", "1"}, &out), 0) << out;
-  ASSERT_TRUE(WaitFor([&] { return Placed(Kd()).size() == 1 && Placed(Kd(), true).empty(); }, milliseconds(60000)))
+  ASSERT_TRUE(WaitFor([&] { return Placed(Kd()).size() == 1 && Placed(Kd(), true).empty(); },
+                      milliseconds(60000)))
       << Diagnostics();
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
   EXPECT_EQ(server->Wait(milliseconds(30000)), 0);
@@ -231,7 +258,8 @@ TEST_F(TeacherScalingTest, ScalingScriptTakesTheServiceToTwoThenOne) {
   ASSERT_TRUE(WaitFor(
       [&] {
         kd = Kd();
-        return kd.value("desired", json()) == 1 && Placed(kd).size() == 1 && Placed(kd, true).empty();
+        return kd.value("desired", json()) == 1 && Placed(kd).size() == 1 &&
+               Placed(kd, true).empty();
       },
       milliseconds(60000)))
       << Diagnostics();
@@ -242,7 +270,8 @@ TEST_F(TeacherScalingTest, ScalingScriptTakesTheServiceToTwoThenOne) {
   EXPECT_NE(log.find("script event: 1.000000 teachers kd 1"), std::string::npos) << log;
   // The one left is the first started (shrinking stops the newest), and it runs.
   EXPECT_EQ(*Placed(kd).begin(), "n1-t1") << kd.dump();
-  ASSERT_TRUE(WaitFor([&] { return TeacherPids().count("n1-t1") > 0; }, milliseconds(30000))) << Diagnostics();
+  ASSERT_TRUE(WaitFor([&] { return TeacherPids().count("n1-t1") > 0; }, milliseconds(30000)))
+      << Diagnostics();
   EXPECT_EQ(::kill(TeacherPids()["n1-t1"], 0), 0);
   std::string out;
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
@@ -279,7 +308,8 @@ TEST_F(TeacherScalingTest, ClusterServerKeepsTheServiceAndGivesItsSlotsToJobs) {
   EXPECT_EQ(kd["restarts"], 0) << kd.dump();
   for (const auto& [name, teacher_pid] : before) {
     const int pid = teacher_pid;  // (a structured binding cannot be captured before C++20)
-    EXPECT_TRUE(WaitFor([&] { return ::kill(pid, 0) != 0; }, milliseconds(30000))) << name << " still runs";
+    EXPECT_TRUE(WaitFor([&] { return ::kill(pid, 0) != 0; }, milliseconds(30000)))
+        << name << " still runs";
   }
   json jobs;
   ASSERT_TRUE(WaitFor(
@@ -294,7 +324,8 @@ TEST_F(TeacherScalingTest, ClusterServerKeepsTheServiceAndGivesItsSlotsToJobs) {
 
   // Cancelled, it gives the slots back: two teachers again.
   ASSERT_EQ(Ctl({"cancel", "j"}, &out), 0) << out;
-  ASSERT_TRUE(WaitFor([&] { return Placed(Kd()).size() == 2 && TeacherPids().size() == 4; }, milliseconds(60000)))
+  ASSERT_TRUE(WaitFor([&] { return Placed(Kd()).size() == 2 && TeacherPids().size() == 4; },
+                      milliseconds(60000)))
       << Diagnostics();
   ASSERT_EQ(Ctl({"stop"}, &out), 0) << out;
   EXPECT_EQ(server->Wait(milliseconds(30000)), 0);

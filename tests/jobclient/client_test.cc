@@ -186,7 +186,8 @@ class FakeServer {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     socklen_t len = sizeof(a);
-    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(listen_fd_, 4) == 0 &&
+    if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+        ::listen(listen_fd_, 4) == 0 &&
         ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
       port_ = ntohs(a.sin_port);
     }
@@ -197,7 +198,8 @@ class FakeServer {
   // Accepts the client and runs the handshake as the server does; the client's hello in *hello.
   Status Accept(proto::Hello* hello) {
     pollfd p{listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(kWait.count())) != 1) return Status::Timeout("no client connected");
+    if (::poll(&p, 1, static_cast<int>(kWait.count())) != 1)
+      return Status::Timeout("no client connected");
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return Status::IOError("accept failed");
     sock_ = std::make_unique<net::FramedSocket>(fd, "the client");
@@ -321,7 +323,8 @@ class ClientTest : public ::testing::Test {
     client_.reset();
   }
 
-  void SendGeneration(int64_t n, std::vector<proto::MemberInfo> members, const std::string& reason) {
+  void SendGeneration(int64_t n, std::vector<proto::MemberInfo> members,
+                      const std::string& reason) {
     proto::GenerationInfo g;
     g.generation = n;
     g.job_id = "job7";
@@ -383,8 +386,9 @@ TEST_F(ClientTest, GenerationStartsThisNodesTrainersWithTheirEnv) {
   EXPECT_EQ(hello_.slots, (std::vector<int>{0, 1}));
   EXPECT_TRUE(hello_.trainers.empty());
   // Members in rank order; n2's trainer sits between n1's two.
-  SendGeneration(1, {Member("n1-a", "n1", 1, 0), Member("n2-a", "n2", 0, 1), Member("n1-b", "n1", 0, 2)},
-                 "start");
+  SendGeneration(
+      1, {Member("n1-a", "n1", 1, 0), Member("n2-a", "n2", 0, 1), Member("n1-b", "n1", 0, 2)},
+      "start");
   ASSERT_TRUE(launcher_->WaitStarted(2));
   // One pass over the members starts them in order: had n2-a been started, it would be second.
   const std::vector<FakeChild> started = launcher_->children();
@@ -536,7 +540,8 @@ TEST_F(ClientTest, TheNextTrainerIsTheWarmSpareWithItsGpu) {
   auto b = ConnectTrainer("n1-b");
   ASSERT_NE(b, nullptr);
   // (The client may already be warming the next spare: only a process of n1-b's own is wrong.)
-  for (const FakeChild& c : launcher_->children()) EXPECT_NE(c.id, "n1-b") << "a process was started for n1-b";
+  for (const FakeChild& c : launcher_->children())
+    EXPECT_NE(c.id, "n1-b") << "a process was started for n1-b";
   // Its exit is n1-b's.
   ExitInfo done;
   done.exited = true;
@@ -560,7 +565,8 @@ TEST_F(ClientTest, EveryTrainerOpensItsSlotsGpuUnderCpuSlots) {
     auto c = runtime::ParseTrainerEnv(env);
     EXPECT_TRUE(c.ok()) << c.status().ToString();
     if (!c.ok()) return -1;
-    auto d = resnet50::ResolveCudaDevice(resnet50::kAutoCudaDevice, c.value().DeviceHint(), kVisibleGpus);
+    auto d = resnet50::ResolveCudaDevice(resnet50::kAutoCudaDevice, c.value().DeviceHint(),
+                                         kVisibleGpus);
     return d.ok() ? d.value() : -1;
   };
   SendGeneration(1, {Member("n1-a", "n1", 3, 0), Member("n1-b", "n1", 1, 1)}, "start");
@@ -657,9 +663,8 @@ TEST_F(ClientTest, RestartModeStopsEveryTrainerAndStartsTheNewOnesOnceTheirSlots
   // Generation 2 keeps one trainer's worth on this node (slot 0, new id) and one on n2: in
   // restart mode both old trainers are stopped, and the new one waits for slot 0.
   SendGeneration(2, {Member("n1-c", "n1", 0, 0), Member("n2-a", "n2", 0, 1)}, "script");
-  ASSERT_TRUE(launcher_->WaitFor([](const std::vector<FakeChild>& c) {
-    return c[0].terms == 1 && c[1].terms == 1;
-  }));
+  ASSERT_TRUE(launcher_->WaitFor(
+      [](const std::vector<FakeChild>& c) { return c[0].terms == 1 && c[1].terms == 1; }));
   ExitInfo clean;
   clean.exited = true;
   launcher_->End("n1-b", clean);  // slot 1 frees; slot 0 is still busy

@@ -14,7 +14,8 @@ TEST(GpuUtilizationTest, AMissingLibraryIsNotMeasured) {
   GpuUtilization g;
   const Status s = g.Open({}, "libnvidia-ml-edl-test-absent.so.1");
   EXPECT_TRUE(s.IsNotFound()) << s.ToString();
-  EXPECT_NE(s.message().find("libnvidia-ml-edl-test-absent.so.1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("libnvidia-ml-edl-test-absent.so.1"), std::string::npos)
+      << s.message();
   EXPECT_EQ(g.Sample(), -1);
   EXPECT_EQ(g.devices(), 0);
 }

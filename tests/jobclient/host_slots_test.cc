@@ -87,7 +87,8 @@ TEST(HostSlotClaimTest, AnUnwritableDirectoryIsNamed) {
   HostSlotClaim a;
   const Status s = a.Claim("/nonexistent-edl-dir", "s:1", "10.0.0.1", {0}, "a");
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.ToString().find("/nonexistent-edl-dir must be writable"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.ToString().find("/nonexistent-edl-dir must be writable"), std::string::npos)
+      << s.ToString();
 }
 
 // Two network namespaces are two machines that may share a filesystem (containers, the ssh tests'
@@ -107,7 +108,8 @@ TEST(HostSlotClaimTest, AnotherNetworkNamespaceIsAnotherMachine) {
   int st = 0;
   ASSERT_EQ(::waitpid(child, &st, 0), child);
   ASSERT_TRUE(WIFEXITED(st));
-  ASSERT_NE(WEXITSTATUS(st), 2) << "unshare(CLONE_NEWNET) failed: this test needs root, as the network-namespace tests do";
+  ASSERT_NE(WEXITSTATUS(st), 2)
+      << "unshare(CLONE_NEWNET) failed: this test needs root, as the network-namespace tests do";
   EXPECT_EQ(WEXITSTATUS(st), 0) << "a claim in another network namespace was refused";
 }
 

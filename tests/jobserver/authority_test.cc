@@ -52,11 +52,13 @@ TEST_F(AuthorityTest, TwoClientsOnOneMachineMayNotOfferTheSameSlot) {
   ASSERT_OK(sched_->AddNode("a", "10.0.0.5", false, {0, 1}));
   const Status s = sched_->AddNode("b", "10.0.0.5", false, {1, 2});
   EXPECT_EQ(s.code(), Status::Code::kAlreadyExists) << s.ToString();
-  EXPECT_NE(s.message().find("node b offers slots 1 of host 10.0.0.5, which node a"), std::string::npos)
+  EXPECT_NE(s.message().find("node b offers slots 1 of host 10.0.0.5, which node a"),
+            std::string::npos)
       << s.ToString();
   EXPECT_NE(s.message().find("--gpus 0,1 and --gpus 2,3"), std::string::npos) << s.ToString();
   EXPECT_FALSE(sched_->IsNodeConnected("b"));
-  ASSERT_OK(sched_->AddNode("c", "10.0.0.5", false, {2, 3}));  // disjoint: two GPU sets of one machine
+  ASSERT_OK(
+      sched_->AddNode("c", "10.0.0.5", false, {2, 3}));  // disjoint: two GPU sets of one machine
   ASSERT_OK(sched_->AddNode("d", "10.0.0.6", false, {0, 1}));  // another machine
   ASSERT_OK(sched_->AddNode("e", "127.0.0.1", false, {0, 1}));
   ASSERT_OK(sched_->AddNode("f", "127.0.0.1", false, {0, 1}));  // the one-machine setup
@@ -119,7 +121,8 @@ TEST_F(AuthorityTest, PendingJoinersBelongToTheirNode) {
 
 TEST_F(AuthorityTest, ANodeNameIsHeldByItsSessionToken) {
   ASSERT_OK(Add("a", 2, ""));
-  const std::string token_a = sched_->SessionOf("a");  // issued at the first join, sent in the welcome
+  const std::string token_a =
+      sched_->SessionOf("a");  // issued at the first join, sent in the welcome
   EXPECT_EQ(token_a.size(), proto::kSessionTokenBytes);
   EXPECT_EQ(sched_->SessionOf("nobody"), "");
   // A second client under the same name, without the token or with another: retryable refusal.
@@ -181,8 +184,9 @@ TEST_F(AuthorityTest, ANodeNameIsJudgedTheSameWayInBothModes) {
   many.heartbeat_timeout_us = 5'000'000;
   Cluster cluster(many, &clock_);
   const std::string longest(proto::kMaxNodeNameBytes, 'n');
-  for (const std::string& name : {std::string("-gpu1"), std::string(".hidden"), std::string("a/b"), std::string(),
-                                 longest + "x", std::string("gpu1"), std::string("_x"), longest}) {
+  for (const std::string& name :
+       {std::string("-gpu1"), std::string(".hidden"), std::string("a/b"), std::string(),
+        longest + "x", std::string("gpu1"), std::string("_x"), longest}) {
     const Status one = sched_->CheckAdmission(name, "");
     const Status two = cluster.CheckAdmission(name, "");
     EXPECT_EQ(one.code(), two.code()) << name;
@@ -195,7 +199,8 @@ TEST_F(AuthorityTest, ANodeNameIsJudgedTheSameWayInBothModes) {
     n.types.push_back({"t", {}});
     std::string session;
     bool known = false;
-    EXPECT_EQ(cluster.AddNode(n, {}, {}, &session, &known).ok(), one.ok()) << name;  // registration checks it too
+    EXPECT_EQ(cluster.AddNode(n, {}, {}, &session, &known).ok(), one.ok())
+        << name;  // registration checks it too
     EXPECT_EQ(sched_->AddNode(name, "127.0.0.1", false, {0}).ok(), one.ok()) << name;
   }
   EXPECT_FALSE(sched_->CheckAdmission("-gpu1", "").ok());

@@ -90,7 +90,8 @@ TEST_F(ClusterTeachersTest, TeachersFillFreeSlotsAndYieldThemToJobsBeforeAnyJobS
   ASSERT_OK(policy_.Submit(Job("b1", 2, 4)));
   EXPECT_EQ(Size("a1"), 4) << "a job shrank while teachers held slots";
   EXPECT_EQ(Size("b1"), 4);
-  for (const PolicyEvent& e : policy_.TakeEvents()) EXPECT_NE(e.kind, "shrink") << e.ToJson().dump();
+  for (const PolicyEvent& e : policy_.TakeEvents())
+    EXPECT_NE(e.kind, "shrink") << e.ToJson().dump();
   const std::vector<Order> o = Step();
   ASSERT_EQ(o.size(), 4u);
   for (const Order& x : o) EXPECT_FALSE(x.start);

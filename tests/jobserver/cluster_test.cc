@@ -1,5 +1,5 @@
-// Cluster: the policy's decisions carried out by one JobMembership per job, with a ManualClock and no
-// processes (the integration test runs the same scenario with real trainers).
+// Cluster: the policy's decisions carried out by one JobMembership per job, with a ManualClock and
+// no processes (the integration test runs the same scenario with real trainers).
 #include "jobserver/cluster.h"
 #include "jobserver/state/cluster_state.h"
 
@@ -22,7 +22,8 @@ class ClusterTest : public ::testing::Test {
     o.checkpoint_root = "/ckpt";
     cluster_ = std::make_unique<Cluster>(o, &clock_);
   }
-  static ClusterNode Node(const std::string& name, int slots, std::set<std::string> flags = {"epochs"}) {
+  static ClusterNode Node(const std::string& name, int slots,
+                          std::set<std::string> flags = {"epochs"}) {
     ClusterNode n;
     n.name = name;
     n.host = "127.0.0.1";
@@ -94,7 +95,8 @@ class ClusterTest : public ::testing::Test {
       if (cluster_->FindJob(job) == nullptr) continue;
       for (const proto::MemberInfo& m : gens.back().members) {
         auto [it, fresh] = owner.emplace(std::make_pair(m.node, m.slot), job);
-        EXPECT_TRUE(fresh) << m.node << " slot " << m.slot << " holds members of " << it->second << " and " << job;
+        EXPECT_TRUE(fresh) << m.node << " slot " << m.slot << " holds members of " << it->second
+                           << " and " << job;
       }
     }
   }
@@ -168,11 +170,13 @@ TEST_F(ClusterTest, RefusedSubmissionsChangeNothing) {
   EXPECT_NE(cluster_->Submit(s).message().find("min 3 > max 2"), std::string::npos);
   s = Job("B", 1, 2);
   s.job.type = "nope";
-  EXPECT_NE(cluster_->Submit(s).message().find("no node offers job type 'nope'"), std::string::npos);
+  EXPECT_NE(cluster_->Submit(s).message().find("no node offers job type 'nope'"),
+            std::string::npos);
   s = Job("B", 1, 2);
   s.flags["lr"] = "1";
   EXPECT_NE(cluster_->Submit(s).message().find("does not declare flag 'lr'"), std::string::npos);
-  EXPECT_NE(cluster_->Submit(Job("A", 1, 2)).message().find("already submitted"), std::string::npos);
+  EXPECT_NE(cluster_->Submit(Job("A", 1, 2)).message().find("already submitted"),
+            std::string::npos);
   EXPECT_TRUE(cluster_->TakeActions().empty());
   EXPECT_EQ(cluster_->JobsJson(), before);
   EXPECT_EQ(cluster_->submitted_jobs(), 1);
@@ -202,7 +206,7 @@ TEST_F(ClusterTest, NodeLossShrinksEveryJobOnItAndTheyRepair) {
   Drain();
   ASSERT_EQ(World("A") + World("B"), 4);
   std::set<std::string> on_n2;
-  for (const std::string& job : {"A", "B"}) {
+  for (const char* job : {"A", "B"}) {
     for (const proto::MemberInfo& m : gens_[job].back().members) {
       if (m.node == "n2") on_n2.insert(job);
     }
@@ -220,7 +224,7 @@ TEST_F(ClusterTest, NodeLossShrinksEveryJobOnItAndTheyRepair) {
     for (const proto::GenerationInfo& g : gens_[job]) failed |= g.failure;
     EXPECT_TRUE(failed) << job << " lost trainers on n2 without a failure generation";
   }
-  for (const std::string& job : {"A", "B"}) {
+  for (const char* job : {"A", "B"}) {
     for (const proto::MemberInfo& m : gens_[job].back().members) EXPECT_NE(m.node, "n2") << job;
     EXPECT_GE(World(job), 1) << job;
   }
@@ -264,9 +268,9 @@ TEST_F(ClusterTest, ScaleCapsAJobWithinItsBounds) {
   EXPECT_TRUE(cluster_->Scale("Z", 1).IsNotFound());
 }
 
-// A restarted cluster server (jobserver/state/STATE.md, "A cluster server"): the whole cluster saved
-// through a real RocksDB StateStore, restored into a new Cluster; as the nodes re-attach with their
-// trainers every job goes on without a new generation, and the next change is numbered above.
+// A restarted cluster server (jobserver/state/STATE.md, "A cluster server"): the whole cluster
+// saved through a real RocksDB StateStore, restored into a new Cluster; as the nodes re-attach with
+// their trainers every job goes on without a new generation, and the next change is numbered above.
 TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {
   Make();
   AddNode("n1", 2);
@@ -289,7 +293,8 @@ TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {
     gen[job] = cluster_->FindJob(job)->current().generation;
     for (const proto::MemberInfo& m : cluster_->FindJob(job)->current().members) {
       running[m.node].push_back(m.trainer_id);
-      max_seq = std::max<uint64_t>(max_seq, std::stoull(m.trainer_id.substr(m.trainer_id.rfind('-') + 1)));
+      max_seq = std::max<uint64_t>(max_seq,
+                                   std::stoull(m.trainer_id.substr(m.trainer_id.rfind('-') + 1)));
     }
   }
   running["n1"].push_back("n1-s1-99999");  // a joiner of a change the old server never committed
@@ -351,7 +356,9 @@ TEST_F(ClusterTest, SavedClusterResumesEveryJobAsItsNodesReattach) {
   for (const proto::MemberInfo& m : gens_["B"].back().members) {
     const uint64_t seq = std::stoull(m.trainer_id.substr(m.trainer_id.rfind('-') + 1));
     const auto& old = running[m.node];
-    if (std::find(old.begin(), old.end(), m.trainer_id) == old.end()) EXPECT_GT(seq, max_seq) << m.trainer_id;
+    if (std::find(old.begin(), old.end(), m.trainer_id) == old.end()) {
+      EXPECT_GT(seq, max_seq) << m.trainer_id;
+    }
   }
 }
 
@@ -430,13 +437,18 @@ TEST_F(ClusterTest, DamagedClusterStateIsRefusedNamingTheKey) {
   kv["job/A/placement"] = kv["job/A/placement"].substr(0, 10);
   refused(kv, "job/A/placement");
   kv = good;
-  kv["job/A/placement"] = R"({"v":1,"running":true,"cap":2,"slots":{"n9":[0]},"deadline_left_us":0,"deadline_reported":false})";
+  kv["job/A/placement"] = R"({"v":1,"running":true,"cap":2,"slots":{"n9":[0]},)"
+                          R"("deadline_left_us":0,"deadline_reported":false})";
   refused(kv, "does not hold");
   kv = good;
   kv.erase("cluster/meta");
   refused(kv, "single-job server");
   kv = good;
-  kv["job/A/spec"] = nlohmann::json{{"v", 1}, {"spec", EncodeJobSpec(Job("A", 1, 2))}, {"seq", 1}, {"port_index", 20}}.dump();
+  kv["job/A/spec"] = nlohmann::json{
+      {"v", 1},
+      {"spec", EncodeJobSpec(Job("A", 1, 2))},
+      {"seq", 1},
+      {"port_index", 20}}.dump();
   refused(kv, "port_index");
   kv = good;
   kv["cluster/node_types/n1"] = R"({"v":1,"name":"n1","types":[{"name":"../x","settable":[]}]})";

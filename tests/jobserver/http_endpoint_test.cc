@@ -1,7 +1,7 @@
-// HttpEndpoint (jobserver/http/http_endpoint.h) on a real socket, its io_context on its own thread as
-// in `edl server`: the routes, and hostile requests (oversize, too many fields, a body, slowloris,
-// path traversal, a foreign Host, a missing or wrong token, a connection flood) each get a 4xx or
-// a closed connection while the endpoint keeps answering honest clients.
+// HttpEndpoint (jobserver/http/http_endpoint.h) on a real socket, its io_context on its own thread
+// as in `edl server`: the routes, and hostile requests (oversize, too many fields, a body,
+// slowloris, path traversal, a foreign Host, a missing or wrong token, a connection flood) each get
+// a 4xx or a closed connection while the endpoint keeps answering honest clients.
 #include "jobserver/http/http_endpoint.h"
 
 #include <sys/socket.h>
@@ -79,8 +79,8 @@ TEST_F(HttpEndpointTest, AControlPeerAtTheHttpPortIsToldItIsTheHttpEndpoint) {
   proto::Hello hello;
   hello.role = proto::Role::kCtl;
   proto::Welcome w;
-  const Status s = net::AuthenticateToServer(sock.value().get(), "0123456789abcdef0123456789abcdef", hello,
-                                             milliseconds(300), &w);
+  const Status s = net::AuthenticateToServer(sock.value().get(), "0123456789abcdef0123456789abcdef",
+                                             hello, milliseconds(300), &w);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("is an HTTP endpoint"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("--server_port"), std::string::npos) << s.ToString();

@@ -47,7 +47,8 @@ class JobMembershipTest : public ::testing::Test {
   }
   void ReadyAll(const std::vector<Action>& prepares) {
     for (const Action& p : prepares) {
-      for (const auto& j : p.prepare.joiners) sched_->TrainerReady(j.trainer_id, p.prepare.generation);
+      for (const auto& j : p.prepare.joiners)
+        sched_->TrainerReady(j.trainer_id, p.prepare.generation);
     }
   }
   const proto::GenerationInfo& cur() { return sched_->current(); }
@@ -298,14 +299,16 @@ TEST_F(JobMembershipTest, ReformFailureCommitsTheMembersAgainOncePerBackoff) {
   EXPECT_EQ(commits[0].next.reason, "reform_retry");
   EXPECT_TRUE(commits[0].next.failure);
   ASSERT_EQ(commits[0].next.world_size(), 3);
-  for (int r = 0; r < 3; ++r) EXPECT_EQ(commits[0].next.members[r].trainer_id, g1.members[r].trainer_id);
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(commits[0].next.members[r].trainer_id, g1.members[r].trainer_id);
   // Within the backoff: the same report about the new generation waits.
   sched_->ReformFailed(g1.members[0].trainer_id, g1.generation + 1);
   EXPECT_TRUE(Take(Kind::kCommit).empty());
   Advance(1.1);
   sched_->ReformFailed(g1.members[0].trainer_id, g1.generation);  // an older generation: nothing
-  sched_->ReformFailed("nobody", g1.generation + 1);               // not a member: nothing
-  sched_->Event(g1.members[0].trainer_id, {{"event", "reform_failed"}, {"generation", "2"}});  // malformed
+  sched_->ReformFailed("nobody", g1.generation + 1);              // not a member: nothing
+  sched_->Event(g1.members[0].trainer_id,
+                {{"event", "reform_failed"}, {"generation", "2"}});  // malformed
   EXPECT_TRUE(Take(Kind::kCommit).empty());
   sched_->ReformFailed(g1.members[0].trainer_id, g1.generation + 1);
   commits = Take(Kind::kCommit);
@@ -365,7 +368,8 @@ TEST_F(JobMembershipTest, AJoinerThatSteppedIsWaitedForWhileFinishing) {
   ASSERT_EQ(cur().world_size(), 3);
   const std::string joiner = cur().members[2].trainer_id;
   sched_->Progress(joiner, 1);  // its first step
-  for (int r = 0; r < 2; ++r) sched_->TrainerExited(g1.members[r].trainer_id, /*success=*/true, "exit 0");
+  for (int r = 0; r < 2; ++r)
+    sched_->TrainerExited(g1.members[r].trainer_id, /*success=*/true, "exit 0");
   EXPECT_TRUE(Take(Kind::kCommit).empty());
   EXPECT_FALSE(sched_->done());
   sched_->TrainerExited(joiner, /*success=*/true, "exit 0");
@@ -430,14 +434,16 @@ TEST_F(JobMembershipTest, HeartbeatLossDropsNodeAndItComesBack) {
 // A client killed with its trainers: its connection closes, and a member of another node reports
 // its collective failed. Either order, the node's members are dead at once (no re-attach, no
 // heartbeat timeout), and the record names them; either alone proves nothing.
-TEST_F(JobMembershipTest, AClosedNodesMembersAreDeadOnceAMemberElsewhereReportsTheGenerationFailed) {
+TEST_F(JobMembershipTest,
+       AClosedNodesMembersAreDeadOnceAMemberElsewhereReportsTheGenerationFailed) {
   for (const bool report_first : {false, true}) {
     SCOPED_TRACE(report_first ? "the report first" : "the closed connection first");
     const auto g = StartFourOnTwoNodes();
     ASSERT_EQ(g.world_size(), 4);
     std::vector<std::string> on_b;
     std::string on_a;
-    for (const auto& m : g.members) (m.node == "b" ? on_b.push_back(m.trainer_id) : void(on_a = m.trainer_id));
+    for (const auto& m : g.members)
+      (m.node == "b" ? on_b.push_back(m.trainer_id) : void(on_a = m.trainer_id));
     if (report_first) {
       sched_->CommFailed("nobody", g.generation);  // not a member: nothing
       sched_->CommFailed(on_a, g.generation);
@@ -445,7 +451,8 @@ TEST_F(JobMembershipTest, AClosedNodesMembersAreDeadOnceAMemberElsewhereReportsT
       sched_->NodeDisconnected("b");
     } else {
       sched_->NodeDisconnected("b");
-      EXPECT_TRUE(Take(Kind::kCommit).empty()) << "a closed connection alone: its trainers may live";
+      EXPECT_TRUE(Take(Kind::kCommit).empty())
+          << "a closed connection alone: its trainers may live";
       sched_->CommFailed(on_b[0], g.generation - 1);
       EXPECT_TRUE(Take(Kind::kCommit).empty());
       sched_->CommFailed(on_a, g.generation);

@@ -13,9 +13,10 @@ using nlohmann::json;
 
 JobSpec Valid() {
   JobSpec s;
-  EXPECT_OK(ParseJobIni("name = a\ntype = resnet\nmin = 1\nmax = 4\npriority = 2\n"
-                        "[flags]\nepochs = 3\ncheckpoint_dir = /ckpt/a\n",
-                        &s));
+  EXPECT_OK(
+      ParseJobIni("name = a\ntype = resnet\nmin = 1\nmax = 4\npriority = 2\n"
+                  "[flags]\nepochs = 3\ncheckpoint_dir = /ckpt/a\n",
+                  &s));
   return s;
 }
 
@@ -94,10 +95,11 @@ TEST(JobSpecTest, BadSubmissionsAreRefusedWithTheFix) {
   s = Valid();
   s.flags["lr"] = "0.1";
   check(s, "does not declare flag 'lr' settable");
-  const std::pair<const char*, const char*> dirs[] = {{"/elsewhere/a", "outside the checkpoint root"},
-                                                      {"/ckpt/../etc", "'..' component"},
-                                                      {"/ckptx/a", "outside the checkpoint root"},
-                                                      {"relative/a", "not an absolute path"}};
+  const std::pair<const char*, const char*> dirs[] = {
+      {"/elsewhere/a", "outside the checkpoint root"},
+      {"/ckpt/../etc", "'..' component"},
+      {"/ckptx/a", "outside the checkpoint root"},
+      {"relative/a", "not an absolute path"}};
   for (const auto& [dir, expect] : dirs) {
     s = Valid();
     s.flags["checkpoint_dir"] = dir;

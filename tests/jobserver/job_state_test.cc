@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <rocksdb/db.h>
+#include <nlohmann/json.hpp>
 
 #include "jobserver/state/cluster_state.h"
 #include "tests/jobserver/one_job_cluster.h"
@@ -112,8 +112,10 @@ TEST(JobStateEncodingTest, AnotherFormatVersionIsRefusedNamingBoth) {
   JobState d;
   const Status st = DecodeJobMeta("job/job/meta", j.dump(), &d);
   EXPECT_TRUE(st.code() == Status::Code::kFailedPrecondition) << st.ToString();
-  EXPECT_NE(st.message().find("format version " + std::to_string(kStateFormatVersion + 1)), std::string::npos);
-  EXPECT_NE(st.message().find("reads version " + std::to_string(kStateFormatVersion)), std::string::npos);
+  EXPECT_NE(st.message().find("format version " + std::to_string(kStateFormatVersion + 1)),
+            std::string::npos);
+  EXPECT_NE(st.message().find("reads version " + std::to_string(kStateFormatVersion)),
+            std::string::npos);
   EXPECT_NE(st.message().find("job/job/meta"), std::string::npos);
   j.erase("v");
   EXPECT_TRUE(DecodeJobMeta("job/job/meta", j.dump(), &d).IsCorruption());
@@ -155,10 +157,13 @@ TEST(JobStateEncodingTest, HostileFieldsAreRefused) {
     f(&j);
     return j.dump();
   };
-  EXPECT_TRUE(DecodeGeneration("k", gen([](json* j) { (*j)["finished"] = {"nobody"}; }), &d).IsCorruption());
-  EXPECT_TRUE(DecodeGeneration("k", gen([](json* j) { (*j)["members"][1] = (*j)["members"][0]; }), &d)
+  EXPECT_TRUE(DecodeGeneration("k", gen([](json* j) { (*j)["finished"] = {"nobody"}; }), &d)
                   .IsCorruption());
-  EXPECT_TRUE(DecodeGeneration("k", gen([](json* j) { (*j)["generation"] = "6"; }), &d).IsCorruption());
+  EXPECT_TRUE(
+      DecodeGeneration("k", gen([](json* j) { (*j)["members"][1] = (*j)["members"][0]; }), &d)
+          .IsCorruption());
+  EXPECT_TRUE(
+      DecodeGeneration("k", gen([](json* j) { (*j)["generation"] = "6"; }), &d).IsCorruption());
   auto nd = [](const char* k, json v) {
     json j = json::parse(EncodeNode(Sample().nodes.at("a")));
     j[k] = std::move(v);
@@ -287,7 +292,9 @@ TEST(StateStoreTest, ADamagedValueOrDirectoryIsRefusedNamingTheFix) {
     ASSERT_TRUE(rocksdb::DB::Open(o, path, &raw).ok());
     std::unique_ptr<rocksdb::DB> db(raw);
     const std::string v = EncodeGeneration(Sample());
-    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), JobKeyPrefix("job") + "generation", v.substr(0, v.size() / 2)).ok());
+    ASSERT_TRUE(db->Put(rocksdb::WriteOptions(), JobKeyPrefix("job") + "generation",
+                        v.substr(0, v.size() / 2))
+                    .ok());
   }
   {
     ClusterState d;
@@ -361,8 +368,8 @@ TEST(StateStoreTest, TheOldOneJobLayoutIsReadOnceAndRewrittenInTheOneLayout) {
   }
   const auto kv = RawKeys(path);
   EXPECT_EQ(kv.count("job/job/services"), 0u);
-  for (const char* key : {"cluster/meta", "cluster/services", "job/job/meta", "job/job/generation", "job/job/placement",
-                          "cluster/nodes/a", "cluster/nodes/b"}) {
+  for (const char* key : {"cluster/meta", "cluster/services", "job/job/meta", "job/job/generation",
+                          "job/job/placement", "cluster/nodes/a", "cluster/nodes/b"}) {
     EXPECT_EQ(kv.count(key), 1u) << key;
   }
   EXPECT_EQ(json::parse(kv.at("cluster/meta"))["v"], kClusterLayoutVersion);
@@ -393,9 +400,11 @@ TEST(StateStoreTest, ANewerLayoutIsRefusedNamingBothVersions) {
   bool found = false;
   const Status st = LoadState(path, "job", &d, &found);
   EXPECT_EQ(st.code(), Status::Code::kFailedPrecondition) << st.ToString();
-  EXPECT_NE(st.message().find("format version " + std::to_string(kClusterLayoutVersion + 1)), std::string::npos)
+  EXPECT_NE(st.message().find("format version " + std::to_string(kClusterLayoutVersion + 1)),
+            std::string::npos)
       << st.ToString();
-  EXPECT_NE(st.message().find("1.." + std::to_string(kClusterLayoutVersion)), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("1.." + std::to_string(kClusterLayoutVersion)), std::string::npos)
+      << st.ToString();
   EXPECT_EQ(RawKeys(path), before);
 }
 
@@ -415,7 +424,9 @@ TEST(StateStoreTest, ServicesAreKeptBesideTheJobAndADamagedValueIsRefused) {
     rocksdb::DB* db = nullptr;
     ASSERT_TRUE(rocksdb::DB::Open(rocksdb::Options(), path, &db).ok());
     std::unique_ptr<rocksdb::DB> owned(db);
-    ASSERT_TRUE((value.empty() ? db->Delete(rocksdb::WriteOptions(), key) : db->Put(rocksdb::WriteOptions(), key, value)).ok());
+    ASSERT_TRUE((value.empty() ? db->Delete(rocksdb::WriteOptions(), key)
+                               : db->Put(rocksdb::WriteOptions(), key, value))
+                    .ok());
   };
   SaveState(path, s);
   ClusterState d;
@@ -486,7 +497,8 @@ TEST_F(OneJobRestoreTest, SurvivorsAreAdoptedAndNumbersGoOnAboveEveryIssuedOne) 
   // A node without its token may not take the name.
   EXPECT_TRUE(s2->CheckAdmission("a", "").code() == Status::Code::kUnavailable);
   ASSERT_OK(s2->CheckAdmission("a", tok_a));
-  ASSERT_OK(s2->AddNode("a", "127.0.0.1", false, {0, 1}, on_a, std::vector<int64_t>(on_a.size(), 1)));
+  ASSERT_OK(
+      s2->AddNode("a", "127.0.0.1", false, {0, 1}, on_a, std::vector<int64_t>(on_a.size(), 1)));
   std::vector<std::string> b_running = on_b;
   b_running.push_back(joiner);
   std::vector<int64_t> b_gens(on_b.size(), 1);
@@ -495,7 +507,8 @@ TEST_F(OneJobRestoreTest, SurvivorsAreAdoptedAndNumbersGoOnAboveEveryIssuedOne) 
   ASSERT_OK(s2->AddNode("b", "127.0.0.1", false, {0, 1}, b_running, b_gens));
   EXPECT_FALSE(s2->recovering());
   auto all = s2->TakeActions();
-  EXPECT_TRUE(Of(all, Kind::kCommit).empty()) << "the survivors were adopted without a new generation";
+  EXPECT_TRUE(Of(all, Kind::kCommit).empty())
+      << "the survivors were adopted without a new generation";
   auto kills = Of(all, Kind::kKill);
   ASSERT_EQ(kills.size(), 1u);
   EXPECT_EQ(kills[0].node, "b");

@@ -31,7 +31,8 @@ TEST(KvStoreTest, SetGetWaitExpire) {
   EXPECT_EQ(got, "v1");
   ASSERT_OK(kv.Get("j/k", &v));
   EXPECT_EQ(v, "v1");
-  ASSERT_OK(kv.Wait("j/k", 0, 1, [&](const Status& s, const std::string& value) { got = value + "!"; }));
+  ASSERT_OK(
+      kv.Wait("j/k", 0, 1, [&](const Status& s, const std::string& value) { got = value + "!"; }));
   EXPECT_EQ(got, "v1!");  // present: answered at once
   EXPECT_EQ(kv.waiters(), 0u);
 }
@@ -50,7 +51,7 @@ TEST(KvStoreTest, GarbageCollectsTheRuntimesKeysOfOldGenerations) {
   ASSERT_OK(kv.Set(RuntimeKey(5, "nccl_unique_id"), "c"));
   ASSERT_OK(kv.Set("j/global", "d"));
   ASSERT_OK(kv.Set("j/gen/x/y", "e"));
-  ASSERT_OK(kv.Set("j/gen/2", "f"));  // no '/' after the number: not a generation's key
+  ASSERT_OK(kv.Set("j/gen/2", "f"));    // no '/' after the number: not a generation's key
   EXPECT_EQ(kv.CollectGarbage(6), 1u);  // gen 1 < 6-2; gen 4 kept
   std::string v;
   EXPECT_TRUE(kv.Get(RuntimeKey(1, "rank_0"), &v).IsNotFound());
@@ -66,7 +67,8 @@ TEST(KvStoreTest, StaysBoundedOverAThousandGenerations) {
   const std::string addr(200, 'x');  // about a Gloo pair address, hex-encoded
   size_t most_keys = 0, most_bytes = 0;
   for (int64_t g = 1; g <= 1000; ++g) {
-    for (int r = 0; r < kWorld; ++r) ASSERT_OK(kv.Set(RuntimeKey(g, "rank_" + std::to_string(r)), addr));
+    for (int r = 0; r < kWorld; ++r)
+      ASSERT_OK(kv.Set(RuntimeKey(g, "rank_" + std::to_string(r)), addr));
     kv.CollectGarbage(g);  // the server does this on every commit
     most_keys = std::max(most_keys, kv.size());
     most_bytes = std::max(most_bytes, kv.bytes());

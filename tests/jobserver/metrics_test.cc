@@ -1,7 +1,7 @@
-// ServerMetrics (jobserver/http/metrics.h) and the request-head parser (jobserver/http/http_request.h),
-// without sockets: what a status body and a stream of events-log records become in Prometheus
-// text (checked by Debian's promtool where installed), the bounds on what records can make it
-// hold, the dashboard's ring, and what the parser accepts and refuses.
+// ServerMetrics (jobserver/http/metrics.h) and the request-head parser
+// (jobserver/http/http_request.h), without sockets: what a status body and a stream of events-log
+// records become in Prometheus text (checked by Debian's promtool where installed), the bounds on
+// what records can make it hold, the dashboard's ring, and what the parser accepts and refuses.
 #include "jobserver/http/metrics.h"
 
 #include <cstdio>
@@ -183,11 +183,17 @@ TEST(MetricsTest, AStallIsItsCostWithItsPhasesApart) {
                                                  {"eval_s", 9.6},
                                                  {"first_step_s", 0.01}}));
   const std::string t = m.Render(json::object());
-  EXPECT_TRUE(Has(t, "edl_job_stall_seconds_bucket{job_name=\"j\",kind=\"failure\",le=\"0.25\"} 1")) << t;
-  EXPECT_TRUE(Has(t, "edl_job_stall_phase_seconds_bucket{job_name=\"j\",phase=\"eval\",le=\"5\"} 0")) << t;
-  EXPECT_TRUE(Has(t, "edl_job_stall_phase_seconds_bucket{job_name=\"j\",phase=\"eval\",le=\"10\"} 1")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_stall_seconds_bucket{job_name=\"j\",kind=\"failure\",le=\"0.25\"} 1"))
+      << t;
+  EXPECT_TRUE(
+      Has(t, "edl_job_stall_phase_seconds_bucket{job_name=\"j\",phase=\"eval\",le=\"5\"} 0"))
+      << t;
+  EXPECT_TRUE(
+      Has(t, "edl_job_stall_phase_seconds_bucket{job_name=\"j\",phase=\"eval\",le=\"10\"} 1"))
+      << t;
   EXPECT_TRUE(Has(t, "edl_job_stall_phase_seconds_count{job_name=\"j\",phase=\"reform\"} 1")) << t;
-  EXPECT_EQ(t.find("phase=\"agree\""), std::string::npos) << "a phase not reported is not observed: " << t;
+  EXPECT_EQ(t.find("phase=\"agree\""), std::string::npos)
+      << "a phase not reported is not observed: " << t;
   const json recs = json::parse(m.Recent("j", 0))["records"];
   ASSERT_EQ(recs.size(), 1u);
   EXPECT_NEAR(recs[0]["cost_s"].get<double>(), 0.1, 1e-9);
@@ -274,8 +280,9 @@ TEST(MetricsTest, ClusterStatusAndPromtoolAcceptsTheText) {
   st.gpu_util = 50;
   m.NodeStatsReported("gpu1", st);
   m.OnRecord({{"type", "generation"}, {"job", "a"}, {"reason", "policy"}});
-  m.TrainerEvent("a", proto::DecodeTrainerEvent(
-                          {{"event", "stall"}, {"world_before", 1}, {"world_after", 2}, {"stall_s", 0.2}}));
+  m.TrainerEvent(
+      "a", proto::DecodeTrainerEvent(
+               {{"event", "stall"}, {"world_before", 1}, {"world_after", 2}, {"stall_s", 0.2}}));
   m.HttpAnswered(200);
   const json status = {{"cluster", true},
                        {"total_slots", 16},

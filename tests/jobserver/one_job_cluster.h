@@ -25,7 +25,8 @@ using jobserver::MembershipOptions;
 class OneJobCluster {
  public:
   // The job is `o.job_id`; a node silent `heartbeat_timeout_us` is lost.
-  OneJobCluster(const MembershipOptions& o, Clock* clock, int64_t heartbeat_timeout_us = 5'000'000) {
+  OneJobCluster(const MembershipOptions& o, Clock* clock,
+                int64_t heartbeat_timeout_us = 5'000'000) {
     ClusterOptions co;
     co.heartbeat_timeout_us = heartbeat_timeout_us;
     co.one_job = o;
@@ -40,8 +41,9 @@ class OneJobCluster {
   Status CheckAdmission(const std::string& name, const std::string& token) const {
     return cluster_->CheckAdmission(name, token);
   }
-  Status AddNode(const std::string& name, const std::string& host, bool restart_mode, const std::vector<int>& slots,
-                 const std::vector<std::string>& running = {}, const std::vector<int64_t>& generations = {}) {
+  Status AddNode(const std::string& name, const std::string& host, bool restart_mode,
+                 const std::vector<int>& slots, const std::vector<std::string>& running = {},
+                 const std::vector<int64_t>& generations = {}) {
     ClusterNode n;
     n.name = name;
     n.host = host;
@@ -53,8 +55,12 @@ class OneJobCluster {
   }
   void NodeDisconnected(const std::string& name) { cluster_->NodeDisconnected(name); }
   void Heartbeat(const std::string& name) { cluster_->Heartbeat(name); }
-  std::string SessionOf(const std::string& name) const { return cluster_->registry().SessionOf(name); }
-  bool IsNodeConnected(const std::string& name) const { return cluster_->registry().IsConnected(name); }
+  std::string SessionOf(const std::string& name) const {
+    return cluster_->registry().SessionOf(name);
+  }
+  bool IsNodeConnected(const std::string& name) const {
+    return cluster_->registry().IsConnected(name);
+  }
   std::vector<std::string> NodeNames() const { return cluster_->registry().InOrder(); }
   int connected_nodes() const {
     int n = 0;
@@ -66,7 +72,9 @@ class OneJobCluster {
   void TrainerExited(const std::string& id, bool success, const std::string& how) {
     cluster_->TrainerExited(id, NodeOf(id), success, how);
   }
-  void TrainerReady(const std::string& id, int64_t generation) { cluster_->TrainerReady(id, NodeOf(id), generation); }
+  void TrainerReady(const std::string& id, int64_t generation) {
+    cluster_->TrainerReady(id, NodeOf(id), generation);
+  }
   // A progress report of trainer `id` at `step`, as its client relays it.
   void Progress(const std::string& id, int64_t step) {
     proto::ProgressReport r;
@@ -102,7 +110,9 @@ class OneJobCluster {
   void AddDesired(int delta, const std::string& reason) { cluster_->AddDesired(delta, reason); }
   void KillTrainers(int k) { cluster_->KillTrainers(k); }
   void KillAllTrainers() { cluster_->KillAllTrainers(); }
-  bool Stop(const std::string& by, std::vector<proto::MemberInfo>* leaving) { return cluster_->StopOwnJob(by, leaving); }
+  bool Stop(const std::string& by, std::vector<proto::MemberInfo>* leaving) {
+    return cluster_->StopOwnJob(by, leaving);
+  }
   void RaiseGenerationFloor(int64_t g) { cluster_->RaiseGenerationFloor(g); }
   void Tick() { cluster_->Tick(); }
 

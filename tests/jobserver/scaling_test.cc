@@ -11,8 +11,9 @@ using Op = ScaleEvent::Op;
 
 TEST(ScalingScriptTest, ParsesAndPlaysWithRepeat) {
   ScalingScript s;
-  ASSERT_OK(ScalingScript::Parse("# comment\n0 set 4\n2.5 remove 2   # shrink\n5 add 1\n6 kill 1\n10 repeat\n",
-                                 "t.script", &s));
+  ASSERT_OK(ScalingScript::Parse(
+      "# comment\n0 set 4\n2.5 remove 2   # shrink\n5 add 1\n6 kill 1\n10 repeat\n", "t.script",
+      &s));
   ASSERT_EQ(s.events().size(), 5u);
   auto due = s.Poll(0);
   ASSERT_EQ(due.size(), 1u);
@@ -46,7 +47,8 @@ TEST(ScalingScriptTest, KillAll) {
 // every name and N is bounded; the event carries both.
 TEST(ScalingScriptTest, TeachersSetsAServicesCount) {
   ScalingScript s;
-  ASSERT_OK(ScalingScript::Parse("0 teachers kd 2\n1.5 teachers kd.v2 0 # off\n2 set 3\n", "t.script", &s));
+  ASSERT_OK(ScalingScript::Parse("0 teachers kd 2\n1.5 teachers kd.v2 0 # off\n2 set 3\n",
+                                 "t.script", &s));
   ASSERT_EQ(s.events().size(), 3u);
   EXPECT_EQ(s.events()[0].op, ScaleEvent::Op::kTeachers);
   EXPECT_EQ(s.events()[0].service, "kd");
@@ -54,32 +56,38 @@ TEST(ScalingScriptTest, TeachersSetsAServicesCount) {
   EXPECT_EQ(s.events()[1].service, "kd.v2");
   EXPECT_EQ(s.events()[1].n, 0);
   EXPECT_EQ(s.events()[1].at_us, 1'500'000);
-  EXPECT_NE(s.events()[0].ToString().find("teachers kd 2"), std::string::npos) << s.events()[0].ToString();
+  EXPECT_NE(s.events()[0].ToString().find("teachers kd 2"), std::string::npos)
+      << s.events()[0].ToString();
   const std::vector<ScaleEvent> due = s.Poll(1'500'000);
   ASSERT_EQ(due.size(), 2u);
   EXPECT_EQ(due[1].service, "kd.v2");
-  for (const char* bad : {"1 teachers", "1 teachers kd", "1 teachers 2", "1 teachers ../kd 1", "1 teachers kd -1",
-                          "1 teachers kd 1025", "1 teachers kd 2x", "1 teachers kd 1 2", "1 teachers a/b 1",
-                          "1 teachers kd 99999999999999999999"}) {
+  for (const char* bad :
+       {"1 teachers", "1 teachers kd", "1 teachers 2", "1 teachers ../kd 1", "1 teachers kd -1",
+        "1 teachers kd 1025", "1 teachers kd 2x", "1 teachers kd 1 2", "1 teachers a/b 1",
+        "1 teachers kd 99999999999999999999"}) {
     const Status st = ScalingScript::Parse(bad, "t.script", &s);
     EXPECT_EQ(st.code(), Status::Code::kInvalidArgument) << bad;
     EXPECT_NE(st.message().find("t.script:1"), std::string::npos) << st.ToString();
   }
-  EXPECT_NE(ScalingScript::Parse("1 teachers kd 1x", "t.script", &s).message().find("0..1024"), std::string::npos);
+  EXPECT_NE(ScalingScript::Parse("1 teachers kd 1x", "t.script", &s).message().find("0..1024"),
+            std::string::npos);
 }
 
 // `step N` lines (the demo test's script): due once the job reached step N, whatever the clock
 // says; events stay in the order written, so a timed line after a step line waits for it.
 TEST(ScalingScriptTest, StepLinesWaitForTheJobsProgressInOrder) {
   ScalingScript s;
-  ASSERT_OK(ScalingScript::Parse("0 set 4\nstep 30 set 2  # shrink\nstep 30 add 1\n5 kill 1\nstep 90 kill all\n",
-                                 "t.script", &s));
+  ASSERT_OK(ScalingScript::Parse(
+      "0 set 4\nstep 30 set 2  # shrink\nstep 30 add 1\n5 kill 1\nstep 90 kill all\n", "t.script",
+      &s));
   ASSERT_EQ(s.events().size(), 5u);
   EXPECT_EQ(s.events()[1].at_step, 30);
   EXPECT_EQ(s.events()[0].at_step, -1);
-  EXPECT_NE(s.events()[4].ToString().find("step 90 kill all"), std::string::npos) << s.events()[4].ToString();
+  EXPECT_NE(s.events()[4].ToString().find("step 90 kill all"), std::string::npos)
+      << s.events()[4].ToString();
   ASSERT_EQ(s.Poll(0).size(), 1u);
-  EXPECT_TRUE(s.Poll(1'000'000'000).empty()) << "no step reported yet: time alone never fires a step line";
+  EXPECT_TRUE(s.Poll(1'000'000'000).empty())
+      << "no step reported yet: time alone never fires a step line";
   s.ObserveStep(29);
   EXPECT_TRUE(s.Poll(1'000'000'000).empty());
   s.ObserveStep(40);
@@ -99,7 +107,8 @@ TEST(ScalingScriptTest, StepLinesWaitForTheJobsProgressInOrder) {
   // `step +N` counts from the first poll after the line above took effect (the server does not poll
   // while a grow's joiners start, however many steps the others train meanwhile).
   ScalingScript rel;
-  ASSERT_OK(ScalingScript::Parse("step +10 set 2\nstep +0 add 1\nstep +20 kill 1\n", "t.script", &rel));
+  ASSERT_OK(
+      ScalingScript::Parse("step +10 set 2\nstep +0 add 1\nstep +20 kill 1\n", "t.script", &rel));
   EXPECT_TRUE(rel.events()[2].step_relative);
   EXPECT_NE(rel.events()[2].ToString().find("step +20 kill 1"), std::string::npos);
   rel.ObserveStep(5);
@@ -129,11 +138,15 @@ TEST(ScalingScriptTest, StepLinesWaitForTheJobsProgressInOrder) {
 }
 
 TEST(ScalingScriptTest, RejectsBadLinesNamingThem) {
-  const std::vector<std::string> bad = {"x set 1", "1 grow 2", "1 add", "1 add -1", "1 add 0",
-                                        "2 set 1\n1 set 2", "0 repeat", "5 repeat\n6 set 1",
-                                        "1 set 2 3", "-1 set 1", "step set 1", "step -1 set 1",
-                                        "step 2x set 1", "step 5 set 1\nstep 4 set 2", "step 5",
-                                        "step 5 set 1\n10 repeat", "step 1e3 set 1", "step + set 1",
+  const std::vector<std::string> bad = {"x set 1",        "1 grow 2",
+                                        "1 add",          "1 add -1",
+                                        "1 add 0",        "2 set 1\n1 set 2",
+                                        "0 repeat",       "5 repeat\n6 set 1",
+                                        "1 set 2 3",      "-1 set 1",
+                                        "step set 1",     "step -1 set 1",
+                                        "step 2x set 1",  "step 5 set 1\nstep 4 set 2",
+                                        "step 5",         "step 5 set 1\n10 repeat",
+                                        "step 1e3 set 1", "step + set 1",
                                         "step +-2 set 1", "step +2\n"};
   for (const std::string& text : bad) {
     ScalingScript s;

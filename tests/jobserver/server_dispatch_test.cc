@@ -33,7 +33,8 @@ class ServerDispatchTest : public ::testing::Test {
   ServerDispatchTest() : driver_(dir_.path()) {}
   void SetUp() override {
     ASSERT_OK(driver_.start_status());
-    ASSERT_EQ(driver_.NodeTrainers().size(), 2u) << "the job did not place its 2 trainers on the node";
+    ASSERT_EQ(driver_.NodeTrainers().size(), 2u)
+        << "the job did not place its 2 trainers on the node";
   }
   std::string Trainer() {
     const std::vector<std::string> t = driver_.NodeTrainers();
@@ -58,14 +59,19 @@ TEST_F(ServerDispatchTest, TheEventsThatStoppedTheServerAreDroppedAndCounted) {
       {{"event", "checkpoint_failed"}, {"step", 1}, {"refused", "yes"}, {"error", "e"}},
       {{"event", "checkpoint_failed"}, {"step", 1}, {"error", 7}},
       {{"event", "stop_checkpoint"}, {"generation", 1}, {"step", 1}, {"ok", "no"}},
-      {{"event", "stop_checkpoint"}, {"generation", 1}, {"step", 1}, {"ok", false}, {"error", json::array()}},
+      {{"event", "stop_checkpoint"},
+       {"generation", 1},
+       {"step", 1},
+       {"ok", false},
+       {"error", json::array()}},
       {{"event", "reform_failed"}, {"generation", "2"}},
       {{"event", "config"}, {"fingerprint", 3}},
   };
   for (size_t i = 0; i < bad.size(); ++i) {
     ASSERT_TRUE(driver_.FromNode(EventText(bad[i]))) << bad[i];
     EXPECT_TRUE(driver_.serving()) << bad[i];
-    EXPECT_TRUE(driver_.node_connected()) << "a malformed event closed its node's connection: " << bad[i];
+    EXPECT_TRUE(driver_.node_connected())
+        << "a malformed event closed its node's connection: " << bad[i];
     EXPECT_EQ(Counter(driver_.Metrics(), kMalformed), static_cast<double>(i + 1)) << bad[i];
   }
   // The node and its trainers carry on: a correct event of the same trainer still counts.
@@ -88,7 +94,8 @@ TEST_F(ServerDispatchTest, EveryFieldOfEveryTrainerEventMistypedIsDroppedAndTheN
     for (auto it = body.begin(); it != body.end(); ++it) {
       for (const json& v : fuzz::TypeVariants()) {
         const json mutated = fuzz::Replaced(body, json::json_pointer("/" + it.key()), v);
-        const bool malformed = std::holds_alternative<proto::ev::Malformed>(proto::DecodeTrainerEvent(mutated));
+        const bool malformed =
+            std::holds_alternative<proto::ev::Malformed>(proto::DecodeTrainerEvent(mutated));
         // What the decoder refuses is exactly what the server drops (and counts); a typed kind
         // refuses a mistyped field it reads.
         const double before = Counter(driver_.Metrics(), kMalformed);
@@ -124,7 +131,8 @@ TEST_F(ServerDispatchTest, EveryMistypedFieldOfEveryMessageLeavesTheServerServin
     for (const json& seed : seeds) {
       for (const json::json_pointer& p : fuzz::Paths(seed)) {
         for (const json& v : fuzz::TypeVariants()) {
-          feed(ctl, fuzz::Replaced(seed, p, v).dump(-1, ' ', false, json::error_handler_t::replace));
+          feed(ctl,
+               fuzz::Replaced(seed, p, v).dump(-1, ' ', false, json::error_handler_t::replace));
           if (p.parent_pointer().empty()) feed(ctl, fuzz::WithDuplicate(seed, p.back(), v));
         }
         feed(ctl, fuzz::Removed(seed, p).dump());

@@ -1,7 +1,7 @@
-// ServicePlacer (jobserver/services/service_placement.h) without a network: `scale SERVICE N` places N
-// teachers on the nodes offering the service within their teacher slots, spread over the nodes;
-// shrinking stops the newest; a teacher that ends or whose node is lost is replaced, a quickly
-// failing one after a growing hold; a reconnecting node's teachers are adopted; an unknown
+// ServicePlacer (jobserver/services/service_placement.h) without a network: `scale SERVICE N`
+// places N teachers on the nodes offering the service within their teacher slots, spread over the
+// nodes; shrinking stops the newest; a teacher that ends or whose node is lost is replaced, a
+// quickly failing one after a growing hold; a reconnecting node's teachers are adopted; an unknown
 // service is an error naming what is offered. A restarted server's placer keeps the desired
 // counts and waits for the restored teachers' nodes instead of starting extra ones; the stored
 // value is decoded as hostile bytes. Also the teacher order messages' decoder.
@@ -137,8 +137,10 @@ TEST(ServicePlacerTest, RestoredTeachersWaitForTheirNodesWithoutExtraStarts) {
   EXPECT_EQ(back.desired, saved.desired);
   EXPECT_EQ(back.next_seq, saved.next_seq);
   ASSERT_EQ(back.teachers.size(), 2u);
-  const std::string on_a = back.teachers[0].node == "a" ? back.teachers[0].name : back.teachers[1].name;
-  const std::string on_b = back.teachers[0].node == "b" ? back.teachers[0].name : back.teachers[1].name;
+  const std::string on_a =
+      back.teachers[0].node == "a" ? back.teachers[0].name : back.teachers[1].name;
+  const std::string on_b =
+      back.teachers[0].node == "b" ? back.teachers[0].name : back.teachers[1].name;
 
   ServicePlacer p;
   const int64_t t0 = 100'000'000, grace = 6'000'000;
@@ -179,7 +181,7 @@ TEST(ServicePlacerTest, RestoredTeachersMissingOrAwayAreReplaced) {
   std::vector<Order> o = p.Reconcile(1);
   ASSERT_EQ(o.size(), 1u);
   EXPECT_EQ(o[0].node, "a");
-  EXPECT_EQ(o[0].name, "a-t3");  // the stored counter goes on
+  EXPECT_EQ(o[0].name, "a-t3");                 // the stored counter goes on
   EXPECT_TRUE(p.Reconcile(4'999'999).empty());  // b-t2 still awaited
   o = p.Reconcile(5'000'000);                   // b did not come back: replaced on a
   ASSERT_EQ(o.size(), 1u);
@@ -201,7 +203,8 @@ TEST(ServicePlacerTest, RestoredTeachersMissingOrAwayAreReplaced) {
 TEST(ServicesStateTest, DecodeRefusesDamagedValues) {
   ServicesState s;
   ASSERT_OK(DecodeServices("k", EncodeServices(s), &s));
-  const json good = json::parse(EncodeServices(ServicesState{{{"kd", 2}}, {{"kd", 1}}, 5, {{"a-t1", "kd", "a"}}}));
+  const json good = json::parse(
+      EncodeServices(ServicesState{{{"kd", 2}}, {{"kd", 1}}, 5, {{"a-t1", "kd", "a"}}}));
   ServicesState out;
   ASSERT_OK(DecodeServices("k", good.dump(), &out));
   EXPECT_EQ(out.teachers.size(), 1u);
@@ -245,12 +248,17 @@ TEST(TeacherOrderTest, DecodesTheThreeTypesAndRefusesBadFields) {
   EXPECT_EQ(d.DebugString(), e.DebugString());
   EXPECT_FALSE(d.DecodeFrom(json{{"type", "teacher_start"}, {"service", "kd"}}).ok());  // no name
   EXPECT_FALSE(d.DecodeFrom(json{{"type", "teacher_nope"}, {"service", "kd"}, {"name", "x"}}).ok());
-  EXPECT_FALSE(d.DecodeFrom(json{{"type", "teacher_stop"}, {"service", "../x"}, {"name", "x"}}).ok());
-  Status s = d.DecodeFrom(json{{"type", "teacher_exit"}, {"service", "kd"}, {"name", "x"}, {"why", "a\nb"}});
+  EXPECT_FALSE(
+      d.DecodeFrom(json{{"type", "teacher_stop"}, {"service", "../x"}, {"name", "x"}}).ok());
+  Status s = d.DecodeFrom(
+      json{{"type", "teacher_exit"}, {"service", "kd"}, {"name", "x"}, {"why", "a\nb"}});
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("why"), std::string::npos) << s.ToString();
-  EXPECT_FALSE(d.DecodeFrom(json{{"type", "teacher_exit"}, {"service", "kd"}, {"name", "x"},
-                                 {"why", std::string(300, 'a')}}).ok());
+  EXPECT_FALSE(d.DecodeFrom(json{{"type", "teacher_exit"},
+                                 {"service", "kd"},
+                                 {"name", "x"},
+                                 {"why", std::string(300, 'a')}})
+                   .ok());
   // A client hello's services: bounded and well formed.
   proto::Hello h;
   h.role = proto::Role::kClient;
@@ -267,7 +275,8 @@ TEST(TeacherOrderTest, DecodesTheThreeTypesAndRefusesBadFields) {
   EXPECT_EQ(back.teachers, h.teachers);
   EXPECT_EQ(back.teacher_slots, 2);
   json bad = j;
-  bad["teachers"] = json::array({json::array({"kd", "a"}), json::array({"kd", "b"}), json::array({"kd", "c"})});
+  bad["teachers"] =
+      json::array({json::array({"kd", "a"}), json::array({"kd", "b"}), json::array({"kd", "c"})});
   EXPECT_FALSE(back.DecodeFrom(bad).ok());  // more than its slots
   bad = j;
   bad["teachers"] = json::array({json::array({"kd"})});

@@ -1,7 +1,7 @@
-// ServiceRegistry (jobserver/services/service_registry.h) without a network: teachers join and leave,
-// watchers get the whole member list after their welcome and after every change, a re-registered
-// teacher replaces its old connection, stats reach the summary, bad messages and limits are
-// errors naming the problem.
+// ServiceRegistry (jobserver/services/service_registry.h) without a network: teachers join and
+// leave, watchers get the whole member list after their welcome and after every change, a
+// re-registered teacher replaces its old connection, stats reach the summary, bad messages and
+// limits are errors naming the problem.
 #include "jobserver/services/service_registry.h"
 
 #include <map>
@@ -137,7 +137,8 @@ TEST_F(ServiceRegistryTest, BadMessagesAndLimitsAreErrors) {
   ASSERT_OK(reg_.Attach(2, Student("kd"), &replaced));
   Status s = reg_.OnMessage(2, proto::msg::kServiceStats, json::object());
   EXPECT_NE(s.ToString().find("students send only 'heartbeat'"), std::string::npos) << s.ToString();
-  s = reg_.OnMessage(1, proto::msg::kServiceStats, json{{"type", "service_stats"}, {"requests", -1}});
+  s = reg_.OnMessage(1, proto::msg::kServiceStats,
+                     json{{"type", "service_stats"}, {"requests", -1}});
   EXPECT_TRUE(s.IsCorruption()) << s.ToString();
   s = reg_.OnMessage(1, "kv", json::object());
   EXPECT_NE(s.ToString().find("got 'kv'"), std::string::npos) << s.ToString();
@@ -145,7 +146,8 @@ TEST_F(ServiceRegistryTest, BadMessagesAndLimitsAreErrors) {
   ServiceLimits lim;
   lim.max_services = 1;
   lim.max_teachers_per_service = 1;
-  ServiceRegistry small(&clock_, [](uint64_t, const json&) {}, lim);
+  ServiceRegistry small(
+      &clock_, [](uint64_t, const json&) {}, lim);
   ASSERT_OK(small.Attach(1, Teacher("kd", "t1", 1), &replaced));
   s = small.Attach(2, Teacher("kd", "t2", 2), &replaced);
   EXPECT_NE(s.ToString().find("already has 1 teachers"), std::string::npos) << s.ToString();

@@ -74,15 +74,15 @@ TEST_F(LaunchTest, RunsNRanksWithTorchrunEnv) {
 }
 
 TEST_F(LaunchTest, TeePrefixesEachRanksOutput) {
-  auto launch = StartLaunch({"-n", "2", "--tee", "--log_dir", D() + "/logs", "--", "/bin/sh",
-                             "-c", "echo line-$RANK; printf partial-$RANK"});
+  auto launch = StartLaunch({"-n", "2", "--tee", "--log_dir", D() + "/logs", "--", "/bin/sh", "-c",
+                             "echo line-$RANK; printf partial-$RANK"});
   ASSERT_NE(launch, nullptr);
   auto info = WaitExit(launch.get());
   ASSERT_TRUE(info.has_value());
   EXPECT_TRUE(info->success()) << LaunchLog();
   const std::string log = LaunchLog();
-  for (const char* want : {"[rank 0] line-0\n", "[rank 1] line-1\n", "[rank 0] partial-0\n",
-                           "[rank 1] partial-1\n"}) {
+  for (const char* want :
+       {"[rank 0] line-0\n", "[rank 1] line-1\n", "[rank 0] partial-0\n", "[rank 1] partial-1\n"}) {
     EXPECT_NE(log.find(want), std::string::npos) << want << " missing from:\n" << log;
   }
 }
@@ -93,7 +93,8 @@ TEST_F(LaunchTest, FailsFastWhenOneRankFailsAndLeavesNoProcess) {
   const std::string script =
       "echo $$ > pid.$RANK\n"
       "if [ \"$RANK\" = 1 ]; then\n"
-      "  i=0; while { [ ! -s pid.0 ] || [ ! -s pid.2 ]; } && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done\n"
+      "  i=0; while { [ ! -s pid.0 ] || [ ! -s pid.2 ]; } && [ $i -lt 600 ]; do sleep 0.05; "
+      "i=$((i+1)); done\n"
       "  exit 3\n"
       "fi\n"
       "if [ \"$RANK\" = 2 ]; then trap '' TERM; while :; do sleep 1; done; fi\n"
@@ -124,7 +125,8 @@ TEST_F(LaunchTest, SigtermStopsEveryTrainer) {
   auto launch = StartLaunch({"-n", "2", "--stop_grace_s", "0.5", "--log_dir", D() + "/logs", "--",
                              "/bin/sh", "-c", script});
   ASSERT_NE(launch, nullptr);
-  ASSERT_TRUE(WaitUntil([&] { return ReadPid(D() + "/pid.0") > 0 && ReadPid(D() + "/pid.1") > 0; }));
+  ASSERT_TRUE(
+      WaitUntil([&] { return ReadPid(D() + "/pid.0") > 0 && ReadPid(D() + "/pid.1") > 0; }));
   ::kill(launch->pid(), SIGTERM);  // the launcher only, as a user or service manager would
   auto info = WaitExit(launch.get());
   ASSERT_TRUE(info.has_value()) << "edl launch ignored SIGTERM";
@@ -202,13 +204,14 @@ TEST_F(LaunchTest, MaxRestartsRestartsEveryTrainerAfterAFailure) {
   const std::string script =
       "echo \"$TORCHELASTIC_RESTART_COUNT $MASTER_PORT\" >> starts.$RANK\n"
       "if [ \"$RANK\" = 1 ] && [ \"$TORCHELASTIC_RESTART_COUNT\" -lt 2 ]; then\n"
-      "  i=0; while ! grep -q \"^$TORCHELASTIC_RESTART_COUNT \" starts.0 2>/dev/null && [ $i -lt 600 ]; do\n"
+      "  i=0; while ! grep -q \"^$TORCHELASTIC_RESTART_COUNT \" starts.0 2>/dev/null && [ $i -lt "
+      "600 ]; do\n"
       "    sleep 0.05; i=$((i+1)); done\n"
       "  exit 5\n"
       "fi\n"
       "exit 0\n";
-  auto launch = StartLaunch({"-n", "2", "--max_restarts", "2", "--stop_grace_s", "0.5",
-                             "--log_dir", D() + "/logs", "--", "/bin/sh", "-c", script});
+  auto launch = StartLaunch({"-n", "2", "--max_restarts", "2", "--stop_grace_s", "0.5", "--log_dir",
+                             D() + "/logs", "--", "/bin/sh", "-c", script});
   ASSERT_NE(launch, nullptr);
   auto info = WaitExit(launch.get());
   ASSERT_TRUE(info.has_value()) << "edl launch did not finish";
@@ -225,9 +228,10 @@ TEST_F(LaunchTest, MaxRestartsRestartsEveryTrainerAfterAFailure) {
 
   // Out of restarts: the failed rank's status.
   std::filesystem::remove(D() + "/launch.log");
-  auto again = StartLaunch({"-n", "2", "--max_restarts", "1", "--stop_grace_s", "0.5", "--log_dir",
-                            D() + "/logs2", "--", "/bin/sh", "-c",
-                            "echo $TORCHELASTIC_RESTART_COUNT >> fails.$RANK; [ $RANK = 1 ] && exit 4; exit 0"});
+  auto again = StartLaunch(
+      {"-n", "2", "--max_restarts", "1", "--stop_grace_s", "0.5", "--log_dir", D() + "/logs2", "--",
+       "/bin/sh", "-c",
+       "echo $TORCHELASTIC_RESTART_COUNT >> fails.$RANK; [ $RANK = 1 ] && exit 4; exit 0"});
   ASSERT_NE(again, nullptr);
   info = WaitExit(again.get());
   ASSERT_TRUE(info.has_value());

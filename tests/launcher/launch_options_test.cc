@@ -39,7 +39,8 @@ TEST(LaunchOptionsTest, NodeRanges) {
   ASSERT_OK(ParseNodeRange("1:4", &lo, &hi));
   EXPECT_EQ(lo, 1);
   EXPECT_EQ(hi, 4);
-  for (const char* bad : {"", ":", "0", "2:1", "1:", ":4", "a:b", "1:4:5", "-1:2", "1:99999999999"}) {
+  for (const char* bad :
+       {"", ":", "0", "2:1", "1:", ":4", "a:b", "1:4:5", "-1:2", "1:99999999999"}) {
     EXPECT_FALSE(ParseNodeRange(bad, &lo, &hi).ok()) << bad;
   }
 }
@@ -60,19 +61,55 @@ TEST(LaunchOptionsTest, ALocalJobByDefault) {
 // mode with N CPU slots; the server-side flags come back as notes with the numbers to give it.
 TEST(LaunchOptionsTest, AnEndpointJoinsThatServerAsAClient) {
   LaunchOptions o;
-  ASSERT_OK(Parse({"--nnodes", "2:4", "--nproc_per_node", "8", "--rdzv_endpoint", "node0:8180",
-                   "--rdzv_id", "r50", "--rdzv_backend", "c10d", "--max_restarts", "3",
-                   "--secret_file", "/etc/edl/secret", "--node_name", "gpu07", "--advertise_addr",
-                   "10.0.0.7", "--log_dir", "/var/log/edl", "--", "python3", "train.py", "--lr",
+  ASSERT_OK(Parse({"--nnodes",
+                   "2:4",
+                   "--nproc_per_node",
+                   "8",
+                   "--rdzv_endpoint",
+                   "node0:8180",
+                   "--rdzv_id",
+                   "r50",
+                   "--rdzv_backend",
+                   "c10d",
+                   "--max_restarts",
+                   "3",
+                   "--secret_file",
+                   "/etc/edl/secret",
+                   "--node_name",
+                   "gpu07",
+                   "--advertise_addr",
+                   "10.0.0.7",
+                   "--log_dir",
+                   "/var/log/edl",
+                   "--",
+                   "python3",
+                   "train.py",
+                   "--lr",
                    "0.1"},
                   &o));
-  EXPECT_EQ(ClientArgv(o),
-            (std::vector<std::string>{"client", "--server", "node0:8180", "--secret_file",
-                                      "/etc/edl/secret", "--node_name", "gpu07", "--slots", "8",
-                                      "--mode", "restart", "--stop_grace_s", "10",
-                                      "--exit_when_done", "--advertise_addr", "10.0.0.7",
-                                      "--log_dir", "/var/log/edl", "--", "python3", "train.py",
-                                      "--lr", "0.1"}));
+  EXPECT_EQ(ClientArgv(o), (std::vector<std::string>{"client",
+                                                     "--server",
+                                                     "node0:8180",
+                                                     "--secret_file",
+                                                     "/etc/edl/secret",
+                                                     "--node_name",
+                                                     "gpu07",
+                                                     "--slots",
+                                                     "8",
+                                                     "--mode",
+                                                     "restart",
+                                                     "--stop_grace_s",
+                                                     "10",
+                                                     "--exit_when_done",
+                                                     "--advertise_addr",
+                                                     "10.0.0.7",
+                                                     "--log_dir",
+                                                     "/var/log/edl",
+                                                     "--",
+                                                     "python3",
+                                                     "train.py",
+                                                     "--lr",
+                                                     "0.1"}));
   std::string notes;
   for (const std::string& n : JoinNotes(o)) notes += n + "\n";
   EXPECT_NE(notes.find("--min_trainers 16 --max_trainers 32"), std::string::npos) << notes;
@@ -108,25 +145,45 @@ class LaunchJoinTest : public testing::Test {
 TEST_F(LaunchJoinTest, JoinsARealServerAndFinishesTheJob) {
   const std::string secret = dir_.Join("secret");
   std::ofstream(secret) << "launch-join-test-secret-0123456789abcdef\n";
-  std::filesystem::permissions(secret, std::filesystem::perms::owner_read |
-                                           std::filesystem::perms::owner_write);
-  auto server = Start({edl::test::EdlBinary(), "server", "--server_port", "0", "--bind",
-                       "127.0.0.1", "--port_file", dir_.Join("port"), "--secret_file", secret,
-                       "--job_id", "joinjob", "--min_trainers", "2", "--events_dir",
-                       dir_.Join("events"), "--exit_when_done"},
-                      "server.log");
+  std::filesystem::permissions(
+      secret, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto server =
+      Start({edl::test::EdlBinary(), "server", "--server_port", "0", "--bind", "127.0.0.1",
+             "--port_file", dir_.Join("port"), "--secret_file", secret, "--job_id", "joinjob",
+             "--min_trainers", "2", "--events_dir", dir_.Join("events"), "--exit_when_done"},
+            "server.log");
   ASSERT_NE(server, nullptr);
   std::string port;
-  ASSERT_TRUE(WaitUntil([&] {
-    const std::string p = ReadFile(dir_.Join("port"));
-    if (!p.empty() && p.back() == '\n') port = p.substr(0, p.size() - 1);
-    return !port.empty();
-  }, std::chrono::seconds(60))) << ReadFile(dir_.Join("server.log"));
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        const std::string p = ReadFile(dir_.Join("port"));
+        if (!p.empty() && p.back() == '\n') port = p.substr(0, p.size() - 1);
+        return !port.empty();
+      },
+      std::chrono::seconds(60)))
+      << ReadFile(dir_.Join("server.log"));
   const std::string node = "launch-join-" + std::to_string(::getpid());
-  auto launch = Start({edl::test::EdlBinary(), "launch", "--nnodes", "1:2", "--nproc_per_node", "2",
-                       "--rdzv_endpoint", "127.0.0.1:" + port, "--rdzv_id", "joinjob",
-                       "--secret_file", secret, "--node_name", node, "--log_dir",
-                       dir_.Join("logs"), "--stop_grace_s", "2", "--", "/bin/sh", "-c",
+  auto launch = Start({edl::test::EdlBinary(),
+                       "launch",
+                       "--nnodes",
+                       "1:2",
+                       "--nproc_per_node",
+                       "2",
+                       "--rdzv_endpoint",
+                       "127.0.0.1:" + port,
+                       "--rdzv_id",
+                       "joinjob",
+                       "--secret_file",
+                       secret,
+                       "--node_name",
+                       node,
+                       "--log_dir",
+                       dir_.Join("logs"),
+                       "--stop_grace_s",
+                       "2",
+                       "--",
+                       "/bin/sh",
+                       "-c",
                        "echo \"$RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $GROUP_RANK $GROUP_WORLD_SIZE "
                        "$TORCHELASTIC_RUN_ID $EDL_RESTART_MODE $TORCHELASTIC_MAX_RESTARTS\" > "
                        "out.$RANK"},

@@ -21,12 +21,12 @@
 namespace edl::launcher {
 namespace {
 
+using std::chrono::milliseconds;
 using test::ProcessAlive;
 using test::ReadFile;
 using test::ReadPid;
 using test::WaitExit;
 using test::WaitUntil;
-using std::chrono::milliseconds;
 
 TrainerSpec Shell(const std::string& script) {
   TrainerSpec spec;
@@ -73,7 +73,8 @@ TEST(TrainerProcessTest, ChildSeesEnvContractOverParentEnv) {
   ASSERT_TRUE(info.has_value());
   EXPECT_TRUE(info->success()) << info->ToString();
   const auto env = ParseEnv(ReadFile(dir.Join("env.txt")));
-  for (const auto& [key, value] : BuildTrainerEnv(c)) EXPECT_EQ(env.count(key) ? env.at(key) : "<unset>", value) << key;
+  for (const auto& [key, value] : BuildTrainerEnv(c))
+    EXPECT_EQ(env.count(key) ? env.at(key) : "<unset>", value) << key;
   EXPECT_EQ(env.count("EDL_TEST_FROM_PARENT") ? env.at("EDL_TEST_FROM_PARENT") : "", "kept");
 }
 
@@ -84,8 +85,7 @@ TEST(TrainerProcessTest, WorkingDirIsSet) {
   auto p = MustStart(spec);
   ASSERT_NE(p, nullptr);
   ASSERT_TRUE(WaitExit(p.get()).has_value());
-  EXPECT_EQ(ReadFile(dir.Join("pwd.txt")),
-            std::filesystem::canonical(dir.path()).string() + "\n");
+  EXPECT_EQ(ReadFile(dir.Join("pwd.txt")), std::filesystem::canonical(dir.path()).string() + "\n");
 }
 
 TEST(TrainerProcessTest, OwnProcessGroupAndGrandchildDiesWithIt) {
@@ -301,7 +301,8 @@ TEST(StartFailureTest, NotExecutableSaysChmod) {
   TrainerSpec spec;
   spec.argv = {tool};
   auto p = NewProcessLauncher()->Start(spec);
-  if (::geteuid() == 0 && ::access(tool.c_str(), X_OK) == 0) GTEST_SKIP() << "root may exec anything";
+  if (::geteuid() == 0 && ::access(tool.c_str(), X_OK) == 0)
+    GTEST_SKIP() << "root may exec anything";
   ASSERT_FALSE(p.ok());
   EXPECT_NE(p.status().message().find("chmod +x " + tool), std::string::npos)
       << p.status().ToString();
@@ -328,7 +329,8 @@ TEST(StartFailureTest, ExecFailureIsReportedNotThrown) {
   // The forked child whose exec failed was reaped: no zombie is left for a waitpid(-1) to find.
   // (A bounded look: an unreaped child would turn into a zombie within milliseconds.)
   pid_t zombie = 0;
-  test::WaitUntil([&] { return (zombie = ::waitpid(-1, nullptr, WNOHANG)) != 0; }, milliseconds(300));
+  test::WaitUntil([&] { return (zombie = ::waitpid(-1, nullptr, WNOHANG)) != 0; },
+                  milliseconds(300));
   EXPECT_LE(zombie, 0) << "an unreaped child (pid " << zombie << ") was left behind";
 }
 

@@ -53,8 +53,8 @@ inline bool ProcessAlive(int pid) {
 }
 
 // Polls the child until it exits (bounded); nullopt if it is still running at the deadline.
-inline std::optional<ExitInfo> WaitExit(TrainerProcess* p,
-                                        std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+inline std::optional<ExitInfo> WaitExit(
+    TrainerProcess* p, std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
   ExitInfo info;
   if (WaitUntil([&] { return p->Poll(&info); }, timeout)) return info;
   return std::nullopt;

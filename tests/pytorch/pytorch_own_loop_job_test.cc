@@ -100,8 +100,9 @@ TEST_F(PyTorchOwnLoopJobTest, ABadStepOnOneRankEndsThatTrainerAloneAndTheJobGoes
     if (fault == "short_batch") {
       // One sample short of its indices: 8 in a full step, fewer in an epoch's last step.
       std::smatch m;
-      ASSERT_TRUE(std::regex_search(log, m, std::regex("the batch has ([0-9]+) samples, but the runtime "
-                                                       "gave this trainer ([0-9]+) indices")))
+      ASSERT_TRUE(std::regex_search(log, m,
+                                    std::regex("the batch has ([0-9]+) samples, but the runtime "
+                                               "gave this trainer ([0-9]+) indices")))
           << log;
       EXPECT_EQ(std::stoi(m[1]) + 1, std::stoi(m[2])) << m[0];
     }

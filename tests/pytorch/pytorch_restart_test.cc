@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -49,7 +49,8 @@ std::string Script() { return std::string(EDL_SOURCE_DIR) + "/examples/pytorch/t
 
 // Why this machine cannot run the test ("" when it can).
 std::string SkipReason(const std::string& scratch) {
-  return pytorch_test::SkipReason(scratch, "import torch.distributed as d; assert d.is_gloo_available()");
+  return pytorch_test::SkipReason(scratch,
+                                  "import torch.distributed as d; assert d.is_gloo_available()");
 }
 
 class PyTorchTest : public ::testing::Test {
@@ -64,11 +65,32 @@ class PyTorchTest : public ::testing::Test {
 
   // The trainer command: ResNet-20 on a 1024-sample slice, global batch 32, kSteps steps.
   std::vector<std::string> Trainer() {
-    return {Python(), Script(), "--train_samples", "1024", "--batch_size", "32", "--steps",
-            std::to_string(kSteps), "--lr", "0.05", "--threads", "1", "--log_every", "1",
-            "--checkpoint_dir", dir_.Join("ckpt"), "--checkpoint_every", std::to_string(kCheckpointEvery), "--metrics_file",
-            dir_.Join("metrics.jsonl"), "--test_samples", "500", "--timeout_s", "120",
-            "--peer_failure_wait_s", "120"};
+    return {Python(),
+            Script(),
+            "--train_samples",
+            "1024",
+            "--batch_size",
+            "32",
+            "--steps",
+            std::to_string(kSteps),
+            "--lr",
+            "0.05",
+            "--threads",
+            "1",
+            "--log_every",
+            "1",
+            "--checkpoint_dir",
+            dir_.Join("ckpt"),
+            "--checkpoint_every",
+            std::to_string(kCheckpointEvery),
+            "--metrics_file",
+            dir_.Join("metrics.jsonl"),
+            "--test_samples",
+            "500",
+            "--timeout_s",
+            "120",
+            "--peer_failure_wait_s",
+            "120"};
   }
 
   std::vector<json> Metrics(const std::string& event) {
@@ -114,21 +136,33 @@ class PyTorchRestartModeTest : public PyTorchTest {
     if (IsSkipped()) return;
     secret_ = dir_.Join("secret");
     itest::WriteSecretFile(secret_, "pytorch-integration-secret-0123456789");
-    server_ = std::make_unique<Proc>(
-        std::vector<std::string>{test::EdlBinary(), "server", "--server_port", "0", "--bind",
-                                 "127.0.0.1", "--port_file", dir_.Join("port"), "--secret_file",
-                                 secret_, "--job_id", "ptjob", "--min_trainers", "1", "--trainers",
-                                 "4", "--events_dir", dir_.Join("events"), "--backoff_min_s", "1",
-                                 "--backoff_max_s", "1", "--exit_when_done"},
-        dir_.Join("server.log"));
+    server_ =
+        std::make_unique<Proc>(std::vector<std::string>{test::EdlBinary(), "server",
+                                                        "--server_port",   "0",
+                                                        "--bind",          "127.0.0.1",
+                                                        "--port_file",     dir_.Join("port"),
+                                                        "--secret_file",   secret_,
+                                                        "--job_id",        "ptjob",
+                                                        "--min_trainers",  "1",
+                                                        "--trainers",      "4",
+                                                        "--events_dir",    dir_.Join("events"),
+                                                        "--backoff_min_s", "1",
+                                                        "--backoff_max_s", "1",
+                                                        "--exit_when_done"},
+                               dir_.Join("server.log"));
     port_ = itest::WaitForPortFile(dir_.Join("port"), server_.get());
     ASSERT_FALSE(port_.empty()) << Slurp(dir_.Join("server.log"));
     for (const char* node : {"n1", "n2"}) {
-      std::vector<std::string> argv = {
-          test::EdlBinary(), "client", "--server", "127.0.0.1:" + port_, "--secret_file", secret_,
-          "--node_name", node, "--slots", "2", "--mode", "restart", "--socket_path",
-          dir_.Join(std::string(node) + ".sock"), "--log_dir", dir_.Join("logs"),
-          "--stop_grace_s", "5", "--exit_when_done", "--"};
+      std::vector<std::string> argv = {test::EdlBinary(),  "client",
+                                       "--server",         "127.0.0.1:" + port_,
+                                       "--secret_file",    secret_,
+                                       "--node_name",      node,
+                                       "--slots",          "2",
+                                       "--mode",           "restart",
+                                       "--socket_path",    dir_.Join(std::string(node) + ".sock"),
+                                       "--log_dir",        dir_.Join("logs"),
+                                       "--stop_grace_s",   "5",
+                                       "--exit_when_done", "--"};
       for (const std::string& a : Trainer()) argv.push_back(a);
       clients_.push_back(std::make_unique<Proc>(argv, dir_.Join(std::string(node) + ".log")));
     }
@@ -167,8 +201,8 @@ class PyTorchRestartModeTest : public PyTorchTest {
   }
 
   int Ctl(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {test::EdlBinary(), "ctl", "--server", "127.0.0.1:" + port_,
-                                     "--secret_file", secret_};
+    std::vector<std::string> argv = {test::EdlBinary(),    "ctl",           "--server",
+                                     "127.0.0.1:" + port_, "--secret_file", secret_};
     argv.insert(argv.end(), args.begin(), args.end());
     return itest::RunCommand(argv, dir_.Join("ctl.log"), milliseconds(60000));
   }
@@ -230,7 +264,8 @@ TEST_F(PyTorchRestartModeTest, ShrinkGrowAndSigkillFinishWithTheExpectedStepsAnd
   }
   std::cout << "\nstarts (restart count: world size, resumed at step):";
   for (const json& s : Metrics("start")) {
-    if (s["rank"] == 0) std::cout << " " << s["restart_count"] << ": " << s["world_size"] << ", " << s["step"] << ";";
+    if (s["rank"] == 0)
+      std::cout << " " << s["restart_count"] << ": " << s["world_size"] << ", " << s["step"] << ";";
   }
   std::cout << std::endl;
   for (int w : {4, 2, 3}) EXPECT_EQ(worlds.count(w), 1u) << "world " << w;
@@ -266,9 +301,18 @@ TEST_F(PyTorchRestartModeTest, ShrinkGrowAndSigkillFinishWithTheExpectedStepsAnd
 
 // The same script as a local job under `edl launch`, with torchrun's flags, and under torchrun.
 TEST_F(PyTorchTest, RunsUnderEdlLaunchAndTorchrun) {
-  std::vector<std::string> argv = {test::EdlBinary(), "launch", "--nnodes", "1:1",
-                                   "--nproc_per_node", "2", "--rdzv_id", "launched",
-                                   "--max_restarts", "1", "--log_dir", dir_.Join("launch-logs"),
+  std::vector<std::string> argv = {test::EdlBinary(),
+                                   "launch",
+                                   "--nnodes",
+                                   "1:1",
+                                   "--nproc_per_node",
+                                   "2",
+                                   "--rdzv_id",
+                                   "launched",
+                                   "--max_restarts",
+                                   "1",
+                                   "--log_dir",
+                                   dir_.Join("launch-logs"),
                                    "--"};
   for (const std::string& a : Trainer()) argv.push_back(a);
   Proc launch(argv, dir_.Join("launch.log"));
@@ -290,8 +334,15 @@ TEST_F(PyTorchTest, RunsUnderEdlLaunchAndTorchrun) {
   const std::vector<std::string> trainer = Trainer();
   // --redirects/--tee 1: Debian's torchrun 1.13 under Python 3.11 cannot parse their default "0"
   // (Std.from_str iterates an IntFlag, which no longer yields the zero member) and fails at start.
-  std::vector<std::string> tr = {"/usr/bin/torchrun", "--standalone", "--nproc_per_node", "2",
-                                 "--redirects", "1", "--tee", "1", "--log_dir",
+  std::vector<std::string> tr = {"/usr/bin/torchrun",
+                                 "--standalone",
+                                 "--nproc_per_node",
+                                 "2",
+                                 "--redirects",
+                                 "1",
+                                 "--tee",
+                                 "1",
+                                 "--log_dir",
                                  dir_.Join("torchrun-logs")};
   tr.insert(tr.end(), trainer.begin() + 1, trainer.end());  // the script and its flags
   ASSERT_EQ(itest::RunCommand(tr, dir_.Join("torchrun.log"), kPhase), 0)

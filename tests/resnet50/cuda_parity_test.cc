@@ -163,8 +163,8 @@ StepResult ResNet20Step(Backend* be, const std::vector<float>& images,
   SgdParams sp;
   sp.lr = 0.1f;
   sp.weight_decay = 5e-4f;
-  EXPECT_OK(be->SgdUpdate(sp, &model->params(), model->grads(), &momentum, 0,
-                          model->decay_count()));
+  EXPECT_OK(
+      be->SgdUpdate(sp, &model->params(), model->grads(), &momentum, 0, model->decay_count()));
   sp.weight_decay = 0.f;
   EXPECT_OK(be->SgdUpdate(sp, &model->params(), model->grads(), &momentum, model->decay_count(),
                           model->num_params() - model->decay_count()));
@@ -220,8 +220,8 @@ TEST_P(CudaParityTest, ResNet20TrainingStep) {
   }
   const double stats = ExpectClose("BN running statistics", a.stats, b.stats, tol.model);
   std::cout << "  [" << tol.precision << "] ResNet-20 max rel diff: gradients " << worst_grad
-            << " (" << worst_name << "), updated weights " << worst_param
-            << ", BN running stats " << stats << " (tolerance " << tol.model << ")\n";
+            << " (" << worst_name << "), updated weights " << worst_param << ", BN running stats "
+            << stats << " (tolerance " << tol.model << ")\n";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -244,10 +244,18 @@ struct BlockLayout {
   std::vector<int64_t> offsets;
   int64_t total = 0;
   explicit BlockLayout(const BlockShape& s) {
-    shapes = {{s.width, s.cin, 1, 1}, {s.width, s.width, 3, 3}, {s.cout, s.width, 1, 1},
-              {s.cout, s.cin, 1, 1},  {s.width},                {s.width},
-              {s.width},              {s.width},                {s.cout},
-              {s.cout},               {s.cout},                 {s.cout}};
+    shapes = {{s.width, s.cin, 1, 1},
+              {s.width, s.width, 3, 3},
+              {s.cout, s.width, 1, 1},
+              {s.cout, s.cin, 1, 1},
+              {s.width},
+              {s.width},
+              {s.width},
+              {s.width},
+              {s.cout},
+              {s.cout},
+              {s.cout},
+              {s.cout}};
     for (const Shape& sh : shapes) {
       offsets.push_back(total);
       total += Numel(sh);
@@ -393,16 +401,19 @@ TEST_P(CudaBlockParityTest, ResNet50BottleneckBlock) {
     upd = ExpectClose("updated weights", a.params, b.params, tol.block);
   }
   const double stats = ExpectClose("BN running statistics", a.stats, b.stats, tol.block);
-  std::cout << "  [" << tol.precision << "] bottleneck max rel diff: gradients " << worst
-            << ", dx " << dx << ", updated weights " << upd << ", BN running stats " << stats
-            << " (tolerance " << tol.block << ")\n";
+  std::cout << "  [" << tol.precision << "] bottleneck max rel diff: gradients " << worst << ", dx "
+            << dx << ", updated weights " << upd << ", BN running stats " << stats << " (tolerance "
+            << tol.block << ")\n";
 }
 
-std::string PrecisionName(const ::testing::TestParamInfo<Tolerance>& info) { return info.param.precision; }
+std::string PrecisionName(const ::testing::TestParamInfo<Tolerance>& info) {
+  return info.param.precision;
+}
 
-INSTANTIATE_TEST_SUITE_P(Precisions, CudaParityTest, ::testing::ValuesIn(kTolerances), PrecisionName);
-INSTANTIATE_TEST_SUITE_P(Precisions, CudaBlockParityTest, ::testing::Values(kTolerances[0], kTolerances[1]),
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaParityTest, ::testing::ValuesIn(kTolerances),
                          PrecisionName);
+INSTANTIATE_TEST_SUITE_P(Precisions, CudaBlockParityTest,
+                         ::testing::Values(kTolerances[0], kTolerances[1]), PrecisionName);
 
 }  // namespace
 }  // namespace edl::resnet50::test

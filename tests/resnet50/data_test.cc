@@ -25,15 +25,17 @@ bool HaveFashionMnist() {
   return std::filesystem::exists(std::string(kDir) + "/train-images-idx3-ubyte.gz");
 }
 
-#define REQUIRE_FASHION_MNIST()                                                          \
-  if (!HaveFashionMnist()) GTEST_SKIP() << "Fashion-MNIST not installed at " << kDir \
-                                        << " (Debian package dataset-fashion-mnist)"
+#define REQUIRE_FASHION_MNIST()                             \
+  if (!HaveFashionMnist())                                  \
+  GTEST_SKIP() << "Fashion-MNIST not installed at " << kDir \
+               << " (Debian package dataset-fashion-mnist)"
 
 std::vector<uint8_t> Gunzip(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   std::vector<uint8_t> out, buf(1 << 16);
   int n;
-  while ((n = gzread(f, buf.data(), buf.size())) > 0) out.insert(out.end(), buf.begin(), buf.begin() + n);
+  while ((n = gzread(f, buf.data(), buf.size())) > 0)
+    out.insert(out.end(), buf.begin(), buf.begin() + n);
   gzclose(f);
   return out;
 }
@@ -144,7 +146,8 @@ TEST(DatasetTest, SyntheticIsDeterministic) {
   ASSERT_OK(b->FillBatch({3, 99}, Augment{}, 0, y.data(), lb.data()));
   EXPECT_EQ(x, y);
   EXPECT_EQ(la, lb);
-  EXPECT_NE(std::vector<float>(x.begin(), x.begin() + 192), std::vector<float>(x.begin() + 192, x.end()));
+  EXPECT_NE(std::vector<float>(x.begin(), x.begin() + 192),
+            std::vector<float>(x.begin() + 192, x.end()));
   double mean = 0, sq = 0;
   for (float v : x) mean += v, sq += v * v;
   EXPECT_NEAR(mean / x.size(), 0, 0.2);

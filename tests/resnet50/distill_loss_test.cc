@@ -38,8 +38,8 @@ double Loss(const DistillLossParams& p, const Case& c, std::vector<float>* dz = 
   std::vector<float> scratch(kN * kM);
   double loss = 0;
   int64_t correct = 0;
-  EXPECT_OK(DistillLoss(p, c.z.data(), c.labels.data(), c.teacher.data(), c.has.data(), kN, kM,
-                        1.f, dz ? dz->data() : scratch.data(), &loss, &correct));
+  EXPECT_OK(DistillLoss(p, c.z.data(), c.labels.data(), c.teacher.data(), c.has.data(), kN, kM, 1.f,
+                        dz ? dz->data() : scratch.data(), &loss, &correct));
   return loss;
 }
 
@@ -49,7 +49,8 @@ void CheckCase(const DistillLossParams& p, Case c) {
   GradCheckOptions o;
   o.samples = kN * kM;  // every coordinate
   o.h = 1e-3f;          // the loss is evaluated in double: a small step is exact enough
-  CheckGrad("dz", &c.z, dz, [&] { return Loss(p, c); }, o);
+  CheckGrad(
+      "dz", &c.z, dz, [&] { return Loss(p, c); }, o);
 }
 
 TEST(DistillLossTest, GradientFullTeacherRows) {
@@ -68,7 +69,8 @@ TEST(DistillLossTest, GradientTopKTeacherRowsAndSmoothing) {
   Case c = MakeCase(11);
   // Keep 3 classes per teacher row; the rest were not sent.
   for (int64_t i = 0; i < kN; ++i) {
-    for (int64_t k = 3; k < kM; ++k) c.teacher[i * kM + (k + i) % kM] = -std::numeric_limits<float>::infinity();
+    for (int64_t k = 3; k < kM; ++k)
+      c.teacher[i * kM + (k + i) % kM] = -std::numeric_limits<float>::infinity();
   }
   DistillLossParams p;
   p.temperature = 2.f;
@@ -82,13 +84,15 @@ TEST(DistillLossTest, AlphaOneIsTheBackendCrossEntropy) {
   auto be = CreateBackend("cpu", BackendOptions{});
   ASSERT_TRUE(be.ok()) << be.status().ToString();
   Case c = MakeCase(5);
-  Tensor z(be.value().get(), {kN, kM}), labels(be.value().get(), {kN}, Layout::kNCHW, DataType::kInt32);
+  Tensor z(be.value().get(), {kN, kM}),
+      labels(be.value().get(), {kN}, Layout::kNCHW, DataType::kInt32);
   Tensor dz_ref(be.value().get(), {kN, kM});
   ASSERT_OK(be.value()->CopyFromHost(c.z.data(), &z));
   ASSERT_OK(be.value()->CopyFromHost(c.labels.data(), &labels));
   double ref_loss = 0;
   int64_t ref_correct = 0;
-  ASSERT_OK(be.value()->SoftmaxCrossEntropy(z, labels, 0.f, 0.5f, &dz_ref, &ref_loss, &ref_correct));
+  ASSERT_OK(
+      be.value()->SoftmaxCrossEntropy(z, labels, 0.f, 0.5f, &dz_ref, &ref_loss, &ref_correct));
   DistillLossParams p;
   p.alpha = 1.f;
   std::vector<float> dz(kN * kM);
@@ -148,7 +152,8 @@ TEST(DistillLossTest, BadInputIsAnErrorNamingTheProblem) {
                   dz.data(), &loss, &correct);
   EXPECT_TRUE(s.code() == Status::Code::kInvalidArgument) << s.ToString();
   p.temperature = 0.f;
-  EXPECT_NE(ValidateDistillLossParams(p).ToString().find("--distill_temperature"), std::string::npos);
+  EXPECT_NE(ValidateDistillLossParams(p).ToString().find("--distill_temperature"),
+            std::string::npos);
   p.temperature = 1.f;
   p.alpha = 1.5f;
   EXPECT_NE(ValidateDistillLossParams(p).ToString().find("--distill_alpha"), std::string::npos);

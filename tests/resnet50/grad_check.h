@@ -4,9 +4,9 @@
 // Numerics of the checker: ops run in fp32; the scalar loss L = sum(out .* R) (R fixed random) is
 // accumulated in double; the numerical derivative is the central difference (L(x+h) - L(x-h)) / 2h
 // with h = 1e-2, so fp32 rounding in L contributes ~1e-4 and the O(h^2) truncation is of the same
-// order for smooth ops. An analytic gradient g passes when |g - num| <= atol + rtol * max(|g|,|num|)
-// with rtol = 2e-2 and atol = 2e-3 unless a test says otherwise. Inputs of ReLU and max-pool are
-// kept away from their kinks and ties so the finite difference does not cross one.
+// order for smooth ops. An analytic gradient g passes when |g - num| <= atol + rtol *
+// max(|g|,|num|) with rtol = 2e-2 and atol = 2e-3 unless a test says otherwise. Inputs of ReLU and
+// max-pool are kept away from their kinks and ties so the finite difference does not cross one.
 #pragma once
 
 #include <algorithm>
@@ -90,7 +90,8 @@ inline void CheckGrad(const std::string& what, std::vector<float>* input,
     const double num = (lp - lm) / (2.0 * o.h);
     const double err = std::fabs(num - analytic[i]);
     max_err = std::max(max_err, err);
-    EXPECT_LE(err, o.atol + o.rtol * std::max(std::fabs(num), std::fabs(static_cast<double>(analytic[i]))))
+    EXPECT_LE(err, o.atol + o.rtol * std::max(std::fabs(num),
+                                              std::fabs(static_cast<double>(analytic[i]))))
         << what << "[" << i << "]: analytic " << analytic[i] << " numerical " << num;
   }
   std::cout << "  grad check " << what << ": max |analytic - numerical| = " << max_err << "\n";

@@ -64,7 +64,8 @@ class ImageFolderTest : public ::testing::Test {
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(kFashion) || !std::filesystem::exists(kPython)) return;
     dir_ = new test::ScratchDir("imagefolder");
-    if (itest::RunCommand({kPython, "-c", "import numpy, PIL"}, dir_->Join("probe.log")) != 0) return;
+    if (itest::RunCommand({kPython, "-c", "import numpy, PIL"}, dir_->Join("probe.log")) != 0)
+      return;
     made_ = std::filesystem::exists(Set() + "/manifest.txt");
     std::ofstream(dir_->Join("reference.py")) << kReference;
   }
@@ -111,7 +112,8 @@ TEST_F(ImageFolderTest, FullSizeDecodeMatchesPil) {
   std::vector<std::string> files;
   for (const auto& [path, kind] : kind_) {
     if (kind == "jpeg" && files.size() < 24) files.push_back(path);
-    if (kind == "gray" || kind == "cmyk" || kind == "progressive" || kind == "png" || kind == "tiny") {
+    if (kind == "gray" || kind == "cmyk" || kind == "progressive" || kind == "png" ||
+        kind == "tiny") {
       files.push_back(path);
     }
   }
@@ -259,8 +261,10 @@ TEST_F(ImageFolderTest, RegionDecodeEqualsTheWindowOfAWholeDecode) {
       const double sx = double(whole.width) / w, sy = double(whole.height) / h;
       EXPECT_LE(part.x0, std::max(0, int(std::floor(region.x0 * sx)) - 2)) << path;
       EXPECT_LE(part.y0, std::max(0, int(std::floor(region.y0 * sy)) - 2)) << path;
-      EXPECT_GE(part.x0 + part.width, std::min(whole.width, int(std::ceil(region.x1 * sx)) + 2)) << path;
-      EXPECT_GE(part.y0 + part.height, std::min(whole.height, int(std::ceil(region.y1 * sy)) + 2)) << path;
+      EXPECT_GE(part.x0 + part.width, std::min(whole.width, int(std::ceil(region.x1 * sx)) + 2))
+          << path;
+      EXPECT_GE(part.y0 + part.height, std::min(whole.height, int(std::ceil(region.y1 * sy)) + 2))
+          << path;
       ASSERT_LE(part.x0 + part.width, whole.width);
       ASSERT_LE(part.y0 + part.height, whole.height);
       int64_t differ = 0;
@@ -300,7 +304,8 @@ TEST_F(ImageFolderTest, AugmentationDependsOnlyOnSeedEpochAndIndex) {
     std::vector<int32_t> lx(batch.size());
     ASSERT_OK(three.value()->FillBatch(batch, aug, epoch0, x.data(), lx.data()));
     for (size_t k = 0; k < batch.size(); ++k) {
-      EXPECT_TRUE(std::equal(x.begin() + k * per, x.begin() + (k + 1) * per, a.begin() + batch[k] * per))
+      EXPECT_TRUE(
+          std::equal(x.begin() + k * per, x.begin() + (k + 1) * per, a.begin() + batch[k] * per))
           << "sample " << batch[k];
       EXPECT_EQ(lx[k], la[batch[k]]);
     }
@@ -347,24 +352,38 @@ TEST_F(ImageFolderTest, TrainerSkipsBrokenFilesWithOneWarningEachAndCountsThem) 
   // loaded, and the skipped ones counted in the summaries.
   const std::string log = dir_->Join("train.log");
   const int rc = itest::RunCommand(
-      {test::EdlBinary(), "train", "--model", "resnet20", "--data", "imagefolder", "--data_dir",
-       Set(), "--image_size", "32", "--batch_size", "8", "--epochs", "2", "--threads", "1",
-       "--data_threads", "2", "--log_every", "1", "--lr", "0.05"},
+      {test::EdlBinary(), "train", "--model",      "resnet20", "--data",         "imagefolder",
+       "--data_dir",      Set(),   "--image_size", "32",       "--batch_size",   "8",
+       "--epochs",        "2",     "--threads",    "1",        "--data_threads", "2",
+       "--log_every",     "1",     "--lr",         "0.05"},
       log, milliseconds(240000));
   const std::string out = itest::Slurp(log);
   ASSERT_EQ(rc, 0) << out;
   for (const auto& [path, kind] : kind_) {
     size_t count = 0;
     for (size_t at = out.find(path); at != std::string::npos; at = out.find(path, at + 1)) ++count;
-    EXPECT_EQ(count, Undecodable(kind) || kind == "truncated" ? 1u : 0u) << path << " (" << kind << ")\n" << out;
+    EXPECT_EQ(count, Undecodable(kind) || kind == "truncated" ? 1u : 0u)
+        << path << " (" << kind << ")\n"
+        << out;
   }
   // Per trainer (epochs counted from 1, as in the progress and eval lines) and for the whole job.
-  EXPECT_NE(out.find("epoch 1: 3 of 33 training samples this trainer loaded"), std::string::npos) << out;
-  EXPECT_NE(out.find("6 training samples skipped as unreadable by this trainer"), std::string::npos) << out;
-  EXPECT_NE(out.find("epoch 1: 3 of 33 training samples were skipped as unreadable, all ranks"), std::string::npos) << out;
-  EXPECT_NE(out.find("epoch 2: 3 of 33 training samples were skipped as unreadable, all ranks"), std::string::npos) << out;
-  EXPECT_NE(out.find("data: 6 training samples skipped as unreadable by all ranks"), std::string::npos) << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex(R"(eval epoch 2 step \d+: test loss [0-9.]+ acc [0-9.]+% top5 100.00% \(12 images)")))
+  EXPECT_NE(out.find("epoch 1: 3 of 33 training samples this trainer loaded"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("6 training samples skipped as unreadable by this trainer"), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("epoch 1: 3 of 33 training samples were skipped as unreadable, all ranks"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("epoch 2: 3 of 33 training samples were skipped as unreadable, all ranks"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("data: 6 training samples skipped as unreadable by all ranks"),
+            std::string::npos)
+      << out;
+  EXPECT_TRUE(std::regex_search(
+      out,
+      std::regex(
+          R"(eval epoch 2 step \d+: test loss [0-9.]+ acc [0-9.]+% top5 100.00% \(12 images)")))
       << out;  // 4 classes: the label is always among the top 5
 }
 
@@ -373,20 +392,52 @@ TEST_F(ImageFolderTest, TwoRanksSumTheirSkippedSamplesForTheJob) {
   // rank 0 prints the whole job's count per epoch (3 broken files of 33 per epoch), which neither
   // trainer's own count reaches alone unless one of them loaded all three.
   const std::string logs = dir_->Join("launch2");
-  const int rc = itest::RunCommand(
-      {test::EdlBinary(), "launch", "--nproc_per_node", "2", "--log_dir", logs, "--", test::EdlBinary(),
-       "train", "--model", "resnet20", "--data", "imagefolder", "--data_dir", Set(), "--image_size",
-       "32", "--batch_size", "4", "--epochs", "2", "--threads", "1", "--data_threads", "1",
-       "--log_every", "1", "--lr", "0.05"},
-      dir_->Join("launch2.log"), milliseconds(240000));
+  const int rc = itest::RunCommand({test::EdlBinary(),
+                                    "launch",
+                                    "--nproc_per_node",
+                                    "2",
+                                    "--log_dir",
+                                    logs,
+                                    "--",
+                                    test::EdlBinary(),
+                                    "train",
+                                    "--model",
+                                    "resnet20",
+                                    "--data",
+                                    "imagefolder",
+                                    "--data_dir",
+                                    Set(),
+                                    "--image_size",
+                                    "32",
+                                    "--batch_size",
+                                    "4",
+                                    "--epochs",
+                                    "2",
+                                    "--threads",
+                                    "1",
+                                    "--data_threads",
+                                    "1",
+                                    "--log_every",
+                                    "1",
+                                    "--lr",
+                                    "0.05"},
+                                   dir_->Join("launch2.log"), milliseconds(240000));
   const std::string rank0 = itest::Slurp(logs + "/trainer-0.log");
   const std::string rank1 = itest::Slurp(logs + "/trainer-1.log");
   ASSERT_EQ(rc, 0) << itest::Slurp(dir_->Join("launch2.log")) << rank0 << rank1;
-  EXPECT_NE(rank0.find("epoch 1: 3 of 33 training samples were skipped as unreadable, all ranks"), std::string::npos) << rank0;
-  EXPECT_NE(rank0.find("epoch 2: 3 of 33 training samples were skipped as unreadable, all ranks"), std::string::npos) << rank0;
-  EXPECT_EQ(rank1.find("were skipped as unreadable, all ranks"), std::string::npos) << "rank 0 only\n" << rank1;
+  EXPECT_NE(rank0.find("epoch 1: 3 of 33 training samples were skipped as unreadable, all ranks"),
+            std::string::npos)
+      << rank0;
+  EXPECT_NE(rank0.find("epoch 2: 3 of 33 training samples were skipped as unreadable, all ranks"),
+            std::string::npos)
+      << rank0;
+  EXPECT_EQ(rank1.find("were skipped as unreadable, all ranks"), std::string::npos)
+      << "rank 0 only\n"
+      << rank1;
   for (const std::string* log : {&rank0, &rank1}) {
-    EXPECT_NE(log->find("data: 6 training samples skipped as unreadable by all ranks"), std::string::npos) << *log;
+    EXPECT_NE(log->find("data: 6 training samples skipped as unreadable by all ranks"),
+              std::string::npos)
+        << *log;
   }
   // Each trainer's own counts add up to the job's.
   std::smatch m0, m1;
@@ -412,18 +463,21 @@ TEST_F(ImageFolderTest, EmptyClassAndMismatchedSplitsAreClearErrors) {
   std::unique_ptr<Dataset> train, val;
   Status s = LoadImageFolder(root, o, true, &train, &val);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find(root + "/train/dog: class folder holds no"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find(root + "/train/dog: class folder holds no"), std::string::npos)
+      << s.ToString();
 
   std::filesystem::copy_file(jpeg, root + "/train/dog/a.jpg");
   s = LoadImageFolder(root, o, true, &train, &val);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("only in train: 'dog'; only in val: 'emu'"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("only in train: 'dog'; only in val: 'emu'"), std::string::npos)
+      << s.ToString();
   EXPECT_OK(LoadImageFolder(root, o, false, &train, &val));  // no evaluation: val not read
   EXPECT_EQ(train->num_classes(), 2);
 
   s = LoadImageFolder(dir_->Join("nowhere"), o, false, &train, &val);
   EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("nowhere/train: no such directory"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("nowhere/train: no such directory"), std::string::npos)
+      << s.ToString();
 }
 
 }  // namespace

@@ -67,11 +67,11 @@ TEST(ModelTest, WholeResNet20GradientCheck) {
 
   int checked = 0, passed = 0;
   for (const Model::ParamInfo& p : model->param_info()) {
-    const bool pick = p.name == "conv1.weight" || p.name == "bn1.weight" ||
-                      p.name == "layer1.0.conv2.weight" || p.name == "layer1.2.bn2.bias" ||
-                      p.name == "layer2.0.downsample.0.weight" ||
-                      p.name == "layer2.0.downsample.1.weight" || p.name == "layer3.2.conv1.weight" ||
-                      p.name == "fc.weight" || p.name == "fc.bias";
+    const bool pick =
+        p.name == "conv1.weight" || p.name == "bn1.weight" || p.name == "layer1.0.conv2.weight" ||
+        p.name == "layer1.2.bn2.bias" || p.name == "layer2.0.downsample.0.weight" ||
+        p.name == "layer2.0.downsample.1.weight" || p.name == "layer3.2.conv1.weight" ||
+        p.name == "fc.weight" || p.name == "fc.bias";
     if (!pick) continue;
     int64_t count = 1;
     for (int64_t d : p.shape) count *= d;

@@ -38,10 +38,8 @@ struct ConvCase {
 
 TEST_P(OpsTest, Conv2dGradients) {
   const ConvCase cases[] = {
-      {2, 16, 6, 16, {3, 1, 1}, Layout::kNative},
-      {2, 16, 7, 32, {3, 2, 1}, Layout::kNative},
-      {2, 16, 6, 32, {1, 2, 0}, Layout::kNative},
-      {2, 3, 9, 16, {7, 2, 3}, Layout::kNCHW},
+      {2, 16, 6, 16, {3, 1, 1}, Layout::kNative}, {2, 16, 7, 32, {3, 2, 1}, Layout::kNative},
+      {2, 16, 6, 32, {1, 2, 0}, Layout::kNative}, {2, 3, 9, 16, {7, 2, 3}, Layout::kNCHW},
       {2, 1, 8, 16, {3, 1, 1}, Layout::kNCHW},
   };
   for (const ConvCase& cc : cases) {
@@ -74,8 +72,9 @@ TEST_P(OpsTest, BatchNormGradients) {
   for (bool fuse : {false, true}) {
     SCOPED_TRACE(fuse ? "bn+relu" : "bn");
     const Shape xs{3, 16, 4, 4}, cs{16};
-    std::vector<float> xh = RandomVector(Numel(xs), 4, -2.f, 3.f), gh = RandomVector(16, 5, .5f, 1.5f),
-                       bh = RandomVector(16, 6, -.5f, .5f), r = RandomVector(Numel(xs), 7);
+    std::vector<float> xh = RandomVector(Numel(xs), 4, -2.f, 3.f),
+                       gh = RandomVector(16, 5, .5f, 1.5f), bh = RandomVector(16, 6, -.5f, .5f),
+                       r = RandomVector(Numel(xs), 7);
     Tensor x = Make(be(), xs, Layout::kNative, xh), g = Make(be(), cs, Layout::kNCHW, gh),
            b = Make(be(), cs, Layout::kNCHW, bh);
     Tensor y(be(), xs, Layout::kNative), dy = Make(be(), xs, Layout::kNative, r);
@@ -197,8 +196,8 @@ TEST_P(OpsTest, MaxPoolGradients) {
 TEST_P(OpsTest, GlobalAvgPoolGradients) {
   const Shape xs{2, 16, 3, 3}, ys{2, 16};
   std::vector<float> xh = RandomVector(Numel(xs), 13), r = RandomVector(Numel(ys), 14);
-  Tensor x = Make(be(), xs, Layout::kNative, xh), y(be(), ys), dy = Make(be(), ys, Layout::kNCHW, r),
-         dx(be(), xs, Layout::kNative);
+  Tensor x = Make(be(), xs, Layout::kNative, xh), y(be(), ys),
+         dy = Make(be(), ys, Layout::kNCHW, r), dx(be(), xs, Layout::kNative);
   ASSERT_OK(be()->GlobalAvgPoolForward(x, &y));
   std::vector<float> yh = Download(be(), y);
   double want = 0;

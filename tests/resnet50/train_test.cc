@@ -169,13 +169,15 @@ TEST(TrainMainTest, BadInputIsExitCode2WithClearMessage) {
   EXPECT_NE(err.find("--batch_size"), std::string::npos) << err;
   EXPECT_EQ(RunEdlTrain({"--data_dir", "/nonexistent-dir"}, &err), 2);
   EXPECT_NE(err.find("/nonexistent-dir/train-images-idx3-ubyte"), std::string::npos) << err;
-  EXPECT_EQ(RunEdlTrain({"--model", "resnet50", "--data", "synthetic", "--image_size", "28"}, &err), 2);
+  EXPECT_EQ(RunEdlTrain({"--model", "resnet50", "--data", "synthetic", "--image_size", "28"}, &err),
+            2);
   EXPECT_NE(err.find("--image_size"), std::string::npos) << err;
   EXPECT_EQ(RunEdlTrain({"--no_such_flag", "1"}, &err), 2);
   EXPECT_EQ(RunEdlTrain({"--device", "tpu"}, &err), 2);
   // A truncated image file in the data dir is named in the error.
   test::ScratchDir dir("fm");
-  std::ofstream(dir.Join("train-images-idx3-ubyte"), std::ios::binary) << std::string("\0\0\x08\x03", 4);
+  std::ofstream(dir.Join("train-images-idx3-ubyte"), std::ios::binary)
+      << std::string("\0\0\x08\x03", 4);
   EXPECT_EQ(RunEdlTrain({"--data_dir", dir.path()}, &err), 2);
   EXPECT_NE(err.find("train-images-idx3-ubyte"), std::string::npos) << err;
   EXPECT_NE(err.find("truncated"), std::string::npos) << err;
@@ -190,10 +192,13 @@ TEST(TrainMainTest, BadEnvironmentIsExitCode2NamingTheVariable) {
                         {{runtime::env::kRank, "3"}, {runtime::env::kWorldSize, "2"}}),
             2);
   EXPECT_NE(err.find("RANK=3"), std::string::npos) << err;
-  EXPECT_EQ(err.find("/nonexistent-dir"), std::string::npos) << "checked before loading data: " << err;
-  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, nullptr, {{runtime::env::kJoining, "1"}}), 2);
+  EXPECT_EQ(err.find("/nonexistent-dir"), std::string::npos)
+      << "checked before loading data: " << err;
+  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, nullptr, {{runtime::env::kJoining, "1"}}),
+            2);
   EXPECT_NE(err.find("EDL_CLIENT_SOCKET"), std::string::npos) << err;
-  EXPECT_EQ(RunEdlTrain({"--data", "synthetic"}, &err, nullptr, {{runtime::env::kGeneration, "two"}}), 2);
+  EXPECT_EQ(
+      RunEdlTrain({"--data", "synthetic"}, &err, nullptr, {{runtime::env::kGeneration, "two"}}), 2);
   EXPECT_NE(err.find("EDL_GENERATION"), std::string::npos) << err;
 }
 
@@ -211,14 +216,18 @@ TEST(TrainMainTest, SyntheticRunPrintsProgressAndSummary) {
   for (int step = 1; step <= 3; ++step) {
     EXPECT_TRUE(std::regex_search(
         out, std::regex("(^|\n)epoch 1/1 step " + std::to_string(step) +
-                        R"( loss [0-9.]+ acc [0-9.]+% images/s [0-9.]+ lr [0-9.]+ gen 1 world 1 eta \d+m\d+s)")))
+                        R"( loss [0-9.]+ acc [0-9.]+% images/s [0-9.]+ lr [0-9.]+ gen 1 world 1 )"
+                        R"(eta \d+m\d+s)")))
         << "no progress line for step " << step;
   }
   EXPECT_FALSE(std::regex_search(out, std::regex(R"(step 4 )"))) << "ran past --max_steps";
-  EXPECT_TRUE(std::regex_search(out, std::regex(R"(\neval epoch 0 step 3: test loss [0-9.]+ acc [0-9.]+%)")));
+  EXPECT_TRUE(std::regex_search(
+      out, std::regex(R"(\neval epoch 0 step 3: test loss [0-9.]+ acc [0-9.]+%)")));
   std::smatch m;
   ASSERT_TRUE(std::regex_search(
-      out, m, std::regex(R"(\nsummary: resnet20 synthetic steps (\d+) .*final_train_loss ([0-9.]+) .*world 1 )")));
+      out, m,
+      std::regex(
+          R"(\nsummary: resnet20 synthetic steps (\d+) .*final_train_loss ([0-9.]+) .*world 1 )")));
   EXPECT_EQ(m[1], "3");
   EXPECT_GT(std::stod(m[2]), 0.0);
 }

@@ -84,8 +84,8 @@ StatusOr<std::unique_ptr<net::FramedSocket>> Student(int port) {
   hello.role = proto::Role::kStudent;
   hello.service = "kd";
   proto::Welcome w;
-  EDL_RETURN_IF_ERROR(net::AuthenticateToServer(sock.value().get(), kSecret, hello,
-                                                milliseconds(30000), &w));
+  EDL_RETURN_IF_ERROR(
+      net::AuthenticateToServer(sock.value().get(), kSecret, hello, milliseconds(30000), &w));
   return std::move(sock.value());
 }
 
@@ -106,7 +106,8 @@ TEST(TeacherAdmissionTest, IdleConnectionsNeverTakeStudentSlots) {
   // A third authenticated student is refused, with proof and the flag named.
   auto c = Student(teacher->port());
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().ToString().find("--max_students"), std::string::npos) << c.status().ToString();
+  EXPECT_NE(c.status().ToString().find("--max_students"), std::string::npos)
+      << c.status().ToString();
   EXPECT_NE(c.status().ToString().find("2 students"), std::string::npos) << c.status().ToString();
   // A student that leaves frees its slot.
   a.value().reset();

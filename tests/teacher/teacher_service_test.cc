@@ -150,7 +150,9 @@ void ExpectAnswered(runtime::TeacherClient* c, const std::vector<int64_t>& b, ui
   }
 }
 
-bool WaitFor(const std::function<bool()>& pred) { return itest::WaitFor(pred, milliseconds(60000)); }
+bool WaitFor(const std::function<bool()>& pred) {
+  return itest::WaitFor(pred, milliseconds(60000));
+}
 
 TEST(TeacherServiceTest, AnswersMatchTheModelAndConcurrentRequestsShareAPass) {
   FakeModelTeacher t("kd");
@@ -242,8 +244,10 @@ TEST(TeacherServiceTest, AbandonedRequestsAreDroppedNotComputed) {
     ASSERT_OK(c.value()->Get(Batch(s), s, kClasses, rows.data(), has.data()));
     EXPECT_EQ(has[0], 0);
   }
-  ASSERT_TRUE(WaitFor([&] { return t.server()->queued() == 0 && t.server()->Totals().cancelled == 4; }))
-      << t.server()->queued() << " queued, " << t.server()->Totals().cancelled << " cancelled";
+  ASSERT_TRUE(WaitFor([&] {
+    return t.server()->queued() == 0 && t.server()->Totals().cancelled == 4;
+  })) << t.server()->queued()
+      << " queued, " << t.server()->Totals().cancelled << " cancelled";
   EXPECT_EQ(c.value()->counters().cancelled, 4);
   t.gate.Open();
   // Only the request already in the model was computed.
@@ -261,8 +265,10 @@ TEST(TeacherServiceTest, AbandonedRequestsAreDroppedNotComputed) {
   for (int s = 11; s <= 13; ++s) gone.value()->Request(Batch(s), s);
   ASSERT_TRUE(WaitFor([&] { return t.server()->queued() == 3; })) << t.server()->queued();
   gone.value().reset();
-  ASSERT_TRUE(WaitFor([&] { return t.server()->queued() == 0 && t.server()->Totals().orphaned == 3; }))
-      << t.server()->queued() << " queued, " << t.server()->Totals().orphaned << " orphaned";
+  ASSERT_TRUE(WaitFor([&] {
+    return t.server()->queued() == 0 && t.server()->Totals().orphaned == 3;
+  })) << t.server()->queued()
+      << " queued, " << t.server()->Totals().orphaned << " orphaned";
   t.gate.Open();
   ASSERT_TRUE(WaitFor([&] { return t.server()->Totals().requests == 2; }));
   EXPECT_EQ(t.started, 2);  // no pass for the dropped ones
@@ -301,8 +307,9 @@ class ShortRowsTeacher {
       proto::Welcome w;
       w.job_id = "kd";
       proto::Hello h;
-      if (!net::AuthenticatePeer(&s, kSecret, w, milliseconds(5000), &h,
-                                 [](const proto::Hello&) { return Status::OK(); }).ok()) {
+      if (!net::AuthenticatePeer(&s, kSecret, w, milliseconds(5000), &h, [](const proto::Hello&) {
+             return Status::OK();
+           }).ok()) {
         continue;
       }
       nlohmann::json j;
@@ -344,7 +351,8 @@ TEST(TeacherServiceTest, BadOptionsAreRefusedByName) {
   runtime::TeacherClientOptions o = ClientOptions({});
   auto c = runtime::TeacherClient::Create(o);
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().ToString().find("--distill_server"), std::string::npos) << c.status().ToString();
+  EXPECT_NE(c.status().ToString().find("--distill_server"), std::string::npos)
+      << c.status().ToString();
   o.teachers = {"no-port"};
   c = runtime::TeacherClient::Create(o);
   ASSERT_FALSE(c.ok());

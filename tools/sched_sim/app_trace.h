@@ -18,8 +18,8 @@
 // around M (validation-<M>.csv), clamped to the smallest and largest.
 // Progress: a job's progress counts steps at the base batch M0 (the smallest validated batch):
 // a step at batch M makes gain(M) = (var + sqr) / (var * M0 / M + sqr) of them (the statistical
-// efficiency E(M) = gain * M0 / M, jobserver/policy/goodput_model.h, with noise scale M0 * var / sqr).
-// Epoch e ends at progress EpochEnd(e), the least any batch size's file records for it; a job
+// efficiency E(M) = gain * M0 / M, jobserver/policy/goodput_model.h, with noise scale M0 * var /
+// sqr). Epoch e ends at progress EpochEnd(e), the least any batch size's file records for it; a job
 // completes at the end of epoch max_epochs - 1 (applications.csv).
 //
 // Thread-safety: immutable after Load; const methods may be called from any thread.

@@ -79,8 +79,8 @@ struct ReplayOptions {
   double interval_s = 60;  // the scheduling period (the reference study's)
   double start_s = 30;     // stall when a job goes from no trainers to some
   ReformCost reform = ReformCost::kSteps;
-  // EDL's measured re-form stalls, in steady steps (docs/BENCHMARKS.md, bench/rescale.sh: shrink 0.93, grow
-  // 1.22 steps, medians of survivor stalls).
+  // EDL's measured re-form stalls, in steady steps (docs/BENCHMARKS.md, bench/rescale.sh: shrink
+  // 0.93, grow 1.22 steps, medians of survivor stalls).
   double reform_grow_steps = 1.22;
   double reform_shrink_steps = 0.93;
   double reform_fixed_s = 30;

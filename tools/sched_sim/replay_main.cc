@@ -294,8 +294,7 @@ int main(int argc, char** argv) {
   };
   for (const Variant& v : run) results(v.name, reference, ours[v.name], refs[reference]);
   const std::string tiresias = "tiresias";  // our replay's variant and the published policy
-  if (ours.count(tiresias) > 0)
-    results(tiresias, tiresias, ours[tiresias], refs[tiresias]);
+  if (ours.count(tiresias) > 0) results(tiresias, tiresias, ours[tiresias], refs[tiresias]);
   if (ours.count(tiresias) > 0) {
     for (const Variant& v : run) {
       for (size_t i = 0; i <= names.size(); ++i) {

@@ -60,8 +60,8 @@ Status FileKvStore::Wait(const std::string& key, std::chrono::milliseconds timeo
     Status s = Get(key, value);
     if (!s.IsNotFound()) return s;
     if (std::chrono::steady_clock::now() >= deadline) {
-      return Status::Timeout("rendezvous key '" + key + "' did not appear in " + dir_ +
-                             " within " + std::to_string(timeout.count()) +
+      return Status::Timeout("rendezvous key '" + key + "' did not appear in " + dir_ + " within " +
+                             std::to_string(timeout.count()) +
                              " ms; did every rank start with the same directory?");
     }
     std::this_thread::sleep_for(pause);

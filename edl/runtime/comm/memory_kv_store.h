@@ -8,8 +8,8 @@
 #include <mutex>
 #include <string>
 
-#include "edl/runtime/comm/communicator.h"
 #include "edl/base/thread_annotations.h"
+#include "edl/runtime/comm/communicator.h"
 
 namespace edl::runtime {
 

@@ -56,7 +56,8 @@ std::string InterfaceOfAddress(const std::string& ip) {
         std::memcmp(&reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, &v4, sizeof(v4)) == 0) {
       name = a->ifa_name;
     } else if (is6 && a->ifa_addr->sa_family == AF_INET6 &&
-               std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, &v6, sizeof(v6)) == 0) {
+               std::memcmp(&reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, &v6,
+                           sizeof(v6)) == 0) {
       name = a->ifa_name;
     }
   }
@@ -67,13 +68,14 @@ std::string InterfaceOfAddress(const std::string& ip) {
 std::string DefaultNcclSocketIfname(const std::string& host) {
   static std::mutex mu;  // one setenv, before any NCCL init of this process reads the variable
   std::lock_guard<std::mutex> lock(mu);
-  if (const char* set = std::getenv("NCCL_SOCKET_IFNAME"); set != nullptr && *set != '\0') return set;
+  if (const char* set = std::getenv("NCCL_SOCKET_IFNAME"); set != nullptr && *set != '\0')
+    return set;
   const std::string iface = InterfaceOfAddress(host);
   if (iface.empty()) return "";
   const std::string value = "=" + iface;
   ::setenv("NCCL_SOCKET_IFNAME", value.c_str(), /*overwrite=*/0);
-  LOG(INFO) << "NCCL_SOCKET_IFNAME=" << value << ": the interface of this trainer's address " << host
-            << " (set NCCL_SOCKET_IFNAME to choose another)";
+  LOG(INFO) << "NCCL_SOCKET_IFNAME=" << value << ": the interface of this trainer's address "
+            << host << " (set NCCL_SOCKET_IFNAME to choose another)";
   return value;
 }
 

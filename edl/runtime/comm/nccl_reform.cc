@@ -7,24 +7,27 @@ namespace edl::runtime {
 
 const char* NcclBuildName(NcclBuild b) {
   switch (b) {
-    case NcclBuild::kInit: return "init";
-    case NcclBuild::kShrink: return "shrink";
-    case NcclBuild::kShrinkAbort: return "shrink_abort";
+    case NcclBuild::kInit:
+      return "init";
+    case NcclBuild::kShrink:
+      return "shrink";
+    case NcclBuild::kShrinkAbort:
+      return "shrink_abort";
   }
   return "?";
 }
 
 NcclBuildPlan PlanNcclBuild(const std::vector<std::string>& current,
-                            const std::vector<std::string>& next, bool failure,
-                            bool parent_usable, int nccl_version) {
+                            const std::vector<std::string>& next, bool failure, bool parent_usable,
+                            int nccl_version) {
   NcclBuildPlan plan;
   if (current.empty()) {
     plan.why = "no current communicator";
     return plan;
   }
   if (nccl_version < kNcclShrinkMinVersion) {
-    plan.why = "NCCL " + std::to_string(nccl_version) + " has no ncclCommShrink (needs >= " +
-               std::to_string(kNcclShrinkMinVersion) + ")";
+    plan.why = "NCCL " + std::to_string(nccl_version) +
+               " has no ncclCommShrink (needs >= " + std::to_string(kNcclShrinkMinVersion) + ")";
     return plan;
   }
   if (!parent_usable) {
@@ -68,9 +71,9 @@ std::string DuplicateGpuMessage(const std::string& nccl_error,
   if (at == std::string::npos) return "";
   int a = -1, b = -1;
   unsigned long long bus = 0;
-  const int got = std::sscanf(nccl_error.c_str() + at,
-                              "Duplicate GPU detected : rank %d and rank %d both on CUDA device %llx",
-                              &a, &b, &bus);
+  const int got = std::sscanf(
+      nccl_error.c_str() + at,
+      "Duplicate GPU detected : rank %d and rank %d both on CUDA device %llx", &a, &b, &bus);
   auto name = [&](int r) {
     std::string s = "rank " + std::to_string(r);
     if (r >= 0 && r < static_cast<int>(rank_names.size()) && !rank_names[r].empty()) {
@@ -89,10 +92,12 @@ std::string DuplicateGpuMessage(const std::string& nccl_error,
   } else {
     msg += "two trainers are on the same GPU (" + nccl_error.substr(at) + ")";
   }
-  msg += ", and one NCCL communicator takes one GPU per rank. Give each trainer its own GPU: "
-         "`edl train --cuda_device N` (default: the slot, or LOCAL_RANK, modulo the visible GPUs), `edl client "
-         "--gpus` (one CUDA_VISIBLE_DEVICES per slot), at most as many trainers per node as GPUs; "
-         "or use --comm gloo to share a GPU";
+  msg +=
+      ", and one NCCL communicator takes one GPU per rank. Give each trainer its own GPU: "
+      "`edl train --cuda_device N` (default: the slot, or LOCAL_RANK, modulo the visible GPUs), "
+      "`edl client "
+      "--gpus` (one CUDA_VISIBLE_DEVICES per slot), at most as many trainers per node as GPUs; "
+      "or use --comm gloo to share a GPU";
   return msg;
 }
 

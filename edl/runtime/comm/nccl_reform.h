@@ -40,8 +40,8 @@ struct NcclBuildPlan {
 // runtime makes agree by shrinking only when the current communicator's last collective succeeded
 // on every rank (a planned switch) or, for a failure, only with NCCL_SHRINK_ABORT.
 NcclBuildPlan PlanNcclBuild(const std::vector<std::string>& current,
-                            const std::vector<std::string>& next, bool failure,
-                            bool parent_usable, int nccl_version);
+                            const std::vector<std::string>& next, bool failure, bool parent_usable,
+                            int nccl_version);
 
 // The user-facing error for a NCCL error string that reports two ranks on one GPU ("Duplicate GPU
 // detected : rank 1 and rank 0 both on CUDA device 1000"), naming both trainers (`rank_names`,

@@ -96,12 +96,14 @@ TEST(FlagsTest, AnAbbreviatedFlagIsRefusedWithTheFlagItMayMean) {
   ParsedFlags f;
   const Status s = ParseFlags("server", "usage", Desc(), a.argc(), a.argv(), &f);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("unrecognised option '--server_p'"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("unrecognised option '--server_p'"), std::string::npos)
+      << s.ToString();
   EXPECT_NE(s.message().find("did you mean --server_port?"), std::string::npos) << s.ToString();
   Argv b({"server", "--node_ipz", "x"});  // a typo
   ParsedFlags g;
-  EXPECT_NE(ParseFlags("server", "usage", Desc(), b.argc(), b.argv(), &g).message().find("--node_ips"),
-            std::string::npos);
+  EXPECT_NE(
+      ParseFlags("server", "usage", Desc(), b.argc(), b.argv(), &g).message().find("--node_ips"),
+      std::string::npos);
 }
 
 TEST(FlagsTest, SplitCommandLineSplitsAsAShellDoesWithoutExpanding) {
@@ -111,7 +113,8 @@ TEST(FlagsTest, SplitCommandLineSplitsAsAShellDoesWithoutExpanding) {
     EXPECT_TRUE(r.ok()) << line << ": " << r.status().ToString();
     return r.ok() ? r.value() : V{};
   };
-  EXPECT_EQ(split("edl train  --epochs 3\t--lr 0.1"), (V{"edl", "train", "--epochs", "3", "--lr", "0.1"}));
+  EXPECT_EQ(split("edl train  --epochs 3\t--lr 0.1"),
+            (V{"edl", "train", "--epochs", "3", "--lr", "0.1"}));
   EXPECT_EQ(split("edl train --checkpoint_dir /data/ckpt\\ dir/g2"),
             (V{"edl", "train", "--checkpoint_dir", "/data/ckpt dir/g2"}));
   EXPECT_EQ(split("a 'b c' \"d e\" f'g'h"), (V{"a", "b c", "d e", "fgh"}));
@@ -121,7 +124,8 @@ TEST(FlagsTest, SplitCommandLineSplitsAsAShellDoesWithoutExpanding) {
   for (const std::string bad : {"a 'b", "a \"b", "a b\\"}) {
     auto r = SplitCommandLine(bad, "--trainer_cmd");
     ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_NE(r.status().message().find("--trainer_cmd"), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find("--trainer_cmd"), std::string::npos)
+        << r.status().ToString();
   }
 }
 

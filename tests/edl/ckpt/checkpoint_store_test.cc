@@ -2,8 +2,8 @@
 // also a flipped byte on disk, a writer process SIGKILLed mid-save, the LOCK wait, and NFS.
 #include "edl/ckpt/checkpoint_store.h"
 
-#include <signal.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <random>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include <glog/logging.h>
@@ -254,7 +254,8 @@ class LockWaitSink : public google::LogSink {
  public:
   void send(google::LogSeverity, const char*, const char*, int, const google::LogMessageTime&,
             const char* message, size_t len) override {
-    if (std::string(message, len).find("locked by another writer; waiting") == std::string::npos) return;
+    if (std::string(message, len).find("locked by another writer; waiting") == std::string::npos)
+      return;
     std::lock_guard<std::mutex> lock(mu_);
     seen_ = true;
     cv_.notify_all();
@@ -322,7 +323,8 @@ TEST(RocksDbStoreTest, DamageIsToldAtOnceNotWaitedOutAsAPrune) {
     bool removed = false;
     for (const auto& e : fs::directory_iterator(dir.path())) {
       const std::string name = e.path().filename().string();
-      if (!removed && (manifest ? name.rfind("MANIFEST-", 0) == 0 : e.path().extension() == ".sst")) {
+      if (!removed &&
+          (manifest ? name.rfind("MANIFEST-", 0) == 0 : e.path().extension() == ".sst")) {
         fs::remove(e.path());
         removed = true;
       }
@@ -389,8 +391,8 @@ TEST(RocksDbStoreTest, TakesBackDiskSpaceOfDroppedCheckpoints) {
 
 // ---- a writer process killed mid-save
 
-// Its output goes to <dir>.writer.log, beside the store in the test's scratch directory (checked for
-// sanitizer reports with the directory).
+// Its output goes to <dir>.writer.log, beside the store in the test's scratch directory (checked
+// for sanitizer reports with the directory).
 pid_t StartWriter(const std::string& dir, int mb) {
   const std::string log = dir + ".writer.log";
   pid_t pid = fork();
@@ -398,8 +400,8 @@ pid_t StartWriter(const std::string& dir, int mb) {
     int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     dup2(out, 1);
     dup2(out, 2);
-    execl(CKPT_BENCH, CKPT_BENCH, "writer", "--dir", dir.c_str(), "--mb", std::to_string(mb).c_str(),
-          "--seconds", "600", static_cast<char*>(nullptr));
+    execl(CKPT_BENCH, CKPT_BENCH, "writer", "--dir", dir.c_str(), "--mb",
+          std::to_string(mb).c_str(), "--seconds", "600", static_cast<char*>(nullptr));
     _exit(127);
   }
   return pid;
@@ -469,8 +471,9 @@ void KillWriterMidSaveAndCheck(const std::string& dir) {
       const int64_t left = SaveInFlight(dir, 1);
       proven = left > committed && left == in_flight;
       std::cout << "round " << round << " attempt " << attempt << ": killed the writer "
-                << (proven ? "while it was writing the data file of checkpoint " + std::to_string(left)
-                           : std::string("after its save finished (retrying)"))
+                << (proven
+                        ? "while it was writing the data file of checkpoint " + std::to_string(left)
+                        : std::string("after its save finished (retrying)"))
                 << "; newest checkpoint " << committed << "\n";
 
       LoadedCheckpoint out;
@@ -530,10 +533,12 @@ TEST(RocksDbStoreTest, WorksOnAnNfsMountOverLoopback) {
   }
   ScratchDir exported("ckpt-nfs-export"), mnt("ckpt-nfs-mnt");
   const std::string spec = "127.0.0.1:" + exported.path();
-  ASSERT_EQ(system(("exportfs -o rw,sync,no_root_squash,insecure,fsid=" +
-                    std::to_string(getpid()) + " " + spec).c_str()), 0);
-  const int mounted = system(("mount -t nfs -o vers=4.2,hard,timeo=50 " + spec + " " +
-                              mnt.path()).c_str());
+  ASSERT_EQ(system(("exportfs -o rw,sync,no_root_squash,insecure,fsid=" + std::to_string(getpid()) +
+                    " " + spec)
+                       .c_str()),
+            0);
+  const int mounted =
+      system(("mount -t nfs -o vers=4.2,hard,timeo=50 " + spec + " " + mnt.path()).c_str());
   if (mounted == 0) {
     auto store = OpenRocksDbStore(Options(mnt.Join("store")));
     TestState state = MakeState(1);
@@ -553,7 +558,8 @@ TEST(RocksDbStoreTest, WorksOnAnNfsMountOverLoopback) {
 class InflatedMetaStore : public CheckpointStore {
  public:
   InflatedMetaStore(CheckpointStore* base, uint64_t bytes) : base_(base), bytes_(bytes) {}
-  Status Save(const CheckpointMeta& meta, const std::vector<TensorView>& tensors, int64_t* id) override {
+  Status Save(const CheckpointMeta& meta, const std::vector<TensorView>& tensors,
+              int64_t* id) override {
     return base_->Save(meta, tensors, id);
   }
   Status List(std::vector<CheckpointMeta>* out) override {

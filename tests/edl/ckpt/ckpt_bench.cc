@@ -313,17 +313,21 @@ int Stall(std::map<std::string, std::string>& a) {
   const double b = Mean(base) * 1e3;
   const double f = (Mean(with_saves) + drain / std::max<size_t>(1, with_saves.size())) * 1e3;
   const int64_t saves = ckpt.saves_completed();
-  printf("compute: %u threads, %d steps without saves, %zu with a save due every %d steps; "
-         "%lld saves done, %lld skipped (busy); writes still running after the last step: %.1f ms "
-         "in all, charged to the saves\n", cores, static_cast<int>(base.size()),
-         with_saves.size(), every, static_cast<long long>(saves),
-         static_cast<long long>(ckpt.saves_skipped()), drain * 1e3);
-  printf("snapshot copy on the training thread (once per save, %.0f MB): median %.1f ms; "
-         "background write %.2f s; whole cost per save to the training thread %.1f ms\n",
-         s.bytes / 1e6, Median(snapshot) * 1e3, ckpt.last_write_seconds(),
-         saves > 0 ? (f - b) * with_saves.size() / saves : 0.0);
-  printf("RESULT ckpt_mean_step_ms_with_saves_every_%d ours=%.1fms ref=%.1fms ratio=%.3f "
-         "(stall %.1f%% of training time)\n", every, f, b, b / f, (f - b) / b * 100);
+  printf(
+      "compute: %u threads, %d steps without saves, %zu with a save due every %d steps; "
+      "%lld saves done, %lld skipped (busy); writes still running after the last step: %.1f ms "
+      "in all, charged to the saves\n",
+      cores, static_cast<int>(base.size()), with_saves.size(), every, static_cast<long long>(saves),
+      static_cast<long long>(ckpt.saves_skipped()), drain * 1e3);
+  printf(
+      "snapshot copy on the training thread (once per save, %.0f MB): median %.1f ms; "
+      "background write %.2f s; whole cost per save to the training thread %.1f ms\n",
+      s.bytes / 1e6, Median(snapshot) * 1e3, ckpt.last_write_seconds(),
+      saves > 0 ? (f - b) * with_saves.size() / saves : 0.0);
+  printf(
+      "RESULT ckpt_mean_step_ms_with_saves_every_%d ours=%.1fms ref=%.1fms ratio=%.3f "
+      "(stall %.1f%% of training time)\n",
+      every, f, b, b / f, (f - b) / b * 100);
   return 0;
 }
 

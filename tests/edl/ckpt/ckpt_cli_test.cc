@@ -99,7 +99,8 @@ TEST_F(CkptCliTest, ExportWritesRawFilesAndIndex) {
   std::string out;
   const std::string dst = dir_.Join("export");
   ASSERT_EQ(RunEdl("export --id 1 --out " + dst + " --checkpoint_dir " + dir_.Join("store"), &out),
-            0) << out;
+            0)
+      << out;
   std::ifstream in(dst + "/index.json");
   const auto index = nlohmann::json::parse(in);
   EXPECT_EQ(index["step"], 100);

@@ -3,11 +3,11 @@
 // next writer's pruning removes what the killed one left unlisted, and `edl ckpt verify` agrees
 // with List. Also the fence's message says which way it points: a stale writer of the same job,
 // or a store that was ahead of the job before its writer started.
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/inotify.h>
 #include <sys/wait.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -42,7 +42,10 @@ RocksDbStoreOptions Options(const std::string& dir, int keep = 2) {
 
 std::vector<TensorView> State(std::vector<float>* storage, float value) {
   storage->assign(64 << 10, value);
-  return {{"w", DataType::kFloat32, {static_cast<int64_t>(storage->size())}, storage->data(),
+  return {{"w",
+           DataType::kFloat32,
+           {static_cast<int64_t>(storage->size())},
+           storage->data(),
            storage->size() * sizeof(float)}};
 }
 
@@ -119,7 +122,8 @@ std::set<int64_t> ListedAndWhole(CheckpointStore* store) {
     VerifyReport report;
     Status s = store->Verify(m.id, &report);
     EXPECT_TRUE(s.ok()) << "listed checkpoint " << m.id << ": " << s.ToString();
-    EXPECT_TRUE(report.corrupt.empty()) << "listed checkpoint " << m.id << ": " << report.corrupt[0];
+    EXPECT_TRUE(report.corrupt.empty())
+        << "listed checkpoint " << m.id << ": " << report.corrupt[0];
     ids.insert(m.id);
   }
   return ids;
@@ -149,14 +153,14 @@ TEST(CheckpointPruneTest, WriterKilledWhilePruningLeavesNoListedCheckpointWithou
     ASSERT_FALSE(listed.empty()) << "round " << round;
     const std::string cmd = edl::test::EdlBinary() + " ckpt verify --checkpoint_dir " + store_dir +
                             " > " + dir.Join("verify.out") + " 2>&1";
-    EXPECT_EQ(std::system(cmd.c_str()), 0)
-        << "round " << round << ": `edl ckpt verify` fails:\n" << ReadAll(dir.Join("verify.out"));
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << "round " << round << ": `edl ckpt verify` fails:\n"
+                                           << ReadAll(dir.Join("verify.out"));
     // The next save prunes what the killed writer left unlisted: only listed ids hold data.
     ASSERT_OK(store->Save(Meta(1000 + round, 1), State(&storage, round), nullptr));
     const std::set<int64_t> after = ListedAndWhole(store.get());
     for (int64_t id : DataIds(store_dir)) {
-      EXPECT_TRUE(after.count(id)) << "round " << round << ": data of unlisted checkpoint " << id
-                                   << " was left behind";
+      EXPECT_TRUE(after.count(id))
+          << "round " << round << ": data of unlisted checkpoint " << id << " was left behind";
     }
     // Drain the events of the test's own save before the next round watches again.
     char drain[4096];

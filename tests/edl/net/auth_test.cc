@@ -25,9 +25,10 @@ TEST(AuthTest, NoncesAreFreshHex) {
 
 TEST(AuthTest, HandshakeMacsCoverEveryFieldTheNonceAndTheSecret) {
   const std::string s = "cluster-secret-0123456789abcdefgh", n = NewNonce();
-  const nlohmann::json hello = {{"type", "hello"}, {"role", "client"}, {"nonce", NewNonce()},
-                                {"node", "n1"},    {"host", "10.0.0.1"}, {"mode", "inplace"},
-                                {"slots", {0, 1}}, {"trainers", nlohmann::json::array()}};
+  const nlohmann::json hello = {{"type", "hello"},     {"role", "client"},
+                                {"nonce", NewNonce()}, {"node", "n1"},
+                                {"host", "10.0.0.1"},  {"mode", "inplace"},
+                                {"slots", {0, 1}},     {"trainers", nlohmann::json::array()}};
   const std::string m = HelloMac(s, n, hello);
   EXPECT_EQ(m.size(), 64u);
   // The mac field itself is left out, and key order does not matter.
@@ -108,23 +109,27 @@ TEST(AuthTest, TokenFileHasTheSecretFilesChecksAndNamesItsFlag) {
   EXPECT_NE(st.message().find("--http_token_file"), std::string::npos) << st.ToString();
   EXPECT_NE(st.message().find("chmod 600"), std::string::npos) << st.ToString();
   st = ReadTokenFile(WriteSecret(dir.Join("short"), "abc"), "--http_token_file", &t);
-  EXPECT_NE(st.message().find("head -c 32 /dev/urandom | base64"), std::string::npos) << st.ToString();
+  EXPECT_NE(st.message().find("head -c 32 /dev/urandom | base64"), std::string::npos)
+      << st.ToString();
   ASSERT_OK(ReadTokenFile(WriteSecret(dir.Join("good"), good + "\n"), "--http_token_file", &t));
   EXPECT_EQ(t, good);
 }
 
 // A reference MAC built the slow way, to pin the documented layout (PROTOCOL.md).
 std::string RefTag(const std::string& secret, const std::string& ns, const std::string& np,
-                   unsigned char dir, uint64_t seq, const std::string& header, const std::string& payload) {
+                   unsigned char dir, uint64_t seq, const std::string& header,
+                   const std::string& payload) {
   const std::string key_hex = HmacHex(secret, "edl-session:" + ns + ":" + np);
   std::string key;
-  for (size_t i = 0; i < key_hex.size(); i += 2) key += static_cast<char>(std::stoi(key_hex.substr(i, 2), nullptr, 16));
+  for (size_t i = 0; i < key_hex.size(); i += 2)
+    key += static_cast<char>(std::stoi(key_hex.substr(i, 2), nullptr, 16));
   std::string msg(1, static_cast<char>(dir));
   for (int i = 7; i >= 0; --i) msg += static_cast<char>(seq >> (8 * i));
   msg += header + payload;
   const std::string hex = HmacHex(key, msg);
   std::string out;
-  for (size_t i = 0; i < hex.size(); i += 2) out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  for (size_t i = 0; i < hex.size(); i += 2)
+    out += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
   return out;
 }
 
@@ -185,8 +190,9 @@ TEST(AuthTest, ServerErrorMacBindsNonceCodeAndMessage) {
   EXPECT_FALSE(MacEqual(m, ServerErrorMac(s, NewNonce(), "AlreadyExists", "node taken")));
   EXPECT_FALSE(MacEqual(m, ServerErrorMac(s, n, "Unauthenticated", "node taken")));
   EXPECT_FALSE(MacEqual(m, ServerErrorMac(s, n, "AlreadyExists", "node free")));
-  EXPECT_FALSE(MacEqual(m, WelcomeMac(s, n, {{"type", "error"}, {"code", "AlreadyExists"},
-                                              {"message", "node taken"}})));
+  EXPECT_FALSE(MacEqual(
+      m,
+      WelcomeMac(s, n, {{"type", "error"}, {"code", "AlreadyExists"}, {"message", "node taken"}})));
 }
 
 }  // namespace

@@ -58,7 +58,8 @@ class ConnectionTest : public ::testing::Test {
 
 TEST_F(ConnectionTest, EchoesFramesInOrder) {
   StartEcho();
-  for (int i = 0; i < 50; ++i) ASSERT_OK(peer_->Send(json{{"type", "x"}, {"i", i}}, milliseconds(5000)));
+  for (int i = 0; i < 50; ++i)
+    ASSERT_OK(peer_->Send(json{{"type", "x"}, {"i", i}}, milliseconds(5000)));
   for (int i = 0; i < 50; ++i) {
     json m;
     ASSERT_OK(peer_->Receive(&m, milliseconds(5000)));
@@ -92,7 +93,8 @@ TEST(RawConnectionTest, AThrowingHandlerClosesItsConnectionOnly) {
   std::thread t([&] { io.run_for(std::chrono::seconds(20)); });
   ASSERT_OK(bad_peer.Send(json{{"type", "x"}}, milliseconds(5000)));
   json m;
-  EXPECT_EQ(bad_peer.Receive(&m, milliseconds(10000)).code(), Status::Code::kUnavailable) << "not closed";
+  EXPECT_EQ(bad_peer.Receive(&m, milliseconds(10000)).code(), Status::Code::kUnavailable)
+      << "not closed";
   ASSERT_OK(good_peer.Send(json{{"type", "x"}, {"i", 1}}, milliseconds(5000)));
   ASSERT_OK(good_peer.Receive(&m, milliseconds(10000)));
   EXPECT_EQ(m["i"], 1);
@@ -301,7 +303,8 @@ TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
   std::thread rest([&] {
     auto write_to = [&](size_t end) {
       while (sent < end) {
-        const ssize_t n = ::write(fds[1], payload.data() + sent, std::min<size_t>(end - sent, 65536));
+        const ssize_t n =
+            ::write(fds[1], payload.data() + sent, std::min<size_t>(end - sent, 65536));
         if (n <= 0) return false;
         sent += static_cast<size_t>(n);
       }
@@ -330,7 +333,8 @@ TEST(GrowingBufferTest, AnnouncedLengthIsNotAllocatedUpFront) {
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0]["pad"].get_ref<const std::string&>().size(), proto::kMaxFrameBytes - 21);
   EXPECT_GE(max_seen, half);  // it grew with the bytes that came
-  EXPECT_LT(conn->read_buffer_bytes(), 128u << 10) << "the large buffer is released after the frame";
+  EXPECT_LT(conn->read_buffer_bytes(), 128u << 10)
+      << "the large buffer is released after the frame";
   conn->Close(Status::Aborted("test over"));
   ::close(fds[1]);
 }

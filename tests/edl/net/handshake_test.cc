@@ -55,7 +55,8 @@ TEST(HandshakeTest, AnAdmittedPeerAndTheServerShareASealedSession) {
   auto s = server.TakeSession(), p = peer.TakeSession();
   EXPECT_TRUE(Travels(s.get(), p.get(), "to the peer"));
   EXPECT_TRUE(Travels(p.get(), s.get(), "to the server"));
-  EXPECT_FALSE(Travels(s.get(), s.get(), "reflected")) << "a frame reflected to its sender must not open";
+  EXPECT_FALSE(Travels(s.get(), s.get(), "reflected"))
+      << "a frame reflected to its sender must not open";
 }
 
 TEST(HandshakeTest, APeerWithAnotherSecretIsRefusedWithoutProof) {
@@ -69,7 +70,8 @@ TEST(HandshakeTest, APeerWithAnotherSecretIsRefusedWithoutProof) {
   EXPECT_NE(s.message().find("bad HMAC from 10.0.0.9:4242"), std::string::npos) << s.ToString();
   EXPECT_FALSE(server.proven());
   const json refusal = server.Refusal(s);
-  EXPECT_FALSE(refusal.contains("mac") && !refusal["mac"].get<std::string>().empty()) << refusal.dump();
+  EXPECT_FALSE(refusal.contains("mac") && !refusal["mac"].get<std::string>().empty())
+      << refusal.dump();
   proto::Welcome w;
   bool proven = true;
   const Status r = peer.OnReply(refusal, "server", &w, &proven);
@@ -95,7 +97,8 @@ TEST(HandshakeTest, ARefusalAfterAValidMacCarriesTheServersProofEvenWhenTheHello
   const Status r = peer.OnReply(server.Refusal(s), "server", &w, &proven);
   EXPECT_TRUE(proven);
   EXPECT_EQ(r.code(), s.code());
-  EXPECT_NE(r.message().find("is not a host name or IP address"), std::string::npos) << r.ToString();
+  EXPECT_NE(r.message().find("is not a host name or IP address"), std::string::npos)
+      << r.ToString();
   // The same after an admission refusal (e.g. a node name held by another client).
   ServerHandshake server2(kSecret);
   PeerHandshake peer2(kSecret, ClientHello());
@@ -136,7 +139,8 @@ TEST(HandshakeTest, OnlyAHelloOpensAndOnlyAChallengeAnswersAConnect) {
   EXPECT_FALSE(server.proven());
   PeerHandshake peer(kSecret, ClientHello());
   json hello;
-  EXPECT_EQ(peer.OnChallenge(json{{"type", "welcome"}}, "server", &hello).code(), Status::Code::kCorruption);
+  EXPECT_EQ(peer.OnChallenge(json{{"type", "welcome"}}, "server", &hello).code(),
+            Status::Code::kCorruption);
   // A hello altered after its MAC was computed (a relay changing the slots) is refused.
   ServerHandshake server2(kSecret);
   PeerHandshake peer2(kSecret, ClientHello());

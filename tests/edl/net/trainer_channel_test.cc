@@ -55,8 +55,9 @@ TEST(TrainerChannelTest, GenerationsKvAndReports) {
     ASSERT_OK(s->Receive(&m, milliseconds(5000)));
     EXPECT_EQ(m["type"], "trainer_hello");
     EXPECT_EQ(m["trainer_id"], "t-1");
-    ASSERT_OK(s->Send(json{{"type", "welcome"}, {"mac", ""}, {"job_id", "j"}, {"heartbeat_ms", 100}},
-                      milliseconds(5000)));
+    ASSERT_OK(
+        s->Send(json{{"type", "welcome"}, {"mac", ""}, {"job_id", "j"}, {"heartbeat_ms", 100}},
+                milliseconds(5000)));
     proto::GenerationInfo g;
     g.generation = 3;
     g.job_id = "j";
@@ -73,8 +74,10 @@ TEST(TrainerChannelTest, GenerationsKvAndReports) {
       if (m["type"] == "kv") {
         proto::KvReply r;
         r.req_id = m["req_id"].get<uint64_t>();
-        if (m["op"] == "get") r.status = Status::NotFound("no key");
-        else r.value = "v";
+        if (m["op"] == "get")
+          r.status = Status::NotFound("no key");
+        else
+          r.value = "v";
         json rj;
         r.EncodeTo(&rj);
         ASSERT_OK(s->Send(rj, milliseconds(5000)));
@@ -117,13 +120,15 @@ TEST(TrainerChannelTest, ServiceListsOfWatchedServicesArrive) {
     auto s = client.Accept();
     json m;
     ASSERT_OK(s->Receive(&m, milliseconds(5000)));
-    ASSERT_OK(s->Send(json{{"type", "welcome"}, {"mac", ""}, {"job_id", "j"}, {"heartbeat_ms", 100}},
-                      milliseconds(5000)));
+    ASSERT_OK(
+        s->Send(json{{"type", "welcome"}, {"mac", ""}, {"job_id", "j"}, {"heartbeat_ms", 100}},
+                milliseconds(5000)));
     do {  // heartbeats until the watch
       ASSERT_OK(s->Receive(&m, milliseconds(5000)));
     } while (m["type"] == "heartbeat");
     EXPECT_EQ(m, json({{"type", "service_watch"}, {"service", "kd"}}));
-    for (const auto& [service, port] : std::vector<std::pair<std::string, int>>{{"other", 1}, {"kd", 9001}, {"kd", 9002}}) {
+    for (const auto& [service, port] :
+         std::vector<std::pair<std::string, int>>{{"other", 1}, {"kd", 9001}, {"kd", 9002}}) {
       proto::ServiceMembers l;
       l.service = service;
       l.members.push_back({"t" + std::to_string(port), "127.0.0.1", port});
@@ -243,14 +248,17 @@ TEST(SpareTest, AWrongAssignmentOrAClosedClientIsAClearError) {
   const runtime::RunPlan plan = runtime::PlanRun(spare);
   auto got = runtime::AwaitAssignment(plan, milliseconds(5000));
   EXPECT_EQ(got.status().code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(got.status().message().find("EDL_JOB_ID"), std::string::npos) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("EDL_JOB_ID"), std::string::npos)
+      << got.status().ToString();
   got = runtime::AwaitAssignment(plan, milliseconds(5000));
   EXPECT_EQ(got.status().code(), Status::Code::kInvalidArgument);
-  EXPECT_NE(got.status().message().find("LD_PRELOAD"), std::string::npos) << got.status().ToString();
+  EXPECT_NE(got.status().message().find("LD_PRELOAD"), std::string::npos)
+      << got.status().ToString();
   got = runtime::AwaitAssignment(plan, milliseconds(5000));
   EXPECT_EQ(got.status().code(), Status::Code::kAborted) << got.status().ToString();
   server.join();
-  EXPECT_EQ(std::getenv(runtime::env::kTrainerId), nullptr) << "a refused assignment writes nothing";
+  EXPECT_EQ(std::getenv(runtime::env::kTrainerId), nullptr)
+      << "a refused assignment writes nothing";
 }
 
 TEST(TrainerChannelTest, NoSocketIsAClearError) {

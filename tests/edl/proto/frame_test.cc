@@ -60,7 +60,8 @@ TEST(FrameTest, SealedFlagMustMatchTheConnectionState) {
   EncodeFrameHeader(100, header);
   Status s = DecodeFrameHeader(header, kMaxFrameBytes, /*expect_sealed=*/true, &len);
   EXPECT_TRUE(s.IsCorruption());
-  EXPECT_NE(s.message().find("unsealed frame after the handshake"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("unsealed frame after the handshake"), std::string::npos)
+      << s.ToString();
   EncodeFrameHeader(100 + kSealTagBytes, header, kFrameSealed);
   ASSERT_OK(DecodeFrameHeader(header, kMaxFrameBytes, true, &len));
   EXPECT_EQ(len, 100 + kSealTagBytes);
@@ -90,8 +91,9 @@ TEST(FrameTest, RejectsOversizeFromHeaderAlone) {
 
 TEST(FrameTest, RejectsBadPayloads) {
   json out;
-  for (const std::string& p : std::vector<std::string>{"{not json", "[1,2]", "\"str\"", "{}", "{\"type\":3}", "{\"type\":\"\"}",
-                              std::string("\xff\xfe", 2)}) {
+  for (const std::string& p :
+       std::vector<std::string>{"{not json", "[1,2]", "\"str\"", "{}", "{\"type\":3}",
+                                "{\"type\":\"\"}", std::string("\xff\xfe", 2)}) {
     EXPECT_TRUE(DecodePayload(p.data(), p.size(), &out).IsCorruption()) << p;
   }
   const std::string ok = R"({"type":"x"})";
@@ -112,7 +114,8 @@ TEST(FrameTest, InvalidUtf8IsReplacedNotThrown) {
 TEST(FrameTest, DeepNestingIsRejectedBeforeParsing) {
   // 80 000 levels: would exhaust the stack of a recursive parser or printer.
   const int kDeep = 80000;
-  std::string deep = R"({"type":"hello","slots":)" + std::string(kDeep, '[') + std::string(kDeep, ']') + "}";
+  std::string deep =
+      R"({"type":"hello","slots":)" + std::string(kDeep, '[') + std::string(kDeep, ']') + "}";
   json out;
   Status s = DecodePayload(deep.data(), deep.size(), &out);
   EXPECT_TRUE(s.IsCorruption());
@@ -153,7 +156,10 @@ TEST(FrameTest, QuoteIsShortPrintableAndSaysWhatWasCut) {
   const std::string big(100000, 'x');
   const std::string q = Quote(big);
   EXPECT_EQ(q, "'" + std::string(64, 'x') + "'...(+" + std::to_string(100000 - 64) + " bytes)");
-  EXPECT_EQ(Escape("a\x7f" "b", 5), "a\\x7f...(+1 bytes)");
+  EXPECT_EQ(Escape("a\x7f"
+                   "b",
+                   5),
+            "a\\x7f...(+1 bytes)");
   EXPECT_LE(QuoteJson(json::array({big, big})).size(), 64u + 30u);
 }
 

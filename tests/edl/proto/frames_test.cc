@@ -95,16 +95,23 @@ TEST(EnumNamesTest, EncodingIsTheStringForm) {
 
 // A value outside a closed set is refused by name, with the same words as before the enums.
 TEST(EnumNamesTest, UnknownValuesAreCorruptionNamingTheField) {
-  const json hello = {{"type", "hello"},   {"role", "client"},      {"mac", std::string(64, 'a')},
-                      {"nonce", std::string(64, 'b')}, {"node", "n1"}, {"host", "h"},
-                      {"mode", "inplace"}, {"slots", {0}},          {"trainers", json::array()}};
+  const json hello = {{"type", "hello"},
+                      {"role", "client"},
+                      {"mac", std::string(64, 'a')},
+                      {"nonce", std::string(64, 'b')},
+                      {"node", "n1"},
+                      {"host", "h"},
+                      {"mode", "inplace"},
+                      {"slots", {0}},
+                      {"trainers", json::array()}};
   Hello h;
   ASSERT_OK(h.DecodeFrom(hello));
   json bad = hello;
   bad["role"] = "admin";
   Status s = h.DecodeFrom(bad);
   EXPECT_TRUE(s.IsCorruption());
-  EXPECT_EQ(s.message(), "message 'hello' field 'role' is not 'client', 'ctl', 'teacher' or 'student'");
+  EXPECT_EQ(s.message(),
+            "message 'hello' field 'role' is not 'client', 'ctl', 'teacher' or 'student'");
   bad = hello;
   bad["mode"] = "Restart";
   s = h.DecodeFrom(bad);
@@ -114,19 +121,23 @@ TEST(EnumNamesTest, UnknownValuesAreCorruptionNamingTheField) {
   s = kv.DecodeFrom(json{{"type", "kv"}, {"req_id", 1}, {"op", "del"}, {"key", "k"}});
   EXPECT_TRUE(s.IsCorruption());
   EXPECT_EQ(s.message(), "message 'kv' field 'op' is not 'set', 'get' or 'wait'");
-  ASSERT_OK(kv.DecodeFrom(json{{"type", "kv"}, {"req_id", 1}, {"op", "set"}, {"key", "k"}, {"value", "v"}}));
+  ASSERT_OK(kv.DecodeFrom(
+      json{{"type", "kv"}, {"req_id", 1}, {"op", "set"}, {"key", "k"}, {"value", "v"}}));
   EXPECT_EQ(kv.op, KvOp::kSet);
 
   CtlRequest c;
   s = c.DecodeFrom(json{{"type", "ctl"}, {"command", "reboot"}});
   EXPECT_EQ(s.message(),
-            "message 'ctl' field 'command' 'reboot' is not status, scale, watch, stop, submit, jobs or cancel");
+            "message 'ctl' field 'command' 'reboot' is not status, scale, watch, stop, submit, "
+            "jobs or cancel");
   ASSERT_OK(c.DecodeFrom(json{{"type", "ctl"}, {"command", "jobs"}}));
   EXPECT_EQ(c.command, CtlCommand::kJobs);
 
   TeacherOrder o;
   s = o.DecodeFrom(json{{"type", "teacher_pause"}, {"service", "kd"}, {"name", "x"}});
-  EXPECT_EQ(s.message(), "teacher order: type 'teacher_pause' is not teacher_start, teacher_stop or teacher_exit");
+  EXPECT_EQ(
+      s.message(),
+      "teacher order: type 'teacher_pause' is not teacher_start, teacher_stop or teacher_exit");
 }
 
 TEST(FramesTest, ClientFramesDecodeToTheirAlternative) {
@@ -160,7 +171,9 @@ TEST(FramesTest, ClientFramesDecodeToTheirAlternative) {
 
   // The visitor sees exactly one alternative.
   int visited = 0;
-  std::visit(Overloaded{[&](const TeacherOrder& t) { visited += t.type == TeacherOrderType::kExit ? 1 : 100; },
+  std::visit(Overloaded{[&](const TeacherOrder& t) {
+                          visited += t.type == TeacherOrderType::kExit ? 1 : 100;
+                        },
                         [&](const auto&) { visited += 1000; }},
              f);
   EXPECT_EQ(visited, 1);
@@ -168,7 +181,8 @@ TEST(FramesTest, ClientFramesDecodeToTheirAlternative) {
 
 TEST(FramesTest, ClientFramesOutsideTheSetAreRefusedByType) {
   ClientFrame f;
-  // The server's own messages, a ctl frame, a teacher order only the server gives: none from a client.
+  // The server's own messages, a ctl frame, a teacher order only the server gives: none from a
+  // client.
   for (const char* type : {"generation", "ctl", "teacher_start", "hello", "nope"}) {
     const Status s = DecodeClientFrame(json{{"type", type}}, &f);
     EXPECT_EQ(s.code(), Status::Code::kInvalidArgument) << type;
@@ -209,7 +223,8 @@ TEST(FramesTest, TrainerFramesDecodeToTheirAlternative) {
 
 TEST(FramesTest, ServerFramesDecodeToTheirAlternative) {
   ServerFrame f;
-  for (const char* type : {"heartbeat", "stop", "done"}) ASSERT_OK(DecodeServerFrame(json{{"type", type}}, &f));
+  for (const char* type : {"heartbeat", "stop", "done"})
+    ASSERT_OK(DecodeServerFrame(json{{"type", type}}, &f));
   EXPECT_TRUE(std::holds_alternative<Done>(f));
 
   GenerationInfo g;

@@ -174,9 +174,10 @@ TEST(MessagesTest, MembersOutsideTheRunPatternTravelOneByOne) {
 }
 
 TEST(MessagesTest, BadRunsAreCorruption) {
-  const json base = {{"type", "generation"}, {"generation", 2}, {"base", 0}, {"job_id", "j"},
-                     {"reason", "ctl"}, {"failure", false}, {"master_addr", "h"}, {"master_port", 1},
-                     {"removed", json::array()}, {"added", json::array()}};
+  const json base = {{"type", "generation"},  {"generation", 2},  {"base", 0},
+                     {"job_id", "j"},         {"reason", "ctl"},  {"failure", false},
+                     {"master_addr", "h"},    {"master_port", 1}, {"removed", json::array()},
+                     {"added", json::array()}};
   GenerationUpdate u;
   ASSERT_OK(u.DecodeFrom(base));
   const std::vector<std::pair<std::string, json>> bad = {
@@ -186,20 +187,20 @@ TEST(MessagesTest, BadRunsAreCorruption) {
       {"added", {"../x h 0 2 1"}},
       {"added", {"n  0 2 1"}},
       {"added", {"n h 0 2 -5"}},
-      {"added", {"n h 00 2 1"}},          // not canonical
-      {"added", {"n h 0 2 1 7"}},         // an extra field
-      {"added", {"n h 0 2"}},             // a missing one
-      {"added", {"n h 0 2 1;"}},          // an empty run after the separator
+      {"added", {"n h 00 2 1"}},   // not canonical
+      {"added", {"n h 0 2 1 7"}},  // an extra field
+      {"added", {"n h 0 2"}},      // a missing one
+      {"added", {"n h 0 2 1;"}},   // an empty run after the separator
       {"added", {""}},
       {"added", {"n h 0 2 +1"}},
-      {"added", {{"n", "h", 0, 2, 1}}},   // the array form is a member of four fields, not a run
+      {"added", {{"n", "h", 0, 2, 1}}},  // the array form is a member of four fields, not a run
       {"added", {"n h 0 2 1", {"n-s1-2", "n", 1, "h"}}},  // the same trainer twice
       {"added", {"n h 0 2 1;n h 1 1 2"}},                 // the same, inside one string
       {"added", {"n h 0 60000 1;m h 0 60000 1"}},         // too many in all
       {"added", {"n h 0 60000 1", "m h 0 60000 1"}},      // the same, over two strings
       {"removed", {"n 0 1000000000 1"}},
       {"removed", {"n 0 2"}},
-      {"removed", {"n h 0 2 1"}},         // a member run where ids are expected
+      {"removed", {"n h 0 2 1"}},  // a member run where ids are expected
       {"removed", {"a;b"}},
       {"removed", {"a b"}},
       {"removed", {7}},
@@ -274,16 +275,22 @@ TEST(MessagesTest, OtherMessagesRoundTrip) {
 }
 
 TEST(MessagesTest, EveryBadFieldIsCorruption) {
-  const json good_hello = {{"type", "hello"},   {"role", "client"},  {"mac", std::string(64, 'a')},
-                           {"nonce", std::string(64, 'b')}, {"node", "n1"}, {"host", "h"},
-                           {"mode", "inplace"}, {"slots", {0, 1}}, {"trainers", json::array()}};
+  const json good_hello = {{"type", "hello"},
+                           {"role", "client"},
+                           {"mac", std::string(64, 'a')},
+                           {"nonce", std::string(64, 'b')},
+                           {"node", "n1"},
+                           {"host", "h"},
+                           {"mode", "inplace"},
+                           {"slots", {0, 1}},
+                           {"trainers", json::array()}};
   Hello h;
   ASSERT_OK(h.DecodeFrom(good_hello));
   const std::vector<std::pair<std::string, json>> bad = {
-      {"role", "admin"},         {"role", 5},           {"mac", std::string(100, 'a')},
-      {"nonce", "short"},        {"node", "../etc"},    {"node", ""},
-      {"host", ""},              {"mode", "turbo"},     {"slots", {0, 0}},
-      {"slots", {-1}},           {"slots", "0,1"},      {"trainers", {"a b"}},
+      {"role", "admin"},  {"role", 5},        {"mac", std::string(100, 'a')},
+      {"nonce", "short"}, {"node", "../etc"}, {"node", ""},
+      {"host", ""},       {"mode", "turbo"},  {"slots", {0, 0}},
+      {"slots", {-1}},    {"slots", "0,1"},   {"trainers", {"a b"}},
       {"node", nullptr}};
   for (const auto& [key, value] : bad) {
     json j = good_hello;
@@ -315,8 +322,12 @@ TEST(MessagesTest, EveryBadFieldIsCorruption) {
   EXPECT_TRUE(c.DecodeFrom(json{{"type", "ctl"}, {"command", "rm -rf"}}).IsCorruption());
   EXPECT_TRUE(c.DecodeFrom(json{{"type", "ctl"}, {"command", "scale"}, {"n", -2}}).IsCorruption());
   Prepare p;
-  EXPECT_TRUE(p.DecodeFrom(json{{"type", "prepare"}, {"generation", 2}, {"job_id", "j"},
-                                {"world_size", 1}, {"master_addr", ""}, {"master_port", 0},
+  EXPECT_TRUE(p.DecodeFrom(json{{"type", "prepare"},
+                                {"generation", 2},
+                                {"job_id", "j"},
+                                {"world_size", 1},
+                                {"master_addr", ""},
+                                {"master_port", 0},
                                 {"joiners", {{"a", "n", 0, "h", 5}}}})
                   .IsCorruption());
 }
@@ -336,9 +347,10 @@ namespace edl::proto {
 namespace {
 
 TEST(MessagesTest, RunFieldsAreRangeCheckedBeforeAnyArithmetic) {
-  const json base = {{"type", "generation"}, {"generation", 2}, {"base", 0}, {"job_id", "j"},
-                     {"reason", "ctl"}, {"failure", false}, {"master_addr", "h"}, {"master_port", 1},
-                     {"removed", json::array()}, {"added", json::array()}};
+  const json base = {{"type", "generation"},  {"generation", 2},  {"base", 0},
+                     {"job_id", "j"},         {"reason", "ctl"},  {"failure", false},
+                     {"master_addr", "h"},    {"master_port", 1}, {"removed", json::array()},
+                     {"added", json::array()}};
   const uint64_t kHuge = std::numeric_limits<uint64_t>::max();
   const std::vector<std::pair<std::string, json>> bad = {
       {"added", {"n h 9223372036854775807 2 1"}},  // slot + count would overflow
@@ -367,20 +379,26 @@ TEST(MessagesTest, RunFieldsAreRangeCheckedBeforeAnyArithmetic) {
 }
 
 TEST(MessagesTest, HostsAreHostnamesOrIpLiterals) {
-  for (const std::string& h : {"127.0.0.1", "::1", "fe80::1", "gpu01", "gpu-01.cluster.local",
-                               "node_7", "10.0.0.1"}) {
+  for (const char* h :
+       {"127.0.0.1", "::1", "fe80::1", "gpu01", "gpu-01.cluster.local", "node_7", "10.0.0.1"}) {
     EXPECT_TRUE(IsValidHost(h)) << h;
   }
-  for (const std::string& h : {std::string(""), std::string("a b"), std::string("-lead"),
-                               std::string("trail-"), std::string("a..b"), std::string(".a"),
-                               std::string("a;rm -rf /"), std::string("::g"), std::string("x/y"),
-                               std::string(64, 'a') + ".b", std::string(254, 'a'),
-                               std::string("h\n")}) {
+  for (const std::string& h :
+       {std::string(""), std::string("a b"), std::string("-lead"), std::string("trail-"),
+        std::string("a..b"), std::string(".a"), std::string("a;rm -rf /"), std::string("::g"),
+        std::string("x/y"), std::string(64, 'a') + ".b", std::string(254, 'a'),
+        std::string("h\n")}) {
     EXPECT_FALSE(IsValidHost(h)) << h;
   }
-  json hello = {{"type", "hello"},   {"role", "client"},  {"mac", std::string(64, 'a')},
-                {"nonce", std::string(64, 'b')}, {"node", "n1"}, {"host", "$(reboot)"},
-                {"mode", "inplace"}, {"slots", {0, 1}}, {"trainers", json::array()}};
+  json hello = {{"type", "hello"},
+                {"role", "client"},
+                {"mac", std::string(64, 'a')},
+                {"nonce", std::string(64, 'b')},
+                {"node", "n1"},
+                {"host", "$(reboot)"},
+                {"mode", "inplace"},
+                {"slots", {0, 1}},
+                {"trainers", json::array()}};
   Hello h;
   Status s = h.DecodeFrom(hello);
   EXPECT_TRUE(s.IsCorruption());
@@ -403,16 +421,22 @@ TEST(MessagesTest, HostsAreHostnamesOrIpLiterals) {
 
 TEST(MessagesTest, PeerTextInErrorsIsEscapedAndCut) {
   Hello h;
-  json hello = {{"type", "hello"},   {"role", "client"},  {"mac", std::string(64, 'a')},
-                {"nonce", std::string(64, 'b')}, {"node", std::string(100, '\x1b')}, {"host", "h"},
-                {"mode", "inplace"}, {"slots", {0}}, {"trainers", json::array()}};
+  json hello = {{"type", "hello"},
+                {"role", "client"},
+                {"mac", std::string(64, 'a')},
+                {"nonce", std::string(64, 'b')},
+                {"node", std::string(100, '\x1b')},
+                {"host", "h"},
+                {"mode", "inplace"},
+                {"slots", {0}},
+                {"trainers", json::array()}};
   Status s = h.DecodeFrom(hello);
   ASSERT_TRUE(s.IsCorruption());
   EXPECT_EQ(s.message().find('\x1b'), std::string::npos) << s.ToString();
   EXPECT_LT(s.message().size(), 200u) << s.ToString();
   ErrorMsg e;
-  ASSERT_OK(e.DecodeFrom(json{{"type", "error"}, {"code", "Aborted"},
-                              {"message", "\x1b[2Jbye" + std::string(4000, 'x')}}));
+  ASSERT_OK(e.DecodeFrom(json{
+      {"type", "error"}, {"code", "Aborted"}, {"message", "\x1b[2Jbye" + std::string(4000, 'x')}}));
   const Status st = e.ToStatus();
   EXPECT_TRUE(st.IsAborted());
   EXPECT_EQ(st.message().find('\x1b'), std::string::npos);
@@ -473,7 +497,8 @@ TEST(MessagesTest, ClusterFieldsRoundTripAndAreBounded) {
   refused(bad, &back, "job_types");
   bad = hj;
   bad["job_types"] = json::array();
-  for (int i = 0; i < 65; ++i) bad["job_types"].push_back({{"name", "t" + std::to_string(i)}, {"settable", json::array()}});
+  for (int i = 0; i < 65; ++i)
+    bad["job_types"].push_back({{"name", "t" + std::to_string(i)}, {"settable", json::array()}});
   refused(bad, &back, "job_types");
   bad = hj;
   bad["job_types"][0]["name"] = "../x";
@@ -497,7 +522,8 @@ TEST(MessagesTest, ClusterFieldsRoundTripAndAreBounded) {
   refused(json{{"type", "ctl"}, {"command", "cancel"}}, &c_back, "job");
   refused(json{{"type", "ctl"}, {"command", "reboot"}}, &c_back, "command");
   KvRequest kv_back;
-  refused(json{{"type", "kv"}, {"req_id", 1}, {"op", "get"}, {"key", "k"}, {"job", "../a"}}, &kv_back, "job");
+  refused(json{{"type", "kv"}, {"req_id", 1}, {"op", "get"}, {"key", "k"}, {"job", "../a"}},
+          &kv_back, "job");
 }
 
 TEST(MessagesTest, CheckpointDirMustLieUnderTheRoot) {
@@ -532,7 +558,8 @@ TEST(MessagesTest, SpareAssignIsBounded) {
   bad.push_back({{"type", "spare_assign"}, {"env", {{"lower", "x"}}}});
   bad.push_back({{"type", "spare_assign"}, {"env", {{"RANK", 2}}}});
   bad.push_back({{"type", "spare_assign"}, {"env", {{"RANK", std::string("1\0", 2)}}}});
-  bad.push_back({{"type", "spare_assign"}, {"env", {{"RANK", std::string(kMaxSpareEnvValueBytes + 1, '1')}}}});
+  bad.push_back({{"type", "spare_assign"},
+                 {"env", {{"RANK", std::string(kMaxSpareEnvValueBytes + 1, '1')}}}});
   bad.push_back({{"type", "spare_assign"}, {"env", "RANK=1"}});
   for (const nlohmann::json& j : bad) {
     SpareAssign got;

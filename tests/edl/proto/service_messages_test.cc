@@ -48,7 +48,8 @@ TEST(ServiceMessagesTest, TeacherRequestRoundTripAndBounds) {
   r.EncodeTo(&j);
   json bad = j;
   bad["indices"] = json::array();
-  EXPECT_NE(DecodeError<TeacherRequest>(bad).find("'indices' must hold 1 .. 4096"), std::string::npos);
+  EXPECT_NE(DecodeError<TeacherRequest>(bad).find("'indices' must hold 1 .. 4096"),
+            std::string::npos);
   bad["indices"] = std::vector<int64_t>(kMaxTeacherBatch + 1, 1);
   EXPECT_NE(DecodeError<TeacherRequest>(bad).find("'indices'"), std::string::npos);
   bad["indices"] = json::array({1, -2});
@@ -123,7 +124,8 @@ TEST(ServiceMessagesTest, MembersAndStats) {
   m.EncodeTo(&j);
   json bad = j;
   bad["members"][1][0] = "t1";
-  EXPECT_NE(DecodeError<ServiceMembers>(bad).find("not a distinct [name, host, port]"), std::string::npos);
+  EXPECT_NE(DecodeError<ServiceMembers>(bad).find("not a distinct [name, host, port]"),
+            std::string::npos);
   bad = j;
   bad["members"][0][2] = 0;
   EXPECT_NE(DecodeError<ServiceMembers>(bad).find("'service_members'"), std::string::npos);
@@ -185,7 +187,8 @@ TEST(ServiceMessagesTest, HelloOfServiceRoles) {
   s.EncodeTo(&j);
   EXPECT_NE(DecodeError<Hello>(j).find("'service'"), std::string::npos);
   j["role"] = "admin";
-  EXPECT_NE(DecodeError<Hello>(j).find("'client', 'ctl', 'teacher' or 'student'"), std::string::npos);
+  EXPECT_NE(DecodeError<Hello>(j).find("'client', 'ctl', 'teacher' or 'student'"),
+            std::string::npos);
 }
 
 }  // namespace

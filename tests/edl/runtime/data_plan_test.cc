@@ -27,9 +27,11 @@ TEST(DataPlanTest, ExactlyOncePerEpochAcrossReforms) {
   const int64_t n = 997;  // prime: forces short last steps
   DataPlan plan(n, 42);
   DataPosition pos;
-  const std::vector<std::pair<BatchPolicy, int>> gens = {
-      {BatchPolicy::kFixedLocal, 4}, {BatchPolicy::kFixedLocal, 2}, {BatchPolicy::kFixedGlobal, 3},
-      {BatchPolicy::kFixedLocal, 1}, {BatchPolicy::kFixedGlobal, 5}};
+  const std::vector<std::pair<BatchPolicy, int>> gens = {{BatchPolicy::kFixedLocal, 4},
+                                                         {BatchPolicy::kFixedLocal, 2},
+                                                         {BatchPolicy::kFixedGlobal, 3},
+                                                         {BatchPolicy::kFixedLocal, 1},
+                                                         {BatchPolicy::kFixedGlobal, 5}};
   std::vector<std::multiset<int64_t>> seen(3);
   int step = 0;
   while (pos.epoch < 3) {

@@ -4,13 +4,13 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdint>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <fstream>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -20,8 +20,8 @@
 #include <gtest/gtest.h>
 
 #include "edl/ckpt/checkpoint_store.h"
-#include "edl/runtime/checkpoint_loader.h"
 #include "edl/proto/rendezvous_key.h"
+#include "edl/runtime/checkpoint_loader.h"
 #include "edl/runtime/comm/file_kv_store.h"
 #include "edl/runtime/comm/memory_kv_store.h"
 #include "edl/runtime/elastic_trainer.h"
@@ -60,7 +60,9 @@ class LinearModel : public Trainable {
   }
   int64_t train_size() const override { return train_; }
   int64_t test_size() const override { return test_; }
-  void Prefetch(int64_t epoch, const std::vector<int64_t>& idx) override { hints_.insert({epoch, idx}); }
+  void Prefetch(int64_t epoch, const std::vector<int64_t>& idx) override {
+    hints_.insert({epoch, idx});
+  }
   void SetEpoch(int64_t epoch) override { epoch_ = epoch; }
   Status ForwardBackward(const std::vector<int64_t>& idx, StepStats* st) override {
     if (fail_next_) return Status::Internal("injected trainer crash");
@@ -129,10 +131,10 @@ class LinearModel : public Trainable {
   }
 
   const int64_t train_, test_;
-  int64_t epoch_ = -1;                                       // SetEpoch
+  int64_t epoch_ = -1;                                        // SetEpoch
   std::set<std::pair<int64_t, std::vector<int64_t>>> hints_;  // every Prefetch
-  float params_[kDim + 1];          // [kDim] weights, then the bias
-  float momentum_[kDim + 1] = {};   // [kDim + 1]
+  float params_[kDim + 1];                                    // [kDim] weights, then the bias
+  float momentum_[kDim + 1] = {};                             // [kDim + 1]
   float grad_[kDim + 1 + kInbandSlots] = {};
 };
 
@@ -206,7 +208,8 @@ class FakeCluster {
    public:
     explicit CountingKv(FakeCluster* c) : c_(c) {}
     Status Set(const std::string& key, const std::string& value) override {
-      if (Refused()) return Status::Unavailable("the node's client is not connected to the server; retry");
+      if (Refused())
+        return Status::Unavailable("the node's client is not connected to the server; retry");
       if (FailOnce()) return Status::IOError("injected: the rendezvous write failed");
       {
         std::unique_lock<std::mutex> lock(c_->mu_);
@@ -223,11 +226,13 @@ class FakeCluster {
       return s;
     }
     Status Get(const std::string& key, std::string* value) override {
-      if (Refused()) return Status::Unavailable("the node's client is not connected to the server; retry");
+      if (Refused())
+        return Status::Unavailable("the node's client is not connected to the server; retry");
       return kv_.Get(key, value);
     }
     Status Wait(const std::string& key, milliseconds timeout, std::string* value) override {
-      if (Refused()) return Status::Unavailable("the node's client is not connected to the server; retry");
+      if (Refused())
+        return Status::Unavailable("the node's client is not connected to the server; retry");
       return kv_.Wait(key, timeout, value);
     }
     // The next Set fails with IOError (once): a rendezvous that fails with nothing newer committed.
@@ -439,7 +444,8 @@ TEST(ElasticTrainerTest, ShrinkJoinAndFailureKeepRanksIdenticalAndDataExactlyOnc
   ASSERT_TRUE(c.WaitFor([&] {
     std::set<std::string> reported;
     for (const auto& e : c.events_) {
-      if (e["event"] == "comm_failed" && e["generation"] == 3) reported.insert(e["trainer"].get<std::string>());
+      if (e["event"] == "comm_failed" && e["generation"] == 3)
+        reported.insert(e["trainer"].get<std::string>());
     }
     return reported == std::set<std::string>{"t0", "t4"};
   }));
@@ -1031,12 +1037,14 @@ TEST(ElasticTrainerTest, EpochEndingInTheSwitchStepIsEvaluatedAfterTheReform) {
   std::map<int64_t, std::set<std::string>> evaluated;  // step -> trainers that evaluated it
   int64_t switch_step = -1;
   for (const auto& e : c.events_) {
-    if (e["event"] == "eval") evaluated[e["step"].get<int64_t>()].insert(e["trainer"].get<std::string>());
+    if (e["event"] == "eval")
+      evaluated[e["step"].get<int64_t>()].insert(e["trainer"].get<std::string>());
     if (e["event"] == "leave") switch_step = e["step"].get<int64_t>();
   }
   ASSERT_EQ(switch_step, 16) << "the shrink must land on the epoch's last step";
   const std::set<std::string> survivors = {"e0", "e1"};
-  EXPECT_EQ(evaluated[16], survivors) << "the epoch that ended in the switch step was not evaluated";
+  EXPECT_EQ(evaluated[16], survivors)
+      << "the epoch that ended in the switch step was not evaluated";
   EXPECT_EQ(evaluated[40], survivors);
   EXPECT_EQ(evaluated[64], survivors);
   EXPECT_EQ(evaluated.size(), 3u);
@@ -1061,8 +1069,8 @@ class GatedEvalModel : public LinearModel {
 
 // Runs trainer `id` of the default options to its end into *s, evaluating in chunks of 8 test
 // samples (8 chunks in a shard of 64 test samples: 2 ranks; 16 in one of 128), then wakes `c`.
-void RunInEightSampleChunks(FakeCluster* c, const test::ScratchDir& dir, const std::string& id, LinearModel* m,
-                            FakeMembership* f, Status* s) {
+void RunInEightSampleChunks(FakeCluster* c, const test::ScratchDir& dir, const std::string& id,
+                            LinearModel* m, FakeMembership* f, Status* s) {
   ElasticOptions o = Options(dir, id, false);
   o.eval_batch = 8;
   ElasticTrainer trainer(o, m, f);
@@ -1133,7 +1141,9 @@ TEST(ElasticTrainerTest, AFailureCutsAnEvaluationShortAtOnce) {
   auto first_eval = [](FakeCluster* fc, const std::string& trainer) {
     nlohmann::json first;
     for (const auto& e : fc->events_) {
-      if (e["event"] == "eval" && e["trainer"] == trainer && (first.is_null() || e["step"] < first["step"])) first = e;
+      if (e["event"] == "eval" && e["trainer"] == trainer &&
+          (first.is_null() || e["step"] < first["step"]))
+        first = e;
     }
     return first;
   };
@@ -1142,7 +1152,8 @@ TEST(ElasticTrainerTest, AFailureCutsAnEvaluationShortAtOnce) {
   ASSERT_FALSE(whole.is_null());
   EXPECT_EQ(cut["step"], whole["step"]);
   EXPECT_EQ(cut["accuracy"], whole["accuracy"]) << cut.dump() << " vs " << whole.dump();
-  EXPECT_NEAR(cut["loss"].get<double>(), whole["loss"].get<double>(), 1e-9 * std::abs(whole["loss"].get<double>()))
+  EXPECT_NEAR(cut["loss"].get<double>(), whole["loss"].get<double>(),
+              1e-9 * std::abs(whole["loss"].get<double>()))
       << cut.dump() << " vs " << whole.dump();
 }
 
@@ -1184,7 +1195,7 @@ TEST(ElasticTrainerTest, AFailureRightAfterAnEvaluationDoesNotRepeatIt) {
   // 8 epochs' evaluations at world 2, 8 chunks each; evaluating the first epoch's end again after
   // the re-form would have made it 8 more.
   EXPECT_EQ(m0->evals.load(), 8 * 8);
-  const int64_t epoch_end = kTrain / 16;  // 16 samples a step at world 2
+  const int64_t epoch_end = kTrain / 16;                // 16 samples a step at world 2
   std::map<std::string, std::map<int64_t, int>> evals;  // trainer -> step -> its "eval" events
   std::map<std::string, int64_t> synced;                // trainer -> step synced in generation 2
   double accuracy = -2;                                 // the first epoch's, as d0 evaluated it
@@ -1366,7 +1377,8 @@ TEST(ElasticTrainerTest, HeldUpBuildsAheadSwitchAnywayAfterTheMaxPrepareWait) {
   ASSERT_TRUE(c.WaitFor([&] { return c.max_step_ >= 8; }));
   {
     std::lock_guard<std::mutex> lock(c.mu_);
-    EXPECT_FALSE(c.Reported("h2", "leave")) << "switched before the builds ahead were done or waited for";
+    EXPECT_FALSE(c.Reported("h2", "leave"))
+        << "switched before the builds ahead were done or waited for";
   }
   clock.Skip(milliseconds(2000));
   c.HoldAt(INT64_MAX);
@@ -1389,7 +1401,8 @@ TEST(ElasticTrainerTest, HeldUpBuildsAheadSwitchAnywayAfterTheMaxPrepareWait) {
     if (e["event"] != "stall" || e["generation"] != gen) continue;
     ++stalls;
     EXPECT_EQ(e["switch_step"], 9) << e.dump();
-    EXPECT_EQ(e["prepared"], true) << "the held build is finished in the re-form, not redone: " << e.dump();
+    EXPECT_EQ(e["prepared"], true)
+        << "the held build is finished in the re-form, not redone: " << e.dump();
     EXPECT_EQ(test::CheckStallBreakdown(e), "");
   }
   EXPECT_EQ(stalls, 2);

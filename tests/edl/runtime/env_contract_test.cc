@@ -92,16 +92,28 @@ TEST(EnvContractTest, BuildThenParseRoundTrips) {
 // The names are a contract with trainer scripts (torchrun's RANK, WORLD_SIZE, ...): pin them.
 TEST(EnvContractTest, WritesTheDocumentedNames) {
   const Env env = BuildTrainerEnv(Full());
-  const Env want = {
-      {"EDL_JOB_ID", "job1"}, {"EDL_TRAINER_ID", "node1-s2-7"},
-      {"EDL_CLIENT_SOCKET", "/tmp/edl-node1.sock"}, {"EDL_GENERATION", "5"}, {"EDL_SLOT", "2"},
-      {"CUDA_VISIBLE_DEVICES", "2"}, {"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"},
-      {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"},
-      {"EDL_JOINING", "1"},
-      // The rest of what torchrun sets, so unmodified torchrun scripts find it.
-      {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"ROLE_RANK", "3"}, {"ROLE_WORLD_SIZE", "8"},
-      {"ROLE_NAME", "default"}, {"TORCHELASTIC_RESTART_COUNT", "4"},
-      {"TORCHELASTIC_MAX_RESTARTS", "9"}, {"TORCHELASTIC_RUN_ID", "job1"}};
+  const Env want = {{"EDL_JOB_ID", "job1"},
+                    {"EDL_TRAINER_ID", "node1-s2-7"},
+                    {"EDL_CLIENT_SOCKET", "/tmp/edl-node1.sock"},
+                    {"EDL_GENERATION", "5"},
+                    {"EDL_SLOT", "2"},
+                    {"CUDA_VISIBLE_DEVICES", "2"},
+                    {"RANK", "3"},
+                    {"WORLD_SIZE", "8"},
+                    {"LOCAL_RANK", "2"},
+                    {"LOCAL_WORLD_SIZE", "4"},
+                    {"MASTER_ADDR", "10.0.0.1"},
+                    {"MASTER_PORT", "29500"},
+                    {"EDL_JOINING", "1"},
+                    // The rest of what torchrun sets, so unmodified torchrun scripts find it.
+                    {"GROUP_RANK", "1"},
+                    {"GROUP_WORLD_SIZE", "2"},
+                    {"ROLE_RANK", "3"},
+                    {"ROLE_WORLD_SIZE", "8"},
+                    {"ROLE_NAME", "default"},
+                    {"TORCHELASTIC_RESTART_COUNT", "4"},
+                    {"TORCHELASTIC_MAX_RESTARTS", "9"},
+                    {"TORCHELASTIC_RUN_ID", "job1"}};
   for (const auto& [k, v] : want) {
     ASSERT_EQ(env.count(k), 1u) << k;
     EXPECT_EQ(env.at(k), v) << k;
@@ -123,11 +135,20 @@ TEST(EnvContractTest, OptionalVariablesAreUnsetWhenEmpty) {
 // What torchrun itself sets is read too: a trainer started by torchrun gets its job id from
 // TORCHELASTIC_RUN_ID (EDL_JOB_ID wins when both are there).
 TEST(EnvContractTest, ReadsTorchrunsVariables) {
-  Env env = {{"RANK", "5"},         {"WORLD_SIZE", "8"},         {"LOCAL_RANK", "1"},
-             {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},   {"GROUP_WORLD_SIZE", "2"},
-             {"ROLE_RANK", "5"},    {"ROLE_WORLD_SIZE", "8"},    {"ROLE_NAME", "default"},
-             {"TORCHELASTIC_RESTART_COUNT", "2"}, {"TORCHELASTIC_MAX_RESTARTS", "3"},
-             {"TORCHELASTIC_RUN_ID", "run7"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29400"}};
+  Env env = {{"RANK", "5"},
+             {"WORLD_SIZE", "8"},
+             {"LOCAL_RANK", "1"},
+             {"LOCAL_WORLD_SIZE", "4"},
+             {"GROUP_RANK", "1"},
+             {"GROUP_WORLD_SIZE", "2"},
+             {"ROLE_RANK", "5"},
+             {"ROLE_WORLD_SIZE", "8"},
+             {"ROLE_NAME", "default"},
+             {"TORCHELASTIC_RESTART_COUNT", "2"},
+             {"TORCHELASTIC_MAX_RESTARTS", "3"},
+             {"TORCHELASTIC_RUN_ID", "run7"},
+             {"MASTER_ADDR", "node0"},
+             {"MASTER_PORT", "29400"}};
   auto got = ParseTrainerEnv(env);
   ASSERT_OK(got.status());
   EXPECT_EQ(got.value().job_id, "run7");
@@ -198,10 +219,14 @@ TEST(EnvContractTest, BadValuesNameTheVariable) {
       {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"}}, "EDL_TRAINER_ID"},
       {{{"EDL_SPARE", "yes"}}, "EDL_SPARE"},
       {{{"EDL_SPARE", "full"}}, "EDL_CLIENT_SOCKET"},
-      {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"}, {"EDL_TRAINER_ID", "t"}, {"EDL_SPARE", "full"},
+      {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"},
+        {"EDL_TRAINER_ID", "t"},
+        {"EDL_SPARE", "full"},
         {"EDL_JOINING", "1"}},
        "EDL_JOINING"},
-      {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"}, {"EDL_TRAINER_ID", "t"}, {"EDL_JOINING", "1"},
+      {{{"EDL_CLIENT_SOCKET", "/tmp/s.sock"},
+        {"EDL_TRAINER_ID", "t"},
+        {"EDL_JOINING", "1"},
         {"EDL_RESTART_MODE", "1"}},
        "EDL_RESTART_MODE"},
   };
@@ -209,8 +234,7 @@ TEST(EnvContractTest, BadValuesNameTheVariable) {
     auto got = ParseTrainerEnv(env);
     ASSERT_FALSE(got.ok()) << culprit;
     EXPECT_EQ(got.status().code(), Status::Code::kInvalidArgument) << got.status().ToString();
-    EXPECT_NE(got.status().ToString().find(culprit), std::string::npos)
-        << got.status().ToString();
+    EXPECT_NE(got.status().ToString().find(culprit), std::string::npos) << got.status().ToString();
   }
 }
 
@@ -266,7 +290,7 @@ TEST(RunModeTest, StaticAndStandaloneConnectWithoutAClient) {
   EnvContract c;
   c.rank = 1;
   c.world_size = 2;
-  c.generation = 0;  // `edl launch`
+  c.generation = 0;                                    // `edl launch`
   c.rendezvous_dir = "/tmp/edl-run-mode-test-unused";  // not touched until a Set
   auto m = Connect(PlanRun(c));
   ASSERT_OK(m.status());
@@ -295,7 +319,8 @@ TEST(RunModeTest, ElasticWithoutAClientFailsNamingTheSocket) {
 
 // Restart mode sees only the generation it was started for.
 TEST(RunModeTest, PinnedMembershipReportsOnlyItsGeneration) {
-  auto pinned = NewPinnedMembership(NewStaticMembership(0, 2, 7, std::make_unique<MemoryKvStore>()), 7);
+  auto pinned =
+      NewPinnedMembership(NewStaticMembership(0, 2, 7, std::make_unique<MemoryKvStore>()), 7);
   Generation g;
   ASSERT_TRUE(pinned->Latest(&g));
   EXPECT_EQ(g.number, 7);
@@ -305,7 +330,8 @@ TEST(RunModeTest, PinnedMembershipReportsOnlyItsGeneration) {
   EXPECT_TRUE(s.IsTimeout()) << s.ToString();
 
   // Started for 6, but the client already committed 7: about to be restarted.
-  auto stale = NewPinnedMembership(NewStaticMembership(0, 2, 7, std::make_unique<MemoryKvStore>()), 6);
+  auto stale =
+      NewPinnedMembership(NewStaticMembership(0, 2, 7, std::make_unique<MemoryKvStore>()), 6);
   EXPECT_FALSE(stale->Latest(&g));
   s = stale->WaitGeneration(0, std::chrono::milliseconds(10), &g);
   EXPECT_TRUE(s.IsAborted()) << s.ToString();

@@ -149,8 +149,7 @@ TEST(GlooCommunicatorTest, InterruptEndsARendezvousWaitingForAPeerThatGaveUp) {
   o.interrupt = [&](CommPhase phase) {
     EXPECT_EQ(phase, CommPhase::kConstruct);
     ++asked;
-    return superseded.load() ? Status::Aborted("generation 1 was superseded by 2")
-                             : Status::OK();
+    return superseded.load() ? Status::Aborted("generation 1 was superseded by 2") : Status::OK();
   };
   std::thread trigger([&] {
     t1.join();
@@ -167,17 +166,18 @@ TEST(GlooCommunicatorTest, InterruptEndsARendezvousWaitingForAPeerThatGaveUp) {
   EXPECT_GT(asked.load(), 0);
 }
 
-// Rank 0's collective timeout is far beyond the test's own (ctest's TIMEOUT): only the abort can end
-// its wait, so an Aborted result proves the abort unblocked it (a timeout would also read Aborted).
-// Rank 1 keeps a short one: its next collective fails, at once when it sees rank 0's sockets close,
-// else by that timeout (gloo's sender waits for the receiver's recv, which an aborted rank never
-// posts: about one run in five here).
+// Rank 0's collective timeout is far beyond the test's own (ctest's TIMEOUT): only the abort can
+// end its wait, so an Aborted result proves the abort unblocked it (a timeout would also read
+// Aborted). Rank 1 keeps a short one: its next collective fails, at once when it sees rank 0's
+// sockets close, else by that timeout (gloo's sender waits for the receiver's recv, which an
+// aborted rank never posts: about one run in five here).
 TEST(GlooCommunicatorTest, AbortUnblocksACollectiveWaitingOnAStalledPeer) {
   const milliseconds never(3'600'000);
   MemoryKvStore store;
   std::unique_ptr<Communicator> comms[2];
   std::thread t1([&] {
-    comms[1] = std::move(CreateGlooCommunicator(Options(&store, 1, 2, "a", milliseconds(3000))).value());
+    comms[1] =
+        std::move(CreateGlooCommunicator(Options(&store, 1, 2, "a", milliseconds(3000))).value());
   });
   auto c0 = CreateGlooCommunicator(Options(&store, 0, 2, "a", never));
   t1.join();
@@ -239,15 +239,21 @@ void ExpectPeerLossFails(int sig, milliseconds timeout) {
   EXPECT_EQ(s.code(), Status::Code::kIOError) << s.ToString();
   const bool timed_out = s.message().find("Timed out") != std::string::npos;
   EXPECT_EQ(timed_out, sig == SIGSTOP) << s.ToString();
-  std::cout << "failed after " << std::chrono::duration<double>(waited).count() << " s: " << s.ToString() << "\n";
+  std::cout << "failed after " << std::chrono::duration<double>(waited).count()
+            << " s: " << s.ToString() << "\n";
   kill(child, SIGKILL);
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the child ended otherwise: " << status;
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "the child ended otherwise: " << status;
 }
 
-TEST(GlooCommunicatorTest, KilledPeerFailsFast) { ExpectPeerLossFails(SIGKILL, milliseconds(3'600'000)); }
-TEST(GlooCommunicatorTest, StoppedPeerFailsWithinTheTimeout) { ExpectPeerLossFails(SIGSTOP, milliseconds(3000)); }
+TEST(GlooCommunicatorTest, KilledPeerFailsFast) {
+  ExpectPeerLossFails(SIGKILL, milliseconds(3'600'000));
+}
+TEST(GlooCommunicatorTest, StoppedPeerFailsWithinTheTimeout) {
+  ExpectPeerLossFails(SIGSTOP, milliseconds(3000));
+}
 
 TEST(FileKvStoreTest, SetGetWait) {
   test::ScratchDir dir("kv");

@@ -32,7 +32,8 @@ std::string ProcessesUsing(const std::string& dir) {
     const std::string pid = e->d_name;
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
     std::string cmd = Slurp("/proc/" + pid + "/cmdline");
-    for (char& c : cmd) if (c == '\0') c = ' ';
+    for (char& c : cmd)
+      if (c == '\0') c = ' ';
     if (cmd.find(dir) != std::string::npos) found += pid + ": " + cmd + "\n";
   }
   ::closedir(proc);
@@ -55,7 +56,8 @@ TEST(GpuCheckDryRunTest, EveryCheckPassesWithItsCpuTwin) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << output;
   for (int c = 1; c <= 7; ++c) {
     EXPECT_NE(output.find("PASS check " + std::to_string(c) + ":"), std::string::npos)
-        << "check " << c << ":\n" << Slurp(out.Join("check" + std::to_string(c) + ".log"));
+        << "check " << c << ":\n"
+        << Slurp(out.Join("check" + std::to_string(c) + ".log"));
   }
   EXPECT_NE(output.find("RESULT fashion_resnet20_fp32_test_accuracy"), std::string::npos);
   EXPECT_NE(output.find("RESULT elastic_4_trainers_loss_last_over_first"), std::string::npos);

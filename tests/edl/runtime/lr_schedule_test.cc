@@ -17,9 +17,9 @@ TEST(LrScheduleTest, LinearScalingWarmupAndCosine) {
   o.total_epochs = 3;
   LrSchedule s(o);
   ASSERT_OK(s.Validate());
-  EXPECT_DOUBLE_EQ(s.At(0.5, 512), 0.1);      // half-way through warm-up of a 0.2 peak
-  EXPECT_DOUBLE_EQ(s.At(1.0, 512), 0.2);      // peak = 0.1 * 512 / 256
-  EXPECT_NEAR(s.At(2.0, 512), 0.1, 1e-12);    // cosine half-way
+  EXPECT_DOUBLE_EQ(s.At(0.5, 512), 0.1);    // half-way through warm-up of a 0.2 peak
+  EXPECT_DOUBLE_EQ(s.At(1.0, 512), 0.2);    // peak = 0.1 * 512 / 256
+  EXPECT_NEAR(s.At(2.0, 512), 0.1, 1e-12);  // cosine half-way
   EXPECT_NEAR(s.At(3.0, 512), 0.0, 1e-12);
 }
 

@@ -11,8 +11,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -228,7 +228,6 @@ TEST(NcclCommunicatorTest, CorruptUniqueIdIsRejected) {
   EXPECT_TRUE(made.status().IsCorruption()) << made.status().ToString();
 }
 
-
 // The hang of a dead peer, reproduced on one GPU: the stream is held, so the collective can never
 // finish; its host argument (a stack scalar, as the runtime's) must not park the thread in a copy.
 TEST(NcclCommunicatorTest, HostArgumentCollectiveAbortedWhileStreamBlockedReturnsWithin2s) {
@@ -259,8 +258,8 @@ TEST(NcclCommunicatorTest, HostArgumentCollectiveAbortedWhileStreamBlockedReturn
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   blocker.Release();  // frees the thread even when the test fails, so join() cannot hang
   collective.join();
-  std::cout << "  host-argument collective returned " << took << " s after Abort(): "
-            << result.ToString() << "\n";
+  std::cout << "  host-argument collective returned " << took
+            << " s after Abort(): " << result.ToString() << "\n";
   EXPECT_LT(took, 2.0);
   EXPECT_TRUE(result.IsAborted()) << result.ToString();
   ASSERT_CUDA(cudaStreamSynchronize(stream.s));
@@ -366,8 +365,10 @@ void CyclesKeepDeviceMemory(bool abort) {
   for (int i = 0; i < n && !::testing::Test::HasFatalFailure(); ++i) cycle(i);
   ASSERT_CUDA(cudaStreamSynchronize(stream.s));
   double waited_s = 0;
-  const size_t free_after = FreeAfterTeardown(free_before, 64.0, std::chrono::seconds(20), &waited_s);
-  const double lost_mib = (static_cast<double>(free_before) - static_cast<double>(free_after)) / (1 << 20);
+  const size_t free_after =
+      FreeAfterTeardown(free_before, 64.0, std::chrono::seconds(20), &waited_s);
+  const double lost_mib =
+      (static_cast<double>(free_before) - static_cast<double>(free_after)) / (1 << 20);
   std::cout << "  device memory free before " << free_before / (1 << 20) << " MiB, after " << n
             << (abort ? " abort" : " destroy") << "/re-init cycles " << free_after / (1 << 20)
             << " MiB (lost " << lost_mib << " MiB, " << lost_mib / n << " MiB per cycle; waited "
@@ -406,7 +407,8 @@ TEST(NcclCommunicatorTest, BroadcastAllMixesHostAndDeviceBuffers) {
   EXPECT_EQ(header, 0xfeedULL);
   for (size_t i = 0; i < devs.size(); ++i) {
     std::vector<float> back(64);
-    ASSERT_CUDA(cudaMemcpy(back.data(), devs[i], back.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(
+        cudaMemcpy(back.data(), devs[i], back.size() * sizeof(float), cudaMemcpyDeviceToHost));
     EXPECT_EQ(back[63], static_cast<float>(i));
     ASSERT_CUDA(cudaFree(devs[i]));
   }

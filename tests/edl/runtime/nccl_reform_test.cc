@@ -10,7 +10,8 @@ namespace {
 constexpr int kNccl228 = 22809;
 
 TEST(NcclReformTest, PlannedShrinkKeepingOrderShrinks) {
-  const NcclBuildPlan p = PlanNcclBuild({"a", "b", "c", "d"}, {"a", "c", "d"}, false, true, kNccl228);
+  const NcclBuildPlan p =
+      PlanNcclBuild({"a", "b", "c", "d"}, {"a", "c", "d"}, false, true, kNccl228);
   EXPECT_EQ(p.build, NcclBuild::kShrink) << p.why;
   EXPECT_EQ(p.excluded, std::vector<int>({1}));
   const NcclBuildPlan two = PlanNcclBuild({"a", "b", "c", "d"}, {"b", "d"}, false, true, kNccl228);
@@ -32,12 +33,12 @@ TEST(NcclReformTest, EverythingElseIsAFullInit) {
     int version;
     const char* why_contains;
   } cases[] = {
-      {{}, {"a"}, true, kNccl228, "no current"},                          // first generation
-      {{"a", "b"}, {"a", "b", "c"}, true, kNccl228, "not a shrink"},      // grow
-      {{"a", "b", "c"}, {"a", "x"}, true, kNccl228, "joins"},             // replace
-      {{"a", "b", "c"}, {"c", "a"}, true, kNccl228, "relative order"},    // reordered survivors
-      {{"a", "b", "c"}, {"a", "b", "c"}, true, kNccl228, "not a shrink"}, // same members
-      {{"a", "b", "c"}, {"a", "c"}, false, kNccl228, "no longer usable"}, // aborted parent
+      {{}, {"a"}, true, kNccl228, "no current"},                            // first generation
+      {{"a", "b"}, {"a", "b", "c"}, true, kNccl228, "not a shrink"},        // grow
+      {{"a", "b", "c"}, {"a", "x"}, true, kNccl228, "joins"},               // replace
+      {{"a", "b", "c"}, {"c", "a"}, true, kNccl228, "relative order"},      // reordered survivors
+      {{"a", "b", "c"}, {"a", "b", "c"}, true, kNccl228, "not a shrink"},   // same members
+      {{"a", "b", "c"}, {"a", "c"}, false, kNccl228, "no longer usable"},   // aborted parent
       {{"a", "b", "c"}, {"a", "c"}, true, 22605, "has no ncclCommShrink"},  // NCCL 2.26
       {{"a", "b", "c"}, {"a", "c"}, true, 0, "has no ncclCommShrink"},      // no NCCL
   };

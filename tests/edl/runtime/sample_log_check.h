@@ -40,7 +40,8 @@ inline std::string ReadSampleLogs(const std::vector<std::string>& paths,
     std::string line;
     while (std::getline(in, line)) {
       nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-      if (j.is_discarded() || !j.contains("step")) return "unparsable line in " + path + ": " + line;
+      if (j.is_discarded() || !j.contains("step"))
+        return "unparsable line in " + path + ": " + line;
       const int64_t step = j["step"].get<int64_t>();
       LoggedStep s;
       s.generation = j["generation"].get<int64_t>();
@@ -99,8 +100,9 @@ inline std::string CheckExactlyOnce(const std::map<int64_t, LoggedStep>& steps, 
              " samples, want " + std::to_string(n);
     }
     for (int64_t i = 0; i < n; ++i) {
-      if (list[i] != i) return "epoch " + std::to_string(e) + ": sample " + std::to_string(i) +
-                               " missing or repeated";
+      if (list[i] != i)
+        return "epoch " + std::to_string(e) + ": sample " + std::to_string(i) +
+               " missing or repeated";
     }
   }
   return "";
@@ -117,8 +119,8 @@ std::string CheckFedBatches(const std::map<int64_t, LoggedStep>& steps, LabelsOf
                             int64_t* unconfirmed, bool need_label_hash = true) {
   *unconfirmed = 0;
   for (const auto& [step, s] : steps) {
-    const std::string at = "step " + std::to_string(step) + " (generation " +
-                           std::to_string(s.generation) + ")";
+    const std::string at =
+        "step " + std::to_string(step) + " (generation " + std::to_string(s.generation) + ")";
     std::vector<int64_t> planned = s.idx, all_fed;
     std::sort(planned.begin(), planned.end());
     for (const auto& [rank, fed] : s.fed) {

@@ -48,7 +48,8 @@ TEST(SkipContractTest, OnlyACleanSkipIsASkip) {
     }
   }
   int status = 0;
-  const std::string out = RunShell(std::string(CTEST_COMMAND) + " --test-dir " + dir.path(), &status);
+  const std::string out =
+      RunShell(std::string(CTEST_COMMAND) + " --test-dir " + dir.path(), &status);
   EXPECT_EQ(Verdict(out, "FailsThenSkips"), "***Failed") << out;
   EXPECT_EQ(Verdict(out, "Skips"), "***Skipped") << out;
   EXPECT_EQ(Verdict(out, "PassesPrintingSkipped"), "Passed") << out;

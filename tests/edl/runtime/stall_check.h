@@ -13,7 +13,7 @@
 
 namespace edl::test {
 
-inline constexpr const char* kStallPhases[] = {"lost_s", "eval_s", "wait_generation_s", "agree_s",
+inline constexpr const char* kStallPhases[] = {"lost_s",   "eval_s", "wait_generation_s", "agree_s",
                                                "reform_s", "sync_s", "first_step_s"};
 
 // "" when `e` is a well-formed stall breakdown, else what is wrong with it.
@@ -29,7 +29,8 @@ inline std::string CheckStallBreakdown(const nlohmann::json& e) {
   }
   const bool failure = e.value("failure", false);
   if (failure && e["agree_s"].get<double>() != 0) return "agree_s of a failure in " + e.dump();
-  if (!failure && e["lost_s"].get<double>() != 0) return "lost_s of a planned change in " + e.dump();
+  if (!failure && e["lost_s"].get<double>() != 0)
+    return "lost_s of a planned change in " + e.dump();
   if (e["reform_s"].get<double>() <= 0 || e["first_step_s"].get<double>() <= 0) {
     return "a re-form without reform_s or first_step_s in " + e.dump();
   }
@@ -39,8 +40,8 @@ inline std::string CheckStallBreakdown(const nlohmann::json& e) {
   if (e["attempts"].get<int>() < 1) return "attempts < 1 in " + e.dump();
   constexpr double kRounding = 1e-6;  // eight whole microseconds, each as a double in seconds
   if (std::abs(sum - stall) > kRounding) {
-    return "phases add up to " + std::to_string(sum) + " s, not the stall's " + std::to_string(stall) +
-           " s: " + e.dump();
+    return "phases add up to " + std::to_string(sum) + " s, not the stall's " +
+           std::to_string(stall) + " s: " + e.dump();
   }
   return "";
 }

@@ -23,9 +23,9 @@
 // thread completes them later and signals the collective's unbound buffers (handleSendCompletion),
 // which the option struct owns. So the options of a failed collective are not destroyed when it
 // returns: they are kept (graveyard_) until the destructor has closed every pair, after which no
-// completion can reach them. Likewise an Abort() racing with the end of a collective that succeeded:
-// the options are destroyed under abort_mu_, which Abort() holds while it signals the pairs.
-// (ThreadSanitizer found buffers destroyed under a late completion and under an abort.)
+// completion can reach them. Likewise an Abort() racing with the end of a collective that
+// succeeded: the options are destroyed under abort_mu_, which Abort() holds while it signals the
+// pairs. (ThreadSanitizer found buffers destroyed under a late completion and under an abort.)
 #include <unistd.h>
 
 #include <atomic>
@@ -33,6 +33,7 @@
 #include <memory>
 #include <thread>
 
+#include <glog/logging.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
@@ -42,7 +43,6 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/tcp/pair.h>
-#include <glog/logging.h>
 
 #include "edl/base/thread_annotations.h"
 #include "edl/runtime/comm/communicator.h"
@@ -257,8 +257,9 @@ class GlooCommunicator : public Communicator {
   // Held while the pairs are signalled (CloseAllPairs) and while the options of a collective,
   // which own the buffers a signal wakes, are destroyed; Abort() against destruction likewise.
   Mutex abort_mu_;
-  Status failed_;        // first error; touched only by the collective thread
-  std::vector<std::shared_ptr<void>> graveyard_;  // options of failed collectives (collective thread)
+  Status failed_;  // first error; touched only by the collective thread
+  std::vector<std::shared_ptr<void>>
+      graveyard_;  // options of failed collectives (collective thread)
 };
 
 template <typename Opts, typename Fn>
@@ -277,8 +278,8 @@ Status GlooCommunicator::Run(const char* what, std::shared_ptr<Opts> opts, Fn&& 
     if (aborted_) {
       failed_ = Status::Aborted(Name() + ": " + what + " aborted");
     } else {
-      failed_ = Status::IOError(Name() + ": " + what + " failed (a peer died, hung or closed): " +
-                                e.what());
+      failed_ = Status::IOError(Name() + ": " + what +
+                                " failed (a peer died, hung or closed): " + e.what());
     }
     return failed_;
   }
@@ -306,7 +307,8 @@ Status GlooCommunicator::AllReduce(void* data, size_t count, DataType type, Redu
       opts->setReduceFunction(ReduceFunc<int32_t>(op));
       break;
     default:
-      return Status::InvalidArgument(Name() + ": AllReduce supports float32, float64, int64 and "
+      return Status::InvalidArgument(Name() +
+                                     ": AllReduce supports float32, float64, int64 and "
                                      "int32; convert the buffer first");
   }
   return Run("allreduce", std::move(opts), [](gloo::AllreduceOptions& o) { gloo::allreduce(o); });
@@ -349,7 +351,8 @@ Status ValidateOptions(const CommOptions& o) {
   }
   if (o.store == nullptr) return Status::InvalidArgument("communicator options: store is null");
   if (o.key_prefix.empty()) {
-    return Status::InvalidArgument("communicator options: key_prefix is empty; use e.g. gen/7/gloo");
+    return Status::InvalidArgument(
+        "communicator options: key_prefix is empty; use e.g. gen/7/gloo");
   }
   if (o.timeout.count() <= 0) return Status::InvalidArgument("communicator timeout must be > 0");
   return Status::OK();
@@ -370,11 +373,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const CommOptions
     context->ConnectFullMesh(store, device, options.interrupt, &interrupted);
     return std::unique_ptr<Communicator>(new GlooCommunicator(options, std::move(context)));
   } catch (const std::exception& e) {
-    const std::string where = "gloo rendezvous of generation " +
-                              std::to_string(options.generation) + " (rank " +
-                              std::to_string(options.rank) + "/" +
-                              std::to_string(options.world_size) + ", keys " +
-                              options.key_prefix + ", host " + host + ")";
+    const std::string where =
+        "gloo rendezvous of generation " + std::to_string(options.generation) + " (rank " +
+        std::to_string(options.rank) + "/" + std::to_string(options.world_size) + ", keys " +
+        options.key_prefix + ", host " + host + ")";
     if (!interrupted.ok()) return interrupted.WithContext(where);
     const std::string what = e.what();
     const std::string msg = where + " failed: " + what;

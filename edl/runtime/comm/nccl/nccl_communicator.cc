@@ -140,8 +140,8 @@ class NcclCommunicator : public Communicator {
   const cudaStream_t stream_;  // the trainer's stream (not owned) unless own_stream_
   const bool own_stream_;
   const std::function<Status(CommPhase)> interrupt_;
-  void* const pinned_;     // kHostArgBytes page-locked (nccl::PinnedPool)
-  void* const slot_;       // kHostArgBytes on the device, stream-ordered
+  void* const pinned_;      // kHostArgBytes page-locked (nccl::PinnedPool)
+  void* const slot_;        // kHostArgBytes on the device, stream-ordered
   const cudaEvent_t done_;  // recorded after each operation; polled instead of the stream
 
   std::atomic<bool> aborted_{false};
@@ -149,7 +149,7 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm_;  // written under mu_; nullptr once aborted/destroyed. The collective thread
                      // reads it unlocked while in_flight_.
   bool in_flight_ GUARDED_BY(mu_) = false;  // a collective thread owns comm_ right now
-  Status failed_;    // first error; touched only by the collective thread
+  Status failed_;                           // first error; touched only by the collective thread
 };
 
 // Teardown, bounded: a healthy communicator is finalised (ncclCommFinalize, non-blocking, polled
@@ -171,8 +171,8 @@ NcclCommunicator::~NcclCommunicator() {
         s.name = Name();
         s.what = "ncclCommFinalize";
         s.phase = CommPhase::kCollective;
-        s.timeout = std::min(timeout_, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                           kFinalizeBound));
+        s.timeout = std::min(timeout_,
+                             std::chrono::duration_cast<std::chrono::milliseconds>(kFinalizeBound));
         s.deadline = Clock::now() + s.timeout;
         ncclComm_t c = comm_;
         clean = nccl::PollUntil(s, [c]() -> StatusOr<bool> {
@@ -201,7 +201,7 @@ NcclCommunicator::~NcclCommunicator() {
   }
   nccl::PinnedPool::Get().Give(pinned_, last);
   cudaFreeAsync(slot_, stream_);
-  cudaEventDestroy(done_);  // released by CUDA once it completes
+  cudaEventDestroy(done_);                      // released by CUDA once it completes
   if (own_stream_) cudaStreamDestroy(stream_);  // returns at once; freed when drained
   cudaGetLastError();
 }
@@ -226,9 +226,10 @@ Status NcclCommunicator::Run(const std::function<Status(Clock::time_point)>& bod
     }
     in_flight_ = true;
   }
-  Status s = cudaSetDevice(device_) == cudaSuccess
-                 ? body(Clock::now() + timeout_)
-                 : Status::Internal(Name() + ": cudaSetDevice(" + std::to_string(device_) + ") failed");
+  Status s =
+      cudaSetDevice(device_) == cudaSuccess
+          ? body(Clock::now() + timeout_)
+          : Status::Internal(Name() + ": cudaSetDevice(" + std::to_string(device_) + ") failed");
   MutexLock lock(&mu_);
   in_flight_ = false;
   if (!s.ok() && failed_.ok()) failed_ = s;
@@ -301,10 +302,9 @@ Status NcclCommunicator::AllReduce(void* data, size_t count, DataType type, Redu
   const ncclRedOp_t nop = op == ReduceOp::kSum ? ncclSum : ncclMax;
   const ncclDataType_t nt = nccl::ToNccl(type);
   return Run([&](Clock::time_point deadline) {
-    return OnBuffer("ncclAllReduce", data, count, DataTypeSize(type), deadline,
-                    [&](void* dev, size_t n) {
-                      return ncclAllReduce(dev, dev, n, nt, nop, comm_, stream_);
-                    });
+    return OnBuffer(
+        "ncclAllReduce", data, count, DataTypeSize(type), deadline,
+        [&](void* dev, size_t n) { return ncclAllReduce(dev, dev, n, nt, nop, comm_, stream_); });
   });
 }
 
@@ -378,8 +378,9 @@ Status CheckNcclVersion() {
   EDL_NCCL_CHECK(ncclGetVersion(&version));
   if (version < kMinNcclVersion) {
     return Status::FailedPrecondition(
-        "the NCCL library loaded (version code " + std::to_string(version) + ") is older than the " +
-        std::to_string(kMinNcclVersion) + " edl needs; install a newer NCCL (a current PyTorch's "
+        "the NCCL library loaded (version code " + std::to_string(version) +
+        ") is older than the " + std::to_string(kMinNcclVersion) +
+        " edl needs; install a newer NCCL (a current PyTorch's "
         "nvidia-nccl wheel, or the NCCL of the CUDA toolkit) or use --comm gloo");
   }
   return Status::OK();
@@ -417,10 +418,9 @@ struct Resources {
     EDL_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (o->cuda_device < 0) EDL_CUDA_CHECK(cudaGetDevice(&o->cuda_device));
     if (o->cuda_device >= count) {
-      return Status::InvalidArgument("NCCL communicator: CUDA device " +
-                                     std::to_string(o->cuda_device) + " does not exist (" +
-                                     std::to_string(count) +
-                                     " visible; check --cuda_device and CUDA_VISIBLE_DEVICES)");
+      return Status::InvalidArgument(
+          "NCCL communicator: CUDA device " + std::to_string(o->cuda_device) + " does not exist (" +
+          std::to_string(count) + " visible; check --cuda_device and CUDA_VISIBLE_DEVICES)");
     }
     EDL_CUDA_CHECK(cudaSetDevice(o->cuda_device));
     own_stream = o->cuda_stream == nullptr;
@@ -462,7 +462,8 @@ Status ExchangeUniqueId(const CommOptions& o, ncclUniqueId* id) {
   EDL_RETURN_IF_ERROR(o.store->Wait(key, o.timeout, &hex));
   if (!nccl::FromHex(hex, id, sizeof(*id))) {
     return Status::Corruption("rendezvous key '" + key + "' does not hold a NCCL unique id (" +
-                              std::to_string(hex.size()) + " chars); is another job using the "
+                              std::to_string(hex.size()) +
+                              " chars); is another job using the "
                               "same key prefix?");
   }
   return Status::OK();
@@ -603,12 +604,14 @@ StatusOr<std::unique_ptr<Communicator>> NewShrunkNcclCommunicator(
   ncclComm_t comm = nullptr;
   // ncclCommShrink runs on the parent's handle as one of its operations (no Abort() meanwhile);
   // the wait for the new communicator polls only the new one.
-  Status s = p->ShrinkFrom([&](ncclComm_t handle) -> Status {
-    ncclConfig_t config = NonBlockingConfig();
-    EDL_NCCL_CHECK(shrink(handle, excluded.data(), static_cast<int>(excluded.size()), &comm,
-                          &config, abort_parent ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
-    return Status::OK();
-  }, abort_parent);
+  Status s = p->ShrinkFrom(
+      [&](ncclComm_t handle) -> Status {
+        ncclConfig_t config = NonBlockingConfig();
+        EDL_NCCL_CHECK(shrink(handle, excluded.data(), static_cast<int>(excluded.size()), &comm,
+                              &config, abort_parent ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT));
+        return Status::OK();
+      },
+      abort_parent);
   if (s.ok()) s = WaitInit(comm, o, "ncclCommShrink");
   if (!s.ok()) {
     res.Release();

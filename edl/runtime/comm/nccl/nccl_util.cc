@@ -16,15 +16,18 @@ std::string Where(const char* file, int line) {
 const char* NcclHint(ncclResult_t r) {
   switch (r) {
     case ncclUnhandledCudaError:
-      return "a CUDA call inside NCCL failed: check the GPU with nvidia-smi and CUDA_VISIBLE_DEVICES";
+      return "a CUDA call inside NCCL failed: check the GPU with nvidia-smi and "
+             "CUDA_VISIBLE_DEVICES";
     case ncclSystemError:
-      return "a system or network call failed: check that the peers are reachable, NCCL_SOCKET_IFNAME, "
+      return "a system or network call failed: check that the peers are reachable, "
+             "NCCL_SOCKET_IFNAME, "
              "and run with NCCL_DEBUG=INFO";
     case ncclRemoteError:
       return "a peer failed or disconnected; the job must re-form without it";
     case ncclInvalidArgument:
     case ncclInvalidUsage:
-      return "invalid use of NCCL (a bug in edl, or two ranks on one GPU); run with NCCL_DEBUG=WARN";
+      return "invalid use of NCCL (a bug in edl, or two ranks on one GPU); run with "
+             "NCCL_DEBUG=WARN";
     default:
       return "run with NCCL_DEBUG=INFO for details";
   }
@@ -46,8 +49,8 @@ void Backoff(Clock::time_point start) {
 }  // namespace
 
 Status NcclStatus(ncclResult_t r, const char* expr, const char* file, int line) {
-  std::string msg = std::string(expr) + " failed at " + Where(file, line) + ": " +
-                    ncclGetErrorString(r);
+  std::string msg =
+      std::string(expr) + " failed at " + Where(file, line) + ": " + ncclGetErrorString(r);
   const char* last = ncclGetLastError(nullptr);
   if (last != nullptr && last[0] != '\0') msg += " (" + std::string(last) + ")";
   msg += "; ";
@@ -64,13 +67,20 @@ Status CudaStatus(cudaError_t e, const char* expr, const char* file, int line) {
 
 ncclDataType_t ToNccl(DataType t) {
   switch (t) {
-    case DataType::kFloat32: return ncclFloat32;
-    case DataType::kFloat64: return ncclFloat64;
-    case DataType::kInt64: return ncclInt64;
-    case DataType::kInt32: return ncclInt32;
-    case DataType::kBFloat16: return ncclBfloat16;
-    case DataType::kFloat16: return ncclFloat16;
-    case DataType::kUInt8: return ncclUint8;
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kInt64:
+      return ncclInt64;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kUInt8:
+      return ncclUint8;
   }
   LOG(FATAL) << "unknown DataType " << static_cast<int>(t);
   return ncclFloat32;
@@ -127,12 +137,12 @@ Status PollUntil(const WaitScope& scope, const std::function<StatusOr<bool>()>& 
       if (!s.ok()) return s.WithContext(scope.name + ": " + scope.what + " interrupted");
     }
     if (now > scope.deadline) {
-      return Status::Timeout(
-          scope.name + ": " + scope.what + " did not complete within " +
-          std::to_string(scope.timeout.count()) + " ms; " +
-          (scope.phase == CommPhase::kConstruct
-               ? "not every rank joined (a peer died or was never started)"
-               : "a peer is dead or hung (raise --comm_timeout_s if the step itself is that slow)"));
+      return Status::Timeout(scope.name + ": " + scope.what + " did not complete within " +
+                             std::to_string(scope.timeout.count()) + " ms; " +
+                             (scope.phase == CommPhase::kConstruct
+                                  ? "not every rank joined (a peer died or was never started)"
+                                  : "a peer is dead or hung (raise --comm_timeout_s if the step "
+                                    "itself is that slow)"));
     }
     Backoff(start);
   }

@@ -35,16 +35,16 @@ inline constexpr size_t kHostArgBytes = 64 * 1024;
 Status NcclStatus(ncclResult_t r, const char* expr, const char* file, int line);
 Status CudaStatus(cudaError_t e, const char* expr, const char* file, int line);
 
-#define EDL_NCCL_CHECK(expr)                                                   \
-  do {                                                                         \
-    const ncclResult_t _r = (expr);                                            \
-    if (_r != ncclSuccess && _r != ncclInProgress) {                           \
-      return ::edl::runtime::nccl::NcclStatus(_r, #expr, __FILE__, __LINE__);  \
-    }                                                                          \
+#define EDL_NCCL_CHECK(expr)                                                  \
+  do {                                                                        \
+    const ncclResult_t _r = (expr);                                           \
+    if (_r != ncclSuccess && _r != ncclInProgress) {                          \
+      return ::edl::runtime::nccl::NcclStatus(_r, #expr, __FILE__, __LINE__); \
+    }                                                                         \
   } while (0)
-#define EDL_CUDA_CHECK(expr)                                                                     \
-  do {                                                                                           \
-    const cudaError_t _e = (expr);                                                               \
+#define EDL_CUDA_CHECK(expr)                                                                       \
+  do {                                                                                             \
+    const cudaError_t _e = (expr);                                                                 \
     if (_e != cudaSuccess) return ::edl::runtime::nccl::CudaStatus(_e, #expr, __FILE__, __LINE__); \
   } while (0)
 
