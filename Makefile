@@ -6,8 +6,9 @@
 # `make package` writes the Debian package.
 # Knobs: BUILD_DIR=build, BUILD_TYPE=Release, JOBS=$(nproc), CTEST_JOBS=4*JOBS,
 #        EDL_USE_CUDA=AUTO|ON|OFF, SANITIZE=address,undefined|thread (for BUILD_DIR itself),
-#        SANITIZERS=0 (skip the stages), FORMAT_CHECK=1 (`make test` first checks the sources
-#        against .clang-format; `make format-check` alone; scripts/check_format.sh --fix reformats).
+#        SANITIZERS=0 (skip the stages). `make format-check` checks the sources against
+#        .clang-format and the 100-column limit (`make test` does too, in ScriptsLintTest);
+#        scripts/check_format.sh --fix reformats.
 #
 # Sanitizer stages of `make test`, each a clang tree of its own with EDL_USE_CUDA=OFF (the sanitizers
 # check host code; CUDA kernels are out of their reach):
@@ -27,7 +28,6 @@ EDL_USE_CUDA ?= AUTO
 SANITIZE   ?=
 CTEST_ARGS ?=
 SANITIZERS ?= 1
-FORMAT_CHECK ?= 0
 PREFIX     ?= /usr/local
 ASAN_DIR   ?= build-asan
 TSAN_DIR   ?= build-tsan
@@ -121,7 +121,7 @@ package: build
 format-check: deps
 	@bash scripts/check_format.sh
 
-test-unit: $(if $(filter-out 0,$(FORMAT_CHECK)),format-check) build
+test-unit: build
 	$(call ctest_stage,ctest ($(BUILD_DIR)),$(BUILD_DIR),)
 
 test: test-unit

@@ -9,7 +9,7 @@ PACKAGES=(
   build-essential cmake pkg-config git
   ccache   # the Makefile compiles through it when present: a rebuild of an unchanged file is a cache hit
   clang libclang-rt-14-dev llvm   # make test's ASan/UBSan/TSan trees, libFuzzer, llvm-symbolizer
-  clang-format-14   # scripts/check_format.sh (make test with FORMAT_CHECK=1)
+  clang-format-14   # scripts/check_format.sh (make test, ScriptsLintTest)
   libboost-dev libboost-program-options-dev libboost-filesystem-dev libboost-system-dev
   libgoogle-glog-dev libgflags-dev
   libgtest-dev libgmock-dev

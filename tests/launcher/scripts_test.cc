@@ -50,27 +50,33 @@ class ScriptsTest : public testing::Test {
         "  for f in \"$EDL_RUN_DIR\"/client-*.pid; do\n"
         "    [ -f \"$f\" ] || continue; n=${f##*/client-}; n=${n%.pid}\n"
         "    [ -f \"$EDL_RUN_DIR/refused-$n\" ] && continue\n"
-        "    printf '%s    {\\n      \"connected\": true,\\n      \"name\": \"%s\",\\n      \"used\": 0\\n    }' \"$sep\" \"$n\"\n"
+        "    printf '%s    {\\n      \"connected\": true,\\n      \"name\": \"%s\",\\n      "
+        "\"used\": 0\\n    }' \"$sep\" \"$n\"\n"
         "    sep=',\n'\n"
         "  done\n"
-        "  printf '\\n  ],\\n  \"pending\": false,\\n  \"target\": 1,\\n  \"world_size\": 1\\n}\\n'; exit 0 ;;\n"
+        "  printf '\\n  ],\\n  \"pending\": false,\\n  \"target\": 1,\\n  \"world_size\": "
+        "1\\n}\\n'; exit 0 ;;\n"
         "esac\n"
         "{ echo --; for a in \"$@\"; do echo \"$a\"; done; } >> \"$FAKE_EDL_ARGS\"\n"
         "if [ \"$1\" = ctl ]; then kill \"$(cat \"$EDL_RUN_DIR/server.pid\")\"; exit 0; fi\n"
         "env > \"$FAKE_EDL_ARGS.env.$1.${EDL_NODE_NAME:-}\"\n"
-        // FAKE_EDL_SAY: a line the stand-in logs (as a refused client would), and it stays unlisted.
-        "if [ -n \"${FAKE_EDL_SAY:-}\" ]; then echo \"$FAKE_EDL_SAY\" >&2; touch \"$EDL_RUN_DIR/refused-$EDL_NODE_NAME\"; fi\n"
+        // FAKE_EDL_SAY: a line the stand-in logs (as a refused client would), and it stays
+        // unlisted.
+        "if [ -n \"${FAKE_EDL_SAY:-}\" ]; then echo \"$FAKE_EDL_SAY\" >&2; touch "
+        "\"$EDL_RUN_DIR/refused-$EDL_NODE_NAME\"; fi\n"
         "exec sleep 1000\n");
     // Stand-in ssh: drops -o options; runs the command in bash with HOME=$FAKE_REMOTE/<host> and,
     // like ssh, none of the caller's environment beyond PATH.
     Exe("fake_ssh",
         "#!/bin/bash\nwhile [ \"${1:-}\" = -o ]; do shift 2; done\nhost=\"$1\"; shift\n"
-        "case \"$host\" in dead*) echo \"ssh: connect to host $host port 22: No route to host\" >&2; exit 255;; esac\n"
+        "case \"$host\" in dead*) echo \"ssh: connect to host $host port 22: No route to host\" "
+        ">&2; exit 255;; esac\n"
         "h=\"$FAKE_REMOTE/${host#*@}\"; mkdir -p \"$h\"; cd \"$h\" &&\n"
         "exec env -i PATH=\"$PATH\" HOME=\"$h\" FAKE_EDL_ARGS=\"$FAKE_EDL_ARGS\" bash -c \"$*\"\n");
     Exe("fake_scp",
         "#!/bin/bash\nwhile [ \"${1:-}\" = -o ]; do shift 2; done\n[ \"$1\" = -p ] && shift\n"
-        "dest=\"$2\"; host=\"${dest%%:*}\"; cd \"$FAKE_REMOTE/${host#*@}\" && cp -p \"$1\" \"${dest#*:}\"\n");
+        "dest=\"$2\"; host=\"${dest%%:*}\"; cd \"$FAKE_REMOTE/${host#*@}\" && cp -p \"$1\" "
+        "\"${dest#*:}\"\n");
   }
 
   // Whatever a failed test left running: every pid file under run/.
@@ -94,10 +100,14 @@ class ScriptsTest : public testing::Test {
     TrainerSpec spec;
     spec.argv = {"/bin/bash", edl::test::SourceDir() + "/scripts/" + script};
     spec.argv.insert(spec.argv.end(), args.begin(), args.end());
-    spec.env = {{"HOME", home_}, {"EDL_BIN", dir_.Join("fake_edl")},
-                {"FAKE_EDL_ARGS", dir_.Join("args")}, {"EDL_RUN_DIR", dir_.Join("run")},
-                {"EDL_SSH", dir_.Join("fake_ssh")}, {"EDL_SCP", dir_.Join("fake_scp")},
-                {"FAKE_REMOTE", dir_.Join("remote")}, {"EDL_HOME", edl::test::SourceDir()},
+    spec.env = {{"HOME", home_},
+                {"EDL_BIN", dir_.Join("fake_edl")},
+                {"FAKE_EDL_ARGS", dir_.Join("args")},
+                {"EDL_RUN_DIR", dir_.Join("run")},
+                {"EDL_SSH", dir_.Join("fake_ssh")},
+                {"EDL_SCP", dir_.Join("fake_scp")},
+                {"FAKE_REMOTE", dir_.Join("remote")},
+                {"EDL_HOME", edl::test::SourceDir()},
                 {"EDL_STOP_TIMEOUT_S", "5"}};
     for (const auto& [k, v] : extra_env) spec.env[k] = v;
     spec.log_path = dir_.Join("script.log");
@@ -189,7 +199,8 @@ TEST_F(ScriptsTest, ServerDaemonCreatesSecretRefusesTwiceAndStops) {
   EXPECT_EQ(Flag(inv[0], "--server_port"), "8180");
   EXPECT_EQ(Flag(inv[0], "--secret_file"), secret);
   EXPECT_EQ(Flag(inv[0], "--events_dir"), dir_.Join("run") + "/events");
-  EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run") + "/state") << "a restarted server resumes the job";
+  EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run") + "/state")
+      << "a restarted server resumes the job";
   EXPECT_EQ(Flag(inv[0], "--http_addr"), "127.0.0.1:8181") << "the dashboard, on loopback";
   EXPECT_EQ(inv[0].back(), "x.txt") << "extra flags are passed through";
 
@@ -248,10 +259,13 @@ TEST_F(ScriptsTest, ClientThatExitsBeforeJoiningIsReportedWithItsError) {
                                                    {"EDL_SERVER_PORT", port}};
   ASSERT_EQ(RunScript("start_job_server.sh", {"--daemon"}, real), 0) << Log();
   const int server = ReadPid(dir_.Join("run/server.pid"));
-  itest::WriteSecretFile(dir_.Join("other-secret"), "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
+  itest::WriteSecretFile(dir_.Join("other-secret"),
+                         "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08");
   std::map<std::string, std::string> client = real;
-  client.insert({{"EDL_NODE_NAME", "n1"}, {"EDL_SECRET_FILE", dir_.Join("other-secret")},
-                 {"EDL_TRAINER_CMD", "/bin/sleep 1000"}, {"EDL_JOIN_TIMEOUT_S", "60"}});
+  client.insert({{"EDL_NODE_NAME", "n1"},
+                 {"EDL_SECRET_FILE", dir_.Join("other-secret")},
+                 {"EDL_TRAINER_CMD", "/bin/sleep 1000"},
+                 {"EDL_JOIN_TIMEOUT_S", "60"}});
   EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"}, client), 1) << Log();
   // Exited at once (within edl_run's first look) or later, while the script waited for it to join.
   EXPECT_NE(Log().find("edl client (n1) exited"), std::string::npos) << Log();
@@ -263,9 +277,9 @@ TEST_F(ScriptsTest, ClientThatExitsBeforeJoiningIsReportedWithItsError) {
 }
 
 // A standby started by the script (EDL_STANDBY=1) beside the real server: refused while no server
-// runs to be the standby of; once the server is SIGKILLed the standby leads and the script treats it
-// as the server (--status, its pid file); --stop stops a standby that still waits first, then the
-// job through the leader, so nothing is left to take the stopped job over.
+// runs to be the standby of; once the server is SIGKILLed the standby leads and the script treats
+// it as the server (--status, its pid file); --stop stops a standby that still waits first, then
+// the job through the leader, so nothing is left to take the stopped job over.
 TEST_F(ScriptsTest, AStandbyTakesOverAndStopStopsTheJobThroughIt) {
   const std::string port = std::to_string(itest::FreePort());
   const std::map<std::string, std::string> real = {
@@ -286,8 +300,7 @@ TEST_F(ScriptsTest, AStandbyTakesOverAndStopStopsTheJobThroughIt) {
   EXPECT_TRUE(test::WaitUntil([&] {
     return RunScript("start_job_server.sh", {"--status"}, real) == 0 &&
            Log().find("running (pid " + std::to_string(first) + ")") != std::string::npos;
-  }))
-      << Log();
+  })) << Log();
   EXPECT_EQ(ReadPid(dir_.Join("run/server.pid")), first);
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/standby.pid")));
 
@@ -295,13 +308,15 @@ TEST_F(ScriptsTest, AStandbyTakesOverAndStopStopsTheJobThroughIt) {
   EXPECT_NE(Log().find("the leader is pid " + std::to_string(first)), std::string::npos) << Log();
   const int second = ReadPid(dir_.Join("run/standby.pid"));
   EXPECT_EQ(RunScript("start_job_server.sh", {"--stop"}, real), 0) << Log();
-  EXPECT_NE(Log().find("edl server standby (pid " + std::to_string(second) + ") stopped"), std::string::npos)
+  EXPECT_NE(Log().find("edl server standby (pid " + std::to_string(second) + ") stopped"),
+            std::string::npos)
       << Log();
   EXPECT_TRUE(test::WaitUntil([&] { return !ProcessAlive(first) && !ProcessAlive(second); }));
   for (int pid : {first, second}) {
     if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
   }
-  EXPECT_NE(ReadFile(dir_.Join("run/logs/standby.out")).find("stopped while a standby"), std::string::npos);
+  EXPECT_NE(ReadFile(dir_.Join("run/logs/standby.out")).find("stopped while a standby"),
+            std::string::npos);
   // The leader and both standbys wrote their output here (the daemons are not this test's children,
   // so their exits are read from what they logged and from their pids being gone).
   edl::test::ExpectNoSanitizerReport(dir_.Join("run/logs/server.out"), "edl server");
@@ -311,9 +326,11 @@ TEST_F(ScriptsTest, AStandbyTakesOverAndStopStopsTheJobThroughIt) {
 TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
   GiveSecret();
   ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
-                      {{"EDL_SERVER", "10.1.1.1:9000"}, {"EDL_GPUS", "0,1"},
+                      {{"EDL_SERVER", "10.1.1.1:9000"},
+                       {"EDL_GPUS", "0,1"},
                        {"EDL_ADVERTISE_ADDR", "127.0.0.3"},
-                       {"EDL_TRAINER_CMD", "python3 train.py --lr 0.1"}, {"EDL_NODE_NAME", "n7"},
+                       {"EDL_TRAINER_CMD", "python3 train.py --lr 0.1"},
+                       {"EDL_NODE_NAME", "n7"},
                        {"EDL_MODE", "restart"}}),
             0)
       << Log();
@@ -328,9 +345,11 @@ TEST_F(ScriptsTest, ClientTakesOverridesFromEnv) {
   EXPECT_EQ(Flag(inv[0], "--node_name"), "n7");
   EXPECT_EQ(Flag(inv[0], "--mode"), "restart");
   EXPECT_EQ(Flag(inv[0], "--advertise_addr"), "127.0.0.3");
-  EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run")) << "the session token lives with the run";
+  EXPECT_EQ(Flag(inv[0], "--state_dir"), dir_.Join("run"))
+      << "the session token lives with the run";
   EXPECT_EQ(Flag(inv[0], "--socket_dir"), "/tmp") << "EDL_SOCKET_DIR's default";
-  EXPECT_NE(Log().find("edl client (n7) joined the server at 10.1.1.1:9000"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("edl client (n7) joined the server at 10.1.1.1:9000"), std::string::npos)
+      << Log();
   EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "n7"}}), 0) << Log();
   EXPECT_FALSE(ProcessAlive(pid));
   if (ProcessAlive(pid)) ::kill(pid, SIGKILL);
@@ -343,18 +362,22 @@ TEST_F(ScriptsTest, AnUnusableRunDirOrSocketDirIsNamedBeforeAnythingStarts) {
   const std::string bad_run = "/proc/edl-scripts-test/run";  // not creatable, even by root
   EXPECT_EQ(RunScript("start_job_server.sh", {"--daemon"}, {{"EDL_RUN_DIR", bad_run}}), 1) << Log();
   EXPECT_NE(Log().find("EDL_RUN_DIR=" + bad_run + " cannot be used"), std::string::npos) << Log();
-  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"}, {{"EDL_RUN_DIR", bad_run}, {"EDL_NODE_NAME", "n1"}}), 1)
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_RUN_DIR", bad_run}, {"EDL_NODE_NAME", "n1"}}),
+            1)
       << Log();
   EXPECT_NE(Log().find("EDL_RUN_DIR=" + bad_run + " cannot be used"), std::string::npos) << Log();
   EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
                       {{"EDL_SOCKET_DIR", dir_.Join("no-such-dir")}, {"EDL_NODE_NAME", "n1"}}),
             1)
       << Log();
-  EXPECT_NE(Log().find("EDL_SOCKET_DIR=" + dir_.Join("no-such-dir") + " is not a directory"), std::string::npos)
+  EXPECT_NE(Log().find("EDL_SOCKET_DIR=" + dir_.Join("no-such-dir") + " is not a directory"),
+            std::string::npos)
       << Log();
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "edl was started";
   std::filesystem::create_directories(dir_.Join("sock"));
-  ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"}, {{"EDL_SOCKET_DIR", dir_.Join("sock")}, {"EDL_NODE_NAME", "n1"}}),
+  ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
+                      {{"EDL_SOCKET_DIR", dir_.Join("sock")}, {"EDL_NODE_NAME", "n1"}}),
             0)
       << Log();
   EXPECT_EQ(Flag(Invocations().at(0), "--socket_dir"), dir_.Join("sock"));
@@ -368,19 +391,25 @@ TEST_F(ScriptsTest, AnUnusableRunDirOrSocketDirIsNamedBeforeAnythingStarts) {
 TEST_F(ScriptsTest, ANodeNameHeldByAnotherConnectedClientIsReportedAtOnce) {
   GiveSecret();
   const std::string line =
-      "E1129 server refused: Unavailable: node name 'n1' belongs to another client (connected from 10.0.0.7) and "
+      "E1129 server refused: Unavailable: node name 'n1' belongs to another client (connected from "
+      "10.0.0.7) and "
       "this one did not present that node's session token; retrying.";
-  EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
-                      {{"EDL_NODE_NAME", "n1"}, {"FAKE_EDL_SAY", line}, {"EDL_JOIN_TIMEOUT_S", "3600"}}),
-            1)
+  EXPECT_EQ(
+      RunScript("start_job_client.sh", {"--daemon"},
+                {{"EDL_NODE_NAME", "n1"}, {"FAKE_EDL_SAY", line}, {"EDL_JOIN_TIMEOUT_S", "3600"}}),
+      1)
       << Log();
-  EXPECT_NE(Log().find("refuses node name n1: it belongs to another client (connected from 10.0.0.7)"), std::string::npos)
+  EXPECT_NE(
+      Log().find("refuses node name n1: it belongs to another client (connected from 10.0.0.7)"),
+      std::string::npos)
       << Log();
   EXPECT_NE(Log().find("give this client its own name"), std::string::npos) << Log();
-  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/client-n1.pid"))) << "the client it started was not stopped";
+  EXPECT_FALSE(std::filesystem::exists(dir_.Join("run/client-n1.pid")))
+      << "the client it started was not stopped";
 }
 
-// A client without the secret stops with the fix: a secret made here could never match the server's.
+// A client without the secret stops with the fix: a secret made here could never match the
+// server's.
 TEST_F(ScriptsTest, ClientNeverCreatesASecret) {
   EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"}, {{"EDL_NODE_NAME", "n1"}}), 1) << Log();
   EXPECT_NE(Log().find("does not exist"), std::string::npos) << Log();
@@ -403,20 +432,23 @@ TEST_F(ScriptsTest, ClientAdvertisesTheAddressItReachesTheServerFrom) {
   // The route to a documentation address (TEST-NET-3), if this machine has one.
   TrainerSpec ip;
   ip.argv = {"/bin/sh", "-c",
-             "ip -o route get 203.0.113.7 | awk '{for(i=1;i<NF;i++) if($i==\"src\"){print $(i+1); exit}}'"};
+             "ip -o route get 203.0.113.7 | awk '{for(i=1;i<NF;i++) if($i==\"src\"){print $(i+1); "
+             "exit}}'"};
   ip.log_path = dir_.Join("route.log");
   auto p = NewProcessLauncher()->Start(ip);
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE(WaitExit(p.value().get()).has_value());
   std::string src = ReadFile(dir_.Join("route.log"));
   while (!src.empty() && src.back() == '\n') src.pop_back();
-  if (src.empty()) GTEST_SKIP() << "this machine has no route to 203.0.113.7 to check the remote case";
+  if (src.empty())
+    GTEST_SKIP() << "this machine has no route to 203.0.113.7 to check the remote case";
   ASSERT_EQ(RunScript("start_job_client.sh", {"--daemon"},
                       {{"EDL_SERVER", "203.0.113.7:9000"}, {"EDL_NODE_NAME", "remote"}}),
             0)
       << Log();
   EXPECT_EQ(Flag(Invocations().at(1), "--advertise_addr"), src);
-  EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "remote"}}), 0) << Log();
+  EXPECT_EQ(RunScript("start_job_client.sh", {"--stop"}, {{"EDL_NODE_NAME", "remote"}}), 0)
+      << Log();
 }
 
 // A client is not started on a node whose given address is not its own (its trainers could not
@@ -424,19 +456,24 @@ TEST_F(ScriptsTest, ClientAdvertisesTheAddressItReachesTheServerFrom) {
 TEST_F(ScriptsTest, ClientRefusesAForeignAddressAndAMissingTrainerProgram) {
   GiveSecret();
   EXPECT_EQ(RunScript("start_job_client.sh", {"--daemon"},
-                      {{"EDL_SERVER", "127.0.0.1:9000"}, {"EDL_NODE_NAME", "n1"},
+                      {{"EDL_SERVER", "127.0.0.1:9000"},
+                       {"EDL_NODE_NAME", "n1"},
                        {"EDL_ADVERTISE_ADDR", "192.0.2.33"},
                        {"EDL_TRAINER_CMD", "env OMP_NUM_THREADS=1 /no/such/train.bin --x 'a b'"}}),
             1)
       << Log();
-  EXPECT_NE(Log().find("EDL_ADVERTISE_ADDR=192.0.2.33 (this node's address, which its trainers bind) is not "
-                       "an address of"),
-            std::string::npos)
+  EXPECT_NE(
+      Log().find(
+          "EDL_ADVERTISE_ADDR=192.0.2.33 (this node's address, which its trainers bind) is not "
+          "an address of"),
+      std::string::npos)
       << Log();
-  EXPECT_NE(Log().find("the trainer command's program '/no/such/train.bin'"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("the trainer command's program '/no/such/train.bin'"), std::string::npos)
+      << Log();
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "edl was started";
   EXPECT_EQ(RunScript("start_job_client.sh", {"--check"},
-                      {{"EDL_SERVER", "127.0.0.1:9000"}, {"EDL_ADVERTISE_ADDR", "127.0.0.1"},
+                      {{"EDL_SERVER", "127.0.0.1:9000"},
+                       {"EDL_ADVERTISE_ADDR", "127.0.0.1"},
                        {"EDL_TRAINER_CMD", "env OMP_NUM_THREADS=1 /bin/true"}}),
             0)
       << Log();
@@ -448,7 +485,8 @@ TEST_F(ScriptsTest, ClientRefusesAServerItCannotResolve) {
                       {{"EDL_SERVER", "nodeA.invalid:8180"}, {"EDL_NODE_NAME", "n1"}}),
             1)
       << Log();
-  EXPECT_NE(Log().find("cannot resolve the server host 'nodeA.invalid'"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("cannot resolve the server host 'nodeA.invalid'"), std::string::npos)
+      << Log();
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "edl was started";
 }
 
@@ -502,8 +540,12 @@ TEST_F(ScriptsTest, SshClusterStartAgainStartsWhatIsMissingAndKeepsWhatRuns) {
   ASSERT_EQ(::kill(b, SIGKILL), 0);  // nodeB's client crashed
   ASSERT_TRUE(test::WaitUntil([&] { return !ProcessAlive(b); }));
   ASSERT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}), 0) << Log();
-  EXPECT_NE(Log().find("edl server is already running (pid " + std::to_string(server)), std::string::npos) << Log();
-  EXPECT_NE(Log().find("edl client (nodeA) is already running (pid " + std::to_string(a)), std::string::npos) << Log();
+  EXPECT_NE(Log().find("edl server is already running (pid " + std::to_string(server)),
+            std::string::npos)
+      << Log();
+  EXPECT_NE(Log().find("edl client (nodeA) is already running (pid " + std::to_string(a)),
+            std::string::npos)
+      << Log();
   EXPECT_EQ(ReadPid(dir_.Join("run/server.pid")), server);
   EXPECT_EQ(ReadPid(dir_.Join("run/client-nodeA.pid")), a);
   const int b2 = ReadPid(dir_.Join("run/client-nodeB.pid"));
@@ -517,7 +559,9 @@ TEST_F(ScriptsTest, SshClusterStartAgainStartsWhatIsMissingAndKeepsWhatRuns) {
   inv = Invocations();
   ASSERT_EQ(inv.size(), 5u) << ReadFile(dir_.Join("args"));
   EXPECT_EQ(inv[4][0], "ctl") << "the job is stopped through the server, not host by host";
-  EXPECT_LT(Log().find("stopping the job through edl server"), Log().find("of the edl clients of nodes")) << Log();
+  EXPECT_LT(Log().find("stopping the job through edl server"),
+            Log().find("of the edl clients of nodes"))
+      << Log();
 }
 
 // The MPI / Horovod form (slots=N), node names, keyed columns, and EDL_PASS_ENV's variables.
@@ -526,8 +570,11 @@ TEST_F(ScriptsTest, SshClusterReadsMpiFormNodeNamesAndPassesEnv) {
             "nodeA slots=4 addr=127.0.0.1 name=alpha  # MPI form plus keys\n"
             "user@nodeB 127.0.0.1 beta slots=2 max_slots=8\n");
   ASSERT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")},
-                      {{"NCCL_DEBUG", "INFO"}, {"GLOO_SOCKET_IFNAME", "lo"}, {"MY_DATA", "/d a"},
-                       {"UNPASSED", "x"}, {"EDL_PASS_ENV", "NCCL_* GLOO_* MY_DATA"}}),
+                      {{"NCCL_DEBUG", "INFO"},
+                       {"GLOO_SOCKET_IFNAME", "lo"},
+                       {"MY_DATA", "/d a"},
+                       {"UNPASSED", "x"},
+                       {"EDL_PASS_ENV", "NCCL_* GLOO_* MY_DATA"}}),
             0)
       << Log();
   auto inv = Invocations();
@@ -538,7 +585,8 @@ TEST_F(ScriptsTest, SshClusterReadsMpiFormNodeNamesAndPassesEnv) {
   EXPECT_EQ(Flag(alpha, "--server"), "127.0.0.1:8180") << "the address column reaches the server";
   EXPECT_EQ(Flag(alpha, "--advertise_addr"), "127.0.0.1");
   EXPECT_EQ(Flag(beta, "--slots"), "2");
-  for (const std::string& env : {EnvOf("client", "alpha"), EnvOf("client", "beta"), EnvOf("server")}) {
+  for (const std::string& env :
+       {EnvOf("client", "alpha"), EnvOf("client", "beta"), EnvOf("server")}) {
     EXPECT_NE(env.find("NCCL_DEBUG=INFO\n"), std::string::npos) << env;
     EXPECT_NE(env.find("GLOO_SOCKET_IFNAME=lo\n"), std::string::npos) << env;
     EXPECT_NE(env.find("MY_DATA=/d a\n"), std::string::npos) << env;
@@ -563,7 +611,8 @@ TEST_F(ScriptsTest, SshClusterNamesAnUnreachableHostAndStartsNothing) {
 TEST_F(ScriptsTest, SshClusterRefusesAServerAddressClientsCannotResolve) {
   WriteFile(dir_.Join("hosts"), "nodeA gpu-alias.invalid\nnodeB 127.0.0.1\n");
   EXPECT_EQ(RunScript("ssh_cluster.sh", {"start", dir_.Join("hosts")}), 1) << Log();
-  EXPECT_NE(Log().find("cannot resolve the server address gpu-alias.invalid"), std::string::npos) << Log();
+  EXPECT_NE(Log().find("cannot resolve the server address gpu-alias.invalid"), std::string::npos)
+      << Log();
   EXPECT_FALSE(std::filesystem::exists(dir_.Join("args"))) << "something was started";
 }
 
@@ -596,9 +645,10 @@ TEST(ScriptsLintTest, ShellcheckClean) {
   if (std::system("command -v shellcheck >/dev/null 2>&1") != 0) {
     GTEST_SKIP() << "shellcheck is not installed (apt-get install shellcheck)";
   }
-  const std::string cmd = "cd " + edl::test::SourceDir() +
-                          " && shellcheck -x scripts/start_job_server.sh scripts/start_job_client.sh "
-                          "scripts/ssh_cluster.sh scripts/edl_common.sh scripts/slurm/edl.sbatch";
+  const std::string cmd =
+      "cd " + edl::test::SourceDir() +
+      " && shellcheck -x scripts/start_job_server.sh scripts/start_job_client.sh "
+      "scripts/ssh_cluster.sh scripts/edl_common.sh scripts/slurm/edl.sbatch";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 }
 
@@ -620,14 +670,17 @@ TEST(ScriptsLintTest, TheScriptsSplitACommandAsTheClientDoes) {
   for (const std::string& line : lines) {
     const std::string in = dir.path() + "/line", out = dir.path() + "/words";
     std::ofstream(in) << line;
-    const std::string cmd = "bash -c 'source " + edl::test::SourceDir() +
-                            "/scripts/edl_common.sh; l=$(cat \"$1\"); edl_split_command \"$l\" || exit 3; "
-                            "for w in \"${EDL_WORDS[@]}\"; do printf \"%s\\0\" \"$w\"; done' _ " + in + " >" + out;
+    const std::string cmd =
+        "bash -c 'source " + edl::test::SourceDir() +
+        "/scripts/edl_common.sh; l=$(cat \"$1\"); edl_split_command \"$l\" || exit 3; "
+        "for w in \"${EDL_WORDS[@]}\"; do printf \"%s\\0\" \"$w\"; done' _ " +
+        in + " >" + out;
     const int rc = WEXITSTATUS(std::system(cmd.c_str()));
     auto want = edl::SplitCommandLine(line, "--trainer_cmd");
     SCOPED_TRACE(line);
     if (!want.ok()) {
-      EXPECT_EQ(rc, 3) << "the scripts accept what the client refuses: " << want.status().ToString();
+      EXPECT_EQ(rc, 3) << "the scripts accept what the client refuses: "
+                       << want.status().ToString();
       continue;
     }
     ASSERT_EQ(rc, 0);
@@ -647,18 +700,21 @@ TEST(ScriptsLintTest, TheScriptsSplitACommandAsTheClientDoes) {
 TEST(ScriptsLintTest, JobserverRoomsIncludeOnlyRoomsBelowThem) {
   edl::test::ScratchDir dir("edl-layers");
   const std::string out = dir.path() + "/out";
-  const std::string cmd = "cd " + edl::test::SourceDir() + " && scripts/check_layers.sh >" + out + " 2>&1";
+  const std::string cmd =
+      "cd " + edl::test::SourceDir() + " && scripts/check_layers.sh >" + out + " 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(out);
   // A copy of the tree's layering with one include reaching up: the policy including the server.
   const std::string copy = dir.path() + "/tree";
-  const std::string setup = "mkdir -p " + copy + "/scripts " + copy + "/jobserver/policy && cp " +
-                            edl::test::SourceDir() + "/scripts/check_layers.sh " + copy + "/scripts/ && cd " + copy +
-                            " && git init -q . && printf '#include \"jobserver/server.h\"\\n' >jobserver/policy/x.h && "
-                            "git add jobserver/policy/x.h";
+  const std::string setup =
+      "mkdir -p " + copy + "/scripts " + copy + "/jobserver/policy && cp " +
+      edl::test::SourceDir() + "/scripts/check_layers.sh " + copy + "/scripts/ && cd " + copy +
+      " && git init -q . && printf '#include \"jobserver/server.h\"\\n' >jobserver/policy/x.h && "
+      "git add jobserver/policy/x.h";
   ASSERT_EQ(std::system(setup.c_str()), 0);
   const std::string bad = "cd " + copy + " && scripts/check_layers.sh >" + out + " 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 1);
-  EXPECT_NE(ReadFile(out).find("jobserver/policy/x.h:1: includes jobserver/server.h"), std::string::npos)
+  EXPECT_NE(ReadFile(out).find("jobserver/policy/x.h:1: includes jobserver/server.h"),
+            std::string::npos)
       << ReadFile(out);
 }
 
@@ -667,7 +723,8 @@ TEST(ScriptsLintTest, JobserverRoomsIncludeOnlyRoomsBelowThem) {
 TEST(ScriptsLintTest, NoJsonReadOutsideTheDecoders) {
   edl::test::ScratchDir dir("edl-json-reads");
   const std::string out = dir.path() + "/out";
-  const std::string cmd = "cd " + edl::test::SourceDir() + " && scripts/check_json_reads.sh >" + out + " 2>&1";
+  const std::string cmd =
+      "cd " + edl::test::SourceDir() + " && scripts/check_json_reads.sh >" + out + " 2>&1";
   EXPECT_EQ(std::system(cmd.c_str()), 0) << ReadFile(out);
   const std::string planted = dir.path() + "/planted.cc";
   {
@@ -679,12 +736,33 @@ TEST(ScriptsLintTest, NoJsonReadOutsideTheDecoders) {
          "bool G(const nlohmann::json& m) { return m[\"type\"] == \"x\"; }\n"
          "void H(nlohmann::json& j) { j[\"ok\"] = true; }\n";
   }
-  const std::string bad = edl::test::SourceDir() + "/scripts/check_json_reads.sh " + planted + " >" + out + " 2>&1";
+  const std::string bad =
+      edl::test::SourceDir() + "/scripts/check_json_reads.sh " + planted + " >" + out + " 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(bad.c_str())), 1);
   const std::string said = ReadFile(out);
   EXPECT_NE(said.find("planted.cc:3:"), std::string::npos) << said;
   EXPECT_NE(said.find("planted.cc:5:"), std::string::npos) << said;
   EXPECT_EQ(said.find("planted.cc:6:"), std::string::npos) << "an assignment builds JSON: " << said;
+}
+
+// Every source matches .clang-format and the 100-column limit (scripts/check_format.sh); and the
+// check names a file that does not and a line that passes the limit (it can fail).
+TEST(ScriptsLintTest, SourcesMatchTheFormatAndTheColumnLimit) {
+  edl::test::ScratchDir dir("edl-format");
+  const std::string out = dir.path() + "/out";
+  const std::string check = edl::test::SourceDir() + "/scripts/check_format.sh";
+  EXPECT_EQ(std::system((check + " >" + out + " 2>&1").c_str()), 0) << ReadFile(out);
+  const std::string planted = dir.path() + "/planted.cc";
+  {
+    std::ofstream f(planted);
+    f << "int  F( int x ){return x;}\n"
+         "const char* kLong = R\"("
+      << std::string(100, 'x') << ")\";\n";
+  }
+  EXPECT_EQ(WEXITSTATUS(std::system((check + " " + planted + " >" + out + " 2>&1").c_str())), 1);
+  const std::string said = ReadFile(out);
+  EXPECT_NE(said.find("1 of 1 files differ"), std::string::npos) << said;
+  EXPECT_NE(said.find("planted.cc:2: 126 columns"), std::string::npos) << said;
 }
 
 }  // namespace
