@@ -38,8 +38,13 @@
 # ours, above 1 when an action cost less than a step) and the reference's time (chaos_time_at_world_<w>). The load average is printed at the
 # start and the end. When a run fails its check,
 # no RESULT line is printed and the script exits 1.
-# Takes 2 x DURATION_S + ~1 min per pair (~21 min at the defaults, REPEAT=1). Smoke run (~5 min):
-#   DURATION_S=120 TRAINER_KILL_S=10 CLIENT_KILL_S=40 SERVER_KILL_S=60 STOP_AT_S=25 \
+# REPEAT pairs (default 3): one pair cannot carry a target on a small shared machine, whose
+# reference alone moves by ~10 % between runs; the report gives each pair's goodput, their mean,
+# standard deviation and minimum, and the per-run figures (stalls, gaps, grow-backs) as the worst
+# run's, with every run's listed. It names every gap and stall over 1 s of every run with its
+# generation, its phases and the chaos actions around it.
+# Takes 2 x DURATION_S + ~1 min per pair (~63 min at the defaults). Smoke run (~5 min):
+#   REPEAT=1 DURATION_S=120 TRAINER_KILL_S=10 CLIENT_KILL_S=40 SERVER_KILL_S=60 STOP_AT_S=25 \
 #     TRAIN_SAMPLES=4096 bench/chaos.sh
 # Usage: bench/chaos.sh [BUILD_DIR] (default build; needs the targets edl_bin and edl_chaos_check built there).
 # KEEP=DIR keeps the run's files there (default: a temporary directory, removed at exit).
@@ -60,7 +65,7 @@ case "${SCHEDULE:-default}" in
   *) echo "SCHEDULE=$SCHEDULE: use default or realistic" >&2; exit 2 ;;
 esac
 [ "$((NODES * SLOTS))" -ge "$TRAINERS" ] || { echo "NODES x SLOTS ($NODES x $SLOTS) < TRAINERS ($TRAINERS)" >&2; exit 2; }
-REPEAT=${REPEAT:-1}
+REPEAT=${REPEAT:-3}
 [[ "$REPEAT" =~ ^[1-9][0-9]*$ ]] || { echo "REPEAT=$REPEAT: use a count of pairs, 1 or more" >&2; exit 2; }
 case "${ORDER:-chaos-first}" in
   chaos-first) chaos_first=1 ;;

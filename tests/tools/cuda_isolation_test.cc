@@ -23,8 +23,8 @@ using itest::Slurp;
 using itest::WaitFor;
 using std::chrono::milliseconds;
 
-const std::vector<std::string> kCudaLibs = {"libcudart", "libcublas", "libcudnn", "libnccl",
-                                            "libcuda.so", "libedl_cuda"};
+const std::vector<std::string> kCudaLibs = {"libcudart", "libcublas",  "libcudnn",
+                                            "libnccl",   "libcuda.so", "libedl_cuda"};
 
 // The CUDA libraries named in `text` (maps or a loader trace), e.g. "libcudart libnccl".
 std::string CudaLibsIn(const std::string& text) {
@@ -72,8 +72,8 @@ TEST_F(CudaIsolationTest, IdleServerAndCtlMapNoCudaLibrary) {
   RecordProperty("idle_server_rss_kb", static_cast<int>(rss_kb));
 
   int rc = -1;
-  const std::string ctl = Traced({"ctl", "--server", "127.0.0.1:" + port, "--secret_file", secret_,
-                                  "status"}, "ctl", &rc);
+  const std::string ctl = Traced(
+      {"ctl", "--server", "127.0.0.1:" + port, "--secret_file", secret_, "status"}, "ctl", &rc);
   EXPECT_EQ(rc, 0) << ctl.substr(0, 4000);
   ASSERT_NE(ctl.find("libedl.so"), std::string::npos) << "no loader trace: " << ctl.substr(0, 2000);
   EXPECT_EQ(CudaLibsIn(ctl), "") << "edl ctl loads CUDA";
@@ -96,24 +96,26 @@ TEST_F(CudaIsolationTest, CpuTrainerMapsNoCudaLibrary) {
               "--eval", "false", "--log_every", "1"},
              log);
   // The first progress line: the model, the data and the communicator are all up.
-  ASSERT_TRUE(WaitFor([&] { return Slurp(log).find(" loss ") != std::string::npos || !train.Running(); },
-                      milliseconds(240000)))
+  ASSERT_TRUE(
+      WaitFor([&] { return Slurp(log).find(" loss ") != std::string::npos || !train.Running(); },
+              milliseconds(240000)))
       << Slurp(log, 4000);
   ASSERT_TRUE(train.Running()) << "edl train exited: " << Slurp(log, 4000);
   const std::string maps = Slurp("/proc/" + std::to_string(train.pid()) + "/maps");
   ASSERT_NE(maps.find("libedl_resnet50.so"), std::string::npos) << "the maps were not read";
   EXPECT_EQ(CudaLibsIn(maps), "") << "a CPU trainer maps CUDA";
   EXPECT_NE(Slurp(log).find("comm gloo"), std::string::npos) << Slurp(log, 4000);
-  train.ExpectExit(128 + SIGTERM);  // a standalone `edl train` has no SIGTERM handler: it dies of it
+  train.ExpectExit(128 +
+                   SIGTERM);  // a standalone `edl train` has no SIGTERM handler: it dies of it
   train.Stop();
 }
 #endif  // EDL_TREE_HAS_CUDA
 
 TEST_F(CudaIsolationTest, CudaTrainerWithoutThePluginFailsAtStartNamingTheFix) {
   const std::string log = dir_.Join("cuda.log");
-  Proc train({test::EdlBinary(), "train", "--device", "cuda", "--data", "synthetic",
-              "--max_steps", "1"},
-             log, {{"EDL_CUDA_PLUGIN", dir_.Join("missing/libedl_cuda.so")}});
+  Proc train(
+      {test::EdlBinary(), "train", "--device", "cuda", "--data", "synthetic", "--max_steps", "1"},
+      log, {{"EDL_CUDA_PLUGIN", dir_.Join("missing/libedl_cuda.so")}});
   EXPECT_EQ(train.Wait(milliseconds(120000)), 2) << Slurp(log, 4000);
   const std::string out = Slurp(log);
   EXPECT_NE(out.find("CUDA plugin"), std::string::npos) << out;

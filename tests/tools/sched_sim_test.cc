@@ -99,8 +99,9 @@ TEST(SchedSimTest, AResizeCostsTheReformTime) {
 // slots, long) would hold slots b needs at its reservation: it waits for b. FIFO (static) starts
 // neither before b.
 TEST(SchedSimTest, EasyBackfillStartsOnlyJobsThatDoNotDelayTheHead) {
-  const std::vector<TraceJob> trace = {Job("a", 0, 12, 12, 12, 100, false), Job("b", 10, 16, 16, 16, 100, false),
-                                       Job("c", 20, 4, 4, 4, 50, false), Job("d", 20, 4, 4, 4, 1000, false)};
+  const std::vector<TraceJob> trace = {
+      Job("a", 0, 12, 12, 12, 100, false), Job("b", 10, 16, 16, 16, 100, false),
+      Job("c", 20, 4, 4, 4, 50, false), Job("d", 20, 4, 4, 4, 1000, false)};
   SimResult easy, fifo;
   ASSERT_OK(Simulate(trace, Tiny(Variant::kStaticEasy), &easy));
   ASSERT_OK(Simulate(trace, Tiny(Variant::kStatic), &fifo));
