@@ -183,6 +183,11 @@ class Cluster {
   // The same as the events log's "progress" record, with the job's generation and world size
   // (reporting 0 for no such job).
   events::Progress ProgressOf(const std::string& job) const;
+  // What live job `job` measures of itself (edl/runtime/self_measure.h), from its current
+  // members' reports: the gradient noise estimate (rank 0's; every rank holds the same), and
+  // the members' mean compute seconds per sample and all-reduce seconds per step at the current
+  // world size and node count. An empty object while nothing is measured.
+  nlohmann::json MeasuredJson(const std::string& job) const;
 
   // ---- durable state (jobserver/state/STATE.md)
   // Everything a restarted server needs to resume every job, the nodes with their tokens.

@@ -42,13 +42,49 @@ events::Progress Cluster::ProgressOf(const std::string& job) const {
 json Cluster::ProgressSummary(const std::string& job) const {
   if (jobs_.count(job) == 0) return json::object();
   const events::Progress p = ProgressOf(job);
-  return {{"reporting", p.reporting},
-          {"step", p.step},
-          {"epoch", p.epoch},
-          {"loss", p.loss},
-          {"images_per_sec", p.images_per_sec},
-          {"accuracy", p.accuracy},
-          {"samples", p.samples}};
+  json s = {{"reporting", p.reporting},
+            {"step", p.step},
+            {"epoch", p.epoch},
+            {"loss", p.loss},
+            {"images_per_sec", p.images_per_sec},
+            {"accuracy", p.accuracy},
+            {"samples", p.samples}};
+  if (json m = MeasuredJson(job); !m.empty()) s["measured"] = std::move(m);
+  return s;
+}
+
+json Cluster::MeasuredJson(const std::string& job) const {
+  json out = json::object();
+  auto it = jobs_.find(job);
+  if (it == jobs_.end() || it->second.membership->done()) return out;
+  const proto::GenerationInfo& g = it->second.membership->current();
+  double compute = 0, sync = 0;
+  int computes = 0, syncs = 0;
+  std::set<std::string> nodes;
+  for (const proto::MemberInfo& m : g.members) {
+    nodes.insert(m.node);
+    auto r = it->second.progress.find(m.trainer_id);
+    if (r == it->second.progress.end()) continue;
+    const proto::ProgressReport& p = r->second;
+    if (m.rank == 0 && p.noise_steps > 0) {
+      out["noise_steps"] = p.noise_steps;
+      out["grad_sqr"] = p.grad_sqr;
+      out["grad_var"] = p.grad_var;
+      out["noise_scale"] = p.noise_scale;
+    }
+    // A report of an older generation (the member has not stepped in this one yet) measured
+    // another world's all-reduce.
+    if (p.generation != g.generation) continue;
+    if (p.compute_s_per_sample >= 0) compute += p.compute_s_per_sample, ++computes;
+    if (p.sync_s >= 0) sync += p.sync_s, ++syncs;
+  }
+  if (computes > 0) out["compute_s_per_sample"] = compute / computes;
+  if (syncs > 0) {
+    out["sync_s"] = sync / syncs;
+    out["sync_world"] = g.world_size();
+    out["sync_nodes"] = nodes.size();
+  }
+  return out;
 }
 
 json Cluster::LiveJobsJson() const {
@@ -137,6 +173,7 @@ json Cluster::StatusJson() const {
     j["loss"] = p.loss;
     j["accuracy"] = p.accuracy;
     j["samples"] = p.samples;
+    if (json m = MeasuredJson(name); !m.empty()) j["measured"] = std::move(m);
     AddHealth(job, &j);
     if (job.failures_alike >= kFailingAfter) j["state"] = "failing";  // AddHealth's "failing"
     total_ips += p.images_per_sec;

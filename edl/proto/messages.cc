@@ -860,6 +860,14 @@ void Progress::EncodeTo(json* j) const {
         {"world_size", report.world_size},
         {"accuracy", report.accuracy}};
   if (report.samples >= 0) (*j)["samples"] = report.samples;
+  if (report.noise_steps > 0) {
+    (*j)["noise_steps"] = report.noise_steps;
+    (*j)["grad_sqr"] = report.grad_sqr;
+    (*j)["grad_var"] = report.grad_var;
+    (*j)["noise_scale"] = report.noise_scale;
+  }
+  if (report.compute_s_per_sample >= 0) (*j)["compute_s_per_sample"] = report.compute_s_per_sample;
+  if (report.sync_s >= 0) (*j)["sync_s"] = report.sync_s;
 }
 Status Progress::DecodeFrom(const json& j) {
   Progress p;
@@ -872,8 +880,25 @@ Status Progress::DecodeFrom(const json& j) {
       .Num("images_per_sec", &p.report.images_per_sec)
       .Int("world_size", &p.report.world_size, 0, kMaxListItems)
       .Num("accuracy", &p.report.accuracy, /*required=*/false)
-      .Int("samples", &p.report.samples, 0, kMaxI64, /*required=*/false);
+      .Int("samples", &p.report.samples, 0, kMaxI64, /*required=*/false)
+      .Int("noise_steps", &p.report.noise_steps, 0, kMaxI64, /*required=*/false);
+  if (p.report.noise_steps > 0) {
+    f.Num("grad_sqr", &p.report.grad_sqr)
+        .Num("grad_var", &p.report.grad_var)
+        .Num("noise_scale", &p.report.noise_scale);
+  }
+  f.Num("compute_s_per_sample", &p.report.compute_s_per_sample, /*required=*/false)
+      .Num("sync_s", &p.report.sync_s, /*required=*/false);
   if (!f.ok()) return f.status();
+  // Each is -1 (not measured, not meaningful yet) or a value >= 0.
+  for (const auto& [key, v] : {std::pair<const char*, double>{"noise_scale", p.report.noise_scale},
+                               {"compute_s_per_sample", p.report.compute_s_per_sample},
+                               {"sync_s", p.report.sync_s}}) {
+    if (v < 0 && v != -1) {
+      return Status::Corruption(std::string("message '") + msg::kProgress + "' field '" + key +
+                                "' is below 0 and not -1");
+    }
+  }
   *this = std::move(p);
   return Status::OK();
 }

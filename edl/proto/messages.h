@@ -365,6 +365,15 @@ struct ProgressReport {
   // The job's samples committed through `step`, each counted once (epochs * data set + the
   // epoch's cursor): what `rate()` of a counter needs; -1: not reported (an older trainer).
   int64_t samples = -1;
+  // What the job measures of itself (edl/runtime/self_measure.h). The gradient noise estimate,
+  // the same on every rank: the steps behind it (0: none, and the next three are not sent), the
+  // smoothed |G|^2 and tr(Sigma) (finite, either may be below 0 early on: estimates), and their
+  // ratio, the noise scale in samples (-1: not meaningful yet).
+  int64_t noise_steps = 0;
+  double grad_sqr = 0, grad_var = 0, noise_scale = -1;
+  // This rank's smoothed forward/backward seconds per sample and all-reduce seconds per step at
+  // the current world size; -1: not measured.
+  double compute_s_per_sample = -1, sync_s = -1;
 };
 
 struct Progress : Message<Progress> {

@@ -109,6 +109,12 @@ class ChannelMembership : public MembershipSource, public ServiceFeed {
     r.world_size = p.world_size;
     r.accuracy = p.accuracy;
     r.samples = p.samples;
+    r.noise_steps = p.noise_steps;
+    r.grad_sqr = p.grad_sqr;
+    r.grad_var = p.grad_var;
+    r.noise_scale = p.noise_scale;
+    r.compute_s_per_sample = p.compute_s_per_sample;
+    r.sync_s = p.sync_s;
     return channel_->ReportProgress(r);
   }
   Status ReportEvent(const nlohmann::json& event) override { return channel_->ReportEvent(event); }

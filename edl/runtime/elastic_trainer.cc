@@ -29,10 +29,18 @@ namespace {
 
 using std::chrono::milliseconds;
 
-// In-band slots after the gradients (Trainable::kInbandSlots == 4), SUM-reduced with them.
-// kSwitchVotes sums the members' SwitchVote()s (small integers: exact in fp32).
-enum InbandSlot { kSwitchVotes = 0, kLossSum = 1, kCorrect = 2, kSamples = 3 };
-static_assert(Trainable::kInbandSlots >= 4, "the runtime uses four in-band slots");
+// In-band slots after the gradients (Trainable::kInbandSlots == 5), SUM-reduced with them.
+// kSwitchVotes sums the members' SwitchVote()s (small integers: exact in fp32). kLocalGradSq sums
+// each rank's |g_i|^2 of its own mean gradient (self_measure.h; 0 where it is not measured).
+enum InbandSlot { kSwitchVotes = 0, kLossSum = 1, kCorrect = 2, kSamples = 3, kLocalGradSq = 4 };
+static_assert(Trainable::kInbandSlots >= 5, "the runtime uses five in-band slots");
+
+// Sum of squares of `n` floats, in double.
+double SquaredNorm(const float* v, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; ++i) s += static_cast<double>(v[i]) * v[i];
+  return s;
+}
 
 // The rendezvous store of one re-form attempt: waits in short slices and gives up (Aborted) as
 // soon as a generation newer than the target is committed. Ranks may target different generations
@@ -299,6 +307,7 @@ Status ElasticTrainer::Impl::WaitNewer(int64_t after, Generation* out) {
 // resuming; an error leaves the phase as it is (Run() returns it).
 Status ElasticTrainer::Impl::Reform(Generation target) {
   DCHECK(phase_ == TrainerPhase::kJoining || phase_ == TrainerPhase::kReforming) << NameOf(phase_);
+  sync_s_ = Ema(0.9);  // the all-reduce time is the new world's; the noise scale is the model's
   for (;;) {
     int rank = target.RankOf(me_);
     if (rank < 0) {
@@ -643,9 +652,21 @@ Status ElasticTrainer::Impl::Step(StepResult* r) {
   step_plan.world_size = gen_.world_size();
   step_plan.generation = gen_.number;
   trainable_->BeginStep(step_plan);
+  // The gradient noise scale needs the gradients on the host (a device Trainable's are not
+  // measured) and two ranks with samples.
+  for (const auto& slice : all) {
+    if (!slice.empty()) r->rank_samples.push_back(static_cast<int64_t>(slice.size()));
+  }
+  const bool measure_noise = !trainable_->on_device() && r->rank_samples.size() >= 2;
+  double local_sq = 0;
   if (!indices.empty()) {
     trainable_->SetEpoch(state_.position.epoch);
+    const int64_t t0 = clock_->NowMicros();
     EDL_RETURN_IF_ERROR(trainable_->ForwardBackward(indices, &r->stats));
+    compute_s_per_sample_.Add(MicrosToSeconds(clock_->NowMicros() - t0) /
+                              static_cast<double>(indices.size()));
+    // |g_i|^2 of this rank's mean gradient, before its share scales it.
+    if (measure_noise) local_sq = SquaredNorm(grad, count);
     const float share = static_cast<float>(indices.size()) / r->planned;
     EDL_RETURN_IF_ERROR(trainable_->ScaleGradients(share));
   } else {
@@ -662,6 +683,7 @@ Status ElasticTrainer::Impl::Step(StepResult* r) {
   inband[kLossSum] = static_cast<float>(r->stats.loss_sum);
   inband[kCorrect] = static_cast<float>(r->stats.correct);
   inband[kSamples] = static_cast<float>(r->stats.samples);
+  inband[kLocalGradSq] = static_cast<float>(local_sq);
   EDL_RETURN_IF_ERROR(trainable_->WriteInband(inband));
   if (sample_log_fd_ >= 0) {
     for (const auto& slice : all) {
@@ -669,8 +691,13 @@ Status ElasticTrainer::Impl::Step(StepResult* r) {
     }
   }
   pending_ = {state_.step + 1, state_.position.epoch, r->global_indices};
+  const int64_t sync_t0 = clock_->NowMicros();
   EDL_RETURN_IF_ERROR(AllReduceGradients(grad, count));
+  sync_s_.Add(MicrosToSeconds(clock_->NowMicros() - sync_t0));
   EDL_RETURN_IF_ERROR(trainable_->ReadInband(inband));
+  // |g_B|^2 of the all-reduced mean gradient: with the sum of the |g_i|^2, one step of the noise
+  // scale (identical on every rank). Not a failed step when it cannot tell (GradientNoise::Add).
+  if (measure_noise) noise_.Add(r->rank_samples, inband[kLocalGradSq], SquaredNorm(grad, count));
   r->switch_seen = inband[kSwitchVotes] >= static_cast<float>(gen_.world_size());
   r->global_batch = std::accumulate(b.begin(), b.end(), int64_t{0});
   r->lr = StepLr(r->global_batch);
@@ -734,6 +761,14 @@ Status ElasticTrainer::Impl::ReportStep(const StepResult& r) {
     p.samples = state_.position.epoch * plan_.num_samples() + state_.position.cursor;
     const double secs = MicrosToSeconds(now - progress_t0_us_);
     p.images_per_sec = secs > 0 ? progress_samples_ / secs : 0;
+    if (noise_.ready()) {
+      p.noise_steps = noise_.steps();
+      p.grad_sqr = noise_.grad_sqr();
+      p.grad_var = noise_.grad_var();
+      p.noise_scale = noise_.noise_scale();
+    }
+    p.compute_s_per_sample = compute_s_per_sample_.value();
+    p.sync_s = gen_.world_size() > 1 ? sync_s_.value() : -1;
     progress_t0_us_ = now;
     progress_samples_ = 0;
     // Best effort: progress is advisory; a broken channel fails the next membership wait.

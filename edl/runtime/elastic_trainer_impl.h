@@ -25,6 +25,7 @@
 #include "edl/runtime/comm/nccl_reform.h"
 #include "edl/runtime/elastic_trainer.h"
 #include "edl/runtime/host_staging.h"
+#include "edl/runtime/self_measure.h"
 #include "edl/runtime/trainer_phase.h"
 
 namespace edl::runtime {
@@ -123,7 +124,8 @@ class ElasticTrainer::Impl {
     StepStats stats;                      // of this rank's forward/backward
     // The in-band words (InbandSlot); after the all-reduce, summed over the ranks.
     float inband[Trainable::kInbandSlots] = {};
-    double lr = 0;             // the update's learning rate
+    std::vector<int64_t> rank_samples;  // the samples of each rank that had some (the noise scale)
+    double lr = 0;                      // the update's learning rate
     bool switch_seen = false;  // the members' votes reached the world size: switch after it
   };
   // REQUIRES: phase resuming or training. Runs the next step of the data plan: this rank's
@@ -263,6 +265,10 @@ class ElasticTrainer::Impl {
   // Staged gradients and packed state (kept: steps and re-forms recur).
   HostStaging host_{trainable_};
   int64_t progress_t0_us_ = 0, progress_samples_ = 0;
+  // What the job measures of itself (self_measure.h): the gradient noise scale (the same on every
+  // rank: its inputs are all-reduced), and this rank's compute and all-reduce time per step.
+  GradientNoise noise_;
+  Ema compute_s_per_sample_{0.9}, sync_s_{0.9};
   int sample_log_fd_ = -1;
 
   std::thread watcher_;

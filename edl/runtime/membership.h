@@ -47,6 +47,10 @@ struct ProgressInfo {
   int world_size = 0;
   double accuracy = -1;  // -1: not evaluated
   int64_t samples = -1;  // the job's samples committed through `step` (proto::ProgressReport)
+  // What the job measures of itself (proto::ProgressReport; self_measure.h).
+  int64_t noise_steps = 0;
+  double grad_sqr = 0, grad_var = 0, noise_scale = -1;
+  double compute_s_per_sample = -1, sync_s = -1;
 };
 
 // The member lists of a distillation service, relayed by the trainer's node client (PROTOCOL.md,

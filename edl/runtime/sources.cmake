@@ -2,6 +2,7 @@
 list(APPEND EDL_SOURCES
   runtime/data_plan.cc
   runtime/lr_schedule.cc
+  runtime/self_measure.cc
 )
 list(APPEND EDL_SOURCES
   runtime/membership.cc

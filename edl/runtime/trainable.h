@@ -71,7 +71,7 @@ class Trainable {
  public:
   // Number of float slots after the gradients in GradientBuffer() that the runtime may use for
   // in-band words (e.g. "a newer generation was seen"), reduced with the gradients (SUM).
-  static constexpr size_t kInbandSlots = 4;
+  static constexpr size_t kInbandSlots = 5;
 
   virtual ~Trainable() = default;
 

@@ -76,6 +76,7 @@ std::string ClusterHeader() {
 }
 
 void PrintHealth(const json& j);
+void PrintMeasured(const json& m);
 
 void PrintJobs(const json& b) {
   std::cout << Pad("JOB", 16) << Pad("TYPE", 12) << Pad("STATE", 9) << Pad("TRAINERS", 10)
@@ -94,6 +95,7 @@ void PrintJobs(const json& b) {
               << Pad(Fixed(FieldOr(j, "images_per_sec", 0.0), 1), 10)
               << FieldOr(j, "pending_reason", std::string("-")) << "\n";
     PrintHealth(j);
+    PrintMeasured(FieldOr(j, "measured", json::object()));
   }
   for (const json& j : FieldOr(b, "ended", json::array())) {
     std::cout << Pad(FieldOr(j, "name", std::string()), 16)
@@ -107,6 +109,31 @@ void PrintServices(const json& b);
 // What keeps a job from training, under its line: failures alike in a row with the trainers' last
 // log line, seconds since the last step, checkpoint saves that failed or were refused, nodes whose
 // joiner was refused.
+// What a job measures of itself (Cluster::MeasuredJson), one line; nothing while nothing is.
+void PrintMeasured(const json& m) {
+  std::string line;
+  if (FieldOf(m, "noise_steps").is_number()) {
+    const double scale = proto::NumOr(m, "noise_scale", -1);
+    line += "gradient noise scale " +
+            (scale >= 0 ? Fixed(scale, 0) + " samples" : "not yet known") + " (|G|^2 " +
+            Fixed(proto::NumOr(m, "grad_sqr"), 4) + ", tr(Sigma) " +
+            Fixed(proto::NumOr(m, "grad_var"), 4) + ", over " +
+            std::to_string(FieldOr(m, "noise_steps", 0)) + " steps)";
+  }
+  if (FieldOf(m, "compute_s_per_sample").is_number()) {
+    line += std::string(line.empty() ? "" : "; ") + "compute " +
+            Fixed(1000 * proto::NumOr(m, "compute_s_per_sample"), 2) + " ms a sample";
+  }
+  if (FieldOf(m, "sync_s").is_number()) {
+    line += std::string(line.empty() ? "" : ", ") + "all-reduce " +
+            Fixed(1000 * proto::NumOr(m, "sync_s"), 1) + " ms a step at world " +
+            std::to_string(FieldOr(m, "sync_world", 0)) + " on " +
+            std::to_string(FieldOr(m, "sync_nodes", 0)) +
+            (FieldOr(m, "sync_nodes", 0) == 1 ? " node" : " nodes");
+  }
+  if (!line.empty()) std::cout << "  measured: " << line << "\n";
+}
+
 void PrintHealth(const json& j) {
   const json failing = FieldOr(j, "failing", json::object());
   if (!failing.empty()) {
@@ -173,6 +200,7 @@ void PrintStatus(const json& b) {
                    10)
             << state << "\n";
   PrintHealth(b);
+  PrintMeasured(FieldOr(p, "measured", json::object()));
   PrintServices(b);
 }
 

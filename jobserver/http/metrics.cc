@@ -109,6 +109,8 @@ struct JobView {
   double accuracy = -1;  // rank 0's last test accuracy (0..1); -1: none evaluated yet
   double samples = -1;   // the job's samples committed; -1: not reported
   bool rescale_pending = false;
+  // What the job measures of itself (Cluster::MeasuredJson); -1: not measured.
+  double noise_scale = -1, compute_s_per_sample = -1, sync_s = -1;
 };
 
 // The progress fields, named alike in both bodies (a single job's "progress", a cluster's job).
@@ -119,6 +121,11 @@ void ReadProgress(const json& p, JobView* v) {
   v->loss = NumOr(p, "loss");
   v->accuracy = NumOr(p, "accuracy", -1);
   v->samples = NumOr(p, "samples", -1);
+  if (const json& m = FieldOf(p, "measured"); m.is_object()) {
+    v->noise_scale = NumOr(m, "noise_scale", -1);
+    v->compute_s_per_sample = NumOr(m, "compute_s_per_sample", -1);
+    v->sync_s = NumOr(m, "sync_s", -1);
+  }
 }
 
 std::vector<JobView> JobsOf(const json& status) {
@@ -419,6 +426,30 @@ void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
   for (const JobView& j : jobs) {
     if (j.accuracy >= 0)
       Sample("edl_job_test_accuracy", Label("job_name", j.name), j.accuracy, out);
+  }
+  // What each job measures of itself (docs/WATCHING.md): only while measured.
+  struct Measured {
+    const char* name;
+    const char* help;
+    double JobView::*field;
+  };
+  static const Measured kMeasured[] = {
+      {"edl_job_gradient_noise_scale",
+       "The job's gradient noise scale in samples (smoothed tr(Sigma) / |G|^2 of its gradients): "
+       "batches much larger than it buy little progress per sample.",
+       &JobView::noise_scale},
+      {"edl_job_compute_seconds_per_sample",
+       "The members' mean forward/backward seconds per sample (smoothed).",
+       &JobView::compute_s_per_sample},
+      {"edl_job_allreduce_seconds",
+       "The members' mean gradient all-reduce seconds per step at the current world size.",
+       &JobView::sync_s},
+  };
+  for (const Measured& g : kMeasured) {
+    Family(g.name, "gauge", g.help, out);
+    for (const JobView& j : jobs) {
+      if (j.*(g.field) >= 0) Sample(g.name, Label("job_name", j.name), j.*(g.field), out);
+    }
   }
   Family("edl_job_state", "gauge",
          "1 for the job's state: pending (no trainers yet), running or done.", out);

@@ -182,6 +182,51 @@ TEST_F(ClusterTest, RefusedSubmissionsChangeNothing) {
   EXPECT_EQ(cluster_->submitted_jobs(), 1);
 }
 
+// What a job measures of itself reaches `edl ctl status` (Cluster::MeasuredJson): rank 0's noise
+// estimate, and the members' mean compute and all-reduce times of the current generation, with
+// its world size and node count; nothing before a report says it.
+TEST_F(ClusterTest, StatusShowsWhatAJobMeasuresOfItself) {
+  Make();
+  AddNode("n1", 1);
+  AddNode("n2", 1);
+  ASSERT_OK(cluster_->Submit(Job("A", 2, 2)));
+  Drain();
+  ASSERT_EQ(World("A"), 2);
+  const auto measured = [&] {
+    return cluster_->StatusJson()["jobs"][0].value("measured", nlohmann::json());
+  };
+  EXPECT_TRUE(measured().is_null());
+  const proto::GenerationInfo g = gens_["A"].back();
+  for (const proto::MemberInfo& m : g.members) {
+    proto::ProgressReport r;
+    r.generation = g.generation;
+    r.step = 5;
+    r.world_size = 2;
+    r.noise_steps = 5;
+    r.grad_sqr = m.rank == 0 ? 2.0 : 99.0;  // only rank 0's is taken (all ranks hold the same)
+    r.grad_var = m.rank == 0 ? 50.0 : 99.0;
+    r.noise_scale = m.rank == 0 ? 25.0 : 1.0;
+    r.compute_s_per_sample = m.rank == 0 ? 0.002 : 0.004;
+    r.sync_s = m.rank == 0 ? 0.01 : 0.03;
+    cluster_->Progress("A", m.trainer_id, r);
+  }
+  const nlohmann::json j = measured();
+  EXPECT_EQ(j.value("noise_scale", 0.0), 25.0) << j.dump();
+  EXPECT_EQ(j.value("grad_sqr", 0.0), 2.0) << j.dump();
+  EXPECT_EQ(j.value("noise_steps", 0), 5) << j.dump();
+  EXPECT_DOUBLE_EQ(j.value("compute_s_per_sample", 0.0), 0.003) << j.dump();
+  EXPECT_DOUBLE_EQ(j.value("sync_s", 0.0), 0.02) << j.dump();
+  EXPECT_EQ(j.value("sync_world", 0), 2) << j.dump();
+  EXPECT_EQ(j.value("sync_nodes", 0), 2) << j.dump();
+  // A member still reporting an older generation measured another world's all-reduce.
+  proto::ProgressReport old;
+  old.generation = g.generation - 1;
+  old.sync_s = 5.0;
+  old.compute_s_per_sample = 5.0;
+  cluster_->Progress("A", g.members[1].trainer_id, old);
+  EXPECT_DOUBLE_EQ(measured().value("sync_s", 0.0), 0.01) << measured().dump();
+}
+
 TEST_F(ClusterTest, AJobWhoseTypeNoNodeOffersStaysPending) {
   ClusterOptions o;
   o.policy.known_types = {"bert"};

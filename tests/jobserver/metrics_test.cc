@@ -34,7 +34,17 @@ json SingleStatus() {
       {"total_slots", 8},
       {"used_slots", 4},
       {"progress",
-       {{"reporting", 4}, {"step", 120}, {"epoch", 1}, {"loss", 0.5}, {"images_per_sec", 800.5}}},
+       {{"reporting", 4},
+        {"step", 120},
+        {"epoch", 1},
+        {"loss", 0.5},
+        {"images_per_sec", 800.5},
+        {"measured",
+         {{"noise_steps", 30},
+          {"grad_sqr", 0.5},
+          {"grad_var", 64.0},
+          {"noise_scale", 128.0},
+          {"compute_s_per_sample", 0.004}}}}},
       {"nodes", json::array({{{"name", "n1"}, {"slots", 4}, {"used", 2}, {"connected", true}},
                              {{"name", "n\"2"}, {"slots", 4}, {"used", 2}, {"connected", false}}})},
       {"services",
@@ -62,6 +72,9 @@ TEST(MetricsTest, RendersTheStatusOfASingleJobServer) {
   EXPECT_TRUE(Has(t, "edl_job_generation{job_name=\"j1\"} 3")) << t;
   EXPECT_TRUE(Has(t, "edl_job_images_per_second{job_name=\"j1\"} 800.5")) << t;
   EXPECT_TRUE(Has(t, "edl_job_loss{job_name=\"j1\"} 0.5")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_gradient_noise_scale{job_name=\"j1\"} 128")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_compute_seconds_per_sample{job_name=\"j1\"} 0.004")) << t;
+  EXPECT_EQ(t.find("edl_job_allreduce_seconds{"), std::string::npos) << "not measured: " << t;
   EXPECT_TRUE(Has(t, "edl_job_state{job_name=\"j1\",state=\"running\"} 1")) << t;
   EXPECT_TRUE(Has(t, "edl_job_state{job_name=\"j1\",state=\"pending\"} 0")) << t;
   EXPECT_TRUE(Has(t, "edl_node_slots{node=\"n1\"} 4")) << t;
@@ -296,7 +309,8 @@ TEST(MetricsTest, ClusterStatusAndPromtoolAcceptsTheText) {
                                               {"images_per_sec", 10.0},
                                               {"step", 7},
                                               {"epoch", 0},
-                                              {"loss", 1.25}},
+                                              {"loss", 1.25},
+                                              {"measured", {{"sync_s", 0.03}}}},
                                              {{"name", "b"},
                                               {"state", "pending"},
                                               {"trainers", 0},
@@ -307,6 +321,8 @@ TEST(MetricsTest, ClusterStatusAndPromtoolAcceptsTheText) {
   EXPECT_TRUE(Has(t, "edl_job_trainers{job_name=\"a\"} 2")) << t;
   EXPECT_TRUE(Has(t, "edl_job_desired_trainers{job_name=\"a\"} 3")) << t;
   EXPECT_TRUE(Has(t, "edl_job_state{job_name=\"b\",state=\"pending\"} 1")) << t;
+  EXPECT_TRUE(Has(t, "edl_job_allreduce_seconds{job_name=\"a\"} 0.03")) << t;
+  EXPECT_EQ(t.find("edl_job_gradient_noise_scale{job_name=\"b\"}"), std::string::npos) << t;
   EXPECT_EQ(t.find("edl_job_loss{job_name=\"b\"}"), std::string::npos)
       << "no trainers, no loss: " << t;
   EXPECT_TRUE(Has(t, "edl_node_cpu_utilization_ratio{node=\"gpu1\"} 0.25")) << t;

@@ -257,6 +257,22 @@ TEST(MessagesTest, OtherMessagesRoundTrip) {
   EXPECT_EQ(RoundTrip(pr).report.samples, -1) << "not reported: absent on the wire";
   pr.report.samples = 768;
   EXPECT_EQ(RoundTrip(pr).report.samples, 768);
+  // What the job measures of itself: absent until measured, then as sent.
+  EXPECT_EQ(RoundTrip(pr).report.noise_steps, 0);
+  EXPECT_EQ(RoundTrip(pr).report.noise_scale, -1);
+  EXPECT_EQ(RoundTrip(pr).report.sync_s, -1);
+  pr.report.noise_steps = 40;
+  pr.report.grad_sqr = -0.25;  // an early estimate may be below 0
+  pr.report.grad_var = 3.5;
+  pr.report.compute_s_per_sample = 0.002;
+  pr.report.sync_s = 0.04;
+  const Progress got = RoundTrip(pr);
+  EXPECT_EQ(got.report.noise_steps, 40);
+  EXPECT_EQ(got.report.grad_sqr, -0.25);
+  EXPECT_EQ(got.report.grad_var, 3.5);
+  EXPECT_EQ(got.report.noise_scale, -1);
+  EXPECT_EQ(got.report.compute_s_per_sample, 0.002);
+  EXPECT_EQ(got.report.sync_s, 0.04);
 
   TrainerExit e;
   e.trainer_id = "t1";
@@ -318,6 +334,27 @@ TEST(MessagesTest, EveryBadFieldIsCorruption) {
   EXPECT_TRUE(kv.DecodeFrom(gj).IsCorruption());
   Progress pr;
   EXPECT_TRUE(pr.DecodeFrom(json{{"type", "progress"}, {"step", "x"}}).IsCorruption());
+  const json progress = {{"type", "progress"}, {"generation", 1}, {"step", 2},
+                         {"epoch", 0},         {"loss", 0.5},     {"images_per_sec", 1.0},
+                         {"world_size", 2}};
+  ASSERT_OK(pr.DecodeFrom(progress));
+  for (const auto& [key, value] : {std::pair<const char*, json>{"sync_s", -0.5},
+                                   {"compute_s_per_sample", "fast"},
+                                   {"noise_steps", -1}}) {
+    json one = progress;
+    one[key] = value;
+    const Status s = pr.DecodeFrom(one);
+    EXPECT_TRUE(s.IsCorruption()) << key;
+    EXPECT_NE(s.message().find(key), std::string::npos) << s.message();
+  }
+  json partial = progress;  // a noise estimate needs its three values, and a scale >= 0 or -1
+  partial["noise_steps"] = 3;
+  EXPECT_TRUE(pr.DecodeFrom(partial).IsCorruption());
+  partial.update({{"grad_sqr", 1.0}, {"grad_var", 2.0}, {"noise_scale", -2.0}});
+  EXPECT_NE(pr.DecodeFrom(partial).message().find("noise_scale"), std::string::npos);
+  partial["noise_scale"] = 2.0;
+  ASSERT_OK(pr.DecodeFrom(partial));
+  EXPECT_EQ(pr.report.noise_scale, 2.0);
   CtlRequest c;
   EXPECT_TRUE(c.DecodeFrom(json{{"type", "ctl"}, {"command", "rm -rf"}}).IsCorruption());
   EXPECT_TRUE(c.DecodeFrom(json{{"type", "ctl"}, {"command", "scale"}, {"n", -2}}).IsCorruption());

@@ -314,6 +314,7 @@ class FakeCluster {
   std::set<std::string> ready_;
   std::map<std::string, std::vector<double>> images_per_sec_;  // by trainer, as reported
   std::map<std::string, std::vector<double>> accuracies_;      // by trainer, as reported
+  std::map<std::string, std::vector<ProgressInfo>> reports_;   // by trainer, every report
   int64_t max_step_ = 0;
   int64_t hold_at_ = INT64_MAX;
 };
@@ -334,6 +335,7 @@ class FakeMembership : public MembershipSource {
       std::lock_guard<std::mutex> lock(c_->mu_);
       c_->images_per_sec_[id_].push_back(p.images_per_sec);
       c_->accuracies_[id_].push_back(p.accuracy);
+      c_->reports_[id_].push_back(p);
     }
     c_->Hold(p.step);
     return Status::OK();
@@ -996,9 +998,74 @@ TEST(ElasticTrainerTest, ProgressReportsThisRanksOwnRateSoTheControlPlaneCanSumT
     ASSERT_OK(tt.status);
     const std::vector<double>& ips = c.images_per_sec_[tt.id];
     ASSERT_FALSE(ips.empty()) << tt.id;
-    // Batch 8 per rank (16 a step in all); a window of one step lasts at least one clock read.
-    for (double v : ips) EXPECT_LE(v, 8.0) << tt.id << ": reported the whole job's rate";
-    EXPECT_EQ(*std::max_element(ips.begin(), ips.end()), 8.0) << tt.id;
+    // Batch 8 per rank (16 a step in all). A step reads this clock 5 times, a tick each: around
+    // the forward/backward, around the all-reduce (the step times the job measures of itself),
+    // and the report's window. So this rank's rate is 8 / 5 a tick, the whole job's 16 / 5.
+    constexpr double kTicksPerStep = 5;
+    for (double v : ips) EXPECT_LE(v, 8.0 / kTicksPerStep) << tt.id << ": the whole job's rate";
+    EXPECT_DOUBLE_EQ(*std::max_element(ips.begin(), ips.end()), 8.0 / kTicksPerStep) << tt.id;
+  }
+}
+
+// What the job measures of itself (self_measure.h) travels in the progress reports: at world 2
+// the gradient noise estimate, the same on both ranks (its inputs are all-reduced), and each
+// rank's compute time per sample and all-reduce time per step (one tick of this clock each: 1 s
+// over 8 samples, 1 s); at world 1 no noise estimate and no all-reduce time.
+TEST(ElasticTrainerTest, ProgressCarriesTheNoiseScaleAndTheStepTimes) {
+  for (const int world : {2, 1}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    test::ScratchDir dir("measure");
+    FakeCluster c;
+    PerThreadTickClock clock;
+    std::vector<std::string> ids = {"a", "b"};
+    ids.resize(world);
+    c.Commit(ids, false, "start");
+    TrainerThread t[2];
+    for (int i = 0; i < world; ++i) {
+      t[i].id = ids[i];
+      t[i].model = std::make_unique<LinearModel>(kTrain, kTest, 30 + i);
+      t[i].membership = std::make_unique<FakeMembership>(&c, t[i].id);
+    }
+    for (int i = 0; i < world; ++i) {
+      TrainerThread& tt = t[i];
+      tt.thread = std::thread([&] {
+        ElasticOptions o = Options(dir, tt.id, false);
+        o.max_steps = 20;
+        o.evaluate_each_epoch = false;
+        o.clock = &clock;
+        ElasticTrainer trainer(o, tt.model.get(), tt.membership.get());
+        tt.status = trainer.Run(&tt.result);
+      });
+    }
+    for (int i = 0; i < world; ++i) t[i].thread.join();
+    for (int i = 0; i < world; ++i) {
+      ASSERT_OK(t[i].status);
+      const std::vector<ProgressInfo>& r = c.reports_[ids[i]];
+      ASSERT_EQ(r.size(), 20u) << ids[i];
+      const ProgressInfo& last = r.back();
+      EXPECT_DOUBLE_EQ(last.compute_s_per_sample, 1.0 / 8) << ids[i];
+      if (world == 1) {
+        EXPECT_EQ(last.noise_steps, 0) << ids[i];
+        EXPECT_EQ(last.noise_scale, -1) << ids[i];
+        EXPECT_EQ(last.sync_s, -1) << ids[i];
+        continue;
+      }
+      EXPECT_DOUBLE_EQ(last.sync_s, 1.0) << ids[i];
+      // Every step of the two ranks feeds the estimate: 20 steps behind the last report.
+      EXPECT_EQ(last.noise_steps, 20) << ids[i];
+      EXPECT_TRUE(std::isfinite(last.grad_sqr) && std::isfinite(last.grad_var)) << ids[i];
+      EXPECT_GT(last.grad_var, 0) << ids[i] << ": the samples' gradients differ";
+      // The linear model starts far from its fit: the true gradient dominates.
+      EXPECT_GT(last.grad_sqr, 0) << ids[i];
+      EXPECT_GT(last.noise_scale, 0) << ids[i];
+      EXPECT_DOUBLE_EQ(last.noise_scale, last.grad_var / last.grad_sqr) << ids[i];
+    }
+    if (world == 2) {
+      const ProgressInfo &a = c.reports_["a"].back(), &b = c.reports_["b"].back();
+      EXPECT_EQ(a.step, b.step);
+      EXPECT_DOUBLE_EQ(a.grad_sqr, b.grad_sqr);
+      EXPECT_DOUBLE_EQ(a.grad_var, b.grad_var);
+    }
   }
 }
 
