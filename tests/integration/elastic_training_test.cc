@@ -593,7 +593,9 @@ TEST_F(ElasticTrainingTest, StopIsOneDecisionAndTheJobResumesFromItsFinalCheckpo
   ASSERT_EQ(cold.size(), 1u) << Diagnostics();
   EXPECT_EQ(cold[0]["step"].get<int64_t>(), stopped_at) << Diagnostics();
   for (const json& g : Generations()) {
-    if (g["generation"] == g2) EXPECT_EQ(g["reason"], "resume") << g.dump();
+    if (g["generation"] == g2) {
+      EXPECT_EQ(g["reason"], "resume") << g.dump();
+    }
   }
   // Its saves are accepted: stop again and the store holds a newer step, from generation g2.
   ASSERT_TRUE(WaitForMoreSteps(5)) << Diagnostics();

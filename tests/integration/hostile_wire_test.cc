@@ -342,7 +342,7 @@ class Relay {
           if (srv < 0) {
             ::close(c);
           } else {
-            s.emplace(Side{c}, Side{srv});
+            s.emplace(Side{c, {}, 0}, Side{srv, {}, 0});
           }
         }
       }

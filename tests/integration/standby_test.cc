@@ -358,8 +358,9 @@ TEST_F(StandbyTest, AClusterServerIsTakenOverWithEveryJobAndItsTrainers) {
     EXPECT_EQ(pids_after[id], pids) << id << " was restarted" << Logs();
   for (const std::string job : {"ja", "jb"}) {
     for (const json& e : JobEvents(job)) {
-      if (e.value("type", "") == "generation")
+      if (e.value("type", "") == "generation") {
         EXPECT_FALSE(e["failure"].get<bool>()) << e.dump() << Logs();
+      }
     }
   }
 
