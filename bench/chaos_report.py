@@ -100,8 +100,13 @@ def gaps(r):
     return [(a[0], b[0], b[1][1] - a[1][1], b[1][2]) for a, b in zip(seq, seq[1:]) if b[0] == a[0] + 1]
 
 
-ref_gaps = [g for _, _, g, w in gaps(ref) if w == FULL]
-steady = statistics.median(ref_gaps) if ref_gaps else float("nan")
+def steady_of(r):
+    """A reference run's steady step at the full size: the median gap between consecutive steps."""
+    g = [x for _, _, x, w in gaps(r) if w == FULL]
+    return statistics.median(g) if g else float("nan")
+
+
+steady = steady_of(ref)
 print(f"# steady step at world {FULL} (reference median): {steady:.3f} s")
 # The same median in the chaos run (gaps of a re-form left out): two runs of one job on a small shared
 # machine can differ here by a few % with no chaos involved, which moves the goodput ratio as much.
@@ -142,12 +147,6 @@ if stop:
 
 PHASES = ("lost_s", "wait_generation_s", "agree_s", "reform_s", "sync_s", "eval_s", "first_step_s")
 TAIL_S = 1.0  # every gap and every stall longer than this is named with its context (the long tails)
-
-
-def steady_of(r):
-    """A reference run's steady step at the full size: the median gap between consecutive steps."""
-    g = [x for _, _, x, w in gaps(r) if w == FULL]
-    return statistics.median(g) if g else float("nan")
 
 
 def analyze(c, steady):
