@@ -868,6 +868,10 @@ void Progress::EncodeTo(json* j) const {
   }
   if (report.compute_s_per_sample >= 0) (*j)["compute_s_per_sample"] = report.compute_s_per_sample;
   if (report.sync_s >= 0) (*j)["sync_s"] = report.sync_s;
+  if (report.batch > 0) {
+    (*j)["batch"] = report.batch;
+    (*j)["batch_policy"] = kBatchPolicyNames.Name(report.batch_policy);
+  }
 }
 Status Progress::DecodeFrom(const json& j) {
   Progress p;
@@ -888,7 +892,14 @@ Status Progress::DecodeFrom(const json& j) {
         .Num("noise_scale", &p.report.noise_scale);
   }
   f.Num("compute_s_per_sample", &p.report.compute_s_per_sample, /*required=*/false)
-      .Num("sync_s", &p.report.sync_s, /*required=*/false);
+      .Num("sync_s", &p.report.sync_s, /*required=*/false)
+      .Int("batch", &p.report.batch, 1, kMaxReportedBatch, /*required=*/false);
+  if (p.report.batch > 0) {
+    std::string policy;
+    f.Str("batch_policy", &policy);
+    if (f.ok() && !kBatchPolicyNames.Parse(policy, &p.report.batch_policy))
+      f.Fail("batch_policy", "is not " + kBatchPolicyNames.List("'"));
+  }
   if (!f.ok()) return f.status();
   // Each is -1 (not measured, not meaningful yet) or a value >= 0.
   for (const auto& [key, v] : {std::pair<const char*, double>{"noise_scale", p.report.noise_scale},

@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "edl/base/batch_policy.h"
 #include "edl/base/enum_names.h"
 #include "edl/base/status.h"
 #include "edl/proto/names.h"
@@ -357,6 +358,7 @@ struct Ready : Message<Ready> {
   Status DecodeFrom(const nlohmann::json& j);
 };
 
+constexpr int64_t kMaxReportedBatch = int64_t{1} << 31;  // a bound, not a limit of EDL's
 struct ProgressReport {
   int64_t generation = 0, step = 0, epoch = 0;
   double loss = 0, images_per_sec = 0;
@@ -374,6 +376,11 @@ struct ProgressReport {
   // This rank's smoothed forward/backward seconds per sample and all-reduce seconds per step at
   // the current world size; -1: not measured.
   double compute_s_per_sample = -1, sync_s = -1;
+  // The job's batch as this trainer runs it (--batch_size and --batch_policy): what the server's
+  // goodput model predicts other world sizes by (jobserver/policy/goodput_feed.h). batch 0: not
+  // reported (an older trainer), and batch_policy is not sent.
+  int64_t batch = 0;  // 0 or 1..kMaxReportedBatch
+  BatchPolicy batch_policy = BatchPolicy::kFixedLocal;
 };
 
 struct Progress : Message<Progress> {

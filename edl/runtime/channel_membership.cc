@@ -115,6 +115,8 @@ class ChannelMembership : public MembershipSource, public ServiceFeed {
     r.noise_scale = p.noise_scale;
     r.compute_s_per_sample = p.compute_s_per_sample;
     r.sync_s = p.sync_s;
+    r.batch = p.batch;
+    r.batch_policy = p.batch_policy;
     return channel_->ReportProgress(r);
   }
   Status ReportEvent(const nlohmann::json& event) override { return channel_->ReportEvent(event); }

@@ -20,13 +20,9 @@ uint64_t SplitMix64(uint64_t* state) {
 }  // namespace
 
 Status ParseBatchPolicy(const std::string& text, BatchPolicy* out) {
-  if (text == "fixed-local") {
-    *out = BatchPolicy::kFixedLocal;
-  } else if (text == "fixed-global") {
-    *out = BatchPolicy::kFixedGlobal;
-  } else {
-    return Status::InvalidArgument("--batch_policy '" + text +
-                                   "': expected fixed-local or fixed-global");
+  if (!kBatchPolicyNames.Parse(text, out)) {
+    return Status::InvalidArgument("--batch_policy '" + text + "': expected " +
+                                   kBatchPolicyNames.List(""));
   }
   return Status::OK();
 }

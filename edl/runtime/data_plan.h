@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "edl/base/batch_policy.h"
 #include "edl/base/status.h"
 
 namespace edl::runtime {
@@ -27,10 +28,7 @@ struct DataPosition {
   bool operator==(const DataPosition& o) const { return epoch == o.epoch && cursor == o.cursor; }
 };
 
-enum class BatchPolicy {
-  kFixedLocal,   // every rank takes `batch`; global batch = world * batch (default)
-  kFixedGlobal,  // global batch `batch` split across ranks, remainder to the lowest ranks
-};
+using ::edl::BatchPolicy;  // edl/base/batch_policy.h
 
 // Parses "fixed-local" / "fixed-global"; InvalidArgument naming the value otherwise.
 Status ParseBatchPolicy(const std::string& text, BatchPolicy* out);

@@ -769,6 +769,8 @@ Status ElasticTrainer::Impl::ReportStep(const StepResult& r) {
     }
     p.compute_s_per_sample = compute_s_per_sample_.value();
     p.sync_s = gen_.world_size() > 1 ? sync_s_.value() : -1;
+    p.batch = o_.batch;
+    p.batch_policy = o_.batch_policy;
     progress_t0_us_ = now;
     progress_samples_ = 0;
     // Best effort: progress is advisory; a broken channel fails the next membership wait.

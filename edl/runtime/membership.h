@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "edl/base/batch_policy.h"
 #include "edl/base/status.h"
 #include "edl/runtime/comm/communicator.h"
 
@@ -51,6 +52,8 @@ struct ProgressInfo {
   int64_t noise_steps = 0;
   double grad_sqr = 0, grad_var = 0, noise_scale = -1;
   double compute_s_per_sample = -1, sync_s = -1;
+  int64_t batch = 0;  // the job's batch and its policy (proto::ProgressReport); 0: not reported
+  BatchPolicy batch_policy = BatchPolicy::kFixedLocal;
 };
 
 // The member lists of a distillation service, relayed by the trainer's node client (PROTOCOL.md,

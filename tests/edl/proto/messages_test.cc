@@ -273,6 +273,13 @@ TEST(MessagesTest, OtherMessagesRoundTrip) {
   EXPECT_EQ(got.report.noise_scale, -1);
   EXPECT_EQ(got.report.compute_s_per_sample, 0.002);
   EXPECT_EQ(got.report.sync_s, 0.04);
+  EXPECT_EQ(got.report.batch, 0) << "not reported: absent on the wire";
+  EXPECT_FALSE(pr.Encoded().contains("batch_policy"));
+  pr.report.batch = 48;
+  pr.report.batch_policy = BatchPolicy::kFixedGlobal;
+  EXPECT_EQ(pr.Encoded().value("batch_policy", ""), "fixed-global");
+  EXPECT_EQ(RoundTrip(pr).report.batch, 48);
+  EXPECT_EQ(RoundTrip(pr).report.batch_policy, BatchPolicy::kFixedGlobal);
 
   TrainerExit e;
   e.trainer_id = "t1";
@@ -340,13 +347,28 @@ TEST(MessagesTest, EveryBadFieldIsCorruption) {
   ASSERT_OK(pr.DecodeFrom(progress));
   for (const auto& [key, value] : {std::pair<const char*, json>{"sync_s", -0.5},
                                    {"compute_s_per_sample", "fast"},
-                                   {"noise_steps", -1}}) {
+                                   {"noise_steps", -1},
+                                   {"batch", 0},
+                                   {"batch", "64"}}) {
     json one = progress;
     one[key] = value;
     const Status s = pr.DecodeFrom(one);
     EXPECT_TRUE(s.IsCorruption()) << key;
     EXPECT_NE(s.message().find(key), std::string::npos) << s.message();
   }
+  // A batch names its policy, one of the two.
+  json batch = progress;
+  batch["batch"] = 64;
+  EXPECT_NE(pr.DecodeFrom(batch).message().find("'batch_policy' is missing"), std::string::npos);
+  batch["batch_policy"] = "fixed";
+  EXPECT_NE(pr.DecodeFrom(batch).message().find("'fixed-local' or 'fixed-global'"),
+            std::string::npos)
+      << pr.DecodeFrom(batch).message();
+  batch["batch_policy"] = 1;
+  EXPECT_TRUE(pr.DecodeFrom(batch).IsCorruption());
+  batch["batch_policy"] = "fixed-local";
+  ASSERT_OK(pr.DecodeFrom(batch));
+  EXPECT_EQ(pr.report.batch_policy, BatchPolicy::kFixedLocal);
   json partial = progress;  // a noise estimate needs its three values, and a scale >= 0 or -1
   partial["noise_steps"] = 3;
   EXPECT_TRUE(pr.DecodeFrom(partial).IsCorruption());

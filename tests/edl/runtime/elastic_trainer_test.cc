@@ -1044,6 +1044,10 @@ TEST(ElasticTrainerTest, ProgressCarriesTheNoiseScaleAndTheStepTimes) {
       ASSERT_EQ(r.size(), 20u) << ids[i];
       const ProgressInfo& last = r.back();
       EXPECT_DOUBLE_EQ(last.compute_s_per_sample, 1.0 / 8) << ids[i];
+      // The job's batch rule goes with every report (the server's goodput model predicts by it).
+      const ElasticOptions o = Options(dir, ids[i], false);
+      EXPECT_EQ(last.batch, o.batch) << ids[i];
+      EXPECT_EQ(last.batch_policy, o.batch_policy) << ids[i];
       if (world == 1) {
         EXPECT_EQ(last.noise_steps, 0) << ids[i];
         EXPECT_EQ(last.noise_scale, -1) << ids[i];
