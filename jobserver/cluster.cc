@@ -345,6 +345,40 @@ void Cluster::Progress(const std::string& job, const std::string& trainer_id,
     j.failure_key.clear();
     j.failing_since_us = -1;
   }
+  if (by_policy()) FeedGoodput(job, &j);
+}
+
+void Cluster::FeedGoodput(const std::string& name, Job* job) {
+  const Measured m = MeasureOf(*job);
+  if (m.rank0 != nullptr) {
+    if (m.rank0->batch > 0) job->goodput.Batch(m.rank0->batch_policy, m.rank0->batch);
+    if (m.rank0->noise_steps > 0) job->goodput.NoiseScale(m.rank0->noise_scale);
+  }
+  if (m.world >= 1 && m.compute_s_per_sample > 0) {
+    job->goodput.Step(m.nodes, m.world, m.compute_s_per_sample, m.sync_s);
+  }
+  const PolicyJob* pj = policy_.Find(name);
+  if (pj == nullptr || pj->state != JobPhase::kRunning) return;
+  GoodputModel model;
+  std::string missing;
+  if (!job->goodput.Model(pj->spec.max_trainers, &model, &missing)) {
+    // What the policy holds measured another batch: it goes, until this one is measured.
+    if (pj->has_goodput) {
+      (void)policy_.ReportGoodput(name, GoodputModel{});  // a withdrawal is never refused
+      AfterPolicy();
+    }
+    return;
+  }
+  if (Status s = policy_.ReportGoodput(name, model); !s.ok()) {
+    if (s.message() != job->goodput_refused) {
+      LOG(WARNING) << "job " << name
+                   << ": its goodput model was refused, it keeps its fair share: " << s.message();
+    }
+    job->goodput_refused = s.message();
+    return;
+  }
+  job->goodput_refused.clear();
+  AfterPolicy();  // a first model, or a larger world measured, may have resized jobs
 }
 
 namespace {
@@ -414,7 +448,12 @@ void Cluster::TrainerEvent(const std::string& name, const std::string& trainer_i
                  },
                  [&](const ev::Config& e) { OnConfig(&job, trainer_id, node, e.fingerprint); },
                  [](const ev::CheckpointSaved&) {},  // the metrics count them
-                 [](const ev::Stall&) {}, [](const ev::Other&) {},
+                 [&](const ev::Stall& e) {
+                   // A planned re-form's cost, for the goodput model (failures are not the
+                   // policy's choice).
+                   if (!e.failure) job.goodput.Reform(e.cost_s());
+                 },
+                 [](const ev::Other&) {},
                  [](const ev::Malformed&) {},  // the server drops them before they come here
              },
              event);

@@ -45,6 +45,7 @@
 #include "jobserver/job_membership.h"
 #include "jobserver/node_registry.h"
 #include "jobserver/policy/cluster_policy.h"
+#include "jobserver/policy/goodput_feed.h"
 #include "jobserver/policy/job_spec.h"
 #include "jobserver/state/cluster_state.h"
 
@@ -219,7 +220,20 @@ class Cluster {
     std::string final_checkpoint_error;
     std::string config;  // the configuration fingerprint its members share (the first reported)
     std::map<std::string, std::string> configs;  // joiners' reported configurations, by id
+    // What its trainers measure, turned into its goodput model (a cluster server's jobs only).
+    GoodputFeed goodput;
+    std::string goodput_refused;  // why the policy refused its latest model ("" : it took it)
   };
+  // A job's current world as its members' reports of that world measure it (MeasuredJson).
+  struct Measured {
+    const proto::ProgressReport* rank0 = nullptr;  // rank 0's latest report, any generation
+    double compute_s_per_sample = -1;  // members' mean, reports of this generation; -1: none
+    double sync_s = -1;                // the same; -1: none
+    int world = 0, nodes = 0;
+  };
+  Measured MeasureOf(const Job& job) const;
+  // A member's progress of a cluster server's job: feeds its goodput model to the policy.
+  void FeedGoodput(const std::string& name, Job* job);
   nlohmann::json LiveJobsJson() const;   // JobsJson's "jobs", in JobNames() order
   nlohmann::json EndedJobsJson() const;  // JobsJson's "ended", oldest first
   // A job's status fields beyond its membership's: failing, last progress, checkpoint failures.

@@ -53,36 +53,47 @@ json Cluster::ProgressSummary(const std::string& job) const {
   return s;
 }
 
-json Cluster::MeasuredJson(const std::string& job) const {
-  json out = json::object();
-  auto it = jobs_.find(job);
-  if (it == jobs_.end() || it->second.membership->done()) return out;
-  const proto::GenerationInfo& g = it->second.membership->current();
+Cluster::Measured Cluster::MeasureOf(const Job& job) const {
+  Measured out;
+  const proto::GenerationInfo& g = job.membership->current();
   double compute = 0, sync = 0;
   int computes = 0, syncs = 0;
   std::set<std::string> nodes;
   for (const proto::MemberInfo& m : g.members) {
     nodes.insert(m.node);
-    auto r = it->second.progress.find(m.trainer_id);
-    if (r == it->second.progress.end()) continue;
+    auto r = job.progress.find(m.trainer_id);
+    if (r == job.progress.end()) continue;
     const proto::ProgressReport& p = r->second;
-    if (m.rank == 0 && p.noise_steps > 0) {
-      out["noise_steps"] = p.noise_steps;
-      out["grad_sqr"] = p.grad_sqr;
-      out["grad_var"] = p.grad_var;
-      out["noise_scale"] = p.noise_scale;
-    }
+    if (m.rank == 0) out.rank0 = &p;
     // A report of an older generation (the member has not stepped in this one yet) measured
     // another world's all-reduce.
     if (p.generation != g.generation) continue;
     if (p.compute_s_per_sample >= 0) compute += p.compute_s_per_sample, ++computes;
     if (p.sync_s >= 0) sync += p.sync_s, ++syncs;
   }
-  if (computes > 0) out["compute_s_per_sample"] = compute / computes;
-  if (syncs > 0) {
-    out["sync_s"] = sync / syncs;
-    out["sync_world"] = g.world_size();
-    out["sync_nodes"] = nodes.size();
+  if (computes > 0) out.compute_s_per_sample = compute / computes;
+  if (syncs > 0) out.sync_s = sync / syncs;
+  out.world = g.world_size();
+  out.nodes = static_cast<int>(nodes.size());
+  return out;
+}
+
+json Cluster::MeasuredJson(const std::string& job) const {
+  json out = json::object();
+  auto it = jobs_.find(job);
+  if (it == jobs_.end() || it->second.membership->done()) return out;
+  const Measured m = MeasureOf(it->second);
+  if (m.rank0 != nullptr && m.rank0->noise_steps > 0) {
+    out["noise_steps"] = m.rank0->noise_steps;
+    out["grad_sqr"] = m.rank0->grad_sqr;
+    out["grad_var"] = m.rank0->grad_var;
+    out["noise_scale"] = m.rank0->noise_scale;
+  }
+  if (m.compute_s_per_sample >= 0) out["compute_s_per_sample"] = m.compute_s_per_sample;
+  if (m.sync_s >= 0) {
+    out["sync_s"] = m.sync_s;
+    out["sync_world"] = m.world;
+    out["sync_nodes"] = m.nodes;
   }
   return out;
 }
@@ -109,7 +120,17 @@ json Cluster::LiveJobsJson() const {
               {"flags", job.spec.flags}};
     if (pj != nullptr && !pj->pending_reason.empty()) j["pending_reason"] = pj->pending_reason;
     if (pj != nullptr) {
-      if (std::string note = policy_.GoodputNote(*pj); !note.empty()) j["goodput"] = note;
+      if (std::string note = policy_.GoodputNote(*pj); !note.empty()) {
+        GoodputModel unused;
+        std::string missing;
+        if (!job.goodput_refused.empty()) {
+          note += " (its latest model was refused: " + job.goodput_refused + ")";
+        } else if (!pj->has_goodput &&
+                   !job.goodput.Model(pj->spec.max_trainers, &unused, &missing)) {
+          note += " (" + missing + ")";
+        }
+        j["goodput"] = note;
+      }
     }
     live.push_back(std::move(j));
   }

@@ -247,8 +247,9 @@ Status ParseServerFlags(int argc, char** argv, ServerOptions* o, bool* help) {
     return Status::InvalidArgument("--policy '" + policy_kind + "': give " +
                                    kPolicyKindNames.List("'"));
   }
-  // No trainer report reaches ClusterPolicy::ReportGoodput yet, so no job would ever leave the
-  // probe size: jobs without a model get their whole fair share instead.
+  // A job's model comes from its trainers' reports at the sizes it runs (GoodputFeed), and a
+  // fixed-local job whose gradients stay on a device never reports a noise scale: held at a
+  // probe size it could wait there for ever. Jobs without a model get their whole fair share.
   o->cluster.policy.goodput.probe_trainers = 0;
   job.job_id = o->id;
   o->cluster.job_defaults = job;

@@ -232,14 +232,15 @@ class ClusterPolicy {
   Status Finish(const std::string& name);  // the job's trainers completed
   Status Cancel(const std::string& name);  // a user stopped it (pending or running)
   void Tick();                             // time passed: rate limits expire, deadlines pass
-  // The job's goodput model, from its trainers' step times and gradient statistics: the input
-  // through which a live server will feed what its trainers report (FitThroughput on their step
-  // and all-reduce times, the noise scale from their gradient statistics, their re-form stall);
+  // The job's goodput model, from its trainers' step times and gradient statistics: the server
+  // feeds what its trainers report (Cluster, through GoodputFeed: FitThroughput on their step and
+  // all-reduce times, the noise scale from their gradient statistics, their re-form stalls);
   // tools/sched_sim feeds it from measured traces. Runs a pass when measured_trainers grows (see
   // above), else none. InvalidArgument for a model out of range or whose batch limits contradict
   // each other or the job's min_trainers (CheckGoodputModel), and nothing changes; NotFound for
-  // an unknown job. measured_trainers 0 withdraws the job's model. Not saved by the server's
-  // state (models come again from the trainers).
+  // an unknown job. measured_trainers 0 withdraws the job's model (whatever the rest holds; a
+  // pass runs when it had one). Not saved by the server's state (models come again from the
+  // trainers).
   Status ReportGoodput(const std::string& name, const GoodputModel& model);
 
   // Takes the decision log since the last call, in order.

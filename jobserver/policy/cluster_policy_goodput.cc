@@ -24,13 +24,26 @@ Status ClusterPolicy::ReportGoodput(const std::string& name, const GoodputModel&
   auto it = jobs_.find(name);
   if (it == jobs_.end()) return Status::NotFound("job " + name + " is not pending or running");
   PolicyJob& job = it->second;
+  const bool running_goodput =
+      options_.kind == PolicyKind::kGoodput && job.state == JobPhase::kRunning;
+  if (model.measured_trainers == 0) {  // withdrawn: back to the fair share
+    const bool had = job.has_goodput;
+    job.goodput = GoodputModel{};
+    job.has_goodput = false;
+    job.goodput_curve.clear();
+    if (had && running_goodput) {
+      BeginPass();
+      RunPass();
+    }
+    return Status::OK();
+  }
   EDL_RETURN_IF_ERROR(
       CheckGoodputModel("goodput model of job " + name, model, job.spec.min_trainers));
   const bool news = model.measured_trainers > (job.has_goodput ? job.goodput.measured_trainers : 0);
   job.goodput = model;
   job.has_goodput = model.measured_trainers > 0;
   job.goodput_curve.clear();
-  if (news && options_.kind == PolicyKind::kGoodput && job.state == JobPhase::kRunning) {
+  if (news && running_goodput) {
     BeginPass();  // a first model, or a larger size measured: what the job may get changed
     RunPass();
   }

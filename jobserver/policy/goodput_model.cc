@@ -122,6 +122,7 @@ BatchChoice BestBatch(const GoodputModel& m, int nodes, int trainers) {
     const double local = total / trainers;
     BatchChoice c;
     c.accum_steps = std::max(0, CeilInt(local / b.max_local) - 1);
+    if (c.accum_steps > b.max_accum_steps) continue;
     c.local_batch = std::clamp(CeilInt(local / (c.accum_steps + 1)), b.min_local, b.max_local);
     // Rounding up may pass max_batch: round down instead where that stays within min_local.
     if (static_cast<double>(trainers) * c.local_batch * (c.accum_steps + 1) > hi) {
@@ -146,6 +147,10 @@ Status CheckBatchLimits(const std::string& what, const BatchLimits& b, int min_t
                std::to_string(b.min_local) +
                ": the most a trainer's memory holds must be at least the least that keeps it "
                "busy; lower min_local or raise max_local");
+  }
+  if (b.max_accum_steps < 0) {
+    return bad("max_accum_steps " + std::to_string(b.max_accum_steps) +
+               " is below 0: give 0 for a job that never accumulates micro-batches");
   }
   if (b.base_batch < 1) {
     return bad("base_batch " + std::to_string(b.base_batch) +

@@ -27,6 +27,7 @@
 // Thread-safety: values and pure functions.
 #pragma once
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,9 @@ struct BatchLimits {
   int max_batch = 0;   // the largest total batch at which it still converges
   int min_local = 1;   // per-trainer micro-batch: the least that keeps a trainer busy
   int max_local = 0;   // the most that fits one trainer's memory (more: accumulation)
+  // The most extra micro-batches per step the job runs: 0 for a job whose batch follows a fixed
+  // rule (--batch_policy fixed-local or fixed-global: it never accumulates).
+  int max_accum_steps = std::numeric_limits<int>::max();
 };
 
 // Everything the policy knows about one job's scaling (ClusterPolicy::ReportGoodput).
@@ -96,7 +100,8 @@ double Goodput(const GoodputModel& m, int nodes, int trainers, int local_batch, 
 
 // The batch with the most goodput on `trainers` over `nodes`: among kBatchCandidates totals spaced
 // geometrically from max(M0, trainers * min_local) to max_batch, each split into the fewest
-// micro-batches of at most max_local per trainer. REQUIRES: 1 <= nodes <= trainers.
+// micro-batches of at most max_local per trainer (a split needing more than max_accum_steps extra
+// micro-batches is left out). REQUIRES: 1 <= nodes <= trainers.
 constexpr int kBatchCandidates = 32;
 BatchChoice BestBatch(const GoodputModel& m, int nodes, int trainers);
 // The batch a job without a model runs: the smallest its limits allow on `trainers`.

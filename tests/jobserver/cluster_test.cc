@@ -227,6 +227,74 @@ TEST_F(ClusterTest, StatusShowsWhatAJobMeasuresOfItself) {
   EXPECT_DOUBLE_EQ(measured().value("sync_s", 0.0), 0.01) << measured().dump();
 }
 
+// Under --policy goodput the trainers' own reports size the jobs (GoodputFeed into
+// ClusterPolicy::ReportGoodput): of two jobs at their fair share of one 4-slot node, the one whose
+// all-reduce costs more than a second trainer saves gives its slot to the one that scales; the
+// status says which jobs have a model and what the others still lack.
+TEST_F(ClusterTest, TheTrainersReportsGiveTheirJobItsGoodputModel) {
+  ClusterOptions o;
+  o.policy.kind = PolicyKind::kGoodput;
+  o.policy.goodput.probe_trainers = 0;  // as `edl server` sets it
+  Make(o);
+  AddNode("n1", 4);
+  ASSERT_OK(cluster_->Submit(Job("slow", 1, 4)));
+  ASSERT_OK(cluster_->Submit(Job("fast", 1, 4)));
+  Drain();
+  AllReady();
+  ASSERT_EQ(World("slow"), 2);
+  ASSERT_EQ(World("fast"), 2);
+  const auto note = [&](const std::string& job) {
+    const nlohmann::json jobs = cluster_->JobsJson();
+    for (const nlohmann::json& j : jobs["jobs"]) {
+      if (j.value("name", "") == job) return j.value("goodput", std::string());
+    }
+    return std::string("(no such job)");
+  };
+  EXPECT_NE(note("slow").find("no trainer has reported its batch yet"), std::string::npos)
+      << note("slow");
+  // Both run a fixed global batch of 64 at 10 ms a sample; slow's all-reduce takes 0.5 s.
+  const auto report = [&](const std::string& job, double sync_s) {
+    const proto::GenerationInfo g = gens_[job].back();
+    for (const proto::MemberInfo& m : g.members) {
+      proto::ProgressReport r;
+      r.generation = g.generation;
+      r.step = 10;
+      r.world_size = g.world_size();
+      r.compute_s_per_sample = 0.01;
+      r.sync_s = g.world_size() > 1 ? sync_s : -1;
+      r.batch = 64;
+      r.batch_policy = BatchPolicy::kFixedGlobal;
+      cluster_->Progress(job, m.trainer_id, r);
+    }
+  };
+  report("slow", 0.5);
+  Drain();
+  // One model in: the pass that ran with it shrinks slow (0.82 s a step at two, 0.64 s at one).
+  EXPECT_EQ(World("slow"), 1);
+  EXPECT_NE(note("slow").find("goodput model, measured at up to 2 trainers"), std::string::npos)
+      << note("slow");
+  EXPECT_NE(note("fast").find("no goodput model yet"), std::string::npos) << note("fast");
+  report("fast", 0.001);
+  Drain();
+  AllReady();
+  EXPECT_EQ(World("fast"), 3);
+  EXPECT_EQ(World("slow"), 1);
+  // A fixed-local job's batch grows with it: without a noise scale its model waits.
+  ASSERT_OK(cluster_->Cancel("fast"));
+  Drain();
+  const proto::GenerationInfo g = gens_["slow"].back();
+  proto::ProgressReport r;
+  r.generation = g.generation;
+  r.step = 20;
+  r.world_size = 1;
+  r.compute_s_per_sample = 0.01;
+  r.batch = 32;
+  r.batch_policy = BatchPolicy::kFixedLocal;
+  cluster_->Progress("slow", g.members[0].trainer_id, r);
+  Drain();
+  EXPECT_NE(note("slow").find("no gradient noise scale yet"), std::string::npos) << note("slow");
+}
+
 TEST_F(ClusterTest, AJobWhoseTypeNoNodeOffersStaysPending) {
   ClusterOptions o;
   o.policy.known_types = {"bert"};
