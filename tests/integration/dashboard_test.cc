@@ -163,6 +163,9 @@ TEST_F(DashboardTest, ChromiumRendersTheJobItsScaleAndTheGenerationChange) {
       << dom.substr(0, 8000);
   EXPECT_NE(row.str().find("data-world-size=\"3\""), std::string::npos) << row.str();
   EXPECT_NE(row.str().find("data-state=\"running\""), std::string::npos) << row.str();
+  // What the job measures of itself, as its (stand-in) trainers report it.
+  EXPECT_NE(row.str().find("data-noise-scale=\"125.0\""), std::string::npos) << row.str();
+  EXPECT_NE(row.str().find("data-compute-ms=\"2.500\""), std::string::npos) << row.str();
   // A generation change drawn in each timeline panel: the scale's generation, 2.
   std::smatch mark;
   EXPECT_TRUE(
