@@ -81,6 +81,17 @@ inline std::vector<json> NodeMessages(const std::string& trainer, int64_t genera
   progress.report.images_per_sec = 100;
   progress.report.world_size = 2;
   out.push_back(progress.Encoded());
+  // Every optional field: what the job measures of itself and its batch rule.
+  progress.report.samples = 640;
+  progress.report.noise_steps = 12;
+  progress.report.grad_sqr = 0.5;
+  progress.report.grad_var = 40;
+  progress.report.noise_scale = 80;
+  progress.report.compute_s_per_sample = 0.002;
+  progress.report.sync_s = 0.03;
+  progress.report.batch = 32;
+  progress.report.batch_policy = BatchPolicy::kFixedGlobal;
+  out.push_back(progress.Encoded());
   for (const json& body : TrainerEventBodies(generation)) {
     proto::Event e;
     e.trainer_id = trainer;
