@@ -36,9 +36,9 @@ void GoodputFeed::Step(int nodes, int trainers, double compute_s_per_sample, dou
   p.seen = ++steps_seen_;
   points_[{nodes, trainers}] = p;
   if (points_.size() > kMaxPoints) {
-    auto oldest = std::min_element(points_.begin(), points_.end(), [](const auto& a, const auto& b) {
-      return a.second.seen < b.second.seen;
-    });
+    auto oldest = std::min_element(
+        points_.begin(), points_.end(),
+        [](const auto& a, const auto& b) { return a.second.seen < b.second.seen; });
     points_.erase(oldest);
   }
 }

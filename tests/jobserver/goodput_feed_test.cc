@@ -121,7 +121,7 @@ TEST(GoodputFeedTest, BadFiguresAreIgnoredAndThePointsStayBounded) {
   f.Step(1, 2, inf, 0.1);
   f.Step(1, 2, 0, 0.1);
   f.Step(1, 2, 0.01, nan);
-  f.Step(1, 2, 0.01, -1);  // several trainers, no all-reduce measured yet
+  f.Step(1, 2, 0.01, -1);   // several trainers, no all-reduce measured yet
   f.Step(3, 2, 0.01, 0.1);  // more nodes than trainers
   f.Step(0, 0, 0.01, 0.1);
   EXPECT_NE(Missing(f).find("no step time"), std::string::npos);
