@@ -384,71 +384,66 @@ std::string ServerMetrics::Render(const json& status) const {
 
 void ServerMetrics::RenderJobs(const json& status, std::string* out) const {
   const std::vector<JobView> jobs = JobsOf(status);
-  struct Gauge {
+  // Every per-job series but the state, in one table: its family, and which jobs have a sample.
+  enum class Shown {
+    kAlways,
+    kWithReports,   // its trainers report progress: images/s, step, epoch and loss mean something
+    kWithSamples,   // they report committed samples (the counters for rate())
+    kWhenMeasured,  // the value is >= 0 (-1: not measured or evaluated yet)
+  };
+  struct Series {
     const char* name;
+    const char* type;
     const char* help;
     double JobView::*field;
-    bool needs_reports;
+    Shown shown;
   };
-  static const Gauge kGauges[] = {
-      {"edl_job_desired_trainers", "Trainers the job is asked to run (ctl, script, policy).",
-       &JobView::desired, false},
-      {"edl_job_trainers", "Trainers in the job's current generation (its world size).",
-       &JobView::trainers, false},
-      {"edl_job_generation", "The job's current generation number.", &JobView::generation, false},
-      {"edl_job_images_per_second", "Sum of the trainers' reported images per second.",
-       &JobView::ips, true},
-      {"edl_job_step", "Highest step the job's trainers reported.", &JobView::step, true},
-      {"edl_job_epoch", "Highest epoch the job's trainers reported.", &JobView::epoch, true},
-      {"edl_job_loss", "Training loss rank 0 reported last.", &JobView::loss, true},
-  };
-  for (const Gauge& g : kGauges) {
-    Family(g.name, "gauge", g.help, out);
-    for (const JobView& j : jobs) {
-      if (!g.needs_reports || j.reports)
-        Sample(g.name, Label("job_name", j.name), j.*(g.field), out);
-    }
-  }
-  // Counters for rate(): the job's committed steps and samples, each counted once whatever re-forms
-  // happened (a job resumed from an older checkpoint counts from there: a counter reset).
-  Family("edl_job_steps_total", "counter", "Optimizer steps the job committed.", out);
-  for (const JobView& j : jobs) {
-    if (j.samples >= 0) Sample("edl_job_steps_total", Label("job_name", j.name), j.step, out);
-  }
-  Family("edl_job_samples_total", "counter",
-         "Training samples the job committed (epochs times the data set, plus the epoch's cursor).",
-         out);
-  for (const JobView& j : jobs) {
-    if (j.samples >= 0) Sample("edl_job_samples_total", Label("job_name", j.name), j.samples, out);
-  }
-  Family("edl_job_test_accuracy", "gauge", "Test accuracy (0..1) of rank 0's last evaluation.",
-         out);
-  for (const JobView& j : jobs) {
-    if (j.accuracy >= 0)
-      Sample("edl_job_test_accuracy", Label("job_name", j.name), j.accuracy, out);
-  }
-  // What each job measures of itself (docs/WATCHING.md): only while measured.
-  struct Measured {
-    const char* name;
-    const char* help;
-    double JobView::*field;
-  };
-  static const Measured kMeasured[] = {
-      {"edl_job_gradient_noise_scale",
+  static const Series kSeries[] = {
+      {"edl_job_desired_trainers", "gauge",
+       "Trainers the job is asked to run (ctl, script, policy).", &JobView::desired,
+       Shown::kAlways},
+      {"edl_job_trainers", "gauge", "Trainers in the job's current generation (its world size).",
+       &JobView::trainers, Shown::kAlways},
+      {"edl_job_generation", "gauge", "The job's current generation number.", &JobView::generation,
+       Shown::kAlways},
+      {"edl_job_images_per_second", "gauge", "Sum of the trainers' reported images per second.",
+       &JobView::ips, Shown::kWithReports},
+      {"edl_job_step", "gauge", "Highest step the job's trainers reported.", &JobView::step,
+       Shown::kWithReports},
+      {"edl_job_epoch", "gauge", "Highest epoch the job's trainers reported.", &JobView::epoch,
+       Shown::kWithReports},
+      {"edl_job_loss", "gauge", "Training loss rank 0 reported last.", &JobView::loss,
+       Shown::kWithReports},
+      // Counters for rate(): the job's committed steps and samples, each counted once whatever
+      // re-forms happened (a job resumed from an older checkpoint counts from there: a reset).
+      {"edl_job_steps_total", "counter", "Optimizer steps the job committed.", &JobView::step,
+       Shown::kWithSamples},
+      {"edl_job_samples_total", "counter",
+       "Training samples the job committed (epochs times the data set, plus the epoch's cursor).",
+       &JobView::samples, Shown::kWithSamples},
+      {"edl_job_test_accuracy", "gauge", "Test accuracy (0..1) of rank 0's last evaluation.",
+       &JobView::accuracy, Shown::kWhenMeasured},
+      // What each job measures of itself (docs/WATCHING.md).
+      {"edl_job_gradient_noise_scale", "gauge",
        "The job's gradient noise scale in samples (smoothed tr(Sigma) / |G|^2 of its gradients): "
        "batches much larger than it buy little progress per sample.",
-       &JobView::noise_scale},
-      {"edl_job_compute_seconds_per_sample",
+       &JobView::noise_scale, Shown::kWhenMeasured},
+      {"edl_job_compute_seconds_per_sample", "gauge",
        "The members' mean forward/backward seconds per sample (smoothed).",
-       &JobView::compute_s_per_sample},
-      {"edl_job_allreduce_seconds",
+       &JobView::compute_s_per_sample, Shown::kWhenMeasured},
+      {"edl_job_allreduce_seconds", "gauge",
        "The members' mean gradient all-reduce seconds per step at the current world size.",
-       &JobView::sync_s},
+       &JobView::sync_s, Shown::kWhenMeasured},
   };
-  for (const Measured& g : kMeasured) {
-    Family(g.name, "gauge", g.help, out);
+  for (const Series& s : kSeries) {
+    Family(s.name, s.type, s.help, out);
     for (const JobView& j : jobs) {
-      if (j.*(g.field) >= 0) Sample(g.name, Label("job_name", j.name), j.*(g.field), out);
+      const double v = j.*(s.field);
+      const bool shown = s.shown == Shown::kAlways ||
+                         (s.shown == Shown::kWithReports && j.reports) ||
+                         (s.shown == Shown::kWithSamples && j.samples >= 0) ||
+                         (s.shown == Shown::kWhenMeasured && v >= 0);
+      if (shown) Sample(s.name, Label("job_name", j.name), v, out);
     }
   }
   Family("edl_job_state", "gauge",
